@@ -1,0 +1,39 @@
+# build-sandbox-image — developer and CI entry points.
+#   make test     set up the machine (scripts/setup-env.sh), then run the test suite.
+#                 PYTEST_ARGS passes arguments through, e.g. make test PYTEST_ARGS=tests/test_infra.py
+#   make example  build the example extension image into ./sandbox-image
+#   make lint     ruff check, ruff format --check, hadolint on Dockerfile.base, shellcheck
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+VENV        := .venv
+PYTEST_ARGS ?=
+BASE_IMAGE  ?= python:3.13-slim-trixie
+
+.PHONY: test example lint venv setup
+
+setup:
+	scripts/setup-env.sh
+
+venv:
+	scripts/setup-env.sh --venv-only
+
+# pytest's own exit code is printed; any non-zero one fails the target (make itself then exits 2).
+# Exit 5 ("no tests collected") is a failure too: a run that tests nothing must not pass.
+test: setup
+	@rc=0; $(VENV)/bin/pytest -q -ra $(PYTEST_ARGS) || rc=$$?; \
+	if [ "$$rc" -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; fi; \
+	if [ "$$rc" -ne 0 ]; then echo "make test: pytest exited with $$rc" >&2; fi; \
+	exit "$$rc"
+
+example: setup
+	$(VENV)/bin/build-sandbox-image -r examples/requirements.txt --base-image $(BASE_IMAGE) --output sandbox-image
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@files=$$(find . \( -path ./.venv -o -path ./build \) -prune -o -name Dockerfile.base -print); \
+	if [ -z "$$files" ]; then echo "hadolint: no Dockerfile.base: skipped"; fi; \
+	for f in $$files; do echo "hadolint $$f"; $(VENV)/bin/hadolint "$$f"; done
+	@if command -v shellcheck >/dev/null; then shellcheck scripts/*.sh .ci/run; \
+	else echo "shellcheck: not installed: skipped"; fi

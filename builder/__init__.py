@@ -1,0 +1,1 @@
+"""build-sandbox-image: requirements.txt in, verified sandbox runtime image out."""

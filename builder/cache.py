@@ -1,0 +1,93 @@
+"""A content-addressed cache: wheels and analysis results, keyed by sha256.
+
+Everything is written to a temporary name and renamed into place, so a crash or a parallel
+run never leaves a half-written entry that a later run would trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+CHUNK = 1 << 20
+
+
+def default_root() -> Path:
+    explicit = os.environ.get("BSI_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "build-sandbox-image"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Cache:
+    root: Path
+
+    def blob_path(self, sha256: str, filename: str) -> Path:
+        return self.root / "blobs" / sha256[:2] / sha256 / filename
+
+    def find_blob(self, sha256: str, filename: str) -> Path | None:
+        path = self.blob_path(sha256, filename)
+        return path if path.is_file() else None
+
+    @contextmanager
+    def writing_blob(self, sha256: str, filename: str) -> Iterator[IO[bytes]]:
+        """Open a temporary file that becomes the blob only if it hashes to `sha256`."""
+        final = self.blob_path(sha256, filename)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=final.parent, prefix=".partial-")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                yield handle
+            actual = sha256_of(Path(temp))
+            if actual != sha256:
+                raise ValueError(f"{filename}: sha256 {actual} does not match the lock ({sha256})")
+            os.chmod(temp, 0o644)  # build contexts hard-link blobs; builders must read them
+            os.replace(temp, final)
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+
+    def add_blob(self, source: Path, filename: str) -> tuple[Path, str]:
+        """Copy a local file (a wheel built on the host) into the cache."""
+        sha256 = sha256_of(source)
+        found = self.find_blob(sha256, filename)
+        if found:
+            return found, sha256
+        with self.writing_blob(sha256, filename) as handle, source.open("rb") as src:
+            for chunk in iter(lambda: src.read(CHUNK), b""):
+                handle.write(chunk)
+        return self.blob_path(sha256, filename), sha256
+
+    def _record_path(self, kind: str, key: str) -> Path:
+        return self.root / kind / key[:2] / f"{key}.json"
+
+    def get_record(self, kind: str, key: str) -> Any | None:
+        try:
+            return json.loads(self._record_path(kind, key).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def put_record(self, kind: str, key: str, value: Any) -> None:
+        path = self._record_path(kind, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(value, handle, sort_keys=True)
+        os.replace(temp, path)

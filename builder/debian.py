@@ -1,0 +1,107 @@
+"""Debian 13 knowledge shipped as data: soname index, ctypes table, symbol-version maxima.
+
+Each data file in builder/data has a script in scripts/ (or a documented source) that
+regenerates it; this module only reads them, once per process.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+
+from packaging.utils import canonicalize_name
+
+from builder.target import Arch
+
+_DATA = resources.files("builder.data")
+_SYMBOL_VERSION = re.compile(r"(?P<prefix>[A-Z][A-Z0-9_]*?)_(?P<version>\d+(?:\.\d+)*)")
+
+
+@dataclass(frozen=True)
+class DynamicLoad:
+    """C libraries a distribution loads at import time, invisible to an ELF scan."""
+
+    distribution: str  # PEP 503 normalized
+    sonames: tuple[str, ...]
+    packages: tuple[str, ...]  # Debian packages needed directly, not through a soname
+    note: str
+    check: str | None  # one line of Python proving the library works in the image
+
+
+@cache
+def soname_index(arch: Arch) -> Mapping[str, tuple[str, ...]]:
+    """Soname -> Debian packages shipping it on the default loader path, preferred first."""
+    with _DATA.joinpath(f"sonames-{arch.name}.tsv.gz").open("rb") as raw:
+        text = gzip.decompress(raw.read()).decode()
+    index = {}
+    for line in text.splitlines():
+        soname, _, packages = line.partition("\t")
+        index[soname] = tuple(packages.split(","))
+    return MappingProxyType(index)
+
+
+def package_for(soname: str, arch: Arch) -> str | None:
+    """The package apt should install for ``soname``, or None if trixie has none."""
+    candidates = soname_index(arch).get(soname)
+    return candidates[0] if candidates else None
+
+
+def packages_providing(packages: Iterable[str], arch: Arch) -> frozenset[str]:
+    """All sonames the given packages ship: a base's libraries from its package list."""
+    shipped = _sonames_by_package(arch)
+    return frozenset().union(*(shipped.get(package, ()) for package in packages))
+
+
+@cache
+def _sonames_by_package(arch: Arch) -> Mapping[str, frozenset[str]]:
+    reverse: dict[str, set[str]] = {}
+    for soname, packages in soname_index(arch).items():
+        for package in packages:
+            reverse.setdefault(package, set()).add(soname)
+    return MappingProxyType({package: frozenset(names) for package, names in reverse.items()})
+
+
+@cache
+def dynamic_loads() -> Mapping[str, DynamicLoad]:
+    """The curated ctypes/cffi table, keyed by normalized distribution name."""
+    table = tomllib.loads(_DATA.joinpath("ctypes.toml").read_text())
+    loads = {}
+    for name, entry in table.items():
+        distribution = canonicalize_name(name)
+        loads[distribution] = DynamicLoad(
+            distribution=distribution,
+            sonames=tuple(entry.get("sonames", ())),
+            packages=tuple(entry.get("packages", ())),
+            note=entry["note"],
+            check=entry.get("check"),
+        )
+    return MappingProxyType(loads)
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``"3.4.33"`` -> ``(3, 4, 33)``, so versions compare numerically, not as strings."""
+    return tuple(int(part) for part in text.split("."))
+
+
+def split_symbol_version(name: str) -> tuple[str, tuple[int, ...]] | None:
+    """``"GLIBCXX_3.4.33"`` -> ``("GLIBCXX", (3, 4, 33))``; None for unnumbered names
+    such as GLIBC_PRIVATE or GLIBC_ABI_DT_RELR, which carry no comparable version."""
+    match = _SYMBOL_VERSION.fullmatch(name)
+    if match is None:
+        return None
+    return match["prefix"], version_tuple(match["version"])
+
+
+@cache
+def symbol_maxima() -> Mapping[str, tuple[int, ...]]:
+    """Version-name prefix -> newest version trixie defines (GLIBC -> (2, 41), ...)."""
+    table = tomllib.loads(_DATA.joinpath("symbol-maxima.toml").read_text())
+    return MappingProxyType(
+        {prefix: version_tuple(entry["max"]) for prefix, entry in table.items()}
+    )

@@ -1,0 +1,102 @@
+"""What one ELF file asks of the dynamic loader: sonames, search paths, symbol versions.
+
+Pure reading with pyelftools (no ldd, nothing executed), so wheels for any architecture can be
+inspected on any host. Facts are kept raw ($ORIGIN unexpanded); `builder.natives` interprets them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from elftools.elf.dynamic import DynamicSection, DynamicSegment
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection
+
+ELF_MAGIC = b"\x7fELF"
+MACHINES = {"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64"}
+
+
+@dataclass(frozen=True)
+class ElfFile:
+    """One ELF file at its place in the install tree."""
+
+    path: str  # POSIX path inside the install tree
+    machine: str  # x86_64, aarch64, or pyelftools' e_machine name for anything else
+    soname: str | None
+    needed: tuple[str, ...]  # DT_NEEDED, in order
+    rpaths: tuple[str, ...]  # DT_RPATH then DT_RUNPATH entries, raw
+    version_needs: tuple[tuple[str, str], ...]  # (library file, version name), sorted, unique
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "machine": self.machine,
+            "soname": self.soname,
+            "needed": list(self.needed),
+            "rpaths": list(self.rpaths),
+            "version_needs": [list(pair) for pair in self.version_needs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ElfFile:
+        return cls(
+            path=data["path"],
+            machine=data["machine"],
+            soname=data["soname"],
+            needed=tuple(data["needed"]),
+            rpaths=tuple(data["rpaths"]),
+            version_needs=tuple((library, version) for library, version in data["version_needs"]),
+        )
+
+
+def is_elf(head: bytes) -> bool:
+    """True when the first bytes of a file are the ELF magic."""
+    return head[:4] == ELF_MAGIC
+
+
+def _dynamic(elf: ELFFile) -> DynamicSection | DynamicSegment | None:
+    # Stripped-of-sections files (sstrip) still have the PT_DYNAMIC segment the loader uses.
+    for section in elf.iter_sections("SHT_DYNAMIC"):
+        if isinstance(section, DynamicSection):
+            return section
+    for segment in elf.iter_segments("PT_DYNAMIC"):
+        if isinstance(segment, DynamicSegment):
+            return segment
+    return None
+
+
+def read_elf(stream: BinaryIO, path: str) -> ElfFile:
+    """Read the loader-relevant facts; raises elftools' ELFError on a malformed file."""
+    elf = ELFFile(stream)
+    soname = None
+    needed: list[str] = []
+    rpath: list[str] = []
+    runpath: list[str] = []
+    dynamic = _dynamic(elf)
+    if dynamic is not None:
+        for tag in dynamic.iter_tags():
+            kind = tag.entry.d_tag
+            if kind == "DT_NEEDED":
+                needed.append(tag.needed)
+            elif kind == "DT_SONAME":
+                soname = tag.soname
+            elif kind == "DT_RPATH":
+                rpath.extend(entry for entry in tag.rpath.split(":") if entry)
+            elif kind == "DT_RUNPATH":
+                runpath.extend(entry for entry in tag.runpath.split(":") if entry)
+    versions: set[tuple[str, str]] = set()
+    for section in elf.iter_sections("SHT_GNU_verneed"):
+        if isinstance(section, GNUVerNeedSection):
+            for verneed, auxiliaries in section.iter_versions():
+                versions.update((verneed.name, aux.name) for aux in auxiliaries)
+    machine = elf["e_machine"]
+    return ElfFile(
+        path=path,
+        machine=MACHINES.get(machine, str(machine)),
+        soname=soname,
+        needed=tuple(needed),
+        rpaths=(*rpath, *runpath),
+        version_needs=tuple(sorted(versions)),
+    )

@@ -1,0 +1,201 @@
+"""Get files from the package index into the content-addressed cache.
+
+Downloads stream to disk in chunks and are checked against the sha256 the resolver locked;
+a file already in the cache is never downloaded again. Index credentials given in an index
+URL (`https://user:token@host/simple`) are sent only to that host and never printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from uv import find_uv_bin
+
+from builder.cache import CHUNK, Cache
+from builder.errors import UserError
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+# Files whose presence in a source distribution means it compiles native code.
+COMPILED_SOURCES = re.compile(
+    r"\.(c|cc|cpp|cxx|h|hpp|pyx|pxd|f|f90|rs|go|cu)$|(^|/)(Cargo\.toml|CMakeLists\.txt|meson\.build)$"
+)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    filename: str
+    url: str
+    sha256: str
+    size: int | None = None
+
+
+def redact(url: str) -> str:
+    """The URL without any user:password part, safe to print or write to a report."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _credentials(indexes: Sequence[str]) -> dict[str, str]:
+    """Host -> Basic authorization header value, from index URLs that carry credentials."""
+    result = {}
+    for index in indexes:
+        parts = urllib.parse.urlsplit(index)
+        if parts.username is not None:
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            result[parts.hostname or ""] = f"Basic {token}"
+    return result
+
+
+def _open(url: str, indexes: Sequence[str], accept: str | None = None):  # noqa: ANN202
+    parts = urllib.parse.urlsplit(url)
+    request = urllib.request.Request(redact(url))
+    auth = _credentials([*indexes, url]).get(parts.hostname or "")
+    if auth:
+        request.add_header("Authorization", auth)
+    if accept:
+        request.add_header("Accept", accept)
+    return urllib.request.urlopen(request, timeout=120)
+
+
+def download(file: RemoteFile, cache: Cache, indexes: Sequence[str] = ()) -> Path:
+    """The cached copy of `file`, downloading it (streamed, hash-checked) only if missing."""
+    found = cache.find_blob(file.sha256, file.filename)
+    if found:
+        return found
+    try:
+        if file.url.startswith("file://"):
+            source = Path(urllib.parse.unquote(urllib.parse.urlsplit(file.url).path))
+            with cache.writing_blob(file.sha256, file.filename) as out, source.open("rb") as src:
+                shutil.copyfileobj(src, out, CHUNK)
+        else:
+            with cache.writing_blob(file.sha256, file.filename) as out, _open(
+                file.url, indexes
+            ) as response:
+                shutil.copyfileobj(response, out, CHUNK)
+    except (urllib.error.URLError, OSError) as error:
+        raise UserError(f"{file.filename}: download from {redact(file.url)} failed ({error})") from None
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    return cache.blob_path(file.sha256, file.filename)
+
+
+def download_all(
+    files: Sequence[RemoteFile], cache: Cache, indexes: Sequence[str] = (), workers: int = 8
+) -> dict[str, Path]:
+    """Download in parallel; sha256 -> cached path."""
+    unique = {file.sha256: file for file in files}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        paths = pool.map(lambda file: download(file, cache, indexes), unique.values())
+        return dict(zip(unique, paths, strict=True))
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.links.append(href)
+
+
+def index_files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
+    """Every file with a sha256 that the indexes list for a project (PEP 691, or PEP 503 HTML)."""
+    files: list[RemoteFile] = []
+    for index in indexes or (DEFAULT_INDEX,):
+        page = f"{index.rstrip('/')}/{canonicalize_name(name)}/"
+        try:
+            with _open(page, indexes, accept=f"{SIMPLE_JSON}, text/html;q=0.1") as response:
+                content_type = response.headers.get("Content-Type", "")
+                body = response.read()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                continue
+            raise UserError(f"{name}: index {redact(index)} answered {error.code}") from None
+        except urllib.error.URLError as error:
+            raise UserError(f"{name}: index {redact(index)} unreachable ({error.reason})") from None
+        if SIMPLE_JSON in content_type:
+            entries = [
+                (entry["url"], entry.get("hashes", {}).get("sha256"))
+                for entry in json.loads(body)["files"]
+            ]
+        else:
+            parser = _Anchors()
+            parser.feed(body.decode("utf-8", "replace"))
+            entries = []
+            for link in parser.links:
+                url, _, fragment = link.partition("#")
+                entries.append((url, fragment[7:] if fragment.startswith("sha256=") else None))
+        for url, sha256 in entries:
+            absolute = urllib.parse.urljoin(page, url)
+            filename = urllib.parse.unquote(urllib.parse.urlsplit(absolute).path.rsplit("/", 1)[1])
+            if sha256:
+                files.append(RemoteFile(filename, absolute, sha256))
+    return files
+
+
+def compiled_code_evidence(sdist: Path) -> str | None:
+    """The first member of a source distribution that shows it compiles native code."""
+    try:
+        if sdist.name.endswith(".zip"):
+            with zipfile.ZipFile(sdist) as archive:
+                names = archive.namelist()
+        else:
+            with tarfile.open(sdist) as archive:
+                names = archive.getnames()
+    except (tarfile.TarError, zipfile.BadZipFile, OSError) as error:
+        raise UserError(f"{sdist.name}: unreadable source distribution ({error})") from None
+    return next((name for name in names if COMPILED_SOURCES.search(name)), None)
+
+
+def build_pure_wheel(sdist: Path, sdist_sha256: str, cache: Cache) -> tuple[Path, str]:
+    """Build a pure-Python sdist into a wheel on the host, cached by the sdist's hash."""
+    record = cache.get_record("built", sdist_sha256)
+    if record and (found := cache.find_blob(record["sha256"], record["filename"])):
+        return found, record["sha256"]
+    with tempfile.TemporaryDirectory(prefix="bsi-build-") as out:
+        result = subprocess.run(
+            [find_uv_bin(), "build", "--wheel", "--quiet", "--out-dir", out, str(sdist)],
+            capture_output=True,
+            text=True,
+            env=uv_environment(),
+        )
+        wheels = list(Path(out).glob("*.whl"))
+        if result.returncode != 0 or len(wheels) != 1:
+            last = (result.stderr.strip().splitlines() or ["no wheel produced"])[-1]
+            raise UserError(f"{sdist.name}: building a wheel from source failed ({last})")
+        tags = parse_wheel_filename(wheels[0].name)[3]
+        if any(tag.abi != "none" or tag.platform != "any" for tag in tags):
+            raise UserError(f"{sdist.name}: the source distribution builds compiled code")
+        path, sha256 = cache.add_blob(wheels[0], wheels[0].name)
+    cache.put_record("built", sdist_sha256, {"filename": path.name, "sha256": sha256})
+    return path, sha256
+
+
+def uv_environment() -> Mapping[str, str]:
+    """uv must never try to download an interpreter: it cannot reach one here."""
+    return {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}

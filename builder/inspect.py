@@ -1,0 +1,235 @@
+"""One wheel → the facts planning needs (tags, top-level names, ELF files), cached by sha256.
+
+Wheels can be hundreds of megabytes, so members are streamed: four bytes decide whether a member
+is ELF, and only ELF members are copied (chunked) to a temporary file for pyelftools. The result is
+a JSON record keyed by the wheel's sha256, so a wheel is read at most once per schema version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+from elftools.common.exceptions import ELFError
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from builder.cache import CHUNK, Cache
+from builder.elf import ElfFile, is_elf, read_elf
+from builder.errors import UserError
+
+RECORD_KIND = "inspect"
+SCHEMA = 1  # bump whenever WheelInspection or the way it is derived changes
+LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
+MODULE_SUFFIXES = (".py", ".pyc", ".so")
+TOP_LEVEL_LIMIT = 1 << 16  # top_level.txt is a few names; never trust it to be small
+DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class WheelInspection:
+    """What a wheel installs and what its ELF files need."""
+
+    filename: str
+    sha256: str
+    name: str  # PEP 503 normalized
+    version: str
+    tags: tuple[str, ...]  # expanded from the compressed tag set, sorted
+    top_level: tuple[str, ...]  # importable top-level names, public names first
+    elf_files: tuple[ElfFile, ...]  # sorted by install path
+
+    @property
+    def is_pure(self) -> bool:
+        return not self.elf_files
+
+    @property
+    def pin(self) -> str:
+        return f"{self.name}=={self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "filename": self.filename,
+            "sha256": self.sha256,
+            "name": self.name,
+            "version": self.version,
+            "tags": list(self.tags),
+            "top_level": list(self.top_level),
+            "elf_files": [elf.to_dict() for elf in self.elf_files],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WheelInspection:
+        return cls(
+            filename=data["filename"],
+            sha256=data["sha256"],
+            name=data["name"],
+            version=data["version"],
+            tags=tuple(data["tags"]),
+            top_level=tuple(data["top_level"]),
+            elf_files=tuple(ElfFile.from_dict(elf) for elf in data["elf_files"]),
+        )
+
+
+def install_path(member: str) -> str | None:
+    """Where a wheel member lands under `pip install --target`, or None if not in the tree.
+
+    `<dist>-<ver>.data/purelib|platlib/` go to the root; the other .data schemes (scripts,
+    headers, data) go elsewhere and are never loaded as libraries from the tree.
+    """
+    first, _, rest = member.partition("/")
+    if not first.endswith(".data"):
+        return member
+    scheme, _, inner = rest.partition("/")
+    return inner if scheme in LIBRARY_SCHEMES and inner else None
+
+
+def _excluded_dir(name: str) -> bool:
+    return name == "__pycache__" or name.endswith((".dist-info", ".data", ".libs", ".egg-info"))
+
+
+def _public_first(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(names), key=lambda name: (name.startswith("_"), name)))
+
+
+def derive_top_level(tree_paths: Iterable[str]) -> tuple[str, ...]:
+    """Top-level packages (dirs holding Python or extension files) and modules of a tree."""
+    names = set()
+    for path in tree_paths:
+        first, sep, rest = path.partition("/")
+        if sep:
+            if first.isidentifier() and not _excluded_dir(first) and rest.endswith(MODULE_SUFFIXES):
+                names.add(first)
+        elif first.endswith(MODULE_SUFFIXES):
+            # foo.py, foo.cpython-313-x86_64-linux-gnu.so, foo.abi3.so: module names hold no dot
+            module = first.partition(".")[0]
+            if module.isidentifier():
+                names.add(module)
+    return _public_first(names)
+
+
+def _top_level(
+    zf: zipfile.ZipFile, members: Sequence[str], tree_paths: Sequence[str]
+) -> tuple[str, ...]:
+    """top_level.txt's names that really exist in the tree; else names derived from the tree."""
+    derived = derive_top_level(tree_paths)
+    listing = [m for m in members if m.count("/") == 1 and m.endswith(".dist-info/top_level.txt")]
+    if not listing:
+        return derived
+    with zf.open(listing[0]) as handle:
+        text = handle.read(TOP_LEVEL_LIMIT).decode("utf-8", "replace")
+    present = {path.partition("/")[0] for path in tree_paths} | set(derived)
+    declared = [line.strip() for line in text.splitlines()]
+    named = [name for name in declared if name.isidentifier() and name in present]
+    return _public_first(named) if named else derived
+
+
+def _read_member_elf(zf: zipfile.ZipFile, info: zipfile.ZipInfo, tree_path: str) -> ElfFile | None:
+    with zf.open(info) as member:
+        head = member.read(4)
+        if not is_elf(head):
+            return None
+        with tempfile.NamedTemporaryFile(prefix="bsi-elf-") as temp:
+            temp.write(head)
+            shutil.copyfileobj(member, temp, CHUNK)
+            temp.flush()
+            temp.seek(0)
+            return read_elf(temp, tree_path)
+
+
+def _parse_filename(filename: str) -> tuple[str, str, tuple[str, ...]]:
+    try:
+        name, version, _build, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename as exc:
+        raise UserError(f"{filename}: not a valid wheel filename ({exc})") from None
+    return name, str(version), tuple(sorted(str(tag) for tag in tags))
+
+
+def read_wheel(path: Path, sha256: str) -> WheelInspection:
+    """Inspect a wheel file without the cache (always opens the zip)."""
+    name, version, tags = _parse_filename(path.name)
+    elf_files = []
+    member = path.name
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            members = [info.filename for info in infos]
+            tree_paths = []
+            for info in infos:
+                member = f"{path.name}: {info.filename}"
+                tree_path = install_path(info.filename)
+                if tree_path is None or info.is_dir():
+                    continue
+                tree_paths.append(tree_path)
+                if info.file_size >= 4:
+                    elf = _read_member_elf(zf, info, tree_path)
+                    if elf is not None:
+                        elf_files.append(elf)
+            member = path.name
+            top_level = _top_level(zf, members, tree_paths)
+    except ELFError as exc:
+        raise UserError(f"{member}: unreadable ELF file ({exc})") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise UserError(f"{member}: not a readable wheel ({exc})") from None
+    return WheelInspection(
+        filename=path.name,
+        sha256=sha256,
+        name=name,
+        version=version,
+        tags=tags,
+        top_level=top_level,
+        elf_files=tuple(sorted(elf_files, key=lambda elf: elf.path)),
+    )
+
+
+def cached_inspection(cache: Cache, filename: str, sha256: str) -> WheelInspection | None:
+    """The stored inspection, unless it is missing, of another schema or another filename."""
+    record = cache.get_record(RECORD_KIND, sha256)
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
+        return None
+    if record.get("filename") != filename:  # tags and names come from the filename
+        return None
+    try:
+        return WheelInspection.from_dict(record)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def inspect_wheel(path: Path, sha256: str, cache: Cache) -> WheelInspection:
+    """Inspect a wheel, reading the zip only if no record exists for its sha256."""
+    found = cached_inspection(cache, path.name, sha256)
+    if found is not None:
+        return found
+    inspection = read_wheel(path, sha256)
+    cache.put_record(RECORD_KIND, sha256, inspection.to_dict())
+    return inspection
+
+
+def inspect_wheels(
+    items: Sequence[tuple[Path, str]], cache: Cache, workers: int = DEFAULT_WORKERS
+) -> list[WheelInspection]:
+    """Inspect many wheels, in input order; uncached ones in parallel processes.
+
+    pyelftools is pure Python and CPU bound, so threads would serialize on the GIL.
+    """
+    results = [cached_inspection(cache, path.name, sha256) for path, sha256 in items]
+    missing = [index for index, found in enumerate(results) if found is None]
+    if workers <= 1 or len(missing) <= 1:
+        for index in missing:
+            results[index] = inspect_wheel(*items[index], cache)
+    else:
+        paths = [items[index][0] for index in missing]
+        hashes = [items[index][1] for index in missing]
+        with ProcessPoolExecutor(max_workers=min(workers, len(missing))) as pool:
+            inspected = pool.map(inspect_wheel, paths, hashes, repeat(cache))
+            for index, inspection in zip(missing, inspected, strict=True):
+                results[index] = inspection
+    return [inspection for inspection in results if inspection is not None]

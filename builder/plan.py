@@ -1,0 +1,201 @@
+"""The plan: a plain data object saying exactly what the image will contain, per arch.
+
+Everything here is pure: resolutions, wheel inspections and distro data in, plan out.
+Whatever would break in production (no usable wheel, a library Debian does not ship,
+a symbol newer than trixie's) is raised here, before any build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from packaging.utils import parse_wheel_filename
+
+from builder import debian
+from builder.errors import UserError
+from builder.fetch import RemoteFile, redact
+from builder.inspect import WheelInspection
+from builder.natives import external_needs, symbol_problems
+from builder.resolve import LockedPackage, Resolution
+from builder.target import Arch, BaseProfile, Target
+
+EXTRA_DEPS = "/app/deps-extra"
+
+
+@dataclass(frozen=True)
+class PlannedWheel:
+    name: str
+    version: str
+    filename: str
+    sha256: str
+    tag: str  # the best tag of this wheel that the target accepts
+    url: str  # credentials removed
+    top_level: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NativeLibrary:
+    soname: str
+    package: str
+    needed_by: tuple[str, ...]
+    how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi table)
+
+
+@dataclass(frozen=True)
+class ArchPlan:
+    arch: str
+    wheels: tuple[PlannedWheel, ...]
+    libraries: tuple[NativeLibrary, ...]
+    apt_packages: tuple[str, ...]
+    provided_by_base: tuple[str, ...]
+    built_from_source: tuple[str, ...]
+
+    def packages_for(self, wheel: PlannedWheel) -> list[str]:
+        """Debian packages this wheel's native code needs, for the summary table."""
+        needs = {
+            library.package
+            for library in self.libraries
+            if any(by.startswith(f"{wheel.name}=={wheel.version}") for by in library.needed_by)
+        }
+        return sorted(needs)
+
+
+@dataclass(frozen=True)
+class Plan:
+    base: BaseProfile
+    base_image: str  # what the final stage starts FROM: tag, and digest when known
+    arches: tuple[ArchPlan, ...]
+    import_modules: tuple[str, ...]  # top-level modules of the direct requirements
+    runtime_checks: tuple[str, ...]  # python snippets proving run-time loaded libraries work
+    pythonpath_entry: str = EXTRA_DEPS
+
+    def to_dict(self) -> dict:
+        """The report.json shape; `architectures.<arch>.packages` lists what gets installed."""
+        return {
+            "base": {**self.base.to_dict(), "source": self.base.source},
+            "base_image": self.base_image,
+            "pythonpath_entry": self.pythonpath_entry,
+            "import_modules": list(self.import_modules),
+            "runtime_checks": list(self.runtime_checks),
+            "architectures": {
+                arch.arch: {
+                    "packages": [{"name": w.name, "version": w.version} for w in arch.wheels],
+                    "apt_packages": list(arch.apt_packages),
+                    "wheels": [asdict(w) for w in arch.wheels],
+                    "native_libraries": [asdict(lib) for lib in arch.libraries],
+                    "provided_by_base": list(arch.provided_by_base),
+                    "built_from_source": list(arch.built_from_source),
+                }
+                for arch in self.arches
+            },
+        }
+
+
+def choose_wheel(package: LockedPackage, target: Target, arch: Arch) -> tuple[RemoteFile, str]:
+    """The wheel with the most specific tag the target accepts, and that tag."""
+    best: tuple[int, RemoteFile, str] | None = None
+    for wheel in package.wheels:
+        tags = parse_wheel_filename(wheel.filename)[3]
+        rank = target.tag_rank(arch, frozenset(tags))
+        if rank is not None and (best is None or rank < best[0]):
+            accepted = min(
+                (t for t in tags if target.tag_rank(arch, frozenset([t])) == rank), key=str
+            )
+            best = (rank, wheel, str(accepted))
+    if best is None:
+        found = ", ".join(w.filename for w in package.wheels) or "none"
+        raise UserError(
+            f"{package.name}=={package.version}: no wheel for CPython {target.python_version}"
+            f" on manylinux {arch.machine} (found: {found})"
+        )
+    return best[1], best[2]
+
+
+def plan_arch(
+    resolution: Resolution,
+    chosen: Mapping[str, tuple[RemoteFile, str]],
+    inspections: Mapping[str, WheelInspection],
+    target: Target,
+) -> ArchPlan:
+    """Native needs → Debian packages for one arch; raises on anything unusable."""
+    arch = resolution.arch
+    wheels = []
+    for package in resolution.packages:
+        file, tag = chosen[package.name]
+        wheels.append(
+            PlannedWheel(
+                name=package.name,
+                version=package.version,
+                filename=file.filename,
+                sha256=file.sha256,
+                tag=tag,
+                url=redact(file.url) if not file.url.startswith("file:") else "built from source",
+                top_level=inspections[file.sha256].top_level,
+            )
+        )
+    inspected = [inspections[w.sha256] for w in wheels]
+    problems = symbol_problems(inspected, debian.symbol_maxima())
+    if problems:
+        first = problems[0]
+        raise UserError(
+            f"{first.path} needs {first.version} from {first.library}, newer than Debian 13"
+            f" provides ({first.maximum}) on {arch.name}"
+        )
+    base_sonames = target.base.sonames.get(arch.name, frozenset())
+    libraries = [
+        NativeLibrary(need.soname, _package(need.soname, need.needed_by[0], arch), need.needed_by, "linked")
+        for need in external_needs(inspected, base_sonames, arch.loader)
+    ]
+    loads = debian.dynamic_loads()
+    for wheel in wheels:
+        entry = loads.get(wheel.name)
+        if entry is None:
+            continue
+        by = (f"{wheel.name}=={wheel.version} (loads at run time: {entry.note})",)
+        for soname in entry.sonames:
+            if soname not in base_sonames:
+                libraries.append(
+                    NativeLibrary(soname, _package(soname, by[0], arch), by, "loaded at run time")
+                )
+        libraries += [NativeLibrary("", package, by, "loaded at run time") for package in entry.packages]
+    base_packages = target.base.packages.get(arch.name, frozenset())
+    apt = sorted({lib.package for lib in libraries} - base_packages)
+    return ArchPlan(
+        arch=arch.name,
+        wheels=tuple(wheels),
+        libraries=tuple(sorted(libraries, key=lambda lib: (lib.package, lib.soname))),
+        apt_packages=tuple(apt),
+        provided_by_base=resolution.provided_by_base,
+        built_from_source=resolution.built_from_source,
+    )
+
+
+def _package(soname: str, needed_by: str, arch: Arch) -> str:
+    package = debian.package_for(soname, arch)
+    if package is None:
+        raise UserError(
+            f"{soname}: no Debian 13 package provides this library for {arch.name}"
+            f" (needed by {needed_by})"
+        )
+    return package
+
+
+def import_modules(direct: Sequence[str], plans: Sequence[ArchPlan]) -> tuple[str, ...]:
+    """Top-level modules of the directly requested distributions, the ones verify imports."""
+    modules: dict[str, None] = {}
+    for plan in plans:
+        for wheel in plan.wheels:
+            if wheel.name in direct:
+                modules.update(dict.fromkeys(wheel.top_level))
+    return tuple(modules)
+
+
+def runtime_checks(plans: Sequence[ArchPlan]) -> tuple[str, ...]:
+    """Snippets from the run-time loading table for every installed distribution it lists."""
+    loads = debian.dynamic_loads()
+    names = {wheel.name for plan in plans for wheel in plan.wheels}
+    return tuple(
+        loads[name].check for name in sorted(names) if name in loads and loads[name].check
+    )
+

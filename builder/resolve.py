@@ -1,0 +1,265 @@
+"""Resolve the requirements for the target interpreter and platform, not for this host.
+
+uv evaluates markers for the target and, with `--only-binary :all:`, picks only versions
+that have a wheel for it. The base image's /app/deps distributions are constraints: a
+requirement that contradicts one fails here, naming the base's pin. A distribution that
+has only a source release is built on the host when it is pure Python, and refused when
+it compiles code, naming the newest version that does have a usable wheel.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+import tomllib
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import Version
+from uv import find_uv_bin
+
+from builder.cache import Cache
+from builder.errors import UserError
+from builder.fetch import (
+    RemoteFile,
+    build_pure_wheel,
+    compiled_code_evidence,
+    download,
+    index_files,
+    uv_environment,
+)
+from builder.requirements import NamedRequirement, RequirementSet
+from builder.target import Arch, Target
+
+NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
+NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")
+CAUSE = re.compile(r"cause: (.*?)(?:\n\s*\n|\Z)", re.S)
+MAX_SOURCE_ROUNDS = 10
+
+
+@dataclass(frozen=True)
+class LockedPackage:
+    name: str  # PEP 503 normalized
+    version: str
+    wheels: tuple[RemoteFile, ...]  # the wheels the resolver found usable for this arch
+
+
+@dataclass(frozen=True)
+class Resolution:
+    arch: Arch
+    packages: tuple[LockedPackage, ...]  # to install: the base's distributions left out
+    provided_by_base: tuple[str, ...]  # "name==version" the base image already has
+    built_from_source: tuple[str, ...]  # "name==version" built into pure wheels on the host
+    pylock: str  # uv's PEP 751 lock for this arch, extras and base alike
+
+
+def check_against_base(requirements: RequirementSet, target: Target, arch: Arch) -> None:
+    """Refuse a requirement the base's pinned version does not satisfy, before resolving."""
+    environment = target.marker_environment(arch)
+    for requirement in (*requirements.requirements, *requirements.constraints):
+        pinned = target.base.distributions.get(requirement.name)
+        if pinned is None or not requirement.applies(environment):
+            continue
+        if not requirement.requirement.specifier.contains(pinned, prereleases=True):
+            raise UserError(
+                f"{requirement} ({requirement.origin}) conflicts with the base image"
+                f" {target.base.image}, which pins {requirement.name}=={pinned}"
+            )
+
+
+def _uv_compile(
+    workdir: Path, target: Target, arch: Arch, requirements: RequirementSet, find_links: Path
+) -> subprocess.CompletedProcess[str]:
+    command = [
+        find_uv_bin(), "pip", "compile", str(workdir / "requirements.in"),
+        "--constraint", str(workdir / "constraints.txt"),
+        "--python-platform", arch.uv_platform,
+        "--python-version", target.python_version,
+        "--only-binary", ":all:",
+        "--find-links", str(find_links),
+        "--format", "pylock.toml", "--no-header", "--quiet",
+        "--output-file", str(workdir / f"pylock.{arch.name}.toml"),
+    ]  # fmt: skip
+    if requirements.index_url:
+        command += ["--index-url", requirements.index_url]
+    for extra in requirements.extra_index_urls:
+        command += ["--extra-index-url", extra]
+    return subprocess.run(command, capture_output=True, text=True, env=uv_environment())
+
+
+def _wheel_file(entry: dict, find_links: Path) -> RemoteFile:
+    if "url" in entry:
+        url = entry["url"]
+    else:  # a wheel we built from source, listed by path
+        url = (find_links / entry["path"]).resolve().as_uri()
+    filename = urllib.parse.unquote(url.rsplit("/", 1)[1])
+    return RemoteFile(filename, url, entry["hashes"]["sha256"], entry.get("size"))
+
+
+def _origin(requirements: RequirementSet, name: str) -> str:
+    for requirement in requirements.requirements:
+        if requirement.name == name:
+            return f"{requirement} ({requirement.origin})"
+    return f"{name} (a dependency)"
+
+
+def _failure(
+    stderr: str, requirements: RequirementSet, target: Target, arch: Arch
+) -> UserError:
+    if match := NOT_FOUND.search(stderr):
+        name = canonicalize_name(match.group(1))
+        return UserError(f"{_origin(requirements, name)}: no such distribution on the package index")
+    cause_match = CAUSE.search(stderr)
+    cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
+    base_pins = [
+        f"{name}=={version}"
+        for name, version in sorted(target.base.distributions.items())
+        if re.search(rf"\b{re.escape(name)}\b", cause, re.I)
+    ]
+    hint = f" (the base image pins {', '.join(base_pins)})" if base_pins else ""
+    return UserError(f"cannot resolve for {arch.name}: {cause}{hint}")
+
+
+def newest_usable_version(
+    name: str, target: Target, arch: Arch, requirements: RequirementSet
+) -> str | None:
+    """The newest release of `name` with a wheel the target accepts, by asking the resolver."""
+    with tempfile.TemporaryDirectory(prefix="bsi-probe-") as temp:
+        workdir = Path(temp)
+        (workdir / "requirements.in").write_text(f"{name}\n")
+        (workdir / "constraints.txt").write_text("")
+        command = [
+            find_uv_bin(), "pip", "compile", str(workdir / "requirements.in"), "--no-deps",
+            "--python-platform", arch.uv_platform, "--python-version", target.python_version,
+            "--only-binary", ":all:", "--no-header", "--quiet",
+        ]  # fmt: skip
+        if requirements.index_url:
+            command += ["--index-url", requirements.index_url]
+        for extra in requirements.extra_index_urls:
+            command += ["--extra-index-url", extra]
+        result = subprocess.run(command, capture_output=True, text=True, env=uv_environment())
+    match = re.search(r"^\S+==(\S+)", result.stdout, re.M)
+    return match.group(1) if result.returncode == 0 and match else None
+
+
+def _specifier_for(name: str, requirements: RequirementSet) -> SpecifierSet:
+    specifier = SpecifierSet()
+    for requirement in (*requirements.requirements, *requirements.constraints):
+        if requirement.name == name:
+            specifier &= requirement.requirement.specifier
+    return specifier
+
+
+def _build_from_source(
+    name: str,
+    target: Target,
+    arch: Arch,
+    requirements: RequirementSet,
+    cache: Cache,
+    find_links: Path,
+) -> str:
+    """Build the newest matching pure-Python sdist of `name` into `find_links`; refuse others."""
+    specifier = _specifier_for(name, requirements)
+    files = index_files(requirements.indexes(), name)
+    wheeled: set[Version] = set()
+    sdists: dict[Version, RemoteFile] = {}
+    for file in files:
+        try:
+            if file.filename.endswith(".whl"):
+                wheeled.add(parse_wheel_filename(file.filename)[1])
+            else:
+                sdists[parse_sdist_filename(file.filename)[1]] = file
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            continue
+    candidates = sorted((v for v in sdists if specifier.contains(v)), reverse=True)
+    usable = newest_usable_version(name, target, arch, requirements)
+    suggestion = f"newest version with a usable wheel: {usable}" if usable else (
+        "no version has a usable wheel"
+    )
+    wanted = f"{name}{specifier}" if specifier else name
+    if not candidates:
+        raise UserError(
+            f"{_origin(requirements, name)}: no release matching {wanted} has a wheel for"
+            f" CPython {target.python_version} on {arch.machine}; {suggestion}"
+        )
+    version = candidates[0]
+    if version in wheeled:  # wheels exist, just not for us: compiled for other targets
+        raise UserError(
+            f"{_origin(requirements, name)}: {name}=={version} has no wheel for"
+            f" cp{''.join(map(str, target.python_tuple))} manylinux {arch.machine} and its"
+            f" source compiles native code; {suggestion}"
+        )
+    sdist = download(sdists[version], cache, requirements.indexes())
+    evidence = compiled_code_evidence(sdist)
+    if evidence:
+        raise UserError(
+            f"{_origin(requirements, name)}: {name}=={version} has only a source distribution"
+            f" and it compiles native code ({evidence}); {suggestion}"
+        )
+    wheel, _ = build_pure_wheel(sdist, sdists[version].sha256, cache)
+    link = find_links / wheel.name
+    if not link.exists():
+        link.symlink_to(wheel)
+    return f"{name}=={version}"
+
+
+def resolve(
+    requirements: RequirementSet, target: Target, arch: Arch, cache: Cache
+) -> Resolution:
+    """Pin every distribution for `arch` with the wheels usable there, base pins as constraints."""
+    check_against_base(requirements, target, arch)
+    built: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bsi-resolve-") as temp:
+        workdir = Path(temp)
+        find_links = workdir / "built"
+        find_links.mkdir()
+        (workdir / "requirements.in").write_text(
+            "".join(f"{r.requirement}\n" for r in requirements.requirements)
+        )
+        (workdir / "constraints.txt").write_text(
+            "".join(f"{line}\n" for line in target.base.constraints())
+            + "".join(f"{c.requirement}\n" for c in requirements.constraints)
+        )
+        for _ in range(MAX_SOURCE_ROUNDS):
+            result = _uv_compile(workdir, target, arch, requirements, find_links)
+            if result.returncode == 0:
+                break
+            needs_source = [canonicalize_name(n) for n in NEEDS_SOURCE_BUILD.findall(result.stderr)]
+            if not needs_source or NOT_FOUND.search(result.stderr):
+                raise _failure(result.stderr, requirements, target, arch)
+            for name in needs_source:
+                built.append(_build_from_source(name, target, arch, requirements, cache, find_links))
+        else:
+            raise _failure(result.stderr, requirements, target, arch)
+        pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
+        packages, provided = _packages(tomllib.loads(pylock), target, find_links)
+    return Resolution(arch, packages, provided, tuple(built), pylock)
+
+
+def _packages(
+    lock: dict, target: Target, find_links: Path
+) -> tuple[tuple[LockedPackage, ...], tuple[str, ...]]:
+    packages, provided = [], []
+    for entry in lock.get("packages", []):
+        name = canonicalize_name(entry["name"])
+        if name in target.base.distributions:
+            provided.append(f"{name}=={entry['version']}")
+            continue
+        wheels = tuple(_wheel_file(wheel, find_links) for wheel in entry.get("wheels", []))
+        packages.append(LockedPackage(name, entry["version"], wheels))
+    return tuple(packages), tuple(provided)
+
+
+def direct_names(requirements: Sequence[NamedRequirement]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(requirement.name for requirement in requirements))

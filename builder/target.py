@@ -1,0 +1,179 @@
+"""What we build for: CPython 3.13 on Debian 13, per architecture, on top of a known base.
+
+The base profile says what the base image already provides (its /app/deps distributions,
+its shared libraries, its python patch version). A shipped profile describes the reference
+runtime base; `builder.probe` produces the same shape from a real image.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
+from typing import Any
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name
+
+from builder.errors import UserError
+
+GLIBC_MAJOR, GLIBC_MINOR = 2, 41
+OLDEST_MANYLINUX_MINOR = 17
+LEGACY_ALIASES = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One Debian architecture and the names other tools give it."""
+
+    name: str  # Debian / OCI name: amd64
+    machine: str  # uname -m and wheel platform suffix: x86_64
+    triplet: str  # multiarch directory: x86_64-linux-gnu
+    loader: str  # the dynamic loader's soname, never a package to install
+
+    @property
+    def uv_platform(self) -> str:
+        # uv's newest manylinux target is 2_40; glibc 2.41 adds no wheel tag in use.
+        return f"{self.machine}-manylinux_2_40"
+
+    @property
+    def oci_platform(self) -> str:
+        return f"linux/{self.name}"
+
+    def platforms(self) -> list[str]:
+        """Wheel platform tags the target accepts, most specific first."""
+        tags = []
+        for minor in range(GLIBC_MINOR, OLDEST_MANYLINUX_MINOR - 1, -1):
+            tags.append(f"manylinux_{GLIBC_MAJOR}_{minor}_{self.machine}")
+            if minor in LEGACY_ALIASES:
+                tags.append(f"{LEGACY_ALIASES[minor]}_{self.machine}")
+        return tags
+
+
+ARCHES: dict[str, Arch] = {
+    "amd64": Arch("amd64", "x86_64", "x86_64-linux-gnu", "ld-linux-x86-64.so.2"),
+    "arm64": Arch("arm64", "aarch64", "aarch64-linux-gnu", "ld-linux-aarch64.so.1"),
+}
+
+
+def arch_named(name: str) -> Arch:
+    try:
+        return ARCHES[name]
+    except KeyError:
+        raise UserError(f"unknown architecture {name!r}: choose from {', '.join(ARCHES)}") from None
+
+
+@dataclass(frozen=True)
+class BaseProfile:
+    """What a base runtime image provides; shipped for the reference base, or probed."""
+
+    image: str
+    python_version: str  # full patch version, e.g. 3.13.5
+    glibc: str
+    user: str
+    pythonpath: str
+    distributions: Mapping[str, str]  # normalized name -> version, from /app/deps
+    sonames: Mapping[str, frozenset[str]]  # arch name -> sonames the image provides
+    packages: Mapping[str, frozenset[str]] = field(default_factory=dict)  # arch -> dpkg names
+    digest: str | None = None
+    source: str = "shipped profile"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str) -> BaseProfile:
+        return cls(
+            image=data["image"],
+            python_version=data["python_version"],
+            glibc=data["glibc"],
+            user=data["user"],
+            pythonpath=data["pythonpath"],
+            distributions={canonicalize_name(k): v for k, v in data["distributions"].items()},
+            sonames={a: frozenset(s) for a, s in data["sonames"].items()},
+            packages={a: frozenset(p) for a, p in data.get("packages", {}).items()},
+            digest=data.get("digest"),
+            source=source,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "digest": self.digest,
+            "python_version": self.python_version,
+            "glibc": self.glibc,
+            "user": self.user,
+            "pythonpath": self.pythonpath,
+            "distributions": dict(sorted(self.distributions.items())),
+            "sonames": {a: sorted(s) for a, s in sorted(self.sonames.items())},
+            "packages": {a: sorted(p) for a, p in sorted(self.packages.items())},
+        }
+
+    def constraints(self) -> list[str]:
+        """The base's distributions as pip constraint lines."""
+        return [f"{name}=={version}" for name, version in sorted(self.distributions.items())]
+
+
+def shipped_profile(image: str | None = None) -> BaseProfile:
+    """The profile shipped for the reference runtime base (the offline fallback)."""
+    text = resources.files("builder.data").joinpath("base-profile.json").read_text()
+    profile = BaseProfile.from_dict(json.loads(text), source="shipped profile")
+    if image is not None and image != profile.image:
+        return BaseProfile.from_dict(
+            {**profile.to_dict(), "image": image, "digest": None},
+            source=f"shipped profile of {profile.image}",
+        )
+    return profile
+
+
+@dataclass(frozen=True)
+class Target:
+    """The interpreter, libc and architectures a plan is made for."""
+
+    base: BaseProfile
+    arches: tuple[Arch, ...]
+
+    @property
+    def python_version(self) -> str:
+        return self.base.python_version
+
+    @property
+    def python_tuple(self) -> tuple[int, int]:
+        major, minor = self.base.python_version.split(".")[:2]
+        return int(major), int(minor)
+
+    @cached_property
+    def _tag_priority(self) -> dict[str, dict[Tag, int]]:
+        major, minor = self.python_tuple
+        interpreter = f"cp{major}{minor}"
+        result = {}
+        for arch in self.arches:
+            platforms = [*arch.platforms(), "any"]
+            ordered = [
+                *cpython_tags((major, minor), abis=[interpreter], platforms=platforms),
+                *compatible_tags((major, minor), interpreter=interpreter, platforms=platforms),
+            ]
+            result[arch.name] = {tag: rank for rank, tag in enumerate(dict.fromkeys(ordered))}
+        return result
+
+    def tag_rank(self, arch: Arch, tags: frozenset[Tag]) -> int | None:
+        """Rank of the best tag the target accepts (lower is better), or None if none."""
+        priority = self._tag_priority[arch.name]
+        ranks = [priority[tag] for tag in tags if tag in priority]
+        return min(ranks) if ranks else None
+
+    def marker_environment(self, arch: Arch) -> dict[str, str]:
+        """PEP 508 marker values of the target interpreter, not of this host."""
+        major, minor = self.python_tuple
+        return {
+            "implementation_name": "cpython",
+            "implementation_version": self.python_version,
+            "os_name": "posix",
+            "platform_machine": arch.machine,
+            "platform_python_implementation": "CPython",
+            "platform_release": "",
+            "platform_system": "Linux",
+            "platform_version": "",
+            "python_full_version": self.python_version,
+            "python_version": f"{major}.{minor}",
+            "sys_platform": "linux",
+        }

@@ -1,0 +1,143 @@
+"""Shared fixtures for tests that use the real Docker engine and the local test registry.
+
+`scripts/setup-env.sh` (run by `make test`) starts both and writes `.test-env.json` at the repo
+root (or where ``BSI_TEST_ENV`` points)::
+
+    {"docker": "/usr/bin/docker", "docker_host": "unix:///var/run/docker.sock",
+     "base_image": "python:3.13-slim-trixie", "registry": "127.0.0.1:5000",
+     "registry_user": "bsi", "registry_password": "...",
+     "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}
+
+Policy: a test that needs the engine (marked ``@pytest.mark.engine`` or using ``docker_client``) or
+the registry (marked ``@pytest.mark.registry`` or using ``registry``) FAILS in CI (``CI=true``) when
+the service does not answer, and is skipped with a reason elsewhere. Use ``test_env["docker"]`` for
+the CLI: a newer docker CLI earlier on PATH may demand buildx.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCKER_SOCK = "unix:///var/run/docker.sock"  # default when the test-env file names none
+SETUP_HINT = "run scripts/setup-env.sh (or make test)"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def unavailable(reason: str) -> None:
+    """Fail in CI, skip elsewhere: CI must never pass by skipping the real tests."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: failing instead of skipping)", pytrace=False)
+    pytest.skip(f"{reason}; {SETUP_HINT}")
+
+
+# Loopback only: never route test traffic through an HTTP(S)_PROXY from the environment.
+NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _test_env_path() -> Path:
+    return Path(os.environ.get("BSI_TEST_ENV") or REPO_ROOT / ".test-env.json")
+
+
+@functools.cache
+def _load_test_env() -> dict | None:
+    try:
+        return json.loads(_test_env_path().read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _docker_host() -> str:
+    return (_load_test_env() or {}).get("docker_host", DOCKER_SOCK)
+
+
+@functools.cache
+def _engine_problem() -> str | None:
+    """None when the engine answers, else why not."""
+    try:
+        import docker
+
+        client = docker.DockerClient(base_url=_docker_host(), timeout=10)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        return f"Docker engine not answering on {_docker_host()}: {exc}"
+    return None
+
+
+class Registry(NamedTuple):
+    host: str  # "127.0.0.1:5000", plain http (docker trusts loopback registries without TLS)
+    user: str
+    password: str
+
+    def auth_header(self) -> str:
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        return f"Basic {token}"
+
+
+@functools.cache
+def _registry_problem() -> str | None:
+    env = _load_test_env()
+    if env is None:
+        return f"no test-env file at {_test_env_path()}"
+    url = f"http://{env['registry']}/v2/"
+    try:
+        NO_PROXY_OPENER.open(url, timeout=5)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            return None
+        return f"test registry at {url} answered {exc.code}, expected 401"
+    except OSError as exc:
+        return f"test registry not answering at {url}: {exc}"
+    return f"test registry at {url} does not ask for credentials"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    fixtures = getattr(item, "fixturenames", ())
+    if item.get_closest_marker("engine") or "docker_client" in fixtures:
+        problem = _engine_problem()
+        if problem:
+            unavailable(problem)
+    if item.get_closest_marker("registry") or "registry" in fixtures:
+        problem = _registry_problem()
+        if problem:
+            unavailable(problem)
+
+
+@pytest.fixture(scope="session")
+def test_env() -> dict:
+    """The machine's test settings written by scripts/setup-env.sh (see module docstring)."""
+    env = _load_test_env()
+    if env is None:
+        unavailable(f"no test-env file at {_test_env_path()}")
+    return env
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A docker SDK client on the local engine (the engine check runs before the test)."""
+    import docker
+
+    client = docker.DockerClient(base_url=_docker_host(), timeout=300)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def registry(test_env: dict) -> Registry:
+    """(host, user, password) of the local htpasswd-protected registry; host is "127.0.0.1:5000"."""
+    return Registry(test_env["registry"], test_env["registry_user"], test_env["registry_password"])

@@ -1,0 +1,123 @@
+"""The test machine itself: engine, stand-in base image, local registry with htpasswd auth.
+
+These fail first when scripts/setup-env.sh is broken, so other failures can be read as product bugs.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import tarfile
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+
+# Loopback only: never through an HTTP(S)_PROXY from the environment.
+NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+HARDENED = [
+    "--read-only",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+    "--user",
+    "65532:65532",
+    "--network",
+    "none",
+]
+
+
+def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)
+
+
+@pytest.mark.engine
+def test_engine_answers(docker_client, test_env):
+    assert docker_client.ping() is True
+    # The CLI the project uses is Debian's, which builds with BuildKit without buildx.
+    out = run([test_env["docker"], "version", "--format", "{{.Server.Version}}"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+
+
+@pytest.mark.engine
+def test_standin_base_runs_python_313_hardened(test_env):
+    cmd = [test_env["docker"], "run", "--rm", *HARDENED, test_env["base_image"]]
+    out = run([*cmd, "python3", "-c", "import sys; print(sys.version)"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("3.13."), out.stdout
+    # The hardening really applies: uid 65532, root filesystem read-only.
+    probe = "import os; open('/probe', 'w')"
+    out = run([*cmd, "python3", "-c", f"import os; print(os.getuid(), os.getgid()); {probe}"])
+    assert out.stdout.split() == ["65532", "65532"]
+    assert out.returncode != 0
+    assert "Read-only file system" in out.stderr or "Permission denied" in out.stderr
+
+
+def _catalog(host: str, user: str | None = None, password: str = "") -> urllib.request.Request:
+    req = urllib.request.Request(f"http://{host}/v2/_catalog")
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    return req
+
+
+@pytest.mark.registry
+def test_registry_requires_credentials(registry):
+    assert registry[0].startswith("127.0.0.1:")
+    host, user, password = registry
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        NO_PROXY_OPENER.open(_catalog(host), timeout=10)
+    assert refused.value.code == 401
+    assert "Basic" in refused.value.headers.get("WWW-Authenticate", "")
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        NO_PROXY_OPENER.open(_catalog(host, user, "not-the-password"), timeout=10)
+    assert refused.value.code == 401
+
+    with NO_PROXY_OPENER.open(_catalog(host, user, password), timeout=10) as resp:
+        assert resp.status == 200
+        assert "repositories" in json.load(resp)
+
+
+@pytest.mark.engine
+@pytest.mark.registry
+def test_engine_pushes_to_local_registry(test_env, registry, tmp_path):
+    """docker login + push over plain http to the loopback registry, the publish step's path."""
+    docker = test_env["docker"]
+    env = {**os.environ, "DOCKER_CONFIG": str(tmp_path / "docker-config")}  # keep ~/.docker clean
+    repo = f"{registry.host}/bsi-infra-test"
+    tag = f"{repo}:{uuid.uuid4().hex[:12]}"
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        data = tag.encode()
+        info = tarfile.TarInfo("marker.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    imp = subprocess.run(
+        [docker, "import", "-", tag], input=layer.getvalue(), capture_output=True, timeout=120
+    )
+    assert imp.returncode == 0, imp.stderr
+    try:
+        login = run(
+            [docker, "login", "-u", registry.user, "--password-stdin", registry.host],
+            input=registry.password,
+            env=env,
+        )
+        assert login.returncode == 0, login.stderr
+        out = run([docker, "push", tag], env=env)
+        assert out.returncode == 0, out.stderr
+        assert "digest: sha256:" in out.stdout
+
+        req = _catalog(registry.host, registry.user, registry.password)
+        with NO_PROXY_OPENER.open(req, timeout=10) as resp:
+            assert "bsi-infra-test" in json.load(resp)["repositories"]
+    finally:
+        run([docker, "rmi", tag], env=env)

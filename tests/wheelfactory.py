@@ -1,0 +1,109 @@
+"""Small real wheels and shared objects for tests, built with the host's gcc.
+
+Real ELF files exercise pyelftools the way real wheels do; synthetic wheels keep the tests fast
+and offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import subprocess
+import zipfile
+from collections.abc import Mapping, Sequence
+from itertools import product
+from pathlib import Path
+
+GCC = "/usr/bin/gcc"
+EXTENSION_SUFFIX = ".cpython-313-x86_64-linux-gnu.so"
+
+
+def compile_so(
+    tmp_path: Path,
+    source: str,
+    name: str,
+    *,
+    soname: str | None = None,
+    libs: Sequence[str] = (),
+    rpath: str | None = None,
+    runpath: bool = True,
+    libdirs: Sequence[Path] = (),
+    version_script: str | None = None,
+) -> Path:
+    """Compile C `source` into `tmp_path/build/<name>` as a shared object.
+
+    `libs` are `-l` names, always kept as DT_NEEDED (--no-as-needed); `rpath` is stored as
+    DT_RUNPATH, or as DT_RPATH when `runpath` is False; `version_script` is its text.
+    """
+    build = tmp_path / "build"
+    build.mkdir(parents=True, exist_ok=True)
+    stem = name.replace("/", "_")
+    c_file = build / f"{stem}.c"
+    c_file.write_text(source)
+    output = build / name
+    command = [GCC, "-shared", "-fPIC", "-o", str(output), str(c_file)]
+    if soname:
+        command.append(f"-Wl,-soname,{soname}")
+    if rpath is not None:
+        command.append(f"-Wl,-rpath,{rpath}")
+        command.append("-Wl,--enable-new-dtags" if runpath else "-Wl,--disable-new-dtags")
+    if version_script is not None:
+        script = build / f"{stem}.map"
+        script.write_text(version_script)
+        command.append(f"-Wl,--version-script={script}")
+    command += [f"-L{directory}" for directory in libdirs]
+    command += ["-Wl,--no-as-needed", *(f"-l{lib}" for lib in libs)]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    return output
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def wheel_filename(name: str, version: str, tag: str) -> str:
+    return f"{re.sub(r'[-_.]+', '_', name)}-{version}-{tag}.whl"
+
+
+def make_wheel(
+    tmp_path: Path,
+    name: str,
+    version: str,
+    tag: str,
+    files: Mapping[str, bytes],
+    *,
+    top_level: Sequence[str] | None = None,
+) -> Path:
+    """Write a valid wheel with `files` (archive path → content) plus a dist-info directory.
+
+    `tag` may be compressed (`cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64`); the
+    WHEEL file lists every expanded tag. `top_level` adds a top_level.txt.
+    """
+    filename = wheel_filename(name, version, tag)
+    dist_info = f"{filename.split('-')[0]}-{version}.dist-info"
+    interpreters, abis, platforms = (part.split(".") for part in tag.split("-"))
+    tag_lines = "".join(f"Tag: {'-'.join(t)}\n" for t in product(interpreters, abis, platforms))
+    pure = platforms == ["any"]
+    metadata = {
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist_info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: wheelfactory\n"
+            f"Root-Is-Purelib: {'true' if pure else 'false'}\n{tag_lines}"
+        ),
+    }
+    if top_level is not None:
+        metadata[f"{dist_info}/top_level.txt"] = "".join(f"{line}\n" for line in top_level)
+    contents = {**files, **{path: text.encode() for path, text in metadata.items()}}
+    record = "".join(
+        f"{path},{_record_hash(data)},{len(data)}\n" for path, data in contents.items()
+    )
+    record += f"{dist_info}/RECORD,,\n"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    wheel = tmp_path / filename
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path, data in contents.items():
+            zf.writestr(path, data)
+        zf.writestr(f"{dist_info}/RECORD", record)
+    return wheel
