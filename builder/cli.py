@@ -13,7 +13,9 @@ import click
 from builder.cache import Cache, default_root
 from builder.errors import UserError
 from builder.plan import Plan
+from builder.render import Secrets
 from builder.target import ARCHES, shipped_profile
+from builder.verify import VerifyReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = Path("sandbox-image")
@@ -48,27 +50,88 @@ def summary(plan: Plan) -> str:
         widths = [max(len(row[i]) for row in rows) for i in range(3)]
         lines.append(f"\n{arch.arch}:")
         lines += [
-            "  " + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
-            + "  " + row[3]
+            "  "
+            + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+            + "  "
+            + row[3]
             for row in rows
         ]
         if arch.provided_by_base:
-            lines.append(f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}")
+            lines.append(
+                f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
+            )
         lines.append(f"  apt packages: {' '.join(arch.apt_packages) or 'none'}")
     return "\n".join(lines)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-r", "--requirement", "requirements", multiple=True, type=click.Path(path_type=Path),
-              help="Requirements file (repeatable).")
-@click.option("-c", "--constraint", "constraints", multiple=True, type=click.Path(path_type=Path),
-              help="Constraints file (repeatable).")
-@click.option("--arch", "arches", multiple=True, type=click.Choice(sorted(ARCHES)),
-              help="Target architecture (repeatable; default amd64).")
-@click.option("--base-image", help="The platform's runtime image, tagged with the platform version.")
-@click.option("--output", type=click.Path(path_type=Path), default=DEFAULT_OUTPUT, show_default=True,
-              help="Directory for the build context.")
+@click.option(
+    "-r",
+    "--requirement",
+    "requirements",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Requirements file (repeatable).",
+)
+@click.option(
+    "-c",
+    "--constraint",
+    "constraints",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Constraints file (repeatable).",
+)
+@click.option(
+    "--arch",
+    "arches",
+    multiple=True,
+    type=click.Choice(sorted(ARCHES)),
+    help="Target architecture (repeatable; default amd64).",
+)
+@click.option(
+    "--base-image", help="The platform's runtime image, tagged with the platform version."
+)
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_OUTPUT,
+    show_default=True,
+    help="Directory for the build context.",
+)
 @click.option("--no-build", is_flag=True, help="Stop after writing the build context.")
+@click.option("--tag", help="Name for the built image.")
+@click.option(
+    "--no-verify", is_flag=True, help="Do not verify the built image (nor gate a push on it)."
+)
+@click.option(
+    "--push", "push_repository", metavar="REPOSITORY", help="Push the verified image here."
+)
+@click.option(
+    "--platform-version", help="Platform version for tags (default: the base image's tag)."
+)
+@click.option(
+    "--template",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="SandboxTemplate YAML to point at the pushed digest.",
+)
+@click.option("--container", help="Container of the template to update (default: the first).")
+@click.option(
+    "--warm-pool",
+    "warm_pools",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="SandboxWarmPool YAML to check for stale-pod strategies (repeatable).",
+)
+@click.option(
+    "--apt-ca-bundle",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA bundle for apt, passed as a BuildKit secret (never stored in the image).",
+)
+@click.option(
+    "--apt-auth",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="apt auth.conf for a private mirror, passed as a BuildKit secret.",
+)
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
 @click.pass_context
 @reports_errors
@@ -80,6 +143,15 @@ def main(
     base_image: str | None,
     output: Path,
     no_build: bool,
+    tag: str | None,
+    no_verify: bool,
+    push_repository: str | None,
+    platform_version: str | None,
+    template: Path | None,
+    container: str | None,
+    warm_pools: tuple[Path, ...],
+    apt_ca_bundle: Path | None,
+    apt_auth: Path | None,
     cache_dir: Path | None,
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
@@ -87,22 +159,130 @@ def main(
         return
     if not requirements:
         raise click.UsageError("give at least one -r/--requirement file")
-    from builder.pipeline import Request, prepare
+    if template and not push_repository:
+        raise click.UsageError("--template needs --push: the template names the pushed digest")
+    from builder.pipeline import Delivery, Request, base_profile, deliver, prepare
+    from builder.probe import engine_client
 
+    cache = Cache(cache_dir or default_root())
+    client = None if no_build else engine_client()
+    secrets = {"apt-ca": apt_ca_bundle, "apt-auth": apt_auth}
     request = Request(
         requirement_files=requirements,
         constraint_files=constraints,
         arches=arches or ("amd64",),
-        base=shipped_profile(base_image),
+        base=base_profile(base_image, client, cache, say=note)
+        if client
+        else shipped_profile(base_image),
         output=output,
-        cache=Cache(cache_dir or default_root()),
+        cache=cache,
+        secrets=Secrets(apt_ca=apt_ca_bundle is not None, apt_auth=apt_auth is not None),
     )
     plan = prepare(request)
     click.echo(summary(plan))
     click.echo(f"\nbuild context written to {output}/ (report: {output}/report.json)")
-    if no_build or True:
+    if client is None:
         platforms = ",".join(f"linux/{a.arch}" for a in plan.arches)
+        why = "--no-build" if no_build else "no Docker engine reachable"
         click.echo(
-            "build it with: DOCKER_BUILDKIT=1 /usr/bin/docker build"
+            f"not building ({why}); build it with: DOCKER_BUILDKIT=1 docker build"
             f" --platform {platforms} -t IMAGE {output}"
         )
+        return
+    delivery = Delivery(
+        tag=tag,
+        verify=not no_verify,
+        secret_files={key: path for key, path in secrets.items() if path is not None},
+        push_repository=push_repository,
+        platform_version=platform_version,
+        template=template,
+        container=container,
+        warm_pools=warm_pools,
+    )
+    outcome = deliver(plan, request, delivery, client, say=note)
+    if outcome.image_id:
+        click.echo(f"image: {outcome.tag} ({outcome.image_id}, {outcome.built_arch})")
+    if outcome.verification is not None:
+        click.echo(verification_table(outcome.verification))
+        if not outcome.verification.passed:
+            failed = [check.name for check in outcome.verification.checks if not check.passed]
+            raise UserError(
+                f"verification of {tag or outcome.image_id} failed: {', '.join(failed)}"
+            )
+    if outcome.pushed:
+        click.echo(f"pushed: {outcome.pushed.reference}")
+    if outcome.template_change:
+        change = outcome.template_change
+        click.echo(f"template {template}: {change.old_image} -> {change.new_image}")
+    for line in outcome.notes:
+        note(line)
+
+
+def note(line: str) -> None:
+    """Progress and notes go to stdout; stderr carries only the one-line error."""
+    click.echo(line)
+
+
+def verification_table(report: VerifyReport) -> str:
+    """One PASS/FAIL line per contract point, import and run-time check."""
+    width = max((len(check.name) for check in report.checks), default=0)
+    return "\n".join(
+        f"{'PASS' if check.passed else 'FAIL'}  {check.name.ljust(width)}  {check.detail}".rstrip()
+        for check in report.checks
+    )
+
+
+@main.command("verify")
+@click.argument("image")
+@click.option(
+    "-r",
+    "--requirement",
+    "requirements",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Import every top-level module of the distributions this file names.",
+)
+@click.option("--import", "modules", multiple=True, metavar="MODULE", help="Module to import.")
+@click.option(
+    "--check", "snippets", multiple=True, metavar="CODE", help="Python snippet that must run."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@reports_errors
+def verify_command(
+    image: str,
+    requirements: Path | None,
+    modules: tuple[str, ...],
+    snippets: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
+    import json
+
+    from builder.verify import verify_image
+
+    report = verify_image(image, modules=modules, checks=snippets, requirements=requirements)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
+    if not report.passed:
+        failed = ", ".join(check.name for check in report.failed)
+        raise UserError(f"verification of {image} failed: {failed}")
+
+
+@main.command("base")
+@click.option("--tag", required=True, help="Name for the built reference base image.")
+@click.option(
+    "--from",
+    "base_image",
+    default="python:3.13-slim-trixie",
+    show_default=True,
+    help="The Python image to build on.",
+)
+@click.option("--arch", type=click.Choice(sorted(ARCHES)), default="amd64", show_default=True)
+@click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
+@reports_errors
+def base_command(tag: str, base_image: str, arch: str, cache_dir: Path | None) -> None:
+    """Build the reference runtime base (Dockerfile.base) on the local engine."""
+    from builder.reference import build_base
+
+    image_id = build_base(
+        tag, base_image=base_image, arch=arch, cache=Cache(cache_dir or default_root())
+    )
+    click.echo(f"{tag} {image_id}")

@@ -26,12 +26,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
-
 from uv import find_uv_bin
 
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 
+# Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
+UV = find_uv_bin()
 DEFAULT_INDEX = "https://pypi.org/simple"
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 # Files whose presence in a source distribution means it compiles native code.
@@ -69,7 +70,7 @@ def _credentials(indexes: Sequence[str]) -> dict[str, str]:
     return result
 
 
-def _open(url: str, indexes: Sequence[str], accept: str | None = None):  # noqa: ANN202
+def _open(url: str, indexes: Sequence[str], accept: str | None = None):
     parts = urllib.parse.urlsplit(url)
     request = urllib.request.Request(redact(url))
     auth = _credentials([*indexes, url]).get(parts.hostname or "")
@@ -91,12 +92,15 @@ def download(file: RemoteFile, cache: Cache, indexes: Sequence[str] = ()) -> Pat
             with cache.writing_blob(file.sha256, file.filename) as out, source.open("rb") as src:
                 shutil.copyfileobj(src, out, CHUNK)
         else:
-            with cache.writing_blob(file.sha256, file.filename) as out, _open(
-                file.url, indexes
-            ) as response:
+            with (
+                cache.writing_blob(file.sha256, file.filename) as out,
+                _open(file.url, indexes) as response,
+            ):
                 shutil.copyfileobj(response, out, CHUNK)
     except (urllib.error.URLError, OSError) as error:
-        raise UserError(f"{file.filename}: download from {redact(file.url)} failed ({error})") from None
+        raise UserError(
+            f"{file.filename}: download from {redact(file.url)} failed ({error})"
+        ) from None
     except ValueError as error:
         raise UserError(str(error)) from None
     return cache.blob_path(file.sha256, file.filename)
@@ -179,7 +183,7 @@ def build_pure_wheel(sdist: Path, sdist_sha256: str, cache: Cache) -> tuple[Path
         return found, record["sha256"]
     with tempfile.TemporaryDirectory(prefix="bsi-build-") as out:
         result = subprocess.run(
-            [find_uv_bin(), "build", "--wheel", "--quiet", "--out-dir", out, str(sdist)],
+            [UV, "build", "--wheel", "--quiet", "--out-dir", out, str(sdist)],
             capture_output=True,
             text=True,
             env=uv_environment(),

@@ -6,21 +6,37 @@ Each step is its own module; this file only sequences them and fans out per arch
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+import docker
+
+from builder.build import build_image
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.fetch import RemoteFile, download, download_all, index_files
 from builder.inspect import inspect_wheels
 from builder.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
-from builder.render import Secrets, render
+from builder.probe import base_problems, probe_base, profile_differences
+from builder.publish import (
+    PushResult,
+    extras_hash,
+    image_tags,
+    push_image,
+    registry_credentials,
+    registry_host,
+)
+from builder.render import Secrets, lock_text, render, update_report
 from builder.requirements import read_requirements
 from builder.resolve import Resolution, resolve
-from builder.target import BaseProfile, Target, arch_named
+from builder.target import ARCHES, BaseProfile, Target, arch_named, shipped_profile
+from builder.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
+from builder.verify import VerifyReport, verify_image
+
+Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -99,3 +115,135 @@ def prepare(request: Request) -> Plan:
         request.secrets,
     )
     return plan
+
+
+def base_profile(
+    image: str | None, client: docker.DockerClient | None, cache: Cache, say: Say
+) -> BaseProfile:
+    """Probe the real base when the engine can reach it; the shipped profile is the fallback."""
+    shipped = shipped_profile(image)
+    if client is None:
+        say(f"no Docker engine reachable: planning against the {shipped.source}")
+        return shipped
+    probed = probe_base(image or shipped.image, client, cache)
+    for line in profile_differences(shipped_profile(), probed):
+        say(f"note: base differs from the shipped reference profile: {line}")
+    for problem in base_problems(probed):
+        say(f"warning: base {probed.image}: {problem}")
+    return probed
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What happens after the context is written: build, verify, push, point the template."""
+
+    build: bool = True
+    tag: str | None = None
+    verify: bool = True
+    secret_files: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
+    push_repository: str | None = None
+    platform_version: str | None = None
+    template: Path | None = None
+    container: str | None = None
+    warm_pools: tuple[Path, ...] = ()
+
+
+@dataclass
+class Outcome:
+    plan: Plan
+    image_id: str | None = None
+    built_arch: str | None = None
+    tag: str | None = None
+    verification: VerifyReport | None = None
+    pushed: PushResult | None = None
+    template_change: TemplateChange | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def platform_version(base_image: str, explicit: str | None) -> str:
+    """The platform version an image is built for: given, or the base image's tag."""
+    if explicit:
+        return explicit
+    name = base_image.split("@", 1)[0]
+    tail = name.rsplit("/", 1)[-1]
+    return tail.split(":", 1)[1] if ":" in tail else "latest"
+
+
+def deliver(
+    plan: Plan,
+    request: Request,
+    delivery: Delivery,
+    client: docker.DockerClient | None,
+    say: Say,
+) -> Outcome:
+    """After `prepare`: build, verify, push and point the template at the pushed digest."""
+    outcome = Outcome(plan)
+    if not delivery.build or client is None:
+        return outcome
+    engine_arch = next(
+        (a.name for a in ARCHES.values() if a.machine == client.info().get("Architecture")), None
+    )
+    if engine_arch not in {arch.arch for arch in plan.arches}:
+        outcome.notes.append(
+            f"the engine builds {engine_arch} only; build the context with buildx for"
+            f" {', '.join(a.arch for a in plan.arches)}"
+        )
+        return outcome
+    others = [a.arch for a in plan.arches if a.arch != engine_arch]
+    if others:
+        outcome.notes.append(
+            f"built {engine_arch} only; {', '.join(others)} need buildx (docker buildx build"
+            f" --platform {','.join(f'linux/{a}' for a in others)} {request.output})"
+        )
+    digest_input = [lock_text(plan, a.arch) + " ".join(a.apt_packages) for a in plan.arches]
+    extras = extras_hash([plan.base_image, *digest_input])
+    # Always tag locally: an untagged image would vanish if a later push step untags it.
+    tag = delivery.tag or f"sandbox-extension:x{extras}"
+    say(f"building {engine_arch} image {tag} with BuildKit ...")
+    outcome.built_arch = engine_arch
+    outcome.tag = tag
+    outcome.image_id = build_image(
+        request.output,
+        tag=tag,
+        platform=f"linux/{engine_arch}",
+        secrets=delivery.secret_files,
+    )
+    image_record: dict = {"id": outcome.image_id, "arch": engine_arch, "tag": tag}
+    if delivery.verify:
+        say(f"verifying {tag} hardened ...")
+        outcome.verification = verify_image(
+            outcome.image_id,
+            modules=plan.import_modules,
+            checks=plan.runtime_checks,
+            client=client,
+        )
+        image_record["verified"] = outcome.verification.passed
+        if not outcome.verification.passed:
+            update_report(request.output, {"image": image_record})
+            return outcome
+    if delivery.push_repository:
+        tags = image_tags(
+            delivery.push_repository,
+            platform_version(plan.base_image, delivery.platform_version),
+            extras,
+        )
+        say(f"pushing {', '.join(tags)} ...")
+        outcome.pushed = push_image(
+            client,
+            outcome.image_id,
+            delivery.push_repository,
+            tags,
+            registry_credentials(registry_host(delivery.push_repository)),
+        )
+        image_record |= {"pushed": outcome.pushed.reference, "tags": list(outcome.pushed.tags)}
+        if delivery.template:
+            outcome.template_change = set_image(
+                delivery.template, outcome.pushed.reference, delivery.container
+            )
+            image_record["template"] = str(delivery.template)
+            outcome.notes.append(apply_hint(delivery.template))
+            outcome.notes += warm_pool_warnings(
+                (delivery.template, *delivery.warm_pools), outcome.template_change.template_name
+            )
+    update_report(request.output, {"image": image_record})
+    return outcome

@@ -144,7 +144,9 @@ def plan_arch(
         )
     base_sonames = target.base.sonames.get(arch.name, frozenset())
     libraries = [
-        NativeLibrary(need.soname, _package(need.soname, need.needed_by[0], arch), need.needed_by, "linked")
+        NativeLibrary(
+            need.soname, _package(need.soname, need.needed_by[0], arch), need.needed_by, "linked"
+        )
         for need in external_needs(inspected, base_sonames, arch.loader)
     ]
     loads = debian.dynamic_loads()
@@ -158,7 +160,9 @@ def plan_arch(
                 libraries.append(
                     NativeLibrary(soname, _package(soname, by[0], arch), by, "loaded at run time")
                 )
-        libraries += [NativeLibrary("", package, by, "loaded at run time") for package in entry.packages]
+        libraries += [
+            NativeLibrary("", package, by, "loaded at run time") for package in entry.packages
+        ]
     base_packages = target.base.packages.get(arch.name, frozenset())
     apt = sorted({lib.package for lib in libraries} - base_packages)
     return ArchPlan(
@@ -195,7 +199,4 @@ def runtime_checks(plans: Sequence[ArchPlan]) -> tuple[str, ...]:
     """Snippets from the run-time loading table for every installed distribution it lists."""
     loads = debian.dynamic_loads()
     names = {wheel.name for plan in plans for wheel in plan.wheels}
-    return tuple(
-        loads[name].check for name in sorted(names) if name in loads and loads[name].check
-    )
-
+    return tuple(loads[name].check for name in sorted(names) if name in loads and loads[name].check)

@@ -144,3 +144,13 @@ def _swap(staging: Path, output: Path) -> None:
     staging.rename(output)
     with suppress(OSError):
         shutil.rmtree(retired)
+
+
+def update_report(output: Path, additions: dict) -> None:
+    """Merge what happened after rendering (image id, verification, push) into report.json."""
+    path = output / "report.json"
+    report = json.loads(path.read_text())
+    report.update(additions)
+    temp = path.with_name(f".report.json.{os.getpid()}")
+    temp.write_text(json.dumps(report, indent=2) + "\n")
+    temp.replace(path)

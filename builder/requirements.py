@@ -131,7 +131,9 @@ def _parse_requirement(line: str, origin: str) -> NamedRequirement:
     text, *options = re.split(r"\s+(?=--)", line)
     for option in options:
         if not option.startswith(DROPPED_OPTIONS):
-            raise UserError(f"{origin}: per-requirement option {option.split()[0]} is not supported")
+            raise UserError(
+                f"{origin}: per-requirement option {option.split()[0]} is not supported"
+            )
     if text.startswith((".", "/", "-")) or re.match(r"^[a-z+]+://", text):
         raise UserError(f"{origin}: local or URL requirement {text!r} is not supported")
     try:

@@ -14,7 +14,6 @@ import subprocess
 import tempfile
 import tomllib
 import urllib.parse
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +26,11 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 from packaging.version import Version
-from uv import find_uv_bin
 
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.fetch import (
+    UV,
     RemoteFile,
     build_pure_wheel,
     compiled_code_evidence,
@@ -39,7 +38,7 @@ from builder.fetch import (
     index_files,
     uv_environment,
 )
-from builder.requirements import NamedRequirement, RequirementSet
+from builder.requirements import RequirementSet
 from builder.target import Arch, Target
 
 NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
@@ -82,7 +81,7 @@ def _uv_compile(
     workdir: Path, target: Target, arch: Arch, requirements: RequirementSet, find_links: Path
 ) -> subprocess.CompletedProcess[str]:
     command = [
-        find_uv_bin(), "pip", "compile", str(workdir / "requirements.in"),
+        UV, "pip", "compile", str(workdir / "requirements.in"),
         "--constraint", str(workdir / "constraints.txt"),
         "--python-platform", arch.uv_platform,
         "--python-version", target.python_version,
@@ -98,11 +97,8 @@ def _uv_compile(
     return subprocess.run(command, capture_output=True, text=True, env=uv_environment())
 
 
-def _wheel_file(entry: dict, find_links: Path) -> RemoteFile:
-    if "url" in entry:
-        url = entry["url"]
-    else:  # a wheel we built from source, listed by path
-        url = (find_links / entry["path"]).resolve().as_uri()
+def _wheel_file(entry: dict) -> RemoteFile:
+    url = entry["url"]  # uv lists index and --find-links wheels alike by URL
     filename = urllib.parse.unquote(url.rsplit("/", 1)[1])
     return RemoteFile(filename, url, entry["hashes"]["sha256"], entry.get("size"))
 
@@ -114,12 +110,12 @@ def _origin(requirements: RequirementSet, name: str) -> str:
     return f"{name} (a dependency)"
 
 
-def _failure(
-    stderr: str, requirements: RequirementSet, target: Target, arch: Arch
-) -> UserError:
+def _failure(stderr: str, requirements: RequirementSet, target: Target, arch: Arch) -> UserError:
     if match := NOT_FOUND.search(stderr):
         name = canonicalize_name(match.group(1))
-        return UserError(f"{_origin(requirements, name)}: no such distribution on the package index")
+        return UserError(
+            f"{_origin(requirements, name)}: no such distribution on the package index"
+        )
     cause_match = CAUSE.search(stderr)
     cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
     base_pins = [
@@ -140,7 +136,7 @@ def newest_usable_version(
         (workdir / "requirements.in").write_text(f"{name}\n")
         (workdir / "constraints.txt").write_text("")
         command = [
-            find_uv_bin(), "pip", "compile", str(workdir / "requirements.in"), "--no-deps",
+            UV, "pip", "compile", str(workdir / "requirements.in"), "--no-deps",
             "--python-platform", arch.uv_platform, "--python-version", target.python_version,
             "--only-binary", ":all:", "--no-header", "--quiet",
         ]  # fmt: skip
@@ -184,8 +180,10 @@ def _build_from_source(
             continue
     candidates = sorted((v for v in sdists if specifier.contains(v)), reverse=True)
     usable = newest_usable_version(name, target, arch, requirements)
-    suggestion = f"newest version with a usable wheel: {usable}" if usable else (
-        "no version has a usable wheel"
+    suggestion = (
+        f"newest version with a usable wheel: {usable}"
+        if usable
+        else ("no version has a usable wheel")
     )
     wanted = f"{name}{specifier}" if specifier else name
     if not candidates:
@@ -214,9 +212,7 @@ def _build_from_source(
     return f"{name}=={version}"
 
 
-def resolve(
-    requirements: RequirementSet, target: Target, arch: Arch, cache: Cache
-) -> Resolution:
+def resolve(requirements: RequirementSet, target: Target, arch: Arch, cache: Cache) -> Resolution:
     """Pin every distribution for `arch` with the wheels usable there, base pins as constraints."""
     check_against_base(requirements, target, arch)
     built: list[str] = []
@@ -239,27 +235,23 @@ def resolve(
             if not needs_source or NOT_FOUND.search(result.stderr):
                 raise _failure(result.stderr, requirements, target, arch)
             for name in needs_source:
-                built.append(_build_from_source(name, target, arch, requirements, cache, find_links))
+                built.append(
+                    _build_from_source(name, target, arch, requirements, cache, find_links)
+                )
         else:
             raise _failure(result.stderr, requirements, target, arch)
         pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
-        packages, provided = _packages(tomllib.loads(pylock), target, find_links)
+        packages, provided = _packages(tomllib.loads(pylock), target)
     return Resolution(arch, packages, provided, tuple(built), pylock)
 
 
-def _packages(
-    lock: dict, target: Target, find_links: Path
-) -> tuple[tuple[LockedPackage, ...], tuple[str, ...]]:
+def _packages(lock: dict, target: Target) -> tuple[tuple[LockedPackage, ...], tuple[str, ...]]:
     packages, provided = [], []
     for entry in lock.get("packages", []):
         name = canonicalize_name(entry["name"])
         if name in target.base.distributions:
             provided.append(f"{name}=={entry['version']}")
             continue
-        wheels = tuple(_wheel_file(wheel, find_links) for wheel in entry.get("wheels", []))
+        wheels = tuple(_wheel_file(wheel) for wheel in entry.get("wheels", []))
         packages.append(LockedPackage(name, entry["version"], wheels))
     return tuple(packages), tuple(provided)
-
-
-def direct_names(requirements: Sequence[NamedRequirement]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(requirement.name for requirement in requirements))

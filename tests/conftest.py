@@ -141,3 +141,37 @@ def docker_client():
 def registry(test_env: dict) -> Registry:
     """(host, user, password) of the local htpasswd-protected registry; host is "127.0.0.1:5000"."""
     return Registry(test_env["registry"], test_env["registry_user"], test_env["registry_password"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference runtime base image (builder/runtime/Dockerfile.base), built once per session.
+# ---------------------------------------------------------------------------------------------
+REFERENCE_TAG = "bsi-reference:test"
+
+
+@pytest.fixture(scope="session")
+def reference_image(test_env: dict, docker_client) -> str:
+    """Tag of the reference base built from the stand-in by `build-sandbox-image base`.
+
+    Built once per session (BuildKit's cache makes a rebuild of unchanged inputs take seconds),
+    so it always reflects the current Dockerfile.base, server.py and base locks.
+    """
+    import subprocess
+    import sys
+
+    command = [
+        sys.executable, "-m", "builder", "base",
+        "--tag", REFERENCE_TAG, "--from", test_env["base_image"],
+    ]  # fmt: skip
+    result = subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DOCKER_HOST": _docker_host()},
+        timeout=1800,
+    )
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
+        pytest.fail(f"building the reference base failed ({result.returncode}):\n{tail}")
+    return REFERENCE_TAG

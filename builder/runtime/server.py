@@ -48,6 +48,7 @@ DRAIN_LIMIT = 1 * MIB
 CHUNK = 256 * 1024
 LINGER_SECONDS = 2.0
 POLL_SECONDS = 0.02
+REAP_SECONDS = 1.0
 FILE_ROUTE = re.compile(r"/(download|list|exists|files)(?:/(.*))?", re.DOTALL)
 DISPOSITION_PARAM = re.compile(r';\s*([^\s=;]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;]*))', re.DOTALL)
 
@@ -83,6 +84,8 @@ def os_error(exc: OSError) -> ApiError:
         return ApiError(403, os.strerror(code))
     if code in (errno.ENAMETOOLONG, errno.EINVAL, errno.EILSEQ, errno.EISDIR, errno.EEXIST):
         return ApiError(400, os.strerror(code))
+    if code == errno.ENOTEMPTY:
+        return ApiError(409, os.strerror(code))
     if code in (errno.ENOSPC, errno.EDQUOT):
         return ApiError(507, os.strerror(code))
     raise exc
@@ -96,6 +99,31 @@ def check_os_string(value: str, what: str) -> None:
         os.fsencode(value)
     except UnicodeEncodeError:
         raise ApiError(400, f"{what} is not valid UTF-8") from None
+
+
+def realpath(path: str) -> str:
+    """os.path.realpath, whose readlink can fail when a concurrent request removes a symlink
+    mid-resolution (then: 404, like any path that vanished)."""
+    try:
+        return os.path.realpath(path)
+    except OSError as exc:
+        raise os_error(exc) from None
+
+
+def remove_tree(path: str) -> None:
+    """rmtree that tolerates entries vanishing under it; a directory that keeps being
+    written to while it is deleted is a conflict rather than a server error."""
+    for _ in range(5):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            if not os.path.lexists(path):
+                return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+    raise ApiError(409, "directory changed while it was being deleted; try again")
 
 
 class Workspace:
@@ -126,7 +154,7 @@ class Workspace:
 
     def resolve(self, raw: str) -> str:
         """The real path (all symlinks followed) of a client path; 403 if it leaves the root."""
-        real = os.path.realpath(self.lexical(raw))
+        real = realpath(self.lexical(raw))
         if not self.contains(real):
             raise ApiError(403, "path resolves outside the workspace")
         return real
@@ -322,23 +350,23 @@ class SandboxServer(ThreadingHTTPServer):
     def run(self, argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
         """Run argv without a shell; kill its process group on timeout or when it exits."""
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
+            with self._lock:  # registered before the orphan reaper can see it
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                )
+                self._running.add(proc)
         except FileNotFoundError:
             message = f"{argv[0]}: command not found\n"
             return {"stdout": "", "stderr": message, "exit_code": NOT_FOUND_EXIT_CODE}
         except OSError as exc:
             message = f"{argv[0]}: cannot execute: {exc.strerror}\n"
             return {"stdout": "", "stderr": message, "exit_code": NOT_EXECUTABLE_EXIT_CODE}
-        with self._lock:
-            self._running.add(proc)
         try:
             out, err, timed_out = self._collect(proc, timeout)
         finally:
@@ -403,6 +431,23 @@ class SandboxServer(ThreadingHTTPServer):
                 proc.stderr.close()
         return out, err, timed_out
 
+    def reap_orphans(self) -> None:
+        """As PID 1 (a container entrypoint) the server inherits every orphaned grandchild:
+        reap those zombies, never a child that a running command's Popen still owns."""
+        with self._lock:
+            owned = {proc.pid for proc in self._running}
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit() or int(entry.name) in owned:
+                    continue
+                try:
+                    with open(os.path.join(entry.path, "stat")) as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                except (OSError, IndexError):
+                    continue
+                if fields[0] == "Z" and int(fields[1]) == os.getpid():
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(int(entry.name), os.WNOHANG)
+
     def kill_all(self) -> None:
         """Kill every running command's process group (server shutdown)."""
         with self._lock:
@@ -418,6 +463,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "sandbox-runtime/1"
     timeout = 120  # idle seconds per socket read: a stalled client cannot hold a thread forever
+    disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms stalls
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -428,17 +474,23 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
-    def do_OPTIONS(self) -> None:
-        self._dispatch("OPTIONS")
+    def __getattr__(self, name: str) -> Callable[[], None]:
+        """Any other method (PUT, BREW, ...) is routed too, so it gets 404/405 rather than 501."""
+        if name.startswith("do_"):
+            return lambda: self._dispatch(name[3:])
+        raise AttributeError(name)
+
+    def parse_request(self) -> bool:
+        """Refuse HTTP/0.9 (no status line, no headers): every answer here has a status."""
+        if not super().parse_request():
+            return False
+        if self.request_version == "HTTP/0.9":
+            self.send_error(400, "HTTP/0.9 is not supported")
+            return False
+        return True
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -454,9 +506,7 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
         except Exception:
-            self.log_message(
-                "internal error on %s %r:\n%s", method, self.path, traceback.format_exc()
-            )
+            sys.stderr.write(f"internal error on {method} {self.path!r}:\n{traceback.format_exc()}")
             self.close_connection = True
             if not self._started:
                 self._error(ApiError(500, "internal server error"))
@@ -564,9 +614,19 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
+    def handle_expect_100(self) -> bool:
+        """Do not invite a body that will be refused (curl sends Expect for big uploads)."""
+        length = self.headers.get("Content-Length", "").strip()
+        too_big = length.isdigit() and int(length) > self.server.config.max_upload
+        if too_big and self.path.partition("?")[0] == "/upload":
+            return True  # no "100 Continue": the handler answers 413 straight away
+        return super().handle_expect_100()
+
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Protocol-level errors from http.server (bad request line, 501, 414) as JSON too."""
         self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # unparsable request line: answer in HTTP/1.0
+            self.request_version = "HTTP/1.0"
         body = json.dumps({"error": message or HTTPStatus(code).phrase}).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -662,7 +722,7 @@ class Handler(BaseHTTPRequestHandler):
                 if exc.errno in (errno.EEXIST, errno.ENOTDIR)
                 else os_error(exc)
             ) from None
-        if os.path.realpath(parent) != parent:
+        if realpath(parent) != parent:
             raise ApiError(403, "path resolves outside the workspace")
         try:
             fd, tmp = tempfile.mkstemp(dir=parent, prefix=".upload-")
@@ -681,7 +741,8 @@ class Handler(BaseHTTPRequestHandler):
                 reader.copy_part(sink)
             os.replace(tmp, real)
         except BaseException as exc:
-            os.unlink(tmp)
+            with contextlib.suppress(FileNotFoundError):  # its directory may be gone too
+                os.unlink(tmp)
             if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
                 raise os_error(exc) from None
             raise
@@ -693,13 +754,13 @@ class Handler(BaseHTTPRequestHandler):
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             raise os_error(exc) from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            kind = "is a directory; use /list" if stat.S_ISDIR(info.st_mode) else "not a file"
+            raise ApiError(400, kind)
+        os.set_blocking(fd, True)
         with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(fd)
-            if stat.S_ISDIR(info.st_mode):
-                raise ApiError(400, "is a directory; use /list")
-            if not stat.S_ISREG(info.st_mode):
-                raise ApiError(400, "not a regular file")
-            os.set_blocking(fd, True)
             name = quote(os.path.basename(real), safe="")
             self._begin(
                 200,
@@ -752,18 +813,25 @@ class Handler(BaseHTTPRequestHandler):
         """Delete what the path names; a symlink is removed itself, never what it points to."""
         workspace = self.server.workspace
         lexical = workspace.lexical(raw)
-        parent = os.path.realpath(os.path.dirname(lexical))
+        parent = realpath(os.path.dirname(lexical))
         target = os.path.join(parent, os.path.basename(lexical))
         if lexical == workspace.root or not workspace.contains(parent) or target == workspace.root:
             raise ApiError(403, "cannot delete the workspace root or outside it")
         try:
             if stat.S_ISDIR(os.lstat(target).st_mode):
-                shutil.rmtree(target)
+                remove_tree(target)
             else:
                 os.unlink(target)
         except OSError as exc:
             raise os_error(exc) from None
         self._send_json(200, {"path": raw, "deleted": True})
+
+
+def reap_forever(server: SandboxServer) -> None:
+    """Background loop of the PID-1 orphan reaper."""
+    while True:
+        time.sleep(REAP_SECONDS)
+        server.reap_orphans()
 
 
 def env_default(name: str, fallback: str) -> str:
@@ -828,6 +896,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if os.getpid() == 1:
+        threading.Thread(target=reap_forever, args=(server,), daemon=True).start()
     host, port = server.server_address[:2]
     print(f"listening on {host}:{port}", flush=True)
     try:

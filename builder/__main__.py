@@ -1,0 +1,5 @@
+"""`python -m builder` runs the command line."""
+
+from builder.cli import main
+
+main()

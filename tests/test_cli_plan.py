@@ -1,0 +1,184 @@
+"""The main job without an engine (--no-build), against the real package index.
+
+These are the acceptance checks of the core: the right packages and apt packages per arch,
+nothing the base already has, one clear line and exit 1 for requirements that cannot work,
+exit 2 for usage errors, nothing half-written, and a hadolint-clean Dockerfile.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder.target import shipped_profile
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.network
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One wheel cache for the session: each big wheel is downloaded once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def run(
+    tmp_path: Path, cache_dir: Path, requirements: str, *args: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    req = tmp_path / "requirements.txt"
+    req.write_text(requirements)
+    out = tmp_path / "context"
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "-r", str(req), "--output", str(out),
+         "--cache-dir", str(cache_dir), "--no-build", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+    return result, out
+
+
+def report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def names(report: dict, arch: str) -> set[str]:
+    return {p["name"] for p in report["architectures"][arch]["packages"]}
+
+
+def test_beautifulsoup4_needs_no_apt_and_nothing_from_the_base(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    result, out = run(tmp_path, cache_dir, "beautifulsoup4\n")
+    assert result.returncode == 0, result.stderr
+    data = report(out)
+    assert data["architectures"]["amd64"]["apt_packages"] == []
+    installed = names(data, "amd64")
+    assert "beautifulsoup4" in installed
+    assert not installed & set(shipped_profile().distributions)
+    assert "beautifulsoup4" in result.stdout and "apt packages: none" in result.stdout
+    assert "not building (--no-build)" in result.stdout
+    lock = (out / "requirements-amd64.lock").read_text()
+    assert "beautifulsoup4==" in lock and "--hash=sha256:" in lock
+    wheels = {p.name for p in (out / "wheels" / "amd64").iterdir()}
+    assert any(w.startswith("beautifulsoup4-") for w in wheels)
+
+
+def test_lightgbm_needs_libgomp1_on_both_arches(tmp_path: Path, cache_dir: Path) -> None:
+    result, out = run(tmp_path, cache_dir, "lightgbm\n", "--arch", "amd64", "--arch", "arm64")
+    assert result.returncode == 0, result.stderr
+    data = report(out)
+    for arch in ("amd64", "arm64"):
+        assert "libgomp1" in data["architectures"][arch]["apt_packages"]
+        assert "scipy" in names(data, arch)
+        assert "numpy" not in names(data, arch)
+        assert "numpy==" in " ".join(data["architectures"][arch]["provided_by_base"])
+        machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
+        wheels = [w["filename"] for w in data["architectures"][arch]["wheels"]]
+        assert all(machine in w or w.endswith("-any.whl") for w in wheels), wheels
+    assert "libgomp.so.1 -> libgomp1" in result.stdout
+    dockerfile = (out / "Dockerfile").read_text()
+    assert "libgomp1" in dockerfile
+
+
+def test_opencv_and_python_magic_native_needs(tmp_path: Path, cache_dir: Path) -> None:
+    result, out = run(tmp_path, cache_dir, "opencv-python\npython-magic\n")
+    assert result.returncode == 0, result.stderr
+    apt = report(out)["architectures"]["amd64"]["apt_packages"]
+    assert {"libgl1", "libglib2.0-0t64", "libmagic1t64"} <= set(apt)
+    assert apt == sorted(apt)
+    assert any("magic" in check for check in report(out)["runtime_checks"])
+
+
+@pytest.mark.parametrize(
+    ("requirements", "expected"),
+    [
+        ("scipy==1.11.4\n", ["scipy==1.11.4", "no wheel for cp313", "newest version with a usable wheel"]),
+        ("pandas<2\n", ["pandas<2", "conflicts with the base image", "pandas==3"]),
+        ("no-such-distribution-zzq\n", ["no-such-distribution-zzq", "no such distribution"]),
+    ],
+)
+def test_unworkable_requirements_exit_1_with_one_line(
+    tmp_path: Path, cache_dir: Path, requirements: str, expected: list[str]
+) -> None:
+    result, out = run(tmp_path, cache_dir, requirements)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in expected:
+        assert fragment in lines[0]
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["requirements.txt"]
+
+
+def test_failure_leaves_a_previous_context_untouched(tmp_path: Path, cache_dir: Path) -> None:
+    result, out = run(tmp_path, cache_dir, "beautifulsoup4\n")
+    assert result.returncode == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result, out = run(tmp_path, cache_dir, "pandas<2\n")
+    assert result.returncode == 1
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_markers_for_other_platforms_are_skipped(tmp_path: Path, cache_dir: Path) -> None:
+    result, out = run(
+        tmp_path,
+        cache_dir,
+        'pywin32; sys_platform == "win32"\nbeautifulsoup4\nappnope; sys_platform == "darwin"\n',
+    )
+    assert result.returncode == 0, result.stderr
+    assert not names(report(out), "amd64") & {"pywin32", "appnope"}
+
+
+def test_pure_python_source_only_distribution_is_built(tmp_path: Path, cache_dir: Path) -> None:
+    result, out = run(tmp_path, cache_dir, "docopt==0.6.2\n")
+    assert result.returncode == 0, result.stderr
+    arch = report(out)["architectures"]["amd64"]
+    assert arch["built_from_source"] == ["docopt==0.6.2"]
+    assert [w["tag"] for w in arch["wheels"]] == ["py3-none-any"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["-r", "requirements.txt", "--arch", "s390x"], ["--bogus"]],
+)
+def test_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
+    (tmp_path / "requirements.txt").write_text("requests\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", *args], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert result.returncode == 2, result.stderr
+
+
+def test_dockerfile_follows_the_recipe_and_passes_hadolint(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    result, out = run(tmp_path, cache_dir, "lightgbm\n")
+    assert result.returncode == 0, result.stderr
+    lines = (out / "Dockerfile").read_text().splitlines()
+    instructions = [line.split()[0] for line in lines if line and not line.startswith(("#", " "))]
+    assert instructions[-1] == "USER" and lines[-1] == "USER 65532:65532"
+    froms = [line for line in lines if line.startswith("FROM ")]
+    assert froms == ["FROM ${BASE_IMAGE} AS builder", "FROM ${BASE_IMAGE}"]
+    final = lines[lines.index("FROM ${BASE_IMAGE}") :]
+    text = "\n".join(final)
+    assert "apt-get install -y --no-install-recommends" in text
+    assert "rm -rf /var/lib/apt/lists/*" in text
+    assert "COPY --from=builder /app/deps-extra /app/deps-extra" in text
+    assert "ENV PYTHONPATH=${PYTHONPATH:+${PYTHONPATH}:}/app/deps-extra" in text
+    # root only around apt-get: the USER 0:0 comes right before the apt RUN
+    assert final[final.index("USER 0:0") + 1].startswith("RUN apt-get")
+    builder = "\n".join(lines[: lines.index("FROM ${BASE_IMAGE}")])
+    assert "--no-index" in builder and "--require-hashes" in builder
+    hadolint = subprocess.run(
+        [str(Path(sys.executable).parent / "hadolint"), "--config", str(REPO / ".hadolint.yaml"),
+         str(out / "Dockerfile")],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert hadolint.returncode == 0, hadolint.stdout + hadolint.stderr

@@ -1,0 +1,307 @@
+"""The reference runtime base (Dockerfile.base, its locks) and `build-sandbox-image verify`.
+
+Fast tests cover the locks, the Dockerfile and verify's report logic. Engine tests build the
+reference base once per session (the `reference_image` fixture in conftest.py), prove that it
+serves the runtime contract when run hardened, and that verify fails, naming the failing line,
+on images that break the contract.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from packaging.utils import parse_wheel_filename
+
+from builder import cli, reference
+from builder.build import build_image
+from builder.target import ARCHES, Target, shipped_profile
+from builder.verify import (
+    CONTRACT,
+    LABEL,
+    Check,
+    VerifyReport,
+    image_user_check,
+    importable,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONTRACT_NAMES = {"image-user", "health", "still-serving", *(name for name, _ in CONTRACT)}
+
+
+# --- locks and Dockerfile (no engine) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_base_lock_matches_the_shipped_profile(arch):
+    assert reference.locked_versions(arch) == dict(shipped_profile().distributions)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_base_lock_pins_one_acceptable_hashed_wheel_per_distribution(arch):
+    wheels = reference.chosen_wheels(arch)
+    target = Target(shipped_profile(), (ARCHES[arch],))
+    for wheel in wheels:
+        tags = frozenset(parse_wheel_filename(wheel.file.filename)[3])
+        assert target.tag_rank(ARCHES[arch], tags) is not None, wheel.file.filename
+        assert len(wheel.file.sha256) == 64
+    lines = reference.requirements_lock(wheels).splitlines()
+    assert len(lines) == len(shipped_profile().distributions)
+    assert all(" --hash=sha256:" in line and "==" in line for line in lines)
+    machine = ARCHES[arch].machine
+    native = [w.file.filename for w in wheels if not w.file.filename.endswith("-any.whl")]
+    assert native and all(machine in name for name in native), native
+
+
+def test_requirements_in_names_the_base_set():
+    text = (reference.RUNTIME_DIR / "requirements.in").read_text()
+    names = {line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"}
+    assert names == {"requests", "pandas", "pydantic"}
+    for arch in ARCHES:
+        lock = tomllib.loads(reference.lock_path(arch).read_text())
+        assert lock["lock-version"] == "1.0"
+        assert names <= {package["name"] for package in lock["packages"]}
+
+
+def test_lock_script_check_agrees():
+    result = subprocess.run(
+        [sys.executable, "scripts/lock_base.py", "--check"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_top_level_dockerfile_is_the_packaged_one():
+    top = REPO_ROOT / "Dockerfile.base"
+    assert top.is_symlink()
+    assert top.resolve() == reference.DOCKERFILE.resolve()
+
+
+def test_dockerfile_base_shape_and_hadolint():
+    text = reference.DOCKERFILE.read_text()
+    assert "ARG BASE_IMAGE=python:3.13-slim-trixie" in text
+    assert "--require-hashes" in text and "--no-index" in text and "--target /app/deps" in text
+    assert "ENV PYTHONPATH=/app/deps" in text
+    assert "EXPOSE 8888" in text
+    users = [line for line in text.splitlines() if line.startswith("USER ")]
+    assert users[-1] == "USER 65532:65532"
+    assert text.rstrip().splitlines()[-1] == (
+        'ENTRYPOINT ["python3", "-I", "/opt/sandbox/server.py"]'
+    )
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint is not installed in this environment")
+    result = subprocess.run(
+        [hadolint, "--config", str(REPO_ROOT / ".hadolint.yaml"), str(reference.DOCKERFILE)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- verify's report logic (no engine) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("user", "passed"),
+    [
+        ("65532:65532", True),
+        ("65532", True),
+        ("", False),
+        ("0", False),
+        ("0:0", False),
+        ("root", False),
+        ("sandbox:sandbox", False),
+        ("1000:1000", False),
+        ("65532:0", False),
+    ],
+)
+def test_image_user_check(user, passed):
+    check = image_user_check(user)
+    assert check.name == "image-user"
+    assert check.passed is passed
+
+
+def test_importable_names():
+    assert importable(["numpy", "_cffi_backend", "tests", "__editable__", "a-b", "x.y"]) == [
+        "numpy",
+        "_cffi_backend",
+        "x.y",
+    ]
+
+
+def test_report_passes_only_when_every_check_passes():
+    assert not VerifyReport("img").passed
+    report = VerifyReport("img", [Check("health", True, "ok"), Check("timeout", False, "exit 1")])
+    assert not report.passed
+    assert [check.name for check in report.failed] == ["timeout"]
+    assert "FAIL  timeout" in report.table()
+    assert report.to_dict()["passed"] is False
+
+
+def test_verify_command_exit_codes(monkeypatch):
+    reports = {
+        "good": VerifyReport("good", [Check("health", True, "ok")]),
+        "bad": VerifyReport("bad", [Check("health", True, "ok"), Check("uid", False, "uid 0")]),
+    }
+    monkeypatch.setattr(
+        "builder.verify.verify_image", lambda image, **kwargs: reports[image], raising=True
+    )
+    runner = CliRunner()
+    result = runner.invoke(cli.main, ["verify", "good"])
+    assert result.exit_code == 0, result.output
+    assert "PASS  health" in result.output
+    result = runner.invoke(cli.main, ["verify", "bad", "--json"])
+    assert result.exit_code == 1
+    payload = json.loads(result.output[: result.output.rindex("}") + 1])
+    assert payload["passed"] is False
+    assert "failed: uid" in result.output
+
+
+# --- the built reference image (engine) -----------------------------------------------------
+
+
+def run_verify(image: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "builder", "verify", image, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def failed_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("FAIL ")]
+
+
+def no_verify_containers_left(docker_client) -> bool:
+    return not docker_client.containers.list(all=True, filters={"label": LABEL})
+
+
+@pytest.mark.engine
+def test_reference_image_config(reference_image, docker_client):
+    config = docker_client.images.get(reference_image).attrs["Config"]
+    assert config["User"] == "65532:65532"
+    assert "PYTHONPATH=/app/deps" in config["Env"]
+    assert config["Entrypoint"] == ["python3", "-I", "/opt/sandbox/server.py"]
+    assert not config.get("Cmd")
+    assert "8888/tcp" in config["ExposedPorts"]
+    assert config["WorkingDir"] == "/workspace"
+
+
+@pytest.mark.engine
+def test_reference_image_files_are_root_owned(reference_image, docker_client):
+    script = (
+        "import os, json; print(json.dumps({p: [os.stat(p).st_uid, oct(os.stat(p).st_mode)]"
+        " for p in ('/app/deps', '/opt/sandbox/server.py', '/workspace')}))"
+    )
+    output = docker_client.containers.run(
+        reference_image,
+        entrypoint=["python3", "-I", "-c", script],
+        network_disabled=True,
+        read_only=True,
+        remove=True,
+    )
+    found = json.loads(output)
+    assert found["/app/deps"] == [0, "0o40755"]
+    assert found["/opt/sandbox/server.py"] == [0, "0o100444"]
+    assert found["/workspace"] == [65532, "0o40755"]
+
+
+@pytest.mark.engine
+def test_verify_passes_on_the_reference_image(reference_image, docker_client, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("requests\npandas\npydantic\npython-dateutil\n")
+    result = run_verify(reference_image, "-r", str(requirements), "--json")
+    report = json.loads(result.stdout)
+    failed = [check for check in report["checks"] if not check["passed"]]
+    assert result.returncode == 0 and not failed, failed or result.stderr
+    names = {check["name"] for check in report["checks"]}
+    assert names >= CONTRACT_NAMES
+    assert {"import requests", "import pandas", "import pydantic", "import dateutil"} <= names
+    assert no_verify_containers_left(docker_client)
+
+
+@pytest.fixture(scope="module")
+def derived_images(reference_image, docker_client, tmp_path_factory):
+    """Images FROM the reference that break the contract, built once for this module."""
+    recipes = {
+        # The server answers a timeout with exit code 1, as the upstream server does.
+        "bsi-reference-timeout1:test": [
+            "USER 0:0",
+            "RUN sed -i 's/^TIMEOUT_EXIT_CODE = 124$/TIMEOUT_EXIT_CODE = 1/'"
+            " /opt/sandbox/server.py && grep -q '^TIMEOUT_EXIT_CODE = 1$' /opt/sandbox/server.py",
+            "USER 65532:65532",
+        ],
+        # Runs as root, and ships an /app/deps-extra the sandbox user can write to.
+        "bsi-reference-root:test": [
+            "USER 0:0",
+            "RUN mkdir -p /app/deps-extra && chown 65532:65532 /app/deps-extra",
+            "ENV PYTHONPATH=/app/deps:/app/deps-extra",
+        ],
+    }
+    built = {}
+    for tag, lines in recipes.items():
+        context = tmp_path_factory.mktemp("derived")
+        (context / "Dockerfile").write_text("\n".join([f"FROM {reference_image}", *lines, ""]))
+        with open(context / "build.log", "w") as log:
+            build_image(context, tag=tag, log=log)
+        built[tag] = tag
+    yield built
+    for tag in built:
+        docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.engine
+def test_verify_fails_on_a_server_whose_timeout_exits_1(derived_images, docker_client):
+    result = run_verify("bsi-reference-timeout1:test")
+    assert result.returncode == 1, result.stdout
+    failed = failed_lines(result.stdout)
+    assert any(line.split()[1] == "timeout" for line in failed), result.stdout
+    assert "exit_code 1" in next(line for line in failed if line.split()[1] == "timeout")
+    assert "timeout" in result.stderr
+    assert no_verify_containers_left(docker_client)
+
+
+@pytest.mark.engine
+def test_verify_fails_on_an_image_that_runs_as_root(derived_images, docker_client):
+    result = run_verify("bsi-reference-root:test")
+    assert result.returncode == 1, result.stdout
+    failed = {line.split()[1] for line in failed_lines(result.stdout)}
+    assert {"image-user", "deps-extra-readonly"} <= failed, result.stdout
+    assert "image-user" in result.stderr
+    assert no_verify_containers_left(docker_client)
+
+
+@pytest.mark.engine
+def test_verify_fails_on_an_image_without_a_server(test_env, docker_client):
+    result = run_verify(test_env["base_image"], "--json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert {c["name"] for c in report["checks"] if not c["passed"]} >= {"health"}
+    assert no_verify_containers_left(docker_client)
+
+
+@pytest.mark.engine
+def test_verify_names_a_failing_import_and_snippet(reference_image, docker_client):
+    result = run_verify(
+        reference_image,
+        "--import", "json",
+        "--import", "no_such_module_bsi",
+        "--check", "import pandas; assert pandas.__version__.startswith('3.')",
+        "--check", "raise SystemExit(3)",
+    )  # fmt: skip
+    assert result.returncode == 1
+    failed = {" ".join(line.split()[1:3]) for line in failed_lines(result.stdout)}
+    assert failed == {"import no_such_module_bsi", "check 2"}, result.stdout
+    assert "PASS  import json" in result.stdout
+    assert no_verify_containers_left(docker_client)
