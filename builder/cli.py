@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from builder.cache import Cache, default_root
+from builder.config import load_config, set_platform_version
 from builder.errors import UserError
+from builder.pipeline import Delivery, Outcome, Request, base_profile, deliver, prepare
 from builder.plan import Plan
+from builder.probe import engine_client
 from builder.render import Secrets
 from builder.target import ARCHES, shipped_profile
+from builder.upgrade import changes, load_state, save_state, state_of
 from builder.verify import VerifyReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = Path("sandbox-image")
+EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
 
 
 def reports_errors(function: F) -> F:
@@ -133,6 +140,12 @@ def summary(plan: Plan) -> str:
     help="apt auth.conf for a private mirror, passed as a BuildKit secret.",
 )
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Pipeline config (TOML) supplying the options above; flags given here win.",
+)
 @click.pass_context
 @reports_errors
 def main(
@@ -153,17 +166,28 @@ def main(
     apt_ca_bundle: Path | None,
     apt_auth: Path | None,
     cache_dir: Path | None,
+    config_path: Path | None,
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
     if context.invoked_subcommand is not None:
         return
+    config = load_config(config_path) if config_path else None
+    if config:
+        requirements = requirements or config.requirements
+        constraints = constraints or config.constraints
+        arches = arches or config.architectures
+        base_image = base_image or config.base_image
+        if context.get_parameter_source("output") is ParameterSource.DEFAULT:
+            output = config.output
+        push_repository = push_repository or config.repository
+        platform_version = platform_version or config.platform_version
+        template = template or config.template
+        container = container or config.container
+        warm_pools = warm_pools or config.warm_pools
     if not requirements:
-        raise click.UsageError("give at least one -r/--requirement file")
+        raise click.UsageError("give at least one -r/--requirement file (or --config)")
     if template and not push_repository:
         raise click.UsageError("--template needs --push: the template names the pushed digest")
-    from builder.pipeline import Delivery, Request, base_profile, deliver, prepare
-    from builder.probe import engine_client
-
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
     secrets = {"apt-ca": apt_ca_bundle, "apt-auth": apt_auth}
@@ -200,20 +224,86 @@ def main(
         warm_pools=warm_pools,
     )
     outcome = deliver(plan, request, delivery, client, say=note)
+    show_outcome(outcome)
+    if config and outcome.pushed:
+        version = platform_version or config.platform_version
+        save_state(config.state, state_of(plan, version, outcome.pushed.reference))
+        click.echo(f"state recorded in {config.state}")
+
+
+@main.command("rebuild")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=Path("build-sandbox-image.toml"),
+    show_default=True,
+    help="Pipeline config (TOML).",
+)
+@click.option("--platform-version", required=True, help="The new platform version (base tag).")
+@click.option(
+    "--check",
+    is_flag=True,
+    help=f"Only report: exit 0 if up to date, {EXIT_REBUILD_NEEDED} if a rebuild is needed.",
+)
+@click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
+@reports_errors
+def rebuild(config_path: Path, platform_version: str, check: bool, cache_dir: Path | None) -> None:
+    """Re-resolve against a new platform version; build, verify, push and point the template."""
+    config = load_config(config_path)
+    client = engine_client()
+    if client is None:
+        raise UserError("rebuild: no Docker engine reachable to probe the new base")
+    cache = Cache(cache_dir or default_root())
+    base = base_profile(config.base_image_for(platform_version), client, cache, say=note)
+    with tempfile.TemporaryDirectory(prefix="bsi-check-") as scratch:
+        request = Request(
+            requirement_files=config.requirements,
+            constraint_files=config.constraints,
+            arches=config.architectures,
+            base=base,
+            output=Path(scratch) / "context" if check else config.output,
+            cache=cache,
+        )
+        plan = prepare(request)
+    differences = changes(load_state(config.state), state_of(plan, platform_version))
+    click.echo(summary(plan))
+    click.echo("\nchanges since the last build:" if differences else "\nno changes: up to date")
+    for line in differences:
+        click.echo(f"  {line}")
+    if check:
+        sys.exit(EXIT_REBUILD_NEEDED if differences else 0)
+    if not differences:
+        return
+    delivery = Delivery(
+        push_repository=config.repository,
+        platform_version=platform_version,
+        template=config.template,
+        container=config.container,
+        warm_pools=config.warm_pools,
+    )
+    outcome = deliver(plan, request, delivery, client, say=note)
+    show_outcome(outcome)
+    image = outcome.pushed.reference if outcome.pushed else None
+    save_state(config.state, state_of(plan, platform_version, image))
+    set_platform_version(config, platform_version)
+    click.echo(f"state recorded in {config.state}; {config.path} now names {platform_version}")
+
+
+def show_outcome(outcome: Outcome) -> None:
+    """Print what happened after planning; a failed verification is an error."""
     if outcome.image_id:
         click.echo(f"image: {outcome.tag} ({outcome.image_id}, {outcome.built_arch})")
     if outcome.verification is not None:
         click.echo(verification_table(outcome.verification))
         if not outcome.verification.passed:
             failed = [check.name for check in outcome.verification.checks if not check.passed]
-            raise UserError(
-                f"verification of {tag or outcome.image_id} failed: {', '.join(failed)}"
-            )
+            raise UserError(f"verification of {outcome.tag} failed: {', '.join(failed)}")
     if outcome.pushed:
         click.echo(f"pushed: {outcome.pushed.reference}")
     if outcome.template_change:
         change = outcome.template_change
-        click.echo(f"template {template}: {change.old_image} -> {change.new_image}")
+        click.echo(f"template {change.template_name}: {change.old_image} -> {change.new_image}")
     for line in outcome.notes:
         note(line)
 

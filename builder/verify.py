@@ -602,7 +602,7 @@ from importlib import metadata
 def top_level(dist):
     text = dist.read_text("top_level.txt")
     if text:
-        return [line.strip().replace("/", ".") for line in text.splitlines() if line.strip()]
+        return [line.strip() for line in text.splitlines() if line.strip()]
     names = []
     for file in dist.files or []:
         parts = file.parts
@@ -643,9 +643,7 @@ def importable(names: Iterable[str]) -> list[str]:
     return [
         name
         for name in names
-        if all(part.isidentifier() for part in name.split("."))
-        and not name.startswith("__")
-        and name not in SKIP_TOP_LEVEL
+        if name.isidentifier() and not name.startswith("__") and name not in SKIP_TOP_LEVEL
     ]
 
 
@@ -721,11 +719,10 @@ def _image(client: Any, image: str) -> Any:
         ) from None
 
 
-def start_container(client: Any, image: str) -> Any:
-    """Run `image` hardened, like the platform's pods: the caller removes it."""
-    return client.containers.run(
+def create_container(client: Any, image: str) -> Any:
+    """Create `image` hardened, like the platform's pods: the caller starts and removes it."""
+    return client.containers.create(
         image,
-        detach=True,
         read_only=True,
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
@@ -794,7 +791,8 @@ def verify_image(
         found = _image(client, image)
         report.checks.append(image_user_check(found.attrs.get("Config", {}).get("User") or ""))
         try:
-            container = start_container(client, image)
+            container = create_container(client, image)
+            container.start()
         except docker.errors.APIError as error:
             explanation = getattr(error, "explanation", None) or str(error)
             report.checks.append(

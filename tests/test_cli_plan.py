@@ -97,7 +97,10 @@ def test_opencv_and_python_magic_native_needs(tmp_path: Path, cache_dir: Path) -
 @pytest.mark.parametrize(
     ("requirements", "expected"),
     [
-        ("scipy==1.11.4\n", ["scipy==1.11.4", "no wheel for cp313", "newest version with a usable wheel"]),
+        (
+            "scipy==1.11.4\n",
+            ["scipy==1.11.4", "no wheel for cp313", "newest version with a usable wheel"],
+        ),
         ("pandas<2\n", ["pandas<2", "conflicts with the base image", "pandas==3"]),
         ("no-such-distribution-zzq\n", ["no-such-distribution-zzq", "no such distribution"]),
     ],
@@ -155,9 +158,7 @@ def test_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
     assert result.returncode == 2, result.stderr
 
 
-def test_dockerfile_follows_the_recipe_and_passes_hadolint(
-    tmp_path: Path, cache_dir: Path
-) -> None:
+def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache_dir: Path) -> None:
     result, out = run(tmp_path, cache_dir, "lightgbm\n")
     assert result.returncode == 0, result.stderr
     lines = (out / "Dockerfile").read_text().splitlines()

@@ -202,9 +202,9 @@ def parse_timeout(value: Any, config: Config) -> float:
         return config.default_timeout
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ApiError(400, "timeout_seconds must be a number")
-    if not math.isfinite(value) or value <= 0:
+    if (isinstance(value, float) and not math.isfinite(value)) or value <= 0:
         raise ApiError(400, "timeout_seconds must be a positive finite number")
-    return min(float(value), config.max_timeout)
+    return float(min(value, config.max_timeout))  # exact int/float comparison: no overflow
 
 
 def parse_env(value: Any) -> dict[str, str]:
@@ -329,7 +329,8 @@ def open_pidfd(pid: int) -> int | None:
 
 def with_note(text: str, note: str) -> str:
     """Append a server note to stderr on its own line."""
-    return f"{text}{'' if not text or text.endswith(chr(10)) else chr(10)}[sandbox] {note}\n"
+    separator = "\n" if text and not text.endswith("\n") else ""
+    return f"{text}{separator}[sandbox] {note}\n"
 
 
 class SandboxServer(ThreadingHTTPServer):

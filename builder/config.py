@@ -1,0 +1,102 @@
+"""The pipeline config file: everything a CI job needs, so it runs one short command.
+
+    # build-sandbox-image.toml
+    requirements = ["requirements.txt"]
+    base-repository = "registry.example.com/sandbox/runtime"
+    platform-version = "1.4.2"
+    architectures = ["amd64"]
+    repository = "registry.example.com/sandbox/runtime-extended"
+    template = "sandbox-template.yaml"
+
+Relative paths are relative to the config file. `state` (default: the config's name with
+`.state.json`) records what was last built and pushed, so a rebuild can say what changed.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.errors import UserError
+
+KNOWN_KEYS = {
+    "requirements", "constraints", "base-repository", "platform-version", "architectures",
+    "repository", "template", "container", "warm-pools", "output", "state",
+}  # fmt: skip
+VERSION_LINE = re.compile(r'^(platform-version\s*=\s*)(["\'])(.*?)\2', re.M)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    path: Path
+    requirements: tuple[Path, ...]
+    constraints: tuple[Path, ...]
+    base_repository: str
+    platform_version: str
+    architectures: tuple[str, ...]
+    repository: str | None
+    template: Path | None
+    container: str | None
+    warm_pools: tuple[Path, ...]
+    output: Path
+    state: Path
+
+    @property
+    def base_image(self) -> str:
+        return self.base_image_for(self.platform_version)
+
+    def base_image_for(self, platform_version: str) -> str:
+        return f"{self.base_repository}:{platform_version}"
+
+
+def load_config(path: Path) -> PipelineConfig:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as error:
+        raise UserError(f"{path}: cannot read config ({error.strerror})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise UserError(f"{path}: not valid TOML ({error})") from None
+    unknown = sorted(set(data) - KNOWN_KEYS)
+    if unknown:
+        raise UserError(f"{path}: unknown setting(s) {', '.join(unknown)}")
+    for key in ("requirements", "base-repository", "platform-version"):
+        if key not in data:
+            raise UserError(f"{path}: missing setting {key!r}")
+    here = path.parent
+
+    def paths(key: str) -> tuple[Path, ...]:
+        value = data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UserError(f"{path}: {key!r} must be a list of paths")
+        return tuple(here / v for v in value)
+
+    template = data.get("template")
+    return PipelineConfig(
+        path=path,
+        requirements=paths("requirements"),
+        constraints=paths("constraints"),
+        base_repository=str(data["base-repository"]),
+        platform_version=str(data["platform-version"]),
+        architectures=tuple(data.get("architectures", ["amd64"])),
+        repository=data.get("repository"),
+        template=here / template if template else None,
+        container=data.get("container"),
+        warm_pools=paths("warm-pools"),
+        output=here / data.get("output", "sandbox-image"),
+        state=here / data.get("state", f"{path.stem}.state.json"),
+    )
+
+
+def set_platform_version(config: PipelineConfig, version: str) -> None:
+    """Record the new platform version in the config, changing only that value."""
+    text = config.path.read_text()
+    updated, count = VERSION_LINE.subn(
+        lambda m: f"{m.group(1)}{m.group(2)}{version}{m.group(2)}", text, count=1
+    )
+    if count != 1:
+        raise UserError(f"{config.path}: no quoted platform-version line to update")
+    temp = config.path.with_name(f".{config.path.name}.new")
+    temp.write_text(updated)
+    temp.replace(config.path)

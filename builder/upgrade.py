@@ -1,0 +1,107 @@
+"""Platform upgrades: what was built last time, and what a rebuild would change.
+
+The state file is the record a pipeline commits next to its config: the platform version,
+the base digest and python patch it was built on, the resolved extras and apt set per arch,
+and the pushed image. Comparing it with a fresh plan tells whether a rebuild is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.errors import UserError
+from builder.plan import Plan
+
+
+@dataclass(frozen=True)
+class BuildState:
+    platform_version: str
+    base_image: str
+    base_digest: str | None
+    python_version: str
+    packages: Mapping[str, Mapping[str, str]]  # arch -> name -> version
+    apt_packages: Mapping[str, tuple[str, ...]]  # arch -> packages
+    image: str | None = None  # repository@sha256:... once pushed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "platform_version": self.platform_version,
+            "base_image": self.base_image,
+            "base_digest": self.base_digest,
+            "python_version": self.python_version,
+            "packages": {a: dict(sorted(p.items())) for a, p in sorted(self.packages.items())},
+            "apt_packages": {a: list(p) for a, p in sorted(self.apt_packages.items())},
+            "image": self.image,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildState:
+        return cls(
+            platform_version=data["platform_version"],
+            base_image=data["base_image"],
+            base_digest=data.get("base_digest"),
+            python_version=data["python_version"],
+            packages={a: dict(p) for a, p in data["packages"].items()},
+            apt_packages={a: tuple(p) for a, p in data["apt_packages"].items()},
+            image=data.get("image"),
+        )
+
+
+def state_of(plan: Plan, platform_version: str, image: str | None = None) -> BuildState:
+    return BuildState(
+        platform_version=platform_version,
+        base_image=plan.base.image,
+        base_digest=plan.base.digest,
+        python_version=plan.base.python_version,
+        packages={a.arch: {w.name: w.version for w in a.wheels} for a in plan.arches},
+        apt_packages={a.arch: a.apt_packages for a in plan.arches},
+        image=image,
+    )
+
+
+def load_state(path: Path) -> BuildState | None:
+    try:
+        return BuildState.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise UserError(f"{path}: unreadable build state ({error})") from None
+
+
+def save_state(path: Path, state: BuildState) -> None:
+    temp = path.with_name(f".{path.name}.new")
+    temp.write_text(json.dumps(state.to_dict(), indent=2) + "\n")
+    temp.replace(path)
+
+
+def _changed(label: str, old: object, new: object) -> list[str]:
+    return [f"{label}: {old} -> {new}"] if old != new else []
+
+
+def changes(previous: BuildState | None, current: BuildState) -> list[str]:
+    """Human lines for everything that differs; empty means no rebuild is needed."""
+    if previous is None:
+        return ["no previous build recorded"]
+    lines = [
+        *_changed("platform version", previous.platform_version, current.platform_version),
+        *_changed("base digest", previous.base_digest, current.base_digest),
+        *_changed("python", previous.python_version, current.python_version),
+    ]
+    for arch in sorted(set(previous.packages) | set(current.packages)):
+        old, new = previous.packages.get(arch, {}), current.packages.get(arch, {})
+        for name in sorted(set(old) | set(new)):
+            if name not in new:
+                lines.append(f"{arch}: {name} {old[name]} removed")
+            elif name not in old:
+                lines.append(f"{arch}: {name} {new[name]} added")
+            elif old[name] != new[name]:
+                lines.append(f"{arch}: {name} {old[name]} -> {new[name]}")
+        old_apt = set(previous.apt_packages.get(arch, ()))
+        new_apt = set(current.apt_packages.get(arch, ()))
+        lines += [f"{arch}: apt +{p}" for p in sorted(new_apt - old_apt)]
+        lines += [f"{arch}: apt -{p}" for p in sorted(old_apt - new_apt)]
+    return lines

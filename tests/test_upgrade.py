@@ -1,0 +1,95 @@
+"""Pipeline config and the rebuild diff, without an engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.config import load_config, set_platform_version
+from builder.errors import UserError
+from builder.upgrade import BuildState, changes, load_state, save_state
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def state(**overrides: object) -> BuildState:
+    values: dict = {
+        "platform_version": "1.0",
+        "base_image": "reg/runtime:1.0",
+        "base_digest": "sha256:aaa",
+        "python_version": "3.13.5",
+        "packages": {"amd64": {"lightgbm": "4.6.0", "scipy": "1.16.0", "soupsieve": "2.7"}},
+        "apt_packages": {"amd64": ("libgomp1",)},
+        "image": "reg/sandbox@sha256:111",
+    }
+    values.update(overrides)
+    return BuildState(**values)
+
+
+def test_the_example_config_loads_with_paths_relative_to_it() -> None:
+    config = load_config(REPO / "examples" / "build-sandbox-image.toml")
+    assert config.requirements == (REPO / "examples" / "requirements.txt",)
+    assert config.requirements[0].exists()
+    assert config.template is not None and config.template.exists()
+    assert config.base_image == f"{config.base_repository}:{config.platform_version}"
+    assert config.base_image_for("2.0").endswith(":2.0")
+    assert config.state.name == "build-sandbox-image.state.json"
+
+
+def test_config_errors_name_the_file_and_setting(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('requirements = ["r.txt"]\nbase-repository = "x"\n')
+    with pytest.raises(UserError, match=r"c.toml: missing setting 'platform-version'"):
+        load_config(path)
+    path.write_text(
+        'requirements = ["r.txt"]\nbase-repository = "x"\nplatform-version = "1"\nbogus = 1\n'
+    )
+    with pytest.raises(UserError, match="unknown setting"):
+        load_config(path)
+    path.write_text("requirements = [\n")
+    with pytest.raises(UserError, match="not valid TOML"):
+        load_config(path)
+
+
+def test_set_platform_version_changes_only_that_value(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    text = (
+        '# keep me\nrequirements = ["r.txt"]  # and me\nbase-repository = "x"\n'
+        'platform-version = "1.4.2"   # the deployed one\n'
+    )
+    path.write_text(text)
+    set_platform_version(load_config(path), "1.5.0")
+    assert path.read_text() == text.replace('"1.4.2"', '"1.5.0"')
+    assert load_config(path).platform_version == "1.5.0"
+
+
+def test_changes_lists_digest_python_versions_and_apt() -> None:
+    new = state(
+        platform_version="1.1",
+        base_digest="sha256:bbb",
+        python_version="3.13.7",
+        packages={"amd64": {"lightgbm": "4.7.0", "scipy": "1.16.0", "narwhals": "2.0"}},
+        apt_packages={"amd64": ("libgomp1", "libmagic1t64")},
+    )
+    assert changes(state(), new) == [
+        "platform version: 1.0 -> 1.1",
+        "base digest: sha256:aaa -> sha256:bbb",
+        "python: 3.13.5 -> 3.13.7",
+        "amd64: lightgbm 4.6.0 -> 4.7.0",
+        "amd64: narwhals 2.0 added",
+        "amd64: soupsieve 2.7 removed",
+        "amd64: apt +libmagic1t64",
+    ]
+    assert changes(state(), state(image=None)) == []
+    assert changes(None, state()) == ["no previous build recorded"]
+
+
+def test_state_round_trip_and_bad_file(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    assert load_state(path) is None
+    save_state(path, state())
+    assert load_state(path) == state()
+    path.write_text("{}")
+    with pytest.raises(UserError, match="unreadable build state"):
+        load_state(path)
