@@ -20,8 +20,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def timed_run(requirements: Path, arches: list[str], workdir: Path, env: dict[str, str]) -> float:
-    command = [sys.executable, "-m", "builder", "-r", str(requirements), "--no-build",
-               "--output", str(workdir / "context"), "--cache-dir", str(workdir / "cache")]
+    command = [
+        sys.executable,
+        "-m",
+        "builder",
+        "-r",
+        str(requirements),
+        "--no-build",
+        "--output",
+        str(workdir / "context"),
+        "--cache-dir",
+        str(workdir / "cache"),
+    ]
     command += [f"--arch={arch}" for arch in arches]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)

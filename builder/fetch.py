@@ -30,10 +30,10 @@ from uv import find_uv_bin
 
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
+from builder.requirements import DEFAULT_INDEX
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
-DEFAULT_INDEX = "https://pypi.org/simple"
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 # Files whose presence in a source distribution means it compiles native code.
 COMPILED_SOURCES = re.compile(

@@ -52,6 +52,10 @@ def test_index_options_expand_environment_variables(
     result = read_requirements([top])
     assert result.index_url == "https://ci:s3cret@pypi.example/simple"
     assert result.indexes() == (result.index_url, "https://mirror.example/simple")
+    only_extra = read_requirements(
+        [write(tmp_path / "e.txt", "--extra-index-url https://m.example/simple\nx\n")]
+    )
+    assert only_extra.indexes() == ("https://pypi.org/simple", "https://m.example/simple")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,262 @@
+"""Requirements to a built, verified image on the real engine, on the reference base.
+
+Each build runs the whole command (probe, resolve, fetch, inspect, plan, render, BuildKit
+build, hardened verify); the assertions then look at the image itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from wheelfactory import make_wheel
+
+pytestmark = [pytest.mark.engine, pytest.mark.network]
+
+HARDENED = [
+    "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+    "--user", "65532:65532", "--network", "none", "--tmpfs", "/tmp",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def build(
+    tmp_path: Path, cache_dir: Path, base: str, requirements: str, tag: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    req = tmp_path / "requirements.txt"
+    req.write_text(requirements)
+    return subprocess.run(
+        [sys.executable, "-m", "builder", "-r", str(req), "--base-image", base, "--tag", tag,
+         "--output", str(tmp_path / "context"), "--cache-dir", str(cache_dir), *extra],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )  # fmt: skip
+
+
+def docker(test_env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [test_env["docker"], *args], capture_output=True, text=True, check=check, timeout=600
+    )
+
+
+def run_hardened(test_env: dict, image: str, code: str) -> subprocess.CompletedProcess[str]:
+    return docker(
+        test_env, "run", "--rm", *HARDENED, "--entrypoint", "python3", image, "-c", code,
+        check=False,
+    )  # fmt: skip
+
+
+def inspect(test_env: dict, image: str) -> dict:
+    return json.loads(docker(test_env, "image", "inspect", image).stdout)[0]
+
+
+@pytest.fixture(scope="module")
+def bs4_image(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, reference_image: str, test_env: dict
+) -> Iterator[str]:
+    tmp_path = tmp_path_factory.mktemp("bs4")
+    result = build(tmp_path, cache_dir, reference_image, "beautifulsoup4\n", "bsi-e2e/bs4:test")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "PASS  import bs4" in result.stdout
+    assert "FAIL" not in result.stdout
+    yield "bsi-e2e/bs4:test"
+    docker(test_env, "rmi", "-f", "bsi-e2e/bs4:test", check=False)
+
+
+def test_beautifulsoup4_imports_hardened(bs4_image: str, test_env: dict) -> None:
+    result = run_hardened(test_env, bs4_image, "import bs4, os; print(bs4.__file__, os.getuid())")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["/app/deps-extra/bs4/__init__.py", "65532"]
+
+
+def test_image_config_and_layers(bs4_image: str, reference_image: str, test_env: dict) -> None:
+    config = inspect(test_env, bs4_image)
+    assert config["Config"]["User"] == "65532:65532"
+    env = dict(item.split("=", 1) for item in config["Config"]["Env"])
+    assert env["PYTHONPATH"] == "/app/deps:/app/deps-extra"
+    base_layers = inspect(test_env, reference_image)["RootFS"]["Layers"]
+    assert config["RootFS"]["Layers"][: len(base_layers)] == base_layers
+    assert len(config["RootFS"]["Layers"]) > len(base_layers)
+    probe = (
+        "import os, stat\n"
+        "bad = []\n"
+        "for root, dirs, files in os.walk('/app/deps-extra'):\n"
+        "    for name in [root, *(os.path.join(root, f) for f in files)]:\n"
+        "        st = os.lstat(name)\n"
+        "        if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):\n"
+        "            bad.append(name)\n"
+        "print(len(bad), os.stat('/app/deps-extra').st_uid)\n"
+    )
+    result = run_hardened(test_env, bs4_image, probe)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "0"]
+
+
+@pytest.fixture(scope="module")
+def lightgbm_image(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, reference_image: str, test_env: dict
+) -> Iterator[str]:
+    tmp_path = tmp_path_factory.mktemp("lightgbm")
+    result = build(tmp_path, cache_dir, reference_image, "lightgbm\n", "bsi-e2e/lightgbm:test")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "libgomp.so.1 -> libgomp1" in result.stdout
+    yield "bsi-e2e/lightgbm:test"
+    docker(test_env, "rmi", "-f", "bsi-e2e/lightgbm:test", "bsi-e2e/no-gomp:test", check=False)
+
+
+def test_lightgbm_gets_libgomp1_and_trains_hardened(lightgbm_image: str, test_env: dict) -> None:
+    dpkg = docker(test_env, "run", "--rm", "--entrypoint", "dpkg-query", lightgbm_image,
+                  "-W", "-f", "${Status}", "libgomp1")  # fmt: skip
+    assert dpkg.stdout == "install ok installed"
+    train = (
+        "import numpy as np, lightgbm as lgb\n"
+        "X = np.random.default_rng(0).random((200, 3)); y = (X[:, 0] > 0.5).astype(int)\n"
+        "model = lgb.train({'objective': 'binary', 'verbose': -1, 'num_threads': 2},\n"
+        "                  lgb.Dataset(X, y), num_boost_round=5)\n"
+        "print(lgb.__file__, model.num_trees())\n"
+    )
+    result = run_hardened(test_env, lightgbm_image, train)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["/app/deps-extra/lightgbm/__init__.py", "5"]
+
+
+def test_without_libgomp1_the_same_extras_fail(
+    lightgbm_image: str, reference_image: str, test_env: dict, tmp_path: Path
+) -> None:
+    """The control: copy the very same /app/deps-extra onto the base without the apt step."""
+    (tmp_path / "Dockerfile").write_text(
+        "ARG BASE\nARG EXTRAS\nFROM ${EXTRAS} AS extras\nFROM ${BASE}\n"
+        "COPY --from=extras /app/deps-extra /app/deps-extra\n"
+        "ENV PYTHONPATH=/app/deps:/app/deps-extra\n"
+    )
+    docker(
+        test_env, "build", "-q", "-t", "bsi-e2e/no-gomp:test",
+        "--build-arg", f"BASE={reference_image}",
+        "--build-arg", f"EXTRAS={lightgbm_image}", str(tmp_path),
+    )  # fmt: skip
+    result = run_hardened(test_env, "bsi-e2e/no-gomp:test", "import lightgbm")
+    assert result.returncode != 0
+    assert "libgomp.so.1" in result.stderr
+
+
+def test_python_magic_identifies_a_file(
+    tmp_path: Path, cache_dir: Path, reference_image: str, test_env: dict
+) -> None:
+    tag = "bsi-e2e/magic:test"
+    result = build(tmp_path, cache_dir, reference_image, "python-magic\n", tag)
+    try:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        assert "libmagic.so.1 -> libmagic1t64" in result.stdout
+        assert "PASS  check 1" in result.stdout
+        code = (
+            "import gzip, magic\n"
+            "print(magic.from_buffer(b'%PDF-1.4\\n%\\xe2\\xe3\\xcf\\xd3\\n1 0 obj\\n'))\n"
+            "print(magic.from_buffer(gzip.compress(b'sandbox'), mime=True))\n"
+        )
+        run = run_hardened(test_env, tag, code)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.splitlines()[0].startswith("PDF document")
+        assert run.stdout.splitlines()[1] == "application/gzip"
+    finally:
+        docker(test_env, "rmi", "-f", tag, check=False)
+
+
+class PrivateIndex(http.server.BaseHTTPRequestHandler):
+    """A loopback PEP 503 index that demands Basic credentials, serving one wheel."""
+
+    wheel: Path
+    token: str
+
+    def do_GET(self) -> None:
+        expected = "Basic " + base64.b64encode(f"ci:{self.token}".encode()).decode()
+        if self.headers.get("Authorization") != expected:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="private"')
+            self.end_headers()
+            return
+        if self.path.rstrip("/") == "/simple/bsi-private-tool":
+            sha = hashlib.sha256(self.wheel.read_bytes()).hexdigest()
+            body = f'<a href="/files/{self.wheel.name}#sha256={sha}">{self.wheel.name}</a>'.encode()
+            content_type = "text/html"
+        elif self.path == f"/files/{self.wheel.name}":
+            body, content_type = self.wheel.read_bytes(), "application/octet-stream"
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_secrets_never_land_in_the_image_or_context(
+    tmp_path: Path, cache_dir: Path, reference_image: str, test_env: dict
+) -> None:
+    token = f"idx-{uuid.uuid4().hex}"
+    ca_marker = f"BSI-CA-{uuid.uuid4().hex}"
+    wheel = make_wheel(
+        tmp_path / "wheels", "bsi-private-tool", "1.0", "py3-none-any",
+        {"bsi_private_tool/__init__.py": b"VALUE = 42\n"},
+    )  # fmt: skip
+    handler = type("Handler", (PrivateIndex,), {"wheel": wheel, "token": token})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ca_bundle = tmp_path / "apt-ca.pem"
+    ca_bundle.write_text(f"-----BEGIN CERTIFICATE-----\n{ca_marker}\n-----END CERTIFICATE-----\n")
+    index = f"http://ci:{token}@127.0.0.1:{server.server_address[1]}/simple"
+    tag = "bsi-e2e/secrets:test"
+    try:
+        result = build(
+            tmp_path, cache_dir, reference_image,
+            f"--extra-index-url {index}\nbsi-private-tool\npython-magic\n", tag,
+            "--apt-ca-bundle", str(ca_bundle),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        assert "PASS  import bsi_private_tool" in result.stdout
+        assert token not in result.stdout + result.stderr
+        context = tmp_path / "context"
+        assert "--mount=type=secret,id=apt-ca" in (context / "Dockerfile").read_text()
+        for path in context.rglob("*"):
+            if path.is_file():
+                data = path.read_bytes()
+                assert token.encode() not in data, path
+                assert ca_marker.encode() not in data, path
+        history = docker(test_env, "history", "--no-trunc", tag).stdout
+        assert token not in history and ca_marker not in history
+        saved = subprocess.run(
+            [test_env["docker"], "save", tag], capture_output=True, check=True, timeout=600
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(saved)) as outer:
+            for member in outer.getmembers():
+                if not member.isfile():
+                    continue
+                blob = outer.extractfile(member).read()  # type: ignore[union-attr]
+                assert token.encode() not in blob, member.name
+                assert ca_marker.encode() not in blob, member.name
+    finally:
+        server.shutdown()
+        docker(test_env, "rmi", "-f", tag, check=False)

@@ -1,0 +1,456 @@
+"""Publish and platform upgrade end to end: the real CLI, engine and htpasswd registry.
+
+Three platform versions of the reference base are pushed to the local registry:
+
+- `runtime:v1`  the reference image as is;
+- `runtime:v2`  plus soupsieve in /app/deps, so extras `beautifulsoup4>=4.13` no longer install it;
+- `runtime:v3-conflict`  plus beautifulsoup4==4.12.0 in /app/deps, contradicting the extras.
+
+v2 and v3-conflict are then removed from the engine, as on a CI runner that has never seen a new
+platform version: `rebuild` has to pull them, which needs a `docker login` (a Docker config);
+BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD are push credentials only. The first build pushes with
+the environment credentials and an empty Docker config, the rebuild with the Docker config only.
+
+Order: the module fixture `first_build` performs the first build (test 1 checks it); the rebuild
+to v2 is one test with its steps (check, rebuild, check again); the conflict and the
+no-credentials tests compare bytes before and after, so they hold at v1 or v2 alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
+from ruamel.yaml import YAML
+
+from builder.build import build_image
+from builder.cache import Cache
+from builder.fetch import download, index_files
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO_ROOT / "examples"
+NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.oci.image.index.v1+json",
+    ]
+)
+CREDENTIAL_VARS = (
+    "BSI_REGISTRY_USER",
+    "BSI_REGISTRY_PASSWORD",
+    "REGISTRY_USERNAME",
+    "REGISTRY_PASSWORD",
+)
+EXAMPLE_IMAGE = "registry.example.com/platform/python-sandbox:3.13-slim-trixie-x000000000000"
+DIGEST = r"sha256:[0-9a-f]{64}"
+CLI_TIMEOUT = 600
+CONFLICT_PIN = "4.12.0"  # beautifulsoup4 in runtime:v3-conflict; the extras want >=4.13
+
+
+# --- registry and engine helpers ----------------------------------------------------------------
+
+
+def registry_get(registry, path: str):
+    request = urllib.request.Request(
+        f"http://{registry.host}{path}",
+        headers={"Authorization": registry.auth_header(), "Accept": MANIFEST_TYPES},
+    )
+    return NO_PROXY_OPENER.open(request, timeout=10)
+
+
+def registry_tags(registry, repo: str) -> list[str]:
+    """The tags the registry holds for `repo` (none when it has never seen the repository)."""
+    try:
+        with registry_get(registry, f"/v2/{repo}/tags/list") as response:
+            return sorted(json.load(response).get("tags") or [])
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404, exc
+        return []
+
+
+def served_digest(registry, repo: str, tag: str) -> str:
+    with registry_get(registry, f"/v2/{repo}/manifests/{tag}") as response:
+        return response.headers["Docker-Content-Digest"]
+
+
+def push(client: docker.DockerClient, registry, ref: str) -> str:
+    """Push a locally tagged `ref` with the test credentials; the manifest digest."""
+    repository, _, tag = ref.rpartition(":")
+    auth = {"username": registry.user, "password": registry.password}
+    digest = None
+    for event in client.api.push(repository, tag=tag, auth_config=auth, stream=True, decode=True):
+        assert "error" not in event, event
+        digest = (event.get("aux") or {}).get("Digest") or digest
+    assert digest, f"no digest pushing {ref}"
+    return digest
+
+
+def newest_pure_wheel(cache: Cache, name: str, version: str | None = None) -> Path:
+    """A py3-none-any wheel of `name` (the newest stable one unless `version`) from the index."""
+    candidates = []
+    for file in index_files([], name):
+        if not file.filename.endswith("-py3-none-any.whl"):
+            continue
+        found = parse_wheel_filename(file.filename)[1]
+        if (version is None and not found.is_prerelease) or found == Version(version or "0"):
+            candidates.append((found, file))
+    assert candidates, f"no pure wheel of {name} {version or ''} on the index"
+    return download(max(candidates, key=lambda c: c[0])[1], cache)
+
+
+def derived_base(reference: str, wheel: Path, tag: str, workdir: Path) -> None:
+    """`reference` with `wheel` unpacked into /app/deps, as a platform team would ship it."""
+    context = workdir / tag.rsplit(":", 1)[1]
+    context.mkdir()
+    shutil.copy(wheel, context / wheel.name)
+    extract = f"import zipfile; zipfile.ZipFile('/tmp/{wheel.name}').extractall('/app/deps')"
+    (context / "Dockerfile").write_text(
+        f"FROM {reference}\n"
+        "USER 0:0\n"
+        f"COPY {wheel.name} /tmp/{wheel.name}\n"
+        f'RUN python3 -I -c "{extract}" && rm /tmp/{wheel.name}\n'
+        "USER 65532:65532\n"
+    )
+    with open(workdir / f"{context.name}.log", "w") as log:
+        build_image(context, tag=tag, log=log)
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+
+@dataclass
+class World:
+    registry: object
+    namespace: str  # bsi-e2e-<run>: repositories live under it, unique per test run
+    runtime: str  # host/namespace/runtime, the platform's base repository
+    sandbox: str  # host/namespace/sandbox, where the extension images go
+    base_digests: dict[str, str]  # platform version -> digest of the pushed base
+    workdir: Path  # the config, requirements, template, warm pool, state and context
+    cache: Path
+    no_login: Path  # an empty DOCKER_CONFIG: no stored credentials at all
+    logged_in: Path  # a DOCKER_CONFIG written by `docker login` to the test registry
+    docker_host: str
+
+    @property
+    def config(self) -> Path:
+        return self.workdir / "cfg.toml"
+
+    @property
+    def template(self) -> Path:
+        return self.workdir / "sandbox-template.yaml"
+
+    @property
+    def state(self) -> Path:
+        return self.workdir / "cfg.state.json"
+
+    def repo(self, repository: str) -> str:
+        """The registry's name for `repository` (without the host)."""
+        return repository.split("/", 1)[1]
+
+    def env(self, *, docker_config: Path, env_credentials: bool) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
+        env |= {"DOCKER_CONFIG": str(docker_config), "DOCKER_HOST": self.docker_host}
+        if env_credentials:
+            env |= {
+                "BSI_REGISTRY_USER": self.registry.user,
+                "BSI_REGISTRY_PASSWORD": self.registry.password,
+            }
+        return env
+
+    def run(
+        self, *args: str, docker_config: Path | None = None, env_credentials: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "builder", *args, "--cache-dir", str(self.cache)]
+        import time; t=time.time()
+        r= subprocess.run(
+            command,
+            cwd=self.workdir,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT,
+            env=self.env(
+                docker_config=docker_config or self.logged_in, env_credentials=env_credentials
+            ),
+        )
+        print("=====", args, r.returncode, time.time()-t); print(r.stdout); print("--stderr"); print(r.stderr[-3000:])
+        return r
+
+
+def explain(result: subprocess.CompletedProcess[str]) -> str:
+    tail = "\n".join(result.stderr.splitlines()[-25:])
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr (tail)\n{tail}"
+
+
+def error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+def snapshot(*paths: Path) -> dict[Path, bytes | None]:
+    return {path: path.read_bytes() if path.exists() else None for path in paths}
+
+
+def template_image(path: Path) -> str:
+    document = YAML(typ="safe").load(path.read_text())
+    return document["spec"]["podTemplate"]["spec"]["containers"][0]["image"]
+
+
+def pushed_reference(stdout: str, repository: str) -> str:
+    found = re.findall(rf"^pushed: ({re.escape(repository)}@{DIGEST})$", stdout, re.M)
+    assert len(found) == 1, stdout
+    return found[0]
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world(reference_image, docker_client, registry, test_env, tmp_path_factory):
+    """The three platform versions in the registry, a pipeline directory and the Docker configs."""
+    namespace = f"bsi-e2e-{uuid.uuid4().hex[:8]}"
+    runtime = f"{registry.host}/{namespace}/runtime"
+    cache_dir = tmp_path_factory.mktemp("e2e-cache")
+    cache = Cache(cache_dir)
+    scratch = tmp_path_factory.mktemp("e2e-bases")
+
+    logged_in = tmp_path_factory.mktemp("docker-config-login")
+    login = subprocess.run(
+        [test_env["docker"], "login", registry.host, "-u", registry.user, "--password-stdin"],
+        input=registry.password,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DOCKER_CONFIG": str(logged_in)},
+        timeout=60,
+    )
+    assert login.returncode == 0, login.stderr
+
+    docker_client.api.tag(reference_image, runtime, "v1")
+    derived_base(reference_image, newest_pure_wheel(cache, "soupsieve"), f"{runtime}:v2", scratch)
+    derived_base(
+        reference_image,
+        newest_pure_wheel(cache, "beautifulsoup4", CONFLICT_PIN),
+        f"{runtime}:v3-conflict",
+        scratch,
+    )
+    digests = {
+        version: push(docker_client, registry, f"{runtime}:{version}")
+        for version in ("v1", "v2", "v3-conflict")
+    }
+    # A runner that never saw the new platform versions: rebuild must pull them.
+    for version in ("v2", "v3-conflict"):
+        docker_client.images.remove(f"{runtime}:{version}")
+
+    workdir = tmp_path_factory.mktemp("pipeline")
+    (workdir / "requirements.txt").write_text("beautifulsoup4>=4.13\n")
+    shutil.copy(EXAMPLES / "sandbox-template.yaml", workdir / "sandbox-template.yaml")
+    shutil.copy(EXAMPLES / "sandbox-warmpool.yaml", workdir / "sandbox-warmpool.yaml")
+    world = World(
+        registry=registry,
+        namespace=namespace,
+        runtime=runtime,
+        sandbox=f"{registry.host}/{namespace}/sandbox",
+        base_digests=digests,
+        workdir=workdir,
+        cache=cache_dir,
+        no_login=tmp_path_factory.mktemp("docker-config-empty"),
+        logged_in=logged_in,
+        docker_host=test_env["docker_host"],
+    )
+    world.config.write_text(
+        "# e2e pipeline config\n"
+        'requirements = ["requirements.txt"]\n'
+        f'base-repository = "{runtime}"\n'
+        'platform-version = "v1"   # bumped by rebuild\n'
+        'architectures = ["amd64"]\n'
+        f'repository = "{world.sandbox}"\n'
+        'template = "sandbox-template.yaml"\n'
+        'warm-pools = ["sandbox-warmpool.yaml"]\n'
+    )
+    yield world
+    remove_images(docker_client, namespace)
+
+
+def remove_images(client: docker.DockerClient, namespace: str) -> None:
+    """Every local tag in the test's namespace, and the images only those tags kept."""
+    for image in client.images.list():
+        ours = [t for t in image.tags if f"/{namespace}/" in t]
+        if not ours:
+            continue
+        others = [t for t in image.tags if t not in ours and not t.startswith("sandbox-extension:")]
+        for tag in ours:
+            client.images.remove(tag)
+        if not others:
+            with contextlib.suppress(docker.errors.APIError):  # incl. ImageNotFound
+                client.images.remove(image.id, force=True)
+
+
+@dataclass
+class FirstBuild:
+    original_template: bytes
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def first_build(world: World) -> FirstBuild:
+    """`build-sandbox-image --config cfg.toml`, pushing with the environment's credentials."""
+    original = world.template.read_bytes()
+    result = world.run(
+        "--config", str(world.config), docker_config=world.no_login, env_credentials=True
+    )
+    return FirstBuild(original, result)
+
+
+# --- tests --------------------------------------------------------------------------------------
+
+
+def test_first_build_pushes_by_digest_and_points_the_template(world: World, first_build) -> None:
+    result = first_build.result
+    assert result.returncode == 0, explain(result)
+    reference = pushed_reference(result.stdout, world.sandbox)
+    digest = reference.split("@", 1)[1]
+
+    (tag,) = registry_tags(world.registry, world.repo(world.sandbox))
+    assert re.fullmatch(r"v1-x[0-9a-f]{12}", tag)
+    assert served_digest(world.registry, world.repo(world.sandbox), tag) == digest
+
+    assert template_image(world.template) == reference
+    original = first_build.original_template.decode()
+    assert original.count(EXAMPLE_IMAGE) == 1
+    assert world.template.read_text() == original.replace(EXAMPLE_IMAGE, reference)
+
+    state = json.loads(world.state.read_text())
+    assert state["platform_version"] == "v1"
+    assert state["base_digest"] == world.base_digests["v1"]
+    assert state["image"] == reference
+    assert set(state["packages"]["amd64"]) == {"beautifulsoup4", "soupsieve"}
+    report = json.loads((world.workdir / "sandbox-image" / "report.json").read_text())
+    assert report["image"]["pushed"] == reference
+
+    assert f"template python-sandbox: {EXAMPLE_IMAGE} -> {reference}" in result.stdout
+    assert "kubectl apply -f" in result.stdout
+    assert re.search(
+        r"SandboxWarmPool python-sandbox-pool .* OnReplenish .*Recreate", result.stdout
+    )
+
+
+def test_rebuild_to_a_new_platform_version(world: World, first_build) -> None:
+    assert first_build.result.returncode == 0, "the first build failed"
+    sandbox_repo = world.repo(world.sandbox)
+    old_reference = json.loads(world.state.read_text())["image"]
+    old_soupsieve = json.loads(world.state.read_text())["packages"]["amd64"]["soupsieve"]
+    tags_before = registry_tags(world.registry, sandbox_repo)
+    config_before = world.config.read_text()
+    before = snapshot(world.template, world.state, world.config)
+    expected = [
+        "platform version: v1 -> v2",
+        f"base digest: {world.base_digests['v1']} -> {world.base_digests['v2']}",
+        f"amd64: soupsieve {old_soupsieve} removed",
+    ]
+
+    # --check: a rebuild is needed (exit 3), and what would change; nothing is touched.
+    check = world.run(
+        "rebuild", "--config", str(world.config), "--platform-version", "v2", "--check"
+    )
+    assert check.returncode == 3, explain(check)
+    assert "changes since the last build:" in check.stdout
+    for line in expected:
+        assert f"  {line}\n" in check.stdout, check.stdout
+    assert "  amd64: beautifulsoup4" not in check.stdout  # the same version on either base
+    assert snapshot(world.template, world.state, world.config) == before
+    assert registry_tags(world.registry, sandbox_repo) == tags_before
+
+    # The rebuild: the same diff, a new digest pushed, the template, state and config follow.
+    rebuild = world.run("rebuild", "--config", str(world.config), "--platform-version", "v2")
+    assert rebuild.returncode == 0, explain(rebuild)
+    for line in expected:
+        assert f"  {line}\n" in rebuild.stdout, rebuild.stdout
+    reference = pushed_reference(rebuild.stdout, world.sandbox)
+    assert reference != old_reference
+    tags = registry_tags(world.registry, sandbox_repo)
+    (new_tag,) = set(tags) - set(tags_before)
+    assert re.fullmatch(r"v2-x[0-9a-f]{12}", new_tag)
+    assert served_digest(world.registry, sandbox_repo, new_tag) == reference.split("@", 1)[1]
+    assert template_image(world.template) == reference
+    assert f"-> {reference}" in rebuild.stdout
+    assert world.config.read_text() == config_before.replace(
+        'platform-version = "v1"', 'platform-version = "v2"'
+    )
+    state = json.loads(world.state.read_text())
+    assert state["platform_version"] == "v2"
+    assert state["base_digest"] == world.base_digests["v2"]
+    assert state["image"] == reference
+    assert "soupsieve" not in state["packages"]["amd64"]
+
+    # --check again: up to date.
+    again = world.run(
+        "rebuild", "--config", str(world.config), "--platform-version", "v2", "--check"
+    )
+    assert again.returncode == 0, explain(again)
+    assert "no changes: up to date" in again.stdout
+
+
+def test_a_base_that_contradicts_the_extras_fails_before_building(
+    world: World, first_build
+) -> None:
+    assert first_build.result.returncode == 0, "the first build failed"
+    sandbox_repo = world.repo(world.sandbox)
+    tags_before = registry_tags(world.registry, sandbox_repo)
+    before = snapshot(world.template, world.state, world.config)
+    args = ("rebuild", "--config", str(world.config), "--platform-version", "v3-conflict")
+
+    for extra in (("--check",), ()):
+        result = world.run(*args, *extra)
+        assert result.returncode == 1, explain(result)
+        assert len(result.stderr.strip().splitlines()) == 1, explain(result)
+        message = result.stderr.strip()
+        assert message.startswith("error: "), message
+        assert "beautifulsoup4>=4.13" in message, message
+        assert f"beautifulsoup4=={CONFLICT_PIN}" in message, message
+        assert f"{world.runtime}:v3-conflict" in message, message
+        assert "building" not in result.stdout and "pushed:" not in result.stdout
+
+    assert registry_tags(world.registry, sandbox_repo) == tags_before
+    assert snapshot(world.template, world.state, world.config) == before
+
+
+def test_push_without_credentials_fails_cleanly(
+    world: World, first_build, docker_client: docker.DockerClient
+) -> None:
+    assert first_build.result.returncode == 0, "the first build failed"
+    target = f"{world.sandbox}-noauth"
+    before = snapshot(world.template, world.state, world.config)
+
+    result = world.run(
+        "--config", str(world.config), "--push", target, docker_config=world.no_login
+    )
+
+    assert result.returncode == 1, explain(result)
+    errors = error_lines(result)
+    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), explain(result)
+    assert "denied" in errors[0] and f"docker login {world.registry.host}" in errors[0], errors
+    assert "BSI_REGISTRY_USER" in errors[0]
+    assert "pushed:" not in result.stdout
+    assert registry_tags(world.registry, world.repo(target)) == []  # nothing half-pushed
+    assert not [
+        t for image in docker_client.images.list() for t in image.tags if t.startswith(f"{target}:")
+    ]
+    assert snapshot(world.template, world.state, world.config) == before
