@@ -8,7 +8,8 @@ SHELL := /bin/bash
 
 VENV        := .venv
 PYTEST_ARGS ?=
-BASE_IMAGE  ?= python:3.13-slim-trixie
+STANDIN     ?= python:3.13-slim-trixie
+RUNTIME     ?= sandbox-runtime:3.13-trixie
 
 .PHONY: test example lint venv setup
 
@@ -26,8 +27,12 @@ test: setup
 	if [ "$$rc" -ne 0 ]; then echo "make test: pytest exited with $$rc" >&2; fi; \
 	exit "$$rc"
 
+# The reference runtime base (Dockerfile.base on the stand-in), then the extension image on it:
+# planned, built with BuildKit and verified hardened; the context lands in ./sandbox-image.
 example: setup
-	$(VENV)/bin/build-sandbox-image -r examples/requirements.txt --base-image $(BASE_IMAGE) --output sandbox-image
+	$(VENV)/bin/build-sandbox-image base --tag $(RUNTIME) --from $(STANDIN)
+	$(VENV)/bin/build-sandbox-image -r examples/requirements.txt --base-image $(RUNTIME) \
+		--tag sandbox-example:latest --output sandbox-image
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -21,7 +21,6 @@ from builder.probe import engine_client
 from builder.render import Secrets
 from builder.target import ARCHES, shipped_profile
 from builder.upgrade import changes, load_state, save_state, state_of
-from builder.verify import VerifyReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = Path("sandbox-image")
@@ -295,7 +294,7 @@ def show_outcome(outcome: Outcome) -> None:
     if outcome.image_id:
         click.echo(f"image: {outcome.tag} ({outcome.image_id}, {outcome.built_arch})")
     if outcome.verification is not None:
-        click.echo(verification_table(outcome.verification))
+        click.echo(outcome.verification.table())
         if not outcome.verification.passed:
             failed = [check.name for check in outcome.verification.checks if not check.passed]
             raise UserError(f"verification of {outcome.tag} failed: {', '.join(failed)}")
@@ -311,15 +310,6 @@ def show_outcome(outcome: Outcome) -> None:
 def note(line: str) -> None:
     """Progress and notes go to stdout; stderr carries only the one-line error."""
     click.echo(line)
-
-
-def verification_table(report: VerifyReport) -> str:
-    """One PASS/FAIL line per contract point, import and run-time check."""
-    width = max((len(check.name) for check in report.checks), default=0)
-    return "\n".join(
-        f"{'PASS' if check.passed else 'FAIL'}  {check.name.ljust(width)}  {check.detail}".rstrip()
-        for check in report.checks
-    )
 
 
 @main.command("verify")

@@ -48,7 +48,7 @@ class SymbolProblem:
 
 
 @dataclass(frozen=True)
-class Resolution:
+class NeedSource:
     """How one DT_NEEDED entry of one file is satisfied, for reports and debugging."""
 
     path: str  # "dist==version: path"
@@ -89,7 +89,7 @@ def _search_dirs(elf: ElfFile) -> list[str]:
 
 def resolve_needs(
     wheels: Sequence[WheelInspection], provided_by_base: frozenset[str], loader: str
-) -> tuple[Resolution, ...]:
+) -> tuple[NeedSource, ...]:
     """Every DT_NEEDED of every file the loader's architecture can load, with how it resolves."""
     machine = LOADER_MACHINES.get(loader)
     files = list(_files(wheels, machine))
@@ -105,15 +105,15 @@ def resolve_needs(
             in_dirs = [posixpath.normpath(posixpath.join(d, soname)) for d in dirs]
             found = next((path for path in in_dirs if path in by_path), None)
             if found is not None:
-                resolution = Resolution(label, soname, BY_RPATH, found)
+                resolution = NeedSource(label, soname, BY_RPATH, found)
             elif soname in by_name:
-                resolution = Resolution(label, soname, BY_WHEEL_SET, by_name[soname])
+                resolution = NeedSource(label, soname, BY_WHEEL_SET, by_name[soname])
             elif soname in provided_by_base:
-                resolution = Resolution(label, soname, BY_BASE)
+                resolution = NeedSource(label, soname, BY_BASE)
             elif soname == loader or soname.startswith(KERNEL_PROVIDED):
-                resolution = Resolution(label, soname, BY_LOADER)
+                resolution = NeedSource(label, soname, BY_LOADER)
             else:
-                resolution = Resolution(label, soname, MISSING)
+                resolution = NeedSource(label, soname, MISSING)
             resolutions.append(resolution)
     return tuple(resolutions)
 

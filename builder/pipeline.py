@@ -5,6 +5,7 @@ Each step is its own module; this file only sequences them and fans out per arch
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -207,6 +208,7 @@ def deliver(
         tag=tag,
         platform=f"linux/{engine_arch}",
         secrets=delivery.secret_files,
+        log=sys.stdout,
     )
     image_record: dict = {"id": outcome.image_id, "arch": engine_arch, "tag": tag}
     if delivery.verify:

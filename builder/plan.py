@@ -51,15 +51,6 @@ class ArchPlan:
     provided_by_base: tuple[str, ...]
     built_from_source: tuple[str, ...]
 
-    def packages_for(self, wheel: PlannedWheel) -> list[str]:
-        """Debian packages this wheel's native code needs, for the summary table."""
-        needs = {
-            library.package
-            for library in self.libraries
-            if any(by.startswith(f"{wheel.name}=={wheel.version}") for by in library.needed_by)
-        }
-        return sorted(needs)
-
 
 @dataclass(frozen=True)
 class Plan:

@@ -22,6 +22,7 @@ import requests
 from builder.cache import Cache
 from builder.debian import packages_providing
 from builder.errors import UserError
+from builder.publish import registry_credentials, registry_host
 from builder.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseProfile
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
@@ -169,12 +170,28 @@ def probe_base(image: str, client: docker.DockerClient, cache: Cache) -> BasePro
 
 
 def _local_image(image: str, client: docker.DockerClient) -> Any:
+    """The image to probe: the local one, unless its registry now names something newer.
+
+    A platform may re-push a tag; a long-lived runner holding the old image must not plan
+    against it. Images without a registry host (local builds) are used as they are.
+    """
+    host = registry_host(image)
+    credentials = registry_credentials(host)
     try:
-        return client.images.get(image)
+        local = client.images.get(image)
     except docker.errors.ImageNotFound:
-        pass
+        local = None
+    if local is not None:
+        if host == "docker.io" and not image.startswith(("docker.io/", "index.docker.io/")):
+            return local
+        try:
+            remote = client.images.get_registry_data(image, auth_config=credentials).id
+        except docker.errors.DockerException:
+            return local  # registry unreachable: the local copy is the best knowledge
+        if any(digest.endswith(remote) for digest in local.attrs.get("RepoDigests") or []):
+            return local
     try:
-        return client.images.pull(image)
+        return client.images.pull(image, auth_config=credentials)
     except docker.errors.DockerException as exc:
         raise UserError(
             f"base image {image}: not on the local engine and pulling it failed: {_reason(exc)}"

@@ -42,7 +42,7 @@ from builder.build import build_image
 from builder.cache import Cache
 from builder.fetch import download, index_files
 
-pytestmark = [pytest.mark.engine, pytest.mark.registry]
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -86,6 +86,19 @@ def registry_tags(registry, repo: str) -> list[str]:
     except urllib.error.HTTPError as exc:
         assert exc.code == 404, exc
         return []
+
+
+def blob_status(registry, repo: str, digest: str) -> int:
+    request = urllib.request.Request(
+        f"http://{registry.host}/v2/{repo}/blobs/{digest}",
+        method="HEAD",
+        headers={"Authorization": registry.auth_header()},
+    )
+    try:
+        with NO_PROXY_OPENER.open(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def served_digest(registry, repo: str, tag: str) -> str:
@@ -181,8 +194,7 @@ class World:
         self, *args: str, docker_config: Path | None = None, env_credentials: bool = False
     ) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "builder", *args, "--cache-dir", str(self.cache)]
-        import time; t=time.time()
-        r= subprocess.run(
+        return subprocess.run(
             command,
             cwd=self.workdir,
             capture_output=True,
@@ -192,8 +204,6 @@ class World:
                 docker_config=docker_config or self.logged_in, env_credentials=env_credentials
             ),
         )
-        print("=====", args, r.returncode, time.time()-t); print(r.stdout); print("--stderr"); print(r.stderr[-3000:])
-        return r
 
 
 def explain(result: subprocess.CompletedProcess[str]) -> str:
@@ -227,6 +237,17 @@ def pushed_reference(stdout: str, repository: str) -> str:
 def world(reference_image, docker_client, registry, test_env, tmp_path_factory):
     """The three platform versions in the registry, a pipeline directory and the Docker configs."""
     namespace = f"bsi-e2e-{uuid.uuid4().hex[:8]}"
+    try:
+        yield make_world(
+            namespace, reference_image, docker_client, registry, test_env, tmp_path_factory
+        )
+    finally:
+        remove_images(docker_client, namespace)
+
+
+def make_world(
+    namespace, reference_image, docker_client, registry, test_env, tmp_path_factory
+) -> World:
     runtime = f"{registry.host}/{namespace}/runtime"
     cache_dir = tmp_path_factory.mktemp("e2e-cache")
     cache = Cache(cache_dir)
@@ -285,8 +306,7 @@ def world(reference_image, docker_client, registry, test_env, tmp_path_factory):
         'template = "sandbox-template.yaml"\n'
         'warm-pools = ["sandbox-warmpool.yaml"]\n'
     )
-    yield world
-    remove_images(docker_client, namespace)
+    return world
 
 
 def remove_images(client: docker.DockerClient, namespace: str) -> None:
@@ -414,7 +434,8 @@ def test_a_base_that_contradicts_the_extras_fails_before_building(
     assert first_build.result.returncode == 0, "the first build failed"
     sandbox_repo = world.repo(world.sandbox)
     tags_before = registry_tags(world.registry, sandbox_repo)
-    before = snapshot(world.template, world.state, world.config)
+    report = world.workdir / "sandbox-image" / "report.json"
+    before = snapshot(world.template, world.state, world.config, report)
     args = ("rebuild", "--config", str(world.config), "--platform-version", "v3-conflict")
 
     for extra in (("--check",), ()):
@@ -429,7 +450,7 @@ def test_a_base_that_contradicts_the_extras_fails_before_building(
         assert "building" not in result.stdout and "pushed:" not in result.stdout
 
     assert registry_tags(world.registry, sandbox_repo) == tags_before
-    assert snapshot(world.template, world.state, world.config) == before
+    assert snapshot(world.template, world.state, world.config, report) == before
 
 
 def test_push_without_credentials_fails_cleanly(
@@ -438,6 +459,13 @@ def test_push_without_credentials_fails_cleanly(
     assert first_build.result.returncode == 0, "the first build failed"
     target = f"{world.sandbox}-noauth"
     before = snapshot(world.template, world.state, world.config)
+    # The image this config builds is the one last pushed (same base, same extras): its blobs.
+    pushed = json.loads(world.state.read_text())["image"]
+    with registry_get(
+        world.registry, f"/v2/{world.repo(world.sandbox)}/manifests/{pushed.split('@')[1]}"
+    ) as response:
+        manifest = json.load(response)
+    blobs = [manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])]
 
     result = world.run(
         "--config", str(world.config), "--push", target, docker_config=world.no_login
@@ -449,7 +477,10 @@ def test_push_without_credentials_fails_cleanly(
     assert "denied" in errors[0] and f"docker login {world.registry.host}" in errors[0], errors
     assert "BSI_REGISTRY_USER" in errors[0]
     assert "pushed:" not in result.stdout
-    assert registry_tags(world.registry, world.repo(target)) == []  # nothing half-pushed
+    assert registry_tags(world.registry, world.repo(target)) == []  # nothing half-pushed:
+    for blob in blobs:  # not even a layer (each is there in the repository pushed before)
+        assert blob_status(world.registry, world.repo(world.sandbox), blob) == 200, blob
+        assert blob_status(world.registry, world.repo(target), blob) == 404, blob
     assert not [
         t for image in docker_client.images.list() for t in image.tags if t.startswith(f"{target}:")
     ]
