@@ -140,6 +140,9 @@ def summary(plan: Plan) -> str:
 )
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
 @click.option(
+    "--refresh", is_flag=True, help="Resolve again even if this input was resolved within the hour."
+)
+@click.option(
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -165,6 +168,7 @@ def main(
     apt_ca_bundle: Path | None,
     apt_auth: Path | None,
     cache_dir: Path | None,
+    refresh: bool,
     config_path: Path | None,
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
@@ -200,6 +204,7 @@ def main(
         output=output,
         cache=cache,
         secrets=Secrets(apt_ca=apt_ca_bundle is not None, apt_auth=apt_auth is not None),
+        refresh=refresh,
     )
     plan = prepare(request)
     click.echo(summary(plan))
@@ -263,6 +268,7 @@ def rebuild(config_path: Path, platform_version: str, check: bool, cache_dir: Pa
             base=base,
             output=Path(scratch) / "context" if check else config.output,
             cache=cache,
+            refresh=True,  # an upgrade must see what the index offers now
         )
         plan = prepare(request)
     differences = changes(load_state(config.state), state_of(plan, platform_version))

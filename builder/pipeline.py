@@ -49,6 +49,7 @@ class Request:
     output: Path
     cache: Cache
     secrets: Secrets = field(default_factory=Secrets)
+    refresh: bool = False  # resolve again even if an identical resolution is cached
 
 
 def builder_pip(cache: Cache, indexes: Sequence[str]) -> Path:
@@ -81,7 +82,10 @@ def prepare(request: Request) -> Plan:
     with ThreadPoolExecutor(max_workers=len(target.arches) + 1) as pool:
         pip_future = pool.submit(builder_pip, request.cache, indexes)
         resolutions: list[Resolution] = list(
-            pool.map(lambda arch: resolve(requirements, target, arch, request.cache), target.arches)
+            pool.map(
+                lambda arch: resolve(requirements, target, arch, request.cache, request.refresh),
+                target.arches,
+            )
         )
         pip_wheel = pip_future.result()
     chosen = {

@@ -9,12 +9,16 @@ it compiles code, naming the newest version that does have a usable wheel.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import subprocess
 import tempfile
+import time
 import tomllib
 import urllib.parse
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
@@ -45,6 +49,7 @@ NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
 NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")
 CAUSE = re.compile(r"cause: (.*?)(?:\n\s*\n|\Z)", re.S)
 MAX_SOURCE_ROUNDS = 10
+RESOLUTION_TTL_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -212,9 +217,43 @@ def _build_from_source(
     return f"{name}=={version}"
 
 
-def resolve(requirements: RequirementSet, target: Target, arch: Arch, cache: Cache) -> Resolution:
-    """Pin every distribution for `arch` with the wheels usable there, base pins as constraints."""
+def _resolution_key(requirements: RequirementSet, target: Target, arch: Arch) -> str:
+    """Everything a resolution depends on, hashed: a change in any of it means a new one."""
+    facts = {
+        "schema": 1,
+        "uv": metadata.version("uv"),
+        "arch": arch.name,
+        "requirements": [str(r) for r in requirements.requirements],
+        "constraints": [str(c) for c in requirements.constraints],
+        "indexes": requirements.indexes(),
+        "base": target.base.to_dict(),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _cached(cache: Cache, key: str, target: Target, arch: Arch) -> Resolution | None:
+    record = cache.get_record("resolution", key)
+    if not record or time.time() - record["at"] > RESOLUTION_TTL_SECONDS:
+        return None
+    packages, provided = _packages(tomllib.loads(record["pylock"]), target)
+    built_here = [w for p in packages for w in p.wheels if w.url.startswith("file:")]
+    if any(cache.find_blob(w.sha256, w.filename) is None for w in built_here):
+        return None  # a wheel built from source has left the cache: resolve again
+    return Resolution(arch, packages, provided, tuple(record["built"]), record["pylock"])
+
+
+def resolve(
+    requirements: RequirementSet, target: Target, arch: Arch, cache: Cache, refresh: bool = False
+) -> Resolution:
+    """Pin every distribution for `arch` with the wheels usable there, base pins as constraints.
+
+    An identical resolution from the last hour is reused (no index traffic at all on a rerun);
+    `refresh` forces a new one, as every platform-upgrade rebuild does.
+    """
     check_against_base(requirements, target, arch)
+    key = _resolution_key(requirements, target, arch)
+    if not refresh and (found := _cached(cache, key, target, arch)):
+        return found
     built: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bsi-resolve-") as temp:
         workdir = Path(temp)
@@ -242,6 +281,7 @@ def resolve(requirements: RequirementSet, target: Target, arch: Arch, cache: Cac
             raise _failure(result.stderr, requirements, target, arch)
         pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
         packages, provided = _packages(tomllib.loads(pylock), target)
+    cache.put_record("resolution", key, {"at": time.time(), "built": built, "pylock": pylock})
     return Resolution(arch, packages, provided, tuple(built), pylock)
 
 

@@ -79,7 +79,7 @@ def test_refusals_name_file_and_line(tmp_path: Path, line: str, fragment: str) -
 
 
 def test_missing_file_cycle_and_empty(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="nope.txt: cannot read requirements file"):
+    with pytest.raises(UserError, match=r"nope\.txt: cannot read requirements file"):
         read_requirements([tmp_path / "nope.txt"])
     write(tmp_path / "a.txt", "-r b.txt\n")
     write(tmp_path / "b.txt", "-r a.txt\n")

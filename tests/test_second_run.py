@@ -1,4 +1,4 @@
-"""A second run over the same input downloads nothing and parses no ELF file."""
+"""A second run over the same input resolves, downloads and parses nothing again."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import fetch, inspect
+from builder import fetch, inspect, resolve
 from builder.cache import Cache
 from builder.pipeline import Request, prepare
 from builder.target import shipped_profile
@@ -41,7 +41,12 @@ def test_second_run_is_served_from_the_cache(
         raise AssertionError(f"inspected a wheel again: {args[:1]}")
 
     monkeypatch.setattr(fetch, "_open", no_download)
+
+    def no_resolve(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ran the resolver again for an unchanged input")
+
     monkeypatch.setattr(inspect, "read_wheel", no_parse)
+    monkeypatch.setattr(resolve, "_uv_compile", no_resolve)
     second = prepare(request("second"))
     assert second.to_dict()["architectures"] == first.to_dict()["architectures"]
     assert (tmp_path / "second" / "Dockerfile").read_text() == (
