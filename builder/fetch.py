@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from importlib import resources
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -203,3 +205,18 @@ def build_pure_wheel(sdist: Path, sdist_sha256: str, cache: Cache) -> tuple[Path
 def uv_environment() -> Mapping[str, str]:
     """uv must never try to download an interpreter: it cannot reach one here."""
     return {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+
+
+def builder_pip(cache: Cache, indexes: Sequence[str]) -> Path:
+    """The pinned pip wheel the builder stage runs, from the cache or the index."""
+    pinned = tomllib.loads(
+        resources.files("builder.data").joinpath("builder-tools.toml").read_text()
+    )["pip"]
+    found = cache.find_blob(pinned["sha256"], pinned["filename"])
+    if found:
+        return found
+    listed = {f.filename: f for f in index_files(indexes, "pip")}
+    if pinned["filename"] not in listed:
+        raise UserError(f"{pinned['filename']}: the builder's pinned pip is not on the index")
+    url = listed[pinned["filename"]].url
+    return download(RemoteFile(pinned["filename"], url, pinned["sha256"]), cache, indexes)

@@ -6,19 +6,16 @@ Each step is its own module; this file only sequences them and fans out per arch
 from __future__ import annotations
 
 import sys
-import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import docker
 
 from builder.build import build_image
 from builder.cache import Cache
-from builder.errors import UserError
-from builder.fetch import RemoteFile, download, download_all, index_files
+from builder.fetch import builder_pip, download_all
 from builder.inspect import inspect_wheels
 from builder.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
 from builder.probe import base_problems, probe_base, profile_differences
@@ -50,21 +47,6 @@ class Request:
     cache: Cache
     secrets: Secrets = field(default_factory=Secrets)
     refresh: bool = False  # resolve again even if an identical resolution is cached
-
-
-def builder_pip(cache: Cache, indexes: Sequence[str]) -> Path:
-    """The pinned pip wheel the builder stage runs, from the cache or the index."""
-    pinned = tomllib.loads(
-        resources.files("builder.data").joinpath("builder-tools.toml").read_text()
-    )["pip"]
-    found = cache.find_blob(pinned["sha256"], pinned["filename"])
-    if found:
-        return found
-    listed = {f.filename: f for f in index_files(indexes, "pip")}
-    if pinned["filename"] not in listed:
-        raise UserError(f"{pinned['filename']}: the builder's pinned pip is not on the index")
-    url = listed[pinned["filename"]].url
-    return download(RemoteFile(pinned["filename"], url, pinned["sha256"]), cache, indexes)
 
 
 def base_reference(base: BaseProfile) -> str:

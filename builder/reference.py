@@ -10,7 +10,6 @@ hash-checked, and put into a temporary build context with a pip requirements loc
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -26,8 +25,9 @@ from packaging.utils import canonicalize_name
 from builder.build import build_image
 from builder.cache import Cache, default_root
 from builder.errors import UserError
-from builder.fetch import RemoteFile, download_all
+from builder.fetch import RemoteFile, builder_pip, download_all
 from builder.plan import choose_wheel
+from builder.render import place
 from builder.resolve import LockedPackage
 from builder.target import Target, arch_named, shipped_profile
 
@@ -108,28 +108,17 @@ def requirements_lock(wheels: tuple[ChosenWheel, ...]) -> str:
     return "".join(f"{w.name}=={w.version} --hash=sha256:{w.file.sha256}\n" for w in wheels)
 
 
-def _place(source: Path, destination: Path) -> None:
-    """Hard-link from the cache when possible, copy otherwise."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, destination)
-    except OSError:
-        shutil.copyfile(source, destination)
-
-
 def assemble_context(
     context: Path, *, arch: str, cache: Cache, indexes: tuple[str, ...] = ()
 ) -> None:
     """Write Dockerfile, server.py, pip, wheels and the pip lock for `arch` into `context`."""
-    from builder.pipeline import builder_pip  # the whole pipeline is not needed to read locks
-
     wheels = chosen_wheels(arch)
     paths = download_all([w.file for w in wheels], cache, indexes)
     shutil.copyfile(DOCKERFILE, context / "Dockerfile")
     shutil.copyfile(SERVER, context / "server.py")
-    _place(builder_pip(cache, indexes), context / CONTEXT_PIP)
+    place(builder_pip(cache, indexes), context / CONTEXT_PIP)
     for wheel in wheels:
-        _place(paths[wheel.file.sha256], context / CONTEXT_WHEELS / wheel.file.filename)
+        place(paths[wheel.file.sha256], context / CONTEXT_WHEELS / wheel.file.filename)
     (context / CONTEXT_LOCK).write_text(requirements_lock(wheels))
 
 

@@ -94,7 +94,7 @@ def lock_text(plan: Plan, arch: str) -> str:
     )
 
 
-def _place(source: Path, destination: Path) -> None:
+def place(source: Path, destination: Path) -> None:
     """Hard-link from the cache when possible (instant, no space), copy otherwise."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -117,14 +117,14 @@ def render(
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         (staging / "Dockerfile").write_text(dockerfile(plan, pip_wheel.name, secrets))
-        _place(pip_wheel, staging / TOOLS_DIR / pip_wheel.name)
+        place(pip_wheel, staging / TOOLS_DIR / pip_wheel.name)
         for arch in plan.arches:
             (staging / f"requirements-{arch.arch}.lock").write_text(lock_text(plan, arch.arch))
             (staging / f"pylock.{arch.arch}.toml").write_text(pylocks[arch.arch])
             wheel_dir = staging / "wheels" / arch.arch
             wheel_dir.mkdir(parents=True)
             for wheel in arch.wheels:
-                _place(wheels[wheel.sha256], wheel_dir / wheel.filename)
+                place(wheels[wheel.sha256], wheel_dir / wheel.filename)
         (staging / "report.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
         staging.chmod(0o755)
         _swap(staging, output)

@@ -21,11 +21,11 @@ import functools
 import json
 import os
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from registryhelp import NO_PROXY_OPENER
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKER_SOCK = "unix:///var/run/docker.sock"  # default when the test-env file names none
@@ -41,10 +41,6 @@ def unavailable(reason: str) -> None:
     if in_ci():
         pytest.fail(f"{reason} (CI=true: failing instead of skipping)", pytrace=False)
     pytest.skip(f"{reason}; {SETUP_HINT}")
-
-
-# Loopback only: never route test traffic through an HTTP(S)_PROXY from the environment.
-NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _test_env_path() -> Path:

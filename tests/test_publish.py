@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import io
-import json
 import re
 import tarfile
-import urllib.error
-import urllib.request
 import uuid
 
 import docker
 import docker.errors
 import pytest
+from registryhelp import CREDENTIAL_VARS, registry_get, registry_tags
 
 from builder.errors import UserError
 from builder.publish import (
@@ -22,23 +20,6 @@ from builder.publish import (
     registry_credentials,
     registry_host,
 )
-
-NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-MANIFEST_TYPES = ", ".join(
-    [
-        "application/vnd.docker.distribution.manifest.v2+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.oci.image.index.v1+json",
-    ]
-)
-CREDENTIAL_VARS = (
-    "BSI_REGISTRY_USER",
-    "BSI_REGISTRY_PASSWORD",
-    "REGISTRY_USERNAME",
-    "REGISTRY_PASSWORD",
-)
-
 
 # --- naming -------------------------------------------------------------------------------------
 
@@ -147,24 +128,6 @@ def tiny_image(docker_client: docker.DockerClient):
     image_id = build_tiny_image(docker_client, local)
     yield image_id, local
     docker_client.images.remove(image_id, force=True)
-
-
-def registry_get(registry, path: str) -> urllib.request.addinfourl:
-    request = urllib.request.Request(
-        f"http://{registry.host}{path}",
-        headers={"Authorization": registry.auth_header(), "Accept": MANIFEST_TYPES},
-    )
-    return NO_PROXY_OPENER.open(request, timeout=10)
-
-
-def registry_tags(registry, repo: str) -> list[str]:
-    """The tags the registry holds for `repo` (none when it has never seen the repository)."""
-    try:
-        with registry_get(registry, f"/v2/{repo}/tags/list") as response:
-            return json.load(response).get("tags") or []
-    except urllib.error.HTTPError as exc:
-        assert exc.code == 404, exc
-        return []
 
 
 def local_image(client: docker.DockerClient, ref: str) -> str | None:

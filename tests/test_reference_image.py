@@ -180,8 +180,11 @@ def failed_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("FAIL ")]
 
 
-def no_verify_containers_left(docker_client) -> bool:
-    return not docker_client.containers.list(all=True, filters={"label": LABEL})
+def no_verify_containers_left(docker_client, image: str) -> bool:
+    """No verify container of `image` remains (other images' runs may be going on)."""
+    image_id = docker_client.images.get(image).id
+    containers = docker_client.containers.list(all=True, filters={"label": LABEL})
+    return not [c for c in containers if c.attrs["Image"] == image_id]
 
 
 @pytest.mark.engine
@@ -225,7 +228,7 @@ def test_verify_passes_on_the_reference_image(reference_image, docker_client, tm
     names = {check["name"] for check in report["checks"]}
     assert names >= CONTRACT_NAMES
     assert {"import requests", "import pandas", "import pydantic", "import dateutil"} <= names
-    assert no_verify_containers_left(docker_client)
+    assert no_verify_containers_left(docker_client, reference_image)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +269,7 @@ def test_verify_fails_on_a_server_whose_timeout_exits_1(derived_images, docker_c
     assert any(line.split()[1] == "timeout" for line in failed), result.stdout
     assert "exit_code 1" in next(line for line in failed if line.split()[1] == "timeout")
     assert "timeout" in result.stderr
-    assert no_verify_containers_left(docker_client)
+    assert no_verify_containers_left(docker_client, "bsi-reference-timeout1:test")
 
 
 @pytest.mark.engine
@@ -276,7 +279,7 @@ def test_verify_fails_on_an_image_that_runs_as_root(derived_images, docker_clien
     failed = {line.split()[1] for line in failed_lines(result.stdout)}
     assert {"image-user", "deps-extra-readonly"} <= failed, result.stdout
     assert "image-user" in result.stderr
-    assert no_verify_containers_left(docker_client)
+    assert no_verify_containers_left(docker_client, "bsi-reference-root:test")
 
 
 @pytest.mark.engine
@@ -285,7 +288,7 @@ def test_verify_fails_on_an_image_without_a_server(test_env, docker_client):
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert {c["name"] for c in report["checks"] if not c["passed"]} >= {"health"}
-    assert no_verify_containers_left(docker_client)
+    assert no_verify_containers_left(docker_client, test_env["base_image"])
 
 
 @pytest.mark.engine
@@ -301,4 +304,4 @@ def test_verify_names_a_failing_import_and_snippet(reference_image, docker_clien
     failed = {" ".join(line.split()[1:3]) for line in failed_lines(result.stdout)}
     assert failed == {"import no_such_module_bsi", "check 2"}, result.stdout
     assert "PASS  import json" in result.stdout
-    assert no_verify_containers_left(docker_client)
+    assert no_verify_containers_left(docker_client, reference_image)

@@ -36,6 +36,7 @@ import docker.errors
 import pytest
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
+from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER, registry_get, registry_tags
 from ruamel.yaml import YAML
 
 from builder.build import build_image
@@ -46,21 +47,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
-NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-MANIFEST_TYPES = ", ".join(
-    [
-        "application/vnd.docker.distribution.manifest.v2+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.oci.image.index.v1+json",
-    ]
-)
-CREDENTIAL_VARS = (
-    "BSI_REGISTRY_USER",
-    "BSI_REGISTRY_PASSWORD",
-    "REGISTRY_USERNAME",
-    "REGISTRY_PASSWORD",
-)
 EXAMPLE_IMAGE = "registry.example.com/platform/python-sandbox:3.13-slim-trixie-x000000000000"
 DIGEST = r"sha256:[0-9a-f]{64}"
 CLI_TIMEOUT = 600
@@ -68,24 +54,6 @@ CONFLICT_PIN = "4.12.0"  # beautifulsoup4 in runtime:v3-conflict; the extras wan
 
 
 # --- registry and engine helpers ----------------------------------------------------------------
-
-
-def registry_get(registry, path: str):
-    request = urllib.request.Request(
-        f"http://{registry.host}{path}",
-        headers={"Authorization": registry.auth_header(), "Accept": MANIFEST_TYPES},
-    )
-    return NO_PROXY_OPENER.open(request, timeout=10)
-
-
-def registry_tags(registry, repo: str) -> list[str]:
-    """The tags the registry holds for `repo` (none when it has never seen the repository)."""
-    try:
-        with registry_get(registry, f"/v2/{repo}/tags/list") as response:
-            return sorted(json.load(response).get("tags") or [])
-    except urllib.error.HTTPError as exc:
-        assert exc.code == 404, exc
-        return []
 
 
 def blob_status(registry, repo: str, digest: str) -> int:

@@ -1,0 +1,58 @@
+"""Helpers for tests that talk to the local test registry directly over its HTTP API."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.request
+from typing import Protocol
+
+# Loopback only: never route test traffic through an HTTP(S)_PROXY from the environment.
+NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+# Accept header for manifest requests: every manifest and index type a registry may serve.
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.oci.image.index.v1+json",
+    ]
+)
+
+# Environment variables the builder reads push credentials from.
+CREDENTIAL_VARS = (
+    "BSI_REGISTRY_USER",
+    "BSI_REGISTRY_PASSWORD",
+    "REGISTRY_USERNAME",
+    "REGISTRY_PASSWORD",
+)
+
+
+class RegistryLike(Protocol):
+    """What these helpers need of the `registry` fixture (conftest's `Registry`)."""
+
+    @property
+    def host(self) -> str: ...
+
+    def auth_header(self) -> str: ...
+
+
+def registry_get(registry: RegistryLike, path: str) -> http.client.HTTPResponse:
+    """GET `path` from the registry with the test credentials; raises HTTPError on 4xx/5xx."""
+    request = urllib.request.Request(
+        f"http://{registry.host}{path}",
+        headers={"Authorization": registry.auth_header(), "Accept": MANIFEST_TYPES},
+    )
+    return NO_PROXY_OPENER.open(request, timeout=10)
+
+
+def registry_tags(registry: RegistryLike, repo: str) -> list[str]:
+    """The tags the registry holds for `repo`, sorted; none if it has never seen the repository."""
+    try:
+        with registry_get(registry, f"/v2/{repo}/tags/list") as response:
+            return sorted(json.load(response).get("tags") or [])
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 404, exc
+        return []
