@@ -35,6 +35,18 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+class _HashingWriter:
+    """Hashes what passes through, so a streamed download is never read back to check it."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.handle.write(data)
+
+
 @dataclass(frozen=True)
 class Cache:
     root: Path
@@ -54,8 +66,9 @@ class Cache:
         fd, temp = tempfile.mkstemp(dir=final.parent, prefix=".partial-")
         try:
             with os.fdopen(fd, "wb") as handle:
-                yield handle
-            actual = sha256_of(Path(temp))
+                hashing = _HashingWriter(handle)
+                yield hashing  # type: ignore[misc]
+            actual = hashing.digest.hexdigest()
             if actual != sha256:
                 raise ValueError(f"{filename}: sha256 {actual} does not match the lock ({sha256})")
             os.chmod(temp, 0o644)  # build contexts hard-link blobs; builders must read them

@@ -205,7 +205,7 @@ def deliver(
             checks=plan.runtime_checks,
             client=client,
         )
-        image_record["verified"] = outcome.verification.passed
+        image_record["verification"] = outcome.verification.to_dict()
         if not outcome.verification.passed:
             update_report(request.output, {"image": image_record})
             return outcome

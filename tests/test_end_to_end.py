@@ -75,6 +75,12 @@ def bs4_image(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "PASS  import bs4" in result.stdout
     assert "FAIL" not in result.stdout
+    image = json.loads((tmp_path / "context" / "report.json").read_text())["image"]
+    assert image["tag"] == "bsi-e2e/bs4:test"
+    assert image["verification"]["passed"] is True
+    assert {"import bs4", "timeout", "traversal"} <= {
+        c["name"] for c in image["verification"]["checks"]
+    }
     yield "bsi-e2e/bs4:test"
     docker(test_env, "rmi", "-f", "bsi-e2e/bs4:test", check=False)
 

@@ -355,9 +355,11 @@ def test_rebuild_to_a_new_platform_version(world: World, first_build) -> None:
     ]
 
     # --check: a rebuild is needed (exit 3), and what would change; nothing is touched.
+    # v2 is not on the engine: the probe pulls it with the environment's credentials alone.
     check = world.run(
-        "rebuild", "--config", str(world.config), "--platform-version", "v2", "--check"
-    )
+        "rebuild", "--config", str(world.config), "--platform-version", "v2", "--check",
+        docker_config=world.no_login, env_credentials=True,
+    )  # fmt: skip
     assert check.returncode == 3, explain(check)
     assert "changes since the last build:" in check.stdout
     for line in expected:
