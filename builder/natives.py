@@ -8,10 +8,10 @@ like the loader would once it is loaded. What is left must come from the base or
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from builder.debian import split_symbol_version
 from builder.elf import ElfFile
 from builder.inspect import WheelInspection
 from builder.target import ARCHES
@@ -19,7 +19,6 @@ from builder.target import ARCHES
 ORIGIN_TOKENS = ("${ORIGIN}", "$ORIGIN")
 KERNEL_PROVIDED = ("linux-vdso", "linux-gate")  # mapped by the kernel, never a file
 LOADER_MACHINES = {arch.loader: arch.machine for arch in ARCHES.values()}
-VERSION_NAME = re.compile(r"(?P<prefix>[A-Z][A-Z0-9_]*?)_(?P<number>\d+(?:\.\d+)*)")
 
 # How a DT_NEEDED entry is satisfied.
 BY_RPATH = "rpath"  # found in a directory of the file's RPATH/RUNPATH inside the tree
@@ -131,10 +130,6 @@ def external_needs(
     )
 
 
-def _version_tuple(number: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in number.split("."))
-
-
 def _newer(wanted: tuple[int, ...], maximum: tuple[int, ...]) -> bool:
     # Pad so that GLIBC_2.41 equals a maximum of (2, 41, 0).
     width = max(len(wanted), len(maximum))
@@ -154,10 +149,10 @@ def symbol_problems(
     problems = set()
     for label, elf in files:
         for library, version in elf.version_needs:
-            match = VERSION_NAME.fullmatch(version)
-            if library in shipped or match is None or match["prefix"] not in maxima:
+            split = split_symbol_version(version)
+            if library in shipped or split is None or split[0] not in maxima:
                 continue
-            maximum = tuple(maxima[match["prefix"]])
-            if _newer(_version_tuple(match["number"]), maximum):
+            maximum = tuple(maxima[split[0]])
+            if _newer(split[1], maximum):
                 problems.add(SymbolProblem(label, library, version, ".".join(map(str, maximum))))
     return tuple(sorted(problems, key=lambda p: (p.path, p.library, p.version)))

@@ -38,10 +38,6 @@ class Arch:
         # uv's newest manylinux target is 2_40; glibc 2.41 adds no wheel tag in use.
         return f"{self.machine}-manylinux_2_40"
 
-    @property
-    def oci_platform(self) -> str:
-        return f"linux/{self.name}"
-
     def platforms(self) -> list[str]:
         """Wheel platform tags the target accepts, most specific first."""
         tags = []
