@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from collections.abc import Callable
@@ -18,9 +19,11 @@ from builder.errors import UserError
 from builder.pipeline import Delivery, Outcome, Request, base_profile, deliver, prepare
 from builder.plan import Plan
 from builder.probe import engine_client
+from builder.reference import build_base
 from builder.render import Secrets
 from builder.target import ARCHES, shipped_profile
 from builder.upgrade import changes, load_state, save_state, state_of
+from builder.verify import verify_image
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = Path("sandbox-image")
@@ -302,8 +305,8 @@ def show_outcome(outcome: Outcome) -> None:
     if outcome.verification is not None:
         click.echo(outcome.verification.table())
         if not outcome.verification.passed:
-            failed = [check.name for check in outcome.verification.checks if not check.passed]
-            raise UserError(f"verification of {outcome.tag} failed: {', '.join(failed)}")
+            failed = ", ".join(check.name for check in outcome.verification.failed)
+            raise UserError(f"verification of {outcome.tag} failed: {failed}")
     if outcome.pushed:
         click.echo(f"pushed: {outcome.pushed.reference}")
     if outcome.template_change:
@@ -341,10 +344,6 @@ def verify_command(
     as_json: bool,
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
-    import json
-
-    from builder.verify import verify_image
-
     report = verify_image(image, modules=modules, checks=snippets, requirements=requirements)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
@@ -366,8 +365,6 @@ def verify_command(
 @reports_errors
 def base_command(tag: str, base_image: str, arch: str, cache_dir: Path | None) -> None:
     """Build the reference runtime base (Dockerfile.base) on the local engine."""
-    from builder.reference import build_base
-
     image_id = build_base(
         tag, base_image=base_image, arch=arch, cache=Cache(cache_dir or default_root())
     )

@@ -154,7 +154,7 @@ def engine_client() -> docker.DockerClient | None:
 
 def probe_base(image: str, client: docker.DockerClient, cache: Cache) -> BaseProfile:
     """The profile of the real base `image`; one container per image id, then cached."""
-    found = _local_image(image, client)
+    found = local_image(image, client)
     image_id = found.id
     key = image_id.removeprefix("sha256:")
     record = cache.get_record("probe", key)
@@ -169,7 +169,7 @@ def probe_base(image: str, client: docker.DockerClient, cache: Cache) -> BasePro
     return _profile(image, record["facts"], config, _repo_digest(image, found), image_id)
 
 
-def _local_image(image: str, client: docker.DockerClient) -> Any:
+def local_image(image: str, client: docker.DockerClient) -> Any:
     """The image to probe: the local one, unless its registry now names something newer.
 
     A platform may re-push a tag; a long-lived runner holding the old image must not plan

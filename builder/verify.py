@@ -42,7 +42,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import docker
+import docker.errors
+
 from builder.errors import UserError
+from builder.probe import engine_client, local_image
 
 SANDBOX_UID = 65532
 PORT = 8888
@@ -692,34 +696,7 @@ def check_snippet(sandbox: Sandbox, snippet: str) -> str:
 # --- running the image -----------------------------------------------------------------------
 
 
-def docker_client() -> Any:
-    import docker
-    import docker.errors
-
-    try:
-        client = docker.from_env(timeout=300)
-        client.ping()
-    except docker.errors.DockerException as error:
-        raise UserError(f"Docker engine not reachable: {error}") from None
-    return client
-
-
-def _image(client: Any, image: str) -> Any:
-    import docker.errors
-
-    try:
-        return client.images.get(image)
-    except docker.errors.ImageNotFound:
-        pass
-    try:
-        return client.images.pull(image)
-    except docker.errors.DockerException as error:
-        raise UserError(
-            f"{image}: not on the local engine and cannot be pulled ({error})"
-        ) from None
-
-
-def create_container(client: Any, image: str) -> Any:
+def create_container(client: docker.DockerClient, image: str) -> Any:
     """Create `image` hardened, like the platform's pods: the caller starts and removes it."""
     return client.containers.create(
         image,
@@ -776,19 +753,19 @@ def verify_image(
     modules: Sequence[str] = (),
     checks: Sequence[str] = (),
     requirements: Path | None = None,
-    client: Any = None,
+    client: docker.DockerClient | None = None,
     startup_timeout: float = STARTUP_TIMEOUT,
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets."""
-    import docker.errors
-
     distributions = requirement_names(requirements) if requirements else []
     own_client = client is None
-    client = client or docker_client()
+    client = client or engine_client()
+    if client is None:
+        raise UserError("Docker engine not reachable: verify runs the image on it")
     report = VerifyReport(image)
     container = None
     try:
-        found = _image(client, image)
+        found = local_image(image, client)
         report.checks.append(image_user_check(found.attrs.get("Config", {}).get("User") or ""))
         try:
             container = create_container(client, image)
@@ -837,7 +814,5 @@ def verify_image(
 
 
 def _remove(container: Any) -> None:
-    import docker.errors
-
     with contextlib.suppress(docker.errors.NotFound):
         container.remove(force=True, v=True)

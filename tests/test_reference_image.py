@@ -150,7 +150,7 @@ def test_verify_command_exit_codes(monkeypatch):
         "bad": VerifyReport("bad", [Check("health", True, "ok"), Check("uid", False, "uid 0")]),
     }
     monkeypatch.setattr(
-        "builder.verify.verify_image", lambda image, **kwargs: reports[image], raising=True
+        "builder.cli.verify_image", lambda image, **kwargs: reports[image], raising=True
     )
     runner = CliRunner()
     result = runner.invoke(cli.main, ["verify", "good"])
