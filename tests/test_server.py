@@ -7,10 +7,8 @@ import http.client
 import json
 import os
 import secrets
-import selectors
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -21,52 +19,11 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-
-SERVER = Path(__file__).resolve().parents[1] / "builder" / "runtime" / "server.py"
-# The interpreter that runs the server: images use 3.13; CI may point this at one.
-SERVER_PYTHON = os.environ.get("SANDBOX_SERVER_PYTHON", sys.executable)
+from sandboxserver import ServerProcess, multipart, proc_stat, processes_with
 
 
-class Sandbox:
-    """A server subprocess on a free loopback port, plus a tiny HTTP client for it."""
-
-    def __init__(
-        self,
-        workspace: Path,
-        *flags: str,
-        env: dict[str, str] | None = None,
-        prefix: tuple[str, ...] = (),
-    ) -> None:
-        self.workspace = workspace
-        self.log = workspace.parent / f"server-{secrets.token_hex(4)}.log"
-        argv = [*prefix, SERVER_PYTHON, "-I", str(SERVER), "--host", "127.0.0.1", "--port", "0"]
-        argv += ["--workspace", str(workspace), *flags]
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=log, env=env or dict(os.environ)
-            )
-        assert self.proc.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.proc.stdout, selectors.EVENT_READ)
-            assert selector.select(15), "server did not report its port"
-        line = self.proc.stdout.readline().decode()
-        assert line.startswith("listening on 127.0.0.1:"), line
-        self.port = int(line.rsplit(":", 1)[1])
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            response = conn.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            conn.close()
+class Sandbox(ServerProcess):
+    """The server with JSON, upload and execute helpers for the contract tests."""
 
     def json(self, method: str, path: str, payload: Any = None) -> tuple[int, Any]:
         body = None if payload is None else json.dumps(payload).encode()
@@ -83,47 +40,10 @@ class Sandbox:
         status, _, raw = self.request("POST", "/upload", body, {"Content-Type": content_type})
         return status, json.loads(raw)
 
-    def raw(self, data: bytes) -> bytes:
-        """Send bytes as they are on a fresh socket and return whatever comes back."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
-            sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
-            chunks = []
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=10)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            assert self.proc.stdout is not None
-            self.proc.stdout.close()
-
-
-def multipart(filename: str, data: bytes, field: str = "file") -> tuple[bytes, str]:
-    """A multipart/form-data body the way urllib3 2 (requests) encodes a file field."""
-    boundary = secrets.token_hex(16)
-    safe = filename.translate({10: "%0A", 13: "%0D", 34: "%22"})
-    head = f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{safe}"\r\n'
-    head += "Content-Type: application/octet-stream\r\n\r\n"
-    body = head.encode() + data + f"\r\n--{boundary}--\r\n".encode()
-    return body, f"multipart/form-data; boundary={boundary}"
-
 
 def enc(path: str) -> str:
     """Percent-encode a path the way the upstream client does (``/`` becomes ``%2F``)."""
     return quote(path, safe="")
-
-
-def proc_stat(pid: int | str) -> tuple[str, int]:
-    """(state, parent pid) of a process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return fields[0], int(fields[1])
 
 
 def children(parent: int) -> list[tuple[int, str]]:
@@ -135,22 +55,6 @@ def children(parent: int) -> list[tuple[int, str]]:
                 state, ppid = proc_stat(entry.name)
                 if ppid == parent:
                     found.append((int(entry.name), state))
-    return found
-
-
-def processes_with(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose command line contains ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = proc_stat(entry.name)[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
     return found
 
 

@@ -14,11 +14,7 @@ import json
 import os
 import random
 import secrets
-import selectors
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -30,10 +26,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from sandboxserver import ServerProcess, multipart, processes_with
 
-SERVER = Path(__file__).resolve().parents[1] / "builder" / "runtime" / "server.py"
-# The interpreter that runs the server: images use 3.13; CI may point this at one.
-SERVER_PYTHON = os.environ.get("SANDBOX_SERVER_PYTHON", sys.executable)
 SEED = 20240611
 PATH_COUNT = 10_000
 ALLOWED = {200, 400, 403, 404, 405, 409, 413}  # 409: a delete raced a concurrent upload
@@ -42,83 +36,27 @@ SECRET = f"CANARY-{secrets.token_hex(12)}"
 INNER = f"inner-{secrets.token_hex(6)}.txt"  # a name only a listing of the canary dir reveals
 
 
-class Server:
+class Server(ServerProcess):
     """The server as a subprocess; each client thread keeps one keep-alive connection."""
 
-    def __init__(self, workspace: Path, log: Path, *flags: str) -> None:
-        self.log = log
-        argv = [SERVER_PYTHON, "-I", str(SERVER), "--host", "127.0.0.1", "--port", "0"]
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [*argv, "--workspace", str(workspace), *flags], stdout=subprocess.PIPE, stderr=log
-            )
-        assert self.proc.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.proc.stdout, selectors.EVENT_READ)
-            assert selector.select(15), "server did not report its port"
-        self.port = int(self.proc.stdout.readline().decode().rsplit(":", 1)[1])
+    def __init__(self, workspace: Path, *flags: str, log: Path) -> None:
+        super().__init__(workspace, *flags, log=log)
         self._local = threading.local()
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, bytes]:
-        conn = getattr(self._local, "conn", None)
+    def connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            response = conn.getresponse()
-            data = response.read()
-        except (http.client.HTTPException, OSError):
-            conn.close()
-            raise
+            conn = self._local.conn = super().connection()
+        return conn
+
+    def release(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
         if response.will_close:
             conn.close()
-        return response.status, data
 
     def execute(self, payload: dict[str, Any]) -> dict[str, Any]:
-        status, body = self.request("POST", "/execute", json.dumps(payload).encode())
+        status, _, body = self.request("POST", "/execute", json.dumps(payload).encode())
         assert status == 200, body
         return json.loads(body)
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=10)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            assert self.proc.stdout is not None
-            self.proc.stdout.close()
-
-
-def multipart(filename: str, data: bytes) -> tuple[bytes, str]:
-    """A file field the way urllib3 2 encodes it (CR, LF and quote percent-escaped)."""
-    boundary = secrets.token_hex(16)
-    safe = filename.translate({10: "%0A", 13: "%0D", 34: "%22"})
-    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{safe}"\r\n\r\n'
-    body = head.encode() + data + f"\r\n--{boundary}--\r\n".encode()
-    return body, f"multipart/form-data; boundary={boundary}"
-
-
-def processes_with(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose command line contains ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def snapshot(root: Path, skip: Path) -> dict[str, str]:
@@ -249,7 +187,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Layout:
 @pytest.fixture(scope="module")
 def server(layout: Layout, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("fuzzlog") / "server.log"  # outside the watched tree
-    running = Server(layout.workspace, log, "--max-upload", "65536")
+    running = Server(layout.workspace, "--max-upload", "65536", log=log)
     yield running
     assert running.stop() == 0
     assert b"Traceback" not in running.log.read_bytes()
@@ -257,15 +195,18 @@ def server(layout: Layout, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def send(server: Server, op: str, path: str) -> tuple[int, bytes]:
     if op == "upload":
-        body, content_type = multipart(f"{path}{TOKEN}", b"fuzz")
-        return server.request("POST", "/upload", body, {"Content-Type": content_type})
+        # No Content-Type header on the part itself, unlike the contract tests' uploads.
+        body, content_type = multipart(f"{path}{TOKEN}", b"fuzz", content_type=None)
+        status, _, data = server.request("POST", "/upload", body, {"Content-Type": content_type})
+        return status, data
     method, route = {
         "download": ("GET", "download"),
         "list": ("GET", "list"),
         "exists": ("GET", "exists"),
         "delete": ("DELETE", "files"),
     }[op]
-    return server.request(method, f"/{route}/{to_url(path)}")
+    status, _, data = server.request(method, f"/{route}/{to_url(path)}")
+    return status, data
 
 
 def test_hostile_paths_never_escape(server: Server, layout: Layout) -> None:
@@ -319,12 +260,7 @@ def test_raw_garbage_never_crashes(server: Server) -> None:
         junk = bytes(rng.choice(alphabet) for _ in range(rng.randint(1, 200)))
         if rng.random() < 0.5:
             junk = rng.choice([b"GET /", b"POST /execute", b"DELETE /files/"]) + junk
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            sock.sendall(junk + b"\r\n\r\n")
-            sock.shutdown(socket.SHUT_WR)
-            reply = b""
-            while chunk := sock.recv(65536):
-                reply += chunk
+        reply = server.raw(junk + b"\r\n\r\n")
         if reply:
             code = int(reply.split(b" ", 2)[1])
             codes[code] += 1
@@ -377,4 +313,5 @@ def test_concurrent_executes_complete(server: Server) -> None:
 
 
 def test_health_after_everything(server: Server) -> None:
-    assert server.request("GET", "/") == (200, b'{"status": "ok"}')
+    status, _, body = server.request("GET", "/")
+    assert (status, body) == (200, b'{"status": "ok"}')
