@@ -21,7 +21,7 @@ from builder.plan import Plan
 from builder.probe import engine_client
 from builder.reference import build_base
 from builder.render import Secrets
-from builder.target import ARCHES, shipped_profile
+from builder.target import ARCHES
 from builder.upgrade import changes, load_state, save_state, state_of
 from builder.verify import verify_image
 
@@ -201,9 +201,7 @@ def main(
         requirement_files=requirements,
         constraint_files=constraints,
         arches=arches or ("amd64",),
-        base=base_profile(base_image, client, cache, say=note)
-        if client
-        else shipped_profile(base_image),
+        base=base_profile(base_image, client, cache, say=note),
         output=output,
         cache=cache,
         secrets=Secrets(apt_ca=apt_ca_bundle is not None, apt_auth=apt_auth is not None),

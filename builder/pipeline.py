@@ -15,6 +15,7 @@ import docker
 
 from builder.build import build_image
 from builder.cache import Cache
+from builder.errors import UserError
 from builder.fetch import builder_pip, download_all
 from builder.inspect import inspect_wheels
 from builder.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
@@ -27,6 +28,7 @@ from builder.publish import (
     registry_credentials,
     registry_host,
 )
+from builder.registry import probe_registry
 from builder.render import Secrets, lock_text, render, update_report
 from builder.requirements import read_requirements
 from builder.resolve import Resolution, resolve
@@ -107,12 +109,23 @@ def prepare(request: Request) -> Plan:
 def base_profile(
     image: str | None, client: docker.DockerClient | None, cache: Cache, say: Say
 ) -> BaseProfile:
-    """Probe the real base when the engine can reach it; the shipped profile is the fallback."""
+    """The real base's facts: through the engine, else through its registry.
+
+    The shipped profile is only the offline fallback: for a base that names no registry, or
+    whose registry cannot be reached without an engine.
+    """
     shipped = shipped_profile(image)
-    if client is None:
-        say(f"no Docker engine reachable: planning against the {shipped.source}")
+    if client is not None:
+        probed = probe_base(image or shipped.image, client, cache)
+    elif image and registry_host(image) != "docker.io":
+        try:
+            probed = probe_registry(image, cache)
+        except UserError as error:
+            say(f"note: {error}; planning against the {shipped.source}")
+            return shipped
+    else:
+        say(f"note: no engine probe; planning against the {shipped.source}")
         return shipped
-    probed = probe_base(image or shipped.image, client, cache)
     for line in profile_differences(shipped_profile(), probed):
         say(f"note: base differs from the shipped reference profile: {line}")
     for problem in base_problems(probed):

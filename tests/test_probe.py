@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import docker.models.containers
 import pytest
+from wheelfactory import compile_so
 
 from builder.cache import Cache
 from builder.debian import packages_providing
@@ -28,7 +29,6 @@ from builder.probe import (
     profile_differences,
 )
 from builder.target import ARCHES, BaseProfile, shipped_profile
-from tests.wheelfactory import compile_so
 
 AMD64, ARM64 = ARCHES["amd64"], ARCHES["arm64"]
 
