@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from builder.errors import UserError
@@ -126,6 +127,10 @@ def render(
             for wheel in arch.wheels:
                 place(wheels[wheel.sha256], wheel_dir / wheel.filename)
         (staging / "report.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+        # hadolint finds it when run in the context; it justifies each ignored rule.
+        (staging / ".hadolint.yaml").write_text(
+            resources.files("builder.data").joinpath("hadolint.yaml").read_text()
+        )
         staging.chmod(0o755)
         _swap(staging, output)
     except BaseException:
