@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ruamel.yaml import YAML
 
 from builder.config import load_config, set_platform_version
 from builder.errors import UserError
@@ -93,3 +94,15 @@ def test_state_round_trip_and_bad_file(tmp_path: Path) -> None:
     path.write_text("{}")
     with pytest.raises(UserError, match="unreadable build state"):
         load_state(path)
+
+
+@pytest.mark.parametrize("name", ["github-actions.yml", "gitlab-ci.yml"])
+def test_ci_examples_run_the_rebuild_on_the_example_config(name: str) -> None:
+    path = REPO / "examples" / "ci" / name
+    document = YAML(typ="safe").load(path.read_text())
+    assert isinstance(document, dict)
+    text = path.read_text()
+    assert 'rebuild --config "$CONFIG" --platform-version' in text
+    assert "--check" in text
+    assert (REPO / "examples" / "build-sandbox-image.toml").exists()
+    assert "CONFIG: examples/build-sandbox-image.toml" in text
