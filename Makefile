@@ -2,7 +2,7 @@
 #   make test     set up the machine (scripts/setup-env.sh), then run the test suite.
 #                 PYTEST_ARGS passes arguments through, e.g. make test PYTEST_ARGS=tests/test_infra.py
 #   make example  build the example extension image into ./sandbox-image
-#   make lint     ruff check, ruff format --check, hadolint on Dockerfile.base, shellcheck
+#   make lint     ruff check, ruff format --check, mypy, hadolint on Dockerfile.base, shellcheck
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
@@ -37,6 +37,7 @@ example: setup
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	@files=$$(find . \( -path ./.venv -o -path ./build \) -prune -o -name Dockerfile.base -print); \
 	if [ -z "$$files" ]; then echo "hadolint: no Dockerfile.base: skipped"; fi; \
 	for f in $$files; do echo "hadolint $$f"; $(VENV)/bin/hadolint "$$f"; done

@@ -71,7 +71,7 @@ def _sonames_by_package(arch: Arch) -> Mapping[str, frozenset[str]]:
 def dynamic_loads() -> Mapping[str, DynamicLoad]:
     """The curated ctypes/cffi table, keyed by normalized distribution name."""
     table = tomllib.loads(_DATA.joinpath("ctypes.toml").read_text())
-    loads = {}
+    loads: dict[str, DynamicLoad] = {}
     for name, entry in table.items():
         distribution = canonicalize_name(name)
         loads[distribution] = DynamicLoad(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from elftools.elf.dynamic import DynamicSection, DynamicSegment
 from elftools.elf.elffile import ELFFile
@@ -67,30 +67,34 @@ def _dynamic(elf: ELFFile) -> DynamicSection | DynamicSegment | None:
     return None
 
 
-def read_elf(stream: BinaryIO, path: str) -> ElfFile:
+def read_elf(stream: IO[bytes], path: str) -> ElfFile:
     """Read the loader-relevant facts; raises elftools' ELFError on a malformed file."""
     elf = ELFFile(stream)
-    soname = None
+    soname: str | None = None
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
     dynamic = _dynamic(elf)
     if dynamic is not None:
+        # DynamicTag sets .needed/.soname/.rpath/.runpath with setattr for those tags only
+        # (the string-table value, a str), so pyelftools' annotations cannot declare them.
         for tag in dynamic.iter_tags():
             kind = tag.entry.d_tag
             if kind == "DT_NEEDED":
-                needed.append(tag.needed)
+                needed.append(tag.needed)  # type: ignore[attr-defined]
             elif kind == "DT_SONAME":
-                soname = tag.soname
+                soname = tag.soname  # type: ignore[attr-defined]
             elif kind == "DT_RPATH":
-                rpath.extend(entry for entry in tag.rpath.split(":") if entry)
+                rpath.extend(entry for entry in tag.rpath.split(":") if entry)  # type: ignore[attr-defined]
             elif kind == "DT_RUNPATH":
-                runpath.extend(entry for entry in tag.runpath.split(":") if entry)
+                runpath.extend(entry for entry in tag.runpath.split(":") if entry)  # type: ignore[attr-defined]
     versions: set[tuple[str, str]] = set()
     for section in elf.iter_sections("SHT_GNU_verneed"):
         if isinstance(section, GNUVerNeedSection):
             for verneed, auxiliaries in section.iter_versions():
-                versions.update((verneed.name, aux.name) for aux in auxiliaries)
+                library = verneed.name  # always set from vn_file for a verneed section
+                if library is not None:
+                    versions.update((library, aux.name) for aux in auxiliaries)
     machine = elf["e_machine"]
     return ElfFile(
         path=path,

@@ -243,8 +243,10 @@ def deliver(
             )
             image_record["template"] = str(delivery.template)
             outcome.notes.append(apply_hint(delivery.template))
-            outcome.notes += warm_pool_warnings(
-                (delivery.template, *delivery.warm_pools), outcome.template_change.template_name
-            )
+            template_name = outcome.template_change.template_name
+            if template_name:  # a template without metadata.name is one no warm pool can refer to
+                outcome.notes += warm_pool_warnings(
+                    (delivery.template, *delivery.warm_pools), template_name
+                )
     update_report(request.output, {"image": image_record})
     return outcome

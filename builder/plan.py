@@ -190,4 +190,5 @@ def runtime_checks(plans: Sequence[ArchPlan]) -> tuple[str, ...]:
     """Snippets from the run-time loading table for every installed distribution it lists."""
     loads = debian.dynamic_loads()
     names = {wheel.name for plan in plans for wheel in plan.wheels}
-    return tuple(loads[name].check for name in sorted(names) if name in loads and loads[name].check)
+    checks = (loads[name].check for name in sorted(names) if name in loads)
+    return tuple(check for check in checks if check)

@@ -346,12 +346,12 @@ def profile_differences(shipped: BaseProfile, probed: BaseProfile) -> list[str]:
             + ", ".join(f"{n} {new_dists[n]} (shipped {old_dists[n]})" for n in changed)
         )
     for arch in sorted(set(shipped.sonames) | set(probed.sonames)):
-        old = shipped.sonames.get(arch, frozenset())
-        new = probed.sonames.get(arch, frozenset())
-        if old - new:
-            lines.append(f"{arch}: {_count(old - new)} of the shipped profile missing")
-        if new - old:
-            lines.append(f"{arch}: {_count(new - old)} not in the shipped profile")
+        old_sonames = shipped.sonames.get(arch, frozenset())
+        new_sonames = probed.sonames.get(arch, frozenset())
+        if missing := old_sonames - new_sonames:
+            lines.append(f"{arch}: {_count(missing)} of the shipped profile missing")
+        if extra := new_sonames - old_sonames:
+            lines.append(f"{arch}: {_count(extra)} not in the shipped profile")
     return lines
 
 

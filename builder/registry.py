@@ -436,7 +436,7 @@ class Layers:
         """The same facts the engine probe's script prints, read from the merged layers."""
         status = self.entries.get(DPKG_STATUS)
         installed = _installed(status[1] if status and status[0] == "text" else "")
-        owned = set()
+        owned: set[str] = set()
         for path, entry in self.entries.items():
             if path.startswith(DPKG_INFO) and entry[0] == "text":
                 owned.update(self.realpath(p) for p in entry[1].splitlines())
@@ -583,15 +583,15 @@ def probe_registry(image: str, cache: Cache) -> BaseProfile:
     if record is None:
         top, digest = client.manifest(digest or ref.reference)
         record = _cached(cache, digest)  # a registry that gave no digest to the HEAD
-    if record is None:
-        record = {"version": RECORD_VERSION, "digest": digest, "arches": {}}
-        for arch, manifest in _platform_manifests(client, top):
-            record["arches"][arch.name] = _probe_manifest(client, manifest, arch)
-        if not record["arches"]:
-            raise UserError(
-                f"base image {image}: the registry has no linux/amd64 or linux/arm64 image"
-            )
-        cache.put_record(RECORD_KIND, digest.removeprefix("sha256:"), record)
+        if record is None:
+            record = {"version": RECORD_VERSION, "digest": digest, "arches": {}}
+            for arch, manifest in _platform_manifests(client, top):
+                record["arches"][arch.name] = _probe_manifest(client, manifest, arch)
+            if not record["arches"]:
+                raise UserError(
+                    f"base image {image}: the registry has no linux/amd64 or linux/arm64 image"
+                )
+            cache.put_record(RECORD_KIND, digest.removeprefix("sha256:"), record)
     return _profile(image, record)
 
 
@@ -622,13 +622,13 @@ def _platform_manifests(
         return
     config = client.json_blob(top["config"]["digest"])
     top = {**top, "_config": config}
-    arch = ARCHES.get(config.get("architecture") or "")
-    if arch is None:
+    config_arch = ARCHES.get(config.get("architecture") or "")
+    if config_arch is None:
         supported = ", ".join(ARCHES)
         raise UserError(
             f"base image {client.image} is {config.get('architecture')}; supported: {supported}"
         )
-    yield arch, top
+    yield config_arch, top
 
 
 def _probe_manifest(client: RegistryClient, manifest: dict[str, Any], arch: Arch) -> dict:

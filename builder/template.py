@@ -159,11 +159,16 @@ def _scalar(node: Node | None, key: str) -> str | None:
 def _template_document(path: Path, documents: list[Node | None]) -> MappingNode:
     """The one SandboxTemplate document of the file; refuses anything else with what it found."""
     found = []
-    templates = []
+    templates: list[MappingNode] = []
     for doc in documents:
         kind, api_version = _scalar(doc, "kind"), _scalar(doc, "apiVersion")
         found.append(f"kind: {kind or '(none)'}, apiVersion: {api_version or '(none)'}")
-        if kind == TEMPLATE_KIND and (api_version or "").startswith(f"{API_GROUP}/"):
+        # Only a mapping has scalars under keys, so a matching kind implies a MappingNode.
+        if (
+            isinstance(doc, MappingNode)
+            and kind == TEMPLATE_KIND
+            and (api_version or "").startswith(f"{API_GROUP}/")
+        ):
             templates.append(doc)
     if not templates:
         seen = "; ".join(found) if found else "an empty file"

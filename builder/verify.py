@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -708,7 +709,9 @@ def create_container(client: docker.DockerClient, image: str) -> Any:
             WORKSPACE: f"rw,nosuid,nodev,size=256m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755",
             "/tmp": "rw,nosuid,nodev,size=256m,mode=1777",
         },
-        ports={f"{PORT}/tcp": ("127.0.0.1", None)},
+        # Loopback, any free host port: docker-py sends HostPort "" for a None port, but its
+        # stubs allow only (address, int) tuples.
+        ports={f"{PORT}/tcp": ("127.0.0.1", None)},  # type: ignore[dict-item]
         pids_limit=1024,
         labels={LABEL: "1"},
     )
@@ -785,7 +788,7 @@ def verify_image(
             report.checks.append(Check("health", False, str(failure)))
             return report
         for name, function in CONTRACT:
-            report.checks.append(run_check(name, lambda f=function: f(sandbox)))
+            report.checks.append(run_check(name, partial(function, sandbox)))
         wanted = list(dict.fromkeys(modules))
         if distributions:
             try:
@@ -796,11 +799,11 @@ def verify_image(
             wanted += [module for module in derived if module not in wanted]
         for module in wanted:
             report.checks.append(
-                run_check(f"import {module}", lambda m=module: check_import(sandbox, m))
+                run_check(f"import {module}", partial(check_import, sandbox, module))
             )
         for number, snippet in enumerate(checks, start=1):
             report.checks.append(
-                run_check(f"check {number}", lambda s=snippet: check_snippet(sandbox, s))
+                run_check(f"check {number}", partial(check_snippet, sandbox, snippet))
             )
         report.checks.append(
             run_check("still-serving", lambda: wait_healthy(container, sandbox, 10))

@@ -899,7 +899,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     if os.getpid() == 1:
         threading.Thread(target=reap_forever, args=(server,), daemon=True).start()
-    host, port = server.server_address[:2]
+    # getsockname() gives the bound address with the host as str (server_address is typed as
+    # possibly bytes); port 0 resolves to the real port here.
+    host, port = server.socket.getsockname()[:2]
     print(f"listening on {host}:{port}", flush=True)
     try:
         server.serve_forever(poll_interval=0.5)
