@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass, field, replace
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
@@ -109,14 +109,18 @@ class BaseProfile:
         return [f"{name}=={version}" for name, version in sorted(self.distributions.items())]
 
 
+@cache
+def _reference_profile() -> BaseProfile:
+    text = resources.files("builder.data").joinpath("base-profile.json").read_text()
+    return BaseProfile.from_dict(json.loads(text), source="shipped profile")
+
+
 def shipped_profile(image: str | None = None) -> BaseProfile:
     """The profile shipped for the reference runtime base (the offline fallback)."""
-    text = resources.files("builder.data").joinpath("base-profile.json").read_text()
-    profile = BaseProfile.from_dict(json.loads(text), source="shipped profile")
+    profile = _reference_profile()
     if image is not None and image != profile.image:
-        return BaseProfile.from_dict(
-            {**profile.to_dict(), "image": image, "digest": None},
-            source=f"shipped profile of {profile.image}",
+        return replace(
+            profile, image=image, digest=None, source=f"shipped profile of {profile.image}"
         )
     return profile
 

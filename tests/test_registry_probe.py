@@ -48,26 +48,21 @@ class Pushed(NamedTuple):
 
 
 @pytest.fixture
-def credentials(registry, monkeypatch, tmp_path):
-    """Registry credentials in the environment only; no Docker config to fall back on."""
-    for name in CREDENTIAL_VARS:
-        monkeypatch.delenv(name, raising=False)
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("DOCKER_CONFIG", str(home / ".docker"))
-    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
-    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
-
-
-@pytest.fixture
 def no_credentials(monkeypatch, tmp_path):
+    """No registry credentials anywhere: no environment variables, an empty Docker config."""
     for name in CREDENTIAL_VARS:
         monkeypatch.delenv(name, raising=False)
     home = tmp_path / "empty-home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("DOCKER_CONFIG", str(home / ".docker"))
+
+
+@pytest.fixture
+def credentials(registry, monkeypatch, no_credentials):
+    """Registry credentials in the environment only; no Docker config to fall back on."""
+    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
 
 
 def _push(docker_client, registry, image: str, repository: str, tag: str) -> Pushed:
