@@ -13,17 +13,17 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from builder.analysis.plan import Plan
+from builder.analysis.target import ARCHES
 from builder.cache import Cache, default_root
 from builder.config import load_config, set_platform_version
+from builder.engine import engine_client
 from builder.errors import UserError
+from builder.image.reference_base import build_base
+from builder.image.render import Secrets
 from builder.pipeline import Delivery, Outcome, Request, base_profile, deliver, prepare
-from builder.plan import Plan
-from builder.probe import engine_client
-from builder.reference import build_base
-from builder.render import Secrets
-from builder.target import ARCHES
 from builder.upgrade import changes, load_state, save_state, state_of
-from builder.verify import verify_image
+from builder.verify.suite import verify_image
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = Path("sandbox-image")

@@ -13,14 +13,18 @@ from pathlib import Path
 
 import docker
 
-from builder.build import build_image
+from builder.analysis.index import builder_pip, download_all
+from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
+from builder.analysis.requirements import read_requirements
+from builder.analysis.resolve import Resolution, resolve
+from builder.analysis.target import ARCHES, BaseProfile, Target, arch_named, shipped_profile
+from builder.analysis.wheels import inspect_wheels
+from builder.base.probe import base_problems, probe_base, profile_differences
+from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.fetch import builder_pip, download_all
-from builder.inspect import inspect_wheels
-from builder.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
-from builder.probe import base_problems, probe_base, profile_differences
-from builder.publish import (
+from builder.image.build import build_image
+from builder.image.publish import (
     PushResult,
     extras_hash,
     image_tags,
@@ -28,13 +32,9 @@ from builder.publish import (
     registry_credentials,
     registry_host,
 )
-from builder.registry import probe_registry
-from builder.render import Secrets, lock_text, render, update_report
-from builder.requirements import read_requirements
-from builder.resolve import Resolution, resolve
-from builder.target import ARCHES, BaseProfile, Target, arch_named, shipped_profile
-from builder.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
-from builder.verify import VerifyReport, verify_image
+from builder.image.render import Secrets, lock_text, render, update_report
+from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
+from builder.verify.suite import VerifyReport, verify_image
 
 Say = Callable[[str], None]
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder.analysis.plan import Plan
 from builder.errors import UserError
-from builder.plan import Plan
 
 
 @dataclass(frozen=True)

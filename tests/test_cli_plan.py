@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.target import shipped_profile
+from builder.analysis.target import shipped_profile
 
 pytestmark = pytest.mark.network
 

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from builder.debian import (
+from builder.analysis.debian import (
     DynamicLoad,
     dynamic_loads,
     package_for,
@@ -19,7 +19,7 @@ from builder.debian import (
     symbol_maxima,
     version_tuple,
 )
-from builder.target import ARCHES, Arch
+from builder.analysis.target import ARCHES, Arch
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_ARCHES = pytest.mark.parametrize("arch", list(ARCHES.values()), ids=list(ARCHES))

@@ -9,18 +9,9 @@ from pathlib import Path
 import pytest
 from wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
 
-from builder import inspect as inspection_module
-from builder.cache import Cache, sha256_of
-from builder.elf import ElfFile, is_elf, read_elf
-from builder.errors import UserError
-from builder.inspect import (
-    RECORD_KIND,
-    WheelInspection,
-    derive_top_level,
-    inspect_wheel,
-    inspect_wheels,
-)
-from builder.natives import (
+from builder.analysis import wheels as inspection_module
+from builder.analysis.elf import ElfFile, is_elf, read_elf
+from builder.analysis.natives import (
     BY_RPATH,
     BY_WHEEL_SET,
     NativeNeed,
@@ -29,7 +20,16 @@ from builder.natives import (
     resolve_needs,
     symbol_problems,
 )
-from builder.target import ARCHES
+from builder.analysis.target import ARCHES
+from builder.analysis.wheels import (
+    RECORD_KIND,
+    WheelInspection,
+    derive_top_level,
+    inspect_wheel,
+    inspect_wheels,
+)
+from builder.cache import Cache, sha256_of
+from builder.errors import UserError
 
 LOADER = ARCHES["amd64"].loader
 BASE = frozenset({"libc.so.6", "libm.so.6", "libgcc_s.so.1"})

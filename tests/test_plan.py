@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 from wheelfactory import compile_so, make_wheel
 
+from builder.analysis.index import RemoteFile
+from builder.analysis.plan import choose_wheel, plan_arch
+from builder.analysis.resolve import LockedPackage, Resolution
+from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.analysis.wheels import inspect_wheel
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
-from builder.fetch import RemoteFile
-from builder.inspect import inspect_wheel
-from builder.plan import choose_wheel, plan_arch
-from builder.resolve import LockedPackage, Resolution
-from builder.target import ARCHES, Target, shipped_profile
 
 AMD64 = ARCHES["amd64"]
 TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"

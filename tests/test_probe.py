@@ -17,10 +17,9 @@ import docker.models.containers
 import pytest
 from wheelfactory import compile_so
 
-from builder.cache import Cache
-from builder.debian import packages_providing
-from builder.errors import UserError
-from builder.probe import (
+from builder.analysis.debian import packages_providing
+from builder.analysis.target import ARCHES, BaseProfile, shipped_profile
+from builder.base.probe import (
     PROBE_LABEL,
     _repo_digest,
     base_problems,
@@ -28,7 +27,8 @@ from builder.probe import (
     probe_base,
     profile_differences,
 )
-from builder.target import ARCHES, BaseProfile, shipped_profile
+from builder.cache import Cache
+from builder.errors import UserError
 
 AMD64, ARM64 = ARCHES["amd64"], ARCHES["arm64"]
 

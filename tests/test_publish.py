@@ -13,7 +13,7 @@ import pytest
 from registryhelp import CREDENTIAL_VARS, registry_get, registry_tags
 
 from builder.errors import UserError
-from builder.publish import (
+from builder.image.publish import (
     extras_hash,
     image_tags,
     push_image,

@@ -19,10 +19,11 @@ import pytest
 from click.testing import CliRunner
 from packaging.utils import parse_wheel_filename
 
-from builder import cli, reference
-from builder.build import build_image
-from builder.target import ARCHES, Target, shipped_profile
-from builder.verify import (
+from builder import cli
+from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.image import reference_base as reference
+from builder.image.build import build_image
+from builder.verify.suite import (
     CONTRACT,
     LABEL,
     Check,

@@ -29,10 +29,10 @@ import pytest
 from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER
 from wheelfactory import compile_so
 
+from builder.base.probe import probe_base
+from builder.base.registry import parse_reference, probe_registry
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.probe import probe_base
-from builder.registry import parse_reference, probe_registry
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from builder.analysis.requirements import read_requirements
 from builder.errors import UserError
-from builder.requirements import read_requirements
 
 
 def write(path: Path, text: str) -> Path:

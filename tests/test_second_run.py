@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import fetch, inspect, resolve
+from builder.analysis import index as fetch
+from builder.analysis import resolve
+from builder.analysis import wheels as inspect
+from builder.analysis.target import shipped_profile
 from builder.cache import Cache
 from builder.pipeline import Request, prepare
-from builder.target import shipped_profile
 
 pytestmark = pytest.mark.network
 

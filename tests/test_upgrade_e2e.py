@@ -39,9 +39,9 @@ from packaging.version import Version
 from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER, registry_get, registry_tags
 from ruamel.yaml import YAML
 
-from builder.build import build_image
+from builder.analysis.index import download, index_files
 from builder.cache import Cache
-from builder.fetch import download, index_files
+from builder.image.build import build_image
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
 

@@ -1,7 +1,8 @@
 """What one ELF file asks of the dynamic loader: sonames, search paths, symbol versions.
 
 Pure reading with pyelftools (no ldd, nothing executed), so wheels for any architecture can be
-inspected on any host. Facts are kept raw ($ORIGIN unexpanded); `builder.natives` interprets them.
+inspected on any host. Facts are kept raw ($ORIGIN unexpanded); `builder.analysis.natives`
+interprets them.
 """
 
 from __future__ import annotations

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from builder.analysis.debian import packages_providing
+from builder.analysis.target import ARCHES, Arch, BaseProfile
 from builder.cache import Cache
-from builder.debian import packages_providing
 from builder.errors import UserError
-from builder.publish import AUTH_HINT, DIGEST_RE, registry_credentials, registry_host
-from builder.target import ARCHES, Arch, BaseProfile
+from builder.image.publish import AUTH_HINT, DIGEST_RE, registry_credentials, registry_host
 
 RECORD_KIND = "registry-probe"
 RECORD_VERSION = 1  # bump when the collected facts change shape or meaning

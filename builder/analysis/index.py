@@ -30,9 +30,9 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from uv import find_uv_bin
 
+from builder.analysis.requirements import DEFAULT_INDEX
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
-from builder.requirements import DEFAULT_INDEX
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()

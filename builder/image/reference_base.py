@@ -22,16 +22,16 @@ from typing import TextIO
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 
-from builder.build import build_image
+from builder.analysis.index import RemoteFile, builder_pip, download_all
+from builder.analysis.plan import choose_wheel
+from builder.analysis.resolve import LockedPackage
+from builder.analysis.target import Target, arch_named, shipped_profile
 from builder.cache import Cache, default_root
 from builder.errors import UserError
-from builder.fetch import RemoteFile, builder_pip, download_all
-from builder.plan import choose_wheel
-from builder.render import place
-from builder.resolve import LockedPackage
-from builder.target import Target, arch_named, shipped_profile
+from builder.image.build import build_image
+from builder.image.render import place
 
-RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
 DOCKERFILE = RUNTIME_DIR / "Dockerfile.base"
 SERVER = RUNTIME_DIR / "server.py"
 DEFAULT_BASE_IMAGE = "python:3.13-slim-trixie"

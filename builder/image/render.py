@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from builder.analysis.plan import Plan
 from builder.errors import UserError
-from builder.plan import Plan
 
 TOOLS_DIR = "tools"
 WORK = "/tmp/bsi"

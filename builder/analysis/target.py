@@ -2,7 +2,7 @@
 
 The base profile says what the base image already provides (its /app/deps distributions,
 its shared libraries, its python patch version). A shipped profile describes the reference
-runtime base; `builder.probe` produces the same shape from a real image.
+runtime base; `builder.base.probe` produces the same shape from a real image.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import posixpath
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from builder.debian import split_symbol_version
-from builder.elf import ElfFile
-from builder.inspect import WheelInspection
-from builder.target import ARCHES
+from builder.analysis.debian import split_symbol_version
+from builder.analysis.elf import ElfFile
+from builder.analysis.target import ARCHES
+from builder.analysis.wheels import WheelInspection
 
 ORIGIN_TOKENS = ("${ORIGIN}", "$ORIGIN")
 KERNEL_PROVIDED = ("linux-vdso", "linux-gate")  # mapped by the kernel, never a file

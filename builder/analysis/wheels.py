@@ -22,8 +22,8 @@ from typing import Any
 from elftools.common.exceptions import ELFError
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
+from builder.analysis.elf import ElfFile, is_elf, read_elf
 from builder.cache import CHUNK, Cache
-from builder.elf import ElfFile, is_elf, read_elf
 from builder.errors import UserError
 
 RECORD_KIND = "inspect"

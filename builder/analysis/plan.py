@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass
 
 from packaging.utils import parse_wheel_filename
 
-from builder import debian
+from builder.analysis import debian
+from builder.analysis.index import RemoteFile, redact
+from builder.analysis.natives import external_needs, symbol_problems
+from builder.analysis.resolve import LockedPackage, Resolution
+from builder.analysis.target import Arch, BaseProfile, Target
+from builder.analysis.wheels import WheelInspection
 from builder.errors import UserError
-from builder.fetch import RemoteFile, redact
-from builder.inspect import WheelInspection
-from builder.natives import external_needs, symbol_problems
-from builder.resolve import LockedPackage, Resolution
-from builder.target import Arch, BaseProfile, Target
 
 EXTRA_DEPS = "/app/deps-extra"
 

@@ -46,8 +46,8 @@ from urllib.parse import quote
 import docker
 import docker.errors
 
+from builder.engine import engine_client, local_image
 from builder.errors import UserError
-from builder.probe import engine_client, local_image
 
 SANDBOX_UID = 65532
 PORT = 8888
@@ -636,8 +636,8 @@ print(json.dumps(result))
 
 def requirement_names(path: Path) -> list[str]:
     """Distribution names of a requirements file whose markers hold on the target."""
-    from builder.requirements import read_requirements
-    from builder.target import ARCHES, Target, shipped_profile
+    from builder.analysis.requirements import read_requirements
+    from builder.analysis.target import ARCHES, Target, shipped_profile
 
     requirements = read_requirements([path])
     environment = Target(shipped_profile(), (ARCHES["amd64"],)).marker_environment(ARCHES["amd64"])

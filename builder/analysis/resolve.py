@@ -31,9 +31,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from builder.cache import Cache
-from builder.errors import UserError
-from builder.fetch import (
+from builder.analysis.index import (
     UV,
     RemoteFile,
     build_pure_wheel,
@@ -42,8 +40,10 @@ from builder.fetch import (
     index_files,
     uv_environment,
 )
-from builder.requirements import RequirementSet
-from builder.target import Arch, Target
+from builder.analysis.requirements import RequirementSet
+from builder.analysis.target import Arch, Target
+from builder.cache import Cache
+from builder.errors import UserError
 
 NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
 NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from packaging.utils import canonicalize_name
 
-from builder.target import Arch
+from builder.analysis.target import Arch
 
 _DATA = resources.files("builder.data")
 _SYMBOL_VERSION = re.compile(r"(?P<prefix>[A-Z][A-Z0-9_]*?)_(?P<version>\d+(?:\.\d+)*)")

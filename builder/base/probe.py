@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,15 +18,12 @@ import docker
 import docker.errors
 import requests
 
+from builder.analysis.debian import packages_providing
+from builder.analysis.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseProfile
 from builder.cache import Cache
-from builder.debian import packages_providing
+from builder.engine import failure_reason, local_image
 from builder.errors import UserError
-from builder.publish import registry_credentials, registry_host
-from builder.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseProfile
 
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
-PING_TIMEOUT = 3  # seconds: an absent engine must not stall an offline plan
-API_TIMEOUT = 300
 PROBE_TIMEOUT = 120
 TARGET_PYTHON = "3.13"
 TARGET_GLIBC = f"{GLIBC_MAJOR}.{GLIBC_MINOR}"
@@ -140,18 +136,6 @@ print(json.dumps({
 SCRIPT_SHA256 = hashlib.sha256(SCRIPT.encode()).hexdigest()
 
 
-def engine_client() -> docker.DockerClient | None:
-    """A client on the local engine, or None at once when none answers (plan offline instead)."""
-    base_url = os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
-    try:
-        client = docker.DockerClient(base_url=base_url, timeout=PING_TIMEOUT)
-        client.ping()
-    except Exception:  # any failure to connect means "no engine"; the caller falls back
-        return None
-    client.api.timeout = API_TIMEOUT  # pulls and probe containers need longer than a ping
-    return client
-
-
 def probe_base(image: str, client: docker.DockerClient, cache: Cache) -> BaseProfile:
     """The profile of the real base `image`; one container per image id, then cached."""
     found = local_image(image, client)
@@ -167,40 +151,6 @@ def probe_base(image: str, client: docker.DockerClient, cache: Cache) -> BasePro
         cache.put_record("probe", key, record)
     config = found.attrs.get("Config") or {}
     return _profile(image, record["facts"], config, _repo_digest(image, found), image_id)
-
-
-def local_image(image: str, client: docker.DockerClient) -> Any:
-    """The image to probe: the local one, unless its registry now names something newer.
-
-    A platform may re-push a tag; a long-lived runner holding the old image must not plan
-    against it. Images without a registry host (local builds) are used as they are.
-    """
-    host = registry_host(image)
-    credentials = registry_credentials(host)
-    try:
-        local = client.images.get(image)
-    except docker.errors.ImageNotFound:
-        local = None
-    if local is not None:
-        if host == "docker.io" and not image.startswith(("docker.io/", "index.docker.io/")):
-            return local
-        try:
-            remote = client.images.get_registry_data(image, auth_config=credentials).id
-        except docker.errors.DockerException:
-            return local  # registry unreachable: the local copy is the best knowledge
-        if any(digest.endswith(remote) for digest in local.attrs.get("RepoDigests") or []):
-            return local
-    try:
-        return client.images.pull(image, auth_config=credentials)
-    except docker.errors.DockerException as exc:
-        raise UserError(
-            f"base image {image}: not on the local engine and pulling it failed: {_reason(exc)}"
-        ) from None
-
-
-def _reason(exc: Exception) -> str:
-    explanation = getattr(exc, "explanation", None)
-    return str(explanation or exc).strip()
 
 
 def _repository(image: str) -> str:
@@ -265,7 +215,7 @@ def _run_probe(image: str, found: Any, client: docker.DockerClient) -> dict[str,
         stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
         stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
     except (docker.errors.DockerException, requests.RequestException) as exc:
-        raise UserError(f"base image {image}: probing it failed: {_reason(exc)}") from None
+        raise UserError(f"base image {image}: probing it failed: {failure_reason(exc)}") from None
     finally:
         if container is not None:
             container.remove(force=True)

@@ -1,0 +1,7 @@
+"""Pure analysis: requirements -> target -> resolution -> wheels -> plan.
+
+It reads requirement files, asks the package index (through uv and HTTP) and reads wheels; it
+never talks to a container engine or an image registry. It may import `builder.cache`,
+`builder.errors` and `builder.data`, and nothing from `builder.base`, `builder.image`,
+`builder.verify` or the orchestration modules.
+"""
