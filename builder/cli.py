@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -16,13 +15,14 @@ from click.core import ParameterSource
 from builder.analysis.plan import Plan
 from builder.analysis.target import ARCHES
 from builder.cache import Cache, default_root
-from builder.config import load_config, set_platform_version
+from builder.config import RunSettings, load_config, merge
 from builder.engine import engine_client
 from builder.errors import UserError
 from builder.image.reference_base import build_base
 from builder.image.render import Secrets
 from builder.pipeline import Delivery, Outcome, Request, base_profile, deliver, prepare
-from builder.upgrade import changes, load_state, save_state, state_of
+from builder.pipeline import rebuild as pipeline_rebuild
+from builder.upgrade import save_state, state_of
 from builder.verify.suite import verify_image
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -178,60 +178,66 @@ def main(
     if context.invoked_subcommand is not None:
         return
     config = load_config(config_path) if config_path else None
-    if config:
-        requirements = requirements or config.requirements
-        constraints = constraints or config.constraints
-        arches = arches or config.architectures
-        base_image = base_image or config.base_image
-        if context.get_parameter_source("output") is ParameterSource.DEFAULT:
-            output = config.output
-        push_repository = push_repository or config.repository
-        platform_version = platform_version or config.platform_version
-        template = template or config.template
-        container = container or config.container
-        warm_pools = warm_pools or config.warm_pools
-    if not requirements:
+    settings = merge(
+        RunSettings(
+            requirements=requirements,
+            constraints=constraints,
+            arches=arches,
+            base_image=base_image,
+            output=output,
+            push_repository=push_repository,
+            platform_version=platform_version,
+            template=template,
+            container=container,
+            warm_pools=warm_pools,
+        ),
+        config,
+        output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
+    )
+    if not settings.requirements:
         raise click.UsageError("give at least one -r/--requirement file (or --config)")
-    if template and not push_repository:
+    if settings.template and not settings.push_repository:
         raise click.UsageError("--template needs --push: the template names the pushed digest")
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
     secrets = {"apt-ca": apt_ca_bundle, "apt-auth": apt_auth}
     request = Request(
-        requirement_files=requirements,
-        constraint_files=constraints,
-        arches=arches or ("amd64",),
-        base=base_profile(base_image, client, cache, say=note),
-        output=output,
+        requirement_files=settings.requirements,
+        constraint_files=settings.constraints,
+        arches=settings.arches or ("amd64",),
+        base=base_profile(settings.base_image, client, cache, say=note),
+        output=settings.output,
         cache=cache,
         secrets=Secrets(apt_ca=apt_ca_bundle is not None, apt_auth=apt_auth is not None),
         refresh=refresh,
     )
     plan = prepare(request)
     click.echo(summary(plan))
-    click.echo(f"\nbuild context written to {output}/ (report: {output}/report.json)")
+    click.echo(
+        f"\nbuild context written to {settings.output}/ (report: {settings.output}/report.json)"
+    )
     if client is None:
         platforms = ",".join(f"linux/{a.arch}" for a in plan.arches)
         why = "--no-build" if no_build else "no Docker engine reachable"
         click.echo(
             f"not building ({why}); build it with: DOCKER_BUILDKIT=1 docker build"
-            f" --platform {platforms} -t IMAGE {output}"
+            f" --platform {platforms} -t IMAGE {settings.output}"
         )
         return
     delivery = Delivery(
         tag=tag,
         verify=not no_verify,
         secret_files={key: path for key, path in secrets.items() if path is not None},
-        push_repository=push_repository,
-        platform_version=platform_version,
-        template=template,
-        container=container,
-        warm_pools=warm_pools,
+        push_repository=settings.push_repository,
+        platform_version=settings.platform_version,
+        template=settings.template,
+        container=settings.container,
+        warm_pools=settings.warm_pools,
     )
     outcome = deliver(plan, request, delivery, client, say=note)
     show_outcome(outcome)
     if config and outcome.pushed:
-        version = platform_version or config.platform_version
+        version = settings.platform_version or config.platform_version
         save_state(config.state, state_of(plan, version, outcome.pushed.reference))
         click.echo(f"state recorded in {config.state}")
 
@@ -260,39 +266,16 @@ def rebuild(config_path: Path, platform_version: str, check: bool, cache_dir: Pa
     if client is None:
         raise UserError("rebuild: no Docker engine reachable to probe the new base")
     cache = Cache(cache_dir or default_root())
-    base = base_profile(config.base_image_for(platform_version), client, cache, say=note)
-    with tempfile.TemporaryDirectory(prefix="bsi-check-") as scratch:
-        request = Request(
-            requirement_files=config.requirements,
-            constraint_files=config.constraints,
-            arches=config.architectures,
-            base=base,
-            output=Path(scratch) / "context" if check else config.output,
-            cache=cache,
-            refresh=True,  # an upgrade must see what the index offers now
-        )
-        plan = prepare(request)
-    differences = changes(load_state(config.state), state_of(plan, platform_version))
-    click.echo(summary(plan))
-    click.echo("\nchanges since the last build:" if differences else "\nno changes: up to date")
-    for line in differences:
+    found = pipeline_rebuild(config, platform_version, client, cache, say=note, check_only=check)
+    click.echo(summary(found.plan))
+    click.echo("\nchanges since the last build:" if found.changes else "\nno changes: up to date")
+    for line in found.changes:
         click.echo(f"  {line}")
     if check:
-        sys.exit(EXIT_REBUILD_NEEDED if differences else 0)
-    if not differences:
+        sys.exit(EXIT_REBUILD_NEEDED if found.changes else 0)
+    if found.outcome is None:
         return
-    delivery = Delivery(
-        push_repository=config.repository,
-        platform_version=platform_version,
-        template=config.template,
-        container=config.container,
-        warm_pools=config.warm_pools,
-    )
-    outcome = deliver(plan, request, delivery, client, say=note)
-    show_outcome(outcome)
-    image = outcome.pushed.reference if outcome.pushed else None
-    save_state(config.state, state_of(plan, platform_version, image))
-    set_platform_version(config, platform_version)
+    show_outcome(found.outcome)
     click.echo(f"state recorded in {config.state}; {config.path} now names {platform_version}")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.errors import UserError
@@ -100,3 +100,38 @@ def set_platform_version(config: PipelineConfig, version: str) -> None:
     temp = config.path.with_name(f".{config.path.name}.new")
     temp.write_text(updated)
     temp.replace(config.path)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The options of one main run, from flags, a config file, or both."""
+
+    requirements: tuple[Path, ...]
+    constraints: tuple[Path, ...] = ()
+    arches: tuple[str, ...] = ()
+    base_image: str | None = None
+    output: Path = Path("sandbox-image")
+    push_repository: str | None = None
+    platform_version: str | None = None
+    template: Path | None = None
+    container: str | None = None
+    warm_pools: tuple[Path, ...] = ()
+
+
+def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool) -> RunSettings:
+    """Flags given on the command line win; the config fills in what they leave out."""
+    if config is None:
+        return flags
+    return replace(
+        flags,
+        requirements=flags.requirements or config.requirements,
+        constraints=flags.constraints or config.constraints,
+        arches=flags.arches or config.architectures,
+        base_image=flags.base_image or config.base_image,
+        output=flags.output if output_given else config.output,
+        push_repository=flags.push_repository or config.repository,
+        platform_version=flags.platform_version or config.platform_version,
+        template=flags.template or config.template,
+        container=flags.container or config.container,
+        warm_pools=flags.warm_pools or config.warm_pools,
+    )

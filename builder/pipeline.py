@@ -6,6 +6,7 @@ Each step is its own module; this file only sequences them and fans out per arch
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from builder.analysis.wheels import inspect_wheels
 from builder.base.probe import base_problems, probe_base, profile_differences
 from builder.base.registry import probe_registry
 from builder.cache import Cache
+from builder.config import PipelineConfig, set_platform_version
 from builder.errors import UserError
 from builder.image.build import build_image
 from builder.image.publish import (
@@ -34,6 +36,7 @@ from builder.image.publish import (
 )
 from builder.image.render import Secrets, lock_text, render, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
+from builder.upgrade import changes, load_state, save_state, state_of
 from builder.verify.suite import VerifyReport, verify_image
 
 Say = Callable[[str], None]
@@ -159,6 +162,11 @@ class Outcome:
     template_change: TemplateChange | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def succeeded(self) -> bool:
+        """Built (and pushed, when asked) with every verification passing."""
+        return self.verification is None or self.verification.passed
+
 
 def platform_version(base_image: str, explicit: str | None) -> str:
     """The platform version an image is built for: given, or the base image's tag."""
@@ -250,3 +258,55 @@ def deliver(
                 )
     update_report(request.output, {"image": image_record})
     return outcome
+
+
+@dataclass
+class Rebuild:
+    """What a platform-upgrade rebuild found, and what it did about it."""
+
+    plan: Plan
+    changes: list[str]
+    outcome: Outcome | None = None  # None: only checked, or nothing changed
+
+
+def rebuild(
+    config: PipelineConfig,
+    new_version: str,
+    client: docker.DockerClient,
+    cache: Cache,
+    say: Say,
+    check_only: bool = False,
+) -> Rebuild:
+    """Re-plan against the new platform version; deliver and record it if anything changed.
+
+    With `check_only` the context goes to a scratch directory and nothing is built. A
+    delivery that ends without a pushed image (a failed verification) records nothing.
+    """
+    base = base_profile(config.base_image_for(new_version), client, cache, say)
+    with tempfile.TemporaryDirectory(prefix="bsi-check-") as scratch:
+        request = Request(
+            requirement_files=config.requirements,
+            constraint_files=config.constraints,
+            arches=config.architectures,
+            base=base,
+            output=Path(scratch) / "context" if check_only else config.output,
+            cache=cache,
+            refresh=True,  # an upgrade must see what the index offers now
+        )
+        plan = prepare(request)
+    found = Rebuild(plan, changes(load_state(config.state), state_of(plan, new_version)))
+    if check_only or not found.changes:
+        return found
+    delivery = Delivery(
+        push_repository=config.repository,
+        platform_version=new_version,
+        template=config.template,
+        container=config.container,
+        warm_pools=config.warm_pools,
+    )
+    found.outcome = deliver(plan, request, delivery, client, say)
+    if found.outcome.succeeded:
+        image = found.outcome.pushed.reference if found.outcome.pushed else None
+        save_state(config.state, state_of(plan, new_version, image))
+        set_platform_version(config, new_version)
+    return found
