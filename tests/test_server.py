@@ -107,7 +107,13 @@ def test_health(sandbox: Sandbox) -> None:
 
 def test_execute_string_is_split_like_words(sandbox: Sandbox) -> None:
     result = sandbox.execute("printf '%s|' 'a b' c")
-    assert result == {"stdout": "a b|c|", "stderr": "", "exit_code": 0}
+    assert result == {
+        "stdout": "a b|c|",
+        "stderr": "",
+        "exit_code": 0,
+        "timed_out": False,
+        "truncated": {"stdout": False, "stderr": False},
+    }
 
 
 def test_execute_list_is_argv(sandbox: Sandbox) -> None:

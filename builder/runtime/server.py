@@ -9,34 +9,71 @@ Routes: ``GET /`` health, ``POST /execute``, ``POST /upload`` (multipart, field 
 filename is the destination), ``GET /download/{path}``, ``GET /list/{path}``,
 ``GET /exists/{path}``, ``DELETE /files/{path}``. Paths are percent-decoded exactly once and must
 stay inside the workspace, symlinks included.
+
+Hardening (the commands run as the same user as the server and may race it):
+
+* Paths are resolved through directory descriptors, never by name after a check: the workspace
+  is opened once, each component is opened with ``O_NOFOLLOW | O_DIRECTORY`` relative to its
+  parent's descriptor, symlinks met on the way are read and resolved by the server itself (never
+  above the workspace root), and the final operation (open, stat, scandir, unlink, rmdir, mkdir,
+  the upload's rename) is done relative to the parent's descriptor without following symlinks.
+  A command that swaps a directory for a symlink mid-request makes the request fail or act on
+  the symlink itself; it never leads outside. ``/execute``'s cwd is entered with ``fchdir`` on
+  such a descriptor in the child before exec. (A command can still *move* a directory the
+  server holds open out of the workspace, on the same filesystem; the server then acts in that
+  directory, which the command could already write itself: no privilege is gained.)
+* Process supervision (:class:`Supervisor`): the server is a child subreaper, so every orphan of
+  a command is re-parented to it, not to init. Each execution carries a unique
+  ``SANDBOX_EXEC_ID`` in its environment. When the command's main process exits or times out,
+  every process below it, every orphan carrying its marker and every orphan carrying no marker
+  of a running execution (one that cleared its environment) is killed, in rounds, until none is
+  left; ``setsid``, double forks and new sessions do not escape. What can still escape: nothing
+  that stays a descendant of the server. A process that clears its environment while another
+  command is running is treated as an orphan of whichever execution finishes first (killed
+  early, never missed). Without the subreaper (a kernel without PR_SET_CHILD_SUBREAPER, and the
+  server not PID 1) orphans go to init and only the environment marker finds them, so a process
+  that both clears its environment and double-forks escapes in that case only.
+* Memory: command output is spooled to unnamed temporary files (``--spool-dir``, default
+  ``$TMPDIR`` or /tmp, never the workspace; a memfd when no directory is writable), each stream
+  capped at ``--max-output`` raw bytes, and the JSON reply is encoded and streamed in chunks,
+  each stream capped at half of ``--max-reply`` encoded bytes (``"truncated"`` says which were
+  cut). At most ``--max-executes`` commands run at once, ``--max-queued`` more wait; beyond
+  that: 429 with ``Retry-After``.
+* Requests: at most ``--max-connections`` connections are served at once (beyond: 503), headers
+  must arrive within ``--header-timeout`` seconds and a body within ``--body-timeout``; every
+  malformed request is answered with a 4xx JSON error.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
+import ctypes
 import errno
+import functools
+import io
 import json
 import math
 import os
 import re
+import resource
+import secrets
 import selectors
 import shlex
-import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import IO, Any
 from urllib.parse import quote, unquote_to_bytes
 
 MIB = 1024 * 1024
@@ -46,11 +83,21 @@ NOT_FOUND_EXIT_CODE = 127
 MAX_JSON_BODY = 16 * MIB
 DRAIN_LIMIT = 1 * MIB
 CHUNK = 256 * 1024
+ENCODE_CHUNK = 64 * 1024
 LINGER_SECONDS = 2.0
+PIPE_LINGER_SECONDS = 0.5
 POLL_SECONDS = 0.02
 REAP_SECONDS = 1.0
+QUEUE_WAIT_SECONDS = 30.0
+MAX_SYMLINKS = 40
+MARKER_VAR = "SANDBOX_EXEC_ID"
+PR_SET_CHILD_SUBREAPER = 36
+NOTE_RESERVE = 1024  # encoded bytes kept back in each stream's budget for the server's notes
 FILE_ROUTE = re.compile(r"/(download|list|exists|files)(?:/(.*))?", re.DOTALL)
 DISPOSITION_PARAM = re.compile(r';\s*([^\s=;]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;]*))', re.DOTALL)
+ASCII_DIGITS = re.compile(r"[0-9]+")
+DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_READ = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -63,6 +110,13 @@ class Config:
     default_timeout: float
     max_timeout: float
     file_mode: int
+    max_reply: int = 32 * MIB
+    max_executes: int = 32
+    max_queued: int = 64
+    max_connections: int = 256
+    header_timeout: float = 30.0
+    body_timeout: float = 600.0
+    spool_dir: str | None = None
 
 
 class ApiError(Exception):
@@ -88,7 +142,20 @@ def os_error(exc: OSError) -> ApiError:
         return ApiError(409, os.strerror(code))
     if code in (errno.ENOSPC, errno.EDQUOT):
         return ApiError(507, os.strerror(code))
+    if code in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+        return ApiError(503, os.strerror(code), {"Retry-After": "1"})
     raise exc
+
+
+def parse_length(value: str) -> int:
+    """A Content-Length: ASCII digits only (``str.isdigit`` also takes '²'), at most 18 of them
+    (``int`` refuses over 4,300), else a 400 / 413 rather than a crash."""
+    value = value.strip()
+    if not ASCII_DIGITS.fullmatch(value):
+        raise ApiError(400, "invalid Content-Length")
+    if len(value.lstrip("0")) > 18:
+        raise ApiError(413, "Content-Length too large")
+    return int(value)
 
 
 def check_os_string(value: str, what: str) -> None:
@@ -101,41 +168,51 @@ def check_os_string(value: str, what: str) -> None:
         raise ApiError(400, f"{what} is not valid UTF-8") from None
 
 
-def realpath(path: str) -> str:
-    """os.path.realpath, whose readlink can fail when a concurrent request removes a symlink
-    mid-resolution (then: 404, like any path that vanished)."""
+def close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def read_link(name: str, dir_fd: int) -> str | None:
+    """The target of ``name`` in ``dir_fd`` if it is a symlink, else None (it is not one)."""
     try:
-        return os.path.realpath(path)
+        return os.readlink(name, dir_fd=dir_fd)
     except OSError as exc:
-        raise os_error(exc) from None
+        if exc.errno in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise
 
 
-def remove_tree(path: str) -> None:
-    """rmtree that tolerates entries vanishing under it; a directory that keeps being
-    written to while it is deleted is a conflict rather than a server error."""
-    for _ in range(5):
-        try:
-            shutil.rmtree(path)
-            return
-        except FileNotFoundError:
-            if not os.path.lexists(path):
-                return
-        except OSError as exc:
-            if exc.errno != errno.ENOTEMPTY:
-                raise
-    raise ApiError(409, "directory changed while it was being deleted; try again")
+@dataclass
+class Resolved:
+    """A path reached through descriptors: ``name`` (``"."``: the directory itself) inside the
+    open directory ``parent``; ``relative`` is the path from the root, as told to clients."""
+
+    parent: int
+    name: str
+    relative: str
+
+    def close(self) -> None:
+        close_quietly(self.parent)
+
+    def __enter__(self) -> Resolved:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class Workspace:
-    """Maps client paths onto the workspace and proves that they stay inside it."""
+    """Maps client paths onto the workspace and resolves them through directory descriptors.
+
+    The root is opened once; every later lookup starts from that descriptor and walks one
+    component at a time with ``O_NOFOLLOW``, so a name swapped for a symlink mid-request is seen
+    as a symlink (and resolved by the rules here, never above the root) or fails."""
 
     def __init__(self, root: str) -> None:
         self.given = os.path.abspath(root)
         self.root = os.path.realpath(root)
-
-    def contains(self, path: str) -> bool:
-        """True if ``path`` (already symlink-free) is the root or below it."""
-        return os.path.commonpath([self.root, path]) == self.root
+        self.root_fd = os.open(self.root, DIR_PATH)
 
     def lexical(self, raw: str) -> str:
         """Absolute, normalised path under the root; symlinks not followed yet."""
@@ -152,30 +229,322 @@ class Workspace:
                 return os.path.normpath(os.path.join(self.root, os.path.relpath(norm, base)))
         raise ApiError(403, "absolute path outside the workspace")
 
-    def resolve(self, raw: str) -> str:
-        """The real path (all symlinks followed) of a client path; 403 if it leaves the root."""
-        real = realpath(self.lexical(raw))
-        if not self.contains(real):
-            raise ApiError(403, "path resolves outside the workspace")
-        return real
+    def parts(self, raw: str) -> list[str]:
+        """The components of a client path below the root ([] for the root itself)."""
+        relative = os.path.relpath(self.lexical(raw), self.root)
+        return [] if relative == "." else relative.split("/")
 
-    def relative(self, real: str) -> str:
-        """Path relative to the root, as reported back to clients."""
-        return os.path.relpath(real, self.root)
+    def _link_parts(self, target: str) -> tuple[bool, list[str]]:
+        """(restart at the root?, components) of a symlink's target; 403 if it is absolute
+        and outside the workspace."""
+        if not target.startswith("/"):
+            return False, target.split("/")
+        norm = os.path.normpath(target)
+        for base in (self.root, self.given):
+            if norm == base or norm.startswith(base.rstrip("/") + "/"):
+                rest = os.path.relpath(norm, base)
+                return True, [] if rest == "." else rest.split("/")
+        raise ApiError(403, "path resolves outside the workspace")
+
+    def open_dir(self, names: list[str]) -> int:
+        """A new O_PATH descriptor for root/names, walked without following any symlink."""
+        fd = os.open(".", DIR_PATH, dir_fd=self.root_fd)
+        try:
+            for name in names:
+                child = os.open(name, DIR_PATH, dir_fd=fd)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            close_quietly(fd)
+            raise
+        return fd
+
+    def resolve(self, raw: str, *, follow: bool = True, create: bool = False) -> Resolved:
+        """Resolve a client path to (open parent directory, final name).
+
+        Symlinks in the middle are always resolved (by this code, relative to the descriptor
+        they were found in, never above the root: 403); the last one only if ``follow``.
+        ``create`` makes missing directories on the way (for uploads). Raises ApiError for
+        paths that leave the workspace and OSError for what the filesystem says."""
+        pending = self.parts(raw)[::-1]
+        done: list[str] = []
+        links = 0
+        fd = self.open_dir([])
+        try:
+            while pending:
+                name = pending.pop()
+                if name in ("", "."):
+                    continue
+                if name == "..":  # only ever from a symlink's target
+                    if not done:
+                        raise ApiError(403, "path resolves outside the workspace")
+                    done.pop()
+                    os.close(fd)
+                    fd = -1
+                    fd = self.open_dir(done)
+                    continue
+                last = not any(part not in ("", ".") for part in pending)
+                target: str | None = None
+                if last:
+                    if follow:
+                        target = read_link(name, fd)
+                    if target is None:
+                        return Resolved(fd, name, "/".join([*done, name]))
+                else:
+                    child, target = self._step(fd, name, create)
+                    if child is not None:
+                        os.close(fd)
+                        fd = child
+                        done.append(name)
+                        continue
+                assert target is not None
+                links += 1
+                if links > MAX_SYMLINKS or not target:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+                restart, names = self._link_parts(target)
+                if restart:
+                    os.close(fd)
+                    fd = -1
+                    fd = self.open_dir([])
+                    done = []
+                pending.extend(reversed(names))
+            return Resolved(fd, ".", "/".join(done) or ".")
+        except BaseException:
+            if fd >= 0:
+                close_quietly(fd)
+            raise
+
+    @staticmethod
+    def _step(fd: int, name: str, create: bool) -> tuple[int | None, str | None]:
+        """Open the directory ``name`` in ``fd`` (making it if ``create``): (its descriptor,
+        None), or (None, its target) if it is a symlink."""
+        try:
+            return os.open(name, DIR_PATH, dir_fd=fd), None
+        except FileNotFoundError:
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o777, dir_fd=fd)
+            return Workspace._step(fd, name, False)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            target = read_link(name, fd)
+            if target is None:
+                raise
+            return None, target
+
+    def lookup(self, raw: str, *, follow: bool = True, create: bool = False) -> Resolved:
+        """:meth:`resolve` with filesystem errors turned into HTTP errors."""
+        try:
+            return self.resolve(raw, follow=follow, create=create)
+        except OSError as exc:
+            raise os_error(exc) from None
+
+    def open_cwd(self, raw: str) -> int:
+        """An O_PATH descriptor of the directory a command should start in."""
+        with self.lookup(raw) as found:
+            try:
+                info = os.stat(found.name, dir_fd=found.parent, follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode):
+                    raise ApiError(400, "cwd is not a directory")
+                return os.open(found.name, DIR_PATH, dir_fd=found.parent)
+            except FileNotFoundError:
+                raise ApiError(404, "cwd does not exist") from None
+            except OSError as exc:
+                raise os_error(exc) from None
+
+
+def remove_tree(parent: int, name: str) -> None:
+    """Delete the directory ``name`` in ``parent`` and everything below it, walking by
+    descriptors: entries are unlinked relative to their directory's descriptor (a symlink is
+    removed itself, never followed) and subdirectories are opened with O_NOFOLLOW. Iterative,
+    so depth is no problem; a directory that keeps being written to is a 409."""
+    frames: list[tuple[int, str, int]] = []  # (parent fd, name, own fd)
+    frames.append((parent, name, os.open(name, DIR_READ, dir_fd=parent)))
+    retries = 0
+    try:
+        while frames:
+            up, here, fd = frames[-1]
+            descended = False
+            for entry in os.listdir(fd):
+                try:
+                    os.unlink(entry, dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                except IsADirectoryError:
+                    try:
+                        frames.append((fd, entry, os.open(entry, DIR_READ, dir_fd=fd)))
+                    except OSError as exc:  # vanished, or swapped for a non-directory
+                        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                            continue
+                        raise
+                    descended = True
+                    break
+            if descended:
+                continue
+            try:
+                os.rmdir(here, dir_fd=up)
+            except OSError as exc:
+                if exc.errno == errno.ENOTEMPTY:
+                    retries += 1
+                    if retries > 20:
+                        message = "directory changed while it was deleted; try again"
+                        raise ApiError(409, message) from None
+                    continue
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    raise
+            os.close(fd)
+            frames.pop()
+    finally:
+        for _, _, fd in frames:
+            close_quietly(fd)
+
+
+class SpoolFactory:
+    """Unnamed temporary files for command output, outside the workspace: O_TMPFILE files in
+    the first writable directory of ``--spool-dir``, $TMPDIR, /tmp, /var/tmp; a memfd when
+    none is (a read-only root filesystem)."""
+
+    def __init__(self, configured: str | None, workspace: str) -> None:
+        self.directory: str | None = None
+        candidates = [configured] if configured else [os.environ.get("TMPDIR"), "/tmp", "/var/tmp"]
+        for candidate in candidates:
+            if not candidate:
+                continue
+            real = os.path.realpath(candidate)
+            if os.path.commonpath([real, workspace]) == workspace:
+                continue  # never spool where commands (and clients) can see or fill it
+            try:
+                os.close(os.open(real, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600))
+            except OSError:
+                continue
+            self.directory = real
+            break
+
+    @property
+    def kind(self) -> str:
+        return self.directory or "memfd"
+
+    def new(self) -> IO[bytes]:
+        if self.directory is not None:
+            with contextlib.suppress(OSError):
+                fd = os.open(self.directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+                return open(fd, "w+b")
+        return open(os.memfd_create("sandbox-spool", os.MFD_CLOEXEC), "w+b")
 
 
 class Capture:
-    """Keeps the first ``limit`` bytes of a stream and counts the rest, so output stays bounded."""
+    """Keeps the first ``limit`` bytes of a stream in a spool file and counts the rest."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, spool: IO[bytes]) -> None:
         self.limit = limit
-        self.data = bytearray()
+        self.spool = spool
+        self.size = 0
         self.dropped = 0
 
     def feed(self, chunk: bytes) -> None:
-        room = self.limit - len(self.data)
-        self.data += chunk[: max(room, 0)]
-        self.dropped += max(len(chunk) - max(room, 0), 0)
+        room = max(self.limit - self.size, 0)
+        if room:
+            self.spool.write(chunk[:room])
+            self.size += min(room, len(chunk))
+        self.dropped += max(len(chunk) - room, 0)
+
+
+class EncodedStream:
+    """A spooled stream as the body of a JSON string, in chunks, at most ``budget`` bytes.
+
+    Bytes are decoded as UTF-8 (invalid ones become U+FFFD) and escaped chunk by chunk, so no
+    copy of the whole output is ever built. Encoding is deterministic: the reply is encoded once
+    to learn its length and cut, then again to send it."""
+
+    def __init__(self, spool: IO[bytes], budget: int) -> None:
+        self.spool = spool
+        self.budget = budget
+        self.cut = False
+        self.last = ""
+
+    def chunks(self) -> Iterator[bytes]:
+        self.spool.flush()
+        self.spool.seek(0)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        used, self.cut, self.last = 0, False, ""
+        while True:
+            raw = self.spool.read(ENCODE_CHUNK)
+            text = decoder.decode(raw, final=not raw)
+            if text:
+                piece = json.dumps(text, ensure_ascii=False)[1:-1].encode()
+                if used + len(piece) > self.budget:
+                    room, keep = self.budget - used, len(text)
+                    while keep > 0:
+                        keep = min(keep - 1, keep * room // len(piece))
+                        piece = json.dumps(text[:keep], ensure_ascii=False)[1:-1].encode()
+                        if len(piece) <= room:
+                            break
+                    if keep > 0:
+                        self.last = text[keep - 1]
+                        yield piece
+                    self.cut = True
+                    return
+                used += len(piece)
+                self.last = text[-1]
+                yield piece
+            if not raw:
+                return
+
+
+def json_text(text: str) -> bytes:
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode()
+
+
+@dataclass
+class Outcome:
+    """What a command left: spooled output, exit status, and why it ended."""
+
+    out: Capture
+    err: Capture
+    exit_code: int
+    timed_out: bool
+    timeout: float
+    budget: int
+    killed: int = 0
+    message: str = ""  # stderr for commands that never started
+
+    def close(self) -> None:
+        self.out.spool.close()
+        self.err.spool.close()
+
+    def _pieces(self) -> Iterator[bytes]:
+        stdout = EncodedStream(self.out.spool, self.budget)
+        stderr = EncodedStream(self.err.spool, self.budget)
+        yield b'{"stdout": "'
+        yield from stdout.chunks()
+        yield b'", "stderr": "'
+        yield json_text(self.message)
+        yield from stderr.chunks()
+        last = stderr.last or self.message[-1:]
+        notes = []
+        for name, capture, encoded in (("stdout", self.out, stdout), ("stderr", self.err, stderr)):
+            if capture.dropped:
+                notes.append(f"{name} truncated: {capture.dropped} bytes dropped")
+            if encoded.cut:
+                notes.append(f"{name} truncated: reply limit of {self.budget} bytes reached")
+        if self.timed_out:
+            notes.append(f"timed out after {self.timeout:g}s; its processes were killed")
+        for note in notes:
+            separator = "\n" if last and last != "\n" else ""
+            yield json_text(f"{separator}[sandbox] {note}\n")
+            last = "\n"
+        truncated = {
+            "stdout": stdout.cut or self.out.dropped > 0,
+            "stderr": stderr.cut or self.err.dropped > 0,
+        }
+        tail = {"exit_code": self.exit_code, "timed_out": self.timed_out, "truncated": truncated}
+        yield b'", ' + json.dumps(tail).encode()[1:]
+
+    def reply(self) -> tuple[int, Iterator[bytes]]:
+        """(length, chunks) of the JSON reply, encoded without holding it in memory."""
+        return sum(len(piece) for piece in self._pieces()), self._pieces()
 
 
 def parse_command(command: Any) -> list[str]:
@@ -307,16 +676,158 @@ class Multipart:
         raise ApiError(400, "too many multipart headers")
 
 
-def has_exited(pid: int) -> bool:
-    """True once the child has exited, without reaping it, so its process group still exists."""
-    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+def set_child_subreaper() -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER): orphans below the server are re-parented to it rather
+    than to init. Needs no capability; False where the kernel or libc lacks it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the child's whole process group (grandchildren too), then the child itself."""
-    for kill, target in ((os.killpg, proc.pid), (os.kill, proc.pid)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill(target, signal.SIGKILL)
+def process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process visible in /proc."""
+    table: dict[int, tuple[int, str]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            table[int(name)] = (int(fields[1]), fields[0].decode())
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def marker_of(pid: int) -> str | None:
+    """The execution marker in a process's environment (None: none, or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = handle.read()
+    except OSError:
+        return None
+    prefix = MARKER_VAR.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode("ascii", "replace")
+    return None
+
+
+class Supervisor:
+    """Starts commands and makes sure none of their processes outlive them.
+
+    The server is a child subreaper (and, in a container, PID 1), so every process a command
+    starts stays a descendant of the server, whatever it does with sessions and groups: while
+    its parent lives it hangs below the command, and once orphaned it hangs directly below the
+    server. Each execution's processes carry ``SANDBOX_EXEC_ID=<random>`` in their environment.
+    :meth:`sweep` kills, in rounds until a round finds nothing: the command's leader and all its
+    descendants, and every orphan below the server (with its descendants) that carries the
+    execution's marker or no marker of a running execution."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.subreaper = set_child_subreaper()
+        self._lock = threading.Lock()
+        self._leaders: dict[int, str] = {}  # running commands' main pids -> marker
+
+    def spawn(
+        self, argv: list[str], env: dict[str, str], cwd_fd: int
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """Start ``argv`` in its own session, in the directory ``cwd_fd`` (fchdir in the child,
+        so the directory is the one resolved, whatever its name points at by then)."""
+        marker = secrets.token_hex(16)
+        with self._lock:  # registered before any sweep or reap can see the new child
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env | {MARKER_VAR: marker},
+                start_new_session=True,
+                preexec_fn=functools.partial(os.fchdir, cwd_fd),
+            )
+            self._leaders[proc.pid] = marker
+        return proc, marker
+
+    def release(self, proc: subprocess.Popen[bytes]) -> None:
+        """Reap the command's main process and forget it."""
+        proc.wait()
+        with self._lock:
+            self._leaders.pop(proc.pid, None)
+
+    def _victims(self, table: dict[int, tuple[int, str]], leader: int, marker: str) -> set[int]:
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        roots = [leader] if leader in table else []
+        running = set(self._leaders.values())
+        for pid in children.get(self.pid, []):
+            if pid in self._leaders:
+                continue
+            found = marker_of(pid)
+            if found == marker or found not in running:
+                roots.append(pid)
+        if not self.subreaper and self.pid != 1:  # orphans went to init: the marker only
+            roots += [pid for pid in table if pid != self.pid and marker_of(pid) == marker]
+        victims: set[int] = set()
+        while roots:
+            pid = roots.pop()
+            if pid in victims or pid == self.pid:
+                continue
+            victims.add(pid)
+            roots.extend(children.get(pid, []))
+        return {pid for pid in victims if table[pid][1] != "Z"}
+
+    def sweep(self, proc: subprocess.Popen[bytes], marker: str) -> int:
+        """Kill every process of one execution (its leader included); the number killed."""
+        killed = 0
+        for attempt in range(500):
+            with self._lock:  # no command can be spawned between the scan and the kill
+                victims = self._victims(process_table(), proc.pid, marker)
+                for pid in victims:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            if not victims:
+                break
+            killed += len(victims - {proc.pid})
+            self.reap_orphans()
+            time.sleep(min(0.001 * attempt, 0.02))
+        return killed
+
+    def kill_everything(self) -> None:
+        """Server shutdown: kill every descendant."""
+        for _ in range(200):
+            with self._lock:
+                table = process_table()
+                children: dict[int, list[int]] = {}
+                for pid, (ppid, _) in table.items():
+                    children.setdefault(ppid, []).append(pid)
+                stack, victims = list(children.get(self.pid, [])), set()
+                while stack:
+                    pid = stack.pop()
+                    if pid not in victims:
+                        victims.add(pid)
+                        stack.extend(children.get(pid, []))
+                alive = [pid for pid in victims if table[pid][1] != "Z"]
+                for pid in alive:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            self.reap_orphans()
+            if not alive:
+                return
+            time.sleep(0.01)
+
+    def reap_orphans(self) -> None:
+        """Reap the zombies of orphans re-parented to the server (as subreaper or PID 1), never
+        a command's main process, whose Popen reaps it."""
+        with self._lock:
+            owned = set(self._leaders)
+            for pid, (ppid, state) in process_table().items():
+                if state == "Z" and ppid == self.pid and pid not in owned:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
 
 
 def open_pidfd(pid: int) -> int | None:
@@ -327,14 +838,67 @@ def open_pidfd(pid: int) -> int | None:
         return None
 
 
-def with_note(text: str, note: str) -> str:
-    """Append a server note to stderr on its own line."""
-    separator = "\n" if text and not text.endswith("\n") else ""
-    return f"{text}{separator}[sandbox] {note}\n"
+def has_exited(pid: int) -> bool:
+    """True once the child has exited, without reaping it."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+class Slots:
+    """Bounds concurrent executes: ``size`` run, ``queue`` more wait; others get a 429."""
+
+    def __init__(self, size: int, queue: int) -> None:
+        self._free = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self.queue = queue
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        busy = ApiError(429, "too many commands running; retry later", {"Retry-After": "1"})
+        if not self._free.acquire(blocking=False):
+            with self._lock:
+                if self._waiting >= self.queue:
+                    raise busy
+                self._waiting += 1
+            try:
+                acquired = self._free.acquire(timeout=QUEUE_WAIT_SECONDS)
+            finally:
+                with self._lock:
+                    self._waiting -= 1
+            if not acquired:
+                raise busy
+        try:
+            yield
+        finally:
+            self._free.release()
+
+
+class DeadlineReader(io.RawIOBase):
+    """The socket as a raw stream whose reads also stop at a per-request deadline, so a client
+    that trickles bytes cannot hold a connection (and its thread) for ever."""
+
+    def __init__(self, sock: socket.socket, idle: float) -> None:
+        super().__init__()
+        self.sock = sock
+        self.idle = idle
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        timeout = self.idle
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("request deadline passed")
+            timeout = min(timeout, left)
+        self.sock.settimeout(timeout)
+        return self.sock.recv_into(buffer)
 
 
 class SandboxServer(ThreadingHTTPServer):
-    """Threaded server that also remembers running commands, to kill them on shutdown."""
+    """Threaded server, bounded in connections and concurrent commands."""
 
     daemon_threads = True
     request_queue_size = 256
@@ -345,53 +909,75 @@ class SandboxServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.config = config
         self.workspace = Workspace(config.workspace)
-        self._running: set[subprocess.Popen[bytes]] = set()
-        self._lock = threading.Lock()
+        self.supervisor = Supervisor()
+        self.spools = SpoolFactory(config.spool_dir, self.workspace.root)
+        self.slots = Slots(config.max_executes, config.max_queued)
+        self._connections = threading.BoundedSemaphore(config.max_connections)
 
-    def run(self, argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
-        """Run argv without a shell; kill its process group on timeout or when it exits."""
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per connection, at most ``max_connections``; beyond: an immediate 503."""
+        if not self._connections.acquire(blocking=False):
+            body = b'{"error": "too many connections; retry later"}'
+            head = (
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+            )
+            with contextlib.suppress(OSError):
+                request.settimeout(0.5)
+                request.sendall(head.encode() + body)
+            self.shutdown_request(request)
+            return
         try:
-            with self._lock:  # registered before the orphan reaper can see it
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    cwd=cwd,
-                    env=env,
-                    start_new_session=True,
-                )
-                self._running.add(proc)
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
+
+    def run(self, argv: list[str], cwd_fd: int, env: dict[str, str], timeout: float) -> Outcome:
+        """Run argv without a shell in ``cwd_fd``; when it exits or times out, every process it
+        started is killed (see :class:`Supervisor`)."""
+        budget = max(self.config.max_reply // 2 - NOTE_RESERVE, 0)
+        out = Capture(self.config.max_output, self.spools.new())
+        err = Capture(self.config.max_output, self.spools.new())
+        try:
+            proc, marker = self.supervisor.spawn(argv, env, cwd_fd)
         except FileNotFoundError:
             message = f"{argv[0]}: command not found\n"
-            return {"stdout": "", "stderr": message, "exit_code": NOT_FOUND_EXIT_CODE}
-        except OSError as exc:
-            message = f"{argv[0]}: cannot execute: {exc.strerror}\n"
-            return {"stdout": "", "stderr": message, "exit_code": NOT_EXECUTABLE_EXIT_CODE}
+            return Outcome(out, err, NOT_FOUND_EXIT_CODE, False, timeout, budget, message=message)
+        except (OSError, subprocess.SubprocessError) as exc:
+            message = f"{argv[0]}: cannot execute: {getattr(exc, 'strerror', None) or exc}\n"
+            return Outcome(
+                out, err, NOT_EXECUTABLE_EXIT_CODE, False, timeout, budget, message=message
+            )
+        killed = 0
         try:
-            out, err, timed_out = self._collect(proc, timeout)
+            timed_out = self._collect(proc, marker, out, err, timeout)
         finally:
-            kill_group(proc)
-            proc.wait()
-            with self._lock:
-                self._running.discard(proc)
-        stderr = err.data.decode("utf-8", "replace")
-        for name, capture in (("stdout", out), ("stderr", err)):
-            if capture.dropped:
-                stderr = with_note(stderr, f"{name} truncated: {capture.dropped} bytes dropped")
+            killed = self.supervisor.sweep(proc, marker)
+            self.supervisor.release(proc)
         if timed_out:
-            stderr = with_note(stderr, f"timed out after {timeout:g}s; process group killed")
             code = TIMEOUT_EXIT_CODE
         else:
             code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        return {"stdout": out.data.decode("utf-8", "replace"), "stderr": stderr, "exit_code": code}
+        return Outcome(out, err, code, timed_out, timeout, budget, killed=killed)
 
     def _collect(
-        self, proc: subprocess.Popen[bytes], timeout: float
-    ) -> tuple[Capture, Capture, bool]:
-        """Read both pipes until the leader exits or the deadline passes, then the group dies."""
+        self,
+        proc: subprocess.Popen[bytes],
+        marker: str,
+        out: Capture,
+        err: Capture,
+        timeout: float,
+    ) -> bool:
+        """Spool both pipes until the main process exits or the deadline passes (True: timed
+        out); then kill everything the command started and drain what is left, briefly."""
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = Capture(self.config.max_output), Capture(self.config.max_output)
         captures = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
         pidfd = open_pidfd(proc.pid)
         deadline = time.monotonic() + timeout
@@ -407,8 +993,10 @@ class SandboxServer(ThreadingHTTPServer):
                     now = time.monotonic()
                     if linger_until is None and (has_exited(proc.pid) or now >= deadline):
                         timed_out = not has_exited(proc.pid)
-                        kill_group(proc)
-                        linger_until = now + LINGER_SECONDS
+                        # Every holder of the pipes dies here, so they reach EOF at once.
+                        self.supervisor.sweep(proc, marker)
+                        now = time.monotonic()
+                        linger_until = now + PIPE_LINGER_SECONDS
                         if pidfd is not None:
                             selector.unregister(pidfd)
                     open_pipes = [fd for fd in selector.get_map() if fd in captures]
@@ -430,31 +1018,14 @@ class SandboxServer(ThreadingHTTPServer):
                     os.close(pidfd)
                 proc.stdout.close()
                 proc.stderr.close()
-        return out, err, timed_out
+        return timed_out
 
     def reap_orphans(self) -> None:
-        """As PID 1 (a container entrypoint) the server inherits every orphaned grandchild:
-        reap those zombies, never a child that a running command's Popen still owns."""
-        with self._lock:
-            owned = {proc.pid for proc in self._running}
-            for entry in os.scandir("/proc"):
-                if not entry.name.isdigit() or int(entry.name) in owned:
-                    continue
-                try:
-                    with open(os.path.join(entry.path, "stat")) as handle:
-                        fields = handle.read().rsplit(")", 1)[1].split()
-                except (OSError, IndexError):
-                    continue
-                if fields[0] == "Z" and int(fields[1]) == os.getpid():
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(int(entry.name), os.WNOHANG)
+        self.supervisor.reap_orphans()
 
     def kill_all(self) -> None:
-        """Kill every running command's process group (server shutdown)."""
-        with self._lock:
-            running = list(self._running)
-        for proc in running:
-            kill_group(proc)
+        """Kill every process the server's commands started (server shutdown)."""
+        self.supervisor.kill_everything()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -484,6 +1055,16 @@ class Handler(BaseHTTPRequestHandler):
             return lambda: self._dispatch(name[3:])
         raise AttributeError(name)
 
+    def setup(self) -> None:
+        super().setup()
+        self._reader = DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader, 65536)
+
+    def handle_one_request(self) -> None:
+        """Headers must arrive within ``header_timeout`` of the request's start."""
+        self._reader.deadline = time.monotonic() + self.server.config.header_timeout
+        super().handle_one_request()
+
     def parse_request(self) -> bool:
         """Refuse HTTP/0.9 (no status line, no headers): every answer here has a status."""
         if not super().parse_request():
@@ -504,7 +1085,11 @@ class Handler(BaseHTTPRequestHandler):
             handler()
         except ApiError as exc:
             self._error(exc)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        except TimeoutError:
+            self.close_connection = True
+            if not self._started:
+                self._error(ApiError(408, "request not received in time"))
+        except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception:
             sys.stderr.write(f"internal error on {method} {self.path!r}:\n{traceback.format_exc()}")
@@ -526,10 +1111,12 @@ class Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         if length is None:
             return
-        if not length.strip().isdigit():
+        try:
+            self._body_left = parse_length(length)
+        except ApiError:
             self.close_connection = True
-            raise ApiError(400, "invalid Content-Length")
-        self._body_left = int(length)
+            raise
+        self._reader.deadline = time.monotonic() + self.server.config.body_timeout
 
     def _read(self, size: int) -> bytes:
         """Up to ``size`` bytes of the body (fewer at its end), never past Content-Length."""
@@ -585,6 +1172,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self.close_connection = True
         self._started = True
+        self.connection.settimeout(self.timeout)  # reads may have left a short deadline
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)
@@ -599,6 +1187,22 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
         self._linger()
+
+    def _send_stream(self, length: int, chunks: Iterator[bytes]) -> None:
+        """A 200 JSON reply whose body is written piece by piece (it may be tens of MiB)."""
+        self._begin(200, {"Content-Type": "application/json", "Content-Length": str(length)})
+        if self.command == "HEAD":
+            return
+        pending: list[bytes] = []
+        size = 0
+        for piece in chunks:
+            pending.append(piece)
+            size += len(piece)
+            if size >= CHUNK:
+                self.wfile.write(b"".join(pending))
+                pending, size = [], 0
+        if pending:
+            self.wfile.write(b"".join(pending))
 
     def _linger(self) -> None:
         """Closing with unread input makes the kernel reset the connection and the client may
@@ -617,10 +1221,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def handle_expect_100(self) -> bool:
         """Do not invite a body that will be refused (curl sends Expect for big uploads)."""
-        length = self.headers.get("Content-Length", "").strip()
-        too_big = length.isdigit() and int(length) > self.server.config.max_upload
+        try:
+            length = parse_length(self.headers.get("Content-Length", "0"))
+        except ApiError:
+            return True  # no "100 Continue": the handler answers 400 straight away
+        too_big = length > self.server.config.max_upload
         if too_big and self.path.partition("?")[0] == "/upload":
-            return True  # no "100 Continue": the handler answers 413 straight away
+            return True  # likewise, 413
         return super().handle_expect_100()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -660,22 +1267,27 @@ class Handler(BaseHTTPRequestHandler):
 
     def _execute(self) -> None:
         request = self._read_json()
-        config, workspace = self.server.config, self.server.workspace
+        server = self.server
+        config, workspace = server.config, server.workspace
         argv = parse_command(request.get("command"))
         timeout = parse_timeout(request.get("timeout_seconds"), config)
         env = os.environ | parse_env(request.get("env"))
+        env.pop(MARKER_VAR, None)
         cwd_raw = request.get("cwd")
         if cwd_raw is None or cwd_raw == "":
-            cwd = workspace.root
-        elif isinstance(cwd_raw, str):
-            cwd = workspace.resolve(cwd_raw)
-            if not os.path.exists(cwd):
-                raise ApiError(404, "cwd does not exist")
-            if not os.path.isdir(cwd):
-                raise ApiError(400, "cwd is not a directory")
-        else:
+            cwd_raw = ""
+        elif not isinstance(cwd_raw, str):
             raise ApiError(400, "cwd must be a string")
-        self._send_json(200, self.server.run(argv, cwd, env, timeout))
+        with server.slots.hold():
+            cwd_fd = workspace.open_cwd(cwd_raw)
+            try:
+                outcome = server.run(argv, cwd_fd, env, timeout)
+            finally:
+                os.close(cwd_fd)
+            try:
+                self._send_stream(*outcome.reply())
+            finally:
+                outcome.close()
 
     def _upload(self) -> None:
         limit = self.server.config.max_upload
@@ -706,55 +1318,60 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(200, saved)
 
     def _store(self, filename: str, reader: Multipart) -> dict[str, Any]:
-        """Write one part to a temporary file beside the target, then rename it into place:
-        the target is never opened through a symlink and a failed upload leaves nothing."""
+        """Write one part to a temporary file created in the target's (open) directory, then
+        rename it into place there: nothing is ever opened by a name that could lead out, and
+        a failed upload leaves nothing."""
         workspace = self.server.workspace
-        real = workspace.resolve(filename)
-        if real == workspace.root or filename.endswith("/"):
+        if filename.endswith("/") or not workspace.parts(filename):
             raise ApiError(400, "upload filename must name a file")
-        if os.path.isdir(real):
-            raise ApiError(400, "upload target is a directory")
-        parent = os.path.dirname(real)
         try:
-            os.makedirs(parent, exist_ok=True)
+            found = workspace.resolve(filename, create=True)
         except OSError as exc:
-            raise (
-                ApiError(400, "a parent of the path is a file")
-                if exc.errno in (errno.EEXIST, errno.ENOTDIR)
-                else os_error(exc)
-            ) from None
-        if realpath(parent) != parent:
-            raise ApiError(403, "path resolves outside the workspace")
-        try:
-            fd, tmp = tempfile.mkstemp(dir=parent, prefix=".upload-")
-        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+                raise ApiError(400, "a parent of the path is a file") from None
             raise os_error(exc) from None
-        size = 0
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                os.fchmod(handle.fileno(), self.server.config.file_mode)
-
-                def sink(chunk: bytes) -> None:
-                    nonlocal size
-                    handle.write(chunk)
-                    size += len(chunk)
-
-                reader.copy_part(sink)
-            os.replace(tmp, real)
-        except BaseException as exc:
-            with contextlib.suppress(FileNotFoundError):  # its directory may be gone too
-                os.unlink(tmp)
-            if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
+        with found:
+            parent, name = found.parent, found.name
+            if name == ".":
+                raise ApiError(400, "upload target is a directory")
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    raise ApiError(400, "upload target is a directory")
+            tmp = f".upload-{secrets.token_hex(8)}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                fd = os.open(tmp, flags, 0o600, dir_fd=parent)
+            except OSError as exc:
                 raise os_error(exc) from None
-            raise
-        return {"path": workspace.relative(real), "size": size}
+            size = 0
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    os.fchmod(handle.fileno(), self.server.config.file_mode)
+
+                    def sink(chunk: bytes) -> None:
+                        nonlocal size
+                        handle.write(chunk)
+                        size += len(chunk)
+
+                    reader.copy_part(sink)
+                os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except BaseException as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=parent)
+                if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | TimeoutError):
+                    raise os_error(exc) from None
+                raise
+            return {"path": found.relative, "size": size}
 
     def _download(self, raw: str) -> None:
-        real = self.server.workspace.resolve(raw)
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as exc:
-            raise os_error(exc) from None
+        with self.server.workspace.lookup(raw) as found:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            try:
+                fd = os.open(found.name, flags, dir_fd=found.parent)
+            except OSError as exc:
+                raise os_error(exc) from None
+            name = os.path.basename(found.relative)
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
@@ -762,13 +1379,12 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(400, kind)
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb") as handle:
-            name = quote(os.path.basename(real), safe="")
             self._begin(
                 200,
                 {
                     "Content-Type": "application/octet-stream",
                     "Content-Length": str(info.st_size),
-                    "Content-Disposition": f"attachment; filename*=UTF-8''{name}",
+                    "Content-Disposition": f"attachment; filename*=UTF-8''{quote(name, safe='')}",
                 },
             )
             if self.command == "HEAD":
@@ -783,48 +1399,64 @@ class Handler(BaseHTTPRequestHandler):
                 left -= len(chunk)
 
     def _list(self, raw: str) -> None:
-        real = self.server.workspace.resolve(raw)
-        try:
-            if not stat.S_ISDIR(os.stat(real).st_mode):
-                raise ApiError(400, "not a directory")
-            entries = []
-            with os.scandir(real) as found:
-                for entry in found:
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    entries.append(
-                        {
-                            "name": entry.name,
-                            "size": info.st_size,
-                            "type": "directory" if stat.S_ISDIR(info.st_mode) else "file",
-                            "mod_time": info.st_mtime,
-                        }
-                    )
-        except OSError as exc:
-            raise os_error(exc) from None
+        entries = []
+        with self.server.workspace.lookup(raw) as found:
+            try:
+                info = os.stat(found.name, dir_fd=found.parent, follow_symlinks=False)
+                if stat.S_ISLNK(info.st_mode):  # it was swapped in after the lookup
+                    raise ApiError(403, "path changed while it was resolved")
+                if not stat.S_ISDIR(info.st_mode):
+                    raise ApiError(400, "not a directory")
+                fd = os.open(found.name, DIR_READ, dir_fd=found.parent)
+                try:
+                    with os.scandir(fd) as listing:
+                        for entry in listing:
+                            try:
+                                info = entry.stat(follow_symlinks=False)
+                            except FileNotFoundError:
+                                continue
+                            kind = "directory" if stat.S_ISDIR(info.st_mode) else "file"
+                            entries.append(
+                                {
+                                    "name": entry.name,
+                                    "size": info.st_size,
+                                    "type": kind,
+                                    "mod_time": info.st_mtime,
+                                }
+                            )
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise os_error(exc) from None
         self._send_json(200, sorted(entries, key=lambda item: item["name"]))
 
     def _exists(self, raw: str) -> None:
-        real = self.server.workspace.resolve(raw)
-        self._send_json(200, {"path": raw, "exists": os.path.exists(real)})
+        exists = True
+        try:
+            with self.server.workspace.resolve(raw) as found:
+                os.stat(found.name, dir_fd=found.parent, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise os_error(exc) from None
+            exists = False
+        self._send_json(200, {"path": raw, "exists": exists})
 
     def _delete(self, raw: str) -> None:
         """Delete what the path names; a symlink is removed itself, never what it points to."""
         workspace = self.server.workspace
-        lexical = workspace.lexical(raw)
-        parent = realpath(os.path.dirname(lexical))
-        target = os.path.join(parent, os.path.basename(lexical))
-        if lexical == workspace.root or not workspace.contains(parent) or target == workspace.root:
+        if not workspace.parts(raw):
             raise ApiError(403, "cannot delete the workspace root or outside it")
-        try:
-            if stat.S_ISDIR(os.lstat(target).st_mode):
-                remove_tree(target)
-            else:
-                os.unlink(target)
-        except OSError as exc:
-            raise os_error(exc) from None
+        with workspace.lookup(raw, follow=False) as found:
+            if found.name == ".":
+                raise ApiError(403, "cannot delete the workspace root or outside it")
+            try:
+                info = os.stat(found.name, dir_fd=found.parent, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    remove_tree(found.parent, found.name)
+                else:
+                    os.unlink(found.name, dir_fd=found.parent)
+            except OSError as exc:
+                raise os_error(exc) from None
         self._send_json(200, {"path": raw, "deleted": True})
 
 
@@ -869,8 +1501,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=env_default("SANDBOX_MAX_TIMEOUT", "3600"),
         help="cap on timeout_seconds",
     )
+    for flag, kind, default, text in (
+        ("max-reply", int, str(32 * MIB), "encoded bytes of one /execute reply (half per stream)"),
+        ("max-executes", int, "32", "commands running at once"),
+        ("max-queued", int, "64", "executes waiting for a slot; beyond that: 429"),
+        ("max-connections", int, "256", "connections served at once; beyond that: 503"),
+        ("header-timeout", float, "30", "seconds to receive a request's line and headers"),
+        ("body-timeout", float, "600", "seconds to receive a request's body"),
+    ):
+        name = "SANDBOX_" + flag.upper().replace("-", "_")
+        parser.add_argument(f"--{flag}", type=kind, default=env_default(name, default), help=text)
+    parser.add_argument(
+        "--spool-dir",
+        default=os.environ.get("SANDBOX_SPOOL_DIR"),
+        help="where command output is spooled (default: $TMPDIR, /tmp, /var/tmp, else memory)",
+    )
     args = parser.parse_args(argv)
-    for name in ("max_upload", "max_output", "default_timeout", "max_timeout"):
+    for name in (
+        "max_upload",
+        "max_output",
+        "default_timeout",
+        "max_timeout",
+        "max_reply",
+        "max_executes",
+        "max_connections",
+        "header_timeout",
+        "body_timeout",
+    ):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     return args
@@ -888,7 +1545,17 @@ def main(argv: list[str] | None = None) -> int:
         default_timeout=min(args.default_timeout, args.max_timeout),
         max_timeout=args.max_timeout,
         file_mode=0o666 & ~umask,
+        max_reply=args.max_reply,
+        max_executes=args.max_executes,
+        max_queued=max(args.max_queued, 0),
+        max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        spool_dir=args.spool_dir,
     )
+    with contextlib.suppress(ValueError, OSError):  # deep trees are deleted one fd per level
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     server = SandboxServer((args.host, args.port), config)
 
     def stop(signum: int, _frame: object) -> None:
@@ -897,8 +1564,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    if os.getpid() == 1:
-        threading.Thread(target=reap_forever, args=(server,), daemon=True).start()
+    # As PID 1 or as subreaper the server inherits every orphan: reap their zombies.
+    threading.Thread(target=reap_forever, args=(server,), daemon=True).start()
     # getsockname() gives the bound address with the host as str (server_address is typed as
     # possibly bytes); port 0 resolves to the real port here.
     host, port = server.socket.getsockname()[:2]
