@@ -1,0 +1,123 @@
+"""The deps-extra layer the tool writes itself: same lock, same bytes; laid out as pip --target."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from wheelfactory import make_wheel
+
+from builder.cache import Cache
+from builder.image.layer import ZIP_EPOCH, deps_layer, lock_hash, source_date_epoch
+
+ROOT = "/app/deps-extra"
+
+
+def wheels(tmp_path: Path) -> list[Path]:
+    pure = make_wheel(
+        tmp_path / "w",
+        "alpha",
+        "1.0",
+        "py3-none-any",
+        {"alpha/__init__.py": b"VALUE = 42\n", "alpha/sub/data.txt": b"x"},
+        top_level=["alpha"],
+    )
+    # A wheel with a .data/purelib part, a script and a console entry point.
+    beta = tmp_path / "w" / "beta-2.0-py3-none-any.whl"
+    plain = make_wheel(tmp_path / "b", "beta", "2.0", "py3-none-any", {})
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(beta, "w") as out:
+        for info in src.infolist():
+            out.writestr(info, src.read(info))
+        out.writestr("beta-2.0.data/purelib/beta.py", b"def main():\n    return 0\n")
+        out.writestr("beta-2.0.data/scripts/beta-run", b"#!python\nprint('hi')\n")
+        out.writestr("beta-2.0.data/headers/beta.h", b"/* dropped */\n")
+        out.writestr("beta-2.0.dist-info/entry_points.txt", "[console_scripts]\nbeta=beta:main\n")
+    return [pure, beta]
+
+
+def members(layer_path: Path) -> list[tarfile.TarInfo]:
+    with tarfile.open(layer_path, "r:gz") as tar:
+        return tar.getmembers()
+
+
+def test_two_cold_builds_with_separate_caches_are_byte_identical(tmp_path: Path) -> None:
+    files = wheels(tmp_path)
+    lock = "alpha==1.0 --hash=sha256:aa\nbeta==2.0 --hash=sha256:bb\n"
+    first = deps_layer(lock, files, ROOT, Cache(tmp_path / "c1"))
+    # Other day, other order on disk: copies with fresh mtimes in a different directory.
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    copies = []
+    for wheel in files:
+        copy = elsewhere / wheel.name
+        copy.write_bytes(wheel.read_bytes())
+        copies.append(copy)
+    second = deps_layer(lock, copies, ROOT, Cache(tmp_path / "c2"))
+    assert first.diff_id == second.diff_id and first.digest == second.digest
+    assert first.path.read_bytes() == second.path.read_bytes()
+    assert first.digest == "sha256:" + hashlib.sha256(first.path.read_bytes()).hexdigest()
+    tar_bytes = gzip.decompress(first.path.read_bytes())
+    assert first.diff_id == "sha256:" + hashlib.sha256(tar_bytes).hexdigest()
+    assert first.size == first.path.stat().st_size
+    # Cached by the lock: a third call with no wheels at hand returns the cached blob.
+    assert deps_layer(lock, [], ROOT, Cache(tmp_path / "c1")) == first
+    assert lock_hash(lock) != lock_hash(lock + "gamma==1\n")
+
+
+def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
+    files = wheels(tmp_path)
+    layer = deps_layer("lock\n", files, ROOT, Cache(tmp_path / "c"))
+    entries = members(layer.path)
+    names = [entry.name for entry in entries]
+    assert names == sorted(names)
+    assert names[:2] == ["app", "app/deps-extra"]
+    assert {e.mtime for e in entries} == {layer.source_date_epoch}
+    assert layer.source_date_epoch == source_date_epoch(files) > ZIP_EPOCH
+    assert {(e.uid, e.gid, e.uname, e.gname) for e in entries} == {(0, 0, "", "")}
+    by_name = {e.name: e for e in entries}
+    for entry in entries:
+        assert entry.mode == (0o755 if entry.isdir() or "/bin/" in entry.name else 0o644), (
+            entry.name
+        )
+    assert "app/deps-extra/beta.py" in by_name  # .data/purelib at the root
+    assert "app/deps-extra/alpha/sub/data.txt" in by_name
+    assert not [n for n in names if "headers" in n or n.endswith(".h") or ".data/" in n]
+    assert not [n for n in names if n.endswith(".pyc")]
+    with tarfile.open(layer.path, "r:gz") as tar:
+        read = lambda name: tar.extractfile(name).read()  # noqa: E731
+        assert read("app/deps-extra/bin/beta-run").startswith(b"#!/usr/bin/env python3\n")
+        assert b"from beta import main" in read("app/deps-extra/bin/beta")
+        assert read("app/deps-extra/alpha-1.0.dist-info/INSTALLER") == b"build-sandbox-image\n"
+        record = read("app/deps-extra/beta-2.0.dist-info/RECORD").decode()
+    assert "\nbeta.py," in record and "bin/beta-run,sha256=" in record
+    assert "beta-2.0.dist-info/RECORD,," in record
+
+
+def test_the_unpacked_layer_imports(tmp_path: Path) -> None:
+    layer = deps_layer("lock\n", wheels(tmp_path), ROOT, Cache(tmp_path / "c"))
+    with tarfile.open(layer.path, "r:gz") as tar:
+        tar.extractall(tmp_path / "root", filter="tar")
+    site = tmp_path / "root" / "app" / "deps-extra"
+    code = (
+        "import alpha, beta; from importlib.metadata import version;"
+        " print(alpha.VALUE, version('beta'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert result.stdout.split() == ["42", "2.0"]
+
+
+def test_gzip_header_carries_no_name_or_time(tmp_path: Path) -> None:
+    layer = deps_layer("lock\n", wheels(tmp_path), ROOT, Cache(tmp_path / "c"))
+    header = layer.path.read_bytes()[:10]
+    assert header[3] == 0  # no FNAME flag
+    assert header[4:8] == b"\0\0\0\0"  # mtime 0
+    assert io.BytesIO(gzip.decompress(layer.path.read_bytes())).read(1)
