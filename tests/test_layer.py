@@ -90,7 +90,12 @@ def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
     assert not [n for n in names if "headers" in n or n.endswith(".h") or ".data/" in n]
     assert not [n for n in names if n.endswith(".pyc")]
     with tarfile.open(layer.path, "r:gz") as tar:
-        read = lambda name: tar.extractfile(name).read()  # noqa: E731
+
+        def read(name: str) -> bytes:
+            handle = tar.extractfile(name)
+            assert handle is not None, name
+            return handle.read()
+
         assert read("app/deps-extra/bin/beta-run").startswith(b"#!/usr/bin/env python3\n")
         assert b"from beta import main" in read("app/deps-extra/bin/beta")
         assert read("app/deps-extra/alpha-1.0.dist-info/INSTALLER") == b"build-sandbox-image\n"
