@@ -8,8 +8,9 @@ from typing import Any
 import docker
 import docker.errors
 
+from builder.credentials import engine_auth
 from builder.errors import UserError
-from builder.image.publish import registry_credentials, registry_host
+from builder.imageref import ImageRef
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 PING_TIMEOUT = 3  # seconds: an absent engine must not stall an offline plan
@@ -34,14 +35,14 @@ def local_image(image: str, client: docker.DockerClient) -> Any:
     A platform may re-push a tag; a long-lived runner holding the old image must not plan
     against it. Images without a registry host (local builds) are used as they are.
     """
-    host = registry_host(image)
-    credentials = registry_credentials(host)
+    ref = ImageRef.parse(image, "base image")
+    credentials = engine_auth(ref.registry)
     try:
         local = client.images.get(image)
     except docker.errors.ImageNotFound:
         local = None
     if local is not None:
-        if host == "docker.io" and not image.startswith(("docker.io/", "index.docker.io/")):
+        if ref.is_hub and not image.startswith(("docker.io/", "index.docker.io/")):
             return local
         try:
             remote = client.images.get_registry_data(image, auth_config=credentials).id

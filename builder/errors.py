@@ -1,5 +1,37 @@
-"""The one exception type the CLI turns into a one-line message and exit code 1."""
+"""The errors the CLI turns into one line on stderr and exit code 1.
+
+Every subclass keeps that contract (the message names the culprit); the type says what kind of
+failure it was, so a caller can decide without reading messages:
+
+    UserError                 the input cannot work on the target
+    ├── RegistryError         a registry refused or could not answer a request
+    │   ├── RegistryUnreachable  connection refused, DNS, timeout, 5xx: the only failure a
+    │   │                        planner may answer by falling back to the shipped profile
+    │   └── RegistryAuthError    401/403: credentials missing or wrong
+    └── IntegrityError        content that does not hash to its digest; never fallen back from
+"""
 
 
 class UserError(Exception):
     """The input cannot work on the target; the message names the culprit."""
+
+
+class RegistryError(UserError):
+    """A registry request failed (not found, refused, an answer that makes no sense)."""
+
+
+class RegistryUnreachable(RegistryError):
+    """The registry could not be asked: nothing listens, no route or name, a timeout, a 5xx."""
+
+
+class RegistryAuthError(RegistryError):
+    """The registry refused access with the credentials given (or without any)."""
+
+
+class IntegrityError(UserError):
+    """A manifest or blob whose content does not match its digest: tampering or corruption."""
+
+    def __init__(self, what: str, expected: str, actual: str) -> None:
+        super().__init__(f"{what} does not match its digest: expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual

@@ -19,14 +19,9 @@ from wheelfactory import compile_so
 
 from builder.analysis.debian import packages_providing
 from builder.analysis.target import ARCHES, BaseProfile, shipped_profile
-from builder.base.probe import (
-    PROBE_LABEL,
-    _repo_digest,
-    base_problems,
-    engine_client,
-    probe_base,
-    profile_differences,
-)
+from builder.base.probe import PROBE_LABEL, _repo_digest, probe_base
+from builder.base.profile import base_problems, profile_differences
+from builder.engine import engine_client
 from builder.cache import Cache
 from builder.errors import UserError
 

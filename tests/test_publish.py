@@ -12,14 +12,9 @@ import docker.errors
 import pytest
 from registryhelp import CREDENTIAL_VARS, registry_get, registry_tags
 
+from builder.credentials import engine_auth
 from builder.errors import UserError
-from builder.image.publish import (
-    extras_hash,
-    image_tags,
-    push_image,
-    registry_credentials,
-    registry_host,
-)
+from builder.image.publish import extras_hash, image_tags, push_image
 
 # --- naming -------------------------------------------------------------------------------------
 
@@ -73,31 +68,6 @@ def test_invalid_repositories_are_refused(repository: str) -> None:
 def test_unusable_platform_version_is_refused() -> None:
     with pytest.raises(UserError, match="platform version"):
         image_tags("py", "...", "0123456789ab")
-
-
-def test_registry_host() -> None:
-    assert registry_host("127.0.0.1:5000/a/b") == "127.0.0.1:5000"
-    assert registry_host("localhost/a") == "localhost"
-    assert registry_host("team/py") == "docker.io"
-    assert registry_host("py") == "docker.io"
-
-
-def test_registry_credentials_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in CREDENTIAL_VARS:
-        monkeypatch.delenv(var, raising=False)
-    assert registry_credentials("reg.example") is None
-    monkeypatch.setenv("REGISTRY_USERNAME", "ci")
-    monkeypatch.setenv("REGISTRY_PASSWORD", "s3cret")
-    assert registry_credentials("reg.example") == {
-        "username": "ci",
-        "password": "s3cret",
-        "serveraddress": "reg.example",
-    }
-    monkeypatch.setenv("BSI_REGISTRY_USER", "bsi")
-    with pytest.raises(UserError, match="BSI_REGISTRY_PASSWORD is not set"):
-        registry_credentials("reg.example")
-    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", "pw")
-    assert registry_credentials("reg.example")["username"] == "bsi"
 
 
 # --- real pushes --------------------------------------------------------------------------------
@@ -175,7 +145,7 @@ def test_push_without_credentials_fails_cleanly(
     name = f"bsi-test-publish-{uuid.uuid4().hex[:8]}"
     repository = f"{registry.host}/{name}"
     tags = image_tags(repository, "3.13-slim-trixie", extras_hash(["x"]))
-    credentials = registry_credentials(registry_host(repository))
+    credentials = engine_auth(registry.host)
     assert credentials is None
     client = docker.DockerClient(base_url=test_env["docker_host"])  # reads the empty config
     try:

@@ -30,9 +30,9 @@ from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER
 from wheelfactory import compile_so
 
 from builder.base.probe import probe_base
-from builder.base.registry import parse_reference, probe_registry
+from builder.base.registry import probe_registry
 from builder.cache import Cache
-from builder.errors import UserError
+from builder.errors import RegistryAuthError, RegistryUnreachable, UserError
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
@@ -171,7 +171,7 @@ def test_docker_config_basic_auth_is_used(pushed_reference, registry, no_credent
 
 
 def test_without_credentials_is_a_user_error(pushed_reference, no_credentials, tmp_path):
-    with pytest.raises(UserError) as caught:
+    with pytest.raises(RegistryAuthError) as caught:
         probe_registry(pushed_reference.reference, Cache(tmp_path / "cache"))
     message = str(caught.value)
     assert pushed_reference.reference in message
@@ -180,7 +180,7 @@ def test_without_credentials_is_a_user_error(pushed_reference, no_credentials, t
 
 def test_wrong_password_is_a_user_error(pushed_reference, monkeypatch, credentials, tmp_path):
     monkeypatch.setenv("BSI_REGISTRY_PASSWORD", "not-the-password")
-    with pytest.raises(UserError, match="refused access"):
+    with pytest.raises(RegistryAuthError, match="refused access"):
         probe_registry(pushed_reference.reference, Cache(tmp_path / "cache"))
 
 
@@ -193,23 +193,9 @@ def test_missing_tag_is_a_user_error(pushed_reference, credentials, tmp_path):
 
 def test_unreachable_registry_is_a_user_error(credentials, tmp_path):
     image = "127.0.0.1:9/nothing/here:t1"  # discard port: nothing listens
-    with pytest.raises(UserError, match="unreachable") as caught:
+    with pytest.raises(RegistryUnreachable, match="unreachable") as caught:
         probe_registry(image, Cache(tmp_path / "cache"))
     assert image in str(caught.value)
-
-
-@pytest.mark.parametrize(
-    ("image", "expected"),
-    [
-        ("python:3.13-slim-trixie", ("docker.io", "library/python", "3.13-slim-trixie")),
-        ("team/app", ("docker.io", "team/app", "latest")),
-        ("127.0.0.1:5000/a/b:t1", ("127.0.0.1:5000", "a/b", "t1")),
-        ("localhost:5000/a@sha256:" + "0" * 64, ("localhost:5000", "a", "sha256:" + "0" * 64)),
-    ],
-)
-def test_parse_reference(image, expected):
-    ref = parse_reference(image)
-    assert (ref.host, ref.repository, ref.reference) == expected
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 One short-lived hardened container runs a stdlib-only script that reports the python patch
 version, glibc, the distributions on PYTHONPATH, the sonames the loader can find and the dpkg
-package list. Only the architecture the engine can run is observed directly; the other one's
-sonames are derived from the same package list through the shipped soname index, plus the
-libraries no package owns (e.g. /usr/local/lib), whose names do not depend on the arch.
+status file. Only the architecture the engine can run is observed directly;
+`profile.profile_from_facts` derives the other one, as it does for the registry reader.
+The script stays self-contained (it runs in the base's python with `-I`); what can be parsed
+on the host (the dpkg status) is.
 """
 
 from __future__ import annotations
@@ -18,17 +19,14 @@ import docker
 import docker.errors
 import requests
 
-from builder.analysis.debian import packages_providing
-from builder.analysis.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseProfile
+from builder.analysis.target import ARCHES, BaseProfile
+from builder.base.profile import installed_packages, profile_from_facts, pythonpath_dirs
 from builder.cache import Cache
 from builder.engine import failure_reason, local_image
 from builder.errors import UserError
+from builder.imageref import ImageRef
 
 PROBE_TIMEOUT = 120
-TARGET_PYTHON = "3.13"
-TARGET_GLIBC = f"{GLIBC_MAJOR}.{GLIBC_MINOR}"
-DEPS_DIR = "/app/deps"
-EXAMPLES = 5
 PROBE_LABEL = "org.build-sandbox-image.probe"  # on the probe container, to find strays
 
 # Runs inside the base as `python3 -I -c SCRIPT '<json list of PYTHONPATH dirs>'`: stdlib only,
@@ -88,19 +86,13 @@ def loader_cache():
                     for line in out.splitlines() if " => " in line]
     return []
 
-def packages():
-    names = set()
+def dpkg_status():
+    # Parsed on the host (builder.base.profile.installed_packages), as the registry reader does.
     try:
         with open("/var/lib/dpkg/status", encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
+            return handle.read()
     except OSError:
-        return names
-    for stanza in text.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
-                      if ": " in line and not line.startswith(" "))
-        if fields.get("Status") == "install ok installed" and "Package" in fields:
-            names.add(fields["Package"].split(":")[0])
-    return names
+        return ""
 
 def dpkg_files():
     owned = set()
@@ -130,7 +122,7 @@ print(json.dumps({
     "distributions": {d: distributions(d) for d in json.loads(sys.argv[1])},
     "sonames": sorted({name for name, _ in found}),
     "unpackaged": sorted({name for name, path in found if os.path.realpath(path) not in owned}),
-    "packages": sorted(packages()),
+    "dpkg_status": dpkg_status(),
 }))
 """
 SCRIPT_SHA256 = hashlib.sha256(SCRIPT.encode()).hexdigest()
@@ -149,35 +141,34 @@ def probe_base(image: str, client: docker.DockerClient, cache: Cache) -> BasePro
             "facts": _run_probe(image, found, client),
         }
         cache.put_record("probe", key, record)
+    facts = record["facts"]
+    observed = next((a for a in ARCHES.values() if a.machine == facts["machine"]), None)
+    if observed is None:
+        supported = ", ".join(a.machine for a in ARCHES.values())
+        raise UserError(f"base image {image} is {facts['machine']}; supported: {supported}")
     config = found.attrs.get("Config") or {}
-    return _profile(image, record["facts"], config, _repo_digest(image, found), image_id)
-
-
-def _repository(image: str) -> str:
-    """`host:5000/a/b:tag` and `a/b@sha256:...` -> their repository, in docker's short form."""
-    name = image.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name = name[: -len(last)] + last.split(":", 1)[0]
-    return _familiar(name)
-
-
-def _familiar(repository: str) -> str:
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/"):
-        if repository.startswith(prefix):
-            return repository.removeprefix(prefix)
-    return repository
+    return profile_from_facts(
+        image,
+        {observed.name: facts},
+        pythonpath=_env(config, "PYTHONPATH"),
+        user=config.get("User") or "",
+        digest=_repo_digest(image, found),
+        source=f"probed {image_id.removeprefix('sha256:')[:12]}",
+    )
 
 
 def _repo_digest(image: str, found: Any) -> str | None:
     """The registry digest for `image`'s repository; a locally built image has none."""
-    if "@" in image:
-        return image.split("@", 1)[1]
-    wanted = _repository(image)
+    ref = ImageRef.parse(image, "base image")
+    if ref.digest:
+        return ref.digest
     for entry in found.attrs.get("RepoDigests") or []:
-        repository, _, digest = entry.partition("@")
-        if _familiar(repository) == wanted and digest:
-            return digest
+        try:
+            pinned = ImageRef.parse(entry, "RepoDigests entry")
+        except UserError:
+            continue  # the engine's own bookkeeping: nothing the operator can act on
+        if pinned.name == ref.name and pinned.digest:
+            return pinned.digest
     return None
 
 
@@ -189,14 +180,10 @@ def _env(config: Mapping[str, Any], name: str) -> str:
     return ""
 
 
-def _pythonpath_dirs(pythonpath: str) -> list[str]:
-    return [d for d in pythonpath.split(":") if d]
-
-
 def _run_probe(image: str, found: Any, client: docker.DockerClient) -> dict[str, Any]:
     """Run the probe script in one hardened, network-less container that is always removed."""
     config = found.attrs.get("Config") or {}
-    dirs = _pythonpath_dirs(_env(config, "PYTHONPATH"))
+    dirs = pythonpath_dirs(_env(config, "PYTHONPATH"))
     container = None
     try:
         container = client.containers.create(
@@ -225,110 +212,10 @@ def _run_probe(image: str, found: Any, client: docker.DockerClient) -> dict[str,
             f"{stderr.strip()[-500:]}"
         )
     try:
-        return json.loads(stdout)
+        facts = json.loads(stdout)
     except json.JSONDecodeError:
         raise UserError(
             f"base image {image}: the probe printed no result: {stdout[:300]}"
         ) from None
-
-
-def _profile(
-    image: str,
-    facts: Mapping[str, Any],
-    config: Mapping[str, Any],
-    digest: str | None,
-    image_id: str,
-) -> BaseProfile:
-    """Turn the container's facts into a profile; the arch not observed is derived."""
-    observed = next((a for a in ARCHES.values() if a.machine == facts["machine"]), None)
-    if observed is None:
-        supported = ", ".join(a.machine for a in ARCHES.values())
-        raise UserError(f"base image {image} is {facts['machine']}; supported: {supported}")
-    pythonpath = _env(config, "PYTHONPATH")
-    distributions: dict[str, str] = {}
-    for directory in _pythonpath_dirs(pythonpath):  # first on the path wins, as at import time
-        for name, version in facts["distributions"].get(directory, {}).items():
-            distributions.setdefault(name, version)
-    packages = frozenset(facts["packages"])
-    unpackaged = frozenset(facts["unpackaged"])
-    sonames = {
-        arch.name: frozenset(facts["sonames"])
-        if arch == observed
-        else packages_providing(packages, arch) | unpackaged
-        for arch in ARCHES.values()
-    }
-    return BaseProfile(
-        image=image,
-        python_version=facts["python"],
-        glibc=facts["glibc"],
-        user=config.get("User") or "",
-        pythonpath=pythonpath,
-        distributions=distributions,
-        sonames=sonames,
-        packages={arch: packages for arch in ARCHES},
-        digest=digest,
-        source=f"probed {image_id.removeprefix('sha256:')[:12]}",
-    )
-
-
-def profile_differences(shipped: BaseProfile, probed: BaseProfile) -> list[str]:
-    """What the real base has that the shipped profile does not say: shown, never hidden."""
-    lines = []
-    for label, old, new in (
-        ("python", shipped.python_version, probed.python_version),
-        ("glibc", shipped.glibc, probed.glibc),
-        ("user", shipped.user or "root", probed.user or "root"),
-        ("PYTHONPATH", shipped.pythonpath or "unset", probed.pythonpath or "unset"),
-    ):
-        if old != new:
-            lines.append(f"{label}: {new} (shipped profile says {old})")
-    old_dists, new_dists = shipped.distributions, probed.distributions
-    added = sorted(set(new_dists) - set(old_dists))
-    removed = sorted(set(old_dists) - set(new_dists))
-    changed = sorted(n for n in set(old_dists) & set(new_dists) if old_dists[n] != new_dists[n])
-    if added:
-        lines.append("distributions only in the base: " + _pins(added, new_dists))
-    if removed:
-        lines.append("distributions missing from the base: " + _pins(removed, old_dists))
-    if changed:
-        lines.append(
-            "distributions at other versions: "
-            + ", ".join(f"{n} {new_dists[n]} (shipped {old_dists[n]})" for n in changed)
-        )
-    for arch in sorted(set(shipped.sonames) | set(probed.sonames)):
-        old_sonames = shipped.sonames.get(arch, frozenset())
-        new_sonames = probed.sonames.get(arch, frozenset())
-        if missing := old_sonames - new_sonames:
-            lines.append(f"{arch}: {_count(missing)} of the shipped profile missing")
-        if extra := new_sonames - old_sonames:
-            lines.append(f"{arch}: {_count(extra)} not in the shipped profile")
-    return lines
-
-
-def _pins(names: list[str], versions: Mapping[str, str]) -> str:
-    return ", ".join(f"{name}=={versions[name]}" for name in names)
-
-
-def _count(sonames: frozenset[str]) -> str:
-    examples = sorted(sonames)[:EXAMPLES]
-    more = ", …" if len(sonames) > EXAMPLES else ""
-    noun = "soname" if len(sonames) == 1 else "sonames"
-    return f"{len(sonames)} {noun} ({', '.join(examples)}{more})"
-
-
-def base_problems(profile: BaseProfile) -> list[str]:
-    """Ways the base breaks the runtime contract the extension recipe relies on."""
-    problems = []
-    if profile.user.split(":", 1)[0] in {"", "0", "root"}:
-        problems.append(f"{profile.image} runs as root (the runtime must run as uid 65532)")
-    if DEPS_DIR not in _pythonpath_dirs(profile.pythonpath):
-        problems.append(
-            f"{profile.image}: {DEPS_DIR} is not on PYTHONPATH ({profile.pythonpath or 'unset'})"
-        )
-    if ".".join(profile.python_version.split(".")[:2]) != TARGET_PYTHON:
-        problems.append(f"{profile.image}: python is {profile.python_version}, not {TARGET_PYTHON}")
-    if profile.glibc != TARGET_GLIBC:
-        problems.append(
-            f"{profile.image}: glibc is {profile.glibc or 'absent'}, not {TARGET_GLIBC}"
-        )
-    return problems
+    facts["packages"] = sorted(installed_packages(facts.pop("dpkg_status")))
+    return facts

@@ -2,14 +2,13 @@
 
 Tags are for people and CI logs; the SandboxTemplate gets `repository@sha256:…`, read from the
 engine's push stream and confirmed by asking the registry afterwards. The engine does the transfer,
-so credentials work the way `docker push` does: the environment, else the Docker config file
-(including credential helpers).
+with the login `builder.credentials` finds (the environment, else the Docker config and its
+credential helpers), passed as the push's auth config.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -17,24 +16,12 @@ from typing import NamedTuple
 import docker
 import docker.errors
 
+from builder.credentials import AUTH_HINT
 from builder.errors import UserError
+from builder.imageref import DIGEST_RE, TAG_RE, ImageRef
 
 TAG_MAX = 128
 HASH_LENGTH = 12
-DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
-TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-# distribution/reference grammar: optional registry host[:port], then lowercase path components.
-_HOST = (
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
-)
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-REPOSITORY_RE = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*")
-# Pairs of environment variables holding registry credentials, first match wins.
-CREDENTIAL_ENV = (
-    ("BSI_REGISTRY_USER", "BSI_REGISTRY_PASSWORD"),
-    ("REGISTRY_USERNAME", "REGISTRY_PASSWORD"),
-)
-AUTH_HINT = "log in (docker login {host}) or set BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD"
 AUTH_WORDS = ("unauthorized", "authentication required", "no basic auth credentials", "denied")
 
 
@@ -69,7 +56,7 @@ def image_tags(repository: str, platform_version: str, extras_hash: str) -> list
     The platform version is made tag-safe (other characters become `-`) and shortened so the tag
     stays within docker's 128 characters while the hash part is always kept whole.
     """
-    check_repository(repository)
+    ImageRef.parse_repository(repository, "push target")
     if not re.fullmatch(rf"[0-9a-f]{{{HASH_LENGTH},}}", extras_hash):
         raise ValueError(f"extras hash {extras_hash!r} is not hex of {HASH_LENGTH}+ digits")
     suffix = f"-x{extras_hash[:HASH_LENGTH]}"
@@ -78,37 +65,6 @@ def image_tags(repository: str, platform_version: str, extras_hash: str) -> list
     if not version:
         raise UserError(f"platform version {platform_version!r} has nothing usable in an image tag")
     return [f"{repository}:{version}{suffix}"]
-
-
-def check_repository(repository: str) -> None:
-    """Refuse a push target docker would reject, or one that already carries a tag or digest."""
-    if "@" in repository or ":" in repository.rsplit("/", 1)[-1]:
-        raise UserError(f"push target {repository!r}: give a repository without a tag or digest")
-    if not REPOSITORY_RE.fullmatch(repository):
-        raise UserError(
-            f"push target {repository!r} is not a valid repository name"
-            " (registry host[:port]/lowercase-path, e.g. registry.example.com/team/sandbox)"
-        )
-
-
-def registry_host(repository: str) -> str:
-    """The registry a repository lives on, by docker's rule (first part names a host or not)."""
-    first, _, rest = repository.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return "docker.io"
-
-
-def registry_credentials(registry_host: str) -> dict | None:
-    """Credentials from the environment, or None so the Docker config (and helpers) is used."""
-    for user_var, password_var in CREDENTIAL_ENV:
-        user, password = os.environ.get(user_var), os.environ.get(password_var)
-        if user and password:
-            return {"username": user, "password": password, "serveraddress": registry_host}
-        if user or password:
-            missing = password_var if user else user_var
-            raise UserError(f"{user_var}/{password_var}: {missing} is not set; set both or neither")
-    return None
 
 
 def push_image(
@@ -128,7 +84,7 @@ def push_image(
     push, since a manifest is only written after all its blobs. Note that docker deletes an
     untagged image with its last tag: tag the image locally first to keep it after a failure.
     """
-    check_repository(repository)
+    ImageRef.parse_repository(repository, "push target")
     names = [_tag_name(repository, tag) for tag in tags]
     if not names:
         raise ValueError("push_image needs at least one tag")
@@ -209,7 +165,7 @@ def _push_tag(
 def _push_error(repository: str, ref: str, message: str) -> str:
     message = " ".join(message.split())
     if any(word in message.lower() for word in AUTH_WORDS):
-        hint = AUTH_HINT.format(host=registry_host(repository))
+        hint = AUTH_HINT.format(host=ImageRef.parse_repository(repository).registry)
         return f"push to {ref} denied: {message} — {hint}"
     return f"push to {ref} failed: {message}"
 

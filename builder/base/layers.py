@@ -1,0 +1,280 @@
+"""The merged filesystem of an image, read from its layer tars as they stream past.
+
+Each layer is applied in order with its whiteouts (`.wh.<name>` hides a lower path,
+`.wh..wh..opq` empties a lower directory), keeping only what the base facts need: symlinks,
+shared libraries (their soname, via `builder.analysis.elf`), METADATA of the distributions on
+PYTHONPATH, the dpkg status and file lists, and ld.so.cache. `facts()` then reports what the
+engine probe's in-container script reports, from the merged tree.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import io
+import posixpath
+import re
+import struct
+import tarfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from elftools.common.exceptions import ELFError
+
+from builder.analysis.elf import read_elf
+from builder.analysis.target import Arch
+from builder.base.profile import DEBIAN_VERSION, installed_packages
+
+MAX_LIBRARY = 256 << 20  # a shared library read whole to find its DT_SONAME
+MAX_TEXT = 64 << 20  # METADATA, dpkg status and lists, ld.so.cache
+LIBRARY = re.compile(r"[^/]+\.so(\.[^/]*)?$")
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+DPKG_STATUS = "var/lib/dpkg/status"
+DPKG_INFO = "var/lib/dpkg/info/"
+LD_CACHE = "etc/ld.so.cache"
+LD_CACHE_MAGIC = b"glibc-ld.so.cache1.1"
+LIBC_FILE = re.compile(r"^libc-(\d+\.\d+)\.so$")
+LIBC_BANNER = re.compile(rb"release version (\d+\.\d+)")
+ELF64_LE = b"\x7fELF\x02\x01"  # the engine probe reads these only (x86_64, aarch64)
+SYMLINK_HOPS = 40
+
+
+# An entry is (kind, value): ("link", target), ("lib", soname or None, libc version or None),
+# ("meta", (name, version)), ("text", str) for dpkg status and lists, ("ldcache", [(name, path)]),
+# ("other", None) for a non-directory nobody reads (it hides what it replaces, then is dropped).
+Entry = tuple[Any, ...]
+
+
+@dataclass
+class Layers:
+    """Entries of interest after applying each layer and its whiteouts in order."""
+
+    arch: Arch
+    pythonpath: list[str]
+    entries: dict[str, Entry] = field(default_factory=dict)
+
+    def wanted(self, path: str) -> str | None:
+        """What to read from a regular file at `path` (normalized, no leading slash)."""
+        parent, name = posixpath.split(path)
+        if path in (DPKG_STATUS, LD_CACHE):
+            return "text" if path == DPKG_STATUS else "ldcache"
+        if parent == DPKG_INFO.rstrip("/") and name.endswith(".list"):
+            return "list"
+        if LIBRARY.match(name) and parent in self.library_dirs():
+            return "lib"
+        if name in ("METADATA", "PKG-INFO"):
+            info, package_dir = posixpath.basename(parent), posixpath.dirname(parent)
+            if info.endswith((".dist-info", ".egg-info")) and package_dir in self.pythonpath:
+                return "meta"
+        return None
+
+    def library_dirs(self) -> tuple[str, ...]:
+        return (f"lib/{self.arch.triplet}", f"usr/lib/{self.arch.triplet}", "usr/local/lib")
+
+    def apply(self, stream: IO[bytes]) -> None:
+        """Read one layer tar (streamed) and lay it over the entries so far."""
+        added: dict[str, Entry] = {}
+        present: set[str] = set()  # every path this layer holds: it replaces the lower one
+        hidden: set[str] = set()  # whiteouts: these paths and all under them go
+        opaque: set[str] = set()  # directories whose lower contents go
+        with tarfile.open(fileobj=stream, mode="r|*") as archive:
+            for member in archive:
+                path = _normalize(member.name)
+                if not path:
+                    continue
+                parent, name = posixpath.split(path)
+                if name == OPAQUE:
+                    opaque.add(parent)
+                    continue
+                if name.startswith(WHITEOUT):
+                    hidden.add(posixpath.join(parent, name[len(WHITEOUT) :]))
+                    continue
+                present.add(path)
+                if member.isdir():
+                    continue
+                if member.issym():
+                    added[path] = ("link", member.linkname)
+                elif member.islnk():
+                    target = added.get(_normalize(member.linkname))
+                    added[path] = target if target else ("other", None)
+                elif member.isreg():
+                    added[path] = self._read(archive, member, path)
+                else:
+                    added[path] = ("other", None)
+        self._overlay(added, present, hidden, opaque)
+
+    def _read(self, archive: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> Entry:
+        kind = self.wanted(path)
+        if kind is None:
+            return ("other", None)
+        limit = MAX_LIBRARY if kind == "lib" else MAX_TEXT
+        if member.size > limit:
+            return ("other", None)
+        handle = archive.extractfile(member)
+        data = handle.read() if handle else b""
+        if kind == "lib":
+            name = posixpath.basename(path)
+            banner = LIBC_BANNER.search(data) if name == "libc.so.6" else None
+            return ("lib", soname(data, name), banner.group(1).decode() if banner else None)
+        if kind == "meta":
+            headers = email.parser.BytesHeaderParser().parsebytes(data)
+            return ("meta", (headers.get("Name") or "", headers.get("Version") or ""))
+        if kind == "ldcache":
+            return ("ldcache", ld_cache_entries(data))
+        text = data.decode("utf-8", "replace")
+        if kind == "list":  # only the library paths matter: keep the record small
+            text = "\n".join(p for p in text.splitlines() if LIBRARY.match(posixpath.basename(p)))
+        return ("text", text)
+
+    def _overlay(
+        self,
+        added: Mapping[str, Entry],
+        present: set[str],
+        hidden: set[str],
+        opaque: set[str],
+    ) -> None:
+        # A whiteout, an opaque directory or a non-directory in this layer removes the lower
+        # path and everything beneath it; the layer's own entries then go on top.
+        gone_below = hidden | opaque | set(added)
+        for path in list(self.entries):
+            if path in hidden or path in present or _under(path, gone_below):
+                del self.entries[path]
+        self.entries.update((p, e) for p, e in added.items() if e[0] != "other")
+
+    # -- reading the merged tree --------------------------------------------------------------
+    def realpath(self, path: str) -> str:
+        """`path` with every symlink the image holds resolved (relative to its root)."""
+        parts = [p for p in path.split("/") if p]
+        resolved: list[str] = []
+        hops = 0
+        while parts:
+            part = parts.pop(0)
+            if part == "..":
+                if resolved:
+                    resolved.pop()
+                continue
+            if part == ".":
+                continue
+            candidate = "/".join([*resolved, part])
+            entry = self.entries.get(candidate)
+            if entry and entry[0] == "link" and hops < SYMLINK_HOPS:
+                hops += 1
+                target = entry[1]
+                if target.startswith("/"):
+                    resolved = []
+                parts = [p for p in target.split("/") if p] + parts
+                continue
+            resolved.append(part)
+        return "/".join(resolved)
+
+    def facts(self) -> dict[str, Any]:
+        """The same facts the engine probe's script prints, read from the merged layers."""
+        status = self.entries.get(DPKG_STATUS)
+        installed = installed_packages(status[1] if status and status[0] == "text" else "")
+        owned: set[str] = set()
+        for path, entry in self.entries.items():
+            if path.startswith(DPKG_INFO) and entry[0] == "text":
+                owned.update(self.realpath(p) for p in entry[1].splitlines())
+        found: list[tuple[str, str]] = []  # (soname, path), as the engine's script collects
+        ldcache = self.entries.get(LD_CACHE)
+        if ldcache and ldcache[0] == "ldcache":
+            found.extend((name, target.lstrip("/")) for name, target in ldcache[1])
+        libc_banner = None
+        directories = {self.realpath(d) for d in self.library_dirs()}
+        for path in sorted(self.entries):
+            parent, name = posixpath.split(path)
+            if parent not in directories or name.startswith(".") or not LIBRARY.match(name):
+                continue
+            target = self.entries.get(self.realpath(path))
+            if target and target[0] == "lib":
+                if target[1]:
+                    found.append((target[1], path))
+                libc_banner = libc_banner or target[2]
+            elif self.entries[path][0] == "link":  # a target outside the library directories
+                found.append((name, path))
+        return {
+            "glibc": _glibc(installed, [p for _, p in found], libc_banner),
+            "distributions": {d: self._distributions(d) for d in self.pythonpath},
+            "sonames": sorted({name for name, _ in found}),
+            "unpackaged": sorted(
+                {name for name, path in found if self.realpath(path) not in owned}
+            ),
+            "packages": sorted(installed),
+            "python_packages": {
+                name: version
+                for name, version in installed.items()
+                if re.fullmatch(r"python3\.\d+(-minimal)?", name)
+            },
+            "python3_link": self.realpath("usr/bin/python3"),
+        }
+
+    def _distributions(self, directory: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        prefix = directory.strip("/") + "/"
+        for path in sorted(self.entries):
+            entry = self.entries[path]
+            if entry[0] != "meta" or not path.startswith(prefix):
+                continue
+            name, version = entry[1]
+            if name and posixpath.dirname(posixpath.dirname(path)) + "/" == prefix:
+                found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), version)
+        return found
+
+
+def _normalize(name: str) -> str:
+    return posixpath.normpath("/" + name).lstrip("/") if name not in ("", ".", "./") else ""
+
+
+def _under(path: str, prefixes: set[str]) -> bool:
+    parent = posixpath.dirname(path)
+    while parent:
+        if parent in prefixes:
+            return True
+        parent = posixpath.dirname(parent)
+    return False
+
+
+def _glibc(installed: Mapping[str, str], library_paths: Iterable[str], banner: str | None) -> str:
+    match = DEBIAN_VERSION.match(installed.get("libc6", ""))
+    if match:
+        return match.group(1)
+    for path in library_paths:
+        match = LIBC_FILE.match(posixpath.basename(path))
+        if match:
+            return match.group(1)
+    return banner or ""
+
+
+def ld_cache_entries(data: bytes) -> list[tuple[str, str]]:
+    """(name, path) pairs of a glibc ld.so.cache (format 1.1), as `ldconfig -p` lists them."""
+    start = data.find(LD_CACHE_MAGIC)
+    if start < 0:
+        return []
+    try:
+        count, _ = struct.unpack_from("<II", data, start + 20)
+        entries = []
+        for i in range(count):
+            _, key, value = struct.unpack_from("<iII", data, start + 48 + 24 * i)
+            entries.append((_cstring(data, key), _cstring(data, value)))
+        return entries
+    except (struct.error, UnicodeDecodeError):
+        return []
+
+
+def _cstring(data: bytes, offset: int) -> str:
+    end = data.index(b"\0", offset)
+    return data[offset:end].decode()
+
+
+def soname(data: bytes, name: str) -> str | None:
+    """DT_SONAME of a 64-bit little-endian ELF, its file name if it has none, None if not ELF.
+
+    The rule of the engine probe's script, read with the analysis ELF reader.
+    """
+    if data[:6] != ELF64_LE:
+        return None
+    try:
+        return read_elf(io.BytesIO(data), name).soname or name
+    except (ELFError, ValueError, struct.error, UnicodeDecodeError):
+        return None

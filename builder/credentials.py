@@ -1,0 +1,159 @@
+"""Registry credentials, found where `docker` finds them, for every path that talks to a registry.
+
+Order: BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD (or REGISTRY_USERNAME/REGISTRY_PASSWORD) in the
+environment; then the Docker config ($DOCKER_CONFIG/config.json, else ~/.docker/config.json):
+the registry's `credHelpers` entry, the default `credsStore`, and last an inline `auths` entry
+(base64 `auth`, `username`/`password`, or `identitytoken`). A helper runs as Docker runs it:
+`docker-credential-<name> get` with the server URL on stdin, answering {"Username", "Secret"};
+a `<token>` username means the secret is an identity token; a failing helper means "none".
+Docker Hub is keyed `https://index.docker.io/v1/`. Push (through the engine), the engine pull
+and the engine-less registry client all use `lookup`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.errors import UserError
+from builder.imageref import DOCKER_HUB, DOCKER_HUB_API, HUB_ALIASES
+
+CREDENTIAL_ENV = (
+    ("BSI_REGISTRY_USER", "BSI_REGISTRY_PASSWORD"),
+    ("REGISTRY_USERNAME", "REGISTRY_PASSWORD"),
+)
+HUB_SERVER = "https://index.docker.io/v1/"
+TOKEN_USER = "<token>"  # a helper's username for "the secret is an identity token"
+HELPER_TIMEOUT = 30  # seconds; a helper that hangs (a locked keychain) must not stall a plan
+AUTH_HINT = "log in (docker login {host}) or set BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A login for one registry; `secret` is a password or, with `identity_token`, a token."""
+
+    username: str
+    secret: str
+    source: str  # where it was found, for messages: an env var, a helper, config.json
+    identity_token: bool = False
+
+    def engine_auth(self, registry: str) -> dict[str, str]:
+        """The auth_config the engine API takes for a pull or push."""
+        server = server_url(registry)
+        if self.identity_token:
+            return {"identitytoken": self.secret, "serveraddress": server}
+        return {"username": self.username, "password": self.secret, "serveraddress": server}
+
+
+def server_url(registry: str) -> str:
+    """The key Docker files a registry's login under (and passes to credential helpers)."""
+    return HUB_SERVER if registry == DOCKER_HUB else registry
+
+
+def lookup(registry: str) -> Credentials | None:
+    """Credentials for `registry` (as an ImageRef names it), or None for anonymous access."""
+    return from_environment() or from_docker_config(registry)
+
+
+def engine_auth(registry: str) -> dict[str, str] | None:
+    """`lookup` in the engine's shape; None lets the engine go anonymous."""
+    found = lookup(registry)
+    return found.engine_auth(registry) if found else None
+
+
+def from_environment() -> Credentials | None:
+    for user_var, password_var in CREDENTIAL_ENV:
+        user, password = os.environ.get(user_var), os.environ.get(password_var)
+        if user and password:
+            return Credentials(user, password, source=user_var)
+        if user or password:
+            missing = password_var if user else user_var
+            raise UserError(f"{user_var}/{password_var}: {missing} is not set; set both or neither")
+    return None
+
+
+def config_path() -> Path:
+    directory = os.environ.get("DOCKER_CONFIG") or str(Path.home() / ".docker")
+    return Path(directory) / "config.json"
+
+
+def from_docker_config(registry: str) -> Credentials | None:
+    path = config_path()
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"Docker config {path}: unreadable: {exc}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"Docker config {path}: not a JSON object")
+    helpers = config.get("credHelpers") or {}
+    for key, helper in helpers.items() if isinstance(helpers, dict) else ():
+        if _same_registry(key, registry) and isinstance(helper, str):
+            found = run_helper(helper, server_url(registry))
+            if found:
+                return found
+    store = config.get("credsStore")
+    if isinstance(store, str) and store:
+        found = run_helper(store, server_url(registry))
+        if found:
+            return found
+    auths = config.get("auths") or {}
+    for key, entry in auths.items() if isinstance(auths, dict) else ():
+        if _same_registry(key, registry) and isinstance(entry, dict):
+            found = _inline(entry, f"{path} auths")
+            if found:
+                return found
+    return None
+
+
+def run_helper(name: str, server: str) -> Credentials | None:
+    """Ask `docker-credential-<name>` for `server`'s login; None if it has none or fails."""
+    program = f"docker-credential-{name}"
+    try:
+        result = subprocess.run(
+            [program, "get"], input=server, capture_output=True, text=True, timeout=HELPER_TIMEOUT
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:  # "credentials not found in native keychain" included
+        return None
+    try:
+        answer: Any = json.loads(result.stdout)
+    except ValueError:
+        return None
+    if not isinstance(answer, dict) or not answer.get("Secret"):
+        return None
+    user = str(answer.get("Username") or "")
+    return Credentials(
+        user, str(answer["Secret"]), source=program, identity_token=user == TOKEN_USER
+    )
+
+
+def _inline(entry: dict[str, Any], source: str) -> Credentials | None:
+    """An `auths` entry's login: identity token, base64 `auth`, or username and password."""
+    user, password = entry.get("username") or "", entry.get("password") or ""
+    if entry.get("auth"):
+        try:
+            user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            return None
+    if entry.get("identitytoken"):
+        return Credentials(user, str(entry["identitytoken"]), source, identity_token=True)
+    if user and password:
+        return Credentials(user, password, source)
+    return None
+
+
+def _same_registry(key: str, registry: str) -> bool:
+    """Does a config key (`https://host/v1/`, `host`, `host:port`) name `registry`?"""
+    host = key.split("://", 1)[-1].split("/", 1)[0]
+    if registry == DOCKER_HUB:
+        return host in HUB_ALIASES or host == DOCKER_HUB_API
+    return host == registry

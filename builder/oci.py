@@ -1,0 +1,395 @@
+"""A small OCI distribution client (stdlib urllib) for one repository: read and write.
+
+Reads verify while they stream: a manifest or blob that does not hash to the digest asked for
+(or the digest the registry announced) raises IntegrityError naming both digests. Writes cover
+what pushing an index or a rebased image needs: blob existence, cross-repository mount,
+monolithic and chunked upload, and a manifest PUT that returns the digest. Authentication is
+basic or bearer-token (with a password or an identity token), from `builder.credentials`.
+Failures are typed (`builder.errors`): unreachable (network, 5xx), auth, other registry errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import http.client
+import ipaddress
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from builder.credentials import AUTH_HINT, Credentials, lookup
+from builder.errors import IntegrityError, RegistryAuthError, RegistryError, RegistryUnreachable
+from builder.imageref import DIGEST_RE, ImageRef
+
+TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
+MAX_MANIFEST = 16 << 20
+MAX_JSON_BLOB = 64 << 20
+CHUNK = 16 << 20  # bytes per PATCH of a chunked upload
+CLIENT_ID = "build-sandbox-image"
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+INDEX_TYPES = frozenset(MANIFEST_TYPES[:2])
+NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def is_loopback(host: str) -> bool:
+    """Loopback registries speak plain HTTP and never go through a proxy."""
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class Registry:
+    """Requests on one repository of one registry, authenticated on the first 401."""
+
+    def __init__(
+        self, ref: ImageRef, label: str | None = None, credentials: Credentials | None = None
+    ) -> None:
+        self.ref = ref
+        self.label = label or str(ref)  # how messages name what was asked for
+        local = is_loopback(ref.api_host)
+        self.scheme = "http" if local else "https"
+        self.opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({} if local else None)
+        )
+        self.credentials = credentials or lookup(ref.registry)
+        # Basic credentials go with the first request (they are this host's own), saving a 401
+        # round trip; a registry that wants tokens answers with its Bearer challenge instead.
+        usable = self.credentials and not self.credentials.identity_token
+        self.authorization = _basic(self.credentials) if usable and self.credentials else None
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def url(self, kind: str, reference: str = "") -> str:
+        return f"{self.scheme}://{self.ref.api_host}/v2/{self.ref.repository}/{kind}/{reference}"
+
+    def open(
+        self,
+        url: str,
+        method: str = "GET",
+        *,
+        accept: str | None = None,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        missing_ok: bool = False,
+        scopes: tuple[str, ...] = (),
+    ) -> Any:
+        """The response to `url` (None for a 404 when `missing_ok`); typed errors otherwise.
+
+        A 401 is answered once by authenticating as its challenge asks (bodies are bytes, so
+        the request can be sent again).
+        """
+        for attempt in range(2):
+            request = urllib.request.Request(url, data=data, method=method)
+            for name, value in {
+                **(headers or {}),
+                **({"Accept": accept} if accept else {}),
+            }.items():
+                request.add_header(name, value)
+            if self.authorization:  # never forwarded to a redirect target (blob storage)
+                request.add_unredirected_header("Authorization", self.authorization)
+            try:
+                return self.opener.open(request, timeout=TIMEOUT)
+            except urllib.error.HTTPError as exc:
+                challenge = exc.headers.get("WWW-Authenticate", "") if exc.headers else ""
+                exc.close()
+                retry = attempt == 0 and exc.code == 401
+                if retry and self._authenticate(challenge, method, scopes):
+                    continue
+                if exc.code == 404 and missing_ok:
+                    return None
+                raise self._http_error(exc.code, url) from None
+            except NETWORK_ERRORS as exc:
+                raise self._unreachable(self.ref.api_host, exc) from None
+        raise AssertionError("unreachable")
+
+    def _unreachable(self, host: str, exc: BaseException) -> RegistryUnreachable:
+        reason = getattr(exc, "reason", None) or exc
+        return RegistryUnreachable(f"{self.label}: registry {host} is unreachable: {reason}")
+
+    def _http_error(self, code: int, url: str) -> RegistryError:
+        host = self.ref.api_host
+        if code in (401, 403):
+            how = "with the given credentials" if self.credentials else "without credentials"
+            return RegistryAuthError(
+                f"{self.label}: registry {host} refused access ({code} unauthorized {how}) — "
+                + AUTH_HINT.format(host=self.ref.registry)
+            )
+        if code == 404:
+            what = "manifest" if "/manifests/" in url else "blob"
+            return RegistryError(
+                f"{self.label}: not found in registry {host} "
+                f"(no {what} {url.rsplit('/', 1)[-1]} in {self.ref.repository})"
+            )
+        kind = RegistryUnreachable if code == 429 or code >= 500 else RegistryError
+        return kind(f"{self.label}: registry {host} answered {code} for {url}")
+
+    def _authenticate(self, challenge: str, method: str, scopes: tuple[str, ...]) -> bool:
+        """Set the Authorization header a 401 challenge asks for; False if there is none."""
+        scheme, _, params = challenge.partition(" ")
+        if scheme.lower() == "basic":
+            if not self.credentials or self.credentials.identity_token:
+                return False
+            if (self.authorization or "").startswith("Basic "):
+                return False  # already sent and refused
+            self.authorization = _basic(self.credentials)
+            return True
+        if scheme.lower() != "bearer":
+            return False
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
+        realm = fields.get("realm", "")
+        if not realm:
+            return False
+        action = "pull" if method in ("GET", "HEAD") else "pull,push"
+        wanted = [fields.get("scope") or f"repository:{self.ref.repository}:{action}", *scopes]
+        token = self._token(realm, fields.get("service", ""), wanted)
+        if not token:
+            return False
+        self.authorization = f"Bearer {token}"
+        return True
+
+    def _token(self, realm: str, service: str, scopes: list[str]) -> str | None:
+        """A bearer token from the realm: GET with basic auth, or POST an identity token."""
+        query = [("service", service)] if service else []
+        query += [("scope", scope) for scope in scopes]
+        if self.credentials and self.credentials.identity_token:
+            form = [("grant_type", "refresh_token"), ("client_id", CLIENT_ID),
+                    ("refresh_token", self.credentials.secret), *query]  # fmt: skip
+            request = urllib.request.Request(
+                realm, data=urllib.parse.urlencode(form).encode(), method="POST"
+            )
+        else:
+            request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(query)}")
+            if self.credentials:
+                request.add_unredirected_header("Authorization", _basic(self.credentials))
+        try:
+            with self.opener.open(request, timeout=TIMEOUT) as response:
+                answer = json.load(response)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise self._http_error(exc.code, realm) from None
+        except NETWORK_ERRORS as exc:
+            raise self._unreachable(urllib.parse.urlsplit(realm).netloc, exc) from None
+        except ValueError:
+            raise RegistryError(f"{self.label}: token service {realm} answered no JSON") from None
+        return (
+            answer.get("token") or answer.get("access_token") if isinstance(answer, dict) else None
+        )
+
+    # -- reading ------------------------------------------------------------------------------
+    def ping(self) -> None:
+        """Raise unless the registry answers its API root (authenticating as it asks)."""
+        with self.open(f"{self.scheme}://{self.ref.api_host}/v2/"):
+            pass
+
+    def head_manifest(self, reference: str) -> str | None:
+        """The digest the registry serves for `reference`, from one HEAD request."""
+        url = self.url("manifests", reference)
+        with self.open(url, "HEAD", accept=", ".join(MANIFEST_TYPES)) as response:
+            digest = response.headers.get("Docker-Content-Digest")
+        return digest if digest and DIGEST_RE.fullmatch(digest) else None
+
+    def manifest(self, reference: str, expected: str | None = None) -> tuple[dict[str, Any], str]:
+        """A manifest or index and its digest, checked against every digest that names it."""
+        url = self.url("manifests", reference)
+        with self.open(url, accept=", ".join(MANIFEST_TYPES)) as response:
+            body = self._read(response, MAX_MANIFEST)
+            served = response.headers.get("Docker-Content-Digest")
+        digest = sha256_digest(body)
+        asked = reference if DIGEST_RE.fullmatch(reference) else None
+        for wanted in (asked, expected, served):
+            if wanted and wanted != digest:
+                raise IntegrityError(f"{self.label}: manifest {reference}", wanted, digest)
+        try:
+            document = json.loads(body)
+        except ValueError:
+            document = None
+        if not isinstance(document, dict):
+            raise RegistryError(f"{self.label}: manifest {digest} is not a JSON object")
+        return document, digest
+
+    def blob(self, digest: str) -> VerifiedBlob:
+        """A blob as a stream that raises IntegrityError at its end if it does not match."""
+        return VerifiedBlob(self.open(self.url("blobs", digest)), digest, self)
+
+    def json_blob(self, digest: str) -> dict[str, Any]:
+        with self.blob(digest) as blob:
+            body = blob.read(MAX_JSON_BLOB)
+        try:
+            document = json.loads(body)
+        except ValueError:
+            document = None
+        if not isinstance(document, dict):
+            raise RegistryError(f"{self.label}: blob {digest} is not a JSON object")
+        return document
+
+    def _read(self, response: Any, limit: int) -> bytes:
+        try:
+            return response.read(limit)
+        except NETWORK_ERRORS as exc:
+            raise self._unreachable(self.ref.api_host, exc) from None
+
+    # -- writing ------------------------------------------------------------------------------
+    def blob_exists(self, digest: str) -> bool:
+        response = self.open(self.url("blobs", digest), "HEAD", missing_ok=True)
+        if response is None:
+            return False
+        response.close()
+        return True
+
+    def mount(self, digest: str, source_repository: str) -> bool:
+        """Link a blob from another repository of this registry; False if it cannot."""
+        query = urllib.parse.urlencode({"mount": digest, "from": source_repository})
+        response = self.open(
+            self.url("blobs", f"uploads/?{query}"), "POST", data=b"",
+            scopes=(f"repository:{source_repository}:pull",),
+        )  # fmt: skip
+        with response:
+            if response.status == 201:
+                return True
+            location = self._location(response)
+        self._cancel(location)  # the registry started an upload instead
+        return False
+
+    def upload_blob(
+        self, source: bytes | Path | IO[bytes], digest: str | None = None, chunk: int = CHUNK
+    ) -> str:
+        """Upload bytes, a file or a stream; returns its digest (checked if `digest` is given).
+
+        Bytes and files up to `chunk` go in one PUT; larger files and streams go in PATCHes
+        of `chunk` bytes, hashed as they go, then a closing PUT naming the digest.
+        """
+        if isinstance(source, Path) and source.stat().st_size <= chunk:
+            source = source.read_bytes()
+        with self.open(self.url("blobs", "uploads/"), "POST", data=b"") as response:
+            location = self._location(response)
+        if isinstance(source, bytes):
+            actual, body = sha256_digest(source), source
+        else:
+            opened = (
+                source.open("rb") if isinstance(source, Path) else contextlib.nullcontext(source)
+            )
+            with opened as stream:
+                actual, location = self._patch_all(location, stream, chunk)
+            body = b""
+        if digest and digest != actual:
+            self._cancel(location)
+            raise IntegrityError(f"{self.label}: blob upload", digest, actual)
+        separator = "&" if "?" in location else "?"
+        put = f"{location}{separator}{urllib.parse.urlencode({'digest': actual})}"
+        headers = {"Content-Type": "application/octet-stream"}
+        with self.open(put, "PUT", data=body, headers=headers) as response:
+            served = response.headers.get("Docker-Content-Digest")
+        if served and served != actual:
+            raise IntegrityError(f"{self.label}: uploaded blob", actual, served)
+        return actual
+
+    def _patch_all(self, location: str, stream: IO[bytes], chunk: int) -> tuple[str, str]:
+        hasher, offset = hashlib.sha256(), 0
+        while data := stream.read(chunk):
+            hasher.update(data)
+            headers = {
+                "Content-Type": "application/octet-stream",
+                "Content-Range": f"{offset}-{offset + len(data) - 1}",
+            }
+            with self.open(location, "PATCH", data=data, headers=headers) as response:
+                location = self._location(response)
+            offset += len(data)
+        return "sha256:" + hasher.hexdigest(), location
+
+    def put_manifest(self, reference: str, body: bytes, media_type: str) -> str:
+        """PUT a manifest or index under a tag or its digest; returns the digest it has."""
+        digest = sha256_digest(body)
+        if DIGEST_RE.fullmatch(reference) and reference != digest:
+            raise IntegrityError(f"{self.label}: manifest to put", reference, digest)
+        headers = {"Content-Type": media_type}
+        url = self.url("manifests", reference)
+        with self.open(url, "PUT", data=body, headers=headers) as response:
+            served = response.headers.get("Docker-Content-Digest")
+        if served and served != digest:
+            raise IntegrityError(f"{self.label}: stored manifest", digest, served)
+        return digest
+
+    def _cancel(self, location: str) -> None:
+        """Drop an upload session; best effort (it expires on the registry anyway)."""
+        try:
+            response = self.open(location, "DELETE", missing_ok=True)
+        except RegistryError:
+            return
+        if response is not None:
+            response.close()
+
+    def _location(self, response: Any) -> str:
+        location = response.headers.get("Location")
+        if not location:
+            raise RegistryError(
+                f"{self.label}: registry {self.ref.api_host} gave no upload location"
+            )
+        return urllib.parse.urljoin(f"{self.scheme}://{self.ref.api_host}/", location)
+
+
+class VerifiedBlob:
+    """A blob response that hashes what is read; `finish` drains it and checks the digest.
+
+    Leaving the `with` block finishes it; on an exception (a corrupt tar, say) it still drains
+    and checks, so a tampered layer is reported as an integrity failure, not as unreadable.
+    """
+
+    def __init__(self, response: Any, digest: str, registry: Registry) -> None:
+        self.response = response
+        self.digest = digest
+        self.registry = registry
+        self.hasher = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.registry._read(self.response, size)
+        self.hasher.update(data)
+        return data
+
+    def finish(self) -> None:
+        while self.read(1 << 20):
+            pass
+        actual = "sha256:" + self.hasher.hexdigest()
+        if actual != self.digest:
+            raise IntegrityError(f"{self.registry.label}: blob {self.digest}", self.digest, actual)
+
+    def __enter__(self) -> VerifiedBlob:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if kind is None:
+                self.finish()
+            elif not isinstance(error, IntegrityError | RegistryError):
+                with contextlib.suppress(RegistryUnreachable):  # the original error stands
+                    self.finish()
+        finally:
+            self.response.close()
+
+
+def _basic(credentials: Credentials) -> str:
+    pair = f"{credentials.username}:{credentials.secret}".encode()
+    return "Basic " + base64.b64encode(pair).decode()
