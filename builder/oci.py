@@ -177,7 +177,7 @@ class Registry:
                 realm, data=urllib.parse.urlencode(form).encode(), method="POST"
             )
         else:
-            request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(query)}")
+            request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(query, safe=':/,')}")
             if self.credentials:
                 request.add_unredirected_header("Authorization", _basic(self.credentials))
         try:

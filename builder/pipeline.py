@@ -20,22 +20,23 @@ from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
 from builder.analysis.target import ARCHES, BaseProfile, Target, arch_named, shipped_profile
 from builder.analysis.wheels import inspect_wheels
-from builder.base.probe import base_problems, probe_base, profile_differences
+from builder.base.probe import probe_base
+from builder.base.profile import base_problems, profile_differences
 from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.config import PipelineConfig, set_platform_version
-from builder.errors import UserError
+from builder.credentials import engine_auth
+from builder.errors import RegistryUnreachable
 from builder.image.build import build_image
 from builder.image.publish import (
     PushResult,
     extras_hash,
     image_tags,
     push_image,
-    registry_credentials,
-    registry_host,
 )
 from builder.image.render import Secrets, lock_text, render, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
+from builder.imageref import ImageRef
 from builder.upgrade import changes, load_state, save_state, state_of
 from builder.verify.suite import VerifyReport, verify_image
 
@@ -114,16 +115,17 @@ def base_profile(
 ) -> BaseProfile:
     """The real base's facts: through the engine, else through its registry.
 
-    The shipped profile is only the offline fallback: for a base that names no registry, or
-    whose registry cannot be reached without an engine.
+    The shipped profile is only the offline fallback: for a Docker Hub base without an engine,
+    or a registry that cannot be reached (RegistryUnreachable). Every other failure, a digest
+    mismatch above all, ends the run: planning against a guess would hide it.
     """
     shipped = shipped_profile(image)
     if client is not None:
         probed = probe_base(image or shipped.image, client, cache)
-    elif image and registry_host(image) != "docker.io":
+    elif image and not ImageRef.parse(image, "base image").is_hub:
         try:
             probed = probe_registry(image, cache)
-        except UserError as error:
+        except RegistryUnreachable as error:
             say(f"note: {error}; planning against the {shipped.source}")
             return shipped
     else:
@@ -172,9 +174,7 @@ def platform_version(base_image: str, explicit: str | None) -> str:
     """The platform version an image is built for: given, or the base image's tag."""
     if explicit:
         return explicit
-    name = base_image.split("@", 1)[0]
-    tail = name.rsplit("/", 1)[-1]
-    return tail.split(":", 1)[1] if ":" in tail else "latest"
+    return ImageRef.parse(base_image, "base image").tag or "latest"
 
 
 def deliver(
@@ -242,7 +242,9 @@ def deliver(
             outcome.image_id,
             delivery.push_repository,
             tags,
-            registry_credentials(registry_host(delivery.push_repository)),
+            engine_auth(
+                ImageRef.parse_repository(delivery.push_repository, "push target").registry
+            ),
         )
         image_record |= {"pushed": outcome.pushed.reference, "tags": list(outcome.pushed.tags)}
         if delivery.template:

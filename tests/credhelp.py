@@ -19,8 +19,8 @@ def install_helper(
     bin_dir.mkdir(parents=True, exist_ok=True)
     log = bin_dir / f"{name}.log"
     cases = "".join(
-        f"  '{server}') echo '{json.dumps({'ServerURL': server, 'Username': user, 'Secret': secret})}' ;;\n"
-        for server, (user, secret) in answers.items()
+        f"  '{server}') echo '{json.dumps({'ServerURL': server, 'Username': u, 'Secret': s})}' ;;\n"
+        for server, (u, s) in answers.items()
     )
     script = bin_dir / f"docker-credential-{name}"
     script.write_text(

@@ -28,7 +28,12 @@ D0 = "sha256:" + "0" * 64
 )
 def test_normalization(text, registry, repository, tag, digest):
     ref = ImageRef.parse(text)
-    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (registry, repository, tag, digest)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (
+        registry,
+        repository,
+        tag,
+        digest,
+    )
     assert ImageRef.parse(str(ref)) == ref  # the full form parses to the same value
     assert ImageRef.parse(ref.familiar) == ref
 
@@ -76,5 +81,5 @@ def test_bad_references_name_themselves(text, why):
 def test_repository_refuses_tag_and_digest():
     assert ImageRef.parse_repository("reg.example/team/py").repository == "team/py"
     for text in ("reg.example/py:1.0", "py@" + D0):
-        with pytest.raises(UserError, match="push target .*without a tag or digest"):
+        with pytest.raises(UserError, match=r"push target .*without a tag or digest"):
             ImageRef.parse_repository(text, "push target")

@@ -26,6 +26,7 @@ import uuid
 from typing import NamedTuple
 
 import pytest
+from credhelp import install_helper, write_docker_config
 from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER
 from wheelfactory import compile_so
 
@@ -486,8 +487,18 @@ def test_bearer_token_authentication(token_front, synthetic_index, registry, cre
 @pytest.mark.engine
 @pytest.mark.registry
 @pytest.mark.network
-def test_no_build_plans_against_the_registry_base(pushed_reference, credentials, tmp_path):
-    """Without building, the CLI still plans against the real base, read from its registry."""
+def test_no_build_plans_against_the_registry_base(
+    pushed_reference, registry, no_credentials, monkeypatch, tmp_path
+):
+    """Without building, the CLI still plans against the real base, read from its registry,
+    logging in through a credential helper the Docker config names for that registry."""
+    log = install_helper(
+        tmp_path / "bin", "bsitest", {registry.host: (registry.user, registry.password)},
+        monkeypatch,
+    )  # fmt: skip
+    write_docker_config(
+        tmp_path / "docker", {"credHelpers": {registry.host: "bsitest"}}, monkeypatch
+    )
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("beautifulsoup4\n")
     result = subprocess.run(
@@ -500,6 +511,7 @@ def test_no_build_plans_against_the_registry_base(pushed_reference, credentials,
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    assert registry.host in log.read_text().splitlines()  # the helper was asked, by server
     digest = pushed_reference.digest
     assert f"base: {pushed_reference.reference}@{digest} (python 3.13.5, registry " in result.stdout
     dockerfile = (tmp_path / "context" / "Dockerfile").read_text()
