@@ -81,7 +81,11 @@ def test_cred_helper_beats_store_beats_auths(monkeypatch, tmp_path):
         monkeypatch,
     )
     found = lookup("reg.example")
-    assert (found.username, found.secret, found.source) == ("per", "pw1", "docker-credential-bsiper")
+    assert (found.username, found.secret, found.source) == (
+        "per",
+        "pw1",
+        "docker-credential-bsiper",
+    )
     assert lookup("store.example").username == "store"  # no per-registry helper: the store
     # The registry's helper and the store know nothing of it: the inline entry is last.
     assert (lookup("miss.example").username, lookup("miss.example").secret) == ("inline", "pw5")
