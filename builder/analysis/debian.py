@@ -20,17 +20,20 @@ from packaging.utils import canonicalize_name
 from builder.analysis.target import Arch
 
 _DATA = resources.files("builder.data")
+_FOREIGN = re.compile(r"\.(dll|dylib|framework)$|\\", re.I)  # another OS's library names
+_VERSIONED = re.compile(r"(?P<stem>.+\.so)(?P<version>(\.\d+)*)")
 _SYMBOL_VERSION = re.compile(r"(?P<prefix>[A-Z][A-Z0-9_]*?)_(?P<version>\d+(?:\.\d+)*)")
 
 
 @dataclass(frozen=True)
 class DynamicLoad:
-    """C libraries a distribution loads at import time, invisible to an ELF scan."""
+    """What reading a distribution's code cannot tell: libraries it loads by computed names
+    (with the reason they are invisible), and a check proving its loaded library works."""
 
     distribution: str  # PEP 503 normalized
     sonames: tuple[str, ...]
     packages: tuple[str, ...]  # Debian packages needed directly, not through a soname
-    note: str
+    reason: str  # why static reading misses the sonames; "" when there are none
     check: str | None  # one line of Python proving the library works in the image
 
 
@@ -74,14 +77,57 @@ def dynamic_loads() -> Mapping[str, DynamicLoad]:
     loads: dict[str, DynamicLoad] = {}
     for name, entry in table.items():
         distribution = canonicalize_name(name)
-        loads[distribution] = DynamicLoad(
+        load = DynamicLoad(
             distribution=distribution,
             sonames=tuple(entry.get("sonames", ())),
             packages=tuple(entry.get("packages", ())),
-            note=entry["note"],
+            reason=entry.get("reason", ""),
             check=entry.get("check"),
         )
+        if (load.sonames or load.packages) and not load.reason:
+            raise ValueError(f"ctypes.toml [{name}]: libraries listed without a reason")
+        loads[distribution] = load
     return MappingProxyType(loads)
+
+
+@cache
+def _by_stem(arch: Arch) -> Mapping[str, tuple[str, ...]]:
+    """`libpq.so` -> versioned sonames of that library, newest first (what ldconfig picks)."""
+    stems: dict[str, list[str]] = {}
+    for soname in soname_index(arch):
+        match = _VERSIONED.fullmatch(soname)
+        if match and match["version"]:
+            stems.setdefault(match["stem"], []).append(soname)
+    return MappingProxyType(
+        {
+            stem: tuple(sorted(names, key=lambda n: _soname_rank(n[len(stem) + 1 :])))
+            for stem, names in stems.items()
+        }
+    )
+
+
+def _soname_rank(version: str) -> tuple[int, int]:
+    """Newest major first; of one major the soname (`.so.5`) before the file (`.so.5.17`)."""
+    parts = version_tuple(version)
+    return -parts[0], len(parts)
+
+
+def sonames_for_load(name: str, arch: Arch) -> tuple[str, ...] | None:
+    """The sonames a run-time load of `name` can open on Debian, best first; None for a name
+    only another OS uses. `libX.so.N` is itself; `X`, `libX` and `libX.so` are what
+    `ctypes.util.find_library("X")` (and cffi's dlopen of a bare name) would find."""
+    name = name.rsplit("/", 1)[-1]
+    if not name or _FOREIGN.search(name):
+        return None
+    match = _VERSIONED.fullmatch(name)
+    if match and match["version"]:
+        return (name,)
+    bare = name.removesuffix(".so")
+    stems = [f"{bare}.so", f"lib{bare}.so"]
+    if not bare.startswith("lib"):
+        stems.reverse()
+    index = _by_stem(arch)
+    return next((index[stem] for stem in stems if stem in index), ())
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

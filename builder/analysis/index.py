@@ -49,6 +49,8 @@ class RemoteFile:
     url: str
     sha256: str
     size: int | None = None
+    uploaded: str | None = None  # ISO date from the index (PEP 700), when it says
+    yanked: bool = False
 
 
 def redact(url: str) -> str:
@@ -146,7 +148,12 @@ def index_files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
             raise UserError(f"{name}: index {redact(index)} unreachable ({error.reason})") from None
         if SIMPLE_JSON in content_type:
             entries = [
-                (entry["url"], entry.get("hashes", {}).get("sha256"))
+                (
+                    entry["url"],
+                    entry.get("hashes", {}).get("sha256"),
+                    entry.get("upload-time"),
+                    bool(entry.get("yanked")),
+                )
                 for entry in json.loads(body)["files"]
             ]
         else:
@@ -155,12 +162,13 @@ def index_files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
             entries = []
             for link in parser.links:
                 url, _, fragment = link.partition("#")
-                entries.append((url, fragment[7:] if fragment.startswith("sha256=") else None))
-        for url, sha256 in entries:
+                sha256 = fragment[7:] if fragment.startswith("sha256=") else None
+                entries.append((url, sha256, None, False))
+        for url, sha256, uploaded, yanked in entries:
             absolute = urllib.parse.urljoin(page, url)
             filename = urllib.parse.unquote(urllib.parse.urlsplit(absolute).path.rsplit("/", 1)[1])
             if sha256:
-                files.append(RemoteFile(filename, absolute, sha256))
+                files.append(RemoteFile(filename, absolute, sha256, None, uploaded, yanked))
     return files
 
 

@@ -8,12 +8,13 @@ like the loader would once it is loaded. What is left must come from the base or
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from builder.analysis.debian import split_symbol_version
+from builder.analysis.debian import package_for, sonames_for_load, split_symbol_version
 from builder.analysis.elf import ElfFile
-from builder.analysis.target import ARCHES
+from builder.analysis.target import ARCHES, Arch
 from builder.analysis.wheels import WheelInspection
 
 ORIGIN_TOKENS = ("${ORIGIN}", "$ORIGIN")
@@ -27,6 +28,11 @@ BY_BASE = "base"
 BY_LOADER = "loader"
 MISSING = "missing"
 
+# A shared object under such a directory, that no file links and Python cannot import, is a
+# plugin loaded on demand (Qt's platform plugins, GDAL drivers): its needs are optional.
+PLUGIN_DIR = re.compile(r"(^|/)[^/]*plugins?/")
+EXTENSION_NAME = re.compile(r"[A-Za-z_]\w*(\.(cpython-[^/]+|abi3))?\.so")
+
 
 @dataclass(frozen=True)
 class NativeNeed:
@@ -34,6 +40,16 @@ class NativeNeed:
 
     soname: str
     needed_by: tuple[str, ...]  # "dist==version: path/in/tree.so", sorted
+    optional: bool = False  # only plugins loaded on demand need it
+
+
+@dataclass(frozen=True)
+class LoadNeed:
+    """A library Python code loads by name at run time, and the package that ships it."""
+
+    soname: str
+    package: str
+    needed_by: tuple[str, ...]  # "dist==version: path.py:line", sorted
 
 
 @dataclass(frozen=True)
@@ -117,17 +133,95 @@ def resolve_needs(
     return tuple(resolutions)
 
 
+def _is_extension(path: str) -> bool:
+    """Python can import it: `name.so`, `name.cpython-313-….so` or `name.abi3.so`."""
+    name = posixpath.basename(path)
+    return bool(EXTENSION_NAME.fullmatch(name)) and not name.startswith("lib")
+
+
+def optional_files(
+    wheels: Sequence[WheelInspection], resolutions: Sequence[NeedSource], machine: str | None
+) -> frozenset[str]:
+    """Labels of files nothing loads unless asked: plugins no file links and Python cannot
+    import, and what only they link. Everything else is reachable from an extension module
+    or a library loaded directly (ctypes)."""
+    files = dict(_files(wheels, machine))
+    label_of = {elf.path: label for label, elf in files.items()}
+    edges: dict[str, set[str]] = {}
+    for resolution in resolutions:
+        if resolution.provider in label_of:
+            edges.setdefault(resolution.path, set()).add(label_of[resolution.provider])
+    linked = set().union(*edges.values())
+    roots = [
+        label
+        for label, elf in files.items()
+        if _is_extension(elf.path) or (label not in linked and not PLUGIN_DIR.search(elf.path))
+    ]
+    reached: set[str] = set()
+    while roots:
+        label = roots.pop()
+        if label not in reached:
+            reached.add(label)
+            roots += edges.get(label, ())
+    return frozenset(files) - reached
+
+
 def external_needs(
     wheels: Sequence[WheelInspection], provided_by_base: frozenset[str], loader: str
 ) -> tuple[NativeNeed, ...]:
-    """Sonames that neither the wheel set, the base nor the loader provide, sorted."""
+    """Sonames that neither the wheel set, the base nor the loader provide, sorted; optional
+    when only plugins loaded on demand need them."""
+    resolutions = resolve_needs(wheels, provided_by_base, loader)
+    optional = optional_files(wheels, resolutions, LOADER_MACHINES.get(loader))
     needed_by: dict[str, set[str]] = {}
-    for resolution in resolve_needs(wheels, provided_by_base, loader):
+    for resolution in resolutions:
         if resolution.by == MISSING:
             needed_by.setdefault(resolution.soname, set()).add(resolution.path)
     return tuple(
-        NativeNeed(soname, tuple(sorted(paths))) for soname, paths in sorted(needed_by.items())
+        NativeNeed(soname, tuple(sorted(paths)), optional=paths <= optional)
+        for soname, paths in sorted(needed_by.items())
     )
+
+
+def load_needs(
+    wheels: Sequence[WheelInspection], provided_by_base: frozenset[str], arch: Arch
+) -> tuple[tuple[LoadNeed, ...], tuple[str, ...]]:
+    """Libraries the set's Python code loads by name (ctypes/cffi) that the base and the set
+    do not ship, as Debian packages; and a warning for each name Debian has no library for.
+
+    A load site lists candidates tried in turn: the first one the system can satisfy counts;
+    names only another OS uses (`.dll`, `.dylib`) are ignored.
+    """
+    shipped = {name for _, elf in _files(wheels, arch.machine) for name in _names(elf)}
+    needs: dict[tuple[str, str], set[str]] = {}
+    warnings = []
+    for wheel in wheels:
+        for site in wheel.loads:
+            label = f"{wheel.pin}: {site.where}"
+            options = [(name, sonames_for_load(name, arch)) for name in site.names]
+            linux = [(name, sonames) for name, sonames in options if sonames is not None]
+            if not linux or any(
+                posixpath.basename(name) in shipped or set(sonames) & (shipped | provided_by_base)
+                for name, sonames in linux
+            ):
+                continue
+            found = next(
+                ((sonames[0], package) for _, sonames in linux if sonames
+                 if (package := package_for(sonames[0], arch))),
+                None,
+            )  # fmt: skip
+            if found is None:
+                names = " or ".join(name for name, _ in linux)
+                warnings.append(
+                    f"warning: {label} loads {names} at run time; no Debian 13 package"
+                    f" provides it for {arch.name}"
+                )
+            else:
+                needs.setdefault(found, set()).add(label)
+    return tuple(
+        LoadNeed(soname, package, tuple(sorted(labels)))
+        for (soname, package), labels in sorted(needs.items())
+    ), tuple(warnings)
 
 
 def _newer(wanted: tuple[int, ...], maximum: tuple[int, ...]) -> bool:

@@ -14,8 +14,9 @@ from packaging.utils import parse_wheel_filename
 
 from builder.analysis import debian
 from builder.analysis.index import RemoteFile, redact
-from builder.analysis.natives import external_needs, symbol_problems
+from builder.analysis.natives import external_needs, load_needs, symbol_problems
 from builder.analysis.resolve import LockedPackage, Resolution
+from builder.analysis.sizes import gpu_warnings, size_figures
 from builder.analysis.target import Arch, BaseProfile, Target
 from builder.analysis.wheels import WheelInspection
 from builder.errors import UserError
@@ -32,6 +33,8 @@ class PlannedWheel:
     tag: str  # the best tag of this wheel that the target accepts
     url: str  # credentials removed
     top_level: tuple[str, ...]
+    size: int = 0  # download, bytes
+    installed_size: int = 0  # unpacked, bytes
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class NativeLibrary:
     soname: str
     package: str
     needed_by: tuple[str, ...]
-    how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi table)
+    how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi)
+    optional: bool = False  # only plugins loaded on demand need it: installed on request
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class ArchPlan:
     apt_packages: tuple[str, ...]
     provided_by_base: tuple[str, ...]
     built_from_source: tuple[str, ...]
+    optional_packages: tuple[str, ...] = ()  # wanted only by on-demand plugins, not installed
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,11 @@ class Plan:
     runtime_checks: tuple[str, ...]  # python snippets proving run-time loaded libraries work
     pythonpath_entry: str = EXTRA_DEPS
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Every arch's warnings, once each, for stderr."""
+        return tuple(dict.fromkeys(line for arch in self.arches for line in arch.warnings))
+
     def to_dict(self) -> dict:
         """The report.json shape; `architectures.<arch>.packages` lists what gets installed."""
         return {
@@ -71,12 +82,18 @@ class Plan:
             "runtime_checks": list(self.runtime_checks),
             "architectures": {
                 arch.arch: {
-                    "packages": [{"name": w.name, "version": w.version} for w in arch.wheels],
+                    "packages": [
+                        {"name": w.name, "version": w.version, "size": size_figures([w])}
+                        for w in arch.wheels
+                    ],
+                    "size": size_figures(arch.wheels),
                     "apt_packages": list(arch.apt_packages),
+                    "optional_apt_packages": list(arch.optional_packages),
                     "wheels": [asdict(w) for w in arch.wheels],
                     "native_libraries": [asdict(lib) for lib in arch.libraries],
                     "provided_by_base": list(arch.provided_by_base),
                     "built_from_source": list(arch.built_from_source),
+                    "warnings": list(arch.warnings),
                 }
                 for arch in self.arches
             },
@@ -108,12 +125,17 @@ def plan_arch(
     chosen: Mapping[str, tuple[RemoteFile, str]],
     inspections: Mapping[str, WheelInspection],
     target: Target,
+    with_optional: bool = False,
 ) -> ArchPlan:
-    """Native needs → Debian packages for one arch; raises on anything unusable."""
+    """Native needs → Debian packages for one arch; raises on anything unusable.
+
+    Needs only plugins loaded on demand have are listed but installed only `with_optional`.
+    """
     arch = resolution.arch
     wheels = []
     for package in resolution.packages:
         file, tag = chosen[package.name]
+        inspection = inspections[file.sha256]
         wheels.append(
             PlannedWheel(
                 name=package.name,
@@ -122,7 +144,9 @@ def plan_arch(
                 sha256=file.sha256,
                 tag=tag,
                 url=redact(file.url) if not file.url.startswith("file:") else "built from source",
-                top_level=inspections[file.sha256].top_level,
+                top_level=inspection.top_level,
+                size=inspection.size,
+                installed_size=inspection.installed_size,
             )
         )
     inspected = [inspections[w.sha256] for w in wheels]
@@ -134,18 +158,32 @@ def plan_arch(
             f" provides ({first.maximum}) on {arch.name}"
         )
     base_sonames = target.base.sonames.get(arch.name, frozenset())
-    libraries = [
-        NativeLibrary(
-            need.soname, _package(need.soname, need.needed_by[0], arch), need.needed_by, "linked"
+    warnings = [*resolution.warnings]
+    libraries = []
+    for need in external_needs(inspected, base_sonames, arch.loader):
+        found = debian.package_for(need.soname, arch) if need.optional else None
+        if need.optional and found is None:
+            warnings.append(
+                f"warning: {need.soname} (wanted only by the plugin {need.needed_by[0]}):"
+                f" no Debian 13 package provides it for {arch.name}"
+            )
+            continue
+        apt = found or _package(need.soname, need.needed_by[0], arch)
+        libraries.append(
+            NativeLibrary(need.soname, apt, need.needed_by, "linked", optional=need.optional)
         )
-        for need in external_needs(inspected, base_sonames, arch.loader)
+    loaded, unmapped = load_needs(inspected, base_sonames, arch)
+    warnings += unmapped
+    libraries += [
+        NativeLibrary(need.soname, need.package, need.needed_by, "loaded at run time")
+        for need in loaded
     ]
-    loads = debian.dynamic_loads()
+    tabled = debian.dynamic_loads()
     for wheel in wheels:
-        entry = loads.get(wheel.name)
+        entry = tabled.get(wheel.name)
         if entry is None:
             continue
-        by = (f"{wheel.name}=={wheel.version} (loads at run time: {entry.note})",)
+        by = (f"{wheel.name}=={wheel.version} (loads at run time: {entry.reason})",)
         for soname in entry.sonames:
             if soname not in base_sonames:
                 libraries.append(
@@ -154,15 +192,19 @@ def plan_arch(
         libraries += [
             NativeLibrary("", package, by, "loaded at run time") for package in entry.packages
         ]
+    warnings += gpu_warnings(wheels)
     base_packages = target.base.packages.get(arch.name, frozenset())
-    apt = sorted({lib.package for lib in libraries} - base_packages)
+    required = {lib.package for lib in libraries if not lib.optional} - base_packages
+    optional = {lib.package for lib in libraries if lib.optional} - base_packages - required
     return ArchPlan(
         arch=arch.name,
         wheels=tuple(wheels),
         libraries=tuple(sorted(libraries, key=lambda lib: (lib.package, lib.soname))),
-        apt_packages=tuple(apt),
+        apt_packages=tuple(sorted(required | optional if with_optional else required)),
         provided_by_base=resolution.provided_by_base,
         built_from_source=resolution.built_from_source,
+        optional_packages=tuple(sorted(optional)),
+        warnings=tuple(dict.fromkeys(warnings)),
     )
 
 

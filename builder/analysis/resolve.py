@@ -17,6 +17,7 @@ import tempfile
 import time
 import tomllib
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -41,6 +42,7 @@ from builder.analysis.index import (
     uv_environment,
 )
 from builder.analysis.requirements import RequirementSet
+from builder.analysis.stale import StalePick, pinned_notes, stale_picks
 from builder.analysis.target import Arch, Target
 from builder.cache import Cache
 from builder.errors import UserError
@@ -66,6 +68,7 @@ class Resolution:
     provided_by_base: tuple[str, ...]  # "name==version" the base image already has
     built_from_source: tuple[str, ...]  # "name==version" built into pure wheels on the host
     pylock: str  # uv's PEP 751 lock for this arch, extras and base alike
+    warnings: tuple[str, ...] = ()  # stale picks, pins with newer releases
 
 
 def check_against_base(requirements: RequirementSet, target: Target, arch: Arch) -> None:
@@ -83,7 +86,12 @@ def check_against_base(requirements: RequirementSet, target: Target, arch: Arch)
 
 
 def _uv_compile(
-    workdir: Path, target: Target, arch: Arch, requirements: RequirementSet, find_links: Path
+    workdir: Path,
+    target: Target,
+    arch: Arch,
+    requirements: RequirementSet,
+    find_links: Path,
+    overrides: Sequence[Path] = (),
 ) -> subprocess.CompletedProcess[str]:
     command = [
         UV, "pip", "compile", str(workdir / "requirements.in"),
@@ -95,6 +103,8 @@ def _uv_compile(
         "--format", "pylock.toml", "--no-header", "--quiet",
         "--output-file", str(workdir / f"pylock.{arch.name}.toml"),
     ]  # fmt: skip
+    for override in overrides:
+        command += ["--override", str(override)]
     if requirements.index_url:
         command += ["--index-url", requirements.index_url]
     for extra in requirements.extra_index_urls:
@@ -217,10 +227,13 @@ def _build_from_source(
     return f"{name}=={version}"
 
 
-def _resolution_key(requirements: RequirementSet, target: Target, arch: Arch) -> str:
+def _resolution_key(
+    requirements: RequirementSet, target: Target, arch: Arch, overrides: Sequence[Path]
+) -> str:
     """Everything a resolution depends on, hashed: a change in any of it means a new one."""
     facts = {
-        "schema": 1,
+        "schema": 2,
+        "overrides": [path.read_text() for path in overrides],
         "uv": metadata.version("uv"),
         "arch": arch.name,
         "requirements": [str(r) for r in requirements.requirements],
@@ -239,19 +252,33 @@ def _cached(cache: Cache, key: str, target: Target, arch: Arch) -> Resolution | 
     built_here = [w for p in packages for w in p.wheels if w.url.startswith("file:")]
     if any(cache.find_blob(w.sha256, w.filename) is None for w in built_here):
         return None  # a wheel built from source has left the cache: resolve again
-    return Resolution(arch, packages, provided, tuple(record["built"]), record["pylock"])
+    return Resolution(
+        arch,
+        packages,
+        provided,
+        tuple(record["built"]),
+        record["pylock"],
+        tuple(record["warnings"]),
+    )
 
 
 def resolve(
-    requirements: RequirementSet, target: Target, arch: Arch, cache: Cache, refresh: bool = False
+    requirements: RequirementSet,
+    target: Target,
+    arch: Arch,
+    cache: Cache,
+    refresh: bool = False,
+    overrides: Sequence[Path] = (),
 ) -> Resolution:
     """Pin every distribution for `arch` with the wheels usable there, base pins as constraints.
 
-    An identical resolution from the last hour is reused (no index traffic at all on a rerun);
-    `refresh` forces a new one, as every platform-upgrade rebuild does.
+    `overrides` are uv override files (`uv pip compile --override`): they replace what the
+    dependencies ask for, or drop a dependency with a never-true marker. An identical
+    resolution from the last hour is reused (no index traffic at all on a rerun); `refresh`
+    forces a new one, as every platform-upgrade rebuild does.
     """
     check_against_base(requirements, target, arch)
-    key = _resolution_key(requirements, target, arch)
+    key = _resolution_key(requirements, target, arch, overrides)
     if not refresh and (found := _cached(cache, key, target, arch)):
         return found
     built: list[str] = []
@@ -266,23 +293,84 @@ def resolve(
             "".join(f"{line}\n" for line in target.base.constraints())
             + "".join(f"{c.requirement}\n" for c in requirements.constraints)
         )
-        for _ in range(MAX_SOURCE_ROUNDS):
-            result = _uv_compile(workdir, target, arch, requirements, find_links)
-            if result.returncode == 0:
-                break
-            needs_source = [canonicalize_name(n) for n in NEEDS_SOURCE_BUILD.findall(result.stderr)]
-            if not needs_source or NOT_FOUND.search(result.stderr):
+
+        def compile_set() -> tuple[tuple[LockedPackage, ...], tuple[str, ...], str]:
+            for _ in range(MAX_SOURCE_ROUNDS):
+                result = _uv_compile(workdir, target, arch, requirements, find_links, overrides)
+                if result.returncode == 0:
+                    break
+                needs_source = [
+                    canonicalize_name(n) for n in NEEDS_SOURCE_BUILD.findall(result.stderr)
+                ]
+                if not needs_source or NOT_FOUND.search(result.stderr):
+                    raise _failure(result.stderr, requirements, target, arch)
+                for name in needs_source:
+                    built.append(
+                        _build_from_source(name, target, arch, requirements, cache, find_links)
+                    )
+            else:
                 raise _failure(result.stderr, requirements, target, arch)
-            for name in needs_source:
-                built.append(
-                    _build_from_source(name, target, arch, requirements, cache, find_links)
-                )
-        else:
-            raise _failure(result.stderr, requirements, target, arch)
-        pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
-        packages, provided = _packages(tomllib.loads(pylock), target)
-    cache.put_record("resolution", key, {"at": time.time(), "built": built, "pylock": pylock})
-    return Resolution(arch, packages, provided, tuple(built), pylock)
+            pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
+            return (*_packages(tomllib.loads(pylock), target), pylock)
+
+        packages, provided, pylock = compile_set()
+        warnings, rebuilt = _fresher_sources(
+            packages, requirements, target, arch, cache, find_links
+        )
+        if rebuilt:
+            packages, provided, pylock = compile_set()
+            versions = {p.name: p.version for p in packages}
+            for pick in rebuilt:
+                if versions.get(pick.name) == pick.newest:
+                    built.append(f"{pick.name}=={pick.newest}")
+                    warnings.append(
+                        f"note: {pick.name}=={pick.newest} ({pick.newest_uploaded}) has only a"
+                        f" pure-Python source release: built on the host instead of the old"
+                        f" wheel {pick.chosen} ({pick.chosen_uploaded})"
+                    )
+                else:
+                    warnings.append(pick.message())
+    cache.put_record(
+        "resolution",
+        key,
+        {"at": time.time(), "built": built, "pylock": pylock, "warnings": warnings},
+    )
+    return Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
+
+
+def _fresher_sources(
+    packages: Sequence[LockedPackage],
+    requirements: RequirementSet,
+    target: Target,
+    arch: Arch,
+    cache: Cache,
+    find_links: Path,
+) -> tuple[list[str], list[StalePick]]:
+    """Warnings for stale picks, and the picks whose newer pure-Python source is now built
+    into `find_links` (so that resolving again prefers it)."""
+    locked = {
+        p.name: p.version for p in packages if not any(w.url.startswith("file:") for w in p.wheels)
+    }
+    specifiers = {name: _specifier_for(name, requirements) for name in locked}
+    indexes = requirements.indexes()
+    warnings = pinned_notes(
+        locked, {r.name: r.requirement.specifier for r in requirements.requirements}, indexes
+    )
+    rebuilt = []
+    for pick in stale_picks(locked, specifiers, indexes, target, arch):
+        if pick.sdist is None:
+            warnings.append(pick.message())
+            continue
+        sdist = download(pick.sdist, cache, indexes)
+        if compiled_code_evidence(sdist):
+            warnings.append(f"{pick.message()} that compiles native code")
+            continue
+        wheel, _ = build_pure_wheel(sdist, pick.sdist.sha256, cache)
+        link = find_links / wheel.name
+        if not link.exists():
+            link.symlink_to(wheel)
+        rebuilt.append(pick)
+    return warnings, rebuilt
 
 
 def _packages(lock: dict, target: Target) -> tuple[tuple[LockedPackage, ...], tuple[str, ...]]:

@@ -23,13 +23,15 @@ from elftools.common.exceptions import ELFError
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from builder.analysis.elf import ElfFile, is_elf, read_elf
+from builder.analysis.loads import LoadSite, scan_source, worth_reading
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 
 RECORD_KIND = "inspect"
-SCHEMA = 1  # bump whenever WheelInspection or the way it is derived changes
+SCHEMA = 2  # bump whenever WheelInspection or the way it is derived changes
 LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
 MODULE_SUFFIXES = (".py", ".pyc", ".so")
+SOURCE_LIMIT = 4 << 20  # a .py file bigger than this is generated data, not a loader
 TOP_LEVEL_LIMIT = 1 << 16  # top_level.txt is a few names; never trust it to be small
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 
@@ -45,6 +47,9 @@ class WheelInspection:
     tags: tuple[str, ...]  # expanded from the compressed tag set, sorted
     top_level: tuple[str, ...]  # importable top-level names, public names first
     elf_files: tuple[ElfFile, ...]  # sorted by install path
+    loads: tuple[LoadSite, ...] = ()  # run-time library loads in its Python code, by path
+    size: int = 0  # the wheel file, bytes
+    installed_size: int = 0  # every member unpacked, bytes
 
     @property
     def is_pure(self) -> bool:
@@ -64,6 +69,9 @@ class WheelInspection:
             "tags": list(self.tags),
             "top_level": list(self.top_level),
             "elf_files": [elf.to_dict() for elf in self.elf_files],
+            "loads": [site.to_dict() for site in self.loads],
+            "size": self.size,
+            "installed_size": self.installed_size,
         }
 
     @classmethod
@@ -76,6 +84,9 @@ class WheelInspection:
             tags=tuple(data["tags"]),
             top_level=tuple(data["top_level"]),
             elf_files=tuple(ElfFile.from_dict(elf) for elf in data["elf_files"]),
+            loads=tuple(LoadSite.from_dict(site) for site in data["loads"]),
+            size=data["size"],
+            installed_size=data["installed_size"],
         )
 
 
@@ -145,6 +156,14 @@ def _read_member_elf(zf: zipfile.ZipFile, info: zipfile.ZipInfo, tree_path: str)
             return read_elf(temp, tree_path)
 
 
+def _read_member_loads(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, tree_path: str
+) -> list[LoadSite]:
+    if info.file_size > SOURCE_LIMIT or not worth_reading(tree_path):
+        return []
+    return scan_source(tree_path, zf.read(info))
+
+
 def _parse_filename(filename: str) -> tuple[str, str, tuple[str, ...]]:
     try:
         name, version, _build, tags = parse_wheel_filename(filename)
@@ -157,6 +176,7 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
     """Inspect a wheel file without the cache (always opens the zip)."""
     name, version, tags = _parse_filename(path.name)
     elf_files = []
+    loads: list[LoadSite] = []
     member = path.name
     try:
         with zipfile.ZipFile(path) as zf:
@@ -169,12 +189,15 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
                 if tree_path is None or info.is_dir():
                     continue
                 tree_paths.append(tree_path)
-                if info.file_size >= 4:
+                if tree_path.endswith(".py"):
+                    loads += _read_member_loads(zf, info, tree_path)
+                elif info.file_size >= 4:
                     elf = _read_member_elf(zf, info, tree_path)
                     if elf is not None:
                         elf_files.append(elf)
             member = path.name
             top_level = _top_level(zf, members, tree_paths)
+            installed_size = sum(info.file_size for info in infos)
     except ELFError as exc:
         raise UserError(f"{member}: unreadable ELF file ({exc})") from None
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
@@ -187,6 +210,9 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
         tags=tags,
         top_level=top_level,
         elf_files=tuple(sorted(elf_files, key=lambda elf: elf.path)),
+        loads=tuple(sorted(loads, key=lambda site: (site.path, site.line))),
+        size=path.stat().st_size,
+        installed_size=installed_size,
     )
 
 
