@@ -7,7 +7,9 @@ the upstream client's, and /proc helpers to find processes the server should hav
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import json
 import os
 import secrets
 import selectors
@@ -15,11 +17,23 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-SERVER = Path(__file__).resolve().parents[1] / "builder" / "runtime" / "server.py"
+SERVER = Path(
+    os.environ.get(
+        "SANDBOX_SERVER_SCRIPT",  # e.g. an older server.py, to show a test fails on it
+        Path(__file__).resolve().parents[1] / "builder" / "runtime" / "server.py",
+    )
+)
 # The interpreter that runs the server: images use 3.13; CI may point this at one.
 SERVER_PYTHON = os.environ.get("SANDBOX_SERVER_PYTHON", sys.executable)
+# The sandbox user of the images; tests that run as root start the server as this user.
+SANDBOX_UID = 65532
+MIB = 1024 * 1024
 
 
 class ServerProcess:
@@ -36,10 +50,11 @@ class ServerProcess:
         log: Path | None = None,
         env: dict[str, str] | None = None,
         prefix: tuple[str, ...] = (),
+        python: str = SERVER_PYTHON,
     ) -> None:
         self.workspace = workspace
         self.log = log or workspace.parent / f"server-{secrets.token_hex(4)}.log"
-        argv = [*prefix, SERVER_PYTHON, "-I", str(SERVER), "--host", "127.0.0.1", "--port", "0"]
+        argv = [*prefix, python, "-I", str(SERVER), "--host", "127.0.0.1", "--port", "0"]
         argv += ["--workspace", str(workspace), *flags]
         with self.log.open("wb") as stderr:
             self.proc = subprocess.Popen(
@@ -141,3 +156,333 @@ def processes_with(marker: str) -> list[int]:
         if marker.encode() in cmdline and state != "Z":
             found.append(int(entry.name))
     return found
+
+
+def as_sandbox_user() -> dict[str, object]:
+    """ServerProcess arguments that run the server as uid 65532 (as in the images) when the
+    tests run as root: ``setpriv`` and an interpreter that user can execute."""
+    if os.geteuid() != 0:
+        return {}
+    python = os.environ.get("SANDBOX_HARDENED_PYTHON", "/usr/bin/python3")
+    ids = str(SANDBOX_UID)
+    return {
+        "prefix": ("setpriv", "--reuid", ids, "--regid", ids, "--clear-groups"),
+        "python": python,
+    }
+
+
+def sandbox_dir(parent: str | None = None) -> Path:
+    """A fresh directory the sandbox user can use (pytest's own tmp dirs are root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="sbx-", dir=parent or "/tmp"))
+    path.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+    return path
+
+
+def give_to_sandbox_user(root: Path) -> None:
+    """chown -R to the sandbox user (when root), symlinks themselves included."""
+    if os.geteuid() != 0:
+        return
+    for directory, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            os.chown(Path(directory, name), SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+    os.chown(root, SANDBOX_UID, SANDBOX_UID)
+
+
+def peak_rss(pid: int) -> int:
+    """A process's peak resident set size in bytes (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+# --- reliability measurements (tests/test_server_*.py and benchmarks/server_reliability.py) --
+
+SWAPPER = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    for _ in range(100):
+        libc.renameat2(-100, b"d", -100, b"l", 2)  # AT_FDCWD, RENAME_EXCHANGE
+"""
+INSIDE = "inside-content"
+OUTSIDE_ONLY = "outside-only-name.txt"
+RACE_ROUTES = ("download", "list", "exists", "delete", "upload", "execute")
+
+
+class RaceLayout:
+    """workspace/d (a directory) and workspace/l (a symlink to ``outside``), which a command
+    swaps with renameat2(RENAME_EXCHANGE) in a loop: a request for ``d/...`` that follows the
+    symlink reads, lists, deletes or writes outside the workspace."""
+
+    def __init__(self, base: Path, victims: int) -> None:
+        self.secret = f"SECRET-{secrets.token_hex(8)}"
+        self.workspace = base / "workspace"
+        self.outside = base / "outside"
+        for root, content in ((self.workspace / "d", INSIDE), (self.outside, self.secret)):
+            root.mkdir(parents=True)
+            (root / "f.txt").write_text(content)
+            (root / "sub").mkdir()
+            for index in range(victims):
+                (root / f"v{index}").write_text(content)
+                (root / f"t{index}").mkdir()
+                (root / f"t{index}" / "x").write_text(content)
+        (self.outside / OUTSIDE_ONLY).write_text(self.secret)
+        (self.workspace / "l").symlink_to(self.outside)
+        give_to_sandbox_user(base)
+
+    def outside_damage(self, victims: int) -> dict[str, int]:
+        """What deletes and uploads did outside: files removed, trees emptied, files made."""
+        removed = sum(not (self.outside / f"v{i}").exists() for i in range(victims))
+        trees = sum(not (self.outside / f"t{i}" / "x").exists() for i in range(victims))
+        made = [p.name for p in self.outside.iterdir() if p.name.startswith(("u", ".upload-"))]
+        return {"delete": removed + trees, "upload": len(made)}
+
+
+def race(
+    server: ServerProcess,
+    layout: RaceLayout,
+    attempts: int,
+    workers: int = 8,
+    swapper_prefix: tuple[str, ...] = (),
+) -> dict[str, tuple[int, int]]:
+    """Hammer each route ``attempts`` times with paths under ``d`` while ``d`` and ``l`` are
+    swapped; (attempts, escapes) per route."""
+    escapes = dict.fromkeys(RACE_ROUTES, 0)
+    outside = os.path.realpath(layout.outside)
+    swapper = subprocess.Popen(
+        [*swapper_prefix, "python3" if swapper_prefix else sys.executable, "-c", SWAPPER, "600"],
+        cwd=layout.workspace,
+    )
+
+    def probe(route: str, index: int) -> bool:
+        if route == "download":
+            status, _, body = server.request("GET", "/download/d%2Ff.txt")
+            return layout.secret.encode() in body
+        if route == "list":
+            status, _, body = server.request("GET", "/list/d")
+            return status == 200 and OUTSIDE_ONLY.encode() in body
+        if route == "exists":
+            status, _, body = server.request("GET", f"/exists/d%2F{OUTSIDE_ONLY}")
+            return status == 200 and json.loads(body)["exists"] is True
+        if route == "delete":
+            name = f"v{index // 2}" if index % 2 == 0 else f"t{index // 2}"
+            server.request("DELETE", f"/files/d%2F{name}")
+            return False  # counted from the outside directory afterwards
+        if route == "upload":
+            body, content_type = multipart(f"d/u{index}.txt", b"written")
+            server.request("POST", "/upload", body, {"Content-Type": content_type})
+            return False  # likewise
+        payload = json.dumps({"command": "pwd", "cwd": "d", "timeout_seconds": 10}).encode()
+        status, _, body = server.request("POST", "/execute", payload)
+        return status == 200 and json.loads(body)["stdout"].strip() == outside
+
+    try:
+        for route in RACE_ROUTES:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                found = pool.map(lambda index, r=route: probe(r, index), range(attempts))
+                escapes[route] += sum(found)
+    finally:
+        swapper.kill()
+        swapper.wait()
+    damage = layout.outside_damage((attempts + 1) // 2)
+    escapes["delete"] += damage["delete"]
+    escapes["upload"] += damage["upload"]
+    return {route: (attempts, escapes[route]) for route in RACE_ROUTES}
+
+
+DOUBLE_FORK = """
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", sys.argv[1]])
+    os._exit(0)
+os.wait()
+print("ok")
+"""
+ENV_CLEARED = """
+import os, shutil, sys
+sleep = shutil.which("sleep")
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execve(sleep, ["sleep", sys.argv[1]], {})
+    os._exit(0)
+os.wait()
+print("ok")
+"""
+FAN_OUT = """
+import subprocess, sys
+for _ in range(10):
+    subprocess.Popen(["setsid", "sleep", sys.argv[1]], start_new_session=True)
+print("ok")
+"""
+
+
+def daemon_patterns(marker: str) -> list[tuple[str, list[str], float]]:
+    """(name, command, timeout_seconds): commands that leave a ``sleep 1000.<marker>`` behind,
+    by every trick that changes session, group or parent."""
+    arg = f"1000.{marker}"
+    sleep = f"sleep {arg}"
+
+    def py(code: str) -> list[str]:
+        return ["python3", "-c", code, arg]
+
+    return [
+        ("background &", ["sh", "-c", f"{sleep} & echo ok"], 30),
+        ("setsid &", ["sh", "-c", f"setsid {sleep} & echo ok"], 30),
+        ("setsid -f", ["setsid", "-f", "sleep", arg], 30),
+        ("(setsid &) subshell", ["sh", "-c", f"(setsid {sleep} &); echo ok"], 30),
+        ("nohup &", ["sh", "-c", f"nohup {sleep} >/dev/null 2>&1 & echo ok"], 30),
+        ("bash disown", ["bash", "-c", f"{sleep} & disown; echo ok"], 30),
+        ("double-fork daemon", py(DOUBLE_FORK), 30),
+        (
+            "start_new_session=True",
+            py("import subprocess as s,sys; s.Popen(['sleep',sys.argv[1]],start_new_session=True)"),
+            30,
+        ),
+        (
+            "process_group=0",
+            py("import subprocess,sys; subprocess.Popen(['sleep', sys.argv[1]], process_group=0)"),
+            30,
+        ),
+        ("nested setsid", ["sh", "-c", f"setsid sh -c '{sleep} & {sleep}' & echo ok"], 30),
+        ("ignores HUP/TERM", ["sh", "-c", f"trap '' HUP INT TERM; {sleep} & echo ok"], 30),
+        ("fan-out x10 setsid", py(FAN_OUT), 30),
+        ("env cleared + double fork", py(ENV_CLEARED), 30),
+        ("timeout: setsid & + wait", ["sh", "-c", f"setsid {sleep} & {sleep}"], 1),
+        ("timeout: setsid -f + wait", ["sh", "-c", f"setsid -f {sleep}; {sleep}"], 1),
+        (
+            "timeout: double fork + wait",
+            ["sh", "-c", f"python3 -c '{DOUBLE_FORK}' {arg}; {sleep}"],
+            1,
+        ),
+    ]
+
+
+def run_daemon_pattern(
+    server: ServerProcess, command: list[str], timeout: float, marker: str, grace: float = 1.0
+) -> tuple[dict[str, object], float, list[int]]:
+    """(reply, seconds to the reply, processes still carrying ``marker`` after ``grace``)."""
+    payload = json.dumps({"command": command, "timeout_seconds": timeout}).encode()
+    start = time.monotonic()
+    status, _, body = server.request("POST", "/execute", payload)
+    elapsed = time.monotonic() - start
+    assert status == 200, body
+    deadline = time.monotonic() + grace
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:  # clean up after a failing server, so later patterns start clean
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return json.loads(body), elapsed, left
+
+
+FLOOD = (
+    "import sys\nchunk = b'\\xff' * (1 << 20)\n"
+    "for _ in range(10):\n"
+    "    sys.stdout.buffer.write(chunk); sys.stdout.flush()\n"
+    "    sys.stderr.buffer.write(chunk); sys.stderr.flush()\n"
+)
+
+
+def flood(server: ServerProcess, concurrent: int = 8) -> dict[str, object]:
+    """``concurrent`` commands each writing 10 MiB of 0xff to stdout and to stderr, while
+    ``GET /`` is timed: the server's peak RSS, the slowest health answer, reply sizes."""
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def health() -> None:
+        while not done.is_set():
+            start = time.monotonic()
+            status = server.request("GET", "/")[0]
+            latencies.append(time.monotonic() - start if status == 200 else 99.0)
+            time.sleep(0.05)
+
+    def run(_: int) -> tuple[int, dict[str, object]]:
+        payload = json.dumps({"command": ["python3", "-c", FLOOD], "timeout_seconds": 120})
+        status, _, body = server.request("POST", "/execute", payload.encode())
+        assert status == 200, body[:200]
+        reply = json.loads(body)
+        return len(body), {k: reply[k] for k in ("exit_code", "timed_out", "truncated")}
+
+    watcher = threading.Thread(target=health, daemon=True)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(max_workers=concurrent) as pool:
+            results = list(pool.map(run, range(concurrent)))
+    finally:
+        done.set()
+        watcher.join()
+    return {
+        "peak_rss": peak_rss(server.proc.pid),
+        "max_health_seconds": max(latencies),
+        "reply_bytes": max(size for size, _ in results),
+        "replies": [reply for _, reply in results],
+    }
+
+
+def malformed_requests() -> list[tuple[str, bytes]]:
+    """Requests each of which once made the server answer 500 or nothing at all."""
+    deep = "a/" * 1000 + "x"
+    body, content_type = multipart(deep, b"deep")
+    deep_upload = (
+        f"POST /upload HTTP/1.1\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    part = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="b.txt"\r\n'
+    part += b"\r\nv\r\n--zz--\r\n"
+
+    def upload_with(content_type: bytes) -> bytes:
+        head = b"POST /upload HTTP/1.1\r\nContent-Type: " + content_type + b"\r\n"
+        return head + f"Content-Length: {len(part)}\r\n\r\n".encode() + part
+
+    requests: list[tuple[str, bytes]] = [("upload a/*1000+x", deep_upload)]
+    for expect in (b"", b"Expect: 100-continue\r\n"):
+        label = " + Expect" if expect else ""
+        for name, length in (
+            ("Content-Length \\xb2", b"\xb2"),
+            ("Content-Length 4301 digits", b"9" * 4301),
+            ("Content-Length 4301 zeros+1", b"0" * 4300 + b"1"),
+            ("Content-Length \\u0661 (Arabic one)", "\u0661".encode()),
+            ("Content-Length 1e3", b"1e3"),
+            ("Content-Length +5", b"+5"),
+        ):
+            for route in (b"/execute", b"/upload"):
+                raw = b"POST " + route + b" HTTP/1.1\r\nContent-Length: " + length + b"\r\n"
+                raw += b"Content-Type: multipart/form-data; boundary=zz\r\n" + expect + b"\r\n{}"
+                requests.append((f"{route.decode()} {name}{label}", raw))
+        for boundary in (
+            b"boundary*=utf-8''zz",
+            b"boundary*=",
+            b"boundary*=x",
+            b"boundary*=rot13''zz",
+            b"boundary*=utf-16''%ff",
+            b"boundary*=utf-8'en'%C3%28",
+            b"boundary*=unicode_escape''%5Cx",
+            b"boundary*=idna''xn--",
+            b"boundary*=punycode''%80",
+        ):
+            raw = upload_with(b"multipart/form-data; " + boundary)
+            if expect:
+                raw = raw.replace(b"\r\n\r\n", b"\r\n" + expect + b"\r\n", 1)
+            requests.append((f"upload {boundary.decode()}{label}", raw))
+    return requests
+
+
+def send_raw(server: ServerProcess, data: bytes) -> int:
+    """The status code of the reply to raw bytes (0: no reply at all)."""
+    try:
+        reply = server.raw(data)
+    except OSError:
+        return 0
+    while reply.startswith(b"HTTP/1.1 100"):  # an interim 100 Continue: the real one follows
+        reply = reply.partition(b"\r\n\r\n")[2]
+    try:
+        return int(reply.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        return 0

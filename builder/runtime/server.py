@@ -155,7 +155,7 @@ def parse_length(value: str) -> int:
         raise ApiError(400, "invalid Content-Length")
     if len(value.lstrip("0")) > 18:
         raise ApiError(413, "Content-Length too large")
-    return int(value)
+    return int(value.lstrip("0") or "0")  # int() counts leading zeros against its limit
 
 
 def check_os_string(value: str, what: str) -> None:
@@ -604,7 +604,7 @@ def disposition_params(value: str) -> dict[str, str]:
             _, _, encoded = encoded.partition("'")
             try:
                 text = unquote_to_bytes(encoded).decode(charset or "utf-8")
-            except (LookupError, UnicodeDecodeError):
+            except (LookupError, ValueError):  # UnicodeError from odd codecs included
                 raise ApiError(400, f"cannot decode header parameter {name}") from None
             name = name[:-1]
             params[name] = text
@@ -1067,7 +1067,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def parse_request(self) -> bool:
         """Refuse HTTP/0.9 (no status line, no headers): every answer here has a status."""
-        if not super().parse_request():
+        try:
+            if not super().parse_request():
+                return False
+        except (OSError, TimeoutError):
+            raise
+        except Exception:  # the stdlib's header parser decodes e.g. ``boundary*=`` itself
+            self.send_error(400, "malformed request headers")
             return False
         if self.request_version == "HTTP/0.9":
             self.send_error(400, "HTTP/0.9 is not supported")

@@ -1,0 +1,113 @@
+"""Reliability figures of the runtime server (issue 9), rerunnable by anyone:
+
+    .venv/bin/python benchmarks/server_reliability.py [--attempts 2000] [--server PATH]
+
+- symlink-swap race: attempts and escapes per route, while a process swaps workspace/d with a
+  symlink to outside (renameat2 RENAME_EXCHANGE) in a loop;
+- detached processes: survivors per daemon pattern (setsid, double fork, new session, ...);
+- memory: the server's peak RSS with 8 concurrent commands each writing 2 x 10 MiB of 0xff,
+  and the slowest ``GET /`` meanwhile;
+- malformed requests: how many were tried, how many got a 5xx or no answer.
+
+Run as root, the server runs as uid 65532 (as in the images) through ``setpriv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import sandboxserver
+from sandboxserver import (
+    MIB,
+    RaceLayout,
+    ServerProcess,
+    as_sandbox_user,
+    daemon_patterns,
+    flood,
+    give_to_sandbox_user,
+    malformed_requests,
+    race,
+    run_daemon_pattern,
+    sandbox_dir,
+    send_raw,
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attempts", type=int, default=2000, help="race attempts per route")
+    parser.add_argument("--server", help="another server.py to measure (e.g. an older one)")
+    args = parser.parse_args()
+    if args.server:
+        sandboxserver.SERVER = Path(args.server).resolve()
+    user = as_sandbox_user()
+    prefix: tuple[str, ...] = user.get("prefix", ())  # type: ignore[assignment]
+    base = sandbox_dir()
+    try:
+        print(f"server: {sandboxserver.SERVER}  (uid {os.geteuid() if not user else 65532})")
+
+        layout = RaceLayout(base / "race", victims=(args.attempts + 1) // 2)
+        server = ServerProcess(layout.workspace, log=base / "race.log", **user)  # type: ignore[arg-type]
+        try:
+            results = race(server, layout, args.attempts, swapper_prefix=prefix)
+        finally:
+            server.stop()
+        print("\nsymlink-swap race                attempts   escapes")
+        for route, (attempts, escapes) in results.items():
+            print(f"  {route:<30} {attempts:>8} {escapes:>9}")
+
+        workspace = base / "daemons"
+        workspace.mkdir()
+        give_to_sandbox_user(workspace)
+        server = ServerProcess(workspace, log=base / "daemons.log", **user)  # type: ignore[arg-type]
+        total = 0
+        print("\ndetached processes               survivors  reply s")
+        try:
+            for index in range(len(daemon_patterns("0"))):
+                marker = str(secrets.randbelow(10**9))
+                name, command, timeout = daemon_patterns(marker)[index]
+                _, elapsed, left = run_daemon_pattern(server, command, timeout, marker)
+                total += len(left)
+                print(f"  {name:<30} {len(left):>9} {elapsed:>8.2f}")
+        finally:
+            server.stop()
+        print(f"  {'total':<30} {total:>9}")
+
+        workspace = base / "flood"
+        workspace.mkdir()
+        give_to_sandbox_user(workspace)
+        server = ServerProcess(workspace, log=base / "flood.log", **user)  # type: ignore[arg-type]
+        try:
+            figures = flood(server, concurrent=8)
+        finally:
+            server.stop()
+        print("\n8 concurrent floods of 2 x 10 MiB of 0xff")
+        print(f"  server peak RSS                {figures['peak_rss'] / MIB:>8.1f} MiB")  # type: ignore[operator]
+        print(f"  slowest GET / meanwhile        {figures['max_health_seconds']:>8.3f} s")
+        print(f"  largest reply                  {figures['reply_bytes'] / MIB:>8.1f} MiB")  # type: ignore[operator]
+
+        workspace = base / "malformed"
+        workspace.mkdir()
+        give_to_sandbox_user(workspace)
+        server = ServerProcess(workspace, log=base / "malformed.log", **user)  # type: ignore[arg-type]
+        try:
+            statuses = [send_raw(server, data) for _, data in malformed_requests()]
+        finally:
+            server.stop()
+        bad = sum(1 for status in statuses if status >= 500 or status == 0)
+        print("\nmalformed requests               tried   5xx/none")
+        print(f"  {'':<30} {len(statuses):>5} {bad:>10}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
