@@ -23,7 +23,7 @@ from builder.image.render import Secrets
 from builder.pipeline import Delivery, Outcome, Request, base_profile, deliver, prepare
 from builder.pipeline import rebuild as pipeline_rebuild
 from builder.upgrade import save_state, state_of
-from builder.verify.suite import verify_image
+from builder.verify import verify_image
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = Path("sandbox-image")

@@ -38,7 +38,7 @@ from builder.image.render import Secrets, lock_text, render, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.imageref import ImageRef
 from builder.upgrade import changes, load_state, save_state, state_of
-from builder.verify.suite import VerifyReport, verify_image
+from builder.verify import VerifyReport, verify_image
 
 Say = Callable[[str], None]
 

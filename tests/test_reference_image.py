@@ -23,14 +23,10 @@ from builder import cli
 from builder.analysis.target import ARCHES, Target, shipped_profile
 from builder.image import reference_base as reference
 from builder.image.build import build_image
-from builder.verify.suite import (
-    CONTRACT,
-    LABEL,
-    Check,
-    VerifyReport,
-    image_user_check,
-    importable,
-)
+from builder.verify import Check, VerifyReport
+from builder.verify.checks import CONTRACT
+from builder.verify.container import LABEL, image_user_check
+from builder.verify.discovery import importable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONTRACT_NAMES = {"image-user", "health", "still-serving", *(name for name, _ in CONTRACT)}

@@ -1,6 +1,14 @@
 """Proving an image serves the runtime contract and imports what it should, run hardened.
 
-The contract client, the check suite (runnable against any host:port, so the tests run it
-against the server process too), module discovery and the hardened container run. May import
-`builder.contract` and the engine client; never `builder.analysis`, `builder.image`.
+`client` (the contract's HTTP client, which the tests use too), `checks` (the contract checks,
+runnable against any host:port, so the tests run them against the server process as well),
+`sdk` (the upstream SDK's round trip), `discovery` (distributions -> modules to import),
+`container` (the hardened run) and `run` (`verify_image`, wiring them). May import
+`builder.contract`, the engine client and, to read a requirements file, `builder.analysis`;
+never `builder.image`, `builder.base` or the orchestration modules.
 """
+
+from builder.verify.report import Check, VerifyReport
+from builder.verify.run import verify_image
+
+__all__ = ["Check", "VerifyReport", "verify_image"]

@@ -1,0 +1,31 @@
+"""The sandbox runtime contract's constants, in one place.
+
+What every sandbox image must serve and how the platform runs it: the sandbox user, the port,
+the workspace, where libraries live and in which order, the timeout exit code and the routes.
+The planner, the renderer, the probe and the verifier read them from here. The in-image server
+(`builder/runtime/server.py`) keeps its own copies: it runs with `python3 -I` from a bare image
+and imports nothing but the standard library. Imports nothing itself, so any layer may use it.
+"""
+
+from __future__ import annotations
+
+SANDBOX_UID = 65532
+SANDBOX_GID = 65532
+SANDBOX_USER = f"{SANDBOX_UID}:{SANDBOX_GID}"  # numeric, so runAsNonRoot can prove it
+PORT = 8888
+WORKSPACE = "/workspace"  # writable, the root of every file route and the default cwd
+DEPS = "/app/deps"  # the base image's libraries
+DEPS_EXTRA = "/app/deps-extra"  # the extension's libraries, appended after the base's
+PYTHONPATH = (DEPS, DEPS_EXTRA)  # the order: the base first, so it is never shadowed
+TIMEOUT_EXIT_CODE = 124  # a command killed for running past timeout_seconds
+
+# Routes. File routes take a workspace-relative path, percent-encoded with `/` as %2F.
+HEALTH = "/"  # GET -> 200
+# POST {command, timeout_seconds, env, cwd} -> {stdout, stderr, exit_code, timed_out}
+EXECUTE = "/execute"
+UPLOAD = "/upload"  # POST multipart/form-data, field UPLOAD_FIELD, filename = destination path
+UPLOAD_FIELD = "file"
+DOWNLOAD = "/download/"  # GET + path -> the bytes
+LIST = "/list/"  # GET + path -> [{name, size, type: file|directory, mod_time}]
+EXISTS = "/exists/"  # GET + path -> {path, exists}
+FILES = "/files/"  # DELETE + path

@@ -1,0 +1,151 @@
+"""An HTTP client for the runtime contract, for one sandbox server on a host:port.
+
+The verifier's checks and the tests speak to the server through it. It talks the contract's
+wire format the way the platform's client does: file paths percent-encoded with `/` as %2F, and
+uploads as multipart/form-data whose `file` field's filename is the destination path, encoded
+as urllib3 2 (under the upstream SDK) encodes it. Never goes through a proxy.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from builder import contract
+from builder.verify.report import ContractViolation, short
+
+EXECUTE_TIMEOUT = 120.0  # seconds allowed to one ordinary command (imports of big libraries)
+REQUEST_TIMEOUT = 30.0
+HTTP_SLACK = 30.0  # how much longer than timeout_seconds an /execute reply may take
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            text = short(self.body.decode("latin-1"))
+            raise ContractViolation(f"HTTP {self.status}, not JSON: {text}") from None
+
+
+def encoded(path: str) -> str:
+    """A workspace path as the upstream client sends it: percent-encoded, `/` as %2F."""
+    return quote(path, safe="")
+
+
+def multipart_filename(path: str) -> str:
+    """`path` as a quoted multipart filename, encoded as urllib3 2 does for the upstream SDK.
+
+    A quote becomes %22 (the server takes quoted values literally and refuses backslashes, so
+    backslash-escaping would break the name); control characters are refused, as the SDK does.
+    """
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise ValueError(f"upload path contains a control character: {path!r}")
+    return path.replace('"', "%22")
+
+
+class Sandbox:
+    """One sandbox server: `host`:`port`, rooted at `workspace` (the contract's, unless a test
+    runs the server elsewhere)."""
+
+    def __init__(
+        self, port: int, host: str = "127.0.0.1", workspace: str = contract.WORKSPACE
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.workspace = workspace
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> Response:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return Response(response.status, response.read())
+        finally:
+            connection.close()
+
+    def health(self, timeout: float = REQUEST_TIMEOUT) -> Response:
+        return self.request("GET", contract.HEALTH, timeout=timeout)
+
+    def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_seconds: float = EXECUTE_TIMEOUT,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> dict[str, Any]:
+        """The /execute reply; a reply without stdout, stderr and exit_code is a violation."""
+        payload: dict[str, Any] = {
+            "command": command if isinstance(command, str) else list(command),
+            "timeout_seconds": timeout_seconds,
+        }
+        if env is not None:
+            payload["env"] = env
+        if cwd is not None:
+            payload["cwd"] = cwd
+        response = self.request(
+            "POST",
+            contract.EXECUTE,
+            json.dumps(payload).encode(),
+            {"Content-Type": "application/json"},
+            timeout=timeout_seconds + HTTP_SLACK,
+        )
+        result = response.json()
+        if response.status != 200 or not isinstance(result, dict):
+            raise ContractViolation(
+                f"POST {contract.EXECUTE} answered HTTP {response.status}: {short(result)}"
+            )
+        if not (
+            isinstance(result.get("stdout"), str)
+            and isinstance(result.get("stderr"), str)
+            and isinstance(result.get("exit_code"), int)
+        ):
+            raise ContractViolation(
+                f"POST {contract.EXECUTE}: expected stdout, stderr, exit_code; got {short(result)}"
+            )
+        return result
+
+    def python(self, code: str, *args: str, **kwargs: Any) -> dict[str, Any]:
+        """`python3 -c code args...`, as the platform submits code."""
+        return self.execute(["python3", "-c", code, *args], **kwargs)
+
+    def upload(self, destination: str, content: bytes) -> Response:
+        boundary = f"bsi-{uuid.uuid4().hex}"
+        head = (
+            f"--{boundary}\r\n"
+            f'Content-Disposition: form-data; name="{contract.UPLOAD_FIELD}";'
+            f' filename="{multipart_filename(destination)}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        )
+        body = head.encode() + content + f"\r\n--{boundary}--\r\n".encode()
+        content_type = f"multipart/form-data; boundary={boundary}"
+        return self.request("POST", contract.UPLOAD, body, {"Content-Type": content_type})
+
+    def download(self, path: str) -> Response:
+        return self.request("GET", contract.DOWNLOAD + encoded(path))
+
+    def list(self, path: str) -> Response:
+        return self.request("GET", contract.LIST + encoded(path))
+
+    def exists(self, path: str) -> Response:
+        return self.request("GET", contract.EXISTS + encoded(path))
+
+    def delete(self, path: str) -> Response:
+        return self.request("DELETE", contract.FILES + encoded(path))

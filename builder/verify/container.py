@@ -1,0 +1,131 @@
+"""Run an image the way the platform runs it, for as long as the checks need it.
+
+Read-only root filesystem, all capabilities dropped, no-new-privileges, uid/gid 65532, tmpfs
+/workspace (owned by 65532) and /tmp, the contract's port published on 127.0.0.1 only. The
+container is always removed, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+import docker.errors
+
+from builder import contract
+from builder.verify.client import Sandbox
+from builder.verify.report import Check, CheckFailed, short
+
+STARTUP_TIMEOUT = 60.0
+LABEL = "org.build-sandbox-image.verify"  # on every verify container, to find strays
+TMPFS_OPTIONS = "rw,nosuid,nodev,size=256m"
+
+
+def create_container(client: docker.DockerClient, image: str) -> Any:
+    """Create `image` hardened, like the platform's pods: the caller starts and removes it."""
+    owner = f"uid={contract.SANDBOX_UID},gid={contract.SANDBOX_GID}"
+    return client.containers.create(
+        image,
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        user=contract.SANDBOX_USER,
+        tmpfs={
+            contract.WORKSPACE: f"{TMPFS_OPTIONS},{owner},mode=0755",
+            "/tmp": f"{TMPFS_OPTIONS},mode=1777",
+        },
+        # Loopback, any free host port: docker-py sends HostPort "" for a None port, but its
+        # stubs allow only (address, int) tuples.
+        ports={f"{contract.PORT}/tcp": ("127.0.0.1", None)},  # type: ignore[dict-item]
+        pids_limit=1024,
+        labels={LABEL: "1"},
+    )
+
+
+def published_port(container: Any, deadline: float) -> int:
+    while True:
+        container.reload()
+        ports = container.attrs.get("NetworkSettings", {}).get("Ports") or {}
+        for binding in ports.get(f"{contract.PORT}/tcp") or []:
+            if binding.get("HostPort"):
+                return int(binding["HostPort"])
+        if container.status == "exited" or time.monotonic() > deadline:
+            raise CheckFailed(
+                f"port {contract.PORT} was not published (container {container.status})"
+            )
+        time.sleep(0.1)
+
+
+def wait_healthy(container: Any, sandbox: Sandbox, timeout: float) -> str:
+    """Wait for GET / -> 200 while the container runs; the detail says how long it took."""
+    started = time.monotonic()
+    last = "no answer"
+    while time.monotonic() - started < timeout:
+        try:
+            response = sandbox.health(timeout=5)
+            if response.status == 200:
+                return f"GET / -> 200 after {time.monotonic() - started:.1f}s"
+            last = f"GET / -> HTTP {response.status}"
+        except (OSError, http.client.HTTPException) as error:
+            last = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        container.reload()
+        if container.status in ("exited", "dead"):
+            logs = container.logs(tail=5).decode("utf-8", "replace").strip()
+            raise CheckFailed(f"the container exited ({short(logs, 300) or 'no output'})")
+        time.sleep(0.2)
+    raise CheckFailed(f"no 200 from GET / on port {contract.PORT} within {timeout:.0f}s ({last})")
+
+
+@dataclass(frozen=True)
+class Running:
+    """A hardened container that answered its health check, and a client for it."""
+
+    container: Any
+    sandbox: Sandbox
+    health: str  # how the health check went, for the report
+
+    def still_serving(self) -> str:
+        return wait_healthy(self.container, self.sandbox, 10)
+
+
+@contextlib.contextmanager
+def hardened(
+    client: docker.DockerClient, image: str, startup_timeout: float = STARTUP_TIMEOUT
+) -> Iterator[Running]:
+    """Start `image` hardened and wait until it serves; CheckFailed says why it did not."""
+    container = None
+    try:
+        try:
+            container = create_container(client, image)
+            container.start()
+        except docker.errors.APIError as error:
+            explanation = getattr(error, "explanation", None) or str(error)
+            raise CheckFailed(f"the container did not start: {explanation}") from None
+        sandbox = Sandbox(published_port(container, time.monotonic() + startup_timeout))
+        yield Running(container, sandbox, wait_healthy(container, sandbox, startup_timeout))
+    finally:
+        if container is not None:
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True, v=True)
+
+
+def image_user_check(config_user: str) -> Check:
+    """The image config's User must be numeric 65532 so runAsNonRoot can prove it."""
+    user = config_user.strip()
+    uid, _, gid = user.partition(":")
+    if not user:
+        return Check("image-user", False, "the image sets no USER: it runs as root")
+    if not uid.isdigit() or (gid and not gid.isdigit()):
+        return Check(
+            "image-user",
+            False,
+            f"User {user!r} is not numeric: runAsNonRoot cannot prove it is not root",
+        )
+    if uid != str(contract.SANDBOX_UID) or (gid and gid != str(contract.SANDBOX_GID)):
+        return Check("image-user", False, f"image runs as {user}, expected {contract.SANDBOX_USER}")
+    return Check("image-user", True, f"image config User is {user}")

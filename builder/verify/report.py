@@ -1,0 +1,91 @@
+"""Check results and the verification report, and how one check is run into a result."""
+
+from __future__ import annotations
+
+import http.client
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class ContractViolation(Exception):
+    """The server's answer breaks the runtime contract; the message is the report's detail."""
+
+
+class CheckFailed(ContractViolation):
+    """A check's expectation did not hold; the message is the report's detail."""
+
+
+def expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def short(value: Any, limit: int = 160) -> str:
+    """One line of at most `limit` characters, for a report's detail."""
+    text = value if isinstance(value, str) else repr(value)
+    text = text.strip().replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def last_line(text: str) -> str:
+    return short((text.strip().splitlines() or ["?"])[-1])
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    image: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(check.passed for check in self.checks)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]
+
+    def table(self) -> str:
+        width = max((len(check.name) for check in self.checks), default=0)
+        lines = [f"verify {self.image}"]
+        lines += [
+            f"{'PASS' if c.passed else 'FAIL'}  {c.name.ljust(width)}  {c.detail}"
+            for c in self.checks
+        ]
+        passed = len(self.checks) - len(self.failed)
+        lines.append(f"{passed}/{len(self.checks)} checks passed")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "passed": self.passed,
+            "checks": [asdict(check) for check in self.checks],
+        }
+
+
+def run_check(
+    name: str,
+    function: Callable[[], str],
+    client_errors: tuple[type[Exception], ...] = (),
+) -> Check:
+    """Run one check: its detail on success, the reason on failure.
+
+    `client_errors` are what a third-party client raises when the server misbehaves (the SDK's
+    request errors); they fail the check instead of ending the run.
+    """
+    try:
+        return Check(name, True, function())
+    except ContractViolation as failure:
+        return Check(name, False, str(failure))
+    except (OSError, http.client.HTTPException) as error:
+        return Check(name, False, f"server did not answer: {type(error).__name__}: {error}")
+    except client_errors as error:
+        return Check(name, False, f"{type(error).__name__}: {short(str(error), 300)}")

@@ -1,0 +1,100 @@
+"""The verifier's own contract check suite against the server process, in milliseconds.
+
+The very checks `verify` runs against a built image run here against `builder/runtime/server.py`
+started as a subprocess in its own pid namespace (as in a container, so the timeout-cleanup
+check sees only the server's processes). The image-only checks (uid, /app/deps, PYTHONPATH) are
+left out by `contract_checks(process_mode=True)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+from sandboxserver import ServerProcess
+
+from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
+from builder.verify.client import Sandbox, multipart_filename
+from builder.verify.report import run_check
+
+PID_NAMESPACE = ("unshare", "--kill-child", "--pid", "--mount-proc")
+SERVER_PYTHONPATH = "/opt/bsi-test/deps:/opt/bsi-test/deps-extra"
+
+
+def start_server(workspace: Path) -> ServerProcess:
+    """The runtime server in its own pid namespace, with a PYTHONPATH its children inherit."""
+    workspace.mkdir()
+    env = {**os.environ, "PYTHONPATH": SERVER_PYTHONPATH}
+    return ServerProcess(workspace, env=env, prefix=PID_NAMESPACE)
+
+
+def stop_server(process: ServerProcess) -> None:
+    """SIGTERM to the server itself: `unshare --fork` does not pass signals on; it exits with it."""
+    children = Path(f"/proc/{process.proc.pid}/task/{process.proc.pid}/children").read_text()
+    for pid in children.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGTERM)
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    process = start_server(tmp_path_factory.mktemp("verify") / "workspace")
+    try:
+        yield Sandbox(process.port, workspace=str(process.workspace))
+    finally:
+        stop_server(process)
+
+
+def test_process_mode_leaves_out_exactly_the_image_checks() -> None:
+    names = [name for name, _ in contract_checks(process_mode=True)]
+    assert names == [name for name, _ in CONTRACT if name not in IMAGE_ONLY]
+    assert {"uid", "pythonpath", "app-deps-readonly"} <= IMAGE_ONLY
+    assert [name for name, _ in contract_checks()] == [name for name, _ in CONTRACT]
+
+
+@pytest.mark.parametrize("name", [name for name, _ in contract_checks(process_mode=True)])
+def test_contract_check_passes_against_the_server_process(server: Sandbox, name: str) -> None:
+    check = dict(CONTRACT)[name]
+    result = run_check(name, partial(check, server))
+    assert result.passed, result.detail
+
+
+def test_the_suite_fails_a_server_that_is_not_there(tmp_path: Path) -> None:
+    process = start_server(tmp_path / "workspace")
+    sandbox = Sandbox(process.port, workspace=str(process.workspace))
+    stop_server(process)
+    result = run_check("execute", partial(dict(CONTRACT)["execute"], sandbox))
+    assert not result.passed
+    assert result.detail.startswith("server did not answer: ConnectionRefusedError")
+
+
+def test_hostile_paths_reach_each_route_encoded_dot_encoded_and_raw() -> None:
+    assert hostile_forms("../etc/passwd") == [
+        "..%2Fetc%2Fpasswd",
+        "%2E%2E%2Fetc%2Fpasswd",
+        "../etc/passwd",
+    ]
+    assert hostile_forms("passwd\x00.txt") == ["passwd%00.txt", "passwd%00%2Etxt"]
+
+
+def test_multipart_filenames_are_percent_escaped_not_backslash_escaped() -> None:
+    assert multipart_filename('a "b" c.txt') == "a %22b%22 c.txt"
+    assert multipart_filename("dir/é ü.txt") == "dir/é ü.txt"
+    with pytest.raises(ValueError, match="control character"):
+        multipart_filename("a\nb")
+
+
+def test_a_quote_in_an_upload_name_arrives_as_the_upstream_client_sends_it(
+    server: Sandbox,
+) -> None:
+    """A backslash-escaped quote would be refused (403): the server refuses backslashes."""
+    response = server.upload('quote "in" name.txt', b"quoted\n")
+    assert response.status == 200, response.body
+    assert server.exists("quote %22in%22 name.txt").json()["exists"] is True
+    assert server.delete("quote %22in%22 name.txt").status in (200, 204)
