@@ -1,20 +1,23 @@
 """Platform upgrades: what was built last time, and what a rebuild would change.
 
 The state file is the record a pipeline commits next to its config: the platform version,
-the base digest and python patch it was built on, the resolved extras and apt set per arch,
-and the pushed image. Comparing it with a fresh plan tells whether a rebuild is needed.
+the base digest and python patch it was built on, the resolved extras, lock hash and apt set
+per arch, and the pushed image. Comparing it with a fresh plan tells whether a rebuild is
+needed, and whether it can be a rebase (`builder.rebase`: same locks, new base).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from builder.analysis.plan import Plan
 from builder.errors import UserError
+from builder.image.layer import lock_hash
+from builder.image.render import lock_text
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class BuildState:
     packages: Mapping[str, Mapping[str, str]]  # arch -> name -> version
     apt_packages: Mapping[str, tuple[str, ...]]  # arch -> packages
     image: str | None = None  # repository@sha256:... once pushed
+    locks: Mapping[str, str] = field(default_factory=dict)  # arch -> lock hash (the resolution)
+    path: str | None = None  # "rebase" or "build": how the recorded image was made
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -36,6 +41,8 @@ class BuildState:
             "packages": {a: dict(sorted(p.items())) for a, p in sorted(self.packages.items())},
             "apt_packages": {a: list(p) for a, p in sorted(self.apt_packages.items())},
             "image": self.image,
+            "locks": dict(sorted(self.locks.items())),
+            "path": self.path,
         }
 
     @classmethod
@@ -48,10 +55,14 @@ class BuildState:
             packages={a: dict(p) for a, p in data["packages"].items()},
             apt_packages={a: tuple(p) for a, p in data["apt_packages"].items()},
             image=data.get("image"),
+            locks=dict(data.get("locks") or {}),
+            path=data.get("path"),
         )
 
 
-def state_of(plan: Plan, platform_version: str, image: str | None = None) -> BuildState:
+def state_of(
+    plan: Plan, platform_version: str, image: str | None = None, path: str | None = None
+) -> BuildState:
     return BuildState(
         platform_version=platform_version,
         base_image=plan.base.image,
@@ -60,7 +71,22 @@ def state_of(plan: Plan, platform_version: str, image: str | None = None) -> Bui
         packages={a.arch: {w.name: w.version for w in a.wheels} for a in plan.arches},
         apt_packages={a.arch: a.apt_packages for a in plan.arches},
         image=image,
+        locks={a.arch: lock_hash(lock_text(plan, a.arch)) for a in plan.arches},
+        path=path,
     )
+
+
+def rebase_blocker(previous: BuildState | None, current: BuildState) -> str | None:
+    """Why an upgrade needs a full build, or None when the extras can be rebased as they are."""
+    if previous is None or not previous.image:
+        return "no previous pushed image recorded"
+    if not previous.locks:
+        return "the previous state records no lock hashes"
+    if previous.locks != current.locks:
+        return "the resolution changed"
+    if previous.python_version.rsplit(".", 1)[0] != current.python_version.rsplit(".", 1)[0]:
+        return "the python minor version changed"
+    return None
 
 
 def load_state(path: Path) -> BuildState | None:

@@ -116,6 +116,17 @@ def derived_base(reference: str, wheel: Path, tag: str, workdir: Path) -> None:
         build_image(context, tag=tag, log=log)
 
 
+def patched_base(reference: str, tag: str, workdir: Path) -> None:
+    """`reference` plus one small layer that changes nothing Python sees: a platform patch."""
+    context = workdir / tag.rsplit(":", 1)[1]
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {reference}\nUSER 0:0\nRUN echo patched > /etc/platform-patch\nUSER 65532:65532\n"
+    )
+    with open(workdir / f"{context.name}.log", "w") as log:
+        build_image(context, tag=tag, log=log)
+
+
 # --- the CLI ------------------------------------------------------------------------------------
 
 
@@ -240,12 +251,13 @@ def make_world(
         f"{runtime}:v3-conflict",
         scratch,
     )
+    patched_base(f"{runtime}:v2", f"{runtime}:v2.1", scratch)
     digests = {
         version: push(docker_client, registry, f"{runtime}:{version}")
-        for version in ("v1", "v2", "v3-conflict")
+        for version in ("v1", "v2", "v2.1", "v3-conflict")
     }
     # A runner that never saw the new platform versions: rebuild must pull them.
-    for version in ("v2", "v3-conflict"):
+    for version in ("v2", "v2.1", "v3-conflict"):
         docker_client.images.remove(f"{runtime}:{version}")
 
     workdir = tmp_path_factory.mktemp("pipeline")
@@ -371,6 +383,7 @@ def test_rebuild_to_a_new_platform_version(world: World, first_build) -> None:
     # The rebuild: the same diff, a new digest pushed, the template, state and config follow.
     rebuild = world.run("rebuild", "--config", str(world.config), "--platform-version", "v2")
     assert rebuild.returncode == 0, explain(rebuild)
+    assert "upgrade path: build (the resolution changed)" in rebuild.stderr + rebuild.stdout
     for line in expected:
         assert f"  {line}\n" in rebuild.stdout, rebuild.stdout
     reference = pushed_reference(rebuild.stdout, world.sandbox)
@@ -455,3 +468,45 @@ def test_push_without_credentials_fails_cleanly(
         t for image in docker_client.images.list() for t in image.tags if t.startswith(f"{target}:")
     ]
     assert snapshot(world.template, world.state, world.config) == before
+
+
+def layers_of(world: World, reference: str) -> list[str]:
+    repo, digest = reference.split("@", 1)
+    with registry_get(world.registry, f"/v2/{world.repo(repo)}/manifests/{digest}") as response:
+        return [layer["digest"] for layer in json.load(response)["layers"]]
+
+
+def test_rebuild_with_unchanged_extras_rebases(world: World, first_build) -> None:
+    """v2 -> v2.1 (one small base layer): the deps-extra layer is reused by digest."""
+    assert first_build.result.returncode == 0, "the first build failed"
+    state = json.loads(world.state.read_text())
+    if state["platform_version"] != "v2":  # on its own: get to v2 first (a full build)
+        moved = world.run("rebuild", "--config", str(world.config), "--platform-version", "v2")
+        assert moved.returncode == 0, explain(moved)
+        state = json.loads(world.state.read_text())
+    old_reference = state["image"]
+    old_layers = layers_of(world, old_reference)
+
+    result = world.run("rebuild", "--config", str(world.config), "--platform-version", "v2.1")
+    assert result.returncode == 0, explain(result)
+    assert "upgrade path: rebase (the resolution is unchanged)" in result.stderr + result.stdout
+    assert "building" not in result.stdout
+    reference = pushed_reference(result.stdout, world.sandbox)
+    assert reference != old_reference
+    new_layers = layers_of(world, reference)
+    assert new_layers[-1] == old_layers[-1]  # the deps-extra layer, byte for byte
+    assert len(new_layers) == len(old_layers) + 1  # the base's one new layer
+    base = f"{world.runtime}@{world.base_digests['v2.1']}"
+    assert layers_of(world, base) == new_layers[:-1]
+    assert template_image(world.template) == reference
+    state = json.loads(world.state.read_text())
+    assert (state["image"], state["path"], state["platform_version"]) == (
+        reference,
+        "rebase",
+        "v2.1",
+    )
+    report = json.loads((world.workdir / "sandbox-image" / "report.json").read_text())
+    assert report["image"]["path"] == "rebase" and report["image"]["verification"]["passed"]
+    assert 0 < report["image"]["bytes_pushed"] < 0.05 * report["image"]["image_size"]
+    tags = registry_tags(world.registry, world.repo(world.sandbox))
+    assert any(re.fullmatch(r"v2\.1-x[0-9a-f]{12}", tag) for tag in tags), tags

@@ -21,17 +21,20 @@ import csv
 import gzip
 import hashlib
 import io
+import json
 import os
+import shutil
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.image.build import build_image
 
 LAYER_FORMAT = "deps-extra-layer/1"  # bump when the layout or tar/gzip settings change
 GZIP_LEVEL = 6
@@ -89,34 +92,11 @@ def deps_layer(lock_text: str, wheels: Sequence[Path], root: str, cache: Cache) 
         if path:
             return Layer(path, record["digest"], record["diff_id"], record["size"], record["sde"])
     epoch = source_date_epoch(wheels)
-    cache.root.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=".layer-", dir=cache.root)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            compressed = _Hashing(raw)
-            with gzip.GzipFile(
-                filename="", mode="wb", fileobj=compressed, compresslevel=GZIP_LEVEL, mtime=0
-            ) as zipped:
-                tar_stream = _Hashing(zipped)
-                write_tar(cast(IO[bytes], tar_stream), wheels, root, epoch)
-        digest = compressed.digest.hexdigest()
-        size = os.path.getsize(temp)
-        with cache.writing_blob(digest, "layer.tar.gz") as handle, open(temp, "rb") as source:
-            for chunk in iter(lambda: source.read(CHUNK), b""):
-                handle.write(chunk)
-    finally:
-        os.unlink(temp)
-    layer = Layer(
-        cache.blob_path(digest, "layer.tar.gz"),
-        f"sha256:{digest}",
-        f"sha256:{tar_stream.digest.hexdigest()}",
-        size,
-        epoch,
-    )
+    layer = _store(cache, epoch, lambda out: write_tar(out, wheels, root, epoch))
     cache.put_record(
         "deps-layer",
         key,
-        {"digest": layer.digest, "diff_id": layer.diff_id, "size": size, "sde": epoch},
+        {"digest": layer.digest, "diff_id": layer.diff_id, "size": layer.size, "sde": epoch},
     )
     return layer
 
@@ -284,3 +264,68 @@ class _Hashing:
 
     def flush(self) -> None:
         self.inner.flush()
+
+
+def apt_layer(
+    base_image: str, packages: Sequence[str], arch: str, cache: Cache, client: Any
+) -> tuple[Layer, str]:
+    """The apt layer over `base_image`, from a one-step BuildKit build; and its history line.
+
+    This layer depends on the base's package state, so an upgrade rebuilds it; it is small. The
+    built image is saved from the engine and its top layer gzipped like the deps-extra layer.
+    """
+    run = (
+        "apt-get update && apt-get install -y --no-install-recommends "
+        + " ".join(packages)
+        + " && rm -rf /var/lib/apt/lists/*"
+    )
+    with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:
+        context = Path(temp) / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text(f"FROM {base_image}\nUSER 0:0\nRUN {run}\n")
+        with open(Path(temp) / "build.log", "w") as log:
+            image_id = build_image(context, platform=f"linux/{arch}", log=log)
+        saved = Path(temp) / "image.tar"
+        with saved.open("wb") as handle:
+            for chunk in client.images.get(image_id).save(named=False):
+                handle.write(chunk)
+        with tarfile.open(saved) as archive:
+            manifest = _json_member(archive, "manifest.json")[0]
+            expected = _json_member(archive, manifest["Config"])["rootfs"]["diff_ids"][-1]
+            member = archive.extractfile(manifest["Layers"][-1])
+            if member is None:
+                raise UserError(f"{base_image}: the apt build's saved image has no top layer")
+            layer = _store(cache, 0, lambda out: shutil.copyfileobj(member, out, CHUNK))
+    if layer.diff_id != expected:
+        raise UserError(f"apt layer over {base_image}: diff ID {layer.diff_id} != {expected}")
+    return layer, f"RUN {run}"
+
+
+def _json_member(archive: tarfile.TarFile, name: str) -> Any:
+    handle = archive.extractfile(name)
+    if handle is None:
+        raise UserError(f"saved image: {name} missing")
+    return json.load(handle)
+
+
+def _store(cache: Cache, epoch: int, write: Callable[[IO[bytes]], object]) -> Layer:
+    """Gzip what `write` writes (a layer tar) into the cache, named by its digest."""
+    cache.root.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=".layer-", dir=cache.root)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            compressed = _Hashing(raw)
+            with gzip.GzipFile(
+                filename="", mode="wb", fileobj=compressed, compresslevel=GZIP_LEVEL, mtime=0
+            ) as zipped:
+                plain = _Hashing(zipped)
+                write(cast(IO[bytes], plain))
+        digest = compressed.digest.hexdigest()
+        final = cache.blob_path(digest, "layer.tar.gz")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        size = os.path.getsize(temp)
+        os.replace(temp, final)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    return Layer(final, f"sha256:{digest}", f"sha256:{plain.digest.hexdigest()}", size, epoch)

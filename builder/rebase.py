@@ -1,0 +1,189 @@
+"""The platform upgrade's fast path: same extras, new base, only the small blobs travel.
+
+When a rebuild's resolution is unchanged, the previous image's deps-extra layer (its top layer)
+is reused by digest; the apt layer is rebuilt against the new base's package state (a one-step
+BuildKit build); a new config and manifest are written over the new base's layers. The result
+is pushed by digest only (every blob HEAD-checked or mounted first), pulled into the engine by
+that digest and verified, and only then tagged and named in the template: the image that was
+verified is, byte for byte, the one the cluster gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from builder.analysis.plan import EXTRA_DEPS, Plan
+from builder.cache import Cache
+from builder.credentials import engine_auth
+from builder.errors import UserError
+from builder.image.labels import created, image_labels
+from builder.image.layer import apt_layer, source_date_epoch
+from builder.image.publish import image_tags
+from builder.image.rebase import Image, NewLayer, append, top
+from builder.imageref import ImageRef
+from builder.oci import INDEX_TYPES, Registry
+from builder.verify import VerifyReport, verify_image
+
+USER = "65532:65532"
+
+
+@dataclass
+class Rebased:
+    """What the rebase path pushed, and how much of it actually travelled."""
+
+    repository: str
+    digest: str
+    tags: tuple[str, ...]
+    arch: str
+    deps_extra: str  # digest of the reused deps-extra layer
+    bytes_pushed: int
+    image_size: int  # config plus every layer, compressed
+    verification: VerifyReport | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+    def record(self) -> dict[str, Any]:
+        """The report.json entry: what was pushed and what it cost."""
+        return {
+            "pushed": self.reference,
+            "tags": list(self.tags),
+            "arch": self.arch,
+            "deps_extra_layer": self.deps_extra,
+            "bytes_pushed": self.bytes_pushed,
+            "image_size": self.image_size,
+            "verification": self.verification.to_dict() if self.verification else None,
+        }
+
+
+def rebase(
+    previous_image: str,
+    previous_base_digest: str,
+    plan: Plan,
+    arch: str,
+    repository: str,
+    platform_version: str,
+    extras: str,
+    client: docker.DockerClient,
+    cache: Cache,
+    say: Callable[[str], None],
+) -> Rebased:
+    """Put the previous image's deps-extra layer on the new base; push, verify, tag."""
+    old_ref = ImageRef.parse(previous_image, "previous image")
+    base_ref = ImageRef.parse(plan.base.image, "base image")
+    if not plan.base.digest:
+        raise UserError(f"base {plan.base.image}: no digest probed; cannot rebase onto it")
+    target = Registry(ImageRef.parse_repository(repository))
+    bases = Registry(base_ref)
+    old_base = _image(bases, previous_base_digest, arch)
+    new_base = _image(bases, plan.base.digest, arch)
+    old = _image(Registry(old_ref), old_ref.digest or old_ref.reference, arch)
+    added = top(old, old_base)
+    if not added or EXTRA_DEPS not in added[-1].created_by:
+        raise UserError(f"{previous_image}: its top layer is not {EXTRA_DEPS}")
+    deps = added[-1]
+    layers: list[NewLayer] = []
+    local: dict[str, Path] = {}  # blobs only this machine has: digest -> file
+    packages = next(a.apt_packages for a in plan.arches if a.arch == arch)
+    if packages:
+        say(f"rebuilding the apt layer ({' '.join(packages)}) on {plan.base_image} ...")
+        apt, created_by = apt_layer(plan.base_image, packages, arch, cache, client)
+        layers.append(NewLayer(apt.digest, apt.diff_id, apt.size, created_by))
+        local[apt.digest] = apt.path
+    layers.append(deps)
+    epoch = source_date_epoch(_wheel_paths(plan, arch, cache))
+    image = append(
+        new_base,
+        layers,
+        env={"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
+        user=USER,
+        labels=image_labels(plan.base.image, plan.base.digest, epoch, platform_version, extras),
+        created=created(epoch),
+    )
+    pushed = _push_blobs(target, image, base_ref, old_ref, local)
+    digest = target.put_manifest(image.digest, image.manifest_bytes, image.manifest["mediaType"])
+    pushed += len(image.manifest_bytes)
+    result = Rebased(
+        repository,
+        digest,
+        (),
+        arch,
+        deps.digest,
+        pushed,
+        len(image.config_bytes) + sum(layer["size"] for layer in image.layers),
+    )
+    say(f"pulling {result.reference} to verify it ...")
+    client.api.pull(
+        repository, tag=digest, auth_config=engine_auth(target.ref.registry), stream=False
+    )
+    result.verification = verify_image(
+        result.reference, modules=plan.import_modules, checks=plan.runtime_checks, client=client
+    )
+    if not result.verification.passed:
+        return result  # pushed by digest only: no tag, no template names it
+    tags = image_tags(repository, platform_version, extras)
+    for tag in tags:
+        target.put_manifest(
+            tag.rsplit(":", 1)[1], image.manifest_bytes, image.manifest["mediaType"]
+        )
+    result.tags = tuple(tags)
+    return result
+
+
+def _image(registry: Registry, reference: str, arch: str) -> Image:
+    """The `arch` image `reference` names (through an index when it is one)."""
+    manifest, digest = registry.manifest(reference)
+    if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+        entry = next(
+            (
+                m
+                for m in manifest["manifests"]
+                if (m.get("platform") or {}).get("architecture") == arch
+                and (m.get("platform") or {}).get("os") == "linux"
+            ),
+            None,
+        )
+        if entry is None:
+            raise UserError(f"{registry.label}@{digest}: no linux/{arch} image in the index")
+        manifest, digest = registry.manifest(entry["digest"])
+    return Image(manifest, registry.json_blob(manifest["config"]["digest"]))
+
+
+def _wheel_paths(plan: Plan, arch: str, cache: Cache) -> list[Path]:
+    wheels = next(a.wheels for a in plan.arches if a.arch == arch)
+    found = [cache.find_blob(w.sha256, w.filename) for w in wheels]
+    return [path for path in found if path is not None]
+
+
+def _push_blobs(
+    target: Registry, image: Image, base: ImageRef, old: ImageRef, local: dict[str, Path]
+) -> int:
+    """Make every blob of `image` present in `target`; returns the bytes uploaded."""
+    sources = {base.repository, old.repository} - {target.ref.repository}
+    uploaded = 0
+    for layer in image.layers:
+        digest = layer["digest"]
+        if target.blob_exists(digest):
+            continue
+        if target.ref.registry in {base.registry, old.registry} and any(
+            target.mount(digest, source) for source in sorted(sources)
+        ):
+            continue
+        if digest in local:
+            target.upload_blob(local[digest], digest)
+        else:  # a base layer from another registry: stream it across, verified on both ends
+            with Registry(base).blob(digest) as blob:
+                target.upload_blob(blob, digest)  # type: ignore[arg-type]
+        uploaded += layer["size"]
+    config = image.config_bytes
+    if not target.blob_exists(image.manifest["config"]["digest"]):
+        target.upload_blob(config, image.manifest["config"]["digest"])
+        uploaded += len(config)
+    return uploaded
