@@ -2,19 +2,26 @@
 # Prepare this machine for the real tests and the example build. Idempotent: a second run
 # changes nothing and takes a few seconds.
 #
-#   1. Debian packages: docker.io, debootstrap, docker-registry, apache2-utils (apt, only if missing)
+#   1. Debian packages: docker.io, debootstrap, mmdebstrap, docker-registry, apache2-utils, curl
+#      (apt, only if missing)
 #   2. .venv with `pip install -e '.[test]'` (redone only when pyproject.toml changes)
 #   3. a Docker engine answering on unix:///var/run/docker.sock (started in the background if not)
-#   4. the stand-in base image python:3.13-slim-trixie (debootstrap trixie + docker import; the
-#      rootfs tarball is cached under /var/cache/build-sandbox-image)
-#   5. a local registry with htpasswd auth on 127.0.0.1:5000
+#   4. arm64 emulation: binfmt_misc mounted, Debian's qemu-user-static registered for aarch64 with
+#      the F (fix-binary) flag, so the engine runs arm64 containers and arm64 RUN steps
+#   5. the stand-in base image python:3.13-slim-trixie for amd64 (debootstrap + docker import) and
+#      its arm64 twin python:3.13-slim-trixie-arm64 (mmdebstrap under emulation + a FROM scratch
+#      build); both rootfs tarballs are cached under /var/cache/build-sandbox-image
+#   6. a local registry with htpasswd auth on 127.0.0.1:5000
+#   7. the two stand-ins pushed there by digest under one image index,
+#      127.0.0.1:5000/library/python:3.13-slim-trixie (skipped when it already names both)
 #   then writes .test-env.json (repo root, git-ignored) for the tests to read.
 #
 # Usage: scripts/setup-env.sh [--venv-only]      (run as root; CI runs it through `make test`)
 # Environment overrides (for testing this script itself):
-#   BSI_STANDIN_IMAGE    tag of the stand-in image        (default python:3.13-slim-trixie)
+#   BSI_STANDIN_IMAGE    tag of the stand-in image        (default python:3.13-slim-trixie;
+#                        the arm64 one is tagged <it>-arm64; the index is <registry>/library/<it>)
 #   BSI_CACHE_DIR        stand-in rootfs tarball cache    (default /var/cache/build-sandbox-image)
-#   BSI_REFRESH_STANDIN  1 = re-import the stand-in even if an image with that tag exists
+#   BSI_REFRESH_STANDIN  1 = re-import the stand-ins even if images with those tags exist
 #   BSI_TEST_ENV         where to write the test-env file (default <repo>/.test-env.json)
 #   PYTHON               interpreter for the venv         (default python3, must be >= 3.11)
 set -euo pipefail
@@ -27,6 +34,9 @@ DOCKER_SOCK=unix:///var/run/docker.sock
 export DOCKER_HOST="$DOCKER_SOCK" DOCKER_BUILDKIT=1
 
 APT_PACKAGES=(docker.io debootstrap docker-registry apache2-utils curl)
+# Installed without recommends: qemu-user-static's (systemd | binfmt-support) would register
+# handlers of their own, and mmdebstrap's are not needed in root mode.
+EMULATION_PACKAGES=(qemu-user-static mmdebstrap)
 
 VENV="$REPO_ROOT/.venv"
 PYTHON="${PYTHON:-python3}"
@@ -35,6 +45,8 @@ STANDIN_IMAGE="${BSI_STANDIN_IMAGE:-python:3.13-slim-trixie}"
 # Bump STANDIN_VERSION whenever the recipe in build_standin_rootfs changes: the cache key and the
 # image label follow it, so every machine rebuilds its stand-in once.
 STANDIN_VERSION="trixie-minbase-1"
+STANDIN_ARM64_IMAGE="$STANDIN_IMAGE-arm64"
+STANDIN_ARM64_VERSION="trixie-minbase-arm64-1"
 STANDIN_LABEL="org.build-sandbox-image.standin"
 STANDIN_MIRROR="http://deb.debian.org/debian"
 CACHE_DIR="${BSI_CACHE_DIR:-/var/cache/build-sandbox-image}"
@@ -45,6 +57,21 @@ REGISTRY_ADDR="$REGISTRY_HOST:$REGISTRY_PORT"
 REGISTRY_USER=bsi
 REGISTRY_PASSWORD=bsi-test-password
 REGISTRY_DIR=/var/lib/build-sandbox-image-registry
+
+# The two-arch index: <registry>/library/python:3.13-slim-trixie; each arch also tagged -<arch>.
+MULTIARCH_NAME="${STANDIN_IMAGE%%:*}"
+[[ "$MULTIARCH_NAME" == */* ]] || MULTIARCH_NAME="library/$MULTIARCH_NAME"
+MULTIARCH_TAG="${STANDIN_IMAGE##*:}"
+MULTIARCH_REPO="$REGISTRY_ADDR/$MULTIARCH_NAME"
+MULTIARCH_BASE="$MULTIARCH_REPO:$MULTIARCH_TAG"
+MANIFEST_V2=application/vnd.docker.distribution.manifest.v2+json
+MANIFEST_LIST=application/vnd.docker.distribution.manifest.list.v2+json
+
+BINFMT_DIR=/proc/sys/fs/binfmt_misc
+# Debian's registration line for aarch64 (magic, mask, interpreter, flags); F is added if missing.
+QEMU_AARCH64_CONF=/usr/lib/binfmt.d/qemu-aarch64.conf
+# How binfmt_misc shows an aarch64 ELF magic: ELF64, little-endian, e_machine 183 (EM_AARCH64).
+AARCH64_MAGIC=7f454c460201010000000000000000000200b700
 
 STATE_LOG_DIR=/var/log/build-sandbox-image
 TEST_ENV_FILE="${BSI_TEST_ENV:-$REPO_ROOT/.test-env.json}"
@@ -68,8 +95,13 @@ apt_installed() {
 	[[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
 }
 
+# apt_ensure [--no-install-recommends] PACKAGE...
 apt_ensure() {
-	local missing=() pkg
+	local missing=() opts=() pkg
+	if [[ "${1:-}" == --no-install-recommends ]]; then
+		opts+=("$1")
+		shift
+	fi
 	for pkg in "$@"; do
 		apt_installed "$pkg" || missing+=("$pkg")
 	done
@@ -79,7 +111,7 @@ apt_ensure() {
 	need_root "apt-get install ${missing[*]}"
 	say "installing Debian packages: ${missing[*]}"
 	apt-get update -qq
-	apt-get install -y -qq "${missing[@]}" >/dev/null
+	apt-get install -y -qq "${opts[@]}" "${missing[@]}" >/dev/null
 }
 
 step_packages() {
@@ -152,24 +184,82 @@ step_engine() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# 4. Stand-in for python:3.13-slim-trixie (no registry can be reached to pull the real one)
+# 4. arm64 emulation (binfmt_misc + qemu-user-static, fix-binary)
+# ---------------------------------------------------------------------------------------------
+# Prints the names of the enabled binfmt_misc entries for aarch64 ELF binaries, one a line,
+# each followed by its flags ("qemu-aarch64 POF").
+aarch64_handlers() {
+	local entry
+	for entry in "$BINFMT_DIR"/*; do
+		if [[ ! -f "$entry" || "${entry##*/}" == register || "${entry##*/}" == status ]] ||
+			! grep -qx "magic $AARCH64_MAGIC" "$entry" || ! grep -qx enabled "$entry"; then
+			continue
+		fi
+		printf '%s %s\n' "${entry##*/}" "$(sed -n 's/^flags: //p' "$entry")"
+	done
+}
+
+# The engine starts containers in their own mount namespace, where the host's interpreter path
+# does not exist: only an F (fix-binary) handler, whose interpreter the kernel opened when it was
+# registered, runs arm64 binaries inside containers and BuildKit RUN steps.
+step_emulation() {
+	if ! mountpoint -q "$BINFMT_DIR"; then
+		need_root "mounting binfmt_misc"
+		mount -t binfmt_misc binfmt_misc "$BINFMT_DIR" ||
+			die "cannot mount binfmt_misc on $BINFMT_DIR (a container without CAP_SYS_ADMIN?)"
+		say "emulation: mounted binfmt_misc on $BINFMT_DIR"
+	fi
+	apt_ensure --no-install-recommends "${EMULATION_PACKAGES[@]}"
+	local handlers name flags
+	handlers="$(aarch64_handlers)"
+	if [[ -n "$handlers" ]] && ! grep -qv ' .*F' <<<"$handlers"; then
+		say "emulation: aarch64 registered (${handlers//$'\n'/, })"
+		return 0
+	fi
+	need_root "registering qemu-aarch64-static with binfmt_misc"
+	# A handler without F would shadow ours inside containers: replace it.
+	while read -r name flags; do
+		[[ -n "$name" ]] || continue
+		say "emulation: removing aarch64 handler $name (flags '$flags', no F)"
+		printf -- '-1' >"$BINFMT_DIR/$name"
+	done <<<"$handlers"
+	[[ -f "$QEMU_AARCH64_CONF" ]] || die "$QEMU_AARCH64_CONF missing (qemu-user-static installed?)"
+	local line
+	line="$(grep -v '^#' "$QEMU_AARCH64_CONF" | head -n 1)"
+	[[ "${line##*:}" == *F* ]] || line+=F
+	printf '%s' "$line" >"$BINFMT_DIR/register" || die "registering $QEMU_AARCH64_CONF failed"
+	handlers="$(aarch64_handlers)"
+	[[ "$handlers" == *F* ]] || die "aarch64 handler not registered with F after writing $line"
+	say "emulation: registered ${handlers//$'\n'/, }"
+}
+
+# ---------------------------------------------------------------------------------------------
+# 5. Stand-in for python:3.13-slim-trixie (no registry can be reached to pull the real one)
 # ---------------------------------------------------------------------------------------------
 # Debian 13 minbase with Debian's python3 (3.13), pip and ca-certificates, tidied like the official
 # slim images: apt lists and caches removed, the docker-* apt/dpkg configs of debian:*-slim, and no
 # EXTERNALLY-MANAGED marker (the official image's pip installs freely).
+# build_standin_rootfs ARCH DIR
 build_standin_rootfs() {
-	local rootfs="$1"
-	debootstrap --variant=minbase --include=python3,python3-pip,ca-certificates \
-		trixie "$rootfs" "$STANDIN_MIRROR" >"$STATE_LOG_DIR/debootstrap.log" 2>&1 || {
-		tail -n 20 "$STATE_LOG_DIR/debootstrap.log" >&2
-		die "debootstrap failed; see $STATE_LOG_DIR/debootstrap.log"
+	local arch="$1" rootfs="$2" log="$STATE_LOG_DIR/rootfs-$1.log"
+	local include=python3,python3-pip,ca-certificates
+	if [[ "$arch" == amd64 ]]; then
+		debootstrap --variant=minbase --include="$include" trixie "$rootfs" "$STANDIN_MIRROR"
+	else
+		# Under emulation mmdebstrap (one apt run, dpkg once) takes about 5 min where debootstrap
+		# takes about 11 min.
+		mmdebstrap --arch="$arch" --variant=minbase --include="$include" \
+			trixie "$rootfs" "$STANDIN_MIRROR"
+	fi >"$log" 2>&1 || {
+		tail -n 20 "$log" >&2
+		die "building the $arch rootfs failed; see $log"
 	}
-	cat >"$rootfs/etc/apt/apt.conf.d/docker-clean" <<'EOF'
+	cat >"$rootfs/etc/apt/apt.conf.d/docker-clean" <<'CONF'
 DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
 APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
 Dir::Cache::pkgcache "";
 Dir::Cache::srcpkgcache "";
-EOF
+CONF
 	printf 'Acquire::Languages "none";\n' >"$rootfs/etc/apt/apt.conf.d/docker-no-languages"
 	printf 'Acquire::GzipIndexes "true";\n' >"$rootfs/etc/apt/apt.conf.d/docker-gzip-indexes"
 	printf 'Apt::AutoRemove::SuggestsImportant "false";\n' \
@@ -181,62 +271,99 @@ EOF
 	mkdir -p "$rootfs/var/lib/apt/lists/partial"
 }
 
-standin_label() {
-	"$DOCKER" image inspect --format "{{ index .Config.Labels \"$STANDIN_LABEL\" }}" \
-		"$STANDIN_IMAGE" 2>/dev/null
+# The image config both stand-ins get (the official image's CMD and ENV), as Dockerfile lines.
+standin_config() {
+	printf '%s\n' 'CMD ["python3"]' 'ENV LANG=C.UTF-8' \
+		'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+		"LABEL $STANDIN_LABEL=$1"
 }
 
-step_standin() {
-	local have
-	if "$DOCKER" image inspect "$STANDIN_IMAGE" >/dev/null 2>&1; then
-		have="$(standin_label || true)"
-		if [[ "$have" == "$STANDIN_VERSION" && "${BSI_REFRESH_STANDIN:-0}" != 1 ]]; then
-			say "stand-in: $STANDIN_IMAGE present ($STANDIN_VERSION)"
+# load_standin ARCH TARBALL IMAGE VERSION
+load_standin() {
+	local arch="$1" tarball="$2" image="$3" version="$4" line
+	if [[ "$arch" == amd64 ]]; then
+		local changes=()
+		while IFS= read -r line; do changes+=(-c "$line"); done < <(standin_config "$version")
+		"$DOCKER" import "${changes[@]}" "$tarball" "$image" >/dev/null
+		return 0
+	fi
+	# `docker import --platform` leaves the image labelled amd64 on this engine; a FROM scratch
+	# build for the target platform labels it right.
+	local ctx
+	ctx="$(mktemp -d "$CACHE_DIR/context.XXXXXX")"
+	ln "$tarball" "$ctx/rootfs.tar.gz"
+	{
+		printf 'FROM scratch\nADD rootfs.tar.gz /\n'
+		standin_config "$version"
+	} >"$ctx/Dockerfile"
+	"$DOCKER" build -q --platform "linux/$arch" -t "$image" "$ctx" >/dev/null || {
+		rm -rf "$ctx"
+		die "docker build of the $arch stand-in $image failed"
+	}
+	rm -rf "$ctx"
+}
+
+standin_label() {
+	"$DOCKER" image inspect --format "{{ index .Config.Labels \"$STANDIN_LABEL\" }}" "$1" \
+		2>/dev/null
+}
+
+# ensure_standin ARCH IMAGE VERSION: IMAGE holds the stand-in rootfs for ARCH, recipe VERSION.
+ensure_standin() {
+	local arch="$1" image="$2" version="$3" have
+	if "$DOCKER" image inspect "$image" >/dev/null 2>&1; then
+		have="$(standin_label "$image" || true)"
+		if [[ "$have" == "$version" && "${BSI_REFRESH_STANDIN:-0}" != 1 ]]; then
+			say "stand-in: $image present ($version)"
 			return 0
 		fi
-		if [[ ( -z "$have" || "$have" == "<no value>" ) && "${BSI_REFRESH_STANDIN:-0}" != 1 ]]; then
+		if [[ (-z "$have" || "$have" == "<no value>") && "${BSI_REFRESH_STANDIN:-0}" != 1 ]]; then
 			# Made by hand or pulled for real: not ours to replace.
-			say "stand-in: $STANDIN_IMAGE present (not made by this script; kept;" \
+			say "stand-in: $image present (not made by this script; kept;" \
 				"BSI_REFRESH_STANDIN=1 replaces it)"
 			return 0
 		fi
-		say "stand-in: $STANDIN_IMAGE is ${have:-unlabelled}, want $STANDIN_VERSION: re-importing"
+		say "stand-in: $image is ${have:-unlabelled}, want $version: re-importing"
 	fi
-	need_root "building the stand-in base image"
+	need_root "building the stand-in base image $image"
 	mkdir -p "$CACHE_DIR" "$STATE_LOG_DIR"
-	local tarball="$CACHE_DIR/standin-$STANDIN_VERSION.tar.gz"
+	local tarball="$CACHE_DIR/standin-$arch-$version.tar.gz"
 	if [[ ! -s "$tarball" ]]; then
-		local work
+		local work start=$SECONDS
 		work="$(mktemp -d "$CACHE_DIR/build.XXXXXX")"
 		# shellcheck disable=SC2064  # expand $work now
 		trap "rm -rf '$work'" EXIT
-		say "stand-in: debootstrap trixie (about 40 s)"
-		build_standin_rootfs "$work/rootfs"
+		say "stand-in: building the trixie $arch rootfs" \
+			"(amd64: about 40 s; arm64 under emulation: about 5 min)"
+		build_standin_rootfs "$arch" "$work/rootfs"
 		local gz=gzip
 		command -v pigz >/dev/null && gz=pigz
 		tar -C "$work/rootfs" --numeric-owner -c . | "$gz" -1 >"$work/rootfs.tar.gz"
 		mv "$work/rootfs.tar.gz" "$tarball"
 		rm -rf "$work"
 		trap - EXIT
-		# Drop tarballs of older recipes.
-		find "$CACHE_DIR" -maxdepth 1 -name 'standin-*.tar.gz' ! -name "${tarball##*/}" -delete
-		say "stand-in: cached $tarball ($(du -h "$tarball" | cut -f1))"
+		# Drop this arch's tarballs of older recipes.
+		find "$CACHE_DIR" -maxdepth 1 -name "standin-$arch-*.tar.gz" ! -name "${tarball##*/}" -delete
+		say "stand-in: cached $tarball ($(du -h "$tarball" | cut -f1), $((SECONDS - start)) s)"
 	else
 		say "stand-in: using cached $tarball"
 	fi
-	"$DOCKER" import \
-		-c 'CMD ["python3"]' \
-		-c 'ENV LANG=C.UTF-8' \
-		-c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-		-c "LABEL $STANDIN_LABEL=$STANDIN_VERSION" \
-		"$tarball" "$STANDIN_IMAGE" >/dev/null
-	local probe='import platform; print("Python", platform.python_version(), platform.libc_ver())'
-	say "stand-in: imported $STANDIN_IMAGE:" \
-		"$("$DOCKER" run --rm --network none "$STANDIN_IMAGE" python3 -c "$probe")"
+	load_standin "$arch" "$tarball" "$image" "$version"
+	local probe='import platform; print(platform.machine(), "Python", platform.python_version())'
+	local facts want=x86_64
+	[[ "$arch" == arm64 ]] && want=aarch64
+	facts="$("$DOCKER" run --rm --network none --platform "linux/$arch" "$image" python3 -c "$probe")"
+	[[ "$facts" == "$want "* ]] || die "stand-in $image reports '$facts', expected $want"
+	say "stand-in: loaded $image: $facts"
+}
+
+step_standin() {
+	ensure_standin amd64 "$STANDIN_IMAGE" "$STANDIN_VERSION"
+	ensure_standin arm64 "$STANDIN_ARM64_IMAGE" "$STANDIN_ARM64_VERSION"
 }
 
 # ---------------------------------------------------------------------------------------------
-# 5. Local registry (distribution 2.8) with htpasswd auth, loopback only
+# 6. Local registry (distribution 2.8) with htpasswd auth, loopback only
 # ---------------------------------------------------------------------------------------------
 # HTTP status of GET /v2/ (000 when nothing answers); with "auth" it sends the test credentials.
 registry_status() {
@@ -312,6 +439,103 @@ step_registry() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# 7. The two stand-ins as one image index in the test registry
+# ---------------------------------------------------------------------------------------------
+# Set by step_multiarch for the test-env file: digests of the index and of each arch's manifest.
+INDEX_DIGEST="" AMD64_DIGEST="" ARM64_DIGEST=""
+
+# registry_api PATH [CURL_ARG...]: /v2/<name>/PATH of the stand-in's repository, test credentials.
+registry_api() {
+	local path="$1"
+	shift
+	curl -sS --fail --max-time 30 --noproxy '*' -u "$REGISTRY_USER:$REGISTRY_PASSWORD" "$@" \
+		"http://$REGISTRY_ADDR/v2/$MULTIARCH_NAME/$path"
+}
+
+# manifest_head REFERENCE MEDIA_TYPE: prints "<digest> <size>" of that manifest in the registry.
+manifest_head() {
+	registry_api "manifests/$1" -I -H "Accept: $2" | tr -d '\r' |
+		awk 'tolower($1) == "docker-content-digest:" { d = $2 }
+		     tolower($1) == "content-length:" { n = $2 }
+		     END { print d, n }'
+}
+
+# Prints "<os>/<architecture> <digest>" for each manifest the index tag names; nothing when the tag
+# is missing or names a single image.
+index_entries() {
+	local body
+	body="$(registry_api "manifests/$MULTIARCH_TAG" -H "Accept: $MANIFEST_LIST" 2>/dev/null)" ||
+		return 0
+	"$PYTHON" -c 'import json, sys
+for entry in json.loads(sys.argv[1]).get("manifests", []):
+    platform = entry.get("platform", {})
+    print(platform.get("os", "?") + "/" + platform.get("architecture", "?"), entry["digest"])' \
+		"$body"
+}
+
+# has_repo_digest IMAGE DIGEST: the local IMAGE is the one pushed as <repo>@DIGEST.
+has_repo_digest() {
+	"$DOCKER" image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$1" |
+		grep -qx "$MULTIARCH_REPO@$2"
+}
+
+# Pushes each stand-in as <repo>:<tag>-<arch>, then PUTs a manifest list naming both by digest.
+push_multiarch() {
+	local config arch image digest size platform entries=()
+	config="$(mktemp -d)" # a throwaway docker config: the credentials stay out of ~/.docker
+	# shellcheck disable=SC2064  # expand $config now
+	trap "rm -rf '$config'" EXIT
+	local out # login warns on stderr about the plain-text config, which is thrown away below
+	out="$("$DOCKER" --config "$config" login -u "$REGISTRY_USER" --password-stdin \
+		"$REGISTRY_ADDR" <<<"$REGISTRY_PASSWORD" 2>&1)" || {
+		printf '%s\n' "$out" >&2
+		die "docker login $REGISTRY_ADDR failed"
+	}
+	for arch in amd64 arm64; do
+		image="$STANDIN_IMAGE" platform='{"architecture": "amd64", "os": "linux"}'
+		if [[ "$arch" == arm64 ]]; then
+			image="$STANDIN_ARM64_IMAGE"
+			platform='{"architecture": "arm64", "os": "linux", "variant": "v8"}'
+		fi
+		"$DOCKER" tag "$image" "$MULTIARCH_REPO:$MULTIARCH_TAG-$arch"
+		"$DOCKER" --config "$config" push "$MULTIARCH_REPO:$MULTIARCH_TAG-$arch" >/dev/null ||
+			die "docker push $MULTIARCH_REPO:$MULTIARCH_TAG-$arch failed"
+		read -r digest size < <(manifest_head "$MULTIARCH_TAG-$arch" "$MANIFEST_V2")
+		[[ "$digest" == sha256:* && -n "$size" ]] ||
+			die "registry has no manifest for $MULTIARCH_REPO:$MULTIARCH_TAG-$arch after the push"
+		entries+=("$(printf '{"mediaType": "%s", "digest": "%s", "size": %s, "platform": %s}' \
+			"$MANIFEST_V2" "$digest" "$size" "$platform")")
+	done
+	rm -rf "$config"
+	trap - EXIT
+	printf '{"schemaVersion": 2, "mediaType": "%s", "manifests": [%s, %s]}' \
+		"$MANIFEST_LIST" "${entries[0]}" "${entries[1]}" |
+		registry_api "manifests/$MULTIARCH_TAG" -X PUT -o /dev/null \
+			-H "Content-Type: $MANIFEST_LIST" --data-binary @- ||
+		die "PUT of the index $MULTIARCH_BASE failed"
+	say "multi-arch: pushed $MULTIARCH_BASE (amd64 + arm64)"
+}
+
+step_multiarch() {
+	local entries
+	entries="$(index_entries)"
+	AMD64_DIGEST="$(sed -n 's|^linux/amd64 ||p' <<<"$entries")"
+	ARM64_DIGEST="$(sed -n 's|^linux/arm64 ||p' <<<"$entries")"
+	if [[ "$(wc -l <<<"$entries")" == 2 && -n "$AMD64_DIGEST" && -n "$ARM64_DIGEST" ]] &&
+		has_repo_digest "$STANDIN_IMAGE" "$AMD64_DIGEST" &&
+		has_repo_digest "$STANDIN_ARM64_IMAGE" "$ARM64_DIGEST"; then
+		say "multi-arch: $MULTIARCH_BASE already names both stand-ins"
+	else
+		push_multiarch
+		entries="$(index_entries)"
+		AMD64_DIGEST="$(sed -n 's|^linux/amd64 ||p' <<<"$entries")"
+		ARM64_DIGEST="$(sed -n 's|^linux/arm64 ||p' <<<"$entries")"
+	fi
+	read -r INDEX_DIGEST _ < <(manifest_head "$MULTIARCH_TAG" "$MANIFEST_LIST")
+	[[ "$INDEX_DIGEST" == sha256:* ]] || die "registry does not serve the index $MULTIARCH_BASE"
+}
+
+# ---------------------------------------------------------------------------------------------
 # test-env file
 # ---------------------------------------------------------------------------------------------
 write_test_env() {
@@ -322,6 +546,11 @@ write_test_env() {
   "docker": "$DOCKER",
   "docker_host": "$DOCKER_SOCK",
   "base_image": "$STANDIN_IMAGE",
+  "base_image_arm64": "$STANDIN_ARM64_IMAGE",
+  "multiarch_base": "$MULTIARCH_BASE",
+  "multiarch_base_index": "$MULTIARCH_REPO@$INDEX_DIGEST",
+  "multiarch_base_amd64": "$MULTIARCH_REPO@$AMD64_DIGEST",
+  "multiarch_base_arm64": "$MULTIARCH_REPO@$ARM64_DIGEST",
   "registry": "$REGISTRY_ADDR",
   "registry_user": "$REGISTRY_USER",
   "registry_password": "$REGISTRY_PASSWORD",
@@ -332,17 +561,27 @@ EOF
 	say "test env: $TEST_ENV_FILE"
 }
 
+# timed STEP: runs STEP and says how long it took (the second run's budget is a few seconds).
+timed() {
+	local start=${EPOCHREALTIME/./}
+	"$@"
+	local us=$((${EPOCHREALTIME/./} - start))
+	say "  ($1: $((us / 1000000)).$(printf '%02d' $((us / 10000 % 100))) s)"
+}
+
 main() {
 	local start=$SECONDS
 	if [[ "${1:-}" == --venv-only ]]; then
 		step_venv
 		return 0
 	fi
-	step_packages
-	step_venv
-	step_engine
-	step_standin
-	step_registry
+	timed step_packages
+	timed step_venv
+	timed step_engine
+	timed step_emulation
+	timed step_standin
+	timed step_registry
+	timed step_multiarch
 	write_test_env
 	say "ready in $((SECONDS - start)) s"
 }

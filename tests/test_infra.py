@@ -14,8 +14,10 @@ import tarfile
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
+from registryhelp import registry_get
 
 # Loopback only: never through an HTTP(S)_PROXY from the environment.
 NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -121,3 +123,85 @@ def test_engine_pushes_to_local_registry(test_env, registry, tmp_path):
             assert "bsi-infra-test" in json.load(resp)["repositories"]
     finally:
         run([docker, "rmi", tag], env=env)
+
+
+# ---------------------------------------------------------------------------------------------
+# arm64: emulation, the arm64 stand-in and the two-arch index in the local registry
+# ---------------------------------------------------------------------------------------------
+BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
+AARCH64_MAGIC = "7f454c460201010000000000000000000200b700"  # ELF64 LE, e_machine EM_AARCH64
+
+
+def _binfmt_entries() -> list[dict[str, str]]:
+    """Each registered binfmt_misc handler as {"name", "state", "magic", "flags", ...}."""
+    entries = []
+    for path in sorted(BINFMT_DIR.iterdir()):
+        if path.name in {"register", "status"}:
+            continue
+        lines = path.read_text().splitlines()
+        entry = {"name": path.name, "state": lines[0]}
+        for line in lines[1:]:
+            key, _, value = line.partition(" ")
+            entry[key.rstrip(":")] = value
+        entries.append(entry)
+    return entries
+
+
+def test_aarch64_emulator_registered_with_fix_binary():
+    """Containers see no host paths: only an F handler runs arm64 binaries inside the engine."""
+    assert (BINFMT_DIR / "status").read_text().strip() == "enabled"
+    aarch64 = [e for e in _binfmt_entries() if e.get("magic") == AARCH64_MAGIC]
+    assert aarch64, "no binfmt_misc handler for aarch64 ELF binaries"
+    for entry in aarch64:
+        assert entry["state"] == "enabled", entry
+        assert "F" in entry.get("flags", ""), entry
+        assert "qemu-aarch64" in Path(entry["interpreter"]).resolve().name, entry
+
+
+@pytest.mark.engine
+def test_arm64_standin_is_arm64_and_runs_python_hardened(docker_client, test_env):
+    image = docker_client.images.get(test_env["base_image_arm64"])
+    assert (image.attrs["Os"], image.attrs["Architecture"]) == ("linux", "arm64")
+    # The same image config as the amd64 stand-in, so either can stand for the official index.
+    amd64 = docker_client.images.get(test_env["base_image"]).attrs
+    assert amd64["Architecture"] == "amd64"
+    assert image.attrs["Config"]["Cmd"] == amd64["Config"]["Cmd"] == ["python3"]
+    assert sorted(image.attrs["Config"]["Env"]) == sorted(amd64["Config"]["Env"])
+
+    probe = "import os, platform, sys; print(platform.machine(), os.getuid(), sys.version[:5])"
+    cmd = [test_env["docker"], "run", "--rm", *HARDENED, "--platform", "linux/arm64"]
+    out = run([*cmd, test_env["base_image_arm64"], "python3", "-c", probe])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["aarch64", "65532", "3.13."], out.stdout
+
+
+def _registry_json(registry, path: str) -> tuple[dict, str]:
+    """GET /v2/<path> with the test credentials: (parsed body, Docker-Content-Digest)."""
+    with registry_get(registry, f"/v2/{path}") as response:
+        return json.load(response), response.headers["Docker-Content-Digest"]
+
+
+@pytest.mark.registry
+def test_registry_index_names_amd64_and_arm64(registry, test_env):
+    host, _, rest = test_env["multiarch_base"].partition("/")
+    assert host == registry.host
+    name, tag = rest.rsplit(":", 1)
+    index, digest = _registry_json(registry, f"{name}/manifests/{tag}")
+    assert test_env["multiarch_base_index"] == f"{host}/{name}@{digest}"
+    assert index["mediaType"] in {
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.index.v1+json",
+    }
+    platforms = {
+        f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
+        for m in index["manifests"]
+    }
+    assert sorted(platforms) == ["linux/amd64", "linux/arm64"]
+    for arch, digest in platforms.items():
+        arch = arch.split("/")[1]
+        assert test_env[f"multiarch_base_{arch}"] == f"{host}/{name}@{digest}"
+        # Each entry really is an image of its arch: its config says so.
+        manifest, served = _registry_json(registry, f"{name}/manifests/{digest}")
+        assert served == digest
+        config, _ = _registry_json(registry, f"{name}/blobs/{manifest['config']['digest']}")
+        assert (config["os"], config["architecture"]) == ("linux", arch)
