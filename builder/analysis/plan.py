@@ -19,9 +19,10 @@ from builder.analysis.resolve import LockedPackage, Resolution
 from builder.analysis.sizes import gpu_warnings, size_figures
 from builder.analysis.target import Arch, BaseProfile, Target
 from builder.analysis.wheels import WheelInspection
+from builder.contract import DEPS_EXTRA
 from builder.errors import UserError
 
-EXTRA_DEPS = "/app/deps-extra"
+EXTRA_DEPS = DEPS_EXTRA  # what the extension installs into, appended to PYTHONPATH
 
 
 @dataclass(frozen=True)

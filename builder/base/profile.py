@@ -15,10 +15,10 @@ from typing import Any
 
 from builder.analysis.debian import packages_providing
 from builder.analysis.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseProfile
+from builder.contract import DEPS, SANDBOX_UID
 
 TARGET_PYTHON = "3.13"
 TARGET_GLIBC = f"{GLIBC_MAJOR}.{GLIBC_MINOR}"
-DEPS_DIR = "/app/deps"
 EXAMPLES = 5
 DEBIAN_VERSION = re.compile(r"^(?:\d+:)?(\d+\.\d+(?:\.\d+)?)")
 
@@ -133,10 +133,10 @@ def base_problems(profile: BaseProfile) -> list[str]:
     """Ways the base breaks the runtime contract the extension recipe relies on."""
     problems = []
     if profile.user.split(":", 1)[0] in {"", "0", "root"}:
-        problems.append(f"{profile.image} runs as root (the runtime must run as uid 65532)")
-    if DEPS_DIR not in pythonpath_dirs(profile.pythonpath):
+        problems.append(f"{profile.image} runs as root (the runtime must run as uid {SANDBOX_UID})")
+    if DEPS not in pythonpath_dirs(profile.pythonpath):
         problems.append(
-            f"{profile.image}: {DEPS_DIR} is not on PYTHONPATH ({profile.pythonpath or 'unset'})"
+            f"{profile.image}: {DEPS} is not on PYTHONPATH ({profile.pythonpath or 'unset'})"
         )
     if ".".join(profile.python_version.split(".")[:2]) != TARGET_PYTHON:
         problems.append(f"{profile.image}: python is {profile.python_version}, not {TARGET_PYTHON}")

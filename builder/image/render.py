@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from builder.analysis.plan import Plan
+from builder.contract import SANDBOX_USER
 from builder.errors import UserError
 
 TOOLS_DIR = "tools"
@@ -81,7 +82,7 @@ def dockerfile(plan: Plan, pip_wheel: str, secrets: Secrets = Secrets()) -> str:
     lines += [
         f"COPY --from=builder {extra} {extra}",
         f"ENV PYTHONPATH=${{PYTHONPATH:+${{PYTHONPATH}}:}}{extra}",
-        "USER 65532:65532",
+        f"USER {SANDBOX_USER}",
         "",
     ]
     return "\n".join(lines)
