@@ -7,6 +7,8 @@ failure the build's own error is raised and nothing is tagged (docker tags only 
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
@@ -15,13 +17,20 @@ import tempfile
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol
 
+from builder.credentials import Credentials, config_path, server_url
 from builder.errors import UserError
 
 # Debian's docker.io CLI builds with BuildKit via DOCKER_BUILDKIT=1; a newer standalone
 # CLI earlier on PATH may insist on buildx instead, so prefer the engine's own.
 PREFERRED_CLI = Path("/usr/bin/docker")
+
+
+class Log(Protocol):
+    """Where build progress goes: a text stream, or anything with `write`."""
+
+    def write(self, text: str, /) -> int: ...
 
 
 def docker_cli() -> str:
@@ -44,9 +53,14 @@ def build_image(
     dockerfile: Path | None = None,
     build_args: Mapping[str, str] | None = None,
     secrets: Mapping[str, Path] | None = None,
-    log: TextIO = sys.stderr,
+    logins: Mapping[str, Credentials] | None = None,
+    log: Log = sys.stderr,
 ) -> str:
-    """Build `context` and return the image id; secrets are BuildKit secrets (id -> file)."""
+    """Build `context` and return the image id; secrets are BuildKit secrets (id -> file).
+
+    `logins` (registry -> credentials) are for BuildKit's own pulls of the FROM images: it
+    asks the CLI, which only reads a Docker config, so they go into a private copy of it.
+    """
     command = [docker_cli(), "build", "--progress=plain"]
     if tag:
         command += ["--tag", tag]
@@ -63,13 +77,16 @@ def build_image(
     with tempfile.TemporaryDirectory(prefix="bsi-build-") as temp:
         iidfile = Path(temp) / "iid"
         command += ["--iidfile", str(iidfile), str(context)]
+        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+        if logins:
+            env["DOCKER_CONFIG"] = str(_docker_config_with(Path(temp) / "config", logins))
         tail: deque[str] = deque(maxlen=15)
         process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "DOCKER_BUILDKIT": "1"},
+            env=env,
         )
         assert process.stdout is not None
         for line in process.stdout:
@@ -79,3 +96,28 @@ def build_image(
             errors = [line for line in tail if "error" in line.lower()] or list(tail)[-3:]
             raise UserError(f"docker build of {context} failed: {errors[-1] if errors else '?'}")
         return iidfile.read_text().strip()
+
+
+def _docker_config_with(directory: Path, logins: Mapping[str, Credentials]) -> Path:
+    """A copy of the user's Docker config with `logins` as inline `auths` (mode 0700)."""
+    try:
+        config = json.loads(config_path().read_text())
+    except (OSError, ValueError):
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    auths = dict(config.get("auths") or {})
+    for registry, login in logins.items():
+        if login.identity_token:
+            auths[server_url(registry)] = {"identitytoken": login.secret}
+        else:
+            token = base64.b64encode(f"{login.username}:{login.secret}".encode()).decode()
+            auths[server_url(registry)] = {"auth": token}
+    # A store or helper would shadow inline auths; our builds pull from these registries only.
+    config.pop("credsStore", None)
+    helpers = {k: v for k, v in (config.get("credHelpers") or {}).items() if k not in logins}
+    directory.mkdir(mode=0o700)
+    (directory / "config.json").write_text(
+        json.dumps({**config, "auths": auths, "credHelpers": helpers})
+    )
+    return directory

@@ -15,9 +15,9 @@ import sys
 import tempfile
 import tomllib
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name
@@ -27,9 +27,14 @@ from builder.analysis.plan import choose_wheel
 from builder.analysis.resolve import LockedPackage
 from builder.analysis.target import Target, arch_named, shipped_profile
 from builder.cache import Cache, default_root
+from builder.credentials import from_environment, lookup
+from builder.engine import engine_client
 from builder.errors import UserError
-from builder.image.build import build_image
+from builder.image.build import Log, build_image
+from builder.image.index import publish_index
+from builder.image.publish import PushResult
 from builder.image.render import place
+from builder.imageref import ImageRef
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
 DOCKERFILE = RUNTIME_DIR / "Dockerfile.base"
@@ -128,11 +133,13 @@ def build_base(
     base_image: str = DEFAULT_BASE_IMAGE,
     arch: str = "amd64",
     cache: Cache | None = None,
-    log: TextIO | None = None,
+    log: Log | None = None,
 ) -> str:
     """Build the reference base from `base_image` for `arch`, tag it, return the image id."""
     arch_named(arch)
     cache = cache or Cache(default_root())
+    source = ImageRef.parse(base_image, "base image")
+    login = from_environment()  # BuildKit pulls `base_image` itself, for the foreign arch too
     with tempfile.TemporaryDirectory(prefix="bsi-base-", dir=_temp_parent(cache)) as temp:
         context = Path(temp)
         context.chmod(0o755)
@@ -142,8 +149,49 @@ def build_base(
             tag=tag,
             platform=f"linux/{arch}",
             build_args={"BASE_IMAGE": base_image},
+            logins={source.registry: login} if login and not source.is_hub else None,
             log=log or sys.stderr,
         )
+
+
+def build_base_index(
+    tag: str,
+    arches: Sequence[str],
+    *,
+    base_image: str = DEFAULT_BASE_IMAGE,
+    cache: Cache | None = None,
+    log: Log | None = None,
+) -> PushResult:
+    """Build the reference base for each arch and push it to `tag`'s registry as one index.
+
+    Several arches cannot live under one local tag, so `tag` must name a registry
+    (`host/repo:tag`); each arch is also tagged locally as `tag-<arch>`.
+    """
+    ref = ImageRef.parse(tag, "base --tag")
+    names_registry = not ref.is_hub or tag.startswith(("docker.io/", "index.docker.io/"))
+    if not names_registry or ref.digest or not ref.tag:
+        raise UserError(
+            f"base --tag {tag}: building {' and '.join(arches)} needs a registry reference"
+            " (host/repo:tag) to push the index to"
+        )
+    client = engine_client()
+    if client is None:
+        raise UserError("base: no Docker engine reachable to build on")
+    images = {
+        arch: build_base(f"{tag}-{arch}", base_image=base_image, arch=arch, cache=cache, log=log)
+        for arch in arches
+    }
+    repository = str(ref.with_tag(None))
+    pushed, _ = publish_index(
+        client,
+        images,
+        repository,
+        [ref.tag],
+        base_image=base_image,
+        credentials=lookup(ref.registry),
+        say=lambda line: print(line, file=sys.stderr),
+    )
+    return pushed
 
 
 def _temp_parent(cache: Cache) -> Path | None:

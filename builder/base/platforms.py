@@ -1,0 +1,71 @@
+"""Which architectures a base image offers, so a build targets exactly those by default.
+
+A base that names a registry is asked there (its index lists the platforms; a plain manifest
+has one, in its config); the engine's image store keeps only the variant it pulled, so it
+answers only for a local-only base. Unknown (no engine, registry unreachable): None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import docker
+import docker.errors
+
+from builder.analysis.target import ARCHES
+from builder.errors import RegistryError, UserError
+from builder.imageref import ImageRef
+from builder.oci import INDEX_TYPES, Registry
+
+
+def offered_arches(image: str | None, client: docker.DockerClient | None) -> tuple[str, ...] | None:
+    """The supported arches `image` is available for, in ARCHES order; None if unknown."""
+    if not image:
+        return None
+    ref = ImageRef.parse(image, "base image")
+    if not ref.is_hub:
+        try:
+            return _registry_arches(Registry(ref, image))
+        except RegistryError:
+            pass  # fall back to the engine's copy
+    if client is None:
+        return None
+    try:
+        architecture = client.images.get(image).attrs.get("Architecture")
+    except docker.errors.DockerException:
+        return None
+    return (architecture,) if architecture in ARCHES else None
+
+
+def _registry_arches(registry: Registry) -> tuple[str, ...]:
+    manifest, _ = registry.manifest(registry.ref.reference)
+    if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+        found = {
+            (entry.get("platform") or {}).get("architecture")
+            for entry in manifest.get("manifests") or []
+            if (entry.get("platform") or {}).get("os") == "linux"
+        }
+    else:
+        found = {registry.json_blob(manifest["config"]["digest"]).get("architecture")}
+    return tuple(arch for arch in ARCHES if arch in found)
+
+
+def select_arches(
+    requested: Sequence[str], offered: tuple[str, ...] | None, image: str | None
+) -> tuple[str, ...]:
+    """What to build: the requested arches (which the base must offer), else all it offers.
+
+    An unknown offer keeps the old default, amd64, rather than guessing at emulated builds.
+    """
+    wanted = tuple(dict.fromkeys(requested))
+    if offered is None:
+        return wanted or ("amd64",)
+    for arch in wanted:
+        if arch not in offered:
+            raise UserError(
+                f"base image {image} has no linux/{arch} variant (it offers"
+                f" {', '.join(f'linux/{a}' for a in offered)})"
+            )
+    if not offered:
+        raise UserError(f"base image {image} offers neither linux/amd64 nor linux/arm64")
+    return wanted or offered

@@ -1,0 +1,172 @@
+"""Every arch of a plan: which to build, building them at once, verifying each, publishing.
+
+ko-style: one loop fans out per platform. The engine's own arch is started first and verified
+while an emulated arch still builds, so a native build never waits on emulation. With several
+arches each image is pushed by digest and the tags name one index of them (builder.image.index).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from builder.analysis.plan import Plan
+from builder.analysis.target import ARCHES, BaseProfile
+from builder.base.platforms import offered_arches, select_arches
+from builder.credentials import engine_auth, from_environment, lookup
+from builder.image.build import Log, build_image
+from builder.image.index import publish_index
+from builder.image.publish import PushResult, push_image
+from builder.imageref import ImageRef
+from builder.verify import Check, VerifyReport, verify_image
+
+Say = Callable[[str], None]
+STARTUP = 60.0  # seconds for a native image's server to answer
+EMULATED_STARTUP = 240.0  # under qemu, python starts several times slower
+
+
+def target_arches(
+    requested: Sequence[str], base: BaseProfile, client: docker.DockerClient | None
+) -> tuple[str, ...]:
+    """The arches to build: those the base offers, narrowed by `requested` (which it must offer)."""
+    return select_arches(requested, offered_arches(base.image, client), base.image)
+
+
+@dataclass
+class ArchBuild:
+    """One arch's image: built, verified, and (in an index) pushed by digest."""
+
+    arch: str
+    image_id: str
+    tag: str
+    verification: VerifyReport | None = None
+    digest: str | None = None  # its manifest, named by the pushed index
+
+    def to_dict(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"id": self.image_id, "tag": self.tag}
+        if self.verification is not None:
+            record["verification"] = self.verification.to_dict()
+        if self.digest:
+            record["digest"] = self.digest
+        return record
+
+
+def build_and_verify(
+    plan: Plan,
+    context: Path,
+    client: docker.DockerClient,
+    tag: str,
+    *,
+    verify: bool,
+    secret_files: Mapping[str, Path],
+    say: Say,
+) -> list[ArchBuild]:
+    """Build every arch at once, the engine's own first; verify each as soon as it is built.
+
+    Any build failure raises (once the others end), so nothing is pushed.
+    """
+    machine = client.info().get("Architecture")
+    native = next((a.name for a in ARCHES.values() if a.machine == machine), None)
+    arches = sorted((a.arch for a in plan.arches), key=lambda arch: arch != native)
+    multi = len(arches) > 1
+    base = ImageRef.parse(plan.base_image, "base image")
+    login = from_environment()  # BuildKit pulls the base itself, as the CLI's config allows
+    logins = {base.registry: login} if login and not base.is_hub else None
+    tags = {arch: arch_tag(tag, arch) if multi else tag for arch in arches}
+    builds: list[ArchBuild] = []
+    with ThreadPoolExecutor(max_workers=len(arches)) as pool:
+        futures = {}
+        for arch in arches:
+            emulated = "" if arch == native else " (emulated)"
+            say(f"building {arch} image {tags[arch]} with BuildKit{emulated} ...")
+            future = pool.submit(
+                build_image,
+                context,
+                tag=tags[arch],
+                platform=f"linux/{arch}",
+                secrets=secret_files,
+                logins=logins,
+                log=_Prefixed(sys.stdout, f"[{arch}] " if multi else ""),
+            )
+            futures[future] = arch
+        for future in as_completed(futures):
+            arch = futures[future]
+            built = ArchBuild(arch, future.result(), tags[arch])
+            if verify:
+                say(f"verifying {arch} image {built.tag} hardened ...")
+                built.verification = verify_image(
+                    built.image_id,
+                    modules=plan.import_modules,
+                    checks=plan.runtime_checks,
+                    client=client,
+                    startup_timeout=STARTUP if arch == native else EMULATED_STARTUP,
+                )
+            builds.append(built)
+    return sorted(builds, key=lambda b: arches.index(b.arch))
+
+
+def push(
+    builds: list[ArchBuild],
+    client: docker.DockerClient,
+    repository: str,
+    tags: Sequence[str],
+    base_image: str,
+    say: Say,
+) -> PushResult:
+    """One arch: the engine pushes it; several: each by digest, then the index under the tags."""
+    registry = ImageRef.parse_repository(repository, "push target").registry
+    say(f"pushing {', '.join(tags)} ...")
+    if len(builds) == 1:
+        return push_image(client, builds[0].image_id, repository, tags, engine_auth(registry))
+    pushed, images = publish_index(
+        client,
+        {b.arch: b.image_id for b in builds},
+        repository,
+        tags,
+        base_image=base_image,
+        credentials=lookup(registry),
+        say=say,
+    )
+    for built in builds:
+        built.digest = images[built.arch].digest
+    return pushed
+
+
+def arch_tag(tag: str, arch: str) -> str:
+    """The local tag of one arch's image: `name:tag-arm64`, or `name:arm64` without a tag."""
+    if ":" in tag.rsplit("/", 1)[-1]:
+        return f"{tag}-{arch}"
+    return f"{tag}:{arch}"
+
+
+def combined(tag: str, builds: Sequence[ArchBuild]) -> VerifyReport | None:
+    """One verification table; with several arches each line is led by the arch it is for."""
+    reports = [(b.arch, b.verification) for b in builds if b.verification is not None]
+    if len(reports) == 1:
+        return reports[0][1]
+    if not reports:
+        return None
+    return VerifyReport(
+        f"{tag} ({', '.join(arch for arch, _ in reports)})",
+        [
+            Check(f"[{arch}] {check.name}", check.passed, check.detail)
+            for arch, report in reports
+            for check in report.checks
+        ],
+    )
+
+
+class _Prefixed:
+    """A log that leads each line with its arch, so concurrent builds stay readable."""
+
+    def __init__(self, stream: Log, prefix: str) -> None:
+        self.stream, self.prefix = stream, prefix
+
+    def write(self, text: str) -> int:
+        return self.stream.write(self.prefix + text)
