@@ -165,7 +165,10 @@ def as_sandbox_user() -> dict[str, object]:
         return {}
     python = os.environ.get("SANDBOX_HARDENED_PYTHON", "/usr/bin/python3")
     ids = str(SANDBOX_UID)
+    # Commands must find a python3 that user can run (root's pyenv shims are not).
+    path = f"{os.path.dirname(python)}:/usr/local/bin:/usr/bin:/bin"
     return {
+        "env": dict(os.environ, PATH=path),
         "prefix": ("setpriv", "--reuid", ids, "--regid", ids, "--clear-groups"),
         "python": python,
     }
@@ -253,10 +256,12 @@ def race(
     swapped; (attempts, escapes) per route."""
     escapes = dict.fromkeys(RACE_ROUTES, 0)
     outside = os.path.realpath(layout.outside)
+    python = as_sandbox_user().get("python", sys.executable) if swapper_prefix else sys.executable
     swapper = subprocess.Popen(
-        [*swapper_prefix, "python3" if swapper_prefix else sys.executable, "-c", SWAPPER, "600"],
-        cwd=layout.workspace,
+        [*swapper_prefix, str(python), "-c", SWAPPER, "600"], cwd=layout.workspace
     )
+    time.sleep(0.2)
+    assert swapper.poll() is None, "the swapper did not start"
 
     def probe(route: str, index: int) -> bool:
         if route == "download":
