@@ -314,6 +314,8 @@ def resolve(
             return (*_packages(tomllib.loads(pylock), target), pylock)
 
         packages, provided, pylock = compile_set()
+        # uv keeps the versions of an existing output file: start afresh to pick up new wheels
+        (workdir / f"pylock.{arch.name}.toml").unlink()
         warnings, rebuilt = _fresher_sources(
             packages, requirements, target, arch, cache, find_links
         )
