@@ -9,7 +9,7 @@ from ruamel.yaml import YAML
 
 from builder.config import load_config, set_platform_version
 from builder.errors import UserError
-from builder.upgrade import BuildState, changes, load_state, save_state
+from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -106,3 +106,15 @@ def test_ci_examples_run_the_rebuild_on_the_example_config(name: str) -> None:
     assert "--check" in text
     assert (REPO / "examples" / "build-sandbox-image.toml").exists()
     assert "CONFIG: examples/build-sandbox-image.toml" in text
+
+
+def test_rebase_only_when_the_locks_are_unchanged() -> None:
+    old = state(image="r/s@sha256:" + "a" * 64, locks={"amd64": "h1"})
+    new = state(base_digest="sha256:" + "b" * 64, locks={"amd64": "h1"})
+    assert rebase_blocker(old, new) is None
+    assert rebase_blocker(old, state(locks={"amd64": "h2"})) == "the resolution changed"
+    assert rebase_blocker(None, new) == "no previous pushed image recorded"
+    unpushed = state(image=None, locks={"amd64": "h1"})
+    assert rebase_blocker(unpushed, new) == "no previous pushed image recorded"
+    assert rebase_blocker(state(image="r@x"), new) == "the previous state records no lock hashes"
+    assert BuildState.from_dict(old.to_dict()) == old  # locks and path survive the file
