@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -13,7 +14,7 @@ import click
 from click.core import ParameterSource
 
 from builder.analysis.plan import Plan
-from builder.analysis.sizes import human, size_figures
+from builder.analysis.requirements import redact_credentials
 from builder.analysis.target import ARCHES
 from builder.cache import Cache, default_root
 from builder.config import RunSettings, load_config, merge
@@ -29,49 +30,66 @@ from builder.verify import verify_image
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
+DEBUG_VARIABLE = "BSI_DEBUG"  # set: unexpected errors raise with their traceback
+ERROR_CHARS = 600  # an error line longer than this is cut
+
+
+def error_line(message: str) -> str:
+    """The one stderr line for a failure: newlines folded, URL credentials masked, bounded."""
+    line = redact_credentials(" ".join(message.split()))
+    return f"error: {line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS] + '…'}"
 
 
 def reports_errors(function: F) -> F:
-    """Turn a UserError into one line on stderr and exit 1."""
+    """Turn any failure into one `error:` line on stderr and exit 1; click's own errors pass.
+
+    A UserError names the culprit; an OSError is about a path the user gave; anything else is
+    a bug, shown as `error: internal: ...`, with the traceback when BSI_DEBUG=1 is set.
+    """
 
     @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return function(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
         except UserError as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(1)
+            message = str(error)
+        except Exception as error:
+            if os.environ.get(DEBUG_VARIABLE):
+                raise
+            if isinstance(error, OSError) and error.filename and error.strerror:
+                message = f"{error.filename}: {error.strerror}"
+            else:
+                message = (
+                    f"internal: {type(error).__name__}: {error}"
+                    f" (rerun with {DEBUG_VARIABLE}=1 for the traceback)"
+                )
+        click.echo(error_line(message), err=True)
+        sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 
 
 def summary(plan: Plan) -> str:
-    """The human table: distribution, version, wheel tag, sizes, native needs -> Debian package."""
+    """The human table: distribution, version, wheel tag, native needs -> Debian package."""
     lines = [f"base: {plan.base_image} (python {plan.base.python_version}, {plan.base.source})"]
     for arch in plan.arches:
-        rows = [("distribution", "version", "wheel tag", "download", "installed", "native needs")]
+        rows = [("distribution", "version", "wheel tag", "native needs -> package")]
         for wheel in arch.wheels:
             needs = [
-                f"{lib.soname or '(run time)'} -> {lib.package}{' (optional)' * lib.optional}"
+                f"{lib.soname or '(run time)'} -> {lib.package}"
                 for lib in arch.libraries
                 if any(by.startswith(f"{wheel.name}=={wheel.version}") for by in lib.needed_by)
             ]
-            rows.append(
-                (wheel.name, wheel.version, wheel.tag, human(wheel.size),
-                 human(wheel.installed_size), ", ".join(needs) or "-")
-            )  # fmt: skip
-        total = size_figures(arch.wheels)
-        rows.append(("total", "", "", human(total["download"]), human(total["installed"]), ""))
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+            rows.append((wheel.name, wheel.version, wheel.tag, ", ".join(needs) or "-"))
+        widths = [max(len(row[i]) for row in rows) for i in range(3)]
         lines.append(f"\n{arch.arch}:")
         lines += [
             "  "
-            + "  ".join(
-                cell.rjust(width) if i in (3, 4) else cell.ljust(width)
-                for i, (cell, width) in enumerate(zip(row[:5], widths, strict=True))
-            )
+            + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
             + "  "
-            + row[5]
+            + row[3]
             for row in rows
         ]
         if arch.provided_by_base:
@@ -79,11 +97,6 @@ def summary(plan: Plan) -> str:
                 f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
             )
         lines.append(f"  apt packages: {' '.join(arch.apt_packages) or 'none'}")
-        if arch.optional_packages:
-            lines.append(
-                f"  optional (plugins loaded on demand; --with-optional installs them):"
-                f" {' '.join(arch.optional_packages)}"
-            )
     return "\n".join(lines)
 
 
@@ -160,16 +173,6 @@ def summary(plan: Plan) -> str:
     "--refresh", is_flag=True, help="Resolve again even if this input was resolved within the hour."
 )
 @click.option(
-    "--override",
-    "overrides",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="uv override file: replace a dependency, or drop one (`name ; python_version < '0'`).",
-)
-@click.option(
-    "--with-optional", is_flag=True, help="Also install libraries only on-demand plugins need."
-)
-@click.option(
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -196,8 +199,6 @@ def main(
     apt_auth: Path | None,
     cache_dir: Path | None,
     refresh: bool,
-    overrides: tuple[Path, ...],
-    with_optional: bool,
     config_path: Path | None,
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
@@ -236,12 +237,8 @@ def main(
         cache=cache,
         secrets=Secrets(apt_ca=apt_ca_bundle is not None, apt_auth=apt_auth is not None),
         refresh=refresh,
-        overrides=overrides,
-        with_optional=with_optional,
     )
     plan = prepare(request)
-    for line in plan.warnings:
-        click.echo(line, err=True)
     click.echo(summary(plan))
     click.echo(
         f"\nbuild context written to {settings.output}/ (report: {settings.output}/report.json)"

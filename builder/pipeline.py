@@ -34,7 +34,7 @@ from builder.image.publish import (
     image_tags,
     push_image,
 )
-from builder.image.render import Secrets, lock_text, render, update_report
+from builder.image.render import Secrets, check_output, lock_text, render, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.imageref import ImageRef
 from builder.upgrade import changes, load_state, save_state, state_of
@@ -53,8 +53,6 @@ class Request:
     cache: Cache
     secrets: Secrets = field(default_factory=Secrets)
     refresh: bool = False  # resolve again even if an identical resolution is cached
-    overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
-    with_optional: bool = False  # also install what only on-demand plugins need
 
 
 def base_reference(base: BaseProfile) -> str:
@@ -67,15 +65,14 @@ def base_reference(base: BaseProfile) -> str:
 def prepare(request: Request) -> Plan:
     """Resolve, fetch, inspect and plan for every arch, then render the context."""
     requirements = read_requirements(request.requirement_files, request.constraint_files)
+    check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
     indexes = requirements.indexes()
     with ThreadPoolExecutor(max_workers=len(target.arches) + 1) as pool:
         pip_future = pool.submit(builder_pip, request.cache, indexes)
         resolutions: list[Resolution] = list(
             pool.map(
-                lambda arch: resolve(
-                    requirements, target, arch, request.cache, request.refresh, request.overrides
-                ),
+                lambda arch: resolve(requirements, target, arch, request.cache, request.refresh),
                 target.arches,
             )
         )
@@ -88,13 +85,12 @@ def prepare(request: Request) -> Plan:
         for resolution in resolutions
     }
     files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
+    requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
     paths = download_all(files, request.cache, indexes)
     inspected = inspect_wheels([(path, sha) for sha, path in paths.items()], request.cache)
     inspections = {inspection.sha256: inspection for inspection in inspected}
     arch_plans = tuple(
-        plan_arch(
-            resolution, chosen[resolution.arch.name], inspections, target, request.with_optional
-        )
+        plan_arch(resolution, chosen[resolution.arch.name], inspections, target)
         for resolution in resolutions
     )
     direct = tuple(r.name for r in requirements.requirements)

@@ -1,7 +1,9 @@
 """Render a plan into a build context: Dockerfile, locks, wheels, report.json.
 
 The context is assembled in a temporary sibling directory and swapped into place at the
-end, so a failure never leaves a half-written output directory behind.
+end, so a failure never leaves a half-written output directory behind. Each context holds a
+marker file listing what the tool wrote there; an existing directory is replaced only if it
+is empty or holds nothing but what its marker lists, so no user file is ever deleted.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 
 from builder.analysis.plan import Plan
@@ -22,6 +24,9 @@ from builder.errors import UserError
 
 TOOLS_DIR = "tools"
 WORK = "/tmp/bsi"
+TOOL = "build-sandbox-image"
+MARKER = f".{TOOL}"  # first line "build-sandbox-image <version>", then every path written
+SHOWN_ENTRIES = 5
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,11 @@ def render(
     secrets: Secrets = Secrets(),
 ) -> None:
     """Write the build context to `output`, replacing it only once it is complete."""
-    output = output.resolve()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    output = check_output(output)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    except OSError as error:
+        raise UserError(f"{output}: cannot write the build context ({error.strerror})") from None
     try:
         (staging / "Dockerfile").write_text(dockerfile(plan, pip_wheel.name, secrets))
         place(pip_wheel, staging / TOOLS_DIR / pip_wheel.name)
@@ -132,19 +139,88 @@ def render(
         (staging / ".hadolint.yaml").write_text(
             resources.files("builder.data").joinpath("hadolint.yaml").read_text()
         )
+        written = sorted(_entries(staging) | {MARKER})
+        (staging / MARKER).write_text(
+            f"{TOOL} {metadata.version(TOOL)}\n" + "".join(f"{path}\n" for path in written)
+        )
         staging.chmod(0o755)
         _swap(staging, output)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        culprit = f"{error.filename}: " if error.filename else ""
+        raise UserError(
+            f"{output}: cannot write the build context ({culprit}{error.strerror})"
+        ) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
+def _entries(directory: Path) -> set[str]:
+    """Every file and directory below `directory`, relative; symlinks are not followed."""
+    found = set()
+    for root, dirs, files in os.walk(directory):
+        for name in (*dirs, *files):
+            found.add(os.path.relpath(os.path.join(root, name), directory))
+    return found
+
+
+def _written_by_us(output: Path) -> set[str] | None:
+    """The paths the marker says the tool wrote, or None if `output` has no valid marker."""
+    marker = output / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    first, *paths = marker.read_text(errors="replace").splitlines()
+    return set(paths) if first.split(" ")[0] == TOOL else None
+
+
+def check_output(output: Path) -> Path:
+    """The directory to write the context to, or an error if writing it would lose user files.
+
+    A new or empty directory, or a context this tool wrote (its marker lists every entry in
+    it), may be replaced; anything else is refused, naming a few of its entries. Cheap enough
+    to call before the slow steps, and called again right before the swap.
+    """
+    output = Path(os.path.abspath(output))
+    if output.is_symlink():
+        try:
+            output = output.resolve(strict=True)
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+            raise UserError(
+                f"{output}: a symlink that leads nowhere (a loop, or no target)"
+            ) from None
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(output):
+            return output
+        if not output.is_dir():
+            raise UserError(f"{output}: exists and is not a directory; refusing to replace it")
+        entries = _entries(output)
+        ours = _written_by_us(output) if entries else set()
+    except FileExistsError as error:  # a parent that is a file
+        raise UserError(f"{error.filename}: exists and is not a directory") from None
+    except OSError as error:
+        culprit = error.filename or output
+        raise UserError(f"{culprit}: cannot use it for --output ({error.strerror})") from None
+    foreign = sorted(entries - ours) if ours is not None else sorted(entries)
+    if foreign:
+        top = sorted({path.split(os.sep)[0] for path in foreign})
+        shown = ", ".join(top[:SHOWN_ENTRIES]) + (
+            f" and {len(top) - SHOWN_ENTRIES} more" if len(top) > SHOWN_ENTRIES else ""
+        )
+        why = "files this tool did not write" if ours is not None else f"no {MARKER} marker"
+        raise UserError(
+            f"{output}: exists with {why} ({shown}); refusing to replace it: choose another"
+            " --output, or move them away"
+        )
+    return output
+
+
 def _swap(staging: Path, output: Path) -> None:
-    if not output.exists():
-        staging.rename(output)
+    check_output(output)
+    if not os.path.lexists(output) or not any(output.iterdir()):
+        staging.rename(output)  # rename(2) replaces an empty directory
         return
-    if not (output / "report.json").exists() and any(output.iterdir()):
-        raise UserError(f"{output}: exists and is not a build context; refusing to replace it")
     retired = output.with_name(f".{output.name}.old-{os.getpid()}")
     output.rename(retired)
     staging.rename(output)
