@@ -108,6 +108,7 @@ def test_run_time_names_map_like_find_library(arch: Arch, name: str, expected: s
 def test_foreign_and_unknown_run_time_names(arch: Arch) -> None:
     assert sonames_for_load("libpq.dll", arch) is None
     assert sonames_for_load("libvips.42.dylib", arch) is None
+    assert sonames_for_load("msvcrt", arch) is None
     assert sonames_for_load("zzqnosuchlib", arch) == ()
 
 

@@ -21,6 +21,41 @@ from builder.analysis.target import Arch
 
 _DATA = resources.files("builder.data")
 _FOREIGN = re.compile(r"\.(dll|dylib|framework)$|\\", re.I)  # another OS's library names
+# Windows and macOS system libraries code names without a suffix in its other-OS branches.
+_FOREIGN_NAMES = frozenset(
+    [
+        "msvcrt",
+        "kernel32",
+        "user32",
+        "gdi32",
+        "ole32",
+        "oleaut32",
+        "shell32",
+        "advapi32",
+        "ntdll",
+        "ws2_32",
+        "comctl32",
+        "comdlg32",
+        "winmm",
+        "psapi",
+        "dbghelp",
+        "crypt32",
+        "bcrypt",
+        "secur32",
+        "iphlpapi",
+        "shlwapi",
+        "userenv",
+        "libsystem",
+        "system",
+        "objc",
+        "appkit",
+        "foundation",
+        "corefoundation",
+        "security",
+        "carbon",
+        "cocoa",
+    ]
+)
 _VERSIONED = re.compile(r"(?P<stem>.+\.so)(?P<version>(\.\d+)*)")
 _SYMBOL_VERSION = re.compile(r"(?P<prefix>[A-Z][A-Z0-9_]*?)_(?P<version>\d+(?:\.\d+)*)")
 
@@ -117,7 +152,7 @@ def sonames_for_load(name: str, arch: Arch) -> tuple[str, ...] | None:
     only another OS uses. `libX.so.N` is itself; `X`, `libX` and `libX.so` are what
     `ctypes.util.find_library("X")` (and cffi's dlopen of a bare name) would find."""
     name = name.rsplit("/", 1)[-1]
-    if not name or _FOREIGN.search(name):
+    if not name or _FOREIGN.search(name) or name.lower() in _FOREIGN_NAMES:
         return None
     match = _VERSIONED.fullmatch(name)
     if match and match["version"]:
