@@ -15,6 +15,7 @@ from click.core import ParameterSource
 
 from builder.analysis.plan import Plan
 from builder.analysis.requirements import redact_credentials
+from builder.analysis.sizes import human, size_figures
 from builder.analysis.target import ARCHES
 from builder.cache import Cache, default_root
 from builder.config import RunSettings, load_config, merge
@@ -72,24 +73,32 @@ def reports_errors(function: F) -> F:
 
 
 def summary(plan: Plan) -> str:
-    """The human table: distribution, version, wheel tag, native needs -> Debian package."""
+    """The human table: distribution, version, wheel tag, sizes, native needs -> Debian package."""
     lines = [f"base: {plan.base_image} (python {plan.base.python_version}, {plan.base.source})"]
     for arch in plan.arches:
-        rows = [("distribution", "version", "wheel tag", "native needs -> package")]
+        rows = [("distribution", "version", "wheel tag", "download", "installed", "native needs")]
         for wheel in arch.wheels:
             needs = [
-                f"{lib.soname or '(run time)'} -> {lib.package}"
+                f"{lib.soname or '(run time)'} -> {lib.package}{' (optional)' * lib.optional}"
                 for lib in arch.libraries
                 if any(by.startswith(f"{wheel.name}=={wheel.version}") for by in lib.needed_by)
             ]
-            rows.append((wheel.name, wheel.version, wheel.tag, ", ".join(needs) or "-"))
-        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+            rows.append(
+                (wheel.name, wheel.version, wheel.tag, human(wheel.size),
+                 human(wheel.installed_size), ", ".join(needs) or "-")
+            )  # fmt: skip
+        total = size_figures(arch.wheels)
+        rows.append(("total", "", "", human(total["download"]), human(total["installed"]), ""))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
         lines.append(f"\n{arch.arch}:")
         lines += [
             "  "
-            + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+            + "  ".join(
+                cell.rjust(width) if i in (3, 4) else cell.ljust(width)
+                for i, (cell, width) in enumerate(zip(row[:5], widths, strict=True))
+            )
             + "  "
-            + row[3]
+            + row[5]
             for row in rows
         ]
         if arch.provided_by_base:
@@ -97,6 +106,11 @@ def summary(plan: Plan) -> str:
                 f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
             )
         lines.append(f"  apt packages: {' '.join(arch.apt_packages) or 'none'}")
+        if arch.optional_packages:
+            lines.append(
+                f"  optional (plugins loaded on demand; --with-optional installs them):"
+                f" {' '.join(arch.optional_packages)}"
+            )
     return "\n".join(lines)
 
 
@@ -173,6 +187,16 @@ def summary(plan: Plan) -> str:
     "--refresh", is_flag=True, help="Resolve again even if this input was resolved within the hour."
 )
 @click.option(
+    "--override",
+    "overrides",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="uv override file: replace a dependency, or drop one (`name ; python_version < '0'`).",
+)
+@click.option(
+    "--with-optional", is_flag=True, help="Also install libraries only on-demand plugins need."
+)
+@click.option(
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -199,6 +223,8 @@ def main(
     apt_auth: Path | None,
     cache_dir: Path | None,
     refresh: bool,
+    overrides: tuple[Path, ...],
+    with_optional: bool,
     config_path: Path | None,
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
@@ -237,8 +263,12 @@ def main(
         cache=cache,
         secrets=Secrets(apt_ca=apt_ca_bundle is not None, apt_auth=apt_auth is not None),
         refresh=refresh,
+        overrides=overrides,
+        with_optional=with_optional,
     )
     plan = prepare(request)
+    for line in plan.warnings:
+        click.echo(line, err=True)
     click.echo(summary(plan))
     click.echo(
         f"\nbuild context written to {settings.output}/ (report: {settings.output}/report.json)"

@@ -53,6 +53,8 @@ class Request:
     cache: Cache
     secrets: Secrets = field(default_factory=Secrets)
     refresh: bool = False  # resolve again even if an identical resolution is cached
+    overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
+    with_optional: bool = False  # also install what only on-demand plugins need
 
 
 def base_reference(base: BaseProfile) -> str:
@@ -72,7 +74,9 @@ def prepare(request: Request) -> Plan:
         pip_future = pool.submit(builder_pip, request.cache, indexes)
         resolutions: list[Resolution] = list(
             pool.map(
-                lambda arch: resolve(requirements, target, arch, request.cache, request.refresh),
+                lambda arch: resolve(
+                    requirements, target, arch, request.cache, request.refresh, request.overrides
+                ),
                 target.arches,
             )
         )
@@ -90,7 +94,9 @@ def prepare(request: Request) -> Plan:
     inspected = inspect_wheels([(path, sha) for sha, path in paths.items()], request.cache)
     inspections = {inspection.sha256: inspection for inspection in inspected}
     arch_plans = tuple(
-        plan_arch(resolution, chosen[resolution.arch.name], inspections, target)
+        plan_arch(
+            resolution, chosen[resolution.arch.name], inspections, target, request.with_optional
+        )
         for resolution in resolutions
     )
     direct = tuple(r.name for r in requirements.requirements)
