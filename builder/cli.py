@@ -21,9 +21,17 @@ from builder.cache import Cache, default_root
 from builder.config import RunSettings, load_config, merge
 from builder.engine import engine_client
 from builder.errors import UserError
-from builder.image.reference_base import build_base
+from builder.image.reference_base import build_base, build_base_index
 from builder.image.render import Secrets
-from builder.pipeline import Delivery, Outcome, Request, base_profile, deliver, prepare
+from builder.multiarch import target_arches
+from builder.pipeline import (
+    Delivery,
+    Outcome,
+    Request,
+    base_profile,
+    deliver,
+    prepare,
+)
 from builder.pipeline import rebuild as pipeline_rebuild
 from builder.upgrade import save_state, state_of
 from builder.verify import verify_image
@@ -136,7 +144,7 @@ def summary(plan: Plan) -> str:
     "arches",
     multiple=True,
     type=click.Choice(sorted(ARCHES)),
-    help="Target architecture (repeatable; default amd64).",
+    help="Target architecture (repeatable; default: every arch the base offers).",
 )
 @click.option(
     "--base-image", help="The platform's runtime image, tagged with the platform version."
@@ -254,11 +262,12 @@ def main(
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
     secrets = {"apt-ca": apt_ca_bundle, "apt-auth": apt_auth}
+    base = base_profile(settings.base_image, client, cache, say=note)
     request = Request(
         requirement_files=settings.requirements,
         constraint_files=settings.constraints,
-        arches=settings.arches or ("amd64",),
-        base=base_profile(settings.base_image, client, cache, say=note),
+        arches=target_arches(settings.arches, base, client),
+        base=base,
         output=settings.output,
         cache=cache,
         secrets=Secrets(apt_ca=apt_ca_bundle is not None, apt_auth=apt_auth is not None),
@@ -338,8 +347,8 @@ def rebuild(config_path: Path, platform_version: str, check: bool, cache_dir: Pa
 
 def show_outcome(outcome: Outcome) -> None:
     """Print what happened after planning; a failed verification is an error."""
-    if outcome.image_id:
-        click.echo(f"image: {outcome.tag} ({outcome.image_id}, {outcome.built_arch})")
+    for built in outcome.builds:
+        click.echo(f"image: {built.tag} ({built.image_id}, {built.arch})")
     if outcome.verification is not None:
         click.echo(outcome.verification.table())
         if not outcome.verification.passed:
@@ -390,7 +399,11 @@ def verify_command(
 
 
 @main.command("base")
-@click.option("--tag", required=True, help="Name for the built reference base image.")
+@click.option(
+    "--tag",
+    required=True,
+    help="Name for the built base (with several arches host/repo:tag, pushed as an index).",
+)
 @click.option(
     "--from",
     "base_image",
@@ -398,12 +411,24 @@ def verify_command(
     show_default=True,
     help="The Python image to build on.",
 )
-@click.option("--arch", type=click.Choice(sorted(ARCHES)), default="amd64", show_default=True)
+@click.option(
+    "--arch",
+    "arches",
+    multiple=True,
+    type=click.Choice(sorted(ARCHES)),
+    help="Architecture (repeatable; default amd64).",
+)
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
 @reports_errors
-def base_command(tag: str, base_image: str, arch: str, cache_dir: Path | None) -> None:
-    """Build the reference runtime base (Dockerfile.base) on the local engine."""
-    image_id = build_base(
-        tag, base_image=base_image, arch=arch, cache=Cache(cache_dir or default_root())
-    )
-    click.echo(f"{tag} {image_id}")
+def base_command(
+    tag: str, base_image: str, arches: tuple[str, ...], cache_dir: Path | None
+) -> None:
+    """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
+    cache = Cache(cache_dir or default_root())
+    wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
+    if len(wanted) == 1:
+        image_id = build_base(tag, base_image=base_image, arch=wanted[0], cache=cache)
+        click.echo(f"{tag} {image_id}")
+        return
+    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache)
+    click.echo(f"{tag} {pushed.reference}")

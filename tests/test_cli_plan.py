@@ -164,7 +164,9 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     instructions = [line.split()[0] for line in lines if line and not line.startswith(("#", " "))]
     assert instructions[-1] == "USER" and lines[-1] == "USER 65532:65532"
     froms = [line for line in lines if line.startswith("FROM ")]
-    assert froms == ["FROM ${BASE_IMAGE} AS builder", "FROM ${BASE_IMAGE}"]
+    # the builder stage runs on the build platform: pip installs the target's wheels natively
+    builder_from = "FROM --platform=$BUILDPLATFORM ${BASE_IMAGE} AS builder"
+    assert froms == [builder_from, "FROM ${BASE_IMAGE}"]
     final = lines[lines.index("FROM ${BASE_IMAGE}") :]
     text = "\n".join(final)
     assert "apt-get install -y --no-install-recommends" in text

@@ -95,17 +95,21 @@ class ChosenWheel:
     name: str
     version: str
     file: RemoteFile
+    tag: str  # the wheel tag it was chosen by; its platform part tells pip what to take
 
 
 def chosen_wheels(arch: str) -> tuple[ChosenWheel, ...]:
     """One wheel per locked distribution: the most specific tag the target accepts."""
     target = Target(shipped_profile(), (arch_named(arch),))
     return tuple(
-        ChosenWheel(
-            package.name, package.version, choose_wheel(package, target, arch_named(arch))[0]
-        )
+        ChosenWheel(package.name, package.version, *choose_wheel(package, target, arch_named(arch)))
         for package in locked_packages(arch)
     )
+
+
+def pip_platforms(wheels: tuple[ChosenWheel, ...]) -> str:
+    """PIP_PLATFORM for the builder stage: the platform tags the chosen wheels were chosen by."""
+    return " ".join(sorted({w.tag.rsplit("-", 1)[-1] for w in wheels} - {"any"}))
 
 
 def requirements_lock(wheels: tuple[ChosenWheel, ...]) -> str:
@@ -148,7 +152,10 @@ def build_base(
             context,
             tag=tag,
             platform=f"linux/{arch}",
-            build_args={"BASE_IMAGE": base_image},
+            build_args={
+                "BASE_IMAGE": base_image,
+                "PIP_PLATFORM": pip_platforms(chosen_wheels(arch)),
+            },
             logins={source.registry: login} if login and not source.is_hub else None,
             log=log or sys.stderr,
         )

@@ -1,0 +1,53 @@
+"""Multi-arch pieces that need neither an engine nor a registry: arch choice, index, Dockerfile."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builder.base.platforms import select_arches
+from builder.errors import UserError
+from builder.image.index import ArchImage, index_document
+from builder.multiarch import arch_tag
+
+
+def test_arches_default_to_what_the_base_offers() -> None:
+    assert select_arches((), ("amd64", "arm64"), "reg/base:1") == ("amd64", "arm64")
+    assert select_arches((), ("arm64",), "reg/base:1") == ("arm64",)
+
+
+def test_arch_narrows_to_what_is_asked() -> None:
+    assert select_arches(("arm64",), ("amd64", "arm64"), "reg/base:1") == ("arm64",)
+    assert select_arches(("arm64", "arm64"), ("amd64", "arm64"), "reg/base:1") == ("arm64",)
+
+
+def test_an_arch_the_base_lacks_is_an_error_naming_both() -> None:
+    with pytest.raises(UserError) as error:
+        select_arches(("amd64", "arm64"), ("amd64",), "reg.example/base:1")
+    assert "reg.example/base:1" in str(error.value)
+    assert "linux/arm64" in str(error.value)
+
+
+def test_unknown_offer_keeps_the_amd64_default() -> None:
+    assert select_arches((), None, None) == ("amd64",)
+    assert select_arches(("arm64",), None, "base") == ("arm64",)
+
+
+def test_index_names_each_platform() -> None:
+    amd = ArchImage("amd64", "sha256:" + "a" * 64, 1200)
+    arm = ArchImage("arm64", "sha256:" + "b" * 64, 1300)
+    document = json.loads(index_document([amd, arm]))
+    assert document["mediaType"] == "application/vnd.docker.distribution.manifest.list.v2+json"
+    platforms = [entry["platform"] for entry in document["manifests"]]
+    assert platforms == [
+        {"architecture": "amd64", "os": "linux"},
+        {"architecture": "arm64", "os": "linux", "variant": "v8"},
+    ]
+    assert [entry["digest"] for entry in document["manifests"]] == [amd.digest, arm.digest]
+    assert document["manifests"][1]["size"] == 1300
+
+
+def test_local_arch_tags_never_collide() -> None:
+    assert arch_tag("reg:5000/team/img:1.0", "arm64") == "reg:5000/team/img:1.0-arm64"
+    assert arch_tag("reg:5000/team/img", "amd64") == "reg:5000/team/img:amd64"
