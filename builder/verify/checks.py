@@ -15,6 +15,7 @@ Checks, in order (names are stable; the CLI and the tests refer to them):
   traversal            ../, encoded, absolute, NUL and symlinked-out paths are refused (403)
   timeout              a command past timeout_seconds is killed: exit_code 124, timed_out true
   timeout-cleanup      no process of the timed-out command is left behind (running or zombie)
+  race, detached, flood  what a hostile command does to the server (see `hardening`)
 
 [image] checks hold for a built image only; `contract_checks(process_mode=True)` leaves them out
 for a server process started by a test. Run that server in its own pid namespace (`unshare
@@ -23,7 +24,6 @@ for a server process started by a test. Run that server in its own pid namespace
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -32,26 +32,14 @@ from typing import Any
 from urllib.parse import quote
 
 from builder import contract
-from builder.verify.client import Sandbox, encoded
-from builder.verify.report import CheckFailed, expect, short
+from builder.verify.client import Sandbox, encoded, python_json
+from builder.verify.hardening import HARDENING
+from builder.verify.report import expect, short
 
 TIMEOUT_SECONDS = 2  # what the timeout check asks for
 TIMEOUT_SLACK = 20.0  # how late the 124 may come back
 CLEANUP_WAIT = 5.0  # how long killed processes may take to disappear
 UID = contract.SANDBOX_UID
-
-
-def python_json(sandbox: Sandbox, code: str, *args: str, **kwargs: Any) -> Any:
-    """What `python3 -c code` printed as JSON; a failing script fails the check."""
-    result = sandbox.python(code, *args, **kwargs)
-    expect(
-        result["exit_code"] == 0,
-        f"python3 exited {result['exit_code']}: {short(result['stderr'][-400:])}",
-    )
-    try:
-        return json.loads(result["stdout"])
-    except ValueError:
-        raise CheckFailed(f"unexpected output: {short(result['stdout'])}") from None
 
 
 def expect_not_timed_out(result: dict[str, Any], what: str) -> None:
@@ -416,6 +404,7 @@ CONTRACT: tuple[tuple[str, Callable[[Sandbox], str]], ...] = (
     ("traversal", check_traversal),
     ("timeout", check_timeout),
     ("timeout-cleanup", check_timeout_cleanup),
+    *HARDENING,
 )
 IMAGE_ONLY = frozenset({"uid", "pythonpath", "app-deps-readonly", "deps-extra-readonly"})
 

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from builder import contract
-from builder.verify.report import ContractViolation, short
+from builder.verify.report import CheckFailed, ContractViolation, expect, short
 
 EXECUTE_TIMEOUT = 120.0  # seconds allowed to one ordinary command (imports of big libraries)
 REQUEST_TIMEOUT = 30.0
@@ -149,3 +149,16 @@ class Sandbox:
 
     def delete(self, path: str) -> Response:
         return self.request("DELETE", contract.FILES + encoded(path))
+
+
+def python_json(sandbox: Sandbox, code: str, *args: str, **kwargs: Any) -> Any:
+    """What `python3 -c code` printed as JSON; a failing script fails the check."""
+    result = sandbox.python(code, *args, **kwargs)
+    expect(
+        result["exit_code"] == 0,
+        f"python3 exited {result['exit_code']}: {short(result['stderr'][-400:])}",
+    )
+    try:
+        return json.loads(result["stdout"])
+    except ValueError:
+        raise CheckFailed(f"unexpected output: {short(result['stdout'])}") from None

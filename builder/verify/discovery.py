@@ -11,8 +11,7 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from builder.verify.checks import python_json
-from builder.verify.client import Sandbox
+from builder.verify.client import Sandbox, python_json
 from builder.verify.report import Check, expect, last_line, short
 
 SKIP_TOP_LEVEL = frozenset({"test", "tests", "testing", "docs", "doc", "examples", "benchmarks"})
