@@ -246,8 +246,8 @@ build_standin_rootfs() {
 	if [[ "$arch" == amd64 ]]; then
 		debootstrap --variant=minbase --include="$include" trixie "$rootfs" "$STANDIN_MIRROR"
 	else
-		# Under emulation mmdebstrap (one apt run, dpkg once) takes about 5 min where debootstrap
-		# takes about 11 min.
+		# Under emulation mmdebstrap (apt resolves and installs in one run) takes about 5 min
+		# where debootstrap takes about 11 min.
 		mmdebstrap --arch="$arch" --variant=minbase --include="$include" \
 			trixie "$rootfs" "$STANDIN_MIRROR"
 	fi >"$log" 2>&1 || {
@@ -329,12 +329,12 @@ ensure_standin() {
 	mkdir -p "$CACHE_DIR" "$STATE_LOG_DIR"
 	local tarball="$CACHE_DIR/standin-$arch-$version.tar.gz"
 	if [[ ! -s "$tarball" ]]; then
-		local work start=$SECONDS
+		local work start=$SECONDS eta="about 1 min"
+		[[ "$arch" == amd64 ]] || eta="about 5 min under emulation"
 		work="$(mktemp -d "$CACHE_DIR/build.XXXXXX")"
 		# shellcheck disable=SC2064  # expand $work now
 		trap "rm -rf '$work'" EXIT
-		say "stand-in: building the trixie $arch rootfs" \
-			"(amd64: about 40 s; arm64 under emulation: about 5 min)"
+		say "stand-in: building the trixie $arch rootfs ($eta)"
 		build_standin_rootfs "$arch" "$work/rootfs"
 		local gz=gzip
 		command -v pigz >/dev/null && gz=pigz

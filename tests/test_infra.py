@@ -1,4 +1,5 @@
-"""The test machine itself: engine, stand-in base image, local registry with htpasswd auth.
+"""The test machine itself: engine, stand-in base images (amd64 and, emulated, arm64), local
+registry with htpasswd auth and the two-arch stand-in index in it.
 
 These fail first when scripts/setup-env.sh is broken, so other failures can be read as product bugs.
 """
