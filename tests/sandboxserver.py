@@ -408,7 +408,7 @@ def flood(server: ServerProcess, concurrent: int = 8) -> dict[str, object]:
             latencies.append(time.monotonic() - start if status == 200 else 99.0)
             time.sleep(0.05)
 
-    def run(_: int) -> tuple[int, dict[str, object]]:
+    def run(_index: int) -> tuple[int, dict[str, object]]:
         payload = json.dumps({"command": ["python3", "-c", FLOOD], "timeout_seconds": 120})
         status, _, body = server.request("POST", "/execute", payload.encode())
         assert status == 200, body[:200]

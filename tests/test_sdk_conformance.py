@@ -131,11 +131,6 @@ def test_large_file_round_trip_streams_through_the_server(
     assert after - before < 16 * MIB, f"peak RSS grew from {before // MIB} to {after // MIB} MiB"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the SDK streams a file object as a chunked body; the server answers 411 (needs a"
-    " Content-Length). Remove this mark when the server accepts chunked uploads.",
-)
 def test_write_from_a_file_object(sdk: SdkClient, tmp_path: Path) -> None:
     source = tmp_path / "stream.bin"
     source.write_bytes(os.urandom(3 * MIB))

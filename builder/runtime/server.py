@@ -41,7 +41,8 @@ Hardening (the commands run as the same user as the server and may race it):
   that: 429 with ``Retry-After``.
 * Requests: at most ``--max-connections`` connections are served at once (beyond: 503), headers
   must arrive within ``--header-timeout`` seconds and a body within ``--body-timeout``; every
-  malformed request is answered with a 4xx JSON error.
+  malformed request is answered with a 4xx JSON error. Uploads may come as a chunked body (the
+  upstream SDK streams file objects so), bounded by ``--max-upload`` and the body deadline too.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ NOTE_RESERVE = 1024  # encoded bytes kept back in each stream's budget for the s
 FILE_ROUTE = re.compile(r"/(download|list|exists|files)(?:/(.*))?", re.DOTALL)
 DISPOSITION_PARAM = re.compile(r';\s*([^\s=;]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;]*))', re.DOTALL)
 ASCII_DIGITS = re.compile(r"[0-9]+")
+CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,15}")
+BODY_LINE = 4096  # longest chunk-size or trailer line of a chunked body
+MAX_TRAILERS = 64
+UNTIL_LAST_CHUNK = sys.maxsize  # body bytes left of a chunked body: unknown until its end
 DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 DIR_READ = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -1084,6 +1089,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self._body_left = 0
+        self._chunked = False
+        self._chunk_left = 0
+        self._received = 0
         self._started = False
         try:
             self._frame_body()
@@ -1110,22 +1118,35 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _frame_body(self) -> None:
-        """Learn how many body bytes follow; chunked bodies are refused (uploads need a size)."""
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise ApiError(411, "send a Content-Length; chunked bodies are not supported")
+        """Learn how many body bytes follow: a Content-Length, or a chunked body (what clients
+        streaming a file object send), bounded like an upload and by the same deadline.
+        Both at once, or another transfer coding, is refused: that is how requests are
+        smuggled past proxies."""
+        encodings = self.headers.get_all("Transfer-Encoding") or []
         length = self.headers.get("Content-Length")
-        if length is None:
+        if encodings:
+            self._body_left = UNTIL_LAST_CHUNK  # unread: closing lingers so the error arrives
+            if [e.strip().lower() for e in encodings] != ["chunked"]:
+                self.close_connection = True
+                raise ApiError(501, "only the chunked transfer coding is supported")
+            if length is not None:
+                self.close_connection = True
+                raise ApiError(400, "both Content-Length and Transfer-Encoding")
+            self._chunked = True
+        elif length is None:
             return
-        try:
-            self._body_left = parse_length(length)
-        except ApiError:
-            self.close_connection = True
-            raise
+        else:
+            try:
+                self._body_left = parse_length(length)
+            except ApiError:
+                self.close_connection = True
+                raise
         self._reader.deadline = time.monotonic() + self.server.config.body_timeout
 
     def _read(self, size: int) -> bytes:
         """Up to ``size`` bytes of the body (fewer at its end), never past Content-Length."""
+        if self._chunked:
+            return self._read_chunked(size)
         size = min(size, self._body_left)
         if size <= 0:
             return b""
@@ -1135,6 +1156,44 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "request body ended early")
         self._body_left -= len(data)
         return data
+
+    def _read_chunked(self, size: int) -> bytes:
+        """Up to ``size`` bytes of a chunked body (b"" after its last chunk); past
+        ``max_upload`` bytes in all: 413."""
+        if not self._chunk_left:
+            line = self._body_line().split(b";", 1)[0].strip(b" \t")
+            if not CHUNK_SIZE.fullmatch(line):
+                raise self._malformed("malformed chunk size")
+            self._chunk_left = int(line, 16)
+            if not self._chunk_left:
+                for _ in range(MAX_TRAILERS):
+                    if not self._body_line():
+                        self._body_left = 0
+                        return b""
+                raise self._malformed("too many trailer lines")
+        data = self.rfile.read1(min(size, self._chunk_left))
+        if not data:
+            raise self._malformed("request body ended early")
+        self._chunk_left -= len(data)
+        self._received += len(data)
+        limit = self.server.config.max_upload
+        if self._received > limit:
+            self.close_connection = True
+            raise ApiError(413, f"upload larger than {limit} bytes")
+        if not self._chunk_left and self._body_line():
+            raise self._malformed("chunk longer than its size")
+        return data
+
+    def _body_line(self) -> bytes:
+        """One CRLF-ended line of a chunked body's framing, without its line end."""
+        line = self.rfile.readline(BODY_LINE + 1)
+        if not line.endswith(b"\n"):
+            raise self._malformed("malformed chunked body")
+        return line.rstrip(b"\r\n")
+
+    def _malformed(self, message: str) -> ApiError:
+        self.close_connection = True
+        return ApiError(400, message)
 
     def _route(self, method: str) -> Callable[[], None]:
         path = self.path.partition("?")[0]
@@ -1172,10 +1231,12 @@ class Handler(BaseHTTPRequestHandler):
     def _begin(self, status: int, headers: dict[str, str]) -> None:
         """Status line and headers; any unread body is drained or the connection is closed."""
         if self._body_left:
-            if self._body_left <= DRAIN_LIMIT and not self.close_connection:
-                while self._body_left:
-                    self._read(CHUNK)
-            else:
+            if (self._chunked or self._body_left <= DRAIN_LIMIT) and not self.close_connection:
+                with contextlib.suppress(ApiError, OSError):
+                    drained = 0
+                    while self._body_left and drained <= DRAIN_LIMIT:
+                        drained += len(self._read(CHUNK))
+            if self._body_left:
                 self.close_connection = True
         self._started = True
         self.connection.settimeout(self.timeout)  # reads may have left a short deadline
@@ -1297,11 +1358,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def _upload(self) -> None:
         limit = self.server.config.max_upload
-        if self._body_left > limit:
+        if self._body_left > limit and not self._chunked:
             self.close_connection = True
             raise ApiError(413, f"upload larger than {limit} bytes")
-        if self.headers.get("Content-Length") is None:
-            raise ApiError(411, "uploads need a Content-Length")
+        if self.headers.get("Content-Length") is None and not self._chunked:
+            raise ApiError(411, "uploads need a Content-Length or a chunked body")
         content_type = self.headers.get("Content-Type", "")
         boundary = disposition_params(content_type).get("boundary", "")
         media_type = content_type.partition(";")[0].strip().lower()
