@@ -382,6 +382,14 @@ def note(line: str) -> None:
     "--check", "snippets", multiple=True, metavar="CODE", help="Python snippet that must run."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--client",
+    "clients",
+    type=click.Choice(["sdk"]),
+    multiple=True,
+    help="Also drive the image with this client and fail if it cannot run (sdk: the upstream"
+    " k8s-agent-sandbox SDK, which otherwise runs only when installed).",
+)
 @reports_errors
 def verify_command(
     image: str,
@@ -389,9 +397,16 @@ def verify_command(
     modules: tuple[str, ...],
     snippets: tuple[str, ...],
     as_json: bool,
+    clients: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
-    report = verify_image(image, modules=modules, checks=snippets, requirements=requirements)
+    report = verify_image(
+        image,
+        modules=modules,
+        checks=snippets,
+        requirements=requirements,
+        sdk=True if "sdk" in clients else None,
+    )
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
         failed = ", ".join(check.name for check in report.failed)

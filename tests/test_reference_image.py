@@ -173,6 +173,14 @@ def run_verify(image: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def table_line(output: str, name: str) -> str:
+    """The report line of check `name` ("" if there is none)."""
+    for line in output.splitlines():
+        if line[:6] in ("PASS  ", "FAIL  ") and line[6:].startswith(name + " "):
+            return line
+    return ""
+
+
 def failed_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("FAIL ")]
 
@@ -256,6 +264,39 @@ def derived_images(reference_image, docker_client, tmp_path_factory):
     yield built
     for tag in built:
         docker_client.images.remove(tag, force=True)
+
+
+def test_verify_client_sdk_makes_the_sdk_round_trip_required(monkeypatch):
+    seen = []
+
+    def fake_verify(image, **kwargs):
+        seen.append(kwargs["sdk"])
+        return VerifyReport(image, [Check("health", True, "ok")])
+
+    monkeypatch.setattr("builder.cli.verify_image", fake_verify, raising=True)
+    runner = CliRunner()
+    assert runner.invoke(cli.main, ["verify", "img", "--client", "sdk"]).exit_code == 0
+    assert runner.invoke(cli.main, ["verify", "img"]).exit_code == 0
+    assert seen == [True, None]
+    result = runner.invoke(cli.main, ["verify", "img", "--client", "curl"])
+    assert result.exit_code == 2 and "'curl' is not 'sdk'" in result.output
+
+
+@pytest.mark.engine
+def test_verify_client_sdk_and_the_hardening_checks_pass_on_the_reference_image(
+    reference_image, docker_client
+):
+    """The table an operator sees: the SDK's round trip and issue 9's adversarial checks."""
+    result = run_verify(reference_image, "--client", "sdk")
+    assert result.returncode == 0, result.stdout + result.stderr
+    wanted = ["sdk run", "sdk python3", "sdk timeout", "sdk write-read", "sdk list", "sdk exists"]
+    wanted += ["race", "detached", "flood"]
+    lines = {name: table_line(result.stdout, name) for name in wanted}
+    assert all(line.startswith("PASS ") for line in lines.values()), result.stdout
+    assert " 0 escapes in download " in lines["race"] and "upload" in lines["race"]
+    assert "none left after an exit" in lines["detached"]
+    assert "truncated" in lines["flood"]
+    assert no_verify_containers_left(docker_client, reference_image)
 
 
 @pytest.mark.engine

@@ -158,8 +158,13 @@ def test_the_sdk_group_says_when_the_sdk_is_missing(
 
 
 @pytest.mark.engine
-def test_sdk_round_trip_against_the_reference_image(reference_image: str, docker_client) -> None:
-    """What `verify` shows for the SDK, against the reference image run hardened."""
+def test_sdk_round_trip_against_the_reference_image(
+    reference_image: str, docker_client, tmp_path: Path
+) -> None:
+    """What `verify` shows for the SDK, against the reference image run hardened; a file
+    object is streamed (a chunked body) into the image too."""
+    source = tmp_path / "stream.bin"
+    source.write_bytes(os.urandom(MIB))
     with hardened(docker_client, reference_image) as running:
         checks = sdk_checks(running.sandbox)
         client = sdk_client(f"http://127.0.0.1:{running.sandbox.port}")
@@ -167,8 +172,12 @@ def test_sdk_round_trip_against_the_reference_image(reference_image: str, docker
             result = client.commands.run("id -u")
             client.files.write("ünï code/file name.txt", b"in the image")
             read = client.files.read("ünï code/file name.txt")
+            with source.open("rb") as stream:
+                client.files.write("streamed.bin", stream)
+            streamed = client.files.read("streamed.bin")
         finally:
             client.close()
+    assert streamed == source.read_bytes()
     assert [check.name for check in checks] == SDK_LINES
     assert all(check.passed for check in checks), [c for c in checks if not c.passed]
     assert result.stdout == "65532\n"
