@@ -17,6 +17,7 @@ from typing import Any
 
 import docker
 
+from builder import contract
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.credentials import engine_auth
@@ -28,8 +29,6 @@ from builder.image.rebase import Image, NewLayer, append, top
 from builder.imageref import ImageRef
 from builder.oci import INDEX_TYPES, Registry
 from builder.verify import VerifyReport, verify_image
-
-USER = "65532:65532"
 
 
 @dataclass
@@ -103,7 +102,7 @@ def rebase(
         new_base,
         layers,
         env={"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
-        user=USER,
+        user=contract.SANDBOX_USER,
         labels=image_labels(plan.base.image, plan.base.digest, epoch, platform_version, extras),
         created=created(epoch),
     )
