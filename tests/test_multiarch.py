@@ -275,7 +275,10 @@ class Index(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if self.command == "GET":
+            self.wfile.write(body)
+
+    do_HEAD = do_GET
 
     def log_message(self, *args: object) -> None:
         pass
