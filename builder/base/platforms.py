@@ -1,8 +1,9 @@
 """Which architectures a base image offers, so a build targets exactly those by default.
 
-A base that names a registry is asked there (its index lists the platforms; a plain manifest
-has one, in its config); the engine's image store keeps only the variant it pulled, so it
-answers only for a local-only base. Unknown (no engine, registry unreachable): None.
+A base that came from a registry is asked there (its index lists the platforms; a plain
+manifest has one, in its config): the engine's image store keeps only the variant it pulled, so
+it answers only for an image built or imported locally. Unknown (no engine, registry
+unreachable): None.
 """
 
 from __future__ import annotations
@@ -19,22 +20,36 @@ from builder.oci import INDEX_TYPES, Registry
 
 
 def offered_arches(image: str | None, client: docker.DockerClient | None) -> tuple[str, ...] | None:
-    """The supported arches `image` is available for, in ARCHES order; None if unknown."""
+    """The supported arches `image` is available for, in ARCHES order; None if unknown.
+
+    An engine image that came from no registry (built or imported here) has only its own arch;
+    otherwise the registry is asked (Docker Hub only with an engine, as the probe does).
+    """
     if not image:
         return None
     ref = ImageRef.parse(image, "base image")
-    if not ref.is_hub:
+    local = _local_arch(image, client)
+    if local and not local[1]:
+        return (local[0],) if local[0] in ARCHES else ()
+    if client is not None or not ref.is_hub:
         try:
             return _registry_arches(Registry(ref, image))
         except RegistryError:
             pass  # fall back to the engine's copy
+    if local is None:
+        return None
+    return (local[0],) if local[0] in ARCHES else ()
+
+
+def _local_arch(image: str, client: docker.DockerClient | None) -> tuple[str, bool] | None:
+    """The engine image's arch, and whether a registry knows it (it has a repo digest)."""
     if client is None:
         return None
     try:
-        architecture = client.images.get(image).attrs.get("Architecture")
+        attrs = client.images.get(image).attrs
     except docker.errors.DockerException:
         return None
-    return (architecture,) if architecture in ARCHES else None
+    return str(attrs.get("Architecture") or ""), bool(attrs.get("RepoDigests"))
 
 
 def _registry_arches(registry: Registry) -> tuple[str, ...]:
