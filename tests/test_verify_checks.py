@@ -162,3 +162,15 @@ def test_the_flood_check_is_lighter_on_an_emulated_machine(
     assert result.passed, result.detail
     assert result.detail.startswith("1 x 2 x 3 MiB of 0x01: ")
     assert "(limit 10.0s)" in result.detail and "(emulated, not bounded)" in result.detail
+
+
+def test_the_race_check_races_the_reads_when_nothing_outside_is_writable(
+    server: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    candidates = '(tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm")'
+    assert candidates in hardening.RACE_SETUP
+    monkeypatch.setattr(hardening, "RACE_SETUP", hardening.RACE_SETUP.replace(candidates, "()"))
+    result = run_check("race", partial(hardening.check_race, server))
+    assert result.passed, result.detail
+    assert "(read routes only: nothing outside is writable)" in result.detail
+    assert "delete" not in result.detail and "execute-cwd" in result.detail
