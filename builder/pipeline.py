@@ -5,40 +5,40 @@ Each step is its own module; this file only sequences them and fans out per arch
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import docker
 
+from builder import multiarch
 from builder.analysis.index import builder_pip, download_all
 from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
-from builder.analysis.target import ARCHES, BaseProfile, Target, arch_named, shipped_profile
+from builder.analysis.target import BaseProfile, Target, arch_named, shipped_profile
 from builder.analysis.wheels import inspect_wheels
 from builder.base.probe import probe_base
 from builder.base.profile import base_problems, profile_differences
 from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.config import PipelineConfig, set_platform_version
-from builder.credentials import engine_auth
 from builder.errors import RegistryUnreachable
-from builder.image.build import build_image
 from builder.image.publish import (
     PushResult,
     extras_hash,
     image_tags,
-    push_image,
 )
 from builder.image.render import Secrets, check_output, lock_text, render, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.imageref import ImageRef
-from builder.upgrade import changes, load_state, save_state, state_of
-from builder.verify import VerifyReport, verify_image
+from builder.multiarch import ArchBuild
+from builder.rebase import rebase
+from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state, state_of
+from builder.verify import VerifyReport
 
 Say = Callable[[str], None]
 
@@ -164,13 +164,14 @@ class Delivery:
 @dataclass
 class Outcome:
     plan: Plan
-    image_id: str | None = None
+    image_id: str | None = None  # single-arch builds; every arch is in `builds`
     built_arch: str | None = None
     tag: str | None = None
-    verification: VerifyReport | None = None
-    pushed: PushResult | None = None
+    verification: VerifyReport | None = None  # every arch's checks, each line naming its arch
+    pushed: PushResult | None = None  # with several arches: the index
     template_change: TemplateChange | None = None
     notes: list[str] = field(default_factory=list)
+    builds: list[ArchBuild] = field(default_factory=list)
 
     @property
     def succeeded(self) -> bool:
@@ -192,72 +193,47 @@ def deliver(
     client: docker.DockerClient | None,
     say: Say,
 ) -> Outcome:
-    """After `prepare`: build, verify, push and point the template at the pushed digest."""
+    """After `prepare`: build and verify every arch, push, point the template at the digest.
+
+    All or nothing: a failed build raises and a failed verification returns before anything
+    is pushed, so no tag moves and the template is untouched. With several arches each image
+    is pushed by digest and the tags name one index of them.
+    """
     outcome = Outcome(plan)
     if not delivery.build or client is None:
         return outcome
-    engine_arch = next(
-        (a.name for a in ARCHES.values() if a.machine == client.info().get("Architecture")), None
-    )
-    if engine_arch not in {arch.arch for arch in plan.arches}:
-        outcome.notes.append(
-            f"the engine builds {engine_arch} only; build the context with buildx for"
-            f" {', '.join(a.arch for a in plan.arches)}"
-        )
-        return outcome
-    others = [a.arch for a in plan.arches if a.arch != engine_arch]
-    if others:
-        outcome.notes.append(
-            f"built {engine_arch} only; {', '.join(others)} need buildx (docker buildx build"
-            f" --platform {','.join(f'linux/{a}' for a in others)} {request.output})"
-        )
     digest_input = [lock_text(plan, a.arch) + " ".join(a.apt_packages) for a in plan.arches]
     extras = extras_hash([plan.base_image, *digest_input])
     # Always tag locally: an untagged image would vanish if a later push step untags it.
-    tag = delivery.tag or f"sandbox-extension:x{extras}"
-    say(f"building {engine_arch} image {tag} with BuildKit ...")
-    outcome.built_arch = engine_arch
-    outcome.tag = tag
-    outcome.image_id = build_image(
+    outcome.tag = delivery.tag or f"sandbox-extension:x{extras}"
+    outcome.builds = multiarch.build_and_verify(
+        plan,
         request.output,
-        tag=tag,
-        platform=f"linux/{engine_arch}",
-        secrets=delivery.secret_files,
-        log=sys.stdout,
+        client,
+        outcome.tag,
+        verify=delivery.verify,
+        secret_files=delivery.secret_files,
+        say=say,
     )
-    image_record: dict = {"id": outcome.image_id, "arch": engine_arch, "tag": tag}
-    if delivery.verify:
-        say(f"verifying {tag} hardened ...")
-        outcome.verification = verify_image(
-            outcome.image_id,
-            modules=plan.import_modules,
-            checks=plan.runtime_checks,
-            client=client,
+    outcome.verification = multiarch.combined(outcome.tag, outcome.builds)
+    image_record: dict[str, Any] = {"tag": outcome.tag}
+    if len(outcome.builds) == 1:
+        outcome.image_id, outcome.built_arch = outcome.builds[0].image_id, outcome.builds[0].arch
+        image_record |= {"id": outcome.image_id, "arch": outcome.built_arch}
+        if outcome.verification is not None:
+            image_record["verification"] = outcome.verification.to_dict()
+    if outcome.succeeded and delivery.push_repository:
+        version = platform_version(plan.base_image, delivery.platform_version)
+        tags = image_tags(delivery.push_repository, version, extras)
+        pushed = outcome.pushed = multiarch.push(
+            outcome.builds, client, delivery.push_repository, tags, plan.base_image, say
         )
-        image_record["verification"] = outcome.verification.to_dict()
-        if not outcome.verification.passed:
-            update_report(request.output, {"image": image_record})
-            return outcome
-    if delivery.push_repository:
-        tags = image_tags(
-            delivery.push_repository,
-            platform_version(plan.base_image, delivery.platform_version),
-            extras,
-        )
-        say(f"pushing {', '.join(tags)} ...")
-        outcome.pushed = push_image(
-            client,
-            outcome.image_id,
-            delivery.push_repository,
-            tags,
-            engine_auth(
-                ImageRef.parse_repository(delivery.push_repository, "push target").registry
-            ),
-        )
-        image_record |= {"pushed": outcome.pushed.reference, "tags": list(outcome.pushed.tags)}
+        image_record |= {"pushed": pushed.reference, "tags": list(pushed.tags)}
+        if len(outcome.builds) > 1:
+            image_record["index"] = pushed.digest
         if delivery.template:
             outcome.template_change = set_image(
-                delivery.template, outcome.pushed.reference, delivery.container
+                delivery.template, pushed.reference, delivery.container
             )
             image_record["template"] = str(delivery.template)
             outcome.notes.append(apply_hint(delivery.template))
@@ -266,6 +242,7 @@ def deliver(
                 outcome.notes += warm_pool_warnings(
                     (delivery.template, *delivery.warm_pools), template_name
                 )
+    image_record["arches"] = {b.arch: b.to_dict() for b in outcome.builds}
     update_report(request.output, {"image": image_record})
     return outcome
 
@@ -277,6 +254,7 @@ class Rebuild:
     plan: Plan
     changes: list[str]
     outcome: Outcome | None = None  # None: only checked, or nothing changed
+    path: str | None = None  # "rebase" (extras reused on the new base) or "build"
 
 
 def rebuild(
@@ -297,14 +275,15 @@ def rebuild(
         request = Request(
             requirement_files=config.requirements,
             constraint_files=config.constraints,
-            arches=config.architectures,
+            arches=multiarch.target_arches(config.architectures, base, client),
             base=base,
             output=Path(scratch) / "context" if check_only else config.output,
             cache=cache,
             refresh=True,  # an upgrade must see what the index offers now
         )
         plan = prepare(request)
-    found = Rebuild(plan, changes(load_state(config.state), state_of(plan, new_version)))
+    previous, current = load_state(config.state), state_of(plan, new_version)
+    found = Rebuild(plan, changes(previous, current))
     if check_only or not found.changes:
         return found
     delivery = Delivery(
@@ -314,9 +293,48 @@ def rebuild(
         container=config.container,
         warm_pools=config.warm_pools,
     )
-    found.outcome = deliver(plan, request, delivery, client, say)
+    blocker = rebase_blocker(previous, current)
+    if blocker is None and len(plan.arches) > 1:
+        blocker = "several arches (the rebase path publishes one)"
+    found.path = "build" if blocker or previous is None else "rebase"
+    say(f"upgrade path: {found.path} ({blocker or 'the resolution is unchanged'})")
+    if previous is not None and found.path == "rebase":
+        found.outcome = _rebase(previous, plan, request, delivery, client, say)
+    else:
+        found.outcome = deliver(plan, request, delivery, client, say)
     if found.outcome.succeeded:
         image = found.outcome.pushed.reference if found.outcome.pushed else None
-        save_state(config.state, state_of(plan, new_version, image))
+        save_state(config.state, state_of(plan, new_version, image, found.path))
         set_platform_version(config, new_version)
     return found
+
+
+def _rebase(
+    previous: BuildState,
+    plan: Plan,
+    request: Request,
+    delivery: Delivery,
+    client: docker.DockerClient,
+    say: Say,
+) -> Outcome:
+    """The rebase path (builder.rebase) in a delivery's terms: pushed, verified, template."""
+    assert previous.image and previous.base_digest and delivery.push_repository
+    digest_input = [lock_text(plan, a.arch) + " ".join(a.apt_packages) for a in plan.arches]
+    version = delivery.platform_version or platform_version(plan.base_image, None)
+    done = rebase(
+        previous.image, previous.base_digest, plan, plan.arches[0].arch,
+        delivery.push_repository, version, extras_hash([plan.base_image, *digest_input]),
+        client, request.cache, say,
+    )  # fmt: skip
+    outcome = Outcome(plan, built_arch=done.arch, tag=done.reference)
+    outcome.verification = done.verification
+    record: dict[str, Any] = {"path": "rebase", **done.record()}
+    if done.tags:
+        outcome.pushed = PushResult(done.repository, done.tags, done.digest)
+        if delivery.template:
+            outcome.template_change = set_image(
+                delivery.template, done.reference, delivery.container
+            )
+            outcome.notes.append(apply_hint(delivery.template))
+    update_report(request.output, {"image": record})
+    return outcome
