@@ -14,7 +14,7 @@ import click
 from click.core import ParameterSource
 
 from builder.analysis.plan import Plan
-from builder.analysis.requirements import redact_credentials
+from builder.analysis.requirements import distribution_names, redact_credentials
 from builder.analysis.sizes import human, size_figures
 from builder.analysis.target import ARCHES
 from builder.cache import Cache, default_root
@@ -404,7 +404,7 @@ def verify_command(
         image,
         modules=modules,
         checks=snippets,
-        requirements=requirements,
+        distributions=distribution_names(requirements) if requirements else (),
         sdk=True if "sdk" in clients else None,
     )
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from builder.verify.client import Sandbox, python_json
 from builder.verify.report import Check, expect, last_line, short
@@ -48,16 +47,6 @@ for name in json.loads(sys.argv[1]):
     result[name] = sorted(set(top_level(dist)))
 print(json.dumps(result))
 """
-
-
-def requirement_names(path: Path) -> list[str]:
-    """Distribution names of a requirements file whose markers hold on the target."""
-    from builder.analysis.requirements import read_requirements
-    from builder.analysis.target import ARCHES, Target, shipped_profile
-
-    requirements = read_requirements([path])
-    environment = Target(shipped_profile(), (ARCHES["amd64"],)).marker_environment(ARCHES["amd64"])
-    return list(dict.fromkeys(r.name for r in requirements.requirements if r.applies(environment)))
 
 
 def importable(names: Iterable[str]) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 
 import docker
 
@@ -14,7 +13,7 @@ from builder.errors import UserError
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import STARTUP_TIMEOUT, hardened, image_user_check
-from builder.verify.discovery import check_import, check_snippet, modules_of, requirement_names
+from builder.verify.discovery import check_import, check_snippet, modules_of
 from builder.verify.report import Check, CheckFailed, ContractViolation, VerifyReport, run_check
 from builder.verify.sdk import sdk_checks
 
@@ -24,17 +23,17 @@ def verify_image(
     *,
     modules: Sequence[str] = (),
     checks: Sequence[str] = (),
-    requirements: Path | None = None,
+    distributions: Sequence[str] = (),
     client: docker.DockerClient | None = None,
     startup_timeout: float = STARTUP_TIMEOUT,
     sdk: bool | None = None,
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
+    `distributions`: import every top-level module these installed distributions provide.
     `sdk`: run the upstream SDK's round trip too; None runs it when the SDK is installed, True
     fails the report when it is not, False leaves it out.
     """
-    distributions = requirement_names(requirements) if requirements else []
     own_client = client is None
     client = client or engine_client()
     if client is None:
