@@ -6,21 +6,18 @@ build, hardened verify); the assertions then look at the image itself.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import http.server
 import io
 import json
 import subprocess
 import sys
 import tarfile
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from wheelfactory import make_wheel
+from wheelindex import serve_wheel
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -183,42 +180,6 @@ def test_python_magic_identifies_a_file(
         docker(test_env, "rmi", "-f", tag, check=False)
 
 
-class PrivateIndex(http.server.BaseHTTPRequestHandler):
-    """A loopback PEP 503 index that demands Basic credentials, serving one wheel."""
-
-    wheel: Path
-    token: str
-
-    def do_GET(self) -> None:
-        expected = "Basic " + base64.b64encode(f"ci:{self.token}".encode()).decode()
-        if self.headers.get("Authorization") != expected:
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="private"')
-            self.end_headers()
-            return
-        if self.path.rstrip("/") == "/simple/bsi-private-tool":
-            sha = hashlib.sha256(self.wheel.read_bytes()).hexdigest()
-            body = f'<a href="/files/{self.wheel.name}#sha256={sha}">{self.wheel.name}</a>'.encode()
-            content_type = "text/html"
-        elif self.path == f"/files/{self.wheel.name}":
-            body, content_type = self.wheel.read_bytes(), "application/octet-stream"
-        else:
-            self.send_response(404)
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command == "GET":
-            self.wfile.write(body)
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_secrets_never_land_in_the_image_or_context(
     tmp_path: Path, cache_dir: Path, reference_image: str, test_env: dict
 ) -> None:
@@ -228,41 +189,40 @@ def test_secrets_never_land_in_the_image_or_context(
         tmp_path / "wheels", "bsi-private-tool", "1.0", "py3-none-any",
         {"bsi_private_tool/__init__.py": b"VALUE = 42\n"},
     )  # fmt: skip
-    handler = type("Handler", (PrivateIndex,), {"wheel": wheel, "token": token})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    ca_bundle = tmp_path / "apt-ca.pem"
-    ca_bundle.write_text(f"-----BEGIN CERTIFICATE-----\n{ca_marker}\n-----END CERTIFICATE-----\n")
-    index = f"http://ci:{token}@127.0.0.1:{server.server_address[1]}/simple"
-    tag = "bsi-e2e/secrets:test"
-    try:
-        result = build(
-            tmp_path, cache_dir, reference_image,
-            f"--extra-index-url {index}\nbsi-private-tool\npython-magic\n", tag,
-            "--apt-ca-bundle", str(ca_bundle),
-        )  # fmt: skip
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-        assert "PASS  import bsi_private_tool" in result.stdout
-        assert token not in result.stdout + result.stderr
-        context = tmp_path / "context"
-        assert "--mount=type=secret,id=apt-ca" in (context / "Dockerfile").read_text()
-        for path in context.rglob("*"):
-            if path.is_file():
-                data = path.read_bytes()
-                assert token.encode() not in data, path
-                assert ca_marker.encode() not in data, path
-        history = docker(test_env, "history", "--no-trunc", tag).stdout
-        assert token not in history and ca_marker not in history
-        saved = subprocess.run(
-            [test_env["docker"], "save", tag], capture_output=True, check=True, timeout=600
-        ).stdout
-        with tarfile.open(fileobj=io.BytesIO(saved)) as outer:
-            for member in outer.getmembers():
-                if not member.isfile():
-                    continue
-                blob = outer.extractfile(member).read()  # type: ignore[union-attr]
-                assert token.encode() not in blob, member.name
-                assert ca_marker.encode() not in blob, member.name
-    finally:
-        server.shutdown()
-        docker(test_env, "rmi", "-f", tag, check=False)
+    with serve_wheel(wheel, "bsi-private-tool", credentials=f"ci:{token}") as port:
+        ca_bundle = tmp_path / "apt-ca.pem"
+        ca_bundle.write_text(
+            f"-----BEGIN CERTIFICATE-----\n{ca_marker}\n-----END CERTIFICATE-----\n"
+        )
+        index = f"http://ci:{token}@127.0.0.1:{port}/simple"
+        tag = "bsi-e2e/secrets:test"
+        try:
+            result = build(
+                tmp_path, cache_dir, reference_image,
+                f"--extra-index-url {index}\nbsi-private-tool\npython-magic\n", tag,
+                "--apt-ca-bundle", str(ca_bundle),
+            )  # fmt: skip
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+            assert "PASS  import bsi_private_tool" in result.stdout
+            assert token not in result.stdout + result.stderr
+            context = tmp_path / "context"
+            assert "--mount=type=secret,id=apt-ca" in (context / "Dockerfile").read_text()
+            for path in context.rglob("*"):
+                if path.is_file():
+                    data = path.read_bytes()
+                    assert token.encode() not in data, path
+                    assert ca_marker.encode() not in data, path
+            history = docker(test_env, "history", "--no-trunc", tag).stdout
+            assert token not in history and ca_marker not in history
+            saved = subprocess.run(
+                [test_env["docker"], "save", tag], capture_output=True, check=True, timeout=600
+            ).stdout
+            with tarfile.open(fileobj=io.BytesIO(saved)) as outer:
+                for member in outer.getmembers():
+                    if not member.isfile():
+                        continue
+                    blob = outer.extractfile(member).read()  # type: ignore[union-attr]
+                    assert token.encode() not in blob, member.name
+                    assert ca_marker.encode() not in blob, member.name
+        finally:
+            docker(test_env, "rmi", "-f", tag, check=False)

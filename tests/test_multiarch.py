@@ -8,12 +8,10 @@ lightgbm extension once (module fixtures); the failure cases fail before any emu
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +21,7 @@ import pytest
 from conftest import Registry
 from registryhelp import registry_get, registry_tags
 from wheelfactory import make_wheel
+from wheelindex import serve_wheel
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
 
@@ -255,35 +254,6 @@ def test_base_with_several_arches_needs_a_registry_tag(registry: Registry) -> No
     assert "needs a registry reference" in result.stderr and "local-only:1" in result.stderr
 
 
-class Index(http.server.BaseHTTPRequestHandler):
-    """A loopback PEP 503 index serving one wheel."""
-
-    wheel: Path
-
-    def do_GET(self) -> None:
-        name = self.wheel.name
-        if self.path.rstrip("/") == "/simple/bsi-arm-probe":
-            sha = hashlib.sha256(self.wheel.read_bytes()).hexdigest()
-            body, kind = f'<a href="/files/{name}#sha256={sha}">{name}</a>'.encode(), "text/html"
-        elif self.path == f"/files/{name}":
-            body, kind = self.wheel.read_bytes(), "application/octet-stream"
-        else:
-            self.send_response(404)
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command == "GET":
-            self.wfile.write(body)
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def arm_probe_index(tmp_path: Path) -> Iterator[str]:
     """An index whose one library imports on x86_64 only: its arm64 'variant lacks a library'."""
@@ -295,12 +265,8 @@ def arm_probe_index(tmp_path: Path) -> Iterator[str]:
             b"    raise ImportError('libbsiprobe.so.1: cannot open shared object file')\n"
         )},
     )  # fmt: skip
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), type("H", (Index,), {"wheel": wheel})
-    )
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-    server.shutdown()
+    with serve_wheel(wheel, "bsi-arm-probe") as port:
+        yield f"http://127.0.0.1:{port}/simple"
 
 
 def test_arm64_only_verification_failure_pushes_nothing(
