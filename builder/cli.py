@@ -283,12 +283,13 @@ def main(
         f"\nbuild context written to {settings.output}/ (report: {settings.output}/report.json)"
     )
     if client is None:
-        platforms = ",".join(f"linux/{a.arch}" for a in plan.arches)
         why = "--no-build" if no_build else "no Docker engine reachable"
-        click.echo(
-            f"not building ({why}); build it with: DOCKER_BUILDKIT=1 docker build"
-            f" --platform {platforms} -t IMAGE {settings.output}"
-        )
+        click.echo(f"not building ({why}); build each arch with BuildKit:")
+        for arch in plan.arches:
+            click.echo(
+                f"  DOCKER_BUILDKIT=1 docker build --platform linux/{arch.arch}"
+                f" -t IMAGE-{arch.arch} {settings.output}"
+            )
         return
     delivery = Delivery(
         tag=tag,
