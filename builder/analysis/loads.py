@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -23,6 +23,8 @@ MARKERS = re.compile(rb"ctypes|cffi|dlopen|find_library")
 LOADERS = {"CDLL", "PyDLL", "LoadLibrary", "dlopen"}  # the called name's last part
 FINDERS = {"find_library"}
 WINDOWS_ONLY = {"WinDLL", "windll", "OleDLL", "oledll"}
+LOAD_ERRORS = {"OSError", "EnvironmentError", "Exception", "BaseException"}  # what a failed load
+# raises (or a catch-all): a handler for one of these that does not raise carries on without it
 SKIPPED_DIRS = {"tests", "test", "testing", "__pycache__"}  # never run in the sandbox
 
 
@@ -33,17 +35,29 @@ class LoadSite:
     path: str  # tree path of the .py file
     line: int
     names: tuple[str, ...]  # candidate names in order: any one of them satisfies the load
+    optional: bool = False  # inside a `try` whose handler carries on without the library
 
     @property
     def where(self) -> str:
         return f"{self.path}:{self.line}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "line": self.line, "names": list(self.names)}
+        data = {"path": self.path, "line": self.line, "names": list(self.names)}
+        return data | {"optional": True} if self.optional else data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LoadSite:
-        return cls(data["path"], data["line"], tuple(data["names"]))
+        return cls(data["path"], data["line"], tuple(data["names"]), data.get("optional", False))
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A function whose argument at `position` is a library it loads (-1: every argument from
+    `skip` on, a `*names` parameter): its callers name the library."""
+
+    qualified: str  # module.function
+    position: int
+    skip: int
 
 
 def worth_reading(path: str) -> bool:
@@ -52,6 +66,11 @@ def worth_reading(path: str) -> bool:
     if not path.endswith(".py") or SKIPPED_DIRS.intersection(parts[:-1]):
         return False
     return parts[-1].removesuffix(".py") not in {"conftest", "setup"}
+
+
+def module_name(path: str) -> str:
+    """`pkg/sub/__init__.py` → `pkg.sub`, `pkg/mod.py` → `pkg.mod`."""
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
 def _called(node: ast.Call) -> str | None:
@@ -116,8 +135,11 @@ def _evaluate(node: ast.AST, env: Mapping[str, Scalar]) -> str | None:
 class _Module:
     """Name bindings of one module, enough to follow a name back to its literal strings."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, path: str = "") -> None:
         self.tree = tree
+        self.path = path
+        self.name = module_name(path)  # dotted, for relative imports
+        self.imports: dict[str, str] = {}  # bound name -> what it names, fully qualified
         self.parents: dict[ast.AST, ast.AST] = {}
         self.assigned: dict[str, list[ast.AST]] = {}  # name -> values assigned anywhere
         self.loops: dict[str, list[ast.AST]] = {}  # loop variable -> iterables
@@ -138,6 +160,24 @@ class _Module:
                 self.loops.setdefault(node.target.id, []).append(node.iter)
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 self.functions.setdefault(node.name, node)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    bound = alias.asname or alias.name.partition(".")[0]
+                    self.imports[bound] = alias.name if alias.asname else bound
+            elif isinstance(node, ast.ImportFrom):
+                source = self._absolute(node)
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = f"{source}.{alias.name}"
+
+    def _absolute(self, node: ast.ImportFrom) -> str:
+        """The module an `from X import` names, relative levels resolved against this one."""
+        if not node.level:
+            return node.module or ""
+        package = self.name.split(".")
+        if not self.path.endswith("/__init__.py"):
+            package = package[:-1]
+        base = package[: len(package) - node.level + 1]
+        return ".".join([*base, node.module] if node.module else base)
 
     def enclosing(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
         while node in self.parents:
@@ -196,30 +236,70 @@ class _Module:
                 return function, positional.index(iterable.id)
         return None
 
-    def helper_calls(
-        self, function: ast.FunctionDef | ast.AsyncFunctionDef, position: int
-    ) -> Iterator[tuple[int, list[str]]]:
-        skip = len(function.args.posonlyargs) + len(function.args.args) if position < 0 else 0
-        for node in ast.walk(self.tree):
-            if not isinstance(node, ast.Call) or _called(node) != function.name:
-                continue
-            args = node.args[skip:] if position < 0 else node.args[position : position + 1]
-            names = [name for arg in args for name in self.names(arg)]
-            if names:
-                yield node.lineno, names
+    def site(self, call: ast.Call, names: list[str]) -> LoadSite:
+        return LoadSite(self.path, call.lineno, tuple(names), self.guarded(call))
+
+    def guarded(self, node: ast.AST) -> bool:
+        """Whether a failed load at `node` is caught and the code goes on without the library:
+        the innermost `try` around it swallows OSError, and no loop around that `try` (in the
+        same function) makes it one candidate of several."""
+        child, parent = node, self.parents.get(node)
+        while parent is not None and not isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef):
+            if isinstance(parent, ast.Try | ast.TryStar) and child in parent.body:
+                return _swallows(parent) and not self._in_loop(parent)
+            child, parent = parent, self.parents.get(parent)
+        return False
+
+    def _in_loop(self, node: ast.AST) -> bool:
+        parent = self.parents.get(node)
+        while parent is not None and not isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef):
+            if isinstance(parent, ast.For | ast.AsyncFor | ast.While):
+                return True
+            parent = self.parents.get(parent)
+        return False
+
+    def arguments(self, call: ast.Call, helper: Helper) -> list[str]:
+        """The library names a call to `helper` passes where the helper loads them."""
+        if helper.position < 0:
+            args = call.args[helper.skip :]
+        else:
+            args = call.args[helper.position : helper.position + 1]
+        return [name for arg in args for name in self.names(arg)]
+
+    def resolve(self, func: ast.AST) -> str | None:
+        """What a called `name` or `alias.name` refers to through this module's imports."""
+        parts: list[str] = []
+        while isinstance(func, ast.Attribute):
+            parts.insert(0, func.attr)
+            func = func.value
+        if not isinstance(func, ast.Name) or func.id not in self.imports:
+            return None
+        return ".".join([self.imports[func.id], *parts])
 
 
-def scan_source(path: str, source: bytes) -> list[LoadSite]:
-    """Every load of a library by a name the code spells out, with file:line."""
-    if not MARKERS.search(source):
-        return []
+def _swallows(node: ast.Try | ast.TryStar) -> bool:
+    """A handler catches a failed load and does not raise."""
+    for handler in node.handlers:
+        caught = handler.type
+        types = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+        names = {t.id for t in types if isinstance(t, ast.Name)}
+        if caught is None or names & LOAD_ERRORS:
+            return not any(isinstance(n, ast.Raise) for n in ast.walk(handler))
+    return False
+
+
+def _parse(path: str, source: bytes) -> _Module | None:
     try:
-        tree = ast.parse(source, filename=path)
+        return _Module(ast.parse(source, filename=path), path)
     except (SyntaxError, ValueError):
-        return []  # not Python 3 source: the interpreter could not run it either
-    module = _Module(tree)
-    sites: dict[tuple[int, tuple[str, ...]], LoadSite] = {}
-    for node in ast.walk(tree):
+        return None  # not Python 3 source: the interpreter could not run it either
+
+
+def _analyse(module: _Module) -> tuple[list[LoadSite], list[Helper]]:
+    """The module's own load sites, and its top-level helpers other modules may call."""
+    sites: list[LoadSite] = []
+    helpers: list[Helper] = []
+    for node in ast.walk(module.tree):
         if not isinstance(node, ast.Call) or not node.args:
             continue
         called = _called(node)
@@ -228,10 +308,77 @@ def scan_source(path: str, source: bytes) -> list[LoadSite]:
         argument = node.args[0]
         if called in LOADERS and isinstance(argument, ast.Call) and _called(argument) in FINDERS:
             continue  # CDLL(find_library("x")): the inner call is the site
-        names = module.names(argument)
-        if names:
-            sites[(node.lineno, tuple(names))] = LoadSite(path, node.lineno, tuple(names))
-        elif (helper := module.parameter(argument)) is not None:
-            for line, called_with in module.helper_calls(*helper):
-                sites[(line, tuple(called_with))] = LoadSite(path, line, tuple(called_with))
-    return sorted(sites.values(), key=lambda site: (site.line, site.names))
+        if names := module.names(argument):
+            sites.append(module.site(node, names))
+            continue
+        if (found := module.parameter(argument)) is None:
+            continue
+        function, position = found
+        arguments = function.args
+        skip = len(arguments.posonlyargs) + len(arguments.args) if position < 0 else 0
+        helper = Helper(f"{module.name}.{function.name}", position, skip)
+        for call in ast.walk(module.tree):
+            if not isinstance(call, ast.Call) or _called(call) != function.name:
+                continue
+            if names := module.arguments(call, helper):
+                sites.append(module.site(call, names))
+        if module.parents.get(function) is module.tree:
+            helpers.append(helper)
+    return sites, helpers
+
+
+def _imported_sites(module: _Module, helpers: Mapping[str, list[Helper]]) -> list[LoadSite]:
+    """Calls to helpers that `module` imports from another module of the wheel."""
+    sites = []
+    for node in ast.walk(module.tree):
+        if not isinstance(node, ast.Call) or (qualified := module.resolve(node.func)) is None:
+            continue
+        for helper in helpers.get(qualified, []):
+            if names := module.arguments(node, helper):
+                sites.append(module.site(node, names))
+    return sites
+
+
+def _ordered(sites: Iterable[LoadSite]) -> list[LoadSite]:
+    return sorted(set(sites), key=lambda site: (site.path, site.line, site.names))
+
+
+def scan_source(path: str, source: bytes) -> list[LoadSite]:
+    """Every load of a library by a name the code spells out, with file:line."""
+    if not MARKERS.search(source) or (module := _parse(path, source)) is None:
+        return []
+    return _ordered(_analyse(module)[0])
+
+
+def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[LoadSite]:
+    """Every load in one wheel's sources, helpers imported from a sibling module followed.
+
+    Only files with a loader word are parsed. A helper they define may be called from a file
+    without one (`from . import load_library`), so once helpers are known, the files naming
+    one are parsed too. One level: a helper re-exported through a third module is not followed.
+    """
+    modules: list[_Module] = []
+    unparsed: list[str] = []
+    sites: list[LoadSite] = []
+    helpers: dict[str, list[Helper]] = {}
+    for path in filter(worth_reading, paths):
+        source = read(path)
+        if not MARKERS.search(source):
+            unparsed.append(path)
+        elif (module := _parse(path, source)) is not None:
+            found, exported = _analyse(module)
+            sites += found
+            modules.append(module)
+            for helper in exported:
+                helpers.setdefault(helper.qualified, []).append(helper)
+    if not helpers:
+        return _ordered(sites)
+    words = sorted({name.rpartition(".")[2].encode() for name in helpers})
+    mentions = re.compile(rb"\b(?:" + b"|".join(map(re.escape, words)) + rb")\b")
+    for path in unparsed:
+        source = read(path)
+        if mentions.search(source) and (module := _parse(path, source)) is not None:
+            modules.append(module)
+    for module in modules:
+        sites += _imported_sites(module, helpers)
+    return _ordered(sites)

@@ -50,6 +50,7 @@ class LoadNeed:
     soname: str
     package: str
     needed_by: tuple[str, ...]  # "dist==version: path.py:line", sorted
+    optional: bool = False  # every site that loads it carries on without it
 
 
 @dataclass(frozen=True)
@@ -190,10 +191,11 @@ def load_needs(
     do not ship, as Debian packages; and a warning for each name Debian has no library for.
 
     A load site lists candidates tried in turn: the first one the system can satisfy counts;
-    names only another OS uses (`.dll`, `.dylib`) are ignored.
+    names only another OS uses (`.dll`, `.dylib`) are ignored. A library only loaded where
+    the code carries on without it is optional.
     """
     shipped = {name for _, elf in _files(wheels, arch.machine) for name in _names(elf)}
-    needs: dict[tuple[str, str], set[str]] = {}
+    needs: dict[tuple[str, str], dict[str, bool]] = {}  # -> label -> optional
     warnings = []
     for wheel in wheels:
         for site in wheel.loads:
@@ -217,9 +219,9 @@ def load_needs(
                     f" provides it for {arch.name}"
                 )
             else:
-                needs.setdefault(found, set()).add(label)
+                needs.setdefault(found, {})[label] = site.optional
     return tuple(
-        LoadNeed(soname, package, tuple(sorted(labels)))
+        LoadNeed(soname, package, tuple(sorted(labels)), all(labels.values()))
         for (soname, package), labels in sorted(needs.items())
     ), tuple(warnings)
 

@@ -44,7 +44,7 @@ class NativeLibrary:
     package: str
     needed_by: tuple[str, ...]
     how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi)
-    optional: bool = False  # only plugins loaded on demand need it: installed on request
+    optional: bool = False  # only on-demand plugins or guarded loads need it: on request
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,9 @@ def plan_arch(
     loaded, unmapped = load_needs(inspected, base_sonames, arch)
     warnings += unmapped
     libraries += [
-        NativeLibrary(need.soname, need.package, need.needed_by, "loaded at run time")
+        NativeLibrary(
+            need.soname, need.package, need.needed_by, "loaded at run time", need.optional
+        )
         for need in loaded
     ]
     tabled = debian.dynamic_loads()

@@ -23,12 +23,12 @@ from elftools.common.exceptions import ELFError
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from builder.analysis.elf import ElfFile, is_elf, read_elf
-from builder.analysis.loads import LoadSite, scan_source, worth_reading
+from builder.analysis.loads import LoadSite, scan_sources
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 
 RECORD_KIND = "inspect"
-SCHEMA = 2  # bump whenever WheelInspection or the way it is derived changes
+SCHEMA = 3  # bump whenever WheelInspection or the way it is derived changes
 LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
 MODULE_SUFFIXES = (".py", ".pyc", ".so")
 SOURCE_LIMIT = 4 << 20  # a .py file bigger than this is generated data, not a loader
@@ -156,12 +156,14 @@ def _read_member_elf(zf: zipfile.ZipFile, info: zipfile.ZipInfo, tree_path: str)
             return read_elf(temp, tree_path)
 
 
-def _read_member_loads(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo, tree_path: str
-) -> list[LoadSite]:
-    if info.file_size > SOURCE_LIMIT or not worth_reading(tree_path):
-        return []
-    return scan_source(tree_path, zf.read(info))
+def _read_loads(zf: zipfile.ZipFile, sources: Mapping[str, zipfile.ZipInfo]) -> list[LoadSite]:
+    """Load sites of the wheel's Python files (`sources`: tree path → member)."""
+
+    def read(tree_path: str) -> bytes:
+        info = sources[tree_path]
+        return b"" if info.file_size > SOURCE_LIMIT else zf.read(info)
+
+    return scan_sources(sources, read)
 
 
 def _parse_filename(filename: str) -> tuple[str, str, tuple[str, ...]]:
@@ -176,7 +178,7 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
     """Inspect a wheel file without the cache (always opens the zip)."""
     name, version, tags = _parse_filename(path.name)
     elf_files = []
-    loads: list[LoadSite] = []
+    sources: dict[str, zipfile.ZipInfo] = {}
     member = path.name
     try:
         with zipfile.ZipFile(path) as zf:
@@ -190,11 +192,13 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
                     continue
                 tree_paths.append(tree_path)
                 if tree_path.endswith(".py"):
-                    loads += _read_member_loads(zf, info, tree_path)
+                    sources[tree_path] = info
                 elif info.file_size >= 4:
                     elf = _read_member_elf(zf, info, tree_path)
                     if elf is not None:
                         elf_files.append(elf)
+            member = f"{path.name}: Python sources"
+            loads = _read_loads(zf, sources)
             member = path.name
             top_level = _top_level(zf, members, tree_paths)
             installed_size = sum(info.file_size for info in infos)
