@@ -17,7 +17,7 @@ import tempfile
 import time
 import tomllib
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -42,7 +42,7 @@ from builder.analysis.index import (
     uv_environment,
 )
 from builder.analysis.requirements import RequirementSet
-from builder.analysis.stale import StalePick, pinned_notes, stale_picks
+from builder.analysis.stale import StalePick, parse_via, pinned_notes, stale_picks
 from builder.analysis.target import Arch, Target
 from builder.cache import Cache
 from builder.errors import UserError
@@ -92,7 +92,9 @@ def _uv_compile(
     requirements: RequirementSet,
     find_links: Path,
     overrides: Sequence[Path] = (),
+    annotated: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """uv's pylock for the set; `annotated`: its requirements.txt with `# via` on stdout."""
     command = [
         UV, "pip", "compile", str(workdir / "requirements.in"),
         "--constraint", str(workdir / "constraints.txt"),
@@ -100,9 +102,13 @@ def _uv_compile(
         "--python-version", target.python_version,
         "--only-binary", ":all:",
         "--find-links", str(find_links),
-        "--format", "pylock.toml", "--no-header", "--quiet",
-        "--output-file", str(workdir / f"pylock.{arch.name}.toml"),
+        "--no-header", "--quiet",
     ]  # fmt: skip
+    if annotated:
+        command += ["--format", "requirements.txt", "--annotation-style", "line"]
+    else:
+        command += ["--format", "pylock.toml"]
+        command += ["--output-file", str(workdir / f"pylock.{arch.name}.toml")]
     for override in overrides:
         command += ["--override", str(override)]
     if requirements.index_url:
@@ -232,7 +238,7 @@ def _resolution_key(
 ) -> str:
     """Everything a resolution depends on, hashed: a change in any of it means a new one."""
     facts = {
-        "schema": 2,
+        "schema": 3,
         "overrides": [path.read_text() for path in overrides],
         "uv": metadata.version("uv"),
         "arch": arch.name,
@@ -316,8 +322,15 @@ def resolve(
         packages, provided, pylock = compile_set()
         # uv keeps the versions of an existing output file: start afresh to pick up new wheels
         (workdir / f"pylock.{arch.name}.toml").unlink()
+
+        def via() -> dict[str, tuple[str, ...]]:
+            result = _uv_compile(
+                workdir, target, arch, requirements, find_links, overrides, annotated=True
+            )
+            return parse_via(result.stdout) if result.returncode == 0 else {}
+
         warnings, rebuilt = _fresher_sources(
-            packages, requirements, target, arch, cache, find_links
+            packages, requirements, target, arch, cache, find_links, via
         )
         if rebuilt:
             packages, provided, pylock = compile_set()
@@ -347,9 +360,11 @@ def _fresher_sources(
     arch: Arch,
     cache: Cache,
     find_links: Path,
+    via: Callable[[], Mapping[str, Sequence[str]]],
 ) -> tuple[list[str], list[StalePick]]:
     """Warnings for stale picks, and the picks whose newer pure-Python source is now built
-    into `find_links` (so that resolving again prefers it)."""
+    into `find_links` (so that resolving again prefers it); notes for versions another
+    distribution holds back (`via`: uv's annotations, asked for only then)."""
     locked = {
         p.name: p.version for p in packages if not any(w.url.startswith("file:") for w in p.wheels)
     }
@@ -358,8 +373,12 @@ def _fresher_sources(
     warnings = pinned_notes(
         locked, {r.name: r.requirement.specifier for r in requirements.requirements}, indexes
     )
+    stale, held = stale_picks(locked, specifiers, indexes, target, arch)
+    if held:
+        dependents = via()
+        warnings += [note for pick in held if (note := pick.message(dependents))]
     rebuilt = []
-    for pick in stale_picks(locked, specifiers, indexes, target, arch):
+    for pick in stale:
         if pick.sdist is None:
             warnings.append(pick.message())
             continue

@@ -5,10 +5,13 @@ no usable wheel (pyvips: 2.1.0, one wheel from 2020, against 3.x sdist-only rele
 locked distribution is compared with the newest release the requirements allow: when that
 release has no wheel for the target, it is reported (with both upload dates and why it was
 excluded), and a pure-Python source release is offered for building on the host instead.
+When the newest release does have a usable wheel, another distribution's requirement holds
+the version back: uv's `# via` annotations name the candidates, and a note says so.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
+    canonicalize_name,
     parse_sdist_filename,
     parse_wheel_filename,
 )
@@ -59,6 +63,50 @@ class StalePick:
         )
 
 
+@dataclass(frozen=True)
+class HeldBack:
+    """A locked version older than the newest allowed release, although that one has a usable
+    wheel: something in the set requires the older one."""
+
+    name: str
+    chosen: str
+    newest: str
+
+    def message(self, via: Mapping[str, Sequence[str]]) -> str | None:
+        """A note naming the distributions whose requirement holds it back, when uv told."""
+        dependents = [name for name in via.get(self.name, ()) if name != self.name]
+        if not dependents:
+            return None  # only the user's own requirement or a constraint: nothing to add
+        who = (
+            f"{dependents[0]}'s requirement"
+            if len(dependents) == 1
+            else f"the requirement of one of {', '.join(dependents)}"
+        )
+        return (
+            f"note: {self.name}=={self.chosen} chosen, not the newest {self.newest} (which has"
+            f" a usable wheel): held back by {who}"
+        )
+
+
+VIA_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\S+\s+# via (.+)$")
+
+
+def parse_via(output: str) -> dict[str, tuple[str, ...]]:
+    """Name → the distributions that require it, from `uv pip compile --annotation-style line`
+    output (`numpy==2.3.5  # via scikit-learn, scipy, -r requirements.in`); files (`-r`, `-c`,
+    `--override`) are left out."""
+    via: dict[str, tuple[str, ...]] = {}
+    for line in output.splitlines():
+        if match := VIA_LINE.match(line.strip()):
+            sources = [part.strip() for part in match.group(2).split(",")]
+            via[canonicalize_name(match.group(1))] = tuple(
+                canonicalize_name(part.partition("[")[0])
+                for part in sources
+                if part and not part.startswith("-")
+            )
+    return via
+
+
 def releases(files: Sequence[RemoteFile]) -> dict[Version, Release]:
     """Files grouped by version; yanked files left out, as resolvers do."""
     found: dict[Version, Release] = {}
@@ -84,7 +132,7 @@ def _stale(
     specifier: SpecifierSet,
     target: Target,
     arch: Arch,
-) -> StalePick | None:
+) -> StalePick | HeldBack | None:
     by_version = releases(files)
     current = Version(chosen)
     allowed = [
@@ -97,7 +145,7 @@ def _stale(
     newest = by_version[max(allowed)]
     tags = [frozenset(parse_wheel_filename(w.filename)[3]) for w in newest.wheels]
     if any(target.tag_rank(arch, t) is not None for t in tags):
-        return None  # a usable wheel exists: something else in the set holds the version back
+        return HeldBack(name, chosen, str(newest.version))
     if newest.wheels:
         reason = f"has no wheel for CPython {target.python_version} on manylinux {arch.machine}"
     else:
@@ -120,8 +168,9 @@ def stale_picks(
     indexes: Sequence[str],
     target: Target,
     arch: Arch,
-) -> list[StalePick]:
-    """Every locked name → version that the index has a newer, wheel-less release of."""
+) -> tuple[list[StalePick], list[HeldBack]]:
+    """Locked versions older than the newest allowed release: those whose newer release has
+    no usable wheel, and those something else in the set holds back."""
     names = sorted(locked)
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         listings = list(pool.map(lambda name: index_files(indexes, name), names))
@@ -129,7 +178,10 @@ def stale_picks(
         _stale(name, locked[name], files, specifiers.get(name, SpecifierSet()), target, arch)
         for name, files in zip(names, listings, strict=True)
     ]
-    return [pick for pick in found if pick is not None]
+    return (
+        [pick for pick in found if isinstance(pick, StalePick)],
+        [pick for pick in found if isinstance(pick, HeldBack)],
+    )
 
 
 def pinned_notes(

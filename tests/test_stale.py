@@ -1,0 +1,116 @@
+"""Stale picks on a synthetic index: a wheel-less newest release warns; a newest release with a
+usable wheel that another distribution holds back gets a note naming it, from uv's `# via`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from builder.analysis import resolve as resolve_module
+from builder.analysis import stale
+from builder.analysis.index import RemoteFile
+from builder.analysis.requirements import read_requirements
+from builder.analysis.resolve import LockedPackage
+from builder.analysis.stale import HeldBack, parse_via, stale_picks
+from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.cache import Cache
+
+AMD64 = ARCHES["amd64"]
+TARGET = Target(shipped_profile(), (AMD64,))
+WHEEL = "cp313-cp313-manylinux_2_17_x86_64"
+
+# `uv pip compile --annotation-style line` output, as uv prints it
+UV_OUTPUT = """\
+cloudpickle==3.1.3        # via joblib
+joblib==1.6.0             # via scikit-learn
+numpy==2.3.5              # via scikit-learn, scipy, -r requirements.in
+oldlib==1.4.0             # via pinner
+scikit-learn==1.9.1       # via -r requirements.in
+typing-extensions==4.15.0 # via Pydantic-Core[extra], -c constraints.txt
+"""
+
+
+def remote(filename: str, uploaded: str = "2025-01-02T00:00:00Z") -> RemoteFile:
+    return RemoteFile(filename, f"https://index.invalid/{filename}", "0" * 64, 1, uploaded)
+
+
+INDEX: Mapping[str, list[RemoteFile]] = {
+    "oldlib": [
+        remote(f"oldlib-1.4.0-{WHEEL}.whl", "2023-05-01T00:00:00Z"),
+        remote(f"oldlib-2.0.0-{WHEEL}.whl", "2025-03-01T00:00:00Z"),
+        remote("oldlib-2.1.0rc1-py3-none-any.whl"),  # a prerelease is never "newest"
+    ],
+    "wheelless": [
+        remote("wheelless-1.0-py3-none-any.whl", "2020-01-01T00:00:00Z"),
+        remote("wheelless-3.0-cp313-cp313-win_amd64.whl", "2025-06-01T00:00:00Z"),
+    ],
+    "current": [remote("current-1.0-py3-none-any.whl")],
+}
+
+
+@pytest.fixture
+def synthetic_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    def files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
+        return INDEX.get(name, [])
+
+    monkeypatch.setattr(stale, "index_files", files)
+
+
+def test_parse_via_keeps_distributions_and_drops_files() -> None:
+    via = parse_via(UV_OUTPUT)
+    assert via["numpy"] == ("scikit-learn", "scipy")
+    assert via["oldlib"] == ("pinner",)
+    assert via["scikit-learn"] == ()
+    assert via["typing-extensions"] == ("pydantic-core",)
+
+
+def test_held_back_note_names_who_requires_it() -> None:
+    via = parse_via(UV_OUTPUT)
+    one = HeldBack("oldlib", "1.4.0", "2.0.0").message(via)
+    assert one == (
+        "note: oldlib==1.4.0 chosen, not the newest 2.0.0 (which has a usable wheel):"
+        " held back by pinner's requirement"
+    )
+    several = HeldBack("numpy", "2.3.5", "2.5.5").message(via)
+    assert several is not None and several.endswith("one of scikit-learn, scipy")
+    assert HeldBack("scikit-learn", "1.9.1", "2.0").message(via) is None  # uv cannot tell
+
+
+def test_stale_picks_split_wheelless_from_held_back(synthetic_index: None) -> None:
+    locked = {"oldlib": "1.4.0", "wheelless": "1.0", "current": "1.0"}
+    picks, held = stale_picks(locked, {}, ["https://index.invalid/simple"], TARGET, AMD64)
+    assert held == [HeldBack("oldlib", "1.4.0", "2.0.0")]
+    (pick,) = picks
+    assert (pick.name, pick.chosen, pick.newest) == ("wheelless", "1.0", "3.0")
+    assert "has no wheel for CPython" in pick.message()
+
+
+def test_resolution_notes_come_only_with_a_held_back_version(
+    synthetic_index: None, tmp_path: Path
+) -> None:
+    requirements_file = tmp_path / "requirements.txt"
+    requirements_file.write_text("oldlib\ncurrent\n")
+    requirements = read_requirements((requirements_file,), ())
+    asked = []
+
+    def via() -> dict[str, tuple[str, ...]]:
+        asked.append(True)
+        return parse_via(UV_OUTPUT)
+
+    def fresher(packages: list[LockedPackage]) -> list[str]:
+        warnings, rebuilt = resolve_module._fresher_sources(
+            packages, requirements, TARGET, AMD64, Cache(tmp_path / "c"), tmp_path, via
+        )
+        assert rebuilt == []
+        return warnings
+
+    assert fresher([LockedPackage("current", "1.0", ())]) == []
+    assert asked == []  # nothing held back: uv is not asked again
+    notes = fresher([LockedPackage("oldlib", "1.4.0", ()), LockedPackage("current", "1.0", ())])
+    assert notes == [
+        "note: oldlib==1.4.0 chosen, not the newest 2.0.0 (which has a usable wheel):"
+        " held back by pinner's requirement"
+    ]
+    assert asked == [True]
