@@ -274,6 +274,7 @@ def main(
         refresh=refresh,
         overrides=overrides,
         with_optional=with_optional,
+        platform_version=settings.platform_version,
     )
     plan = prepare(request)
     for line in plan.warnings:

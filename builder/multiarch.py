@@ -19,16 +19,20 @@ import docker
 from builder.analysis.plan import Plan
 from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
-from builder.credentials import engine_auth, from_environment, lookup
+from builder.cache import Cache
+from builder.credentials import from_environment, lookup
+from builder.image.assemble import Assembled, assemble
 from builder.image.build import Log, build_image
-from builder.image.index import publish_index
-from builder.image.publish import PushResult, push_image
+from builder.image.index import publish_assembled
+from builder.image.layer import Layer
+from builder.image.publish import PushResult
 from builder.imageref import ImageRef
 from builder.verify import Check, VerifyReport, verify_image
 
 Say = Callable[[str], None]
 STARTUP = 60.0  # seconds for a native image's server to answer
 EMULATED_STARTUP = 240.0  # under qemu, python starts several times slower
+SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
 
 
 def target_arches(
@@ -40,16 +44,24 @@ def target_arches(
 
 @dataclass
 class ArchBuild:
-    """One arch's image: built, verified, and (in an index) pushed by digest."""
+    """One arch's image: built, verified, and pushed by digest."""
 
     arch: str
-    image_id: str
+    image: Assembled
     tag: str
     verification: VerifyReport | None = None
-    digest: str | None = None  # its manifest, named by the pushed index
+    digest: str | None = None  # its manifest, as pushed
+
+    @property
+    def image_id(self) -> str:
+        return self.image.image_id
 
     def to_dict(self) -> dict[str, Any]:
-        record: dict[str, Any] = {"id": self.image_id, "tag": self.tag}
+        record: dict[str, Any] = {
+            "id": self.image_id,
+            "tag": self.tag,
+            "deps_extra_layer": self.image.deps.to_dict(),
+        }
         if self.verification is not None:
             record["verification"] = self.verification.to_dict()
         if self.digest:
@@ -57,11 +69,22 @@ class ArchBuild:
         return record
 
 
+@dataclass(frozen=True)
+class Finish:
+    """What the tool puts on top of each arch's system stage: its layer, labels, created."""
+
+    layers: Mapping[str, Layer]
+    labels: Mapping[str, str]
+    created: str
+    cache: Cache
+
+
 def build_and_verify(
     plan: Plan,
     context: Path,
     client: docker.DockerClient,
     tag: str,
+    finish: Finish,
     *,
     verify: bool,
     secret_files: Mapping[str, Path],
@@ -69,6 +92,7 @@ def build_and_verify(
 ) -> list[ArchBuild]:
     """Build every arch at once, the engine's own first; verify each as soon as it is built.
 
+    BuildKit builds the system stage; builder.image.assemble puts the deps-extra layer on it.
     Any build failure raises (once the others end), so nothing is pushed.
     """
     machine = client.info().get("Architecture")
@@ -79,22 +103,28 @@ def build_and_verify(
     login = from_environment()  # BuildKit pulls the base itself, as the CLI's config allows
     logins = {base.registry: login} if login and not base.is_hub else None
     tags = {arch: arch_tag(tag, arch) if multi else tag for arch in arches}
+
+    def one(arch: str) -> Assembled:
+        system = build_image(
+            context,
+            target=SYSTEM_STAGE,
+            platform=f"linux/{arch}",
+            secrets=secret_files,
+            logins=logins,
+            log=_Prefixed(sys.stdout, f"[{arch}] " if multi else ""),
+        )
+        return assemble(
+            client, system, arch, finish.layers[arch], root=plan.pythonpath_entry,
+            labels=finish.labels, created=finish.created, tag=tags[arch], cache=finish.cache,
+        )  # fmt: skip
+
     builds: list[ArchBuild] = []
     with ThreadPoolExecutor(max_workers=len(arches)) as pool:
         futures = {}
         for arch in arches:
             emulated = "" if arch == native else " (emulated)"
             say(f"building {arch} image {tags[arch]} with BuildKit{emulated} ...")
-            future = pool.submit(
-                build_image,
-                context,
-                tag=tags[arch],
-                platform=f"linux/{arch}",
-                secrets=secret_files,
-                logins=logins,
-                log=_Prefixed(sys.stdout, f"[{arch}] " if multi else ""),
-            )
-            futures[future] = arch
+            futures[pool.submit(one, arch)] = arch
         for future in as_completed(futures):
             arch = futures[future]
             built = ArchBuild(arch, future.result(), tags[arch])
@@ -117,19 +147,19 @@ def push(
     repository: str,
     tags: Sequence[str],
     base_image: str,
+    annotations: Mapping[str, str],
     say: Say,
 ) -> PushResult:
-    """One arch: the engine pushes it; several: each by digest, then the index under the tags."""
+    """Each arch's exact blobs by digest; then the tags name it, or an index of several."""
     registry = ImageRef.parse_repository(repository, "push target").registry
     say(f"pushing {', '.join(tags)} ...")
-    if len(builds) == 1:
-        return push_image(client, builds[0].image_id, repository, tags, engine_auth(registry))
-    pushed, images = publish_index(
+    pushed, images = publish_assembled(
         client,
-        {b.arch: b.image_id for b in builds},
+        [b.image for b in builds],
         repository,
         tags,
         base_image=base_image,
+        annotations=annotations,
         credentials=lookup(registry),
         say=say,
     )

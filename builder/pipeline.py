@@ -15,7 +15,7 @@ from typing import Any
 import docker
 
 from builder import multiarch
-from builder.analysis.index import builder_pip, download_all
+from builder.analysis.index import download_all
 from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
@@ -27,15 +27,14 @@ from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.config import PipelineConfig, set_platform_version
 from builder.errors import RegistryUnreachable
-from builder.image.publish import (
-    PushResult,
-    extras_hash,
-    image_tags,
-)
+from builder.image.assemble import plan_layers, source_date_epoch
+from builder.image.labels import created, image_labels
+from builder.image.layer import Layer
+from builder.image.publish import PushResult, extras_hash, image_tags
 from builder.image.render import Secrets, check_output, lock_text, render, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.imageref import ImageRef
-from builder.multiarch import ArchBuild
+from builder.multiarch import ArchBuild, Finish
 from builder.rebase import rebase
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state, state_of
 from builder.verify import VerifyReport
@@ -55,6 +54,7 @@ class Request:
     refresh: bool = False  # resolve again even if an identical resolution is cached
     overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
     with_optional: bool = False  # also install what only on-demand plugins need
+    platform_version: str | None = None  # for labels and tags; default: the base image's tag
 
 
 def base_reference(base: BaseProfile) -> str:
@@ -70,8 +70,7 @@ def prepare(request: Request) -> Plan:
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
     indexes = requirements.indexes()
-    with ThreadPoolExecutor(max_workers=len(target.arches) + 1) as pool:
-        pip_future = pool.submit(builder_pip, request.cache, indexes)
+    with ThreadPoolExecutor(max_workers=len(target.arches)) as pool:
         resolutions: list[Resolution] = list(
             pool.map(
                 lambda arch: resolve(
@@ -80,7 +79,6 @@ def prepare(request: Request) -> Plan:
                 target.arches,
             )
         )
-        pip_wheel = pip_future.result()
     chosen = {
         resolution.arch.name: {
             package.name: choose_wheel(package, target, resolution.arch)
@@ -107,15 +105,31 @@ def prepare(request: Request) -> Plan:
         import_modules=import_modules(direct, arch_plans),
         runtime_checks=runtime_checks(arch_plans),
     )
+    layers = plan_layers(plan, request.cache, paths)
     render(
         plan,
         request.output,
-        paths,
-        pip_wheel,
+        layers,
         {r.arch.name: r.pylock for r in resolutions},
         request.secrets,
+        finish(plan, request, layers).labels,
     )
     return plan
+
+
+def extras_of(plan: Plan) -> str:
+    """The extras hash: what the tag and the `.version` label name besides the platform."""
+    digest_input = [lock_text(plan, a.arch) + " ".join(a.apt_packages) for a in plan.arches]
+    return extras_hash([plan.base_image, *digest_input])
+
+
+def finish(plan: Plan, request: Request, layers: Mapping[str, Layer] | None = None) -> Finish:
+    """The layers, labels and `created` each arch's image gets (the same in the Dockerfile)."""
+    layers = layers or plan_layers(plan, request.cache)
+    epoch = source_date_epoch(layers)
+    version = platform_version(plan.base_image, request.platform_version)
+    labels = image_labels(plan.base.image, plan.base.digest, epoch, version, extras_of(plan))
+    return Finish(layers, labels, created(epoch), request.cache)
 
 
 def base_profile(
@@ -202,8 +216,8 @@ def deliver(
     outcome = Outcome(plan)
     if not delivery.build or client is None:
         return outcome
-    digest_input = [lock_text(plan, a.arch) + " ".join(a.apt_packages) for a in plan.arches]
-    extras = extras_hash([plan.base_image, *digest_input])
+    extras = extras_of(plan)
+    finished = finish(plan, request)
     # Always tag locally: an untagged image would vanish if a later push step untags it.
     outcome.tag = delivery.tag or f"sandbox-extension:x{extras}"
     outcome.builds = multiarch.build_and_verify(
@@ -211,6 +225,7 @@ def deliver(
         request.output,
         client,
         outcome.tag,
+        finished,
         verify=delivery.verify,
         secret_files=delivery.secret_files,
         say=say,
@@ -226,7 +241,13 @@ def deliver(
         version = platform_version(plan.base_image, delivery.platform_version)
         tags = image_tags(delivery.push_repository, version, extras)
         pushed = outcome.pushed = multiarch.push(
-            outcome.builds, client, delivery.push_repository, tags, plan.base_image, say
+            outcome.builds,
+            client,
+            delivery.push_repository,
+            tags,
+            plan.base_image,
+            finished.labels,
+            say,
         )
         image_record |= {"pushed": pushed.reference, "tags": list(pushed.tags)}
         if len(outcome.builds) > 1:
@@ -280,6 +301,7 @@ def rebuild(
             output=Path(scratch) / "context" if check_only else config.output,
             cache=cache,
             refresh=True,  # an upgrade must see what the index offers now
+            platform_version=new_version,
         )
         plan = prepare(request)
     previous, current = load_state(config.state), state_of(plan, new_version)
@@ -319,11 +341,10 @@ def _rebase(
 ) -> Outcome:
     """The rebase path (builder.rebase) in a delivery's terms: pushed, verified, template."""
     assert previous.image and previous.base_digest and delivery.push_repository
-    digest_input = [lock_text(plan, a.arch) + " ".join(a.apt_packages) for a in plan.arches]
     version = delivery.platform_version or platform_version(plan.base_image, None)
     done = rebase(
         previous.image, previous.base_digest, plan, plan.arches[0].arch,
-        delivery.push_repository, version, extras_hash([plan.base_image, *digest_input]),
+        delivery.push_repository, version, extras_of(plan),
         client, request.cache, say,
     )  # fmt: skip
     outcome = Outcome(plan, built_arch=done.arch, tag=done.reference)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,8 @@ def test_beautifulsoup4_needs_no_apt_and_nothing_from_the_base(
     assert "not building (--no-build)" in result.stdout
     lock = (out / "requirements-amd64.lock").read_text()
     assert "beautifulsoup4==" in lock and "--hash=sha256:" in lock
-    wheels = {p.name for p in (out / "wheels" / "amd64").iterdir()}
-    assert any(w.startswith("beautifulsoup4-") for w in wheels)
+    with tarfile.open(out / "deps-extra-amd64.tar.gz") as layer:
+        assert "app/deps-extra/bs4/__init__.py" in layer.getnames()
 
 
 def test_lightgbm_needs_libgomp1_on_both_arches(tmp_path: Path, cache_dir: Path) -> None:
@@ -164,19 +165,21 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     instructions = [line.split()[0] for line in lines if line and not line.startswith(("#", " "))]
     assert instructions[-1] == "USER" and lines[-1] == "USER 65532:65532"
     froms = [line for line in lines if line.startswith("FROM ")]
-    # the builder stage runs on the build platform: pip installs the target's wheels natively
-    builder_from = "FROM --platform=$BUILDPLATFORM ${BASE_IMAGE} AS builder"
-    assert froms == [builder_from, "FROM ${BASE_IMAGE}"]
-    final = lines[lines.index("FROM ${BASE_IMAGE}") :]
-    text = "\n".join(final)
+    # BuildKit builds the system stage; the tool appends the very layer file the final stage ADDs
+    assert froms == ["FROM ${BASE_IMAGE} AS system", "FROM system"]
+    system = lines[lines.index(froms[0]) : lines.index("FROM system")]
+    final = lines[lines.index("FROM system") :]
+    text = "\n".join(system)
     assert "apt-get install -y --no-install-recommends" in text
     assert "rm -rf /var/lib/apt/lists/*" in text
-    assert "COPY --from=builder /app/deps-extra /app/deps-extra" in text
-    assert "ENV PYTHONPATH=${PYTHONPATH:+${PYTHONPATH}:}/app/deps-extra" in text
-    # root only around apt-get: the USER 0:0 comes right before the apt RUN
-    assert final[final.index("USER 0:0") + 1].startswith("RUN apt-get")
-    builder = "\n".join(lines[: lines.index("FROM ${BASE_IMAGE}")])
-    assert "--no-index" in builder and "--require-hashes" in builder
+    # root only around apt-get: USER 0:0 right before the apt RUN, the sandbox user right after
+    assert system[system.index("USER 0:0") + 1].startswith("RUN apt-get")
+    assert system[-2] == "USER 65532:65532"
+    assert "ADD deps-extra-${TARGETARCH}.tar.gz /" in final
+    assert "ENV PYTHONPATH=${PYTHONPATH:+${PYTHONPATH}:}/app/deps-extra" in final
+    assert any(line.startswith("LABEL org.build-sandbox-image.version=") for line in final)
+    assert (out / "deps-extra-amd64.tar.gz").is_file()
+    assert not (out / "wheels").exists()  # no wheel is copied into a context or a layer
     hadolint = subprocess.run(  # in the context, with the config the context carries
         [str(Path(sys.executable).parent / "hadolint"), "Dockerfile"],
         capture_output=True,

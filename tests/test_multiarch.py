@@ -177,16 +177,32 @@ def test_libgomp1_in_both_apt_sets(lightgbm: Lightgbm) -> None:
     assert "libgomp1" in arches["arm64"]["apt_packages"]
 
 
-def test_builder_stage_runs_natively_with_the_target_platform_tags(lightgbm: Lightgbm) -> None:
-    text = lightgbm.dockerfile
-    assert "FROM --platform=$BUILDPLATFORM ${BASE_IMAGE} AS builder" in text
-    builder = text.split("\nFROM ${BASE_IMAGE}\n")[0]
-    assert "--require-hashes" in builder and "--only-binary=:all:" in builder
-    assert "--implementation cp" in builder and "--abi cp313" in builder
-    assert "_aarch64" in builder and "_x86_64" in builder
-    stdout = lightgbm.result.stdout
-    # only the final stage runs arm64 code: the builder stage's pip ran on the build platform
-    assert "[arm64] #" in stdout
+def test_each_arch_ends_with_its_own_reproducible_layer_and_carries_the_labels(
+    lightgbm: Lightgbm, registry: Registry
+) -> None:
+    """The pushed top layer is the blob the tool wrote for that arch's lock; labels everywhere."""
+    assert "ADD deps-extra-${TARGETARCH}.tar.gz /" in lightgbm.dockerfile
+    image = lightgbm.report["image"]
+    path = lightgbm.repository.split("/", 1)[1]
+    with registry_get(registry, f"/v2/{path}/manifests/{image['index']}") as response:
+        annotations = json.loads(response.read())["annotations"]
+    base_name = f"{registry.host}/bsi-multi-{RUN}/runtime"
+    assert annotations["org.opencontainers.image.base.name"].startswith(base_name)
+    assert annotations["org.opencontainers.image.base.digest"].startswith("sha256:")
+    assert annotations["org.opencontainers.image.version"] == image["tags"][0].rsplit(":", 1)[1]
+    layers = {}
+    for arch in ("amd64", "arm64"):
+        arch_record = image["arches"][arch]
+        with registry_get(registry, f"/v2/{path}/manifests/{arch_record['digest']}") as response:
+            manifest = json.loads(response.read())
+        assert manifest["layers"][-1]["digest"] == arch_record["deps_extra_layer"]["digest"]
+        layers[arch] = manifest["layers"][-1]["digest"]
+        with registry_get(registry, f"/v2/{path}/blobs/{manifest['config']['digest']}") as response:
+            labels = json.loads(response.read())["config"]["Labels"]
+        assert {k: labels[k] for k in annotations} == annotations
+    assert layers["amd64"] != layers["arm64"]
+    # only the system stage (apt) runs arm64 code under BuildKit
+    assert "[arm64] #" in lightgbm.result.stdout
 
 
 @pytest.mark.parametrize("arch", ["amd64", "arm64"])

@@ -10,6 +10,7 @@ import pytest
 from builder.analysis.plan import ArchPlan, Plan
 from builder.analysis.target import shipped_profile
 from builder.errors import UserError
+from builder.image.layer import Layer
 from builder.image.render import MARKER, render, update_report
 
 
@@ -25,9 +26,10 @@ def empty_plan() -> Plan:
 
 
 def write_context(tmp_path: Path, output: Path) -> None:
-    pip = tmp_path / "pip-25.0-py3-none-any.whl"
-    pip.write_bytes(b"not really a wheel")
-    render(empty_plan(), output, {}, pip, {"amd64": "lock-version = '1.0'\n"})
+    blob = tmp_path / "layer.tar.gz"
+    blob.write_bytes(b"not really a layer")
+    layer = Layer(blob, "sha256:" + "a" * 64, "sha256:" + "b" * 64, 18, 315532800)
+    render(empty_plan(), output, {"amd64": layer}, {"amd64": "lock-version = '1.0'\n"})
 
 
 def test_a_user_directory_with_a_report_json_is_left_alone(tmp_path: Path) -> None:
@@ -58,14 +60,14 @@ def test_a_marked_context_is_replaced_until_someone_adds_a_file(tmp_path: Path) 
     write_context(tmp_path, output)
     marker = (output / MARKER).read_text().splitlines()
     assert marker[0].startswith("build-sandbox-image ")
-    assert {"Dockerfile", "report.json", "wheels/amd64", MARKER} <= set(marker[1:])
+    assert {"Dockerfile", "report.json", "deps-extra-amd64.tar.gz", MARKER} <= set(marker[1:])
     update_report(output, {"image": {"id": "sha256:1"}})
     write_context(tmp_path, output)  # our own context, even after the report was updated
     assert "sha256:1" not in (output / "report.json").read_text()
-    (output / "wheels" / "amd64" / "mine.whl").write_text("user data")
-    with pytest.raises(UserError, match=r"files this tool did not write \(wheels\)"):
+    (output / "mine.whl").write_text("user data")
+    with pytest.raises(UserError, match=r"files this tool did not write \(mine.whl\)"):
         write_context(tmp_path, output)
-    assert (output / "wheels" / "amd64" / "mine.whl").read_text() == "user data"
+    assert (output / "mine.whl").read_text() == "user data"
 
 
 def test_new_and_empty_directories_are_written(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ def build_image(
     tag: str | None = None,
     platform: str | None = None,
     dockerfile: Path | None = None,
+    target: str | None = None,
     build_args: Mapping[str, str] | None = None,
     secrets: Mapping[str, Path] | None = None,
     logins: Mapping[str, Credentials] | None = None,
@@ -68,6 +69,8 @@ def build_image(
         command += ["--platform", platform]
     if dockerfile:
         command += ["--file", str(dockerfile)]
+    if target:
+        command += ["--target", target]
     for key, value in (build_args or {}).items():
         command += ["--build-arg", f"{key}={value}"]
     for secret_id, path in (secrets or {}).items():

@@ -19,7 +19,7 @@ import json
 import tarfile
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import docker
 
 from builder.credentials import Credentials
 from builder.errors import RegistryError, UserError
+from builder.image.assemble import Assembled
 from builder.image.publish import PushResult
 from builder.imageref import ImageRef
 from builder.oci import INDEX_TYPES, Registry
@@ -50,6 +51,7 @@ class ArchImage:
     arch: str
     digest: str
     size: int
+    manifest: bytes = field(default=b"", repr=False)  # its bytes, for tags on a single arch
 
     def descriptor(self) -> dict[str, Any]:
         platform = {"architecture": self.arch, "os": "linux"}
@@ -63,14 +65,122 @@ class ArchImage:
         }
 
 
-def index_document(images: Sequence[ArchImage]) -> bytes:
-    """A Docker manifest list naming each arch's manifest with its platform."""
-    document = {
+def index_document(
+    images: Sequence[ArchImage], annotations: Mapping[str, str] | None = None
+) -> bytes:
+    """A Docker manifest list naming each arch's manifest with its platform.
+
+    `annotations` (the images' OCI labels) are the OCI index field; registries keep the bytes
+    as sent, and tools that read OCI indexes (crane, a registry UI) see them.
+    """
+    document: dict[str, Any] = {
         "schemaVersion": 2,
         "mediaType": DOCKER_INDEX,
         "manifests": [image.descriptor() for image in images],
     }
+    if annotations:
+        document["annotations"] = dict(sorted(annotations.items()))
     return json.dumps(document, indent=2).encode()
+
+
+def publish_assembled(
+    client: docker.DockerClient,
+    images: Sequence[Assembled],
+    repository: str,
+    tags: Sequence[str],
+    *,
+    base_image: str | None,
+    annotations: Mapping[str, str],
+    credentials: Credentials | None = None,
+    say: Say = lambda line: None,
+) -> tuple[PushResult, dict[str, ArchImage]]:
+    """Push each image by digest; then the tags name it (one arch) or an index of them.
+
+    All or nothing: no tag moves until every arch's manifest is in the registry.
+    """
+    target = Registry(ImageRef.parse_repository(repository, "push target"), repository, credentials)
+    pushed = {}
+    for image in images:
+        say(f"pushing {image.arch} image {image.image_id[:19]} to {repository} by digest ...")
+        base = _base_layers(base_image, image.arch, target, credentials)
+        pushed[image.arch] = push_assembled(client, image, target, base)
+    if len(images) == 1:
+        only = pushed[images[0].arch]
+        return put_tags(target, only.manifest, DOCKER_MANIFEST, tags), pushed
+    return put_index(target, list(pushed.values()), tags, annotations), pushed
+
+
+def put_index(
+    target: Registry,
+    images: Sequence[ArchImage],
+    tags: Sequence[str],
+    annotations: Mapping[str, str] | None = None,
+) -> PushResult:
+    """Write the index under every tag: the only step that moves a tag, so it comes last."""
+    body = index_document(images, annotations)
+    return put_tags(target, body, DOCKER_INDEX, tags)
+
+
+def put_tags(target: Registry, body: bytes, media_type: str, tags: Sequence[str]) -> PushResult:
+    """PUT one manifest or index under each tag (`name`, or `repository:name`)."""
+    repository = str(target.label)
+    names, digest = [], _digest(body)
+    for tag in tags:
+        name = tag.rpartition(":")[2] if "/" in tag or ":" in tag else tag
+        digest = target.put_manifest(name, body, media_type)
+        names.append(f"{repository}:{name}")
+    return PushResult(repository, tuple(names), digest)
+
+
+def push_assembled(
+    client: docker.DockerClient,
+    image: Assembled,
+    target: Registry,
+    base: BaseLayers | None = None,
+) -> ArchImage:
+    """Upload an assembled image's blobs and manifest by digest; no tag is written.
+
+    The deps-extra blob goes up from the cache as it is (its digest is the lock's); the
+    layers below come from the registry the base is in, else from `docker save` of the
+    system image, which holds exactly them.
+    """
+    diff_ids: list[str] = json.loads(image.config)["rootfs"]["diff_ids"]
+    below = diff_ids[:-1]
+    layers: list[dict[str, Any] | None] = [_reused(diff_id, target, base) for diff_id in below]
+    if any(layer is None for layer in layers):
+        with tempfile.TemporaryDirectory(prefix="bsi-push-") as temp:
+            _save(client, image.system_id, below, layers, Path(temp), target)
+    deps = image.deps
+    if not target.blob_exists(deps.digest):
+        target.upload_blob(deps.path, deps.digest)
+    layers.append({"mediaType": DOCKER_LAYER, "size": deps.size, "digest": deps.digest})
+    if not target.blob_exists(image.image_id):
+        target.upload_blob(image.config, image.image_id)
+    return _put_manifest(target, image.arch, image.config, image.image_id, layers)
+
+
+def _reused(diff_id: str, target: Registry, base: BaseLayers | None) -> dict[str, Any] | None:
+    """The base's blob for `diff_id` once it is in `target` (already, or mounted); else None."""
+    reused = base.by_diff_id.get(diff_id) if base else None
+    if reused and base and (
+        target.blob_exists(reused["digest"]) or target.mount(reused["digest"], base.repository)
+    ):
+        return reused
+    return None
+
+
+def _put_manifest(
+    target: Registry, arch: str, config: bytes, config_digest: str, layers: list[Any]
+) -> ArchImage:
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": DOCKER_MANIFEST,
+        "config": {"mediaType": DOCKER_CONFIG, "size": len(config), "digest": config_digest},
+        "layers": layers,
+    }
+    body = json.dumps(manifest, indent=2).encode()
+    digest = target.put_manifest(_digest(body), body, DOCKER_MANIFEST)
+    return ArchImage(arch, digest, len(body), body)
 
 
 def publish_index(
@@ -90,13 +200,7 @@ def publish_index(
         say(f"pushing {arch} image {image_id[:19]} to {repository} by digest ...")
         base = _base_layers(base_image, arch, target, credentials)
         pushed[arch] = push_by_digest(client, image_id, arch, target, base)
-    body = index_document(list(pushed.values()))
-    names = []
-    for tag in tags:
-        name = tag.rpartition(":")[2] if "/" in tag or ":" in tag else tag
-        digest = target.put_manifest(name, body, DOCKER_INDEX)
-        names.append(f"{repository}:{name}")
-    return PushResult(repository, tuple(names), digest), pushed
+    return put_index(target, list(pushed.values()), tags), pushed
 
 
 @dataclass(frozen=True)
@@ -165,30 +269,11 @@ def push_by_digest(
         raise UserError(f"image {image_id}: built as {attributes.get('Architecture')}, not {arch}")
     diff_ids: list[str] = list((attributes.get("RootFS") or {}).get("Layers") or [])
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as temp:
-        layers: list[dict[str, Any] | None] = []
-        for diff_id in diff_ids:
-            reused = base.by_diff_id.get(diff_id) if base else None
-            if reused and (
-                target.blob_exists(reused["digest"])
-                or target.mount(reused["digest"], base.repository)  # type: ignore[union-attr]
-            ):
-                layers.append(reused)
-            else:
-                layers.append(None)
+        layers = [_reused(diff_id, target, base) for diff_id in diff_ids]
         config = _save(client, image_id, diff_ids, layers, Path(temp), target)
-        manifest = {
-            "schemaVersion": 2,
-            "mediaType": DOCKER_MANIFEST,
-            "config": {
-                "mediaType": DOCKER_CONFIG,
-                "size": len(config),
-                "digest": target.upload_blob(config, image_id),
-            },
-            "layers": layers,
-        }
-    body = json.dumps(manifest, indent=2).encode()
-    digest = target.put_manifest(_digest(body), body, DOCKER_MANIFEST)
-    return ArchImage(arch, digest, len(body))
+        if not target.blob_exists(image_id):
+            target.upload_blob(config, image_id)
+    return _put_manifest(target, arch, config, image_id, layers)
 
 
 def _save(

@@ -81,38 +81,10 @@ def append(
     labels: Mapping[str, str],
     created: str,
 ) -> Image:
-    """`base` plus `layers`, with `env` set (PYTHONPATH entries appended), `user` and `labels`.
-
-    Env values may name `${VAR}`'s base value as `$VAR`: PYTHONPATH=`$PYTHONPATH:/app/deps-extra`
-    extends the base's path the way the Dockerfile's ENV does, without a stray `:` when unset.
-    """
+    """`base` plus `layers`, with `env` set (PYTHONPATH entries appended), `user` and `labels`."""
     if len(base.layers) != len(base.diff_ids):
         raise UserError(f"base image {base.digest}: manifest and config disagree on its layers")
-    config = copy.deepcopy(base.config)
-    for stale in ("container", "container_config", "docker_version"):
-        config.pop(stale, None)  # they describe the base's own last build step
-    settings = config.setdefault("config", {})
-    settings["Env"] = _environment(settings.get("Env") or [], env)
-    settings["User"] = user
-    settings["Labels"] = dict(sorted({**(settings.get("Labels") or {}), **labels}.items()))
-    config["created"] = created
-    config["rootfs"] = {
-        "type": "layers",
-        "diff_ids": [*base.diff_ids, *(layer.diff_id for layer in layers)],
-    }
-    config["history"] = [
-        *config.get("history", []),
-        *(
-            {"created": created, "created_by": layer.created_by, "comment": TOOL}
-            for layer in layers
-        ),
-        {
-            "created": created,
-            "created_by": f"ENV {' '.join(f'{k}={v}' for k, v in env.items())}; USER {user}",
-            "comment": TOOL,
-            "empty_layer": True,
-        },
-    ]
+    config = extend_config(base.config, layers, env=env, user=user, labels=labels, created=created)
     docker = base.manifest.get("mediaType") == DOCKER_MANIFEST
     config_bytes = canonical(config)
     manifest: dict[str, Any] = {
@@ -135,6 +107,48 @@ def append(
     if not docker:
         manifest["annotations"] = dict(sorted(labels.items()))
     return Image(manifest, config)
+
+
+def extend_config(
+    base: Mapping[str, Any],
+    layers: Sequence[NewLayer],
+    *,
+    env: Mapping[str, str],
+    user: str,
+    labels: Mapping[str, str],
+    created: str,
+) -> dict[str, Any]:
+    """The image config of `base` plus `layers`: what `append` writes, and a full build loads.
+
+    Env values may name `${VAR}`'s base value as `$VAR`: PYTHONPATH=`$PYTHONPATH:/app/deps-extra`
+    extends the base's path the way the Dockerfile's ENV does, without a stray `:` when unset.
+    """
+    config = copy.deepcopy(dict(base))
+    for stale in ("container", "container_config", "docker_version"):
+        config.pop(stale, None)  # they describe the base's own last build step
+    settings = config.setdefault("config", {})
+    settings["Env"] = _environment(settings.get("Env") or [], env)
+    settings["User"] = user
+    settings["Labels"] = dict(sorted({**(settings.get("Labels") or {}), **labels}.items()))
+    config["created"] = created
+    config["rootfs"] = {
+        "type": "layers",
+        "diff_ids": [*base["rootfs"]["diff_ids"], *(layer.diff_id for layer in layers)],
+    }
+    config["history"] = [
+        *config.get("history", []),
+        *(
+            {"created": created, "created_by": layer.created_by, "comment": TOOL}
+            for layer in layers
+        ),
+        {
+            "created": created,
+            "created_by": f"ENV {' '.join(f'{k}={v}' for k, v in env.items())}; USER {user}",
+            "comment": TOOL,
+            "empty_layer": True,
+        },
+    ]
+    return config
 
 
 def top(image: Image, base: Image) -> list[NewLayer]:

@@ -1,0 +1,194 @@
+"""Full builds end the way rebases do: the tool, not BuildKit, puts /app/deps-extra on top.
+
+BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer: small, and
+dependent on the base anyway). The deps-extra layer is builder.image.layer's reproducible blob,
+and the final config (env, user, labels, history) is written by builder.image.rebase, the same
+code the rebase path uses. The result is `docker load`ed (only the new layer travels: the
+engine already has every layer below it) so it can be verified, and pushed later from exactly
+these blobs: the same lock gives the same diff ID in the engine and the same digest in any
+registry, whatever the day, the machine or the base.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from builder import contract
+from builder.analysis.plan import Plan
+from builder.cache import Cache
+from builder.errors import UserError
+from builder.image.layer import Layer, deps_layer
+from builder.image.rebase import NewLayer, canonical, digest_of, extend_config
+from builder.image.render import DEPS_LAYER, lock_text
+
+CHUNK = 1 << 20
+BLOCK = 512
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """One arch's image as the tool wrote it: loaded in the engine under `image_id`."""
+
+    arch: str
+    image_id: str  # the digest of `config`: the engine's id for it after docker load
+    config: bytes
+    system_id: str  # the BuildKit-built system stage: every layer below deps-extra
+    deps: Layer
+
+
+def plan_layers(
+    plan: Plan, cache: Cache, wheels: Mapping[str, Path] | None = None
+) -> dict[str, Layer]:
+    """Each arch's deps-extra layer (built once per lock, in parallel; then a cache lookup).
+
+    `wheels` maps sha256 -> file; without it the wheels are looked up in the cache.
+    """
+
+    def one(arch: str) -> Layer:
+        chosen = next(a.wheels for a in plan.arches if a.arch == arch)
+        paths = []
+        for wheel in chosen:
+            path = (wheels or {}).get(wheel.sha256) or cache.find_blob(wheel.sha256, wheel.filename)
+            if path is None:
+                raise UserError(f"{wheel.filename}: not in the cache; run the build again")
+            paths.append(path)
+        return deps_layer(lock_text(plan, arch), paths, plan.pythonpath_entry, cache)
+
+    arches = [a.arch for a in plan.arches]
+    with ThreadPoolExecutor(max_workers=len(arches)) as pool:
+        return dict(zip(arches, pool.map(one, arches), strict=True))
+
+
+def source_date_epoch(layers: Mapping[str, Layer]) -> int:
+    """The plan's SOURCE_DATE_EPOCH: the newest of its locks' (one `created` for every arch)."""
+    return max(layer.source_date_epoch for layer in layers.values())
+
+
+def created_by(arch: str, root: str) -> str:
+    """The deps-extra layer's history line; the rebase path finds the layer by `root` in it."""
+    return f"ADD {DEPS_LAYER.format(arch=arch)} / # the locked wheels in {root}"
+
+
+def system_config(client: docker.DockerClient, image_id: str, cache: Cache) -> dict[str, Any]:
+    """An engine image's config document, byte for byte as the engine holds it.
+
+    Only `docker save` gives it; the save streams every layer too, so it is cached by image id.
+    """
+    record = cache.get_record("image-config", image_id.removeprefix("sha256:"))
+    if record:
+        return dict(record)
+    stream = io.BufferedReader(_Chunks(client.api.get_image(image_id, chunk_size=CHUNK)), CHUNK)
+    config: dict[str, Any] | None = None
+    with tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
+        for member in archive:
+            if member.name == f"{image_id.removeprefix('sha256:')}.json":
+                handle = archive.extractfile(member)
+                config = json.load(handle) if handle else None
+    if config is None:
+        raise UserError(f"image {image_id}: docker save gave no config")
+    cache.put_record("image-config", image_id.removeprefix("sha256:"), config)
+    return config
+
+
+def assemble(
+    client: docker.DockerClient,
+    system_id: str,
+    arch: str,
+    deps: Layer,
+    *,
+    root: str,
+    labels: Mapping[str, str],
+    created: str,
+    tag: str,
+    cache: Cache,
+) -> Assembled:
+    """The system image plus `deps`, loaded into the engine (unless it has it) and tagged."""
+    base = system_config(client, system_id, cache)
+    if base.get("architecture") != arch:
+        raise UserError(f"image {system_id}: built as {base.get('architecture')}, not {arch}")
+    config = extend_config(
+        base,
+        [NewLayer(deps.digest, deps.diff_id, deps.size, created_by(arch, root))],
+        env={"PYTHONPATH": f"$PYTHONPATH:{root}"},
+        user=contract.SANDBOX_USER,
+        labels=labels,
+        created=created,
+    )
+    data = canonical(config)
+    image_id = digest_of(data)
+    if not _present(client, image_id):
+        diff_ids: Sequence[str] = config["rootfs"]["diff_ids"]
+        for line in client.api.load_image(_load_stream(image_id, data, diff_ids, deps.path)):
+            if "error" in line:
+                raise UserError(f"docker load of {image_id}: {line['error']}")
+    repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
+    client.api.tag(image_id, repository, name or "latest")
+    return Assembled(arch, image_id, data, system_id, deps)
+
+
+def _present(client: docker.DockerClient, image_id: str) -> bool:
+    try:
+        client.images.get(image_id)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _load_stream(
+    image_id: str, config: bytes, diff_ids: Sequence[str], top: Path
+) -> Iterator[bytes]:
+    """A `docker save`-format tar holding the config and only the top layer (gzip, as stored).
+
+    The engine skips reading the layers below: it has them (they are the system image's).
+    """
+    hex_id = image_id.removeprefix("sha256:")
+    layers = [f"{index}/layer.tar" for index in range(len(diff_ids) - 1)] + ["top.tar.gz"]
+    manifest = json.dumps([{"Config": f"{hex_id}.json", "RepoTags": None, "Layers": layers}])
+    yield from _member(f"{hex_id}.json", len(config), iter([config]))
+    yield from _member("top.tar.gz", top.stat().st_size, _chunks(top))
+    yield from _member("manifest.json", len(manifest), iter([manifest.encode()]))
+    yield b"\0" * (2 * BLOCK)
+
+
+def _member(name: str, size: int, body: Iterator[bytes]) -> Iterator[bytes]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = size, 0o644
+    yield info.tobuf(tarfile.PAX_FORMAT)
+    yield from body
+    yield b"\0" * (-size % BLOCK)
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while data := handle.read(CHUNK):
+            yield data
+
+
+class _Chunks(io.RawIOBase):
+    """A raw stream over an iterator of byte chunks, for tarfile's streaming mode."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.current, self.offset = iter(chunks), b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.offset >= len(self.current):
+            self.current, self.offset = next(self.chunks, b""), 0
+            if not self.current:
+                return 0
+        count = min(len(buffer), len(self.current) - self.offset)
+        buffer[:count] = self.current[self.offset : self.offset + count]
+        self.offset += count
+        return count
