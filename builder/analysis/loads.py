@@ -5,6 +5,9 @@ ctypes (`CDLL`, `PyDLL`, `cdll.LoadLibrary`, `ctypes.util.find_library`) and cff
 followed through the usual indirections: a module-level constant, a local or a small helper
 function returning the name, a list of candidates tried in a loop, and a helper whose
 parameter is what gets loaded (`_dlopen(ffi, "gobject-2.0", "libgobject-2.0.so.0")`).
+A helper defined in one module of a wheel and imported by another (cairocffi's `pixbuf.py`
+calls `dlopen` from its package's `__init__.py`) is followed one import deep. A load inside
+a `try` whose handler carries on without the library is optional.
 Anything computed at run time (paths from `__file__`, environment variables) is not a system
 library need and is left alone. Windows-only loaders (`WinDLL`, `windll`, `OleDLL`) are ignored.
 """
@@ -18,10 +21,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-# Only files containing one of these words are parsed: most of a big wheel set never loads.
-MARKERS = re.compile(rb"ctypes|cffi|dlopen|find_library")
 LOADERS = {"CDLL", "PyDLL", "LoadLibrary", "dlopen"}  # the called name's last part
 FINDERS = {"find_library"}
+# Only files spelling a loader's name are parsed (a site is a call to one): most of a big
+# wheel set never loads. Substring tests, as they are several times faster than a regex.
+MARKERS = tuple(name.encode() for name in sorted(LOADERS | FINDERS))
 WINDOWS_ONLY = {"WinDLL", "windll", "OleDLL", "oledll"}
 LOAD_ERRORS = {"OSError", "EnvironmentError", "Exception", "BaseException"}  # what a failed load
 # raises (or a catch-all): a handler for one of these that does not raise carries on without it
@@ -58,6 +62,10 @@ class Helper:
     qualified: str  # module.function
     position: int
     skip: int
+
+
+def mentions_loader(source: bytes) -> bool:
+    return any(marker in source for marker in MARKERS)
 
 
 def worth_reading(path: str) -> bool:
@@ -345,7 +353,7 @@ def _ordered(sites: Iterable[LoadSite]) -> list[LoadSite]:
 
 def scan_source(path: str, source: bytes) -> list[LoadSite]:
     """Every load of a library by a name the code spells out, with file:line."""
-    if not MARKERS.search(source) or (module := _parse(path, source)) is None:
+    if not mentions_loader(source) or (module := _parse(path, source)) is None:
         return []
     return _ordered(_analyse(module)[0])
 
@@ -363,7 +371,7 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
     helpers: dict[str, list[Helper]] = {}
     for path in filter(worth_reading, paths):
         source = read(path)
-        if not MARKERS.search(source):
+        if not mentions_loader(source):
             unparsed.append(path)
         elif (module := _parse(path, source)) is not None:
             found, exported = _analyse(module)
