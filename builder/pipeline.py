@@ -8,7 +8,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from builder.analysis.index import download_all
 from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
-from builder.analysis.target import BaseProfile, Target, arch_named, shipped_profile
+from builder.analysis.target import ARCHES, BaseProfile, Target, arch_named, shipped_profile
 from builder.analysis.wheels import inspect_wheels
 from builder.base.probe import probe_base
 from builder.base.profile import base_problems, profile_differences
@@ -28,6 +28,7 @@ from builder.cache import Cache
 from builder.config import PipelineConfig, set_platform_version
 from builder.errors import RegistryUnreachable
 from builder.image.assemble import plan_layers, source_date_epoch
+from builder.image.index import ArchImage, put_index
 from builder.image.labels import created, image_labels
 from builder.image.layer import Layer
 from builder.image.publish import PushResult, extras_hash, image_tags
@@ -35,6 +36,7 @@ from builder.image.render import Secrets, check_output, lock_text, render, updat
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.imageref import ImageRef
 from builder.multiarch import ArchBuild, Finish
+from builder.oci import Registry
 from builder.rebase import rebase
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state, state_of
 from builder.verify import VerifyReport
@@ -316,8 +318,6 @@ def rebuild(
         warm_pools=config.warm_pools,
     )
     blocker = rebase_blocker(previous, current)
-    if blocker is None and len(plan.arches) > 1:
-        blocker = "several arches (the rebase path publishes one)"
     found.path = "build" if blocker or previous is None else "rebase"
     say(f"upgrade path: {found.path} ({blocker or 'the resolution is unchanged'})")
     if previous is not None and found.path == "rebase":
@@ -339,23 +339,56 @@ def _rebase(
     client: docker.DockerClient,
     say: Say,
 ) -> Outcome:
-    """The rebase path (builder.rebase) in a delivery's terms: pushed, verified, template."""
+    """The rebase path (builder.rebase) in a delivery's terms: pushed, verified, template.
+
+    Per arch, native first; with several arches each is pushed by digest and verified, and
+    only when all passed is the index written under the tags (all or nothing).
+    """
     assert previous.image and previous.base_digest and delivery.push_repository
     version = delivery.platform_version or platform_version(plan.base_image, None)
-    done = rebase(
-        previous.image, previous.base_digest, plan, plan.arches[0].arch,
-        delivery.push_repository, version, extras_of(plan),
-        client, request.cache, say,
+    finished, multi = finish(plan, request), len(plan.arches) > 1
+    machine = client.info().get("Architecture")
+    arches = sorted((a.arch for a in plan.arches), key=lambda arch: ARCHES[arch].machine != machine)
+    done = [
+        rebase(
+            previous.image, previous.base_digest, plan, arch, delivery.push_repository, version,
+            extras_of(plan), client, request.cache, say, labels=finished.labels,
+            created=finished.created, tag=not multi,
+            startup_timeout=multiarch.STARTUP if ARCHES[arch].machine == machine
+            else multiarch.EMULATED_STARTUP,
+        )
+        for arch in arches
+    ]  # fmt: skip
+    outcome = Outcome(plan, built_arch=done[0].arch, tag=done[0].reference)
+    reports = [r.verification for r in done if r.verification is not None]
+    outcome.verification = (
+        VerifyReport(
+            f"{delivery.push_repository} ({', '.join(arches)})",
+            [replace(c, name=f"[{r.arch}] {c.name}") for r in done if r.verification
+             for c in r.verification.checks],
+        )
+        if multi else (reports[0] if reports else None)
     )  # fmt: skip
-    outcome = Outcome(plan, built_arch=done.arch, tag=done.reference)
-    outcome.verification = done.verification
-    record: dict[str, Any] = {"path": "rebase", **done.record()}
-    if done.tags:
-        outcome.pushed = PushResult(done.repository, done.tags, done.digest)
-        if delivery.template:
-            outcome.template_change = set_image(
-                delivery.template, done.reference, delivery.container
-            )
-            outcome.notes.append(apply_hint(delivery.template))
+    record: dict[str, Any] = {"path": "rebase", **done[0].record()}
+    if multi:
+        record = {"path": "rebase", "arches": {r.arch: r.record() for r in done}}
+        record["bytes_pushed"] = sum(r.bytes_pushed for r in done)
+        record["image_size"] = sum(r.image_size for r in done)
+    if multi and outcome.succeeded:
+        target = Registry(ImageRef.parse_repository(delivery.push_repository, "push target"))
+        images = [ArchImage(r.arch, r.digest, len(r.manifest), r.manifest, r.media_type)
+                  for r in done]  # fmt: skip
+        tags = image_tags(delivery.push_repository, version, extras_of(plan))
+        pushed = put_index(target, images, tags, finished.labels)
+        outcome.pushed = PushResult(delivery.push_repository, pushed.tags, pushed.digest)
+        record |= {"pushed": outcome.pushed.reference, "tags": list(pushed.tags)}
+        record["index"] = pushed.digest
+    elif done[0].tags:
+        outcome.pushed = PushResult(done[0].repository, done[0].tags, done[0].digest)
+    if outcome.pushed and delivery.template:
+        outcome.template_change = set_image(
+            delivery.template, outcome.pushed.reference, delivery.container
+        )
+        outcome.notes.append(apply_hint(delivery.template))
     update_report(request.output, {"image": record})
     return outcome

@@ -10,7 +10,7 @@ verified is, byte for byte, the one the cluster gets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,13 +22,13 @@ from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.credentials import engine_auth
 from builder.errors import UserError
-from builder.image.labels import created, image_labels
-from builder.image.layer import apt_layer, source_date_epoch
+from builder.image.layer import apt_layer
 from builder.image.publish import image_tags
 from builder.image.rebase import Image, NewLayer, append, top
 from builder.imageref import ImageRef
 from builder.oci import INDEX_TYPES, Registry
 from builder.verify import VerifyReport, verify_image
+from builder.verify.run import STARTUP_TIMEOUT
 
 
 @dataclass
@@ -44,6 +44,8 @@ class Rebased:
     image_size: int  # config plus every layer, compressed
     verification: VerifyReport | None = None
     notes: list[str] = field(default_factory=list)
+    manifest: bytes = field(default=b"", repr=False)  # as pushed: an index names its digest
+    media_type: str = ""
 
     @property
     def reference(self) -> str:
@@ -73,8 +75,17 @@ def rebase(
     client: docker.DockerClient,
     cache: Cache,
     say: Callable[[str], None],
+    *,
+    labels: Mapping[str, str],
+    created: str,
+    tag: bool = True,
+    startup_timeout: float = STARTUP_TIMEOUT,
 ) -> Rebased:
-    """Put the previous image's deps-extra layer on the new base; push, verify, tag."""
+    """Put the previous image's deps-extra layer on the new base; push, verify, tag.
+
+    With `tag=False` (one arch of an index) nothing but the digest is written: the caller
+    writes the index once every arch has passed.
+    """
     old_ref = ImageRef.parse(previous_image, "previous image")
     base_ref = ImageRef.parse(plan.base.image, "base image")
     if not plan.base.digest:
@@ -97,14 +108,13 @@ def rebase(
         layers.append(NewLayer(apt.digest, apt.diff_id, apt.size, created_by))
         local[apt.digest] = apt.path
     layers.append(deps)
-    epoch = source_date_epoch(_wheel_paths(plan, arch, cache))
     image = append(
         new_base,
         layers,
         env={"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
         user=contract.SANDBOX_USER,
-        labels=image_labels(plan.base.image, plan.base.digest, epoch, platform_version, extras),
-        created=created(epoch),
+        labels=labels,
+        created=created,
     )
     pushed = _push_blobs(target, image, base_ref, old_ref, local)
     digest = target.put_manifest(image.digest, image.manifest_bytes, image.manifest["mediaType"])
@@ -117,20 +127,26 @@ def rebase(
         deps.digest,
         pushed,
         len(image.config_bytes) + sum(layer["size"] for layer in image.layers),
+        manifest=image.manifest_bytes,
+        media_type=image.manifest["mediaType"],
     )
     say(f"pulling {result.reference} to verify it ...")
     client.api.pull(
         repository, tag=digest, auth_config=engine_auth(target.ref.registry), stream=False
     )
     result.verification = verify_image(
-        result.reference, modules=plan.import_modules, checks=plan.runtime_checks, client=client
+        result.reference,
+        modules=plan.import_modules,
+        checks=plan.runtime_checks,
+        client=client,
+        startup_timeout=startup_timeout,
     )
-    if not result.verification.passed:
+    if not result.verification.passed or not tag:
         return result  # pushed by digest only: no tag, no template names it
     tags = image_tags(repository, platform_version, extras)
-    for tag in tags:
+    for name in tags:
         target.put_manifest(
-            tag.rsplit(":", 1)[1], image.manifest_bytes, image.manifest["mediaType"]
+            name.rsplit(":", 1)[1], image.manifest_bytes, image.manifest["mediaType"]
         )
     result.tags = tuple(tags)
     return result
@@ -153,12 +169,6 @@ def _image(registry: Registry, reference: str, arch: str) -> Image:
             raise UserError(f"{registry.label}@{digest}: no linux/{arch} image in the index")
         manifest, digest = registry.manifest(entry["digest"])
     return Image(manifest, registry.json_blob(manifest["config"]["digest"]))
-
-
-def _wheel_paths(plan: Plan, arch: str, cache: Cache) -> list[Path]:
-    wheels = next(a.wheels for a in plan.arches if a.arch == arch)
-    found = [cache.find_blob(w.sha256, w.filename) for w in wheels]
-    return [path for path in found if path is not None]
 
 
 def _push_blobs(

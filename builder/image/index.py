@@ -52,13 +52,14 @@ class ArchImage:
     digest: str
     size: int
     manifest: bytes = field(default=b"", repr=False)  # its bytes, for tags on a single arch
+    media_type: str = DOCKER_MANIFEST
 
     def descriptor(self) -> dict[str, Any]:
         platform = {"architecture": self.arch, "os": "linux"}
         if self.arch in VARIANTS:
             platform["variant"] = VARIANTS[self.arch]
         return {
-            "mediaType": DOCKER_MANIFEST,
+            "mediaType": self.media_type,
             "size": self.size,
             "digest": self.digest,
             "platform": platform,
@@ -162,8 +163,12 @@ def push_assembled(
 def _reused(diff_id: str, target: Registry, base: BaseLayers | None) -> dict[str, Any] | None:
     """The base's blob for `diff_id` once it is in `target` (already, or mounted); else None."""
     reused = base.by_diff_id.get(diff_id) if base else None
-    if reused and base and (
-        target.blob_exists(reused["digest"]) or target.mount(reused["digest"], base.repository)
+    if (
+        reused
+        and base
+        and (
+            target.blob_exists(reused["digest"]) or target.mount(reused["digest"], base.repository)
+        )
     ):
         return reused
     return None

@@ -1,0 +1,174 @@
+"""Issue 11's three ratios in one run: platform upgrade, cold build, plan only.
+
+(i)   a platform upgrade with unchanged extras (`rebuild`, rebase path: apt layer rebuilt,
+      deps-extra reused, verify, push) against a cold full delivery of the same set (build,
+      verify, push); and the bytes the upgrade pushed against the image's size.
+(ii)  cold requirements -> built image (`--no-verify`, no push) against a hand-written
+      multi-stage Dockerfile with a plain `pip install`; and a no-change rerun.
+(iii) plan only (`--no-build`), cold, against uv's own resolve + unpack of the same set.
+
+Cold: empty tool and uv caches, the BuildKit cache pruned, and every build on a base made for
+this run (the reference plus a layer naming the run), so no image in the engine holds a
+snapshot BuildKit could reuse. Needs the engine, the local test registry (.test-env.json) and
+the index.
+
+    .venv/bin/python benchmarks/upgrade.py [--base-image bsi-reference:test] [-r FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+from build_vs_handwritten import CA_BUNDLE, DOCKER, HANDWRITTEN  # noqa: E402
+
+ISSUE_SET = (
+    "beautifulsoup4\nlightgbm\nscikit-learn\nxgboost\nopencv-python-headless\nlxml\npyarrow\n"
+    "matplotlib\npython-magic\n"
+)
+PLATFORM = "x86_64-manylinux_2_40"
+
+
+def timed(command: list[str], env: dict[str, str], cwd: Path | None = None) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"error: {' '.join(command[:4])} failed:\n{result.stdout[-2000:]}{result.stderr}")
+    return elapsed
+
+
+def derived_base(parent: str, tag: str, stamp: str, work: Path) -> None:
+    """`parent` plus one small layer naming this run: a base no existing image was built on."""
+    context = work / f"base-{uuid.uuid4().hex[:6]}"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {parent}\nUSER 0:0\nRUN echo {stamp} > /etc/bsi-bench\nUSER 65532:65532\n"
+    )
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    subprocess.run([DOCKER, "build", "-q", "-t", tag, str(context)], check=True, env=env,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+
+
+def push(tag: str, user: str, password: str) -> None:
+    import docker
+
+    client = docker.from_env()
+    repository, _, name = tag.rpartition(":")
+    auth = {"username": user, "password": password}
+    for event in client.api.push(repository, tag=name, auth_config=auth, stream=True, decode=True):
+        if "error" in event:
+            sys.exit(f"error: pushing {tag}: {event['error']}")
+
+
+def prune() -> None:
+    subprocess.run([DOCKER, "builder", "prune", "-af"], check=True, stdout=subprocess.DEVNULL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-image", default="bsi-reference:test")
+    parser.add_argument("-r", type=Path, help="requirements (default: the issue's 9-package set)")
+    args = parser.parse_args()
+    test_env = json.loads((REPO / ".test-env.json").read_text())
+    host, user, password = (
+        test_env["registry"],
+        test_env["registry_user"],
+        test_env["registry_password"],
+    )
+    run = uuid.uuid4().hex[:8]
+    tool = [sys.executable, "-m", "builder"]
+    with tempfile.TemporaryDirectory(prefix="bsi-bench-") as temp:
+        work = Path(temp)
+        requirements = work / "requirements.txt"
+        requirements.write_text(args.r.read_text() if args.r else ISSUE_SET)
+        env = {**os.environ, "BSI_REGISTRY_USER": user, "BSI_REGISTRY_PASSWORD": password,
+               "DOCKER_BUILDKIT": "1"}  # fmt: skip
+
+        def fresh(name: str) -> tuple[dict[str, str], Path]:
+            (work / name).mkdir()
+            return {**env, "UV_CACHE_DIR": str(work / name / "uv")}, work / name / "cache"
+
+        runtime = f"{host}/bsi-bench-{run}/runtime"
+        derived_base(args.base_image, f"{runtime}:1.0", f"{run}-1.0", work)
+        derived_base(f"{runtime}:1.0", f"{runtime}:1.1", f"{run}-1.1", work)
+        for version in ("1.0", "1.1"):
+            push(f"{runtime}:{version}", user, password)
+        own_base, hand_base = f"bsi-bench-{run}/own:1", f"bsi-bench-{run}/hand:1"
+        derived_base(args.base_image, own_base, f"{run}-own", work)
+        derived_base(args.base_image, hand_base, f"{run}-hand", work)
+
+        # (i) a cold full delivery, then the platform upgrade with the same extras
+        (work / "pipeline").mkdir()
+        config = work / "pipeline" / "config.toml"
+        config.write_text(
+            f'requirements = ["{requirements}"]\nbase-repository = "{runtime}"\n'
+            f'platform-version = "1.0"\nrepository = "{host}/bsi-bench-{run}/sandbox"\n'
+        )
+        env_i, cache_i = fresh("i")
+        prune()
+        rebuild = [*tool, "rebuild", "--config", str(config), "--cache-dir", str(cache_i)]
+        cold_delivery = timed([*rebuild, "--platform-version", "1.0"], env_i)
+        upgrade = timed([*rebuild, "--platform-version", "1.1"], env_i)
+        image = json.loads((work / "pipeline" / "sandbox-image" / "report.json").read_text())
+        image = image["image"]
+        if image.get("path") != "rebase":
+            sys.exit(f"error: the upgrade took the {image.get('path')} path, not rebase")
+
+        # (ii) cold requirements -> built image, ours and hand-written; a no-change rerun
+        env_ii, cache_ii = fresh("ii")
+        ours = [*tool, "-r", str(requirements), "--base-image", own_base, "--tag",
+                f"bsi-bench-{run}/ours", "--no-verify", "--output", str(work / "ii" / "context"),
+                "--cache-dir", str(cache_ii)]  # fmt: skip
+        prune()
+        ours_cold = timed(ours, env_ii)
+        rerun = timed(ours, env_ii)
+        report = json.loads((work / "ii" / "context" / "report.json").read_text())
+        apt = " ".join(report["architectures"]["amd64"]["apt_packages"]) or "ca-certificates"
+        hand = work / "handwritten"
+        hand.mkdir()
+        (hand / "Dockerfile").write_text(HANDWRITTEN.replace("{apt}", apt))
+        (hand / "requirements.txt").write_text(requirements.read_text())
+        prune()
+        hand_cold = timed([DOCKER, "build", "-t", f"bsi-bench-{run}/hand", "--build-arg",
+                           f"BASE_IMAGE={hand_base}", "--secret", f"id=ca,src={CA_BUNDLE}",
+                           str(hand)], env)  # fmt: skip
+
+        # (iii) plan only, cold, against uv's own resolve and unpack
+        env_iii, cache_iii = fresh("iii")
+        plan = timed([*tool, "-r", str(requirements), "--base-image", f"{runtime}:1.0",
+                      "--arch", "amd64", "--no-build", "--output", str(work / "iii" / "context"),
+                      "--cache-dir", str(cache_iii)], env_iii)  # fmt: skip
+        env_uv, _ = fresh("uv")
+        uv = str(Path(sys.executable).parent / "uv")
+        lock = work / "uv" / "lock.txt"
+        target = ["--python-platform", PLATFORM, "--python-version", "3.13", "--only-binary",
+                  ":all:"]  # fmt: skip
+        env_uv["UV_PYTHON_DOWNLOADS"] = "never"
+        uv_time = timed([uv, "pip", "compile", *target, "--generate-hashes", "-o", str(lock),
+                         str(requirements)], env_uv)  # fmt: skip
+        uv_time += timed([uv, "pip", "install", *target, "--target", str(work / "uv" / "t"),
+                          "--python", sys.executable, "-r", str(lock)], env_uv)  # fmt: skip
+    pushed, size = image["bytes_pushed"], image["image_size"]
+    print(f"set: {' '.join(requirements.read_text().split())}")
+    print(f"(i)   cold delivery {cold_delivery:6.1f} s   upgrade (rebase) {upgrade:6.1f} s   "
+          f"ratio {upgrade / cold_delivery:6.1%} (target <= 15 %)")  # fmt: skip
+    print(f"      bytes pushed {pushed} of image {size}: {pushed / size:6.2%} (target <= 5 %)")
+    print(f"(ii)  cold: ours {ours_cold:6.1f} s   hand-written {hand_cold:6.1f} s   "
+          f"{hand_cold / ours_cold:5.2f}x faster (target >= 2x)")  # fmt: skip
+    print(f"      no-change rerun {rerun:5.2f} s (target <= 1.0 s)")
+    print(f"(iii) plan only, cold: ours {plan:6.1f} s   uv resolve + unpack {uv_time:6.1f} s   "
+          f"{plan / uv_time:5.2f}x (target <= 1.2x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
