@@ -116,8 +116,8 @@ def summary(plan: Plan) -> str:
         lines.append(f"  apt packages: {' '.join(arch.apt_packages) or 'none'}")
         if arch.optional_packages:
             lines.append(
-                f"  optional (plugins loaded on demand; --with-optional installs them):"
-                f" {' '.join(arch.optional_packages)}"
+                "  optional (on-demand plugins, or loads the code can do without;"
+                f" --with-optional installs them): {' '.join(arch.optional_packages)}"
             )
     return "\n".join(lines)
 
