@@ -280,9 +280,7 @@ def main(
     for line in plan.warnings:
         click.echo(line, err=True)
     click.echo(summary(plan))
-    click.echo(
-        f"\nbuild context written to {settings.output}/ (report: {settings.output}/report.json)"
-    )
+    click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
     if client is None:
         why = "--no-build" if no_build else "no Docker engine reachable"
         click.echo(f"not building ({why}); build each arch with BuildKit:")
