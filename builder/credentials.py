@@ -1,11 +1,14 @@
 """Registry credentials, found where `docker` finds them, for every path that talks to a registry.
 
 Order: BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD (or REGISTRY_USERNAME/REGISTRY_PASSWORD) in the
-environment; then the Docker config ($DOCKER_CONFIG/config.json, else ~/.docker/config.json):
+environment, for the registry BSI_REGISTRY names, or without it for every registry but Docker
+Hub (a private registry's password must not go to Docker Hub when a base is pulled from there);
+then the Docker config ($DOCKER_CONFIG/config.json, else ~/.docker/config.json):
 the registry's `credHelpers` entry, the default `credsStore`, and last an inline `auths` entry
 (base64 `auth`, `username`/`password`, or `identitytoken`). A helper runs as Docker runs it:
 `docker-credential-<name> get` with the server URL on stdin, answering {"Username", "Secret"};
-a `<token>` username means the secret is an identity token; a failing helper means "none".
+a `<token>` username means the secret is an identity token; a failing helper (or one answering
+garbage) means "none"; a helper name that is not a plain word is refused, as it would run a path.
 Docker Hub is keyed `https://index.docker.io/v1/`. Push (through the engine), the engine pull
 and the engine-less registry client all use `lookup`.
 """
@@ -16,6 +19,7 @@ import base64
 import binascii
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +32,11 @@ CREDENTIAL_ENV = (
     ("BSI_REGISTRY_USER", "BSI_REGISTRY_PASSWORD"),
     ("REGISTRY_USERNAME", "REGISTRY_PASSWORD"),
 )
+SCOPE_ENV = "BSI_REGISTRY"  # the registry the environment's credentials belong to
 HUB_SERVER = "https://index.docker.io/v1/"
 TOKEN_USER = "<token>"  # a helper's username for "the secret is an identity token"
 HELPER_TIMEOUT = 30  # seconds; a helper that hangs (a locked keychain) must not stall a plan
+HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # no path: docker-credential-<word>
 AUTH_HINT = "log in (docker login {host}) or set BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD"
 
 
@@ -58,7 +64,7 @@ def server_url(registry: str) -> str:
 
 def lookup(registry: str) -> Credentials | None:
     """Credentials for `registry` (as an ImageRef names it), or None for anonymous access."""
-    return from_environment() or from_docker_config(registry)
+    return from_environment(registry) or from_docker_config(registry)
 
 
 def engine_auth(registry: str) -> dict[str, str] | None:
@@ -67,7 +73,19 @@ def engine_auth(registry: str) -> dict[str, str] | None:
     return found.engine_auth(registry) if found else None
 
 
-def from_environment() -> Credentials | None:
+def from_environment(registry: str | None = None) -> Credentials | None:
+    """The environment's login, if it is meant for `registry` (None: for any but Docker Hub).
+
+    BSI_REGISTRY (`host[:port]`, `docker.io`) names the one registry it is for; unset, it goes
+    to every registry but Docker Hub, so a base pulled from Hub is pulled anonymously.
+    """
+    scope = os.environ.get(SCOPE_ENV, "").strip()
+    if scope:
+        scope = DOCKER_HUB if scope in HUB_ALIASES or scope == DOCKER_HUB_API else scope
+        if registry is not None and registry != scope:
+            return None
+    elif registry == DOCKER_HUB:
+        return None
     for user_var, password_var in CREDENTIAL_ENV:
         user, password = os.environ.get(user_var), os.environ.get(password_var)
         if user and password:
@@ -115,18 +133,23 @@ def from_docker_config(registry: str) -> Credentials | None:
 
 def run_helper(name: str, server: str) -> Credentials | None:
     """Ask `docker-credential-<name>` for `server`'s login; None if it has none or fails."""
+    if not HELPER_NAME.fullmatch(name):
+        raise UserError(
+            f"Docker config {config_path()}: credential helper {name!r} is not a helper name"
+            " (docker-credential-<name> on PATH; no path separators)"
+        )
     program = f"docker-credential-{name}"
     try:
         result = subprocess.run(
-            [program, "get"], input=server, capture_output=True, text=True, timeout=HELPER_TIMEOUT
+            [program, "get"], input=server.encode(), capture_output=True, timeout=HELPER_TIMEOUT
         )
     except (OSError, subprocess.SubprocessError):
         return None
     if result.returncode != 0:  # "credentials not found in native keychain" included
         return None
     try:
-        answer: Any = json.loads(result.stdout)
-    except ValueError:
+        answer: Any = json.loads(result.stdout)  # bytes: UTF-8/16/32 detected, else ValueError
+    except ValueError:  # UnicodeDecodeError included
         return None
     if not isinstance(answer, dict) or not answer.get("Secret"):
         return None

@@ -5,6 +5,8 @@ Reads verify while they stream: a manifest or blob that does not hash to the dig
 what pushing an index or a rebased image needs: blob existence, cross-repository mount,
 monolithic and chunked upload, and a manifest PUT that returns the digest. Authentication is
 basic or bearer-token (with a password or an identity token), from `builder.credentials`.
+Credentials go only to the registry's own origin: an upload Location or a redirect on another
+host gets no Authorization, and a token realm must be HTTPS (plain HTTP on loopback only).
 Failures are typed (`builder.errors`): unreachable (network, 5xx), auth, other registry errors.
 """
 
@@ -26,10 +28,11 @@ from typing import IO, Any
 
 from builder.credentials import AUTH_HINT, Credentials, lookup
 from builder.errors import IntegrityError, RegistryAuthError, RegistryError, RegistryUnreachable
-from builder.imageref import DIGEST_RE, ImageRef
+from builder.imageref import DIGEST_RE, TAG_RE, ImageRef
 
 TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
 MAX_MANIFEST = 16 << 20
+REFERENCE_RE = re.compile(rf"{DIGEST_RE.pattern}|{TAG_RE.pattern}")
 MAX_JSON_BLOB = 64 << 20
 CHUNK = 16 << 20  # bytes per PATCH of a chunked upload
 CLIENT_ID = "build-sandbox-image"
@@ -81,6 +84,17 @@ class Registry:
     def url(self, kind: str, reference: str = "") -> str:
         return f"{self.scheme}://{self.ref.api_host}/v2/{self.ref.repository}/{kind}/{reference}"
 
+    def _checked(self, reference: str, what: str) -> str:
+        """A tag or digest from a manifest or caller, refused before it becomes part of a URL."""
+        if not REFERENCE_RE.fullmatch(reference) or (what == "blob" and ":" not in reference):
+            raise RegistryError(f"{self.label}: {what} reference {reference[:80]!r} is malformed")
+        return reference
+
+    def _own(self, url: str) -> bool:
+        """Is `url` on this registry's API origin (where its credentials may go)?"""
+        parts = urllib.parse.urlsplit(url)
+        return (parts.scheme, parts.netloc) == (self.scheme, self.ref.api_host)
+
     def open(
         self,
         url: str,
@@ -104,7 +118,8 @@ class Registry:
                 **({"Accept": accept} if accept else {}),
             }.items():
                 request.add_header(name, value)
-            if self.authorization:  # never forwarded to a redirect target (blob storage)
+            # Never forwarded to a redirect target (blob storage), nor sent to another host.
+            if self.authorization and self._own(url):
                 request.add_unredirected_header("Authorization", self.authorization)
             try:
                 return self.opener.open(request, timeout=TIMEOUT)
@@ -158,6 +173,12 @@ class Registry:
         realm = fields.get("realm", "")
         if not realm:
             return False
+        parts = urllib.parse.urlsplit(realm)
+        if not (parts.scheme == "https" or (parts.scheme == "http" and is_loopback(parts.netloc))):
+            raise RegistryAuthError(
+                f"{self.label}: registry {self.ref.api_host} asks for credentials at"
+                f" {realm[:100]!r}; only an https token service is trusted with them"
+            )
         action = "pull" if method in ("GET", "HEAD") else "pull,push"
         wanted = [fields.get("scope") or f"repository:{self.ref.repository}:{action}", *scopes]
         token = self._token(realm, fields.get("service", ""), wanted)
@@ -202,17 +223,21 @@ class Registry:
 
     def head_manifest(self, reference: str) -> str | None:
         """The digest the registry serves for `reference`, from one HEAD request."""
-        url = self.url("manifests", reference)
+        url = self.url("manifests", self._checked(reference, "manifest"))
         with self.open(url, "HEAD", accept=", ".join(MANIFEST_TYPES)) as response:
             digest = response.headers.get("Docker-Content-Digest")
         return digest if digest and DIGEST_RE.fullmatch(digest) else None
 
     def manifest(self, reference: str, expected: str | None = None) -> tuple[dict[str, Any], str]:
         """A manifest or index and its digest, checked against every digest that names it."""
-        url = self.url("manifests", reference)
+        url = self.url("manifests", self._checked(reference, "manifest"))
         with self.open(url, accept=", ".join(MANIFEST_TYPES)) as response:
-            body = self._read(response, MAX_MANIFEST)
+            body = self._read(response, MAX_MANIFEST + 1)
             served = response.headers.get("Docker-Content-Digest")
+        if len(body) > MAX_MANIFEST:
+            raise RegistryError(
+                f"{self.label}: manifest {reference} is larger than {MAX_MANIFEST >> 20} MiB"
+            )
         digest = sha256_digest(body)
         asked = reference if DIGEST_RE.fullmatch(reference) else None
         for wanted in (asked, expected, served):
@@ -228,11 +253,16 @@ class Registry:
 
     def blob(self, digest: str) -> VerifiedBlob:
         """A blob as a stream that raises IntegrityError at its end if it does not match."""
-        return VerifiedBlob(self.open(self.url("blobs", digest)), digest, self)
+        url = self.url("blobs", self._checked(digest, "blob"))
+        return VerifiedBlob(self.open(url), digest, self)
 
     def json_blob(self, digest: str) -> dict[str, Any]:
         with self.blob(digest) as blob:
-            body = blob.read(MAX_JSON_BLOB)
+            body = blob.read(MAX_JSON_BLOB + 1)
+            if len(body) > MAX_JSON_BLOB:  # fail before `finish` drains the rest
+                raise RegistryError(
+                    f"{self.label}: blob {digest} is larger than {MAX_JSON_BLOB >> 20} MiB"
+                )
         try:
             document = json.loads(body)
         except ValueError:
@@ -249,7 +279,8 @@ class Registry:
 
     # -- writing ------------------------------------------------------------------------------
     def blob_exists(self, digest: str) -> bool:
-        response = self.open(self.url("blobs", digest), "HEAD", missing_ok=True)
+        url = self.url("blobs", self._checked(digest, "blob"))
+        response = self.open(url, "HEAD", missing_ok=True)
         if response is None:
             return False
         response.close()
@@ -343,7 +374,10 @@ class Registry:
             raise RegistryError(
                 f"{self.label}: registry {self.ref.api_host} gave no upload location"
             )
-        return urllib.parse.urljoin(f"{self.scheme}://{self.ref.api_host}/", location)
+        url = urllib.parse.urljoin(f"{self.scheme}://{self.ref.api_host}/", location)
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise RegistryError(f"{self.label}: upload location {location[:100]!r} is not HTTP")
+        return url
 
 
 class VerifiedBlob:

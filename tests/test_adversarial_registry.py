@@ -1,0 +1,180 @@
+"""Registry credentials and the OCI client against hostile or careless configurations.
+
+Each test is a way a password could reach a host it was not meant for, or a registry answer
+that used to crash or exhaust the client. The registries are loopback HTTP servers in this file
+whose handlers record what they were sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from credhelp import write_docker_config
+from registryhelp import CREDENTIAL_VARS
+
+from builder import oci
+from builder.credentials import SCOPE_ENV, Credentials, lookup
+from builder.errors import RegistryAuthError, RegistryError, UserError
+from builder.imageref import ImageRef
+from builder.oci import Registry
+
+LOGIN = Credentials("bsi", "the-password", "test")
+Reply = tuple[int, dict[str, str], bytes]
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch, tmp_path):
+    for name in (*CREDENTIAL_VARS, SCOPE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+
+
+class Server:
+    """A loopback HTTP server answering with `route(method, path)`; it logs each request."""
+
+    def __init__(self, route: Callable[[str, str], Reply]) -> None:
+        self.seen: list[tuple[str, str, str]] = []  # (method, path, Authorization)
+        seen = self.seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                seen.append((self.command, self.path, self.headers.get("Authorization", "")))
+                status, headers, body = route(self.command, self.path)
+                self.send_response(status)
+                for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = answer
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[str, str], Reply]], Server]]:
+    servers: list[Server] = []
+
+    def start(route: Callable[[str, str], Reply]) -> Server:
+        servers.append(Server(route))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# -- credentials --------------------------------------------------------------------------------
+def test_environment_login_is_not_sent_to_docker_hub(monkeypatch):
+    """A private registry's password in the environment must not go to Docker Hub (and make
+    an anonymous Hub base fail with 401) unless BSI_REGISTRY says it is Hub's."""
+    monkeypatch.setenv("BSI_REGISTRY_USER", "ci")
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", "private")
+    assert lookup(ImageRef.parse("python:3.13").registry) is None
+    assert lookup("registry.corp:5000") is not None
+    monkeypatch.setenv(SCOPE_ENV, "registry.corp:5000")
+    assert lookup("registry.corp:5000") is not None
+    assert lookup("ghcr.io") is None
+    assert lookup("docker.io") is None
+    monkeypatch.setenv(SCOPE_ENV, "index.docker.io")
+    assert lookup("docker.io") == Credentials("ci", "private", "BSI_REGISTRY_USER")
+    assert lookup("registry.corp:5000") is None
+
+
+def test_helper_name_with_a_path_is_refused(monkeypatch, tmp_path):
+    """`credHelpers: {"reg": "x/../evil"}` would run ./evil from the working directory."""
+    work = tmp_path / "work"
+    (work / "docker-credential-x").mkdir(parents=True)
+    marker = tmp_path / "ran"
+    evil = work / "evil"
+    evil.write_text(f'#!/bin/sh\ntouch "{marker}"\necho \'{{"Username":"u","Secret":"s"}}\'\n')
+    evil.chmod(0o755)
+    monkeypatch.chdir(work)
+    write_docker_config(
+        tmp_path / "cfg", {"credHelpers": {"reg.example": "x/../evil"}}, monkeypatch
+    )
+    with pytest.raises(UserError, match="not a helper name"):
+        lookup("reg.example")
+    assert not marker.exists()
+
+
+def test_helper_printing_binary_garbage_means_no_login(monkeypatch, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    helper = bin_dir / "docker-credential-garbage"
+    helper.write_text("#!/bin/sh\nprintf '\\377\\376\\377{'\n")
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    write_docker_config(tmp_path / "cfg", {"credsStore": "garbage"}, monkeypatch)
+    assert lookup("reg.example") is None
+
+
+# -- where the OCI client sends credentials ------------------------------------------------------
+def test_upload_location_on_another_host_gets_no_authorization(serve):
+    """A registry's upload Location on another origin must not receive the Basic password."""
+    elsewhere = serve(lambda method, path: (202 if method == "PATCH" else 201, {}, b""))
+    other = f"http://localhost:{elsewhere.port}/upload/1"
+    registry = serve(lambda method, path: (202, {"Location": other}, b""))
+    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"), credentials=LOGIN)
+    client.upload_blob(b"data")
+    assert [m for m, _, _ in elsewhere.seen] == ["PUT"]
+    assert all(auth == "" for _, _, auth in elsewhere.seen)
+    assert registry.seen[0][2].startswith("Basic ")  # the registry itself still gets it
+
+
+@pytest.mark.parametrize("realm", ["http://bsi-test.invalid/token", "file:///etc/passwd"])
+def test_token_realm_must_be_https(serve, realm):
+    """A Bearer challenge pointing at plain HTTP elsewhere (or a file) gets no password."""
+    challenge = {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}
+    registry = serve(lambda method, path: (401, challenge, b""))
+    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo:1"), credentials=LOGIN)
+    with pytest.raises(RegistryAuthError, match="only an https token service"):
+        client.manifest("1")
+
+
+def test_malformed_digest_from_a_manifest_is_not_requested(serve):
+    registry = serve(lambda method, path: (404, {}, b""))
+    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"), credentials=LOGIN)
+    for digest in ("sha256:../../../v2/other/manifests/x", "sha256:abc?x=1", "latest"):
+        with pytest.raises(RegistryError, match="malformed"):
+            client.blob(digest)
+    with pytest.raises(RegistryError, match="malformed"):
+        client.manifest("../../other/manifests/1")
+    assert registry.seen == []
+
+
+def test_oversized_manifest_and_config_are_refused_by_size(serve, monkeypatch):
+    """Bounded reads say the answer is too large, rather than failing on a truncated body;
+    an oversized config blob is not drained to its end."""
+    monkeypatch.setattr(oci, "MAX_MANIFEST", 1000)
+    monkeypatch.setattr(oci, "MAX_JSON_BLOB", 1000)
+    big = json.dumps({"pad": "x" * 5000}).encode()
+    registry = serve(lambda method, path: (200, {}, big))
+    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"))
+    with pytest.raises(RegistryError, match="larger than"):
+        client.manifest("1")
+    with pytest.raises(RegistryError, match="larger than"):
+        client.json_blob(_digest(big))
