@@ -91,6 +91,7 @@ def main() -> None:
         work = Path(temp)
         requirements = work / "requirements.txt"
         requirements.write_text(args.r.read_text() if args.r else ISSUE_SET)
+        names = " ".join(requirements.read_text().split())
         env = {**os.environ, "BSI_REGISTRY_USER": user, "BSI_REGISTRY_PASSWORD": password,
                "DOCKER_BUILDKIT": "1"}  # fmt: skip
 
@@ -159,7 +160,7 @@ def main() -> None:
         uv_time += timed([uv, "pip", "install", *target, "--target", str(work / "uv" / "t"),
                           "--python", sys.executable, "-r", str(lock)], env_uv)  # fmt: skip
     pushed, size = image["bytes_pushed"], image["image_size"]
-    print(f"set: {' '.join(requirements.read_text().split())}")
+    print(f"set: {names}")
     print(f"(i)   cold delivery {cold_delivery:6.1f} s   upgrade (rebase) {upgrade:6.1f} s   "
           f"ratio {upgrade / cold_delivery:6.1%} (target <= 15 %)")  # fmt: skip
     print(f"      bytes pushed {pushed} of image {size}: {pushed / size:6.2%} (target <= 5 %)")
