@@ -30,6 +30,7 @@ WINDOWS_ONLY = {"WinDLL", "windll", "OleDLL", "oledll"}
 LOAD_ERRORS = {"OSError", "EnvironmentError", "Exception", "BaseException"}  # what a failed load
 # raises (or a catch-all): a handler for one of these that does not raise carries on without it
 SKIPPED_DIRS = {"tests", "test", "testing", "__pycache__"}  # never run in the sandbox
+MAX_EXPRESSION_DEPTH = 100  # a library name is never built from more pieces than this
 
 
 @dataclass(frozen=True)
@@ -123,19 +124,25 @@ def _bind(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> d
     }
 
 
-def _evaluate(node: ast.AST, env: Mapping[str, Scalar]) -> str | None:
-    """A string built from literals and bound parameters (f-string, +), else None."""
+def _evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str | None:
+    """A string built from literals and bound parameters (f-string, +), else None.
+
+    Bounded in depth: a generated `x + "a" + "a" + ...` must not exhaust the Python stack.
+    """
+    if depth > MAX_EXPRESSION_DEPTH:
+        return None
+    depth += 1
     if isinstance(node, ast.Constant) and isinstance(node.value, str | int):
         return str(node.value)
     if isinstance(node, ast.Name) and node.id in env:
         return str(env[node.id])
     if isinstance(node, ast.FormattedValue) and node.format_spec is None:
-        return _evaluate(node.value, env)
+        return _evaluate(node.value, env, depth)
     if isinstance(node, ast.JoinedStr):
-        parts = [_evaluate(value, env) for value in node.values]
+        parts = [_evaluate(value, env, depth) for value in node.values]
         return None if None in parts else "".join(part or "" for part in parts)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _evaluate(node.left, env), _evaluate(node.right, env)
+        left, right = _evaluate(node.left, env, depth), _evaluate(node.right, env, depth)
         return None if left is None or right is None else left + right
     return None
 
@@ -152,6 +159,9 @@ class _Module:
         self.assigned: dict[str, list[ast.AST]] = {}  # name -> values assigned anywhere
         self.loops: dict[str, list[ast.AST]] = {}  # loop variable -> iterables
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        # names() per (node, depth, bindings): names assigned from each other many times over
+        # would otherwise be followed once per path, exponentially in the depth.
+        self.memo: dict[tuple[int, int, tuple[tuple[str, Scalar], ...]], list[str]] = {}
         for node in ast.walk(tree):
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
@@ -200,6 +210,12 @@ class _Module:
         """Every literal library name `node` can evaluate to, in source order."""
         if depth > 4:
             return []
+        key = (id(node), depth, tuple(sorted(env.items())))
+        if key not in self.memo:
+            self.memo[key] = self._names(node, depth, env)
+        return self.memo[key]
+
+    def _names(self, node: ast.AST, depth: int, env: Mapping[str, Scalar]) -> list[str]:
         if (literal := _strings(node)) is not None:
             return literal
         if env and (text := _evaluate(node, env)) is not None:
@@ -301,6 +317,8 @@ def _parse(path: str, source: bytes) -> _Module | None:
         return _Module(ast.parse(source, filename=path), path)
     except (SyntaxError, ValueError):
         return None  # not Python 3 source: the interpreter could not run it either
+    except RecursionError:
+        return None  # nested too deep to build a tree of (CPython could not compile it either)
 
 
 def _analyse(module: _Module) -> tuple[list[LoadSite], list[Helper]]:

@@ -258,7 +258,7 @@ def ld_cache_entries(data: bytes) -> list[tuple[str, str]]:
             _, key, value = struct.unpack_from("<iII", data, start + 48 + 24 * i)
             entries.append((_cstring(data, key), _cstring(data, value)))
         return entries
-    except (struct.error, UnicodeDecodeError):
+    except (struct.error, ValueError):  # past the end, no NUL (str.index), not UTF-8
         return []
 
 

@@ -20,7 +20,7 @@ from builder.analysis.target import ARCHES, Arch, BaseProfile
 from builder.base.layers import Layers
 from builder.base.profile import DEBIAN_VERSION, profile_from_facts, pythonpath_dirs
 from builder.cache import Cache
-from builder.errors import UserError
+from builder.errors import RegistryError, UserError
 from builder.imageref import ImageRef
 from builder.oci import INDEX_TYPES, Registry
 
@@ -40,8 +40,14 @@ def probe_registry(image: str, cache: Cache) -> BaseProfile:
         record = _cached(cache, digest)  # a registry that gave no digest to the HEAD
         if record is None:
             record = {"version": RECORD_VERSION, "digest": digest, "arches": {}}
-            for arch, manifest in _platform_manifests(client, top):
-                record["arches"][arch.name] = _probe_manifest(client, manifest, arch)
+            try:
+                for arch, manifest in _platform_manifests(client, top):
+                    record["arches"][arch.name] = _probe_manifest(client, manifest, arch)
+            except (KeyError, TypeError, AttributeError) as exc:  # JSON of the wrong shape
+                raise RegistryError(
+                    f"{client.label}: malformed manifest or image config"
+                    f" ({type(exc).__name__}: {str(exc)[:100]})"
+                ) from None
             if not record["arches"]:
                 raise UserError(
                     f"base image {image}: the registry has no linux/amd64 or linux/arm64 image"
@@ -81,7 +87,12 @@ def _platform_manifests(
                     and platform.get("architecture") == arch.name
                     and variant in (None, "", "v8" if arch.name == "arm64" else "")
                 ):
-                    yield arch, client.manifest(entry["digest"])[0]
+                    manifest = client.manifest(entry["digest"])[0]
+                    if "manifests" in manifest:
+                        raise RegistryError(
+                            f"{client.label}: its index names another index for linux/{arch.name}"
+                        )
+                    yield arch, manifest
                     break
         return
     config = client.json_blob(top["config"]["digest"])

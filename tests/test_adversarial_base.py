@@ -1,0 +1,173 @@
+"""Reading a base through its registry when the registry or the image is hostile or broken.
+
+A malformed answer must end in one error naming the image (a RegistryError), never a
+traceback; layer tars can only ever describe the model's own tree, whatever their paths say.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+import tarfile
+
+import pytest
+from test_adversarial_registry import Reply, Server
+
+from builder.analysis.target import ARCHES
+from builder.base.layers import LD_CACHE_MAGIC, Layers, ld_cache_entries
+from builder.base.registry import probe_registry
+from builder.cache import Cache
+from builder.errors import RegistryError
+
+INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Content:
+    """Manifests (by tag `1` and by digest) and blobs a loopback registry serves."""
+
+    def __init__(self) -> None:
+        self.manifests: dict[str, tuple[str, bytes]] = {}
+        self.blobs: dict[str, bytes] = {}
+
+    def manifest(self, document: dict, tag: str | None = None) -> str:
+        body = json.dumps(document).encode()
+        media = document.get("mediaType", MANIFEST)
+        self.manifests[_digest(body)] = (media, body)
+        if tag:
+            self.manifests[tag] = (media, body)
+        return _digest(body)
+
+    def blob(self, data: bytes) -> str:
+        self.blobs[_digest(data)] = data
+        return _digest(data)
+
+    def route(self, method: str, path: str) -> Reply:
+        kind, _, reference = path.rpartition("/")
+        if kind.endswith("/manifests") and reference in self.manifests:
+            media, body = self.manifests[reference]
+            return 200, {"Content-Type": media, "Docker-Content-Digest": _digest(body)}, body
+        if kind.endswith("/blobs") and reference in self.blobs:
+            return 200, {}, self.blobs[reference]
+        return 404, {}, b""
+
+
+@pytest.fixture
+def registry_with():
+    servers: list[Server] = []
+
+    def start(content: Content) -> str:
+        servers.append(Server(content.route))
+        return f"127.0.0.1:{servers[-1].port}/base:1"
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def _image(content: Content, config: dict) -> dict:
+    config_digest = content.blob(json.dumps(config).encode())
+    return {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST,
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": config_digest,
+        },
+        "layers": [],
+    }
+
+
+def test_index_naming_another_index_is_an_error(registry_with, tmp_path):
+    content = Content()
+    inner = content.manifest({"schemaVersion": 2, "mediaType": INDEX, "manifests": []})
+    platform = {"os": "linux", "architecture": "amd64"}
+    outer = {"mediaType": INDEX, "manifests": [{"digest": inner, "platform": platform}]}
+    content.manifest({"schemaVersion": 2, **outer}, tag="1")
+    with pytest.raises(RegistryError, match="names another index for linux/amd64"):
+        probe_registry(registry_with(content), Cache(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"architecture": "amd64", "config": ["not", "an", "object"]},
+        {"architecture": "amd64", "config": {"Env": [1, 2]}},
+    ],
+)
+def test_malformed_image_config_is_one_registry_error(registry_with, tmp_path, config):
+    content = Content()
+    content.manifest(_image(content, config), tag="1")
+    with pytest.raises(RegistryError, match="malformed manifest or image config"):
+        probe_registry(registry_with(content), Cache(tmp_path / "cache"))
+
+
+def test_layer_without_its_digest_is_one_registry_error(registry_with, tmp_path):
+    content = Content()
+    manifest = _image(content, {"architecture": "amd64", "config": {}})
+    manifest["layers"] = [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"}]
+    content.manifest(manifest, tag="1")
+    with pytest.raises(RegistryError, match="malformed manifest or image config"):
+        probe_registry(registry_with(content), Cache(tmp_path / "cache"))
+
+
+def test_ld_cache_with_an_unterminated_string_reads_as_empty():
+    """A string offset past every NUL made `bytes.index` raise ValueError mid-probe."""
+    header = LD_CACHE_MAGIC + struct.pack("<II", 1, 0) + b"\0" * 20
+    entry = struct.pack("<iII", 1, 48 + 24, 48 + 24)  # both strings start at the tail
+    assert ld_cache_entries(header + entry + b"libx.so.1") == []
+
+
+def _tar(entries: list[tuple[str, bytes | str | None]]) -> io.BytesIO:
+    """A layer tar: (name, file bytes | symlink target str | None for a directory)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as archive:
+        for name, value in entries:
+            info = tarfile.TarInfo(name)
+            if value is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            elif isinstance(value, str):
+                info.type, info.linkname = tarfile.SYMTYPE, value
+                archive.addfile(info)
+            else:
+                info.size = len(value)
+                archive.addfile(info, io.BytesIO(value))
+    raw.seek(0)
+    return raw
+
+
+def test_layer_paths_stay_inside_the_model():
+    """`../`, absolute names and symlinks out all land inside the model's own tree."""
+    layers = Layers(ARCHES["amd64"], [])
+    status = b"Package: libc6\nStatus: install ok installed\nVersion: 2.41-12\n\n"
+    layers.apply(
+        _tar(
+            [
+                ("../../../var/lib/dpkg/status", status),
+                ("/usr/lib/x86_64-linux-gnu/libz.so.1", "../../../../../../etc/libz.so.1"),
+                ("usr/bin/python3", "/../../../usr/bin/python3.13"),
+            ]
+        )
+    )
+    assert "var/lib/dpkg/status" in layers.entries
+    assert all(not p.startswith(("/", "..")) for p in layers.entries)
+    assert layers.realpath("usr/lib/x86_64-linux-gnu/libz.so.1") == "etc/libz.so.1"
+    assert layers.facts()["python3_link"] == "usr/bin/python3.13"
+    assert layers.facts()["glibc"] == "2.41"
+
+
+def test_whiteouts_of_directories_and_opaque_directories():
+    layers = Layers(ARCHES["amd64"], [])
+    lib = "usr/lib/x86_64-linux-gnu"
+    layers.apply(_tar([(f"{lib}/liba.so.1", "liba.so.1.0"), (f"{lib}/sub/libb.so.1", "x")]))
+    layers.apply(_tar([(f"{lib}/.wh.sub", b""), (f"{lib}/libc.so.1", "y")]))
+    assert set(layers.entries) == {f"{lib}/liba.so.1", f"{lib}/libc.so.1"}
+    layers.apply(_tar([(lib, None), (f"{lib}/.wh..wh..opq", b""), (f"{lib}/libd.so.1", "z")]))
+    assert set(layers.entries) == {f"{lib}/libd.so.1"}
