@@ -36,6 +36,13 @@ class Response:
             text = short(self.body.decode("latin-1"))
             raise ContractViolation(f"HTTP {self.status}, not JSON: {text}") from None
 
+    def object(self) -> dict[str, Any]:
+        """The body as a JSON object; any other JSON is a contract violation, not a crash."""
+        found = self.json()
+        if not isinstance(found, dict):
+            raise ContractViolation(f"HTTP {self.status}, not a JSON object: {short(found)}")
+        return found
+
 
 def encoded(path: str) -> str:
     """A workspace path as the upstream client sends it: percent-encoded, `/` as %2F."""

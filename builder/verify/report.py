@@ -89,3 +89,8 @@ def run_check(
         return Check(name, False, f"server did not answer: {type(error).__name__}: {error}")
     except client_errors as error:
         return Check(name, False, f"{type(error).__name__}: {short(str(error), 300)}")
+    except (LookupError, TypeError, AttributeError, ValueError) as error:
+        # JSON of a shape no check foresaw: this check fails, the report goes on.
+        return Check(
+            name, False, f"unexpected answer ({type(error).__name__}: {short(str(error))})"
+        )

@@ -1,0 +1,114 @@
+"""The hardening checks against a server that answers in shapes the contract does not allow.
+
+A non-conforming image must fail the check with one clear line; the report goes on. The fake
+sandbox here answers /execute like a server would for the checks' own helper scripts, and the
+route under test with JSON of the wrong shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import partial
+
+from builder import contract
+from builder.verify import hardening
+from builder.verify.client import Response, Sandbox
+from builder.verify.report import run_check
+
+Answer = Callable[[list[str]], str]  # argv -> what the command printed
+
+
+class Misshapen(Sandbox):
+    """/execute runs nothing: `stdout_for` says what each command printed; every other route
+    answers `other`."""
+
+    def __init__(self, stdout_for: Answer, other: bytes) -> None:
+        super().__init__(port=1)
+        self.stdout_for = stdout_for
+        self.other = other
+
+    def request(self, method, path, body=None, headers=None, timeout=30.0) -> Response:
+        if path == contract.EXECUTE:
+            argv = json.loads(body)["command"]
+            stdout = self.stdout_for(argv)
+            if stdout is None:
+                return Response(200, b"[]")
+            reply = {"stdout": stdout, "stderr": "", "exit_code": 0}
+            return Response(200, json.dumps(reply).encode())
+        return Response(200, self.other)
+
+
+def _script(argv: list[str]) -> str:
+    return argv[2] if argv[:2] == ["python3", "-c"] else ""
+
+
+def test_flood_reply_that_is_not_an_object_fails_the_check():
+    def stdout_for(argv: list[str]) -> str | None:
+        if _script(argv) == hardening.FLOOD:
+            return None  # the flood's reply is `[]`
+        return "VmHWM unknown\n" if _script(argv) == hardening.PEAK_RSS else ""
+
+    result = run_check("flood", partial(hardening.check_flood, Misshapen(stdout_for, b"{}")))
+    assert not result.passed
+    assert "not a JSON object" in result.detail
+
+
+def test_peak_rss_that_is_not_a_number_is_reported_unreadable(monkeypatch):
+    def stdout_for(argv: list[str]) -> str:
+        return "warning: something\n" if _script(argv) == hardening.PEAK_RSS else ""
+
+    sandbox = Misshapen(stdout_for, b"{}")
+    flood = {"stdout": "", "stderr": "", "exit_code": 0, "truncated": {"stdout": True}}
+    monkeypatch.setattr(Misshapen, "request", _flood_answers(Misshapen.request, flood))
+    result = run_check("flood", partial(hardening.check_flood, sandbox))
+    assert result.passed, result.detail
+    assert "server peak RSS not readable" in result.detail
+
+
+def _flood_answers(request, flood: dict):
+    def answer(self, method, path, body=None, headers=None, timeout=30.0) -> Response:
+        if path == contract.EXECUTE and hardening.FLOOD in json.loads(body)["command"]:
+            return Response(200, json.dumps(flood).encode())
+        return request(self, method, path, body, headers, timeout)
+
+    return answer
+
+
+def test_race_exists_answer_that_is_not_an_object_fails_the_check():
+    layout = json.dumps({"outside": "/tmp/x", "name": "n", "writable": True})
+
+    def stdout_for(argv: list[str]) -> str:
+        return layout if _script(argv) == hardening.RACE_SETUP else ""
+
+    result = run_check("race", partial(hardening.check_race, Misshapen(stdout_for, b'"yes"')))
+    assert not result.passed
+    assert "not a JSON object" in result.detail
+
+
+def test_race_setup_printing_the_wrong_json_fails_the_check():
+    def stdout_for(argv: list[str]) -> str:
+        return "[1, 2]" if _script(argv) == hardening.RACE_SETUP else ""
+
+    result = run_check("race", partial(hardening.check_race, Misshapen(stdout_for, b"{}")))
+    assert not result.passed
+    assert "the race's setup printed [1, 2]" in result.detail
+
+
+def test_process_listing_that_is_not_a_list_fails_the_detached_check():
+    def stdout_for(argv: list[str]) -> str:
+        if argv[:2] == ["sh", "-c"]:
+            return "detached\n"
+        return "0" if _script(argv) == hardening.SURVIVORS else ""
+
+    result = run_check("detached", partial(hardening.check_detached, Misshapen(stdout_for, b"{}")))
+    assert not result.passed
+    assert "the process listing printed 0, not a list" in result.detail
+
+
+def test_a_check_meeting_json_of_an_unforeseen_shape_fails_alone():
+    def check() -> str:
+        return {"stdout": 1}["exit_code"]  # type: ignore[return-value]
+
+    result = run_check("odd", check)
+    assert not result.passed and result.detail.startswith("unexpected answer (KeyError")
