@@ -7,6 +7,7 @@ arches each image is pushed by digest and the tags name one index of them (build
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -51,16 +52,22 @@ class ArchBuild:
     tag: str
     verification: VerifyReport | None = None
     digest: str | None = None  # its manifest, as pushed
+    pushed_layer: Mapping[str, Any] | None = None  # the deps-extra blob's descriptor, as pushed
 
     @property
     def image_id(self) -> str:
         return self.image.image_id
 
+    def deps_extra_layer(self) -> dict[str, Any]:
+        """The layer's tar, and once pushed its blob's digest and size."""
+        pushed = self.pushed_layer or {}
+        return self.image.deps.to_dict() | {k: v for k, v in pushed.items() if k != "mediaType"}
+
     def to_dict(self) -> dict[str, Any]:
         record: dict[str, Any] = {
             "id": self.image_id,
             "tag": self.tag,
-            "deps_extra_layer": self.image.deps.to_dict(),
+            "deps_extra_layer": self.deps_extra_layer(),
         }
         if self.verification is not None:
             record["verification"] = self.verification.to_dict()
@@ -148,6 +155,7 @@ def push(
     tags: Sequence[str],
     base_image: str,
     annotations: Mapping[str, str],
+    cache: Cache,
     say: Say,
 ) -> PushResult:
     """Each arch's exact blobs by digest; then the tags name it, or an index of several."""
@@ -160,11 +168,13 @@ def push(
         tags,
         base_image=base_image,
         annotations=annotations,
+        cache=cache,
         credentials=lookup(registry),
         say=say,
     )
     for built in builds:
         built.digest = images[built.arch].digest
+        built.pushed_layer = json.loads(images[built.arch].manifest)["layers"][-1]
     return pushed
 
 

@@ -27,7 +27,7 @@ from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.config import PipelineConfig, set_platform_version
 from builder.errors import RegistryUnreachable
-from builder.image.assemble import plan_layers, source_date_epoch
+from builder.image.assemble import plan_epoch, plan_layers, start_layers
 from builder.image.index import ArchImage, put_index
 from builder.image.labels import created, image_labels
 from builder.image.layer import Layer
@@ -37,7 +37,7 @@ from builder.image.template import TemplateChange, apply_hint, set_image, warm_p
 from builder.imageref import ImageRef
 from builder.multiarch import ArchBuild, Finish
 from builder.oci import Registry
-from builder.rebase import rebase
+from builder.rebase import AptAhead, rebase
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state, state_of
 from builder.verify import VerifyReport
 
@@ -66,8 +66,13 @@ def base_reference(base: BaseProfile) -> str:
     return base.image
 
 
-def prepare(request: Request) -> Plan:
-    """Resolve, fetch, inspect and plan for every arch, then render the context."""
+def prepare(request: Request, reuse_locks: Mapping[str, str] | None = None) -> Plan:
+    """Resolve, fetch, inspect and plan for every arch, then render the context.
+
+    Each arch's deps-extra layer needs only the chosen wheels, so it is written while the
+    wheels are inspected. When every arch's lock hash equals `reuse_locks` (the previous
+    build's: the rebase path reuses its layers by digest) no layer is written at all.
+    """
     requirements = read_requirements(request.requirement_files, request.constraint_files)
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
@@ -90,15 +95,25 @@ def prepare(request: Request) -> Plan:
     }
     files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
     requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
+    pins = {
+        r.arch.name: [
+            (p.name, p.version, chosen[r.arch.name][p.name][0].sha256) for p in r.packages
+        ]
+        for r in resolutions
+    }
     paths = download_all(files, request.cache, indexes)
-    inspected = inspect_wheels([(path, sha) for sha, path in paths.items()], request.cache)
-    inspections = {inspection.sha256: inspection for inspection in inspected}
-    arch_plans = tuple(
-        plan_arch(
-            resolution, chosen[resolution.arch.name], inspections, target, request.with_optional
-        )
-        for resolution in resolutions
-    )
+    with ThreadPoolExecutor(max_workers=len(pins)) as layer_pool:
+        writing = start_layers(layer_pool, pins, paths, request.cache, reuse_locks)
+        inspected = inspect_wheels([(path, sha) for sha, path in paths.items()], request.cache)
+        inspections = {inspection.sha256: inspection for inspection in inspected}
+        arch_plans = tuple(
+            plan_arch(
+                resolution, chosen[resolution.arch.name], inspections, target,
+                request.with_optional,
+            )
+            for resolution in resolutions
+        )  # fmt: skip
+        layers = {arch: future.result() for arch, future in writing.items()}
     direct = tuple(r.name for r in requirements.requirements)
     plan = Plan(
         base=request.base,
@@ -107,7 +122,6 @@ def prepare(request: Request) -> Plan:
         import_modules=import_modules(direct, arch_plans),
         runtime_checks=runtime_checks(arch_plans),
     )
-    layers = plan_layers(plan, request.cache, paths)
     render(
         plan,
         request.output,
@@ -126,9 +140,13 @@ def extras_of(plan: Plan) -> str:
 
 
 def finish(plan: Plan, request: Request, layers: Mapping[str, Layer] | None = None) -> Finish:
-    """The layers, labels and `created` each arch's image gets (the same in the Dockerfile)."""
-    layers = layers or plan_layers(plan, request.cache)
-    epoch = source_date_epoch(layers)
+    """The layers, labels and `created` each arch's image gets (the same in the Dockerfile).
+
+    `layers` None: each arch's layer is written (or found in the cache); empty: none is
+    needed (a rebase), and only the date the locks fix is read from the wheels.
+    """
+    layers = plan_layers(plan, request.cache) if layers is None else layers
+    epoch = plan_epoch(plan, request.cache)
     version = platform_version(plan.base_image, request.platform_version)
     labels = image_labels(plan.base.image, plan.base.digest, epoch, version, extras_of(plan))
     return Finish(layers, labels, created(epoch), request.cache)
@@ -249,6 +267,7 @@ def deliver(
             tags,
             plan.base_image,
             finished.labels,
+            request.cache,
             say,
         )
         image_record |= {"pushed": pushed.reference, "tags": list(pushed.tags)}
@@ -266,7 +285,8 @@ def deliver(
                     (delivery.template, *delivery.warm_pools), template_name
                 )
     image_record["arches"] = {b.arch: b.to_dict() for b in outcome.builds}
-    update_report(request.output, {"image": image_record})
+    pushed_layers = {b.arch: b.deps_extra_layer() for b in outcome.builds if b.pushed_layer}
+    update_report(request.output, {"image": image_record}, pushed_layers)
     return outcome
 
 
@@ -294,19 +314,46 @@ def rebuild(
     delivery that ends without a pushed image (a failed verification) records nothing.
     """
     base = base_profile(config.base_image_for(new_version), client, cache, say)
-    with tempfile.TemporaryDirectory(prefix="bsi-check-") as scratch:
+    previous = load_state(config.state)
+    arches = multiarch.target_arches(config.architectures, base, client)
+    with (
+        tempfile.TemporaryDirectory(prefix="bsi-check-") as scratch,
+        ThreadPoolExecutor(max_workers=len(arches)) as early,
+    ):
         request = Request(
             requirement_files=config.requirements,
             constraint_files=config.constraints,
-            arches=multiarch.target_arches(config.architectures, base, client),
+            arches=arches,
             base=base,
             output=Path(scratch) / "context" if check_only else config.output,
             cache=cache,
             refresh=True,  # an upgrade must see what the index offers now
             platform_version=new_version,
         )
-        plan = prepare(request)
-    previous, current = load_state(config.state), state_of(plan, new_version)
+        rebasing = previous is not None and previous.image and not check_only
+        ahead = (
+            AptAhead(early, {a: previous.apt_packages.get(a, ()) for a in arches},
+                     base_reference(base), cache, client)
+            if previous is not None and rebasing else None
+        )  # fmt: skip
+        plan = prepare(request, previous.locks if previous is not None and rebasing else None)
+        return _delivered(config, new_version, previous, plan, request, client, say, check_only,
+                          ahead)  # fmt: skip
+
+
+def _delivered(
+    config: PipelineConfig,
+    new_version: str,
+    previous: BuildState | None,
+    plan: Plan,
+    request: Request,
+    client: docker.DockerClient,
+    say: Say,
+    check_only: bool,
+    ahead: AptAhead | None,
+) -> Rebuild:
+    """`rebuild` once planned: which path, then that path, then the state recorded."""
+    current = state_of(plan, new_version)
     found = Rebuild(plan, changes(previous, current))
     if check_only or not found.changes:
         return found
@@ -321,7 +368,7 @@ def rebuild(
     found.path = "build" if blocker or previous is None else "rebase"
     say(f"upgrade path: {found.path} ({blocker or 'the resolution is unchanged'})")
     if previous is not None and found.path == "rebase":
-        found.outcome = _rebase(previous, plan, request, delivery, client, say)
+        found.outcome = _rebase(previous, plan, request, delivery, client, say, ahead)
     else:
         found.outcome = deliver(plan, request, delivery, client, say)
     if found.outcome.succeeded:
@@ -338,6 +385,7 @@ def _rebase(
     delivery: Delivery,
     client: docker.DockerClient,
     say: Say,
+    ahead: AptAhead | None,
 ) -> Outcome:
     """The rebase path (builder.rebase) in a delivery's terms: pushed, verified, template.
 
@@ -346,7 +394,7 @@ def _rebase(
     """
     assert previous.image and previous.base_digest and delivery.push_repository
     version = delivery.platform_version or platform_version(plan.base_image, None)
-    finished, multi = finish(plan, request), len(plan.arches) > 1
+    finished, multi = finish(plan, request, {}), len(plan.arches) > 1
     machine = client.info().get("Architecture")
     arches = sorted((a.arch for a in plan.arches), key=lambda arch: ARCHES[arch].machine != machine)
     done = [
@@ -355,7 +403,7 @@ def _rebase(
             extras_of(plan), client, request.cache, say, labels=finished.labels,
             created=finished.created, tag=not multi,
             startup_timeout=multiarch.STARTUP if ARCHES[arch].machine == machine
-            else multiarch.EMULATED_STARTUP,
+            else multiarch.EMULATED_STARTUP, ahead=ahead,
         )
         for arch in arches
     ]  # fmt: skip

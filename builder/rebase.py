@@ -10,7 +10,8 @@ verified is, byte for byte, the one the cluster gets.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.credentials import engine_auth
 from builder.errors import UserError
-from builder.image.layer import apt_layer
+from builder.image.gzipped import gzipped
+from builder.image.layer import Layer, apt_layer
 from builder.image.publish import image_tags
 from builder.image.rebase import Image, NewLayer, append, top
 from builder.imageref import ImageRef
@@ -80,6 +82,7 @@ def rebase(
     created: str,
     tag: bool = True,
     startup_timeout: float = STARTUP_TIMEOUT,
+    ahead: AptAhead | None = None,
 ) -> Rebased:
     """Put the previous image's deps-extra layer on the new base; push, verify, tag.
 
@@ -103,10 +106,14 @@ def rebase(
     local: dict[str, Path] = {}  # blobs only this machine has: digest -> file
     packages = next(a.apt_packages for a in plan.arches if a.arch == arch)
     if packages:
-        say(f"rebuilding the apt layer ({' '.join(packages)}) on {plan.base_image} ...")
-        apt, created_by = apt_layer(plan.base_image, packages, arch, cache, client)
-        layers.append(NewLayer(apt.digest, apt.diff_id, apt.size, created_by))
-        local[apt.digest] = apt.path
+        built = ahead.get(arch, packages) if ahead else None
+        if built is None:
+            say(f"rebuilding the apt layer ({' '.join(packages)}) on {plan.base_image} ...")
+            built = apt_layer(plan.base_image, packages, arch, cache, client)
+        apt, created_by = built
+        blob = gzipped(apt.path, apt.diff_id, cache)
+        layers.append(NewLayer(blob.digest, apt.diff_id, blob.size, created_by))
+        local[blob.digest] = blob.path
     layers.append(deps)
     image = append(
         new_base,
@@ -150,6 +157,33 @@ def rebase(
         )
     result.tags = tuple(tags)
     return result
+
+
+class AptAhead:
+    """Apt layers started before the plan exists, for the previous build's apt sets.
+
+    A platform upgrade usually keeps the apt set, so the one BuildKit step of a rebase runs
+    while the extras are re-resolved; a layer is used only if the new plan asks for that set.
+    """
+
+    def __init__(
+        self,
+        pool: ThreadPoolExecutor,
+        packages: Mapping[str, Sequence[str]],
+        base_image: str,
+        cache: Cache,
+        client: docker.DockerClient,
+    ) -> None:
+        self.started = {
+            arch: (tuple(wanted), pool.submit(apt_layer, base_image, wanted, arch, cache, client))
+            for arch, wanted in packages.items()
+            if wanted
+        }
+
+    def get(self, arch: str, packages: Sequence[str]) -> tuple[Layer, str] | None:
+        """The layer started for `arch`, if it was started for exactly `packages`."""
+        wanted, future = self.started.get(arch, ((), None))
+        return future.result() if future is not None and wanted == tuple(packages) else None
 
 
 def _image(registry: Registry, reference: str, arch: str) -> Image:

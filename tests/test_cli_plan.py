@@ -64,7 +64,7 @@ def test_beautifulsoup4_needs_no_apt_and_nothing_from_the_base(
     assert "not building (--no-build)" in result.stdout
     lock = (out / "requirements-amd64.lock").read_text()
     assert "beautifulsoup4==" in lock and "--hash=sha256:" in lock
-    with tarfile.open(out / "deps-extra-amd64.tar.gz") as layer:
+    with tarfile.open(out / "deps-extra-amd64.tar") as layer:
         assert "app/deps-extra/bs4/__init__.py" in layer.getnames()
 
 
@@ -175,10 +175,10 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     # root only around apt-get: USER 0:0 right before the apt RUN, the sandbox user right after
     assert system[system.index("USER 0:0") + 1].startswith("RUN apt-get")
     assert system[-2] == "USER 65532:65532"
-    assert "ADD deps-extra-${TARGETARCH}.tar.gz /" in final
+    assert "ADD deps-extra-${TARGETARCH}.tar /" in final
     assert "ENV PYTHONPATH=${PYTHONPATH:+${PYTHONPATH}:}/app/deps-extra" in final
     assert any(line.startswith("LABEL org.build-sandbox-image.version=") for line in final)
-    assert (out / "deps-extra-amd64.tar.gz").is_file()
+    assert (out / "deps-extra-amd64.tar").is_file()
     assert not (out / "wheels").exists()  # no wheel is copied into a context or a layer
     hadolint = subprocess.run(  # in the context, with the config the context carries
         [str(Path(sys.executable).parent / "hadolint"), "Dockerfile"],

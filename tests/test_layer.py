@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import subprocess
 import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
 from wheelfactory import make_wheel
 
 from builder.cache import Cache
+from builder.image import gzipped as gzipped_module
+from builder.image.gzipped import gzipped
 from builder.image.layer import ZIP_EPOCH, deps_layer, lock_hash, source_date_epoch
 
 ROOT = "/app/deps-extra"
@@ -42,7 +44,7 @@ def wheels(tmp_path: Path) -> list[Path]:
 
 
 def members(layer_path: Path) -> list[tarfile.TarInfo]:
-    with tarfile.open(layer_path, "r:gz") as tar:
+    with tarfile.open(layer_path, "r:") as tar:
         return tar.getmembers()
 
 
@@ -59,12 +61,16 @@ def test_two_cold_builds_with_separate_caches_are_byte_identical(tmp_path: Path)
         copy.write_bytes(wheel.read_bytes())
         copies.append(copy)
     second = deps_layer(lock, copies, ROOT, Cache(tmp_path / "c2"))
-    assert first.diff_id == second.diff_id and first.digest == second.digest
+    assert first.diff_id == second.diff_id
     assert first.path.read_bytes() == second.path.read_bytes()
-    assert first.digest == "sha256:" + hashlib.sha256(first.path.read_bytes()).hexdigest()
-    tar_bytes = gzip.decompress(first.path.read_bytes())
-    assert first.diff_id == "sha256:" + hashlib.sha256(tar_bytes).hexdigest()
+    assert first.diff_id == "sha256:" + hashlib.sha256(first.path.read_bytes()).hexdigest()
     assert first.size == first.path.stat().st_size
+    # The registry blob: the same gzip bytes from either cache, and it unpacks to the tar.
+    blob = gzipped(first.path, first.diff_id, Cache(tmp_path / "c1"))
+    assert blob == gzipped(first.path, first.diff_id, Cache(tmp_path / "c1"))  # cached
+    assert blob.digest == gzipped(second.path, second.diff_id, Cache(tmp_path / "c2")).digest
+    assert blob.digest == "sha256:" + hashlib.sha256(blob.path.read_bytes()).hexdigest()
+    assert gzip.decompress(blob.path.read_bytes()) == first.path.read_bytes()
     # Cached by the lock: a third call with no wheels at hand returns the cached blob.
     assert deps_layer(lock, [], ROOT, Cache(tmp_path / "c1")) == first
     assert lock_hash(lock) != lock_hash(lock + "gamma==1\n")
@@ -89,7 +95,7 @@ def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
     assert "app/deps-extra/alpha/sub/data.txt" in by_name
     assert not [n for n in names if "headers" in n or n.endswith(".h") or ".data/" in n]
     assert not [n for n in names if n.endswith(".pyc")]
-    with tarfile.open(layer.path, "r:gz") as tar:
+    with tarfile.open(layer.path, "r:") as tar:
 
         def read(name: str) -> bytes:
             handle = tar.extractfile(name)
@@ -106,7 +112,7 @@ def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
 
 def test_the_unpacked_layer_imports(tmp_path: Path) -> None:
     layer = deps_layer("lock\n", wheels(tmp_path), ROOT, Cache(tmp_path / "c"))
-    with tarfile.open(layer.path, "r:gz") as tar:
+    with tarfile.open(layer.path, "r:") as tar:
         tar.extractall(tmp_path / "root", filter="tar")
     site = tmp_path / "root" / "app" / "deps-extra"
     code = (
@@ -120,9 +126,15 @@ def test_the_unpacked_layer_imports(tmp_path: Path) -> None:
     assert result.stdout.split() == ["42", "2.0"]
 
 
-def test_gzip_header_carries_no_name_or_time(tmp_path: Path) -> None:
+def test_gzip_members_carry_no_name_or_time_and_concatenate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gzipped_module, "MEMBER", 1000)  # several members from a small tar
     layer = deps_layer("lock\n", wheels(tmp_path), ROOT, Cache(tmp_path / "c"))
-    header = layer.path.read_bytes()[:10]
-    assert header[3] == 0  # no FNAME flag
-    assert header[4:8] == b"\0\0\0\0"  # mtime 0
-    assert io.BytesIO(gzip.decompress(layer.path.read_bytes())).read(1)
+    blob = gzipped(layer.path, layer.diff_id, Cache(tmp_path / "c"))
+    data = blob.path.read_bytes()
+    assert data[:10] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, mtime 0
+    assert data.count(data[:10]) >= layer.size // 1000  # one member per 1000 bytes of tar
+    assert gzip.decompress(data) == layer.path.read_bytes()  # readers read every member
+    with tarfile.open(blob.path, "r:gz") as tar:
+        assert "app/deps-extra/beta.py" in tar.getnames()

@@ -26,9 +26,9 @@ def empty_plan() -> Plan:
 
 
 def write_context(tmp_path: Path, output: Path) -> None:
-    blob = tmp_path / "layer.tar.gz"
+    blob = tmp_path / "layer.tar"
     blob.write_bytes(b"not really a layer")
-    layer = Layer(blob, "sha256:" + "a" * 64, "sha256:" + "b" * 64, 18, 315532800)
+    layer = Layer(blob, "sha256:" + "b" * 64, 18, 315532800)
     render(empty_plan(), output, {"amd64": layer}, {"amd64": "lock-version = '1.0'\n"})
 
 
@@ -60,7 +60,7 @@ def test_a_marked_context_is_replaced_until_someone_adds_a_file(tmp_path: Path) 
     write_context(tmp_path, output)
     marker = (output / MARKER).read_text().splitlines()
     assert marker[0].startswith("build-sandbox-image ")
-    assert {"Dockerfile", "report.json", "deps-extra-amd64.tar.gz", MARKER} <= set(marker[1:])
+    assert {"Dockerfile", "report.json", "deps-extra-amd64.tar", MARKER} <= set(marker[1:])
     update_report(output, {"image": {"id": "sha256:1"}})
     write_context(tmp_path, output)  # our own context, even after the report was updated
     assert "sha256:1" not in (output / "report.json").read_text()

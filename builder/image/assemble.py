@@ -14,8 +14,9 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,12 @@ import docker
 import docker.errors
 
 from builder import contract
-from builder.analysis.plan import Plan
+from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.layer import Layer, deps_layer
+from builder.image.layer import ChunkStream, Layer, deps_layer, lock_hash, source_date_epoch
 from builder.image.rebase import NewLayer, canonical, digest_of, extend_config
-from builder.image.render import DEPS_LAYER, lock_text
+from builder.image.render import DEPS_LAYER, lock_of, lock_text
 
 CHUNK = 1 << 20
 BLOCK = 512
@@ -55,13 +56,7 @@ def plan_layers(
     """
 
     def one(arch: str) -> Layer:
-        chosen = next(a.wheels for a in plan.arches if a.arch == arch)
-        paths = []
-        for wheel in chosen:
-            path = (wheels or {}).get(wheel.sha256) or cache.find_blob(wheel.sha256, wheel.filename)
-            if path is None:
-                raise UserError(f"{wheel.filename}: not in the cache; run the build again")
-            paths.append(path)
+        paths = _wheel_paths(plan, arch, cache, wheels)
         return deps_layer(lock_text(plan, arch), paths, plan.pythonpath_entry, cache)
 
     arches = [a.arch for a in plan.arches]
@@ -69,9 +64,48 @@ def plan_layers(
         return dict(zip(arches, pool.map(one, arches), strict=True))
 
 
-def source_date_epoch(layers: Mapping[str, Layer]) -> int:
-    """The plan's SOURCE_DATE_EPOCH: the newest of its locks' (one `created` for every arch)."""
-    return max(layer.source_date_epoch for layer in layers.values())
+def start_layers(
+    pool: ThreadPoolExecutor,
+    pins: Mapping[str, Sequence[tuple[str, str, str]]],
+    wheels: Mapping[str, Path],
+    cache: Cache,
+    reuse_locks: Mapping[str, str] | None = None,
+) -> dict[str, Future[Layer]]:
+    """Start each arch's layer from its (name, version, sha256) pins, before the plan exists.
+
+    None is started when every arch's lock hash equals `reuse_locks`: a rebase reuses them.
+    """
+    locks = {arch: lock_of(arch_pins) for arch, arch_pins in pins.items()}
+    if reuse_locks is not None and {a: lock_hash(t) for a, t in locks.items()} == reuse_locks:
+        return {}
+    tempfile.TemporaryFile().close()  # tempfile's first use locks: no fork may copy it held
+    return {
+        arch: pool.submit(
+            deps_layer, text, [wheels[sha] for _, _, sha in pins[arch]], EXTRA_DEPS, cache
+        )
+        for arch, text in locks.items()
+    }
+
+
+def plan_epoch(plan: Plan, cache: Cache) -> int:
+    """The plan's SOURCE_DATE_EPOCH: the newest of its locks' (one `created` for every arch).
+
+    Read from the wheels' zip directories, so it needs no layer written (the rebase path).
+    """
+    return max(source_date_epoch(_wheel_paths(plan, a.arch, cache)) for a in plan.arches)
+
+
+def _wheel_paths(
+    plan: Plan, arch: str, cache: Cache, wheels: Mapping[str, Path] | None = None
+) -> list[Path]:
+    chosen = next(a.wheels for a in plan.arches if a.arch == arch)
+    paths = []
+    for wheel in chosen:
+        path = (wheels or {}).get(wheel.sha256) or cache.find_blob(wheel.sha256, wheel.filename)
+        if path is None:
+            raise UserError(f"{wheel.filename}: not in the cache; run the build again")
+        paths.append(path)
+    return paths
 
 
 def created_by(arch: str, root: str) -> str:
@@ -82,18 +116,21 @@ def created_by(arch: str, root: str) -> str:
 def system_config(client: docker.DockerClient, image_id: str, cache: Cache) -> dict[str, Any]:
     """An engine image's config document, byte for byte as the engine holds it.
 
-    Only `docker save` gives it; the save streams every layer too, so it is cached by image id.
+    Only `docker save` gives it; the save streams layers too (read until the config comes by,
+    then dropped), so it is cached by image id.
     """
     record = cache.get_record("image-config", image_id.removeprefix("sha256:"))
     if record:
         return dict(record)
-    stream = io.BufferedReader(_Chunks(client.api.get_image(image_id, chunk_size=CHUNK)), CHUNK)
+    chunks = client.api.get_image(image_id, chunk_size=CHUNK)
     config: dict[str, Any] | None = None
+    stream = io.BufferedReader(ChunkStream(chunks), CHUNK)
     with tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
         for member in archive:
             if member.name == f"{image_id.removeprefix('sha256:')}.json":
                 handle = archive.extractfile(member)
                 config = json.load(handle) if handle else None
+                break  # the layers after it are not needed
     if config is None:
         raise UserError(f"image {image_id}: docker save gave no config")
     cache.put_record("image-config", image_id.removeprefix("sha256:"), config)
@@ -118,7 +155,7 @@ def assemble(
         raise UserError(f"image {system_id}: built as {base.get('architecture')}, not {arch}")
     config = extend_config(
         base,
-        [NewLayer(deps.digest, deps.diff_id, deps.size, created_by(arch, root))],
+        [NewLayer("", deps.diff_id, deps.size, created_by(arch, root))],  # digest: when pushed
         env={"PYTHONPATH": f"$PYTHONPATH:{root}"},
         user=contract.SANDBOX_USER,
         labels=labels,
@@ -147,15 +184,15 @@ def _present(client: docker.DockerClient, image_id: str) -> bool:
 def _load_stream(
     image_id: str, config: bytes, diff_ids: Sequence[str], top: Path
 ) -> Iterator[bytes]:
-    """A `docker save`-format tar holding the config and only the top layer (gzip, as stored).
+    """A `docker save`-format tar holding the config and only the top layer (the plain tar).
 
     The engine skips reading the layers below: it has them (they are the system image's).
     """
     hex_id = image_id.removeprefix("sha256:")
-    layers = [f"{index}/layer.tar" for index in range(len(diff_ids) - 1)] + ["top.tar.gz"]
+    layers = [f"{index}/layer.tar" for index in range(len(diff_ids) - 1)] + ["top.tar"]
     manifest = json.dumps([{"Config": f"{hex_id}.json", "RepoTags": None, "Layers": layers}])
     yield from _member(f"{hex_id}.json", len(config), iter([config]))
-    yield from _member("top.tar.gz", top.stat().st_size, _chunks(top))
+    yield from _member("top.tar", top.stat().st_size, _chunks(top))
     yield from _member("manifest.json", len(manifest), iter([manifest.encode()]))
     yield b"\0" * (2 * BLOCK)
 
@@ -172,23 +209,3 @@ def _chunks(path: Path) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while data := handle.read(CHUNK):
             yield data
-
-
-class _Chunks(io.RawIOBase):
-    """A raw stream over an iterator of byte chunks, for tarfile's streaming mode."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks, self.current, self.offset = iter(chunks), b"", 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while self.offset >= len(self.current):
-            self.current, self.offset = next(self.chunks, b""), 0
-            if not self.current:
-                return 0
-        count = min(len(buffer), len(self.current) - self.offset)
-        buffer[:count] = self.current[self.offset : self.offset + count]
-        self.offset += count
-        return count

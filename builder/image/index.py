@@ -25,9 +25,11 @@ from typing import Any
 
 import docker
 
+from builder.cache import Cache
 from builder.credentials import Credentials
 from builder.errors import RegistryError, UserError
 from builder.image.assemble import Assembled
+from builder.image.gzipped import gzipped
 from builder.image.publish import PushResult
 from builder.imageref import ImageRef
 from builder.oci import INDEX_TYPES, Registry
@@ -92,6 +94,7 @@ def publish_assembled(
     *,
     base_image: str | None,
     annotations: Mapping[str, str],
+    cache: Cache,
     credentials: Credentials | None = None,
     say: Say = lambda line: None,
 ) -> tuple[PushResult, dict[str, ArchImage]]:
@@ -104,7 +107,7 @@ def publish_assembled(
     for image in images:
         say(f"pushing {image.arch} image {image.image_id[:19]} to {repository} by digest ...")
         base = _base_layers(base_image, image.arch, target, credentials)
-        pushed[image.arch] = push_assembled(client, image, target, base)
+        pushed[image.arch] = push_assembled(client, image, target, cache, base)
     if len(images) == 1:
         only = pushed[images[0].arch]
         return put_tags(target, only.manifest, DOCKER_MANIFEST, tags), pushed
@@ -137,11 +140,12 @@ def push_assembled(
     client: docker.DockerClient,
     image: Assembled,
     target: Registry,
+    cache: Cache,
     base: BaseLayers | None = None,
 ) -> ArchImage:
     """Upload an assembled image's blobs and manifest by digest; no tag is written.
 
-    The deps-extra blob goes up from the cache as it is (its digest is the lock's); the
+    The deps-extra tar is gzipped once (builder.image.gzipped: its digest is the lock's); the
     layers below come from the registry the base is in, else from `docker save` of the
     system image, which holds exactly them.
     """
@@ -151,7 +155,7 @@ def push_assembled(
     if any(layer is None for layer in layers):
         with tempfile.TemporaryDirectory(prefix="bsi-push-") as temp:
             _save(client, image.system_id, below, layers, Path(temp), target)
-    deps = image.deps
+    deps = gzipped(image.deps.path, image.deps.diff_id, cache)
     if not target.blob_exists(deps.digest):
         target.upload_blob(deps.path, deps.digest)
     layers.append({"mediaType": DOCKER_LAYER, "size": deps.size, "digest": deps.digest})

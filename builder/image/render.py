@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from importlib import metadata, resources
@@ -23,7 +23,7 @@ from builder.contract import SANDBOX_USER
 from builder.errors import UserError
 from builder.image.layer import Layer
 
-DEPS_LAYER = "deps-extra-{arch}.tar.gz"  # in the context: the layer the final stage ADDs
+DEPS_LAYER = "deps-extra-{arch}.tar"  # in the context: the layer the final stage ADDs
 TOOL = "build-sandbox-image"
 MARKER = f".{TOOL}"  # first line "build-sandbox-image <version>", then every path written
 SHOWN_ENTRIES = 5
@@ -125,9 +125,12 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
 def lock_text(plan: Plan, arch: str) -> str:
     """A pip requirements lock pinning exactly the chosen wheel of each distribution."""
     chosen = next(a for a in plan.arches if a.arch == arch)
-    return "".join(
-        f"{wheel.name}=={wheel.version} --hash=sha256:{wheel.sha256}\n" for wheel in chosen.wheels
-    )
+    return lock_of((wheel.name, wheel.version, wheel.sha256) for wheel in chosen.wheels)
+
+
+def lock_of(pins: Iterable[tuple[str, str, str]]) -> str:
+    """The lock of (name, version, sha256) pins, in order: known before the plan is."""
+    return "".join(f"{name}=={version} --hash=sha256:{sha}\n" for name, version, sha in pins)
 
 
 def place(source: Path, destination: Path) -> None:
@@ -151,6 +154,7 @@ def render(
 
     Each arch's deps-extra layer is hard-linked from the cache: no wheel is copied, and a
     rerun gives BuildKit nothing new to hash (it reads the layer file only for a hand build).
+    An arch missing from `layers` (the rebase path reuses the pushed layer) gets no file.
     """
     output = check_output(output)
     try:
@@ -163,9 +167,10 @@ def render(
         for arch in plan.arches:
             (staging / f"requirements-{arch.arch}.lock").write_text(lock_text(plan, arch.arch))
             (staging / f"pylock.{arch.arch}.toml").write_text(pylocks[arch.arch])
-            layer = layers[arch.arch]
-            place(layer.path, staging / DEPS_LAYER.format(arch=arch.arch))
-            report["architectures"][arch.arch]["deps_extra_layer"] = layer.to_dict()
+            layer = layers.get(arch.arch)
+            if layer is not None:
+                place(layer.path, staging / DEPS_LAYER.format(arch=arch.arch))
+                report["architectures"][arch.arch]["deps_extra_layer"] = layer.to_dict()
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         # hadolint finds it when run in the context; it justifies each ignored rule.
         (staging / ".hadolint.yaml").write_text(
@@ -260,11 +265,19 @@ def _swap(staging: Path, output: Path) -> None:
         shutil.rmtree(retired)
 
 
-def update_report(output: Path, additions: dict) -> None:
-    """Merge what happened after rendering (image id, verification, push) into report.json."""
+def update_report(
+    output: Path, additions: dict, layers: Mapping[str, Mapping[str, object]] | None = None
+) -> None:
+    """Merge what happened after rendering (image id, verification, push) into report.json.
+
+    `layers` (arch -> fields) are merged into each arch's `deps_extra_layer`: the pushed blob.
+    """
     path = output / "report.json"
     report = json.loads(path.read_text())
     report.update(additions)
+    for arch, fields in (layers or {}).items():
+        record = report["architectures"][arch].setdefault("deps_extra_layer", {})
+        record.update(fields)
     temp = path.with_name(f".report.json.{os.getpid()}")
     temp.write_text(json.dumps(report, indent=2) + "\n")
     temp.replace(path)

@@ -1,0 +1,90 @@
+"""A layer tar gzipped for a registry: in parallel, the same bytes on every machine.
+
+Layers live uncompressed in the cache (a plan, a `docker load` and a hand build's `ADD` need
+nothing else); only a push needs gzip. The tar is cut into fixed-size chunks, each deflated on
+its own thread (zlib releases the GIL) and written as one gzip member with a fixed header (no
+name, mtime 0, OS 255), members concatenated in order. Gzip readers read every member of a
+multi-member file (RFC 1952 2.2; Go's compress/gzip, which the engine and registries' clients
+use, does by default), so the blob is a valid layer; the chunk size and level are fixed, so the
+same tar gives the same digest. Cached by the tar's diff ID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import tempfile
+import zlib
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from builder.cache import Cache
+
+GZIP_FORMAT = "gzip-members/1"  # bump when the chunking, header or level changes
+GZIP_LEVEL = 1  # 3x faster than 6 in zlib (119 vs 39 MB/s here) for ~13 % more bytes
+MEMBER = 8 << 20  # uncompressed bytes per gzip member
+HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no flags, mtime 0, OS unknown
+WORKERS = os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A compressed layer as a registry names it."""
+
+    path: Path
+    digest: str  # sha256:… of the gzip bytes
+    size: int
+
+
+def gzip_member(data: bytes) -> bytes:
+    """One complete gzip member holding `data`."""
+    packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    body = packer.compress(data) + packer.flush()
+    trailer = struct.pack("<II", zlib.crc32(data), len(data) & 0xFFFFFFFF)
+    return HEADER + body + trailer
+
+
+def gzipped(tar: Path, diff_id: str, cache: Cache) -> Blob:
+    """The gzip blob of the layer tar `tar` (whose sha256 is `diff_id`), made once."""
+    key = hashlib.sha256(f"{GZIP_FORMAT}\n{diff_id}".encode()).hexdigest()
+    record = cache.get_record("layer-gzip", key)
+    if record:
+        found = cache.find_blob(record["digest"].split(":", 1)[1], "layer.tar.gz")
+        if found:
+            return Blob(found, record["digest"], record["size"])
+    cache.root.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=".gzip-", dir=cache.root)
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out, tar.open("rb") as source:
+            for member in compress_stream(source):
+                digest.update(member)
+                out.write(member)
+        final = cache.blob_path(digest.hexdigest(), "layer.tar.gz")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        size = os.path.getsize(temp)
+        os.chmod(temp, 0o644)
+        os.replace(temp, final)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    blob = Blob(final, f"sha256:{digest.hexdigest()}", size)
+    cache.put_record("layer-gzip", key, {"digest": blob.digest, "size": blob.size})
+    return blob
+
+
+def compress_stream(source: IO[bytes] | Any) -> Iterator[bytes]:
+    """The gzip members of `source`, in order; a few chunks in flight on the threads."""
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        pending: deque[Future[bytes]] = deque()
+        while chunk := source.read(MEMBER):
+            pending.append(pool.submit(gzip_member, chunk))
+            if len(pending) > 2 * WORKERS:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
