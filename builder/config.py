@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.errors import UserError
+from builder.imageref import TAG_RE
 
 KNOWN_KEYS = {
     "requirements", "constraints", "base-repository", "platform-version", "architectures",
@@ -72,25 +73,40 @@ def load_config(path: Path) -> PipelineConfig:
             raise UserError(f"{path}: {key!r} must be a list of paths")
         return tuple(here / v for v in value)
 
-    template = data.get("template")
+    def text(key: str, default: str | None = None) -> str | None:
+        value = data.get(key, default)
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{path}: {key!r} must be a string")
+        return value
+
+    arches = data.get("architectures", ["amd64"])
+    if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
+        raise UserError(f"{path}: 'architectures' must be a list of names")
+    template = text("template")
     return PipelineConfig(
         path=path,
         requirements=paths("requirements"),
         constraints=paths("constraints"),
         base_repository=str(data["base-repository"]),
         platform_version=str(data["platform-version"]),
-        architectures=tuple(data.get("architectures", ["amd64"])),
-        repository=data.get("repository"),
+        architectures=tuple(arches),
+        repository=text("repository"),
         template=here / template if template else None,
-        container=data.get("container"),
+        container=text("container"),
         warm_pools=paths("warm-pools"),
-        output=here / data.get("output", "sandbox-image"),
-        state=here / data.get("state", f"{path.stem}.state.json"),
+        output=here / str(text("output", "sandbox-image")),
+        state=here / str(text("state", f"{path.stem}.state.json")),
     )
 
 
 def set_platform_version(config: PipelineConfig, version: str) -> None:
-    """Record the new platform version in the config, changing only that value."""
+    """Record the new platform version in the config, changing only that value.
+
+    Only a valid image tag is written: it goes between quotes in TOML, where a quote or a
+    newline would end the string and add settings of its own.
+    """
+    if not TAG_RE.fullmatch(version):
+        raise UserError(f"{config.path}: platform version {version[:80]!r} is not a valid tag")
     text = config.path.read_text()
     updated, count = VERSION_LINE.subn(
         lambda m: f"{m.group(1)}{m.group(2)}{version}{m.group(2)}", text, count=1

@@ -165,7 +165,7 @@ def _inline(entry: dict[str, Any], source: str) -> Credentials | None:
     if entry.get("auth"):
         try:
             user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
-        except (binascii.Error, ValueError, UnicodeDecodeError):
+        except (binascii.Error, ValueError, TypeError):  # not base64 text, not UTF-8
             return None
     if entry.get("identitytoken"):
         return Credentials(user, str(entry["identitytoken"]), source, identity_token=True)

@@ -94,8 +94,11 @@ def load_state(path: Path) -> BuildState | None:
         return BuildState.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise UserError(f"{path}: unreadable build state ({error})") from None
+    except (OSError, ValueError, LookupError, TypeError, AttributeError) as error:
+        # not JSON, not UTF-8, a directory, or JSON of another shape (a list, a string)
+        raise UserError(
+            f"{path}: unreadable build state ({type(error).__name__}: {error})"
+        ) from None
 
 
 def save_state(path: Path, state: BuildState) -> None:

@@ -1,0 +1,65 @@
+"""Config, build state and Docker config files of the wrong shape: one error naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from credhelp import write_docker_config
+from registryhelp import CREDENTIAL_VARS
+
+from builder.config import load_config, set_platform_version
+from builder.credentials import lookup
+from builder.errors import UserError
+from builder.upgrade import load_state
+
+BASE = 'requirements = ["r.txt"]\nbase-repository = "reg.example/rt"\nplatform-version = "1.0"\n'
+
+
+def _config(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "bsi.toml"
+    path.write_text(BASE + extra)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("extra", "culprit"),
+    [
+        ("output = 5\n", "'output' must be a string"),
+        ("state = true\n", "'state' must be a string"),
+        ("template = [1]\n", "'template' must be a string"),
+        ('repository = {a = "b"}\n', "'repository' must be a string"),
+        ('architectures = "amd64"\n', "'architectures' must be a list of names"),
+    ],
+)
+def test_settings_of_the_wrong_type_name_the_setting(tmp_path, extra, culprit):
+    with pytest.raises(UserError, match=culprit):
+        load_config(_config(tmp_path, extra))
+
+
+def test_platform_version_is_never_written_as_toml_syntax(tmp_path):
+    """A version ending the quoted string would add settings to the config."""
+    path = _config(tmp_path)
+    config = load_config(path)
+    with pytest.raises(UserError, match="is not a valid tag"):
+        set_platform_version(config, '2.0"\nrepository = "evil.example/x')
+    assert path.read_text() == BASE
+    set_platform_version(config, "2.0")
+    assert load_config(path).platform_version == "2.0"
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b'"state"', b"\xff\xfe{", b'{"packages": 1}'])
+def test_build_state_of_another_shape_is_unreadable(tmp_path, content):
+    path = tmp_path / "bsi.state.json"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match="unreadable build state"):
+        load_state(path)
+
+
+def test_docker_config_auth_that_is_not_text_is_no_login(monkeypatch, tmp_path):
+    for name in CREDENTIAL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    auths = {"reg.example": {"auth": 12345}, "other.example": {"auth": ["x"]}}
+    write_docker_config(tmp_path / "cfg", {"auths": auths}, monkeypatch)
+    assert lookup("reg.example") is None
+    assert lookup("other.example") is None
