@@ -34,6 +34,7 @@ TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each rea
 MAX_MANIFEST = 16 << 20
 REFERENCE_RE = re.compile(rf"{DIGEST_RE.pattern}|{TAG_RE.pattern}")
 MAX_JSON_BLOB = 64 << 20
+MAX_TOKEN_ANSWER = 1 << 20  # a token service's JSON; tokens are a few KiB
 CHUNK = 16 << 20  # bytes per PATCH of a chunked upload
 CLIENT_ID = "build-sandbox-image"
 MANIFEST_TYPES = (
@@ -203,7 +204,7 @@ class Registry:
                 request.add_unredirected_header("Authorization", _basic(self.credentials))
         try:
             with self.opener.open(request, timeout=TIMEOUT) as response:
-                answer = json.load(response)
+                answer = json.loads(response.read(MAX_TOKEN_ANSWER))  # cut: not JSON
         except urllib.error.HTTPError as exc:
             exc.close()
             raise self._http_error(exc.code, realm) from None

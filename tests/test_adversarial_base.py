@@ -17,6 +17,7 @@ from test_adversarial_registry import Reply, Server
 
 from builder.analysis.target import ARCHES
 from builder.base.layers import LD_CACHE_MAGIC, Layers, ld_cache_entries
+from builder.base.platforms import offered_arches
 from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryError
@@ -171,3 +172,10 @@ def test_whiteouts_of_directories_and_opaque_directories():
     assert set(layers.entries) == {f"{lib}/liba.so.1", f"{lib}/libc.so.1"}
     layers.apply(_tar([(lib, None), (f"{lib}/.wh..wh..opq", b""), (f"{lib}/libd.so.1", "z")]))
     assert set(layers.entries) == {f"{lib}/libd.so.1"}
+
+
+def test_offered_arches_of_a_malformed_index_is_unknown(registry_with):
+    """Index entries that are not objects: the registry's answer is unusable, so unknown."""
+    content = Content()
+    content.manifest({"schemaVersion": 2, "mediaType": INDEX, "manifests": ["amd64"]}, tag="1")
+    assert offered_arches(registry_with(content), None) is None

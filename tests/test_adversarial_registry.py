@@ -178,3 +178,19 @@ def test_oversized_manifest_and_config_are_refused_by_size(serve, monkeypatch):
         client.manifest("1")
     with pytest.raises(RegistryError, match="larger than"):
         client.json_blob(_digest(big))
+
+
+def test_token_service_answer_is_bounded(serve):
+    """A token service streaming megabytes is cut off, not held in memory whole."""
+    huge = json.dumps({"token": "t", "pad": "x" * (oci.MAX_TOKEN_ANSWER + 10)}).encode()
+
+    def route(method: str, path: str) -> Reply:
+        if path.startswith("/token"):
+            return 200, {"Content-Type": "application/json"}, huge
+        realm = f"http://127.0.0.1:{registry.port}/token"
+        return 401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}, b""
+
+    registry = serve(route)
+    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo:1"), credentials=LOGIN)
+    with pytest.raises(RegistryError, match="answered no JSON"):
+        client.manifest("1")

@@ -54,14 +54,17 @@ def _local_arch(image: str, client: docker.DockerClient | None) -> tuple[str, bo
 
 def _registry_arches(registry: Registry) -> tuple[str, ...]:
     manifest, _ = registry.manifest(registry.ref.reference)
-    if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-        found = {
-            (entry.get("platform") or {}).get("architecture")
-            for entry in manifest.get("manifests") or []
-            if (entry.get("platform") or {}).get("os") == "linux"
-        }
-    else:
-        found = {registry.json_blob(manifest["config"]["digest"]).get("architecture")}
+    try:
+        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+            found = {
+                (entry.get("platform") or {}).get("architecture")
+                for entry in manifest.get("manifests") or []
+                if (entry.get("platform") or {}).get("os") == "linux"
+            }
+        else:
+            found = {registry.json_blob(manifest["config"]["digest"]).get("architecture")}
+    except (KeyError, TypeError, AttributeError) as exc:  # JSON of the wrong shape
+        raise RegistryError(f"{registry.label}: malformed manifest ({exc!r:.100})") from None
     return tuple(arch for arch in ARCHES if arch in found)
 
 
