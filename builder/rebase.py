@@ -3,26 +3,29 @@
 When a rebuild's resolution is unchanged, the previous image's deps-extra layer (its top layer)
 is reused by digest; the apt layer is rebuilt against the new base's package state (a one-step
 BuildKit build); a new config and manifest are written over the new base's layers. The result
-is pushed by digest only (every blob HEAD-checked or mounted first), pulled into the engine by
-that digest and verified, and only then tagged and named in the template: the image that was
-verified is, byte for byte, the one the cluster gets.
+is pushed by digest only (every blob HEAD-checked or mounted first) while the same config is
+docker-loaded from this machine's blobs and verified (pulled by digest when the deps-extra tar
+is not cached here), and only then tagged and named in the template: the image that was
+verified has the config and layers, byte for byte, that the cluster gets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 
 from builder import contract
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.credentials import engine_auth
 from builder.errors import UserError
+from builder.image.assemble import load
 from builder.image.gzipped import gzipped
 from builder.image.layer import Layer, apt_layer
 from builder.image.publish import image_tags
@@ -123,31 +126,22 @@ def rebase(
         labels=labels,
         created=created,
     )
-    pushed = _push_blobs(target, image, base_ref, old_ref, local)
-    digest = target.put_manifest(image.digest, image.manifest_bytes, image.manifest["mediaType"])
-    pushed += len(image.manifest_bytes)
-    result = Rebased(
-        repository,
-        digest,
-        (),
-        arch,
-        deps.digest,
-        pushed,
-        len(image.config_bytes) + sum(layer["size"] for layer in image.layers),
-        manifest=image.manifest_bytes,
-        media_type=image.manifest["mediaType"],
-    )
-    say(f"pulling {result.reference} to verify it ...")
-    client.api.pull(
-        repository, tag=digest, auth_config=engine_auth(target.ref.registry), stream=False
-    )
-    result.verification = verify_image(
-        result.reference,
-        modules=plan.import_modules,
-        checks=plan.runtime_checks,
-        client=client,
-        startup_timeout=startup_timeout,
-    )
+    size = len(image.config_bytes) + sum(layer["size"] for layer in image.layers)
+    result = Rebased(repository, "", (), arch, deps.digest, 0, size, manifest=image.manifest_bytes,
+                     media_type=image.manifest["mediaType"])  # fmt: skip
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the push overlaps loading and verifying
+        pushing = pool.submit(_push, target, image, base_ref, old_ref, local)
+        engine_name = _into_engine(
+            client, image, deps.diff_id, cache, pushing, repository, target.ref.registry, say
+        )
+        result.verification = verify_image(
+            engine_name,
+            modules=plan.import_modules,
+            checks=plan.runtime_checks,
+            client=client,
+            startup_timeout=startup_timeout,
+        )
+        result.digest, result.bytes_pushed = pushing.result()
     if not result.verification.passed or not tag:
         return result  # pushed by digest only: no tag, no template names it
     tags = image_tags(repository, platform_version, extras)
@@ -203,6 +197,46 @@ def _image(registry: Registry, reference: str, arch: str) -> Image:
             raise UserError(f"{registry.label}@{digest}: no linux/{arch} image in the index")
         manifest, digest = registry.manifest(entry["digest"])
     return Image(manifest, registry.json_blob(manifest["config"]["digest"]))
+
+
+def _push(
+    target: Registry, image: Image, base: ImageRef, old: ImageRef, local: dict[str, Path]
+) -> tuple[str, int]:
+    """Push `image` by digest only (no tag yet); its digest and the bytes that travelled."""
+    uploaded = _push_blobs(target, image, base, old, local)
+    digest = target.put_manifest(image.digest, image.manifest_bytes, image.manifest["mediaType"])
+    return digest, uploaded + len(image.manifest_bytes)
+
+
+def _into_engine(
+    client: docker.DockerClient,
+    image: Image,
+    deps_diff_id: str,
+    cache: Cache,
+    pushing: Future[tuple[str, int]],
+    repository: str,
+    registry: str,
+    say: Callable[[str], None],
+) -> str:
+    """The engine's name for `image`: docker-loaded from this machine's blobs when it can be.
+
+    The engine holds the new base and apt layers (it built them); the deps-extra tar is in the
+    cache when this machine wrote it. Its image id is then the config's digest, the one the
+    pushed manifest names. Otherwise the pushed image is pulled by digest (the whole layer).
+    """
+    tar = cache.find_blob(deps_diff_id.removeprefix("sha256:"), "layer.tar")
+    if tar is not None:
+        try:
+            image_id = load(client, image.config_bytes, tar)
+        except (UserError, docker.errors.APIError, OSError) as error:
+            say(f"note: loading {image.digest} locally failed ({error}); pulling it")
+        else:
+            say(f"verifying {image.digest} (loaded from local blobs as {image_id}) ...")
+            return image_id
+    digest = pushing.result()[0]
+    say(f"pulling {repository}@{digest} to verify it ...")
+    client.api.pull(repository, tag=digest, auth_config=engine_auth(registry), stream=False)
+    return f"{repository}@{digest}"
 
 
 def _push_blobs(

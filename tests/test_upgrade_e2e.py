@@ -476,7 +476,7 @@ def layers_of(world: World, reference: str) -> list[str]:
         return [layer["digest"] for layer in json.load(response)["layers"]]
 
 
-def test_rebuild_with_unchanged_extras_rebases(world: World, first_build) -> None:
+def test_rebuild_with_unchanged_extras_rebases(world: World, first_build, docker_client) -> None:
     """v2 -> v2.1 (one small base layer): the deps-extra layer is reused by digest."""
     assert first_build.result.returncode == 0, "the first build failed"
     state = json.loads(world.state.read_text())
@@ -491,6 +491,7 @@ def test_rebuild_with_unchanged_extras_rebases(world: World, first_build) -> Non
     assert result.returncode == 0, explain(result)
     assert "upgrade path: rebase (the resolution is unchanged)" in result.stderr + result.stdout
     assert "building" not in result.stdout
+    assert "loaded from local blobs" in result.stdout and "pulling" not in result.stdout
     reference = pushed_reference(result.stdout, world.sandbox)
     assert reference != old_reference
     new_layers = layers_of(world, reference)
@@ -499,6 +500,11 @@ def test_rebuild_with_unchanged_extras_rebases(world: World, first_build) -> Non
     base = f"{world.runtime}@{world.base_digests['v2.1']}"
     assert layers_of(world, base) == new_layers[:-1]
     assert template_image(world.template) == reference
+    repo, digest = reference.split("@", 1)
+    path = f"/v2/{world.repo(repo)}/manifests/{digest}"
+    with registry_get(world.registry, path) as response:
+        config_digest = json.load(response)["config"]["digest"]
+    assert docker_client.images.get(config_digest).id == config_digest  # verified: that config
     state = json.loads(world.state.read_text())
     assert (state["image"], state["path"], state["platform_version"]) == (
         reference,

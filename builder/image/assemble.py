@@ -162,15 +162,25 @@ def assemble(
         created=created,
     )
     data = canonical(config)
-    image_id = digest_of(data)
-    if not _present(client, image_id):
-        diff_ids: Sequence[str] = config["rootfs"]["diff_ids"]
-        for line in client.api.load_image(_load_stream(image_id, data, diff_ids, deps.path)):
-            if "error" in line:
-                raise UserError(f"docker load of {image_id}: {line['error']}")
+    image_id = load(client, data, deps.path)
     repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
     client.api.tag(image_id, repository, name or "latest")
     return Assembled(arch, image_id, data, system_id, deps)
+
+
+def load(client: docker.DockerClient, config: bytes, top: Path) -> str:
+    """Load the image `config` describes into the engine (unless it has it); its image id.
+
+    Only the top layer's tar travels: the engine must already hold every layer below it (an
+    image it has built or pulled on exactly those diff IDs), else docker load fails.
+    """
+    image_id = digest_of(config)
+    if not _present(client, image_id):
+        diff_ids: Sequence[str] = json.loads(config)["rootfs"]["diff_ids"]
+        for line in client.api.load_image(_load_stream(image_id, config, diff_ids, top)):
+            if "error" in line:
+                raise UserError(f"docker load of {image_id}: {line['error']}")
+    return image_id
 
 
 def _present(client: docker.DockerClient, image_id: str) -> bool:
