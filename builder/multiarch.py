@@ -21,9 +21,9 @@ from builder.analysis.plan import Plan
 from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
 from builder.cache import Cache
-from builder.credentials import from_environment, lookup
+from builder.credentials import lookup
 from builder.image.assemble import Assembled, assemble
-from builder.image.build import Log, build_image
+from builder.image.build import Log, base_logins, build_image
 from builder.image.index import publish_assembled
 from builder.image.layer import Layer
 from builder.image.publish import PushResult
@@ -107,8 +107,7 @@ def build_and_verify(
     arches = sorted((a.arch for a in plan.arches), key=lambda arch: arch != native)
     multi = len(arches) > 1
     base = ImageRef.parse(plan.base_image, "base image")
-    login = from_environment()  # BuildKit pulls the base itself, as the CLI's config allows
-    logins = {base.registry: login} if login and not base.is_hub else None
+    logins = base_logins(base)  # BuildKit pulls the base itself, as the CLI's config allows
     tags = {arch: arch_tag(tag, arch) if multi else tag for arch in arches}
 
     def one(arch: str) -> Assembled:

@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from builder.credentials import Credentials, config_path, server_url
+from builder.credentials import Credentials, config_path, from_environment, server_url
 from builder.errors import UserError
+from builder.imageref import ImageRef
 
 # Debian's docker.io CLI builds with BuildKit via DOCKER_BUILDKIT=1; a newer standalone
 # CLI earlier on PATH may insist on buildx instead, so prefer the engine's own.
@@ -43,6 +44,16 @@ def docker_cli() -> str:
     if not found:
         raise UserError("docker: no docker CLI found (set BSI_DOCKER to its path)")
     return found
+
+
+def base_logins(base: ImageRef) -> dict[str, Credentials] | None:
+    """The environment's login for BuildKit's pull of `base`, only if it is meant for its registry.
+
+    BSI_REGISTRY scopes the environment's login (unset: any registry but Docker Hub); a login
+    for another registry must never reach the base's.
+    """
+    login = from_environment(base.registry)
+    return {base.registry: login} if login else None
 
 
 def build_image(

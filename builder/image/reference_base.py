@@ -27,10 +27,10 @@ from builder.analysis.plan import choose_wheel
 from builder.analysis.resolve import LockedPackage
 from builder.analysis.target import Target, arch_named, shipped_profile
 from builder.cache import Cache, default_root
-from builder.credentials import from_environment, lookup
+from builder.credentials import lookup
 from builder.engine import engine_client
 from builder.errors import UserError
-from builder.image.build import Log, build_image
+from builder.image.build import Log, base_logins, build_image
 from builder.image.index import publish_index
 from builder.image.publish import PushResult
 from builder.image.render import place
@@ -143,7 +143,7 @@ def build_base(
     arch_named(arch)
     cache = cache or Cache(default_root())
     source = ImageRef.parse(base_image, "base image")
-    login = from_environment()  # BuildKit pulls `base_image` itself, for the foreign arch too
+    logins = base_logins(source)  # BuildKit pulls `base_image` itself, for the foreign arch too
     with tempfile.TemporaryDirectory(prefix="bsi-base-", dir=_temp_parent(cache)) as temp:
         context = Path(temp)
         context.chmod(0o755)
@@ -156,7 +156,7 @@ def build_base(
                 "BASE_IMAGE": base_image,
                 "PIP_PLATFORM": pip_platforms(chosen_wheels(arch)),
             },
-            logins={source.registry: login} if login and not source.is_hub else None,
+            logins=logins,
             log=log or sys.stderr,
         )
 
