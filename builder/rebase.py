@@ -24,7 +24,7 @@ from builder import contract
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.credentials import engine_auth
-from builder.errors import UserError
+from builder.errors import RegistryError, UserError
 from builder.image.assemble import load
 from builder.image.gzipped import gzipped
 from builder.image.layer import Layer, apt_layer
@@ -181,22 +181,42 @@ class AptAhead:
 
 
 def _image(registry: Registry, reference: str, arch: str) -> Image:
-    """The `arch` image `reference` names (through an index when it is one)."""
+    """The `arch` image `reference` names (through an index when it is one).
+
+    Documents of another shape (an index naming an index, layers that are not descriptors, no
+    diff IDs) are a RegistryError naming the image, not a traceback from deep in the rebase.
+    """
     manifest, digest = registry.manifest(reference)
-    if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-        entry = next(
-            (
-                m
-                for m in manifest["manifests"]
-                if (m.get("platform") or {}).get("architecture") == arch
-                and (m.get("platform") or {}).get("os") == "linux"
-            ),
-            None,
-        )
-        if entry is None:
-            raise UserError(f"{registry.label}@{digest}: no linux/{arch} image in the index")
-        manifest, digest = registry.manifest(entry["digest"])
-    return Image(manifest, registry.json_blob(manifest["config"]["digest"]))
+    try:
+        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+            entry = next(
+                (
+                    m
+                    for m in manifest["manifests"]
+                    if (m.get("platform") or {}).get("architecture") == arch
+                    and (m.get("platform") or {}).get("os") == "linux"
+                ),
+                None,
+            )
+            if entry is None:
+                raise UserError(f"{registry.label}@{digest}: no linux/{arch} image in the index")
+            manifest, digest = registry.manifest(entry["digest"])
+            if "manifests" in manifest:
+                raise RegistryError(f"{registry.label}: its index names another index for {arch}")
+        image = Image(manifest, registry.json_blob(manifest["config"]["digest"]))
+        for layer in image.layers:
+            if not isinstance(layer["digest"], str) or not isinstance(layer["size"], int):
+                raise TypeError(f"layer descriptor {str(layer)[:80]}")
+        if not all(isinstance(d, str) for d in image.diff_ids) or not all(
+            isinstance(h, dict) for h in image.config.get("history") or []
+        ):
+            raise TypeError("rootfs.diff_ids or history")
+    except (KeyError, TypeError, AttributeError) as error:  # JSON of the wrong shape
+        raise RegistryError(
+            f"{registry.label}@{digest}: malformed manifest or image config"
+            f" ({type(error).__name__}: {str(error)[:100]})"
+        ) from None
+    return image
 
 
 def _push(

@@ -249,20 +249,20 @@ def _base_layers(
                 return None
             manifest, _ = source.manifest(entry["digest"])
         config = source.json_blob(manifest["config"]["digest"])
-    except RegistryError:
+        diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+        layers = manifest.get("layers") or []
+        if len(diff_ids) != len(layers):
+            return None
+        return BaseLayers(
+            ref.repository,
+            {
+                diff_id: {**layer, "mediaType": DOCKER_LAYER}
+                for diff_id, layer in zip(diff_ids, layers, strict=True)
+                if layer.get("mediaType") in GZIP_LAYERS
+            },
+        )
+    except (RegistryError, KeyError, TypeError, AttributeError):  # unreadable or malformed
         return None  # the layers are uploaded instead
-    diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
-    layers = manifest.get("layers") or []
-    if len(diff_ids) != len(layers):
-        return None
-    return BaseLayers(
-        ref.repository,
-        {
-            diff_id: {**layer, "mediaType": DOCKER_LAYER}
-            for diff_id, layer in zip(diff_ids, layers, strict=True)
-            if layer.get("mediaType") in GZIP_LAYERS
-        },
-    )
 
 
 def push_by_digest(
