@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,12 +15,12 @@ from typing import Any
 import docker
 
 from builder import multiarch
-from builder.analysis.index import download_all
+from builder.analysis.index import start_downloads
 from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
 from builder.analysis.target import ARCHES, BaseProfile, Target, arch_named, shipped_profile
-from builder.analysis.wheels import inspect_wheels
+from builder.analysis.wheels import inspect_as_ready
 from builder.base.probe import probe_base
 from builder.base.profile import base_problems, profile_differences
 from builder.base.registry import probe_registry
@@ -42,6 +42,7 @@ from builder.upgrade import BuildState, changes, load_state, rebase_blocker, sav
 from builder.verify import VerifyReport
 
 Say = Callable[[str], None]
+DOWNLOADS = 8  # wheel downloads at once
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,9 @@ def base_reference(base: BaseProfile) -> str:
 def prepare(request: Request, reuse_locks: Mapping[str, str] | None = None) -> Plan:
     """Resolve, fetch, inspect and plan for every arch, then render the context.
 
-    Each arch's deps-extra layer needs only the chosen wheels, so it is written while the
-    wheels are inspected. When every arch's lock hash equals `reuse_locks` (the previous
-    build's: the rebase path reuses its layers by digest) no layer is written at all.
+    Each wheel is inspected as soon as its download ends; each arch's deps-extra layer (it needs
+    only the chosen wheels) is written meanwhile. When every arch's lock hash equals
+    `reuse_locks` (the previous build's: a rebase reuses its layers) no layer is written.
     """
     requirements = read_requirements(request.requirement_files, request.constraint_files)
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
@@ -101,11 +102,17 @@ def prepare(request: Request, reuse_locks: Mapping[str, str] | None = None) -> P
         ]
         for r in resolutions
     }
-    paths = download_all(files, request.cache, indexes)
-    with ThreadPoolExecutor(max_workers=len(pins)) as layer_pool:
-        writing = start_layers(layer_pool, pins, paths, request.cache, reuse_locks)
-        inspected = inspect_wheels([(path, sha) for sha, path in paths.items()], request.cache)
-        inspections = {inspection.sha256: inspection for inspection in inspected}
+    with (
+        ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
+        ThreadPoolExecutor(max_workers=1 + len(pins)) as pool,
+    ):
+        downloads = start_downloads(files, request.cache, indexes, fetch)
+        arrived = {future: sha for sha, future in downloads.items()}  # inspected as they come:
+        ready = ((future.result(), arrived[future]) for future in as_completed(arrived))
+        inspecting = pool.submit(inspect_as_ready, ready, request.cache)
+        paths = {sha: future.result() for sha, future in downloads.items()}
+        writing = start_layers(pool, pins, paths, request.cache, reuse_locks)
+        inspections = inspecting.result()
         arch_plans = tuple(
             plan_arch(
                 resolution, chosen[resolution.arch.name], inspections, target,

@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 import zipfile
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from importlib import resources
@@ -114,10 +114,20 @@ def download_all(
     files: Sequence[RemoteFile], cache: Cache, indexes: Sequence[str] = (), workers: int = 8
 ) -> dict[str, Path]:
     """Download in parallel; sha256 -> cached path."""
-    unique = {file.sha256: file for file in files}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        paths = pool.map(lambda file: download(file, cache, indexes), unique.values())
-        return dict(zip(unique, paths, strict=True))
+        started = start_downloads(files, cache, indexes, pool)
+        return {sha256: future.result() for sha256, future in started.items()}
+
+
+def start_downloads(
+    files: Sequence[RemoteFile], cache: Cache, indexes: Sequence[str], pool: ThreadPoolExecutor
+) -> dict[str, Future[Path]]:
+    """Start each distinct file's download on `pool`: sha256 -> its cached path, when done.
+
+    A caller can work on each wheel as it arrives (inspection) instead of after the last one.
+    """
+    unique = {file.sha256: file for file in files}
+    return {sha256: pool.submit(download, file, cache, indexes) for sha256, file in unique.items()}
 
 
 class _Anchors(HTMLParser):

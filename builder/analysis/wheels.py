@@ -7,15 +7,15 @@ a JSON record keyed by the wheel's sha256, so a wheel is read at most once per s
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ MODULE_SUFFIXES = (".py", ".pyc", ".so")
 SOURCE_LIMIT = 4 << 20  # a .py file bigger than this is generated data, not a loader
 TOP_LEVEL_LIMIT = 1 << 16  # top_level.txt is a few names; never trust it to be small
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
+_WORKERS = multiprocessing.get_context("forkserver")
+_WORKERS.set_forkserver_preload([__name__])  # each worker forks with this module imported
 
 
 @dataclass(frozen=True)
@@ -246,20 +248,33 @@ def inspect_wheel(path: Path, sha256: str, cache: Cache) -> WheelInspection:
 def inspect_wheels(
     items: Sequence[tuple[Path, str]], cache: Cache, workers: int = DEFAULT_WORKERS
 ) -> list[WheelInspection]:
-    """Inspect many wheels, in input order; uncached ones in parallel processes.
-
-    pyelftools is pure Python and CPU bound, so threads would serialize on the GIL.
-    """
+    """Inspect many wheels, in input order; uncached ones in parallel processes."""
     results = [cached_inspection(cache, path.name, sha256) for path, sha256 in items]
-    missing = [index for index, found in enumerate(results) if found is None]
+    missing = [items[index] for index, found in enumerate(results) if found is None]
     if workers <= 1 or len(missing) <= 1:
-        for index in missing:
-            results[index] = inspect_wheel(*items[index], cache)
+        found = {sha256: inspect_wheel(path, sha256, cache) for path, sha256 in missing}
     else:
-        paths = [items[index][0] for index in missing]
-        hashes = [items[index][1] for index in missing]
-        with ProcessPoolExecutor(max_workers=min(workers, len(missing))) as pool:
-            inspected = pool.map(inspect_wheel, paths, hashes, repeat(cache))
-            for index, inspection in zip(missing, inspected, strict=True):
-                results[index] = inspection
-    return [inspection for inspection in results if inspection is not None]
+        found = inspect_as_ready(missing, cache, workers)
+    return [result or found[sha256] for result, (_, sha256) in zip(results, items, strict=True)]
+
+
+def inspect_as_ready(
+    ready: Iterable[tuple[Path, str]], cache: Cache, workers: int = DEFAULT_WORKERS
+) -> dict[str, WheelInspection]:
+    """sha256 -> inspection of each (path, sha256) `ready` yields, e.g. as its download ends.
+
+    Each uncached wheel goes to a worker process the moment it arrives, so inspection overlaps
+    the downloads. pyelftools is pure Python and CPU bound (threads would serialize on the GIL);
+    the workers come from a forkserver, not a fork of this process, whose download and layer
+    threads may hold locks a forked child would inherit held.
+    """
+    found: dict[str, WheelInspection] = {}
+    pending: dict[str, Future[WheelInspection]] = {}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_WORKERS) as pool:
+        for path, sha256 in ready:
+            cached = cached_inspection(cache, path.name, sha256)
+            if cached is not None:
+                found[sha256] = cached
+            elif sha256 not in pending:
+                pending[sha256] = pool.submit(inspect_wheel, path, sha256, cache)
+        return found | {sha256: future.result() for sha256, future in pending.items()}

@@ -1,0 +1,56 @@
+"""Inspection as downloads arrive: each wheel goes to a worker the moment it is ready."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from wheelfactory import make_wheel
+
+from builder.analysis import wheels
+from builder.analysis.wheels import RECORD_KIND, inspect_as_ready, inspect_wheel
+from builder.cache import Cache, sha256_of
+
+
+def wheel(tmp_path: Path, name: str) -> tuple[Path, str]:
+    path = make_wheel(tmp_path / "w", name, "1.0", "py3-none-any", {f"{name}/__init__.py": b""})
+    return path, sha256_of(path)
+
+
+def test_the_first_wheel_is_inspected_before_the_last_arrives(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    first, second = wheel(tmp_path, "early"), wheel(tmp_path, "late")
+    seen_before_second: list[bool] = []
+
+    def arriving() -> Iterator[tuple[Path, str]]:
+        yield first
+        deadline = time.monotonic() + 30
+        while cache.get_record(RECORD_KIND, first[1]) is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the "download" of the second wheel takes this long
+        seen_before_second.append(cache.get_record(RECORD_KIND, first[1]) is not None)
+        yield second
+        yield first  # a wheel two arches share arrives once per arch: inspected once
+
+    found = inspect_as_ready(arriving(), cache, workers=2)
+    assert seen_before_second == [True]
+    assert sorted(found) == sorted([first[1], second[1]])
+    assert found[second[1]] == inspect_wheel(*second, cache)
+    assert [found[first[1]].name, found[second[1]].name] == ["early", "late"]
+
+
+def test_cached_wheels_start_no_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = Cache(tmp_path / "cache")
+    ready = [wheel(tmp_path, "a"), wheel(tmp_path, "b")]
+    expected = {sha: inspect_wheel(path, sha, cache) for path, sha in ready}
+
+    def no_pool(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(wheels.ProcessPoolExecutor, "submit", no_pool)
+    assert inspect_as_ready(iter(ready), cache) == expected
+
+
+def test_workers_come_from_a_forkserver_not_a_fork_of_this_process() -> None:
+    assert wheels._WORKERS.get_start_method() == "forkserver"
