@@ -181,7 +181,7 @@ def test_each_arch_ends_with_its_own_reproducible_layer_and_carries_the_labels(
     lightgbm: Lightgbm, registry: Registry
 ) -> None:
     """The pushed top layer is the blob the tool wrote for that arch's lock; labels everywhere."""
-    assert "ADD deps-extra-${TARGETARCH}.tar.gz /" in lightgbm.dockerfile
+    assert "ADD deps-extra-${TARGETARCH}.tar /" in lightgbm.dockerfile
     image = lightgbm.report["image"]
     path = lightgbm.repository.split("/", 1)[1]
     with registry_get(registry, f"/v2/{path}/manifests/{image['index']}") as response:
