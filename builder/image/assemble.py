@@ -14,7 +14,6 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,7 +77,6 @@ def start_layers(
     locks = {arch: lock_of(arch_pins) for arch, arch_pins in pins.items()}
     if reuse_locks is not None and {a: lock_hash(t) for a, t in locks.items()} == reuse_locks:
         return {}
-    tempfile.TemporaryFile().close()  # tempfile's first use locks: no fork may copy it held
     return {
         arch: pool.submit(
             deps_layer, text, [wheels[sha] for _, _, sha in pins[arch]], EXTRA_DEPS, cache
