@@ -23,7 +23,10 @@ from sandboxserver import ServerProcess
 from builder.verify import hardening
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
 from builder.verify.client import Sandbox, multipart_filename
+from builder.verify.discovery import import_checks
 from builder.verify.report import run_check
+from builder.verify.run import served_checks
+from builder.verify.sdk import sdk_installed
 
 PID_NAMESPACE = ("unshare", "--kill-child", "--pid", "--mount-proc")
 SERVER_PYTHONPATH = "/opt/bsi-test/deps:/opt/bsi-test/deps-extra"
@@ -174,3 +177,47 @@ def test_the_race_check_races_the_reads_when_nothing_outside_is_writable(
     assert result.passed, result.detail
     assert "(read routes only: nothing outside is writable)" in result.detail
     assert "delete" not in result.detail and "execute-cwd" in result.detail
+
+
+# A module is importable from the workspace: `python3 -c` puts its cwd first on sys.path.
+CRASHING_MODULES = {
+    "bsi_prints.py": "import os\nprint('printed at import')\nos.write(1, b'{not json\\n')\n",
+    "bsi_aborts.py": "import os\nos.abort()\n",
+    "bsi_raises.py": "raise RuntimeError('broken at import')\n",
+}
+
+
+def test_an_import_that_kills_the_interpreter_is_named_and_the_others_still_pass(
+    server: Sandbox,
+) -> None:
+    for name, source in CRASHING_MODULES.items():
+        assert server.upload(name, source.encode()).status == 200
+    modules = ["json", "bsi_prints", "bsi_raises", "bsi_aborts", "csv", "no_such_module_bsi"]
+    try:
+        checks = {check.name: check for check in import_checks(server, modules)}
+    finally:
+        for name in CRASHING_MODULES:
+            server.delete(name)
+    assert list(checks) == [f"import {module}" for module in modules]
+    failed = {name for name, check in checks.items() if not check.passed}
+    assert failed == {"import bsi_aborts", "import bsi_raises", "import no_such_module_bsi"}
+    assert "failed (exit 134)" in checks["import bsi_aborts"].detail
+    assert "RuntimeError: broken at import" in checks["import bsi_raises"].detail
+    assert "No module named 'no_such_module_bsi'" in checks["import no_such_module_bsi"].detail
+    # Before the crash: from the shared interpreter (timed), whatever a module printed.
+    assert checks["import json"].detail.endswith("s)") and "; " in checks["import json"].detail
+    assert checks["import bsi_prints"].detail.endswith("s)")
+    # After it: each in its own interpreter.
+    assert checks["import csv"].passed and "; " not in checks["import csv"].detail
+
+
+def test_served_checks_run_side_by_side_and_report_in_the_fixed_order(server: Sandbox) -> None:
+    checks = served_checks(
+        server, ["json", "json"], ["pass", "raise SystemExit(3)"], (), None, process_mode=True
+    )
+    sdk = ["sdk run", "sdk python3", "sdk timeout", "sdk write-read", "sdk list", "sdk exists"]
+    expected = [name for name, _ in contract_checks(process_mode=True)]
+    expected += (sdk if sdk_installed() else []) + ["import json", "check 1", "check 2"]
+    assert [check.name for check in checks] == expected
+    failed = [check for check in checks if not check.passed]
+    assert [check.name for check in failed] == ["check 2"], failed

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import http.client
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import docker
@@ -13,9 +14,15 @@ from builder.errors import UserError
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import STARTUP_TIMEOUT, hardened, image_user_check
-from builder.verify.discovery import check_import, check_snippet, modules_of
+from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.report import Check, CheckFailed, ContractViolation, VerifyReport, run_check
 from builder.verify.sdk import sdk_checks
+
+WORKERS = 4  # checks at once: most wait on the server or on a command, the imports use a core
+LIFETIMES = ("timeout", "timeout-cleanup", "detached")  # one after another, in one thread
+ALONE = ("race", "flood")  # after everything else, one at a time
+
+Job = Callable[[], list[Check]]
 
 
 def verify_image(
@@ -60,22 +67,60 @@ def served_checks(
     snippets: Sequence[str],
     distributions: Sequence[str],
     sdk: bool | None,
+    process_mode: bool = False,
 ) -> list[Check]:
-    """Everything checked through a serving image's port, in report order."""
-    done = [run_check(name, partial(check, sandbox)) for name, check in contract_checks()]
-    if sdk is not False:
-        done += sdk_checks(sandbox, required=bool(sdk))
+    """Everything checked through a serving image's port, in report order.
+
+    Most checks run side by side on a few threads (each is a handful of requests, or commands
+    that wait); the timeout, its cleanup and the detached check run one after another in one of
+    those threads (detached processes must not overlap the cleanup's process scan); the race and
+    the flood run last, alone, since what they measure (attempts in a fixed time, GET / latency,
+    the server's peak RSS, how slowly a Python starts) other work would skew.
+    """
+    contract = contract_checks(process_mode)
+    jobs: dict[str, Job] = {
+        "imports": partial(wanted_imports, sandbox, modules, distributions),
+        "lifetimes": partial(contract_run, sandbox, [c for c in contract if c[0] in LIFETIMES]),
+        "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
+    }
+    for name, check in contract:
+        if name not in LIFETIMES + ALONE:
+            jobs[name] = partial(contract_run, sandbox, [(name, check)])
+    for number, snippet in enumerate(snippets, start=1):
+        jobs[f"check {number}"] = partial(snippet_run, sandbox, number, snippet)
+    with ThreadPoolExecutor(WORKERS) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        found = {name: future.result() for name, future in futures.items()}
+    for name, check in contract:
+        if name in ALONE:
+            found[name] = contract_run(sandbox, [(name, check)])
+    by_name = {c.name: c for c in found.pop("lifetimes")}
+    order = [[by_name[name]] if name in by_name else found[name] for name, _ in contract]
+    order += [found["sdk"], found["imports"]]
+    order += [found[f"check {number}"] for number in range(1, len(snippets) + 1)]
+    return [check for part in order for check in part]
+
+
+def contract_run(
+    sandbox: Sandbox, group: list[tuple[str, Callable[[Sandbox], str]]]
+) -> list[Check]:
+    return [run_check(name, partial(check, sandbox)) for name, check in group]
+
+
+def snippet_run(sandbox: Sandbox, number: int, snippet: str) -> list[Check]:
+    return [run_check(f"check {number}", partial(check_snippet, sandbox, snippet))]
+
+
+def wanted_imports(
+    sandbox: Sandbox, modules: Sequence[str], distributions: Sequence[str]
+) -> list[Check]:
+    """The distributions' mapping problems, then one import check per module."""
     wanted = list(dict.fromkeys(modules))
+    problems: list[Check] = []
     if distributions:
         try:
             derived, problems = modules_of(sandbox, distributions)
         except (ContractViolation, OSError, http.client.HTTPException) as error:
             derived, problems = [], [Check("requirements", False, f"cannot map: {error}")]
-        done += problems
         wanted += [module for module in derived if module not in wanted]
-    done += [run_check(f"import {m}", partial(check_import, sandbox, m)) for m in wanted]
-    done += [
-        run_check(f"check {number}", partial(check_snippet, sandbox, snippet))
-        for number, snippet in enumerate(snippets, start=1)
-    ]
-    return done
+    return problems + import_checks(sandbox, wanted)
