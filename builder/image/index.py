@@ -31,14 +31,12 @@ from builder.errors import RegistryError, UserError
 from builder.image.assemble import Assembled
 from builder.image.gzipped import gzipped
 from builder.image.publish import PushResult
+from builder.image.rebase import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST, OCI_LAYER
 from builder.imageref import ImageRef
 from builder.oci import INDEX_TYPES, Registry
 
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_INDEX = "application/vnd.docker.distribution.manifest.list.v2+json"
-DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
-DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
-GZIP_LAYERS = frozenset({DOCKER_LAYER, "application/vnd.oci.image.layer.v1.tar+gzip"})
+GZIP_LAYERS = frozenset({DOCKER_LAYER, OCI_LAYER})
 GZIP_LEVEL = 6
 VARIANTS = {"arm64": "v8"}  # what `docker manifest` and the official images write
 SAVE_CHUNK = 1 << 20
