@@ -244,13 +244,7 @@ class Registry:
         for wanted in (asked, expected, served):
             if wanted and wanted != digest:
                 raise IntegrityError(f"{self.label}: manifest {reference}", wanted, digest)
-        try:
-            document = json.loads(body)
-        except ValueError:
-            document = None
-        if not isinstance(document, dict):
-            raise RegistryError(f"{self.label}: manifest {digest} is not a JSON object")
-        return document, digest
+        return self._json_object(body, f"manifest {digest}"), digest
 
     def blob(self, digest: str) -> VerifiedBlob:
         """A blob as a stream that raises IntegrityError at its end if it does not match."""
@@ -264,12 +258,15 @@ class Registry:
                 raise RegistryError(
                     f"{self.label}: blob {digest} is larger than {MAX_JSON_BLOB >> 20} MiB"
                 )
+        return self._json_object(body, f"blob {digest}")
+
+    def _json_object(self, body: bytes, what: str) -> dict[str, Any]:
         try:
             document = json.loads(body)
         except ValueError:
             document = None
         if not isinstance(document, dict):
-            raise RegistryError(f"{self.label}: blob {digest} is not a JSON object")
+            raise RegistryError(f"{self.label}: {what} is not a JSON object")
         return document
 
     def _read(self, response: Any, limit: int) -> bytes:

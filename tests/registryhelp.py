@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import http.client
+import io
 import json
+import tarfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from typing import Protocol
 
 # Loopback only: never route test traffic through an HTTP(S)_PROXY from the environment.
@@ -56,3 +59,21 @@ def registry_tags(registry: RegistryLike, repo: str) -> list[str]:
     except urllib.error.HTTPError as exc:
         assert exc.code == 404, exc
         return []
+
+
+def layer_tar(entries: Iterable[tuple[str, bytes | str | None]]) -> bytes:
+    """An uncompressed layer tar: (name, file bytes | symlink target str | None for a dir)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as archive:
+        for name, value in entries:
+            info = tarfile.TarInfo(name)
+            if value is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            elif isinstance(value, str):
+                info.type, info.linkname = tarfile.SYMTYPE, value
+                archive.addfile(info)
+            else:
+                info.size = len(value)
+                archive.addfile(info, io.BytesIO(value))
+    return raw.getvalue()

@@ -10,9 +10,9 @@ import hashlib
 import io
 import json
 import struct
-import tarfile
 
 import pytest
+from registryhelp import layer_tar
 from test_adversarial_registry import Reply, Server
 
 from builder.analysis.target import ARCHES
@@ -126,22 +126,7 @@ def test_ld_cache_with_an_unterminated_string_reads_as_empty():
 
 
 def _tar(entries: list[tuple[str, bytes | str | None]]) -> io.BytesIO:
-    """A layer tar: (name, file bytes | symlink target str | None for a directory)."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as archive:
-        for name, value in entries:
-            info = tarfile.TarInfo(name)
-            if value is None:
-                info.type = tarfile.DIRTYPE
-                archive.addfile(info)
-            elif isinstance(value, str):
-                info.type, info.linkname = tarfile.SYMTYPE, value
-                archive.addfile(info)
-            else:
-                info.size = len(value)
-                archive.addfile(info, io.BytesIO(value))
-    raw.seek(0)
-    return raw
+    return io.BytesIO(layer_tar(entries))
 
 
 def test_layer_paths_stay_inside_the_model():

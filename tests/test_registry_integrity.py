@@ -11,18 +11,17 @@ from __future__ import annotations
 import gzip
 import hashlib
 import http.server
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import pytest
+from registryhelp import layer_tar
 
 from builder.analysis.target import shipped_profile
 from builder.cache import Cache
@@ -40,13 +39,7 @@ def _digest(data: bytes) -> str:
 
 
 def _layer(files: dict[str, bytes]) -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as archive:
-        for name, content in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            archive.addfile(info, io.BytesIO(content))
-    return gzip.compress(raw.getvalue(), mtime=0)
+    return gzip.compress(layer_tar(files.items()), mtime=0)
 
 
 class Served(NamedTuple):

@@ -11,13 +11,11 @@ from __future__ import annotations
 import gzip
 import hashlib
 import http.server
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 import urllib.error
@@ -27,7 +25,7 @@ from typing import NamedTuple
 
 import pytest
 from credhelp import install_helper, write_docker_config
-from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER
+from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER, layer_tar
 from wheelfactory import compile_so
 
 from builder.base.probe import probe_base
@@ -242,17 +240,7 @@ def test_dockerfile_whiteouts(
 # ---------------------------------------------------------------------------------------------
 def _layer(files: dict[str, bytes | str]) -> bytes:
     """A gzip tar: bytes are regular files, str values are symlink targets."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as archive:
-        for name, content in files.items():
-            info = tarfile.TarInfo(name)
-            if isinstance(content, str):
-                info.type, info.linkname = tarfile.SYMTYPE, content
-                archive.addfile(info)
-            else:
-                info.size = len(content)
-                archive.addfile(info, io.BytesIO(content))
-    return gzip.compress(raw.getvalue(), mtime=0)
+    return gzip.compress(layer_tar(files.items()), mtime=0)
 
 
 def _status(*packages: tuple[str, str, str]) -> bytes:
