@@ -13,7 +13,7 @@ from builder.analysis import stale
 from builder.analysis.index import RemoteFile
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import LockedPackage
-from builder.analysis.stale import HeldBack, parse_via, stale_picks
+from builder.analysis.stale import HeldBack, index_listings, parse_via, stale_picks
 from builder.analysis.target import ARCHES, Target, shipped_profile
 from builder.cache import Cache
 
@@ -80,7 +80,8 @@ def test_held_back_note_names_who_requires_it() -> None:
 
 def test_stale_picks_split_wheelless_from_held_back(synthetic_index: None) -> None:
     locked = {"oldlib": "1.4.0", "wheelless": "1.0", "current": "1.0"}
-    picks, held = stale_picks(locked, {}, ["https://index.invalid/simple"], TARGET, AMD64)
+    listings = index_listings(locked, ["https://index.invalid/simple"])
+    picks, held = stale_picks(locked, {}, listings, TARGET, AMD64)
     assert held == [HeldBack("oldlib", "1.4.0", "2.0.0")]
     (pick,) = picks
     assert (pick.name, pick.chosen, pick.newest) == ("wheelless", "1.0", "3.0")

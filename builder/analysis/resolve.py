@@ -42,7 +42,13 @@ from builder.analysis.index import (
     uv_environment,
 )
 from builder.analysis.requirements import RequirementSet
-from builder.analysis.stale import StalePick, parse_via, pinned_notes, stale_picks
+from builder.analysis.stale import (
+    StalePick,
+    index_listings,
+    parse_via,
+    pinned_notes,
+    stale_picks,
+)
 from builder.analysis.target import Arch, Target
 from builder.cache import Cache
 from builder.errors import UserError
@@ -370,10 +376,11 @@ def _fresher_sources(
     }
     specifiers = {name: _specifier_for(name, requirements) for name in locked}
     indexes = requirements.indexes()
+    listings = index_listings(locked, indexes)  # one index request per name, for both checks
     warnings = pinned_notes(
-        locked, {r.name: r.requirement.specifier for r in requirements.requirements}, indexes
+        locked, {r.name: r.requirement.specifier for r in requirements.requirements}, listings
     )
-    stale, held = stale_picks(locked, specifiers, indexes, target, arch)
+    stale, held = stale_picks(locked, specifiers, listings, target, arch)
     if held:
         dependents = via()
         warnings += [note for pick in held if (note := pick.message(dependents))]

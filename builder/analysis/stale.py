@@ -12,7 +12,7 @@ the version back: uv's `# via` annotations name the candidates, and a note says 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -162,21 +162,27 @@ def _stale(
     )
 
 
+def index_listings(names: Iterable[str], indexes: Sequence[str]) -> dict[str, list[RemoteFile]]:
+    """Name -> the files the indexes list for it, fetched in parallel, each name once."""
+    unique = sorted(set(names))
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        listed = pool.map(lambda name: index_files(indexes, name), unique)
+        return dict(zip(unique, listed, strict=True))
+
+
 def stale_picks(
     locked: Mapping[str, str],
     specifiers: Mapping[str, SpecifierSet],
-    indexes: Sequence[str],
+    listings: Mapping[str, Sequence[RemoteFile]],
     target: Target,
     arch: Arch,
 ) -> tuple[list[StalePick], list[HeldBack]]:
     """Locked versions older than the newest allowed release: those whose newer release has
-    no usable wheel, and those something else in the set holds back."""
-    names = sorted(locked)
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        listings = list(pool.map(lambda name: index_files(indexes, name), names))
+    no usable wheel, and those something else in the set holds back. `listings`: each locked
+    name's files on the index (`index_listings`)."""
     found = [
-        _stale(name, locked[name], files, specifiers.get(name, SpecifierSet()), target, arch)
-        for name, files in zip(names, listings, strict=True)
+        _stale(name, version, listings[name], specifiers.get(name, SpecifierSet()), target, arch)
+        for name, version in sorted(locked.items())
     ]
     return (
         [pick for pick in found if isinstance(pick, StalePick)],
@@ -185,14 +191,16 @@ def stale_picks(
 
 
 def pinned_notes(
-    locked: Mapping[str, str], pins: Mapping[str, SpecifierSet], indexes: Sequence[str]
+    locked: Mapping[str, str],
+    pins: Mapping[str, SpecifierSet],
+    listings: Mapping[str, Sequence[RemoteFile]],
 ) -> list[str]:
     """A note for each `==` pin the index has newer releases of: the user's choice stays."""
     notes = []
     for name, specifier in sorted(pins.items()):
         if name not in locked or not any(s.operator in {"==", "==="} for s in specifier):
             continue
-        newer = [v for v in releases(index_files(indexes, name)) if v > Version(locked[name])]
+        newer = [v for v in releases(listings[name]) if v > Version(locked[name])]
         stable = [v for v in newer if not v.is_prerelease]
         if stable:
             notes.append(f"note: {name}=={locked[name]} is pinned; newest release: {max(stable)}")
