@@ -456,6 +456,11 @@ class Capture:
         self.dropped += max(len(chunk) - room, 0)
 
 
+def json_text(text: str) -> bytes:
+    """``text`` as the inside of a JSON string (no quotes), UTF-8."""
+    return json.dumps(text, ensure_ascii=False)[1:-1].encode()
+
+
 class EncodedStream:
     """A spooled stream as the body of a JSON string, in chunks, at most ``budget`` bytes.
 
@@ -478,12 +483,12 @@ class EncodedStream:
             raw = self.spool.read(ENCODE_CHUNK)
             text = decoder.decode(raw, final=not raw)
             if text:
-                piece = json.dumps(text, ensure_ascii=False)[1:-1].encode()
+                piece = json_text(text)
                 if used + len(piece) > self.budget:
                     room, keep = self.budget - used, len(text)
                     while keep > 0:
                         keep = min(keep - 1, keep * room // len(piece))
-                        piece = json.dumps(text[:keep], ensure_ascii=False)[1:-1].encode()
+                        piece = json_text(text[:keep])
                         if len(piece) <= room:
                             break
                     if keep > 0:
@@ -496,10 +501,6 @@ class EncodedStream:
                 yield piece
             if not raw:
                 return
-
-
-def json_text(text: str) -> bytes:
-    return json.dumps(text, ensure_ascii=False)[1:-1].encode()
 
 
 @dataclass
@@ -706,6 +707,26 @@ def process_table() -> dict[int, tuple[int, str]]:
     return table
 
 
+def children_of(table: dict[int, tuple[int, str]], parent: int) -> list[int]:
+    return [pid for pid, (ppid, _) in table.items() if ppid == parent]
+
+
+def live_subtrees(table: dict[int, tuple[int, str]], roots: list[int], spare: int) -> set[int]:
+    """``roots`` and every process below them, zombies and ``spare`` (the server) left out."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in found or pid == spare:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, []))
+    return {pid for pid in found if table[pid][1] != "Z"}
+
+
 def marker_of(pid: int) -> str | None:
     """The execution marker in a process's environment (None: none, or unreadable)."""
     try:
@@ -763,12 +784,9 @@ class Supervisor:
             self._leaders.pop(proc.pid, None)
 
     def _victims(self, table: dict[int, tuple[int, str]], leader: int, marker: str) -> set[int]:
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in table.items():
-            children.setdefault(ppid, []).append(pid)
         roots = [leader] if leader in table else []
         running = set(self._leaders.values())
-        for pid in children.get(self.pid, []):
+        for pid in children_of(table, self.pid):
             if pid in self._leaders:
                 continue
             found = marker_of(pid)
@@ -776,14 +794,7 @@ class Supervisor:
                 roots.append(pid)
         if not self.subreaper and self.pid != 1:  # orphans went to init: the marker only
             roots += [pid for pid in table if pid != self.pid and marker_of(pid) == marker]
-        victims: set[int] = set()
-        while roots:
-            pid = roots.pop()
-            if pid in victims or pid == self.pid:
-                continue
-            victims.add(pid)
-            roots.extend(children.get(pid, []))
-        return {pid for pid in victims if table[pid][1] != "Z"}
+        return live_subtrees(table, roots, self.pid)
 
     def sweep(self, proc: subprocess.Popen[bytes], marker: str) -> int:
         """Kill every process of one execution (its leader included); the number killed."""
@@ -806,16 +817,7 @@ class Supervisor:
         for _ in range(200):
             with self._lock:
                 table = process_table()
-                children: dict[int, list[int]] = {}
-                for pid, (ppid, _) in table.items():
-                    children.setdefault(ppid, []).append(pid)
-                stack, victims = list(children.get(self.pid, [])), set()
-                while stack:
-                    pid = stack.pop()
-                    if pid not in victims:
-                        victims.add(pid)
-                        stack.extend(children.get(pid, []))
-                alive = [pid for pid in victims if table[pid][1] != "Z"]
+                alive = live_subtrees(table, children_of(table, self.pid), self.pid)
                 for pid in alive:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
