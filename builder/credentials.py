@@ -8,7 +8,8 @@ the registry's `credHelpers` entry, the default `credsStore`, and last an inline
 (base64 `auth`, `username`/`password`, or `identitytoken`). A helper runs as Docker runs it:
 `docker-credential-<name> get` with the server URL on stdin, answering {"Username", "Secret"};
 a `<token>` username means the secret is an identity token; a failing helper (or one answering
-garbage) means "none"; a helper name that is not a plain word is refused, as it would run a path.
+garbage) means "none"; one printing more than 1 MiB is an error, as is a helper name that is not
+a plain word (it would run a path).
 Docker Hub is keyed `https://index.docker.io/v1/`. Push (through the engine), the engine pull
 and the engine-less registry client all use `lookup`.
 """
@@ -20,7 +21,9 @@ import binascii
 import json
 import os
 import re
+import selectors
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ SCOPE_ENV = "BSI_REGISTRY"  # the registry the environment's credentials belong 
 HUB_SERVER = "https://index.docker.io/v1/"
 TOKEN_USER = "<token>"  # a helper's username for "the secret is an identity token"
 HELPER_TIMEOUT = 30  # seconds; a helper that hangs (a locked keychain) must not stall a plan
+HELPER_OUTPUT_LIMIT = 1 << 20  # bytes a helper may print; a login is a few KiB
 HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # no path: docker-credential-<word>
 AUTH_HINT = "log in (docker login {host}) or set BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD"
 
@@ -139,16 +143,11 @@ def run_helper(name: str, server: str) -> Credentials | None:
             " (docker-credential-<name> on PATH; no path separators)"
         )
     program = f"docker-credential-{name}"
-    try:
-        result = subprocess.run(
-            [program, "get"], input=server.encode(), capture_output=True, timeout=HELPER_TIMEOUT
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if result.returncode != 0:  # "credentials not found in native keychain" included
+    output = _helper_output(program, server)
+    if output is None:  # "credentials not found in native keychain" included
         return None
     try:
-        answer: Any = json.loads(result.stdout)  # bytes: UTF-8/16/32 detected, else ValueError
+        answer: Any = json.loads(output)  # bytes: UTF-8/16/32 detected, else ValueError
     except ValueError:  # UnicodeDecodeError included
         return None
     if not isinstance(answer, dict) or not answer.get("Secret"):
@@ -157,6 +156,54 @@ def run_helper(name: str, server: str) -> Credentials | None:
     return Credentials(
         user, str(answer["Secret"]), source=program, identity_token=user == TOKEN_USER
     )
+
+
+def _helper_output(program: str, server: str) -> bytes | None:
+    """`program get`'s stdout if it exits 0 within HELPER_TIMEOUT, else None.
+
+    Read in chunks and cut off past HELPER_OUTPUT_LIMIT (an error naming the helper), so a
+    broken or hostile helper printing without end cannot exhaust memory; stderr is not kept.
+    """
+    try:
+        proc = subprocess.Popen(
+            [program, "get"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+    assert proc.stdin is not None and proc.stdout is not None
+    deadline = time.monotonic() + HELPER_TIMEOUT
+    output = bytearray()
+    with proc, selectors.DefaultSelector() as selector:
+        try:
+            try:
+                proc.stdin.write(server.encode())
+                proc.stdin.close()
+            except BrokenPipeError:  # it answered without reading its input
+                pass
+            selector.register(proc.stdout, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    return None  # it hangs: a locked keychain waiting for a prompt
+                chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    break
+                output += chunk
+                if len(output) > HELPER_OUTPUT_LIMIT:
+                    raise UserError(
+                        f"credential helper {program}: printed more than"
+                        f" {HELPER_OUTPUT_LIMIT >> 20} MiB for {server}; a login is a few KiB"
+                    )
+            returncode = proc.wait(max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return bytes(output) if returncode == 0 else None
 
 
 def _inline(entry: dict[str, Any], source: str) -> Credentials | None:
