@@ -28,6 +28,7 @@ from builder.cache import Cache
 from builder.config import PipelineConfig, set_platform_version
 from builder.errors import RegistryUnreachable
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
+from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.index import ArchImage, put_index
 from builder.image.labels import created, image_labels
 from builder.image.layer import Layer
@@ -238,7 +239,8 @@ def deliver(
 
     All or nothing: a failed build raises and a failed verification returns before anything
     is pushed, so no tag moves and the template is untouched. With several arches each image
-    is pushed by digest and the tags name one index of them.
+    is pushed by digest and the tags name one index of them. With a push, each arch's deps-extra
+    layer is gzipped in the background while the images build and verify.
     """
     outcome = Outcome(plan)
     if not delivery.build or client is None:
@@ -247,36 +249,27 @@ def deliver(
     finished = finish(plan, request)
     # Always tag locally: an untagged image would vanish if a later push step untags it.
     outcome.tag = delivery.tag or f"sandbox-extension:x{extras}"
-    outcome.builds = multiarch.build_and_verify(
-        plan,
-        request.output,
-        client,
-        outcome.tag,
-        finished,
-        verify=delivery.verify,
-        secret_files=delivery.secret_files,
-        say=say,
-    )
-    outcome.verification = multiarch.combined(outcome.tag, outcome.builds)
+    pushing = [(layer.path, layer.diff_id) for layer in finished.layers.values()]
+    with gzip_ahead(pushing if delivery.push_repository else (), request.cache):
+        outcome.builds = multiarch.build_and_verify(
+            plan, request.output, client, outcome.tag, finished, verify=delivery.verify,
+            secret_files=delivery.secret_files, say=say,
+        )  # fmt: skip
+        outcome.verification = multiarch.combined(outcome.tag, outcome.builds)
+        if outcome.succeeded and delivery.push_repository:
+            version = platform_version(plan.base_image, delivery.platform_version)
+            outcome.pushed = multiarch.push(
+                outcome.builds, client, delivery.push_repository,
+                image_tags(delivery.push_repository, version, extras), plan.base_image,
+                finished.labels, request.cache, say,
+            )  # fmt: skip
     image_record: dict[str, Any] = {"tag": outcome.tag}
     if len(outcome.builds) == 1:
         outcome.image_id, outcome.built_arch = outcome.builds[0].image_id, outcome.builds[0].arch
         image_record |= {"id": outcome.image_id, "arch": outcome.built_arch}
         if outcome.verification is not None:
             image_record["verification"] = outcome.verification.to_dict()
-    if outcome.succeeded and delivery.push_repository:
-        version = platform_version(plan.base_image, delivery.platform_version)
-        tags = image_tags(delivery.push_repository, version, extras)
-        pushed = outcome.pushed = multiarch.push(
-            outcome.builds,
-            client,
-            delivery.push_repository,
-            tags,
-            plan.base_image,
-            finished.labels,
-            request.cache,
-            say,
-        )
+    if pushed := outcome.pushed:
         image_record |= {"pushed": pushed.reference, "tags": list(pushed.tags)}
         if len(outcome.builds) > 1:
             image_record["index"] = pushed.digest

@@ -1,0 +1,128 @@
+"""A layer is gzipped once however many callers ask at once; `ahead` compresses before a push."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.cache import Cache
+from builder.image import gzipped as gzipped_module
+from builder.image.gzipped import Blob, ahead, gzipped
+
+
+def layer_tar(path: Path, size: int = 3 << 20) -> tuple[Path, str]:
+    """A tar-sized file of compressible bytes, and its diff ID."""
+    data = b"".join(hashlib.sha256(str(i % 997).encode()).digest() for i in range(size // 32))
+    path.write_bytes(data)
+    return path, "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Counting:
+    """compress_stream, counted; its first call holds until `release` says go on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.original = gzipped_module.compress_stream
+        self.calls = 0
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.niceness: list[int] = []
+        self.partial_visible: list[Path] = []
+        self.cache_root: Path | None = None
+        monkeypatch.setattr(gzipped_module, "compress_stream", self)
+        monkeypatch.setattr(gzipped_module, "MEMBER", 256 << 10)
+
+    def __call__(self, source: Any) -> Iterator[bytes]:
+        self.calls += 1
+        self.niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        if self.calls == 1:
+            self.started.set()
+            assert self.release.wait(10)
+            if self.cache_root is not None:
+                self.partial_visible += self.cache_root.glob("blobs/*/*/layer.tar.gz")
+        yield from self.original(source)
+
+
+def test_concurrent_callers_share_one_compression(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tar, diff_id = layer_tar(tmp_path / "layer.tar")
+    counting = Counting(monkeypatch)
+    second_looked = threading.Event()
+
+    class Watched(Cache):
+        """Says when the second caller has looked in the cache and found nothing yet."""
+
+        def get_record(self, kind: str, key: str) -> Any | None:
+            if threading.current_thread().name == "second":
+                second_looked.set()
+            return super().get_record(kind, key)
+
+    cache = Watched(tmp_path / "cache")
+    counting.cache_root = cache.root
+    results: dict[str, Blob] = {}
+
+    def call(name: str) -> None:
+        results[name] = gzipped(tar, diff_id, cache)
+
+    first = threading.Thread(target=call, args=("first",), name="first")
+    second = threading.Thread(target=call, args=("second",), name="second")
+    first.start()
+    assert counting.started.wait(10)  # the first is compressing ...
+    second.start()
+    assert second_looked.wait(10)  # ... when the second finds no blob and must wait for it
+    time.sleep(0.3)  # time enough to reach the lock (or, without one, to compress again)
+    counting.release.set()
+    first.join(30)
+    second.join(30)
+    assert counting.calls == 1
+    assert counting.partial_visible == []  # nothing under its final name while being written
+    assert results["first"] == results["second"]
+    blob = results["first"]
+    assert blob.digest == "sha256:" + hashlib.sha256(blob.path.read_bytes()).hexdigest()
+    assert gzip.decompress(blob.path.read_bytes()) == tar.read_bytes()
+    assert [p.name for p in cache.root.iterdir() if p.name.startswith(".gzip-")] == []
+
+
+def test_ahead_compresses_for_the_push_inside_the_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tar, diff_id = layer_tar(tmp_path / "layer.tar")
+    counting = Counting(monkeypatch)
+    cache = Cache(tmp_path / "cache")
+    with ahead([(tar, diff_id)], cache):
+        assert counting.started.wait(10)  # started before anything in the block asked
+        counting.release.set()
+        blob = gzipped(tar, diff_id, cache)  # the push: waits for the background one
+    assert counting.calls == 1
+    assert gzip.decompress(blob.path.read_bytes()) == tar.read_bytes()
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert counting.niceness == [min(19, mine + gzipped_module.AHEAD_NICE)]
+    assert mine < 19  # this thread kept its priority: only the background one yielded
+
+
+def test_ahead_on_error_finishes_the_running_one_drops_the_rest_and_leaves_no_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, first_id = layer_tar(tmp_path / "one.tar")
+    second, second_id = layer_tar(tmp_path / "two.tar", 1 << 20)
+    counting = Counting(monkeypatch)
+    cache = Cache(tmp_path / "cache")
+    with (
+        pytest.raises(RuntimeError, match="verification failed"),
+        ahead([(first, first_id), (second, second_id)], cache),
+    ):
+        assert counting.started.wait(10)
+        counting.release.set()
+        raise RuntimeError("verification failed")
+    assert counting.calls == 1  # the second layer's compression never started
+    assert not any(t.name.startswith("gzip-ahead") for t in threading.enumerate())
+    records = list((cache.root / "layer-gzip").glob("*/*.json"))
+    assert len(records) == 1  # the first finished into the cache, content-addressed
