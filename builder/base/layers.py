@@ -4,20 +4,24 @@ Each layer is applied in order with its whiteouts (`.wh.<name>` hides a lower pa
 `.wh..wh..opq` empties a lower directory), keeping only what the base facts need: symlinks,
 shared libraries (their soname, via `builder.analysis.elf`), METADATA of the distributions on
 PYTHONPATH, the dpkg status and file lists, and ld.so.cache. `facts()` then reports what the
-engine probe's in-container script reports, from the merged tree.
+engine probe's in-container script reports, from the merged tree. A layer is gunzipped here,
+not by tarfile, so the bytes it inflates to are counted and cut off at MAX_UNPACKED: a small
+gzip bomb in a hostile base cannot keep the probe inflating.
 """
 
 from __future__ import annotations
 
 import email.parser
+import gzip
 import io
 import posixpath
 import re
 import struct
+import sys
 import tarfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from elftools.common.exceptions import ELFError
 
@@ -27,6 +31,9 @@ from builder.base.profile import DEBIAN_VERSION, installed_packages
 
 MAX_LIBRARY = 256 << 20  # a shared library read whole to find its DT_SONAME
 MAX_TEXT = 64 << 20  # METADATA, dpkg status and lists, ld.so.cache
+MAX_UNPACKED = 8 << 30  # the tar bytes one layer may unpack to; a gzip bomb would go on forever
+GZIP_MAGIC = b"\x1f\x8b"
+READ_CHUNK = 1 << 20  # bytes per read while unpacking: few Python-level calls per layer
 LIBRARY = re.compile(r"[^/]+\.so(\.[^/]*)?$")
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -72,13 +79,13 @@ class Layers:
     def library_dirs(self) -> tuple[str, ...]:
         return (f"lib/{self.arch.triplet}", f"usr/lib/{self.arch.triplet}", "usr/local/lib")
 
-    def apply(self, stream: IO[bytes]) -> None:
-        """Read one layer tar (streamed) and lay it over the entries so far."""
+    def apply(self, stream: Readable) -> None:
+        """Read one layer blob (a tar, gzipped or not; streamed) and lay it over the entries."""
         added: dict[str, Entry] = {}
         present: set[str] = set()  # every path this layer holds: it replaces the lower one
         hidden: set[str] = set()  # whiteouts: these paths and all under them go
         opaque: set[str] = set()  # directories whose lower contents go
-        with tarfile.open(fileobj=stream, mode="r|*") as archive:
+        with tarfile.open(fileobj=unpacked(stream), mode="r|") as archive:
             for member in archive:
                 path = _normalize(member.name)
                 if not path:
@@ -220,6 +227,50 @@ class Layers:
             if name and posixpath.dirname(posixpath.dirname(path)) + "/" == prefix:
                 found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), version)
         return found
+
+
+class Oversized(tarfile.TarError):
+    """A layer unpacking to more than MAX_UNPACKED bytes: refused before inflating the rest."""
+
+
+class Readable(Protocol):
+    """What a layer is read through: a registry blob, a file, a gzip stream."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
+class _Capped(io.RawIOBase):
+    """`stream` as a raw file the io and gzip machinery can read, failing past `limit` bytes."""
+
+    def __init__(self, stream: Readable, limit: int) -> None:
+        self.stream, self.limit, self.left = stream, limit, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.stream.read(min(len(buffer), self.left + 1))
+        if len(data) > self.left:
+            raise Oversized(f"it unpacks to more than {_size(self.limit)}")
+        self.left -= len(data)
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def unpacked(blob: Readable) -> IO[bytes]:
+    """A layer blob's tar bytes: gunzipped if it is gzip, at most MAX_UNPACKED of them.
+
+    The gzip stream is inflated here, not by tarfile, so every inflated byte is counted.
+    """
+    source = io.BufferedReader(_Capped(blob, sys.maxsize), READ_CHUNK)
+    tar: Readable = source
+    if source.peek(len(GZIP_MAGIC)).startswith(GZIP_MAGIC):
+        tar = gzip.GzipFile(fileobj=source, mode="rb")
+    return io.BufferedReader(_Capped(tar, MAX_UNPACKED), READ_CHUNK)
+
+
+def _size(count: int) -> str:
+    return f"{count >> 30} GiB" if count >= 1 << 30 else f"{count} bytes"
 
 
 def _normalize(name: str) -> str:

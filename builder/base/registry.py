@@ -120,7 +120,7 @@ def _probe_manifest(client: Registry, manifest: dict[str, Any], arch: Arch) -> d
             # The blob checks its digest when the block ends, also after a tar error, so a
             # tampered layer is reported as such rather than as unreadable.
             with client.blob(layer["digest"]) as blob:
-                layers.apply(blob)  # type: ignore[arg-type]
+                layers.apply(blob)
         except (tarfile.TarError, zlib.error, OSError, EOFError) as exc:
             raise UserError(
                 f"{client.label}: layer {layer['digest']} is unreadable: {exc}"
