@@ -51,6 +51,8 @@ class RemoteFile:
     size: int | None = None
     uploaded: str | None = None  # ISO date from the index (PEP 700), when it says
     yanked: bool = False
+    # A wheel built on the host: the sdist the index served, whose sha256 `--hash` names.
+    built_from: RemoteFile | None = None
 
 
 def redact(url: str) -> str:
@@ -196,11 +198,23 @@ def compiled_code_evidence(sdist: Path) -> str | None:
     return next((name for name in names if COMPILED_SOURCES.search(name)), None)
 
 
-def build_pure_wheel(sdist: Path, sdist_sha256: str, cache: Cache) -> tuple[Path, str]:
-    """Build a pure-Python sdist into a wheel on the host, cached by the sdist's hash."""
-    record = cache.get_record("built", sdist_sha256)
+def build_pure_wheel(sdist: Path, source: RemoteFile, cache: Cache) -> tuple[Path, str]:
+    """Build a pure-Python sdist into a wheel on the host, cached by the sdist's hash.
+
+    The wheel's sdist is recorded by the wheel's hash, for `built_source` to find.
+    """
+    record = cache.get_record("built", source.sha256)
     if record and (found := cache.find_blob(record["sha256"], record["filename"])):
-        return found, record["sha256"]
+        path, sha256 = found, str(record["sha256"])
+    else:
+        path, sha256 = _build(sdist, cache)
+        cache.put_record("built", source.sha256, {"filename": path.name, "sha256": sha256})
+    origin = {"filename": source.filename, "url": redact(source.url), "sha256": source.sha256}
+    cache.put_record("built-from", sha256, origin)
+    return path, sha256
+
+
+def _build(sdist: Path, cache: Cache) -> tuple[Path, str]:
     with tempfile.TemporaryDirectory(prefix="bsi-build-") as out:
         result = subprocess.run(
             [UV, "build", "--wheel", "--quiet", "--out-dir", out, str(sdist)],
@@ -215,9 +229,15 @@ def build_pure_wheel(sdist: Path, sdist_sha256: str, cache: Cache) -> tuple[Path
         tags = parse_wheel_filename(wheels[0].name)[3]
         if any(tag.abi != "none" or tag.platform != "any" for tag in tags):
             raise UserError(f"{sdist.name}: the source distribution builds compiled code")
-        path, sha256 = cache.add_blob(wheels[0], wheels[0].name)
-    cache.put_record("built", sdist_sha256, {"filename": path.name, "sha256": sha256})
-    return path, sha256
+        return cache.add_blob(wheels[0], wheels[0].name)
+
+
+def built_source(wheel_sha256: str, cache: Cache) -> RemoteFile | None:
+    """The sdist a wheel in the cache was built from (`build_pure_wheel`), if it was."""
+    record = cache.get_record("built-from", wheel_sha256)
+    if not record:
+        return None
+    return RemoteFile(record["filename"], record["url"], record["sha256"])
 
 
 def uv_environment() -> Mapping[str, str]:

@@ -17,12 +17,12 @@ import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from packaging.markers import Marker, UndefinedComparison, default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, Specifier
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
 from builder.analysis.target import ARCHES, Target, shipped_profile
 from builder.errors import UserError
@@ -95,14 +95,22 @@ class NamedRequirement:
         return str(self.requirement)
 
 
-class WheelFile(Protocol):
-    """What the hash check needs of a chosen wheel (builder.analysis.index.RemoteFile)."""
+class IndexFile(Protocol):
+    """What the hash check needs of a file (builder.analysis.index.RemoteFile)."""
 
     @property
     def filename(self) -> str: ...
 
     @property
     def sha256(self) -> str: ...
+
+
+@runtime_checkable
+class BuiltWheel(IndexFile, Protocol):
+    """A wheel that knows the sdist it was built from on the host (None: it came as a wheel)."""
+
+    @property
+    def built_from(self) -> IndexFile | None: ...
 
 
 @dataclass(frozen=True)
@@ -128,28 +136,44 @@ class RequirementSet:
             for digest in entry.hashes
         )
 
-    def check_hashes(self, wheels: Iterable[WheelFile]) -> None:
-        """In hash-checking mode, refuse any wheel to install whose sha256 was not given.
+    def check_hashes(self, files: Iterable[IndexFile]) -> None:
+        """In hash-checking mode, refuse any file to install whose sha256 was not given.
 
         Like pip, dependencies need hashes too: an unpinned dependency would otherwise be
-        whatever the index serves, which is what the hashes promise to rule out.
+        whatever the index serves, which is what the hashes promise to rule out. As in pip,
+        the hash is the one of the file fetched from the index: for a wheel built here, its
+        sdist's (the wheel itself stays pinned by its own sha256 in the lock).
         """
         if not self.hash_checking:
             return
-        for wheel in wheels:
-            name, version = parse_wheel_filename(wheel.filename)[:2]
+        for file in files:
+            source = file.built_from if isinstance(file, BuiltWheel) else None
+            fetched = source or file
+            built = f" (built here into {file.filename}, sha256:{file.sha256})" if source else ""
+            name, version = _name_version(fetched.filename)
             allowed = self.hashes_for(name)
             if not allowed:
                 raise UserError(
                     f"{name}=={version}: no --hash given for it, and hash-checking mode is on"
                     " (--require-hashes or a --hash in the requirements); add its hash"
                 )
-            if wheel.sha256.lower() not in allowed:
+            if fetched.sha256.lower() not in allowed:
+                kind = "wheel" if fetched.filename.endswith(".whl") else "sdist"
                 given = ", ".join(f"sha256:{digest}" for digest in sorted(allowed)[:3])
                 raise UserError(
-                    f"{name}=={version}: the wheel {wheel.filename} has sha256:{wheel.sha256},"
-                    f" which is not among the hashes given ({given})"
+                    f"{name}=={version}: the {kind} {fetched.filename} has"
+                    f" sha256:{fetched.sha256}{built}, which is not among the hashes given"
+                    f" ({given})"
                 )
+
+
+def _name_version(filename: str) -> tuple[str, str]:
+    """A wheel's or an sdist's normalized name and version, from its file name."""
+    if filename.endswith(".whl"):
+        name, version = parse_wheel_filename(filename)[:2]
+    else:
+        name, version = parse_sdist_filename(filename)
+    return name, str(version)
 
 
 def _decode(path: Path, data: bytes) -> str:

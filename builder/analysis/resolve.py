@@ -36,6 +36,7 @@ from builder.analysis.index import (
     UV,
     RemoteFile,
     build_pure_wheel,
+    built_source,
     compiled_code_evidence,
     download,
     index_files,
@@ -124,10 +125,12 @@ def _uv_compile(
     return subprocess.run(command, capture_output=True, text=True, env=uv_environment())
 
 
-def _wheel_file(entry: dict) -> RemoteFile:
+def _wheel_file(entry: dict, cache: Cache) -> RemoteFile:
     url = entry["url"]  # uv lists index and --find-links wheels alike by URL
     filename = urllib.parse.unquote(url.rsplit("/", 1)[1])
-    return RemoteFile(filename, url, entry["hashes"]["sha256"], entry.get("size"))
+    sha256 = entry["hashes"]["sha256"]
+    source = built_source(sha256, cache) if url.startswith("file:") else None
+    return RemoteFile(filename, url, sha256, entry.get("size"), built_from=source)
 
 
 def _origin(requirements: RequirementSet, name: str) -> str:
@@ -225,6 +228,7 @@ def _build_from_source(
             f" cp{''.join(map(str, target.python_tuple))} manylinux {arch.machine} and its"
             f" source compiles native code; {suggestion}"
         )
+    requirements.check_hashes([sdists[version]])  # before its build backend runs here
     sdist = download(sdists[version], cache, requirements.indexes())
     evidence = compiled_code_evidence(sdist)
     if evidence:
@@ -232,7 +236,7 @@ def _build_from_source(
             f"{_origin(requirements, name)}: {name}=={version} has only a source distribution"
             f" and it compiles native code ({evidence}); {suggestion}"
         )
-    wheel, _ = build_pure_wheel(sdist, sdists[version].sha256, cache)
+    wheel, _ = build_pure_wheel(sdist, sdists[version], cache)
     link = find_links / wheel.name
     if not link.exists():
         link.symlink_to(wheel)
@@ -260,10 +264,12 @@ def _cached(cache: Cache, key: str, target: Target, arch: Arch) -> Resolution | 
     record = cache.get_record("resolution", key)
     if not record or time.time() - record["at"] > RESOLUTION_TTL_SECONDS:
         return None
-    packages, provided = _packages(tomllib.loads(record["pylock"]), target)
+    packages, provided = _packages(tomllib.loads(record["pylock"]), target, cache)
     built_here = [w for p in packages for w in p.wheels if w.url.startswith("file:")]
-    if any(cache.find_blob(w.sha256, w.filename) is None for w in built_here):
-        return None  # a wheel built from source has left the cache: resolve again
+    if any(
+        w.built_from is None or cache.find_blob(w.sha256, w.filename) is None for w in built_here
+    ):
+        return None  # a wheel built from source (or its record) has left the cache: resolve again
     return Resolution(
         arch,
         packages,
@@ -323,7 +329,7 @@ def resolve(
             else:
                 raise _failure(result.stderr, requirements, target, arch)
             pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
-            return (*_packages(tomllib.loads(pylock), target), pylock)
+            return (*_packages(tomllib.loads(pylock), target, cache), pylock)
 
         packages, provided, pylock = compile_set()
         # uv keeps the versions of an existing output file: start afresh to pick up new wheels
@@ -389,11 +395,12 @@ def _fresher_sources(
         if pick.sdist is None:
             warnings.append(pick.message())
             continue
+        requirements.check_hashes([pick.sdist])  # before its build backend runs here
         sdist = download(pick.sdist, cache, indexes)
         if compiled_code_evidence(sdist):
             warnings.append(f"{pick.message()} that compiles native code")
             continue
-        wheel, _ = build_pure_wheel(sdist, pick.sdist.sha256, cache)
+        wheel, _ = build_pure_wheel(sdist, pick.sdist, cache)
         link = find_links / wheel.name
         if not link.exists():
             link.symlink_to(wheel)
@@ -401,13 +408,15 @@ def _fresher_sources(
     return warnings, rebuilt
 
 
-def _packages(lock: dict, target: Target) -> tuple[tuple[LockedPackage, ...], tuple[str, ...]]:
+def _packages(
+    lock: dict, target: Target, cache: Cache
+) -> tuple[tuple[LockedPackage, ...], tuple[str, ...]]:
     packages, provided = [], []
     for entry in lock.get("packages", []):
         name = canonicalize_name(entry["name"])
         if name in target.base.distributions:
             provided.append(f"{name}=={entry['version']}")
             continue
-        wheels = tuple(_wheel_file(wheel) for wheel in entry.get("wheels", []))
+        wheels = tuple(_wheel_file(wheel, cache) for wheel in entry.get("wheels", []))
         packages.append(LockedPackage(name, entry["version"], wheels))
     return tuple(packages), tuple(provided)
