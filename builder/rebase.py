@@ -25,9 +25,10 @@ from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.credentials import engine_auth
 from builder.errors import RegistryError, UserError
+from builder.image.apt import apt_layer
 from builder.image.assemble import load
 from builder.image.gzipped import gzipped
-from builder.image.layer import Layer, apt_layer
+from builder.image.layer import Layer
 from builder.image.publish import image_tags
 from builder.image.rebase import Image, NewLayer, append, top
 from builder.imageref import ImageRef

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import struct
 import subprocess
 import sys
 import tarfile
@@ -14,7 +15,9 @@ import pytest
 from wheelfactory import make_wheel
 
 from builder.cache import Cache
+from builder.errors import UserError
 from builder.image import gzipped as gzipped_module
+from builder.image import layer as layer_module
 from builder.image.gzipped import gzipped
 from builder.image.layer import ZIP_EPOCH, deps_layer, lock_hash, source_date_epoch
 
@@ -138,3 +141,51 @@ def test_gzip_members_carry_no_name_or_time_and_concatenate(
     assert gzip.decompress(data) == layer.path.read_bytes()  # readers read every member
     with tarfile.open(blob.path, "r:gz") as tar:
         assert "app/deps-extra/beta.py" in tar.getnames()
+
+
+def lying_wheel(tmp_path: Path, declared: int) -> Path:
+    """A wheel whose stored `alpha/blob.bin` (100 bytes) claims `declared` bytes in the zip."""
+    files = {"alpha/x.py": b"#" * 1000}  # after the blob: its producer is busy when that fails
+    wheel = make_wheel(tmp_path / "lie", "alpha", "1.0", "py3-none-any", files)
+    with zipfile.ZipFile(wheel, "a", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("alpha/blob.bin", b"x" * 100)
+    data = bytearray(wheel.read_bytes())
+    name = b"alpha/blob.bin"
+    # the uncompressed size in the local header (offset 22) and the central directory (24)
+    for signature, name_at, size_at in ((b"PK\x03\x04", 30, 22), (b"PK\x01\x02", 46, 24)):
+        start = data.find(signature)
+        while start >= 0:
+            if data[start + name_at : start + name_at + len(name)] == name:
+                struct.pack_into("<I", data, start + size_at, declared)
+            start = data.find(signature, start + 4)
+    wheel.write_bytes(bytes(data))
+    return wheel
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+def test_a_member_inflating_to_another_size_than_declared_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streamed: bool
+) -> None:
+    if streamed:  # every member streams, three bytes at a time through a one-chunk queue
+        for name, value in (("STREAMED", 1), ("CHUNK", 3), ("QUEUED", 1)):
+            monkeypatch.setattr(layer_module, name, value)
+    cache = Cache(tmp_path / "c")
+    wheel = lying_wheel(tmp_path, 200)
+    expected = "alpha-1.0-py3-none-any.whl: alpha/blob.bin inflates to 100 bytes, not the 200"
+    with pytest.raises(UserError, match=expected):
+        deps_layer("alpha==1.0\n", [wheel], ROOT, cache)
+    assert not list(cache.root.glob(".layer-*")), "a refused layer left its temporary file"
+
+
+def test_large_members_stream_into_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = wheels(tmp_path)
+    lock = "alpha==1.0 --hash=sha256:aa\nbeta==2.0 --hash=sha256:bb\n"
+    whole = deps_layer(lock, files, ROOT, Cache(tmp_path / "c1"))
+    monkeypatch.setattr(layer_module, "STREAMED", 1)  # every member above one byte streams,
+    monkeypatch.setattr(layer_module, "CHUNK", 3)  # three bytes at a time
+    monkeypatch.setattr(layer_module, "QUEUED", 1)  # through a queue of one chunk
+    streamed = deps_layer(lock, files, ROOT, Cache(tmp_path / "c2"))
+    assert streamed.diff_id == whole.diff_id
+    assert streamed.path.read_bytes() == whole.path.read_bytes()

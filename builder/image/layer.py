@@ -8,7 +8,8 @@ data files are dropped as `--target` drops them) straight into a tar: entries so
 the lock's SOURCE_DATE_EPOCH, owner 0:0, modes normalized. The tar stays uncompressed in the
 cache (a plan, `docker load` and a hand build's `ADD` take it as it is); builder.image.gzipped
 compresses it only when it is pushed. Members are inflated on threads ahead of the writer (zlib
-releases the GIL), so writing the layer is bound by the disk, not by one core.
+releases the GIL), a large one in chunks while the writer hashes and writes the one before, so
+writing is not bound by one core and memory stays bounded by a large library's size.
 
 No `.pyc` is shipped yet: compiling needs the target's CPython 3.13 (the host's may differ, and
 the base's would tie the layer to the base), and the image is read-only, so bytecode is compiled
@@ -27,19 +28,21 @@ import csv
 import hashlib
 import io
 import os
+import queue
 import tarfile
 import tempfile
+import threading
 import zipfile
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.build import build_image
 
 LAYER_FORMAT = "deps-extra-layer/3"  # bump when the layout or tar settings change
 DIR_MODE = 0o755
@@ -53,6 +56,8 @@ BLOCK = 512
 RECORD = 20 * BLOCK  # tar pads its end to whole records
 READ_AHEAD = 64 << 20  # uncompressed bytes inflated ahead of the writer
 READERS = os.cpu_count() or 1
+STREAMED = 8 << 20  # members larger than this stream through the writer in chunks
+QUEUED = 8  # chunks of a streamed member inflated ahead of the writer
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,7 @@ class _Entry:
     wheel: int = -1
     member: str = ""
     size: int = 0
+    wheel_name: str = ""
 
 
 def lock_hash(lock_text: str) -> str:
@@ -136,20 +142,25 @@ def write_tar(out: IO[bytes] | Any, wheels: Sequence[Path], root: str, epoch: in
             full.setdefault(directory, _Entry(directory, DIR_MODE))
         names = sorted(full)
         written = 0
-        with ThreadPoolExecutor(max_workers=READERS) as pool:
-            bodies = _read_ahead(pool, archives, [full[name] for name in names])
+        with (
+            ThreadPoolExecutor(max_workers=READERS) as pool,
+            closing(_read_ahead(pool, archives, [full[name] for name in names])) as bodies,
+        ):
             for name, body in zip(names, bodies, strict=True):
+                entry = full[name]
                 info = tarfile.TarInfo(name)
                 info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
-                info.mode = full[name].mode
+                info.mode = entry.mode
                 if body is None:
                     info.type = tarfile.DIRTYPE
                 else:
-                    info.size = len(body)
+                    info.size = len(entry.data) if entry.data is not None else entry.size
                 header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
-                padding = b"\0" * (-info.size % BLOCK)
-                for piece in (header, body or b"", padding):
+                out.write(header)
+                for piece in body or ():
                     out.write(piece)
+                padding = b"\0" * (-info.size % BLOCK)
+                out.write(padding)
                 written += len(header) + info.size + len(padding)
         end = 2 * BLOCK
         out.write(b"\0" * (end + (-(written + end) % RECORD)))
@@ -160,25 +171,91 @@ def write_tar(out: IO[bytes] | Any, wheels: Sequence[Path], root: str, epoch: in
 
 def _read_ahead(
     pool: ThreadPoolExecutor, archives: Sequence[zipfile.ZipFile], entries: Sequence[_Entry]
-) -> Iterable[bytes | None]:
-    """Each entry's bytes in order (None for a directory), inflated up to READ_AHEAD ahead."""
-    pending: deque[tuple[Future[bytes] | None, _Entry]] = deque()
+) -> Generator[Sequence[bytes] | Iterator[bytes] | None, None, None]:
+    """Each entry's bytes in order (None for a directory), inflated on the pool's threads.
+
+    A small member is inflated whole, up to READ_AHEAD bytes ahead of the writer; a large one
+    (a 300 MB library) streams through a short queue of chunks, so the writer hashes and
+    writes it while it is still being inflated, and memory stays bounded.
+    """
+    pending: deque[tuple[Future[bytes] | _Streamed | None, _Entry]] = deque()
+    streams: list[_Streamed] = []
     ahead, position = 0, 0
-    while position < len(entries) or pending:
-        while position < len(entries) and (ahead < READ_AHEAD or not pending):
-            entry = entries[position]
-            position += 1
-            if entry.data is None and entry.wheel >= 0:
-                pending.append((pool.submit(archives[entry.wheel].read, entry.member), entry))
-                ahead += entry.size
+    try:
+        while position < len(entries) or pending:
+            while position < len(entries) and (ahead < READ_AHEAD or not pending):
+                entry = entries[position]
+                position += 1
+                if entry.data is not None or entry.wheel < 0:
+                    pending.append((None, entry))
+                elif entry.size > STREAMED:
+                    streams.append(_Streamed(archives[entry.wheel], entry))
+                    pool.submit(streams[-1].produce)
+                    pending.append((streams[-1], entry))
+                else:
+                    pending.append((pool.submit(archives[entry.wheel].read, entry.member), entry))
+                ahead += min(entry.size, STREAMED)
+            source, entry = pending.popleft()
+            ahead -= min(entry.size, STREAMED)
+            if isinstance(source, _Streamed):
+                yield source.chunks()
+            elif source is not None:
+                yield (_sized(entry, source.result()),)
             else:
-                pending.append((None, entry))
-        future, entry = pending.popleft()
-        if future is not None:
-            ahead -= entry.size
-            yield future.result()
-        else:
-            yield entry.data
+                yield None if entry.data is None else (entry.data,)
+    finally:  # the writer stopped (an error, or done): no producer may stay blocked
+        for stream in streams:
+            stream.cancel()
+
+
+def _sized(entry: _Entry, data: bytes, found: int | None = None) -> bytes:
+    """The tar header was written from the zip's size: the member must inflate to exactly it."""
+    found = len(data) if found is None else found
+    if found != entry.size:
+        raise UserError(
+            f"{entry.wheel_name}: {entry.member} inflates to {found} bytes,"
+            f" not the {entry.size} its zip entry declares"
+        )
+    return data
+
+
+class _Streamed:
+    """One large member inflated on a pool thread into a bounded queue the writer drains."""
+
+    def __init__(self, archive: zipfile.ZipFile, entry: _Entry) -> None:
+        self.archive, self.entry = archive, entry
+        self.queue: queue.Queue[bytes | BaseException | None] = queue.Queue(QUEUED)
+        self.cancelled = threading.Event()
+
+    def produce(self) -> None:
+        try:
+            with self.archive.open(self.entry.member) as member:
+                while data := member.read(CHUNK):
+                    if not self._put(data):
+                        return
+            self._put(None)
+        except BaseException as error:  # handed to the writer, which raises it
+            self._put(error)
+
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        """Queue `item` unless the writer has stopped; a full queue never blocks for good."""
+        while not self.cancelled.is_set():
+            with suppress(queue.Full):
+                self.queue.put(item, timeout=0.1)
+                return True
+        return False
+
+    def chunks(self) -> Iterator[bytes]:
+        found = 0
+        while (item := self.queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            found += len(item)
+            yield item
+        _sized(self.entry, b"", found)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
 
 
 def _install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[_Entry]:
@@ -213,7 +290,7 @@ def _install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[_
             continue
         if data is None:
             mode = EXEC_MODE if executable else FILE_MODE
-            entries.append(_Entry(target, mode, None, index, name, info.file_size))
+            entries.append(_Entry(target, mode, None, index, name, info.file_size, wheel))
             record.append((target, *hashes.get(name, ("", str(info.file_size)))))
         else:
             entries.append(_Entry(target, EXEC_MODE, data))
@@ -296,60 +373,13 @@ class _Hashing:
         self.inner.flush()
 
 
-def apt_layer(
-    base_image: str, packages: Sequence[str], arch: str, cache: Cache, client: Any
-) -> tuple[Layer, str]:
-    """The apt layer over `base_image`, from a one-step BuildKit build; and its history line.
-
-    This layer depends on the base's package state, so an upgrade rebuilds it; it is small. The
-    built image's save is streamed, not written out: each layer in it is hashed on the way and
-    only the one whose sha256 is the image's top diff ID is kept.
-    """
-    run = (
-        "apt-get update && apt-get install -y --no-install-recommends "
-        + " ".join(packages)
-        + " && rm -rf /var/lib/apt/lists/*"
-    )
-    with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:
-        context = Path(temp) / "context"
-        context.mkdir()
-        (context / "Dockerfile").write_text(f"FROM {base_image}\nUSER 0:0\nRUN {run}\n")
-        with open(Path(temp) / "build.log", "w") as log:
-            image_id = build_image(context, platform=f"linux/{arch}", log=log)
-    expected = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
-    found = _top_layer(client.api.get_image(image_id, chunk_size=CHUNK), expected, cache)
-    if found is None:
-        raise UserError(f"apt layer over {base_image}: no layer {expected} in the built image")
-    return found, f"RUN {run}"
-
-
-def _top_layer(chunks: Iterable[bytes], diff_id: str, cache: Cache) -> Layer | None:
-    """The layer of a `docker save` stream whose tar hashes to `diff_id`, stored in the cache."""
-    stream = io.BufferedReader(ChunkStream(chunks), CHUNK)
-    with tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
-        for member in archive:
-            handle = archive.extractfile(member) if member.name.endswith("layer.tar") else None
-            if handle is None:
-                continue
-            temp, found = _written(cache, lambda out: _copy(handle, out))  # noqa: B023
-            if f"sha256:{found}" == diff_id:
-                return _keep(temp, found, cache, 0)
-            temp.unlink()
-    return None
-
-
-def _copy(source: IO[bytes], out: IO[bytes]) -> None:
-    while data := source.read(CHUNK):
-        out.write(data)
-
-
 def _store(cache: Cache, epoch: int, write: Callable[[IO[bytes]], object]) -> Layer:
     """Write the layer tar `write` writes into the cache, named by its diff ID."""
-    temp, diff_id = _written(cache, write)
-    return _keep(temp, diff_id, cache, epoch)
+    temp, diff_id = written(cache, write)
+    return keep(temp, diff_id, cache, epoch)
 
 
-def _written(cache: Cache, write: Callable[[IO[bytes]], object]) -> tuple[Path, str]:
+def written(cache: Cache, write: Callable[[IO[bytes]], object]) -> tuple[Path, str]:
     """A temporary file in the cache holding what `write` writes, and its sha256."""
     cache.root.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=".layer-", dir=cache.root)
@@ -363,7 +393,7 @@ def _written(cache: Cache, write: Callable[[IO[bytes]], object]) -> tuple[Path, 
     return Path(temp), plain.digest.hexdigest()
 
 
-def _keep(temp: Path, diff_id: str, cache: Cache, epoch: int) -> Layer:
+def keep(temp: Path, diff_id: str, cache: Cache, epoch: int) -> Layer:
     """Move a written tar to its place in the cache (read by builders: mode 0644)."""
     final = cache.blob_path(diff_id, "layer.tar")
     final.parent.mkdir(parents=True, exist_ok=True)
