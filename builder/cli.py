@@ -17,21 +17,15 @@ from builder.analysis.plan import Plan
 from builder.analysis.requirements import distribution_names, redact_credentials
 from builder.analysis.sizes import human, size_figures
 from builder.analysis.target import ARCHES
+from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
 from builder.config import RunSettings, load_config, merge
 from builder.engine import engine_client
 from builder.errors import UserError
 from builder.image.reference_base import build_base, build_base_index
 from builder.image.render import Secrets
-from builder.multiarch import target_arches
-from builder.pipeline import (
-    Delivery,
-    Outcome,
-    Request,
-    base_profile,
-    deliver,
-    prepare,
-)
+from builder.multiarch import SystemStages, target_arches
+from builder.pipeline import Delivery, Outcome, Request, deliver, prepare
 from builder.pipeline import rebuild as pipeline_rebuild
 from builder.upgrade import save_state, state_of
 from builder.verify import verify_image
@@ -276,31 +270,33 @@ def main(
         with_optional=with_optional,
         platform_version=settings.platform_version,
     )
-    plan = prepare(request)
-    for line in plan.warnings:
-        click.echo(line, err=True)
-    click.echo(summary(plan))
-    click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
-    if client is None:
-        why = "--no-build" if no_build else "no Docker engine reachable"
-        click.echo(f"not building ({why}); build each arch with BuildKit:")
-        for arch in plan.arches:
-            click.echo(
-                f"  DOCKER_BUILDKIT=1 docker build --platform linux/{arch.arch}"
-                f" -t IMAGE-{arch.arch} {settings.output}"
-            )
-        return
-    delivery = Delivery(
-        tag=tag,
-        verify=not no_verify,
-        secret_files={key: path for key, path in secrets.items() if path is not None},
-        push_repository=settings.push_repository,
-        platform_version=settings.platform_version,
-        template=settings.template,
-        container=settings.container,
-        warm_pools=settings.warm_pools,
-    )
-    outcome = deliver(plan, request, delivery, client, say=note)
+    secret_files = {key: path for key, path in secrets.items() if path is not None}
+    with SystemStages(request.secrets, secret_files) as stages:
+        plan = prepare(request, planned=stages.start if client is not None else None)
+        for line in plan.warnings:
+            click.echo(line, err=True)
+        click.echo(summary(plan))
+        click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
+        if client is None:
+            why = "--no-build" if no_build else "no Docker engine reachable"
+            click.echo(f"not building ({why}); build each arch with BuildKit:")
+            for arch in plan.arches:
+                click.echo(
+                    f"  DOCKER_BUILDKIT=1 docker build --platform linux/{arch.arch}"
+                    f" -t IMAGE-{arch.arch} {settings.output}"
+                )
+            return
+        delivery = Delivery(
+            tag=tag,
+            verify=not no_verify,
+            secret_files=secret_files,
+            push_repository=settings.push_repository,
+            platform_version=settings.platform_version,
+            template=settings.template,
+            container=settings.container,
+            warm_pools=settings.warm_pools,
+        )
+        outcome = deliver(plan, request, delivery, client, say=note, stages=stages)
     show_outcome(outcome)
     if config and outcome.pushed:
         version = settings.platform_version or config.platform_version

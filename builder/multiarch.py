@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,13 @@ from builder.analysis.plan import Plan
 from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
 from builder.cache import Cache
-from builder.credentials import lookup
+from builder.credentials import Credentials, lookup
 from builder.image.assemble import Assembled, assemble
 from builder.image.build import Log, base_logins, build_image
 from builder.image.index import publish_assembled
 from builder.image.layer import Layer
 from builder.image.publish import PushResult
+from builder.image.render import Secrets, dockerfile
 from builder.imageref import ImageRef
 from builder.verify import Check, VerifyReport, verify_image
 
@@ -86,6 +88,59 @@ class Finish:
     cache: Cache
 
 
+class SystemStages:
+    """Each arch's system stage (base + apt), built while the deps-extra layers are written.
+
+    `prepare` hands over the plan as soon as the apt sets are known (`start`); BuildKit builds
+    the very stage the context's Dockerfile holds, from a context with only that Dockerfile,
+    so the stage never waits for the gigabyte of wheels being laid out. Its log is shown, and
+    a failure raised, when build_and_verify asks for the stage.
+    """
+
+    def __init__(self, secrets: Secrets, secret_files: Mapping[str, Path]) -> None:
+        self.secrets, self.secret_files = secrets, secret_files
+        self.pool = ThreadPoolExecutor(max_workers=len(ARCHES))
+        self.temp = tempfile.TemporaryDirectory(prefix="bsi-system-")
+        self.started: dict[str, Future[str]] = {}
+
+    def start(self, plan: Plan) -> None:
+        context = Path(self.temp.name) / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text(dockerfile(plan, self.secrets))
+        logins = base_logins(ImageRef.parse(plan.base_image, "base image"))
+        for arch in (a.arch for a in plan.arches):
+            self.started[arch] = self.pool.submit(self._build, context, arch, logins)
+
+    def _build(self, context: Path, arch: str, logins: Mapping[str, Credentials] | None) -> str:
+        with self._log(arch).open("w") as log:
+            return build_image(
+                context, target=SYSTEM_STAGE, platform=f"linux/{arch}",
+                secrets=self.secret_files, logins=logins, log=log,
+            )  # fmt: skip
+
+    def _log(self, arch: str) -> Path:
+        return Path(self.temp.name) / f"{arch}.log"
+
+    def built(self, arch: str, log: Log) -> str | None:
+        """The stage's image id once its build ends, its log written to `log`; None: not started."""
+        future = self.started.get(arch)
+        if future is None:
+            return None
+        try:
+            return future.result()
+        finally:
+            if self._log(arch).exists():
+                for line in self._log(arch).read_text().splitlines(keepends=True):
+                    log.write(line)
+
+    def __enter__(self) -> SystemStages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.temp.cleanup()
+
+
 def build_and_verify(
     plan: Plan,
     context: Path,
@@ -96,6 +151,7 @@ def build_and_verify(
     verify: bool,
     secret_files: Mapping[str, Path],
     say: Say,
+    stages: SystemStages | None = None,
 ) -> list[ArchBuild]:
     """Build every arch at once, the engine's own first; verify each as soon as it is built.
 
@@ -111,14 +167,11 @@ def build_and_verify(
     tags = {arch: arch_tag(tag, arch) if multi else tag for arch in arches}
 
     def one(arch: str) -> Assembled:
-        system = build_image(
-            context,
-            target=SYSTEM_STAGE,
-            platform=f"linux/{arch}",
-            secrets=secret_files,
-            logins=logins,
-            log=_Prefixed(sys.stdout, f"[{arch}] " if multi else ""),
-        )
+        log = _Prefixed(sys.stdout, f"[{arch}] " if multi else "")
+        system = (stages.built(arch, log) if stages else None) or build_image(
+            context, target=SYSTEM_STAGE, platform=f"linux/{arch}", secrets=secret_files,
+            logins=logins, log=log,
+        )  # fmt: skip
         return assemble(
             client, system, arch, finish.layers[arch], root=plan.pythonpath_entry,
             labels=finish.labels, created=finish.created, tag=tags[arch], cache=finish.cache,

@@ -19,14 +19,11 @@ from builder.analysis.index import start_downloads
 from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
-from builder.analysis.target import ARCHES, BaseProfile, Target, arch_named, shipped_profile
+from builder.analysis.target import ARCHES, BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
-from builder.base.probe import probe_base
-from builder.base.profile import base_problems, profile_differences
-from builder.base.registry import probe_registry
+from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.config import PipelineConfig, set_platform_version
-from builder.errors import RegistryUnreachable
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
 from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.index import ArchImage, put_index
@@ -68,12 +65,18 @@ def base_reference(base: BaseProfile) -> str:
     return base.image
 
 
-def prepare(request: Request, reuse_locks: Mapping[str, str] | None = None) -> Plan:
+def prepare(
+    request: Request,
+    reuse_locks: Mapping[str, str] | None = None,
+    planned: Callable[[Plan], None] | None = None,
+) -> Plan:
     """Resolve, fetch, inspect and plan for every arch, then render the context.
 
     Each wheel is inspected as soon as its download ends; each arch's deps-extra layer (it needs
-    only the chosen wheels) is written meanwhile. When every arch's lock hash equals
-    `reuse_locks` (the previous build's: a rebase reuses its layers) no layer is written.
+    only the chosen wheels) is written meanwhile. `planned` gets the plan as soon as it exists,
+    while the layers may still be written (multiarch.SystemStages starts the apt builds). When
+    every arch's lock hash equals `reuse_locks` (the previous build's: a rebase reuses its
+    layers) no layer is written.
     """
     requirements = read_requirements(request.requirement_files, request.constraint_files)
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
@@ -121,15 +124,17 @@ def prepare(request: Request, reuse_locks: Mapping[str, str] | None = None) -> P
             )
             for resolution in resolutions
         )  # fmt: skip
+        direct = tuple(r.name for r in requirements.requirements)
+        plan = Plan(
+            base=request.base,
+            base_image=base_reference(request.base),
+            arches=arch_plans,
+            import_modules=import_modules(direct, arch_plans),
+            runtime_checks=runtime_checks(arch_plans),
+        )
+        if planned is not None:
+            planned(plan)
         layers = {arch: future.result() for arch, future in writing.items()}
-    direct = tuple(r.name for r in requirements.requirements)
-    plan = Plan(
-        base=request.base,
-        base_image=base_reference(request.base),
-        arches=arch_plans,
-        import_modules=import_modules(direct, arch_plans),
-        runtime_checks=runtime_checks(arch_plans),
-    )
     render(
         plan,
         request.output,
@@ -158,34 +163,6 @@ def finish(plan: Plan, request: Request, layers: Mapping[str, Layer] | None = No
     version = platform_version(plan.base_image, request.platform_version)
     labels = image_labels(plan.base.image, plan.base.digest, epoch, version, extras_of(plan))
     return Finish(layers, labels, created(epoch), request.cache)
-
-
-def base_profile(
-    image: str | None, client: docker.DockerClient | None, cache: Cache, say: Say
-) -> BaseProfile:
-    """The real base's facts: through the engine, else through its registry.
-
-    The shipped profile is only the offline fallback: for a Docker Hub base without an engine,
-    or a registry that cannot be reached (RegistryUnreachable). Every other failure, a digest
-    mismatch above all, ends the run: planning against a guess would hide it.
-    """
-    shipped = shipped_profile(image)
-    if client is not None:
-        probed = probe_base(image or shipped.image, client, cache)
-    elif image and not ImageRef.parse(image, "base image").is_hub:
-        try:
-            probed = probe_registry(image, cache)
-        except RegistryUnreachable as error:
-            say(f"note: {error}; planning against the {shipped.source}")
-            return shipped
-    else:
-        say(f"note: no engine probe; planning against the {shipped.source}")
-        return shipped
-    for line in profile_differences(shipped_profile(), probed):
-        say(f"note: base differs from the shipped reference profile: {line}")
-    for problem in base_problems(probed):
-        say(f"warning: base {probed.image}: {problem}")
-    return probed
 
 
 @dataclass(frozen=True)
@@ -234,6 +211,7 @@ def deliver(
     delivery: Delivery,
     client: docker.DockerClient | None,
     say: Say,
+    stages: multiarch.SystemStages | None = None,
 ) -> Outcome:
     """After `prepare`: build and verify every arch, push, point the template at the digest.
 
@@ -253,7 +231,7 @@ def deliver(
     with gzip_ahead(pushing if delivery.push_repository else (), request.cache):
         outcome.builds = multiarch.build_and_verify(
             plan, request.output, client, outcome.tag, finished, verify=delivery.verify,
-            secret_files=delivery.secret_files, say=say,
+            secret_files=delivery.secret_files, say=say, stages=stages,
         )  # fmt: skip
         outcome.verification = multiarch.combined(outcome.tag, outcome.builds)
         if outcome.succeeded and delivery.push_repository:
@@ -319,6 +297,7 @@ def rebuild(
     with (
         tempfile.TemporaryDirectory(prefix="bsi-check-") as scratch,
         ThreadPoolExecutor(max_workers=len(arches)) as early,
+        multiarch.SystemStages(Secrets(), {}) as stages,
     ):
         request = Request(
             requirement_files=config.requirements,
@@ -336,9 +315,14 @@ def rebuild(
                      base_reference(base), cache, client)
             if previous is not None and rebasing else None
         )  # fmt: skip
-        plan = prepare(request, previous.locks if previous is not None and rebasing else None)
+        building = not rebasing and not check_only  # the full path: start the apt builds early
+        plan = prepare(
+            request,
+            previous.locks if previous is not None and rebasing else None,
+            stages.start if building else None,
+        )
         return _delivered(config, new_version, previous, plan, request, client, say, check_only,
-                          ahead)  # fmt: skip
+                          ahead, stages)  # fmt: skip
 
 
 def _delivered(
@@ -351,6 +335,7 @@ def _delivered(
     say: Say,
     check_only: bool,
     ahead: AptAhead | None,
+    stages: multiarch.SystemStages,
 ) -> Rebuild:
     """`rebuild` once planned: which path, then that path, then the state recorded."""
     current = state_of(plan, new_version)
@@ -370,7 +355,7 @@ def _delivered(
     if previous is not None and found.path == "rebase":
         found.outcome = _rebase(previous, plan, request, delivery, client, say, ahead)
     else:
-        found.outcome = deliver(plan, request, delivery, client, say)
+        found.outcome = deliver(plan, request, delivery, client, say, stages)
     if found.outcome.succeeded:
         image = found.outcome.pushed.reference if found.outcome.pushed else None
         save_state(config.state, state_of(plan, new_version, image, found.path))

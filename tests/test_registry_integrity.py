@@ -24,12 +24,12 @@ import pytest
 from registryhelp import layer_tar
 
 from builder.analysis.target import shipped_profile
+from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.credentials import Credentials
 from builder.errors import IntegrityError, RegistryAuthError
 from builder.imageref import ImageRef
 from builder.oci import Registry
-from builder.pipeline import base_profile
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 

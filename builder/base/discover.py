@@ -1,0 +1,45 @@
+"""The real base's facts, found the best way this run can: engine, else registry, else shipped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import docker
+
+from builder.analysis.target import BaseProfile, shipped_profile
+from builder.base.probe import probe_base
+from builder.base.profile import base_problems, profile_differences
+from builder.base.registry import probe_registry
+from builder.cache import Cache
+from builder.errors import RegistryUnreachable
+from builder.imageref import ImageRef
+
+Say = Callable[[str], None]
+
+
+def base_profile(
+    image: str | None, client: docker.DockerClient | None, cache: Cache, say: Say
+) -> BaseProfile:
+    """The real base's facts: through the engine, else through its registry.
+
+    The shipped profile is only the offline fallback: for a Docker Hub base without an engine,
+    or a registry that cannot be reached (RegistryUnreachable). Every other failure, a digest
+    mismatch above all, ends the run: planning against a guess would hide it.
+    """
+    shipped = shipped_profile(image)
+    if client is not None:
+        probed = probe_base(image or shipped.image, client, cache)
+    elif image and not ImageRef.parse(image, "base image").is_hub:
+        try:
+            probed = probe_registry(image, cache)
+        except RegistryUnreachable as error:
+            say(f"note: {error}; planning against the {shipped.source}")
+            return shipped
+    else:
+        say(f"note: no engine probe; planning against the {shipped.source}")
+        return shipped
+    for line in profile_differences(shipped_profile(), probed):
+        say(f"note: base differs from the shipped reference profile: {line}")
+    for problem in base_problems(probed):
+        say(f"warning: base {probed.image}: {problem}")
+    return probed

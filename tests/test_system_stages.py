@@ -1,0 +1,91 @@
+"""The apt builds start as soon as the plan names the apt set, and the delivery uses them."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder import multiarch
+from builder.base.probe import probe_base
+from builder.cache import Cache
+from builder.errors import UserError
+from builder.image.render import Secrets
+from builder.multiarch import SystemStages
+from builder.pipeline import Request, finish, prepare
+
+pytestmark = [pytest.mark.engine, pytest.mark.network]
+
+RUN = uuid.uuid4().hex[:8]
+
+
+def request_for(tmp_path: Path, base: Any, requirements: str) -> Request:
+    (tmp_path / "requirements.txt").write_text(requirements)
+    return Request(
+        requirement_files=(tmp_path / "requirements.txt",),
+        constraint_files=(),
+        arches=("amd64",),
+        base=base,
+        output=tmp_path / "out",
+        cache=Cache(tmp_path / "cache"),
+    )
+
+
+def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
+    tmp_path: Path,
+    docker_client: Any,
+    reference_image: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
+    request = request_for(tmp_path, base, "python-magic==0.4.27\n")
+    targets: list[str | None] = []
+    real_build = multiarch.build_image
+
+    def counted(*args: Any, **kwargs: Any) -> str:
+        targets.append(kwargs.get("target"))
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(multiarch, "build_image", counted)
+    context_when_planned: list[bool] = []
+    tag = f"bsi-stages-{RUN}:test"
+    with SystemStages(Secrets(), {}) as stages:
+
+        def planned(plan: Any) -> None:
+            stages.start(plan)
+            context_when_planned.append(request.output.exists())
+
+        plan = prepare(request, planned=planned)
+        assert plan.arches[0].apt_packages == ("libmagic1t64",)
+        (built,) = multiarch.build_and_verify(
+            plan, request.output, docker_client, tag, finish(plan, request),
+            verify=False, secret_files={}, say=print, stages=stages,
+        )  # fmt: skip
+    assert context_when_planned == [False], "the apt build waited for the context"
+    assert targets == ["system"], "build_and_verify built the system stage a second time"
+    shown = capsys.readouterr().out
+    assert "apt-get" in shown and "libmagic1t64" in shown, "the early build's log is not shown"
+    system = docker_client.images.get(built.image.system_id).attrs["RootFS"]["Layers"]
+    image = docker_client.images.get(built.image_id).attrs["RootFS"]["Layers"]
+    assert image[:-1] == system and image[-1] == built.image.deps.diff_id
+    docker_client.images.remove(tag, force=True)
+
+
+def test_a_failing_early_apt_build_raises_with_its_log_when_the_stage_is_asked_for(
+    tmp_path: Path, docker_client: Any, reference_image: str
+) -> None:
+    base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
+    plan = prepare(request_for(tmp_path, base, "python-magic==0.4.27\n"))
+    missing = "bsi-no-such-package"
+    broken = replace(plan, arches=tuple(replace(a, apt_packages=(missing,)) for a in plan.arches))
+    log = io.StringIO()
+    with SystemStages(Secrets(), {}) as stages:
+        stages.start(broken)
+        with pytest.raises(UserError, match=r"docker build of .* failed"):
+            stages.built("amd64", log)
+    assert f"Unable to locate package {missing}" in log.getvalue()
