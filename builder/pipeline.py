@@ -312,7 +312,7 @@ def rebuild(
         rebasing = previous is not None and previous.image and not check_only
         ahead = (
             AptAhead(early, {a: previous.apt_packages.get(a, ()) for a in arches},
-                     base_reference(base), cache, client)
+                     base_reference(base), client)
             if previous is not None and rebasing else None
         )  # fmt: skip
         building = not rebasing and not check_only  # the full path: start the apt builds early

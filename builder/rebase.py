@@ -2,11 +2,12 @@
 
 When a rebuild's resolution is unchanged, the previous image's deps-extra layer (its top layer)
 is reused by digest; the apt layer is rebuilt against the new base's package state (a one-step
-BuildKit build); a new config and manifest are written over the new base's layers. The result
-is pushed by digest only (every blob HEAD-checked or mounted first) while the same config is
-docker-loaded from this machine's blobs and verified (pulled by digest when the deps-extra tar
-is not cached here), and only then tagged and named in the template: the image that was
-verified has the config and layers, byte for byte, that the cluster gets.
+BuildKit build); a new config and manifest are written over the new base's layers. The config
+is docker-loaded from this machine's blobs and verified (pulled by digest when the deps-extra
+tar is not cached here) while the apt layer's blob is made and everything is pushed by digest
+only (every blob HEAD-checked or mounted first); only then are the tags moved and the template
+updated: the image that was verified has the config and layers, byte for byte, that the
+cluster gets.
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.credentials import engine_auth
 from builder.errors import RegistryError, UserError
-from builder.image.apt import apt_layer
+from builder.image.apt import AptImage, build_apt_image, saved_layer
 from builder.image.assemble import load
 from builder.image.gzipped import gzipped
-from builder.image.layer import Layer
 from builder.image.publish import image_tags
-from builder.image.rebase import Image, NewLayer, append, top
+from builder.image.rebase import Image, NewLayer, append, canonical, extend_config, top
 from builder.imageref import ImageRef
 from builder.oci import INDEX_TYPES, Registry
 from builder.verify import VerifyReport, verify_image
@@ -106,34 +106,28 @@ def rebase(
     if not added or EXTRA_DEPS not in added[-1].created_by:
         raise UserError(f"{previous_image}: its top layer is not {EXTRA_DEPS}")
     deps = added[-1]
-    layers: list[NewLayer] = []
-    local: dict[str, Path] = {}  # blobs only this machine has: digest -> file
     packages = next(a.apt_packages for a in plan.arches if a.arch == arch)
+    apt: AptImage | None = None
     if packages:
-        built = ahead.get(arch, packages) if ahead else None
-        if built is None:
+        apt = ahead.get(arch, packages) if ahead else None
+        if apt is None:
             say(f"rebuilding the apt layer ({' '.join(packages)}) on {plan.base_image} ...")
-            built = apt_layer(plan.base_image, packages, arch, cache, client)
-        apt, created_by = built
-        blob = gzipped(apt.path, apt.diff_id, cache)
-        layers.append(NewLayer(blob.digest, apt.diff_id, blob.size, created_by))
-        local[blob.digest] = blob.path
-    layers.append(deps)
-    image = append(
-        new_base,
-        layers,
-        env={"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
-        user=contract.SANDBOX_USER,
-        labels=labels,
-        created=created,
-    )
-    size = len(image.config_bytes) + sum(layer["size"] for layer in image.layers)
-    result = Rebased(repository, "", (), arch, deps.digest, 0, size, manifest=image.manifest_bytes,
-                     media_type=image.manifest["mediaType"])  # fmt: skip
+            apt = build_apt_image(plan.base_image, packages, arch, client)
+    settings: dict[str, Any] = {
+        "env": {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
+        "user": contract.SANDBOX_USER,
+        "labels": labels,
+        "created": created,
+    }
+    loaded = [NewLayer("", apt.diff_id, 0, apt.created_by)] if apt else []
+    config = canonical(extend_config(new_base.config, [*loaded, deps], **settings))
+    result = Rebased(repository, "", (), arch, deps.digest, 0, 0)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the push overlaps loading and verifying
-        pushing = pool.submit(_push, target, image, base_ref, old_ref, local)
+        pushing = pool.submit(
+            _publish, target, new_base, apt, deps, settings, base_ref, old_ref, cache, client
+        )
         engine_name = _into_engine(
-            client, image, deps.diff_id, cache, pushing, repository, target.ref.registry, say
+            client, config, deps.diff_id, cache, pushing, repository, target.ref.registry, say
         )
         result.verification = verify_image(
             engine_name,
@@ -142,7 +136,12 @@ def rebase(
             client=client,
             startup_timeout=startup_timeout,
         )
-        result.digest, result.bytes_pushed = pushing.result()
+        image, result.bytes_pushed = pushing.result()
+    if image.config_bytes != config:
+        raise UserError(f"rebase of {previous_image}: the pushed config is not the one verified")
+    result.digest, result.manifest = image.digest, image.manifest_bytes
+    result.media_type = image.manifest["mediaType"]
+    result.image_size = len(config) + sum(layer["size"] for layer in image.layers)
     if not result.verification.passed or not tag:
         return result  # pushed by digest only: no tag, no template names it
     tags = image_tags(repository, platform_version, extras)
@@ -166,17 +165,16 @@ class AptAhead:
         pool: ThreadPoolExecutor,
         packages: Mapping[str, Sequence[str]],
         base_image: str,
-        cache: Cache,
         client: docker.DockerClient,
     ) -> None:
         self.started = {
-            arch: (tuple(wanted), pool.submit(apt_layer, base_image, wanted, arch, cache, client))
+            arch: (tuple(wanted), pool.submit(build_apt_image, base_image, wanted, arch, client))
             for arch, wanted in packages.items()
             if wanted
         }
 
-    def get(self, arch: str, packages: Sequence[str]) -> tuple[Layer, str] | None:
-        """The layer started for `arch`, if it was started for exactly `packages`."""
+    def get(self, arch: str, packages: Sequence[str]) -> AptImage | None:
+        """The image started for `arch`, if it was started for exactly `packages`."""
         wanted, future = self.started.get(arch, ((), None))
         return future.result() if future is not None and wanted == tuple(packages) else None
 
@@ -220,44 +218,62 @@ def _image(registry: Registry, reference: str, arch: str) -> Image:
     return image
 
 
-def _push(
-    target: Registry, image: Image, base: ImageRef, old: ImageRef, local: dict[str, Path]
-) -> tuple[str, int]:
-    """Push `image` by digest only (no tag yet); its digest and the bytes that travelled."""
-    uploaded = _push_blobs(target, image, base, old, local)
-    digest = target.put_manifest(image.digest, image.manifest_bytes, image.manifest["mediaType"])
-    return digest, uploaded + len(image.manifest_bytes)
+def _publish(
+    target: Registry,
+    base: Image,
+    apt: AptImage | None,
+    deps: NewLayer,
+    settings: dict[str, Any],
+    base_ref: ImageRef,
+    old: ImageRef,
+    cache: Cache,
+    client: docker.DockerClient,
+) -> tuple[Image, int]:
+    """Gzip the apt layer out of its image, write the manifest, push all by digest only.
+
+    Returns the image as pushed (no tag yet) and the bytes that travelled.
+    """
+    layers, local = [], {}  # local: blobs only this machine has, digest -> file
+    if apt is not None:
+        tar = saved_layer(apt, cache, client)
+        blob = gzipped(tar.path, tar.diff_id, cache)
+        layers.append(NewLayer(blob.digest, apt.diff_id, blob.size, apt.created_by))
+        local[blob.digest] = blob.path
+    image = append(base, [*layers, deps], **settings)
+    uploaded = _push_blobs(target, image, base_ref, old, local)
+    target.put_manifest(image.digest, image.manifest_bytes, image.manifest["mediaType"])
+    return image, uploaded + len(image.manifest_bytes)
 
 
 def _into_engine(
     client: docker.DockerClient,
-    image: Image,
+    config: bytes,
     deps_diff_id: str,
     cache: Cache,
-    pushing: Future[tuple[str, int]],
+    pushing: Future[tuple[Image, int]],
     repository: str,
     registry: str,
     say: Callable[[str], None],
 ) -> str:
-    """The engine's name for `image`: docker-loaded from this machine's blobs when it can be.
+    """The engine's name for the rebased image: docker-loaded from this machine's blobs if it can.
 
     The engine holds the new base and apt layers (it built them); the deps-extra tar is in the
-    cache when this machine wrote it. Its image id is then the config's digest, the one the
-    pushed manifest names. Otherwise the pushed image is pulled by digest (the whole layer).
+    cache when this machine wrote it. The loaded image's id is the config's digest, the config
+    the pushed manifest names. Otherwise the pushed image is pulled by digest (the whole layer).
     """
     tar = cache.find_blob(deps_diff_id.removeprefix("sha256:"), "layer.tar")
     if tar is not None:
         try:
-            image_id = load(client, image.config_bytes, tar)
+            image_id = load(client, config, tar)
         except (UserError, docker.errors.APIError, OSError) as error:
-            say(f"note: loading {image.digest} locally failed ({error}); pulling it")
+            say(f"note: loading the rebased image locally failed ({error}); pulling it")
         else:
-            say(f"verifying {image.digest} (loaded from local blobs as {image_id}) ...")
+            say(f"verifying {image_id} (loaded from local blobs) ...")
             return image_id
-    digest = pushing.result()[0]
-    say(f"pulling {repository}@{digest} to verify it ...")
-    client.api.pull(repository, tag=digest, auth_config=engine_auth(registry), stream=False)
-    return f"{repository}@{digest}"
+    image = pushing.result()[0]
+    say(f"pulling {repository}@{image.digest} to verify it ...")
+    client.api.pull(repository, tag=image.digest, auth_config=engine_auth(registry), stream=False)
+    return f"{repository}@{image.digest}"
 
 
 def _push_blobs(

@@ -19,7 +19,7 @@ DIFF_ID = f"sha256:{hashlib.sha256(TAR).hexdigest()}"
 CONFIG = {"architecture": "amd64", "os": "linux", "rootfs": {"diff_ids": [f"sha256:{'1' * 64}",
                                                                          DIFF_ID]}}  # fmt: skip
 IMAGE = Image({"layers": [], "config": {"digest": digest_of(canonical(CONFIG))}}, CONFIG)
-PUSHED = f"sha256:{'9' * 64}"
+PUSHED = IMAGE.digest  # the pushed manifest's
 
 
 class Engine:
@@ -45,9 +45,9 @@ class Engine:
         self.pulled.append((repository, tag))
 
 
-def pushed() -> Future[tuple[str, int]]:
-    future: Future[tuple[str, int]] = Future()
-    future.set_result((PUSHED, 123))
+def pushed() -> Future[tuple[Image, int]]:
+    future: Future[tuple[Image, int]] = Future()
+    future.set_result((IMAGE, 123))
     return future
 
 
@@ -61,7 +61,14 @@ def cache_with_layer(tmp_path: Path) -> Cache:
 def into(engine: Engine, cache: Cache, said: list[str]) -> str:
     client: Any = engine
     return _into_engine(
-        client, IMAGE, DIFF_ID, cache, pushed(), "127.0.0.1:5000/s", "127.0.0.1:5000", said.append
+        client,
+        IMAGE.config_bytes,
+        DIFF_ID,
+        cache,
+        pushed(),
+        "127.0.0.1:5000/s",
+        "127.0.0.1:5000",
+        said.append,
     )
 
 

@@ -1,8 +1,9 @@
-"""The apt layer: the base plus the Debian packages the extras need, from a one-step build.
+"""The apt layer of a rebase: the new base plus the Debian packages, from a one-step build.
 
 Unlike the deps-extra layer (builder.image.layer) it depends on the base's package state, so
-BuildKit builds it and a platform upgrade rebuilds it; it is small. Only that one layer is
-kept out of the built image's save.
+BuildKit builds it and a platform upgrade rebuilds it; it is small. Loading the rebased image
+needs only its diff ID (the engine holds the layer); its tar, for the push, comes out of the
+built image's save.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import io
 import tarfile
 import tempfile
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,14 +22,19 @@ from builder.image.build import build_image
 from builder.image.layer import CHUNK, ChunkStream, Layer, keep, written
 
 
-def apt_layer(
-    base_image: str, packages: Sequence[str], arch: str, cache: Cache, client: Any
-) -> tuple[Layer, str]:
-    """The apt layer over `base_image`, from a one-step BuildKit build; and its history line.
+@dataclass(frozen=True)
+class AptImage:
+    """The one-step build's image in the engine: its top (apt) layer's diff ID and history."""
 
-    This layer depends on the base's package state, so an upgrade rebuilds it; it is small. The
-    built image's save is streamed, not written out: each layer in it is hashed on the way and
-    only the one whose sha256 is the image's top diff ID is kept.
+    image_id: str
+    diff_id: str
+    created_by: str
+
+
+def build_apt_image(base_image: str, packages: Sequence[str], arch: str, client: Any) -> AptImage:
+    """`base_image` plus the apt packages, from a one-step BuildKit build.
+
+    This layer depends on the base's package state, so an upgrade rebuilds it; it is small.
     """
     run = (
         "apt-get update && apt-get install -y --no-install-recommends "
@@ -40,11 +47,20 @@ def apt_layer(
         (context / "Dockerfile").write_text(f"FROM {base_image}\nUSER 0:0\nRUN {run}\n")
         with open(Path(temp) / "build.log", "w") as log:
             image_id = build_image(context, platform=f"linux/{arch}", log=log)
-    expected = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
-    found = _top_layer(client.api.get_image(image_id, chunk_size=CHUNK), expected, cache)
+    diff_id = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
+    return AptImage(image_id, diff_id, f"RUN {run}")
+
+
+def saved_layer(image: AptImage, cache: Cache, client: Any) -> Layer:
+    """The apt layer's tar, out of the image's save (only a push needs it, not a load).
+
+    The save is streamed, not written out: each layer in it is hashed on the way and only the
+    one whose sha256 is the image's top diff ID is kept.
+    """
+    found = _top_layer(client.api.get_image(image.image_id, chunk_size=CHUNK), image.diff_id, cache)
     if found is None:
-        raise UserError(f"apt layer over {base_image}: no layer {expected} in the built image")
-    return found, f"RUN {run}"
+        raise UserError(f"image {image.image_id}: no layer {image.diff_id} in its save")
+    return found
 
 
 def _top_layer(chunks: Iterable[bytes], diff_id: str, cache: Cache) -> Layer | None:
