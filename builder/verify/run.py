@@ -19,8 +19,8 @@ from builder.verify.report import Check, CheckFailed, ContractViolation, VerifyR
 from builder.verify.sdk import sdk_checks
 
 WORKERS = 4  # checks at once: most wait on the server or on a command, the imports use a core
-LIFETIMES = ("timeout", "timeout-cleanup", "detached")  # one after another, in one thread
-ALONE = ("race", "flood")  # after everything else, one at a time
+LIFETIMES = ("timeout", "timeout-cleanup")  # one after the other, in one thread
+LAST = ("detached", "race", "flood")  # after everything else: detached beside race then flood
 
 Job = Callable[[], list[Check]]
 
@@ -72,10 +72,11 @@ def served_checks(
     """Everything checked through a serving image's port, in report order.
 
     Most checks run side by side on a few threads (each is a handful of requests, or commands
-    that wait); the timeout, its cleanup and the detached check run one after another in one of
-    those threads (detached processes must not overlap the cleanup's process scan); the race and
-    the flood run last, alone, since what they measure (attempts in a fixed time, GET / latency,
-    the server's peak RSS, how slowly a Python starts) other work would skew.
+    that wait); the timeout and its cleanup run one after the other in one of those threads.
+    Then the race and the flood run one after the other, beside only the detached check (its
+    sleeps barely load the server): what they measure (attempts in a fixed time, GET / latency,
+    the server's peak RSS, how slowly a Python starts) heavier work would skew, and the
+    cleanup's process scan counts any zombie, such as a raced command's not yet reaped.
     """
     contract = contract_checks(process_mode)
     jobs: dict[str, Job] = {
@@ -84,16 +85,17 @@ def served_checks(
         "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
     }
     for name, check in contract:
-        if name not in LIFETIMES + ALONE:
+        if name not in LIFETIMES + LAST:
             jobs[name] = partial(contract_run, sandbox, [(name, check)])
     for number, snippet in enumerate(snippets, start=1):
         jobs[f"check {number}"] = partial(snippet_run, sandbox, number, snippet)
     with ThreadPoolExecutor(WORKERS) as pool:
         futures = {name: pool.submit(job) for name, job in jobs.items()}
         found = {name: future.result() for name, future in futures.items()}
-    for name, check in contract:
-        if name in ALONE:
-            found[name] = contract_run(sandbox, [(name, check)])
+        last = {name: check for name, check in contract if name in LAST}
+        detached = pool.submit(contract_run, sandbox, [("detached", last.pop("detached"))])
+        found |= {name: contract_run(sandbox, [(name, check)]) for name, check in last.items()}
+        found["detached"] = detached.result()
     by_name = {c.name: c for c in found.pop("lifetimes")}
     order = [[by_name[name]] if name in by_name else found[name] for name, _ in contract]
     order += [found["sdk"], found["imports"]]
