@@ -22,6 +22,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -49,6 +50,27 @@ NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
 
 def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def platform_entry(
+    entries: Iterable[Any], arch: str, default_variant: bool = False
+) -> dict[str, Any] | None:
+    """The first linux/`arch` descriptor of an index's `entries`, or None.
+
+    Callers pass the entries themselves, so each keeps its own answer to a missing list.
+    `default_variant` skips variants other than the plain one (none, or arm64's v8), e.g.
+    amd64/v3 builds that the arch's baseline CPUs cannot run.
+    """
+    plain = (None, "", "v8" if arch == "arm64" else "")
+    for entry in entries:
+        platform = entry.get("platform") or {}
+        if (
+            platform.get("os") == "linux"
+            and platform.get("architecture") == arch
+            and (not default_variant or platform.get("variant") in plain)
+        ):
+            return entry
+    return None
 
 
 def is_loopback(host: str) -> bool:

@@ -32,7 +32,7 @@ from builder.image.gzipped import gzipped
 from builder.image.publish import image_tags
 from builder.image.rebase import Image, NewLayer, append, canonical, extend_config, top
 from builder.imageref import ImageRef
-from builder.oci import INDEX_TYPES, Registry
+from builder.oci import INDEX_TYPES, Registry, platform_entry
 from builder.verify import VerifyReport, verify_image
 from builder.verify.run import STARTUP_TIMEOUT
 
@@ -188,15 +188,7 @@ def _image(registry: Registry, reference: str, arch: str) -> Image:
     manifest, digest = registry.manifest(reference)
     try:
         if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-            entry = next(
-                (
-                    m
-                    for m in manifest["manifests"]
-                    if (m.get("platform") or {}).get("architecture") == arch
-                    and (m.get("platform") or {}).get("os") == "linux"
-                ),
-                None,
-            )
+            entry = platform_entry(manifest["manifests"], arch)
             if entry is None:
                 raise UserError(f"{registry.label}@{digest}: no linux/{arch} image in the index")
             manifest, digest = registry.manifest(entry["digest"])

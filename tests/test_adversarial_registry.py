@@ -194,3 +194,24 @@ def test_token_service_answer_is_bounded(serve):
     client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo:1"), credentials=LOGIN)
     with pytest.raises(RegistryError, match="answered no JSON"):
         client.manifest("1")
+
+
+def test_platform_entry_picks_the_first_linux_entry_of_the_arch():
+    def entry(arch, variant=None, os="linux"):
+        platform = {"os": os, "architecture": arch} | ({"variant": variant} if variant else {})
+        return {"digest": f"{os}/{arch}/{variant}", "platform": platform}
+
+    entries = [
+        {"digest": "attestation", "platform": {"os": "unknown", "architecture": "unknown"}},
+        entry("amd64", os="windows"),
+        entry("amd64", "v3"),
+        entry("amd64"),
+        entry("arm64", "v8"),
+        entry("arm64"),
+    ]
+    assert oci.platform_entry(entries, "amd64") == entry("amd64", "v3")  # any variant
+    assert oci.platform_entry(entries, "amd64", default_variant=True) == entry("amd64")
+    assert oci.platform_entry(entries, "arm64", default_variant=True) == entry("arm64", "v8")
+    assert oci.platform_entry([entry("arm64", "v9")], "arm64", default_variant=True) is None
+    assert oci.platform_entry(entries, "s390x") is None
+    assert oci.platform_entry([], "amd64") is None

@@ -16,7 +16,7 @@ import docker.errors
 from builder.analysis.target import ARCHES
 from builder.errors import RegistryError, UserError
 from builder.imageref import ImageRef
-from builder.oci import INDEX_TYPES, Registry
+from builder.oci import INDEX_TYPES, Registry, platform_entry
 
 
 def offered_arches(image: str | None, client: docker.DockerClient | None) -> tuple[str, ...] | None:
@@ -56,13 +56,9 @@ def _registry_arches(registry: Registry) -> tuple[str, ...]:
     manifest, _ = registry.manifest(registry.ref.reference)
     try:
         if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-            found = {
-                (entry.get("platform") or {}).get("architecture")
-                for entry in manifest.get("manifests") or []
-                if (entry.get("platform") or {}).get("os") == "linux"
-            }
-        else:
-            found = {registry.json_blob(manifest["config"]["digest"]).get("architecture")}
+            entries = manifest.get("manifests") or []
+            return tuple(arch for arch in ARCHES if platform_entry(entries, arch) is not None)
+        found = {registry.json_blob(manifest["config"]["digest"]).get("architecture")}
     except (KeyError, TypeError, AttributeError) as exc:  # JSON of the wrong shape
         raise RegistryError(f"{registry.label}: malformed manifest ({exc!r:.100})") from None
     return tuple(arch for arch in ARCHES if arch in found)

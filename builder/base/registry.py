@@ -22,7 +22,7 @@ from builder.base.profile import DEBIAN_VERSION, profile_from_facts, pythonpath_
 from builder.cache import Cache
 from builder.errors import RegistryError, UserError
 from builder.imageref import ImageRef
-from builder.oci import INDEX_TYPES, Registry
+from builder.oci import INDEX_TYPES, Registry, platform_entry
 
 RECORD_KIND = "registry-probe"
 RECORD_VERSION = 2  # bump when the collected facts change shape or meaning
@@ -79,21 +79,14 @@ def _platform_manifests(
     media = top.get("mediaType") or ""
     if media in INDEX_TYPES or "manifests" in top:
         for arch in ARCHES.values():
-            for entry in top.get("manifests") or []:
-                platform = entry.get("platform") or {}
-                variant = platform.get("variant")
-                if (
-                    platform.get("os") == "linux"
-                    and platform.get("architecture") == arch.name
-                    and variant in (None, "", "v8" if arch.name == "arm64" else "")
-                ):
-                    manifest = client.manifest(entry["digest"])[0]
-                    if "manifests" in manifest:
-                        raise RegistryError(
-                            f"{client.label}: its index names another index for linux/{arch.name}"
-                        )
-                    yield arch, manifest
-                    break
+            entry = platform_entry(top.get("manifests") or [], arch.name, default_variant=True)
+            if entry is not None:
+                manifest = client.manifest(entry["digest"])[0]
+                if "manifests" in manifest:
+                    raise RegistryError(
+                        f"{client.label}: its index names another index for linux/{arch.name}"
+                    )
+                yield arch, manifest
         return
     config = client.json_blob(top["config"]["digest"])
     config_arch = ARCHES.get(config.get("architecture") or "")

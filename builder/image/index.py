@@ -33,7 +33,7 @@ from builder.image.gzipped import gzipped
 from builder.image.publish import PushResult
 from builder.image.rebase import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST, OCI_LAYER
 from builder.imageref import ImageRef
-from builder.oci import INDEX_TYPES, Registry
+from builder.oci import INDEX_TYPES, Registry, platform_entry
 
 DOCKER_INDEX = "application/vnd.docker.distribution.manifest.list.v2+json"
 GZIP_LAYERS = frozenset({DOCKER_LAYER, OCI_LAYER})
@@ -234,15 +234,7 @@ def _base_layers(
     try:
         manifest, _ = source.manifest(ref.reference)
         if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-            entry = next(
-                (
-                    m
-                    for m in manifest.get("manifests") or []
-                    if (m.get("platform") or {}).get("architecture") == arch
-                    and (m.get("platform") or {}).get("os") == "linux"
-                ),
-                None,
-            )
+            entry = platform_entry(manifest.get("manifests") or [], arch)
             if entry is None:
                 return None
             manifest, _ = source.manifest(entry["digest"])
