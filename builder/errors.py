@@ -33,5 +33,3 @@ class IntegrityError(UserError):
 
     def __init__(self, what: str, expected: str, actual: str) -> None:
         super().__init__(f"{what} does not match its digest: expected {expected}, got {actual}")
-        self.expected = expected
-        self.actual = actual
