@@ -25,8 +25,8 @@ from builder.analysis.wheels import (
     RECORD_KIND,
     WheelInspection,
     derive_top_level,
+    inspect_as_ready,
     inspect_wheel,
-    inspect_wheels,
 )
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
@@ -289,7 +289,7 @@ def test_second_inspection_comes_from_cache_without_opening_the_zip(
     monkeypatch.setattr(zipfile, "ZipFile", no_zip)
     assert inspect_wheel(wheel_path, sha256, cache) == first
     wheel_path.unlink()
-    assert inspect_wheels([(wheel_path, sha256)], cache) == [first]
+    assert inspect_as_ready([(wheel_path, sha256)], cache) == {sha256: first}
 
 
 def test_cache_record_of_another_schema_is_ignored(tmp_path: Path) -> None:
@@ -302,7 +302,7 @@ def test_cache_record_of_another_schema_is_ignored(tmp_path: Path) -> None:
     assert cache.get_record(RECORD_KIND, sha256)["schema"] == inspection_module.SCHEMA
 
 
-def test_inspect_wheels_in_parallel_keeps_input_order(tmp_path: Path) -> None:
+def test_inspect_in_parallel_keys_each_wheel_by_its_sha256(tmp_path: Path) -> None:
     ext = compile_so(tmp_path, lib_source("p"), "p.so", libs=["gomp"])
     paths = [
         make_wheel(
@@ -312,10 +312,11 @@ def test_inspect_wheels_in_parallel_keeps_input_order(tmp_path: Path) -> None:
     ]
     cache = Cache(tmp_path / "cache")
     items = [(path, sha256_of(path)) for path in reversed(paths)]
-    results = inspect_wheels(items, cache, workers=2)
-    assert [r.name for r in results] == ["par2", "par1", "par0"]
+    results = inspect_as_ready(items, cache, workers=2)
+    named = {sha256: r.name for sha256, r in results.items()}
+    assert named == {sha256_of(path): f"par{index}" for index, path in enumerate(paths)}
     assert all(cache.get_record(RECORD_KIND, sha256) for _, sha256 in items)
-    assert inspect_wheels(items, cache, workers=2) == results
+    assert inspect_as_ready(items, cache, workers=2) == results
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "bad member"])

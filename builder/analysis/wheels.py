@@ -245,19 +245,6 @@ def inspect_wheel(path: Path, sha256: str, cache: Cache) -> WheelInspection:
     return inspection
 
 
-def inspect_wheels(
-    items: Sequence[tuple[Path, str]], cache: Cache, workers: int = DEFAULT_WORKERS
-) -> list[WheelInspection]:
-    """Inspect many wheels, in input order; uncached ones in parallel processes."""
-    results = [cached_inspection(cache, path.name, sha256) for path, sha256 in items]
-    missing = [items[index] for index, found in enumerate(results) if found is None]
-    if workers <= 1 or len(missing) <= 1:
-        found = {sha256: inspect_wheel(path, sha256, cache) for path, sha256 in missing}
-    else:
-        found = inspect_as_ready(missing, cache, workers)
-    return [result or found[sha256] for result, (_, sha256) in zip(results, items, strict=True)]
-
-
 def inspect_as_ready(
     ready: Iterable[tuple[Path, str]], cache: Cache, workers: int = DEFAULT_WORKERS
 ) -> dict[str, WheelInspection]:
