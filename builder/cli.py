@@ -25,9 +25,8 @@ from builder.errors import UserError
 from builder.image.reference_base import build_base, build_base_index
 from builder.image.render import Secrets
 from builder.multiarch import SystemStages, target_arches
-from builder.pipeline import Delivery, Outcome, Request, deliver, prepare
+from builder.pipeline import Delivery, Outcome, Request, deliver, prepare, record_pushed
 from builder.pipeline import rebuild as pipeline_rebuild
-from builder.upgrade import save_state, state_of
 from builder.verify import verify_image
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -298,10 +297,8 @@ def main(
         )
         outcome = deliver(plan, request, delivery, client, say=note, stages=stages)
     show_outcome(outcome)
-    if config and outcome.pushed:
-        version = settings.platform_version or config.platform_version
-        save_state(config.state, state_of(plan, version, outcome.pushed.reference))
-        click.echo(f"state recorded in {config.state}")
+    if recorded := record_pushed(config, settings.platform_version, plan, outcome):
+        click.echo(f"state recorded in {recorded}")
 
 
 @main.command("rebuild")

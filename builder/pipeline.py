@@ -268,6 +268,20 @@ def deliver(
     return outcome
 
 
+def record_pushed(
+    config: PipelineConfig | None, version: str | None, plan: Plan, outcome: Outcome
+) -> Path | None:
+    """Save a config run's pushed image as the state a later `rebuild` diffs against.
+
+    Returns the state file written; None when there is no config or nothing was pushed.
+    """
+    if config is None or not outcome.pushed:
+        return None
+    image = outcome.pushed.reference
+    save_state(config.state, state_of(plan, version or config.platform_version, image))
+    return config.state
+
+
 @dataclass
 class Rebuild:
     """What a platform-upgrade rebuild found, and what it did about it."""

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
 
+from builder import pipeline
 from builder.config import load_config, set_platform_version
 from builder.errors import UserError
+from builder.image.publish import PushResult
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,3 +122,24 @@ def test_rebase_only_when_the_locks_are_unchanged() -> None:
     assert rebase_blocker(unpushed, new) == "no previous pushed image recorded"
     assert rebase_blocker(state(image="r@x"), new) == "the previous state records no lock hashes"
     assert BuildState.from_dict(old.to_dict()) == old  # locks and path survive the file
+
+
+def test_a_config_run_records_only_a_pushed_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example = load_config(REPO / "examples" / "build-sandbox-image.toml")
+    config = replace(example, state=tmp_path / "state.json")
+
+    def state_of(plan: object, version: str, image: str) -> BuildState:
+        return state(platform_version=version, image=image)
+
+    monkeypatch.setattr(pipeline, "state_of", state_of)
+    plan: Any = object()
+    pushed = PushResult("reg/sandbox", ("reg/sandbox:2.0",), "sha256:" + "1" * 64)
+    assert pipeline.record_pushed(None, "2.0", plan, pipeline.Outcome(plan, pushed=pushed)) is None
+    assert pipeline.record_pushed(config, "2.0", plan, pipeline.Outcome(plan)) is None
+    assert not config.state.exists()
+    recorded = pipeline.record_pushed(config, None, plan, pipeline.Outcome(plan, pushed=pushed))
+    assert recorded == config.state
+    expected = state(platform_version=config.platform_version, image=pushed.reference)
+    assert load_state(config.state) == expected  # no version given: the config's
