@@ -20,6 +20,7 @@ from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.build import build_image
 from builder.image.layer import CHUNK, ChunkStream, Layer, keep, written
+from builder.image.render import APT_LISTS
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,14 @@ def build_apt_image(base_image: str, packages: Sequence[str], arch: str, client:
 
     This layer depends on the base's package state, so an upgrade rebuilds it; it is small.
     """
-    run = (
-        "apt-get update && apt-get install -y --no-install-recommends "
-        + " ".join(packages)
-        + " && rm -rf /var/lib/apt/lists/*"
+    run = f"{APT_LISTS} apt-get update && apt-get install -y --no-install-recommends " + " ".join(
+        packages
     )
     with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:
         context = Path(temp) / "context"
         context.mkdir()
-        (context / "Dockerfile").write_text(f"FROM {base_image}\nUSER 0:0\nRUN {run}\n")
+        dockerfile = f"FROM {base_image}\nUSER 0:0\nRUN {run}\n"
+        (context / "Dockerfile").write_text(dockerfile)
         with open(Path(temp) / "build.log", "w") as log:
             image_id = build_image(context, platform=f"linux/{arch}", log=log)
     diff_id = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]

@@ -80,9 +80,19 @@ def dockerfile(
     return "\n".join(lines)
 
 
+# The archive's indexes, kept between builds and never in a layer. One id for every arch (this
+# BuildKit does not expand ARGs in mount options): "private" gives builds running at once their
+# own copies instead of queueing one arch's apt step behind another's emulated one.
+APT_LISTS = "--mount=type=cache,id=bsi-apt-lists,target=/var/lib/apt/lists,sharing=private"
+
+
 def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Secrets) -> list[str]:
-    """The system stage's root-only apt step (back to the sandbox user after); per-arch sets."""
-    mounts, options = "", ""
+    """The system stage's root-only apt step (back to the sandbox user after); per-arch sets.
+
+    The package lists live in a BuildKit cache mount, so `apt-get update` only revalidates them
+    on the next build (a platform upgrade's) and they never need deleting from the layer.
+    """
+    mounts, options = f" {APT_LISTS}", ""
     if secrets.apt_ca:
         mounts += " --mount=type=secret,id=apt-ca"
         options += " -o Acquire::https::CAInfo=/run/secrets/apt-ca"
@@ -93,16 +103,19 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
         "# Debian 13 libraries that the extras' native code links or loads:",
         *(f"#   {arch}: {' '.join(packages) or '-'}" for arch, packages in apt_sets.items()),
     ]
+    update = f"RUN{mounts} apt-get{options} update \\"
     distinct = set(apt_sets.values())
     if len(distinct) == 1:
         packages = distinct.pop()
         return [
             *lines,
             "USER 0:0",
-            f"RUN{mounts} apt-get{options} update \\",
+            update,
             f"    && {install} \\",
-            *(f"        {package} \\" for package in packages),
-            "    && rm -rf /var/lib/apt/lists/*",
+            *(
+                f"        {package}" + (" \\" if i < len(packages) - 1 else "")
+                for i, package in enumerate(packages)
+            ),
             f"USER {SANDBOX_USER}",
         ]
     cases = []
@@ -113,11 +126,10 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
         *lines,
         "ARG TARGETARCH",
         "USER 0:0",
-        f"RUN{mounts} apt-get{options} update \\",
+        update,
         '    && case "${TARGETARCH}" in \\',
         *cases,
-        "    esac \\",
-        "    && rm -rf /var/lib/apt/lists/*",
+        "    esac",
         f"USER {SANDBOX_USER}",
     ]
 
