@@ -188,7 +188,8 @@ def _image(registry: Registry, reference: str, arch: str) -> Image:
     manifest, digest = registry.manifest(reference)
     try:
         if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-            entry = platform_entry(manifest["manifests"], arch)
+            # the plain variant, as the probe and BuildKit take it (not an amd64/v3 build)
+            entry = platform_entry(manifest["manifests"], arch, default_variant=True)
             if entry is None:
                 raise UserError(f"{registry.label}@{digest}: no linux/{arch} image in the index")
             manifest, digest = registry.manifest(entry["digest"])

@@ -105,3 +105,18 @@ def test_well_formed_base_layers_are_mountable(monkeypatch: pytest.MonkeyPatch) 
     target: Any = type("Target", (), {"ref": type("Ref", (), {"registry": "127.0.0.1:5000"})})
     found = index._base_layers("127.0.0.1:5000/runtime:1.0", "amd64", target, None)
     assert found is not None and list(found.by_diff_id) == DIFF_IDS
+
+
+def test_a_rebase_takes_the_plain_variant_the_probe_and_buildkit_take() -> None:
+    """An index listing linux/amd64/v3 first: the rebase must not put the extras on that one.
+
+    The probe (builder.base.registry) and BuildKit's pull take the plain linux/amd64 image; a
+    rebase onto the v3 build would give baseline CPUs an image that cannot run there.
+    """
+    v3 = {"digest": f"sha256:{'3' * 64}", "platform": AMD64["platform"] | {"variant": "v3"}}
+    v3_layer = LAYER | {"digest": f"sha256:{'4' * 64}"}
+    registry = FakeRegistry(
+        index_of(v3, AMD64),
+        {v3["digest"]: image_manifest(layers=[v3_layer]), AMD64["digest"]: image_manifest()},
+    )
+    assert image_of(registry).layers == [LAYER]
