@@ -8,6 +8,7 @@ arches each image is pushed by digest and the tags name one index of them (build
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -94,7 +95,8 @@ class SystemStages:
     `prepare` hands over the plan as soon as the apt sets are known (`start`); BuildKit builds
     the very stage the context's Dockerfile holds, from a context with only that Dockerfile,
     so the stage never waits for the gigabyte of wheels being laid out. Its log is shown, and
-    a failure raised, when build_and_verify asks for the stage.
+    a failure raised, when build_and_verify asks for the stage; a build nobody asked for by the
+    end (planning failed, or nothing needed building) is stopped, not waited for.
     """
 
     def __init__(self, secrets: Secrets, secret_files: Mapping[str, Path]) -> None:
@@ -102,6 +104,7 @@ class SystemStages:
         self.pool = ThreadPoolExecutor(max_workers=len(ARCHES))
         self.temp = tempfile.TemporaryDirectory(prefix="bsi-system-")
         self.started: dict[str, Future[str]] = {}
+        self.processes: dict[str, subprocess.Popen[str]] = {}
 
     def start(self, plan: Plan) -> None:
         context = Path(self.temp.name) / "context"
@@ -116,6 +119,7 @@ class SystemStages:
             return build_image(
                 context, target=SYSTEM_STAGE, platform=f"linux/{arch}",
                 secrets=self.secret_files, logins=logins, log=log,
+                started=lambda process: self.processes.__setitem__(arch, process),
             )  # fmt: skip
 
     def _log(self, arch: str) -> Path:
@@ -123,7 +127,7 @@ class SystemStages:
 
     def built(self, arch: str, log: Log) -> str | None:
         """The stage's image id once its build ends, its log written to `log`; None: not started."""
-        future = self.started.get(arch)
+        future = self.started.pop(arch, None)
         if future is None:
             return None
         try:
@@ -137,6 +141,9 @@ class SystemStages:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for arch in self.started:  # never asked for: stop it rather than wait minutes for it
+            if arch in self.processes:
+                self.processes[arch].terminate()
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.temp.cleanup()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from builder.analysis.target import shipped_profile
-from builder.image.render import APT_LISTS
+from builder.image.render import APT_LISTS, APT_UPDATE
 
 pytestmark = pytest.mark.network
 
@@ -176,7 +176,7 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     assert "rm -rf /var/lib/apt/lists" not in text
     # root only around apt-get: USER 0:0 right before the apt RUN, the sandbox user right after
     apt_run = system[system.index("USER 0:0") + 1]
-    assert apt_run.startswith(f"RUN {APT_LISTS} apt-get update")
+    assert apt_run.startswith(f"RUN {APT_LISTS} apt-get {APT_UPDATE}")
     assert "target=/var/lib/apt/lists" in APT_LISTS and "sharing=private" in APT_LISTS
     assert system[-2] == "USER 65532:65532"
     assert "ADD deps-extra-${TARGETARCH}.tar /" in final

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -89,3 +90,20 @@ def test_a_failing_early_apt_build_raises_with_its_log_when_the_stage_is_asked_f
         with pytest.raises(UserError, match=r"docker build of .* failed"):
             stages.built("amd64", log)
     assert f"Unable to locate package {missing}" in log.getvalue()
+
+
+def test_a_stage_nobody_asks_for_is_stopped_not_waited_for(
+    tmp_path: Path, docker_client: Any, reference_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
+    plan = prepare(request_for(tmp_path, base, "python-magic==0.4.27\n"))
+    slow = f"FROM {reference_image} AS system\nRUN sleep 120 && echo {RUN}\n"
+    monkeypatch.setattr(multiarch, "dockerfile", lambda *_: slow)  # a stage that takes minutes
+    started = time.monotonic()
+    with SystemStages(Secrets(), {}) as stages:
+        stages.start(plan)
+        deadline = time.monotonic() + 60
+        while "amd64" not in stages.processes and time.monotonic() < deadline:
+            time.sleep(0.1)  # until `docker build` runs; then planning "fails"
+    assert time.monotonic() - started < 60, "the exit waited for the two-minute build"
+    assert stages.processes["amd64"].returncode not in (None, 0)

@@ -20,7 +20,7 @@ from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.build import build_image
 from builder.image.layer import CHUNK, ChunkStream, Layer, keep, written
-from builder.image.render import APT_LISTS
+from builder.image.render import APT_LISTS, APT_UPDATE
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ def build_apt_image(base_image: str, packages: Sequence[str], arch: str, client:
 
     This layer depends on the base's package state, so an upgrade rebuilds it; it is small.
     """
-    run = f"{APT_LISTS} apt-get update && apt-get install -y --no-install-recommends " + " ".join(
-        packages
+    run = (
+        f"{APT_LISTS} apt-get {APT_UPDATE} && apt-get install -y --no-install-recommends "
+        + " ".join(packages)
     )
     with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:
         context = Path(temp) / "context"

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -67,11 +67,13 @@ def build_image(
     secrets: Mapping[str, Path] | None = None,
     logins: Mapping[str, Credentials] | None = None,
     log: Log = sys.stderr,
+    started: Callable[[subprocess.Popen[str]], object] | None = None,
 ) -> str:
     """Build `context` and return the image id; secrets are BuildKit secrets (id -> file).
 
     `logins` (registry -> credentials) are for BuildKit's own pulls of the FROM images: it
     asks the CLI, which only reads a Docker config, so they go into a private copy of it.
+    `started` gets the `docker build` process, for a caller that may have to stop it.
     """
     command = [docker_cli(), "build", "--progress=plain"]
     if tag:
@@ -102,6 +104,8 @@ def build_image(
             text=True,
             env=env,
         )
+        if started is not None:
+            started(process)
         assert process.stdout is not None
         for line in process.stdout:
             log.write(line)

@@ -84,6 +84,7 @@ def dockerfile(
 # BuildKit does not expand ARGs in mount options): "private" gives builds running at once their
 # own copies instead of queueing one arch's apt step behind another's emulated one.
 APT_LISTS = "--mount=type=cache,id=bsi-apt-lists,target=/var/lib/apt/lists,sharing=private"
+APT_UPDATE = "-o APT::Get::List-Cleanup=0 update"  # keep the other arch's lists in the mount
 
 
 def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Secrets) -> list[str]:
@@ -103,7 +104,7 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
         "# Debian 13 libraries that the extras' native code links or loads:",
         *(f"#   {arch}: {' '.join(packages) or '-'}" for arch, packages in apt_sets.items()),
     ]
-    update = f"RUN{mounts} apt-get{options} update \\"
+    update = f"RUN{mounts} apt-get{options} {APT_UPDATE} \\"
     distinct = set(apt_sets.values())
     if len(distinct) == 1:
         packages = distinct.pop()

@@ -20,7 +20,7 @@ from builder.verify.sdk import sdk_checks
 
 WORKERS = 4  # checks at once: most wait on the server or on a command, the imports use a core
 LIFETIMES = ("timeout", "timeout-cleanup")  # one after the other, in one thread
-LAST = ("detached", "race", "flood")  # after everything else: detached beside race then flood
+LAST = ("detached", "race", "flood")  # after everything else: detached beside race, then flood
 
 Job = Callable[[], list[Check]]
 
@@ -73,10 +73,10 @@ def served_checks(
 
     Most checks run side by side on a few threads (each is a handful of requests, or commands
     that wait); the timeout and its cleanup run one after the other in one of those threads.
-    Then the race and the flood run one after the other, beside only the detached check (its
-    sleeps barely load the server): what they measure (attempts in a fixed time, GET / latency,
-    the server's peak RSS, how slowly a Python starts) heavier work would skew, and the
-    cleanup's process scan counts any zombie, such as a raced command's not yet reaped.
+    Then the race runs beside only the detached check (its sleeps barely load the server), and
+    the flood alone: what they measure (attempts in a fixed time, GET / latency, the server's
+    peak RSS, how slowly a Python starts) heavier work would skew, and the cleanup's process
+    scan counts any zombie, such as a raced command's not yet reaped.
     """
     contract = contract_checks(process_mode)
     jobs: dict[str, Job] = {
@@ -94,8 +94,9 @@ def served_checks(
         found = {name: future.result() for name, future in futures.items()}
         last = {name: check for name, check in contract if name in LAST}
         detached = pool.submit(contract_run, sandbox, [("detached", last.pop("detached"))])
+        found["race"] = contract_run(sandbox, [("race", last.pop("race"))])
+        found["detached"] = detached.result()  # before the flood times how slowly Python starts
         found |= {name: contract_run(sandbox, [(name, check)]) for name, check in last.items()}
-        found["detached"] = detached.result()
     by_name = {c.name: c for c in found.pop("lifetimes")}
     order = [[by_name[name]] if name in by_name else found[name] for name, _ in contract]
     order += [found["sdk"], found["imports"]]
