@@ -86,6 +86,8 @@ def test_sdist_hash_through_the_cli(tmp_path: Path) -> None:
         line = assert_one_error_line(run(tmp_path, "-r", hashed(wrong), "--output", "out"))
         assert line.startswith(f"error: {PROJECT}==1.0:")
         assert {sdist_sha, wrong} <= set(re.findall(r"sha256:([0-9a-f]{64})", line))
+        fetched = [p.name for p in (tmp_path / "cache").rglob("*") if p.suffix in {".gz", ".whl"}]
+        assert fetched == [], f"a refused sdist was fetched or built: {fetched}"
 
         result = run(tmp_path, "-r", hashed(sdist_sha), "--output", "out")
         assert result.returncode == 0, result.stderr
