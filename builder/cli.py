@@ -244,6 +244,11 @@ def main(
             template=template,
             container=container,
             warm_pools=warm_pools,
+            apt_secrets={
+                key: path
+                for key, path in (("apt-ca", apt_ca_bundle), ("apt-auth", apt_auth))
+                if path is not None
+            },
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -254,7 +259,6 @@ def main(
         raise click.UsageError("--template needs --push: the template names the pushed digest")
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
-    secrets = {"apt-ca": apt_ca_bundle, "apt-auth": apt_auth}
     base = base_profile(settings.base_image, client, cache, say=note)
     request = Request(
         requirement_files=settings.requirements,
@@ -263,14 +267,13 @@ def main(
         base=base,
         output=settings.output,
         cache=cache,
-        secrets=Secrets(apt_ca=apt_ca_bundle is not None, apt_auth=apt_auth is not None),
+        secrets=Secrets.of(settings.apt_secrets),
         refresh=refresh,
         overrides=overrides,
         with_optional=with_optional,
         platform_version=settings.platform_version,
     )
-    secret_files = {key: path for key, path in secrets.items() if path is not None}
-    with SystemStages(request.secrets, secret_files) as stages:
+    with SystemStages(request.secrets, settings.apt_secrets) as stages:
         plan = prepare(request, planned=stages.start if client is not None else None)
         for line in plan.warnings:
             click.echo(line, err=True)
@@ -288,7 +291,7 @@ def main(
         delivery = Delivery(
             tag=tag,
             verify=not no_verify,
-            secret_files=secret_files,
+            secret_files=settings.apt_secrets,
             push_repository=settings.push_repository,
             platform_version=settings.platform_version,
             template=settings.template,

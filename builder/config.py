@@ -7,6 +7,8 @@
     architectures = ["amd64"]
     repository = "registry.example.com/sandbox/runtime-extended"
     template = "sandbox-template.yaml"
+    apt-ca-bundle = "corp-ca.pem"   # optional, as --apt-ca-bundle: a BuildKit secret only
+    apt-auth = "apt-auth.conf"      # optional, as --apt-auth
 
 Relative paths are relative to the config file. `state` (default: the config's name with
 `.state.json`) records what was last built and pushed, so a rebuild can say what changed.
@@ -16,7 +18,8 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from builder.errors import UserError
@@ -24,8 +27,10 @@ from builder.imageref import TAG_RE
 
 KNOWN_KEYS = {
     "requirements", "constraints", "base-repository", "platform-version", "architectures",
-    "repository", "template", "container", "warm-pools", "output", "state",
+    "repository", "template", "container", "warm-pools", "output", "state", "apt-ca-bundle",
+    "apt-auth",
 }  # fmt: skip
+APT_SECRETS = {"apt-ca-bundle": "apt-ca", "apt-auth": "apt-auth"}  # setting -> BuildKit secret id
 VERSION_LINE = re.compile(r'^(platform-version\s*=\s*)(["\'])(.*?)\2', re.M)
 
 
@@ -43,6 +48,7 @@ class PipelineConfig:
     warm_pools: tuple[Path, ...]
     output: Path
     state: Path
+    apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
 
     @property
     def base_image(self) -> str:
@@ -96,6 +102,9 @@ def load_config(path: Path) -> PipelineConfig:
         warm_pools=paths("warm-pools"),
         output=here / str(text("output", "sandbox-image")),
         state=here / str(text("state", f"{path.stem}.state.json")),
+        apt_secrets={
+            secret: here / value for key, secret in APT_SECRETS.items() if (value := text(key))
+        },
     )
 
 
@@ -132,6 +141,7 @@ class RunSettings:
     template: Path | None = None
     container: str | None = None
     warm_pools: tuple[Path, ...] = ()
+    apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
 
 
 def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool) -> RunSettings:
@@ -150,4 +160,5 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
         template=flags.template or config.template,
         container=flags.container or config.container,
         warm_pools=flags.warm_pools or config.warm_pools,
+        apt_secrets=flags.apt_secrets or config.apt_secrets,
     )

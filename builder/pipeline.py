@@ -311,7 +311,7 @@ def rebuild(
     with (
         tempfile.TemporaryDirectory(prefix="bsi-check-") as scratch,
         ThreadPoolExecutor(max_workers=len(arches)) as early,
-        multiarch.SystemStages(Secrets(), {}) as stages,
+        multiarch.SystemStages(Secrets.of(config.apt_secrets), config.apt_secrets) as stages,
     ):
         request = Request(
             requirement_files=config.requirements,
@@ -320,13 +320,14 @@ def rebuild(
             base=base,
             output=Path(scratch) / "context" if check_only else config.output,
             cache=cache,
+            secrets=Secrets.of(config.apt_secrets),
             refresh=True,  # an upgrade must see what the index offers now
             platform_version=new_version,
         )
         rebasing = previous is not None and previous.image and not check_only
         ahead = (
             AptAhead(early, {a: previous.apt_packages.get(a, ()) for a in arches},
-                     base_reference(base), client)
+                     base_reference(base), client, config.apt_secrets)
             if previous is not None and rebasing else None
         )  # fmt: skip
         building = not rebasing and not check_only  # the full path: start the apt builds early
@@ -362,6 +363,7 @@ def _delivered(
         template=config.template,
         container=config.container,
         warm_pools=config.warm_pools,
+        secret_files=config.apt_secrets,
     )
     blocker = rebase_blocker(previous, current)
     found.path = "build" if blocker or previous is None else "rebase"
@@ -402,7 +404,7 @@ def _rebase(
             extras_of(plan), client, request.cache, say, labels=finished.labels,
             created=finished.created, tag=not multi,
             startup_timeout=multiarch.STARTUP if ARCHES[arch].machine == machine
-            else multiarch.EMULATED_STARTUP, ahead=ahead,
+            else multiarch.EMULATED_STARTUP, ahead=ahead, apt_secrets=delivery.secret_files,
         )
         for arch in arches
     ]  # fmt: skip

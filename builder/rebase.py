@@ -87,6 +87,7 @@ def rebase(
     tag: bool = True,
     startup_timeout: float = STARTUP_TIMEOUT,
     ahead: AptAhead | None = None,
+    apt_secrets: Mapping[str, Path] | None = None,
 ) -> Rebased:
     """Put the previous image's deps-extra layer on the new base; push, verify, tag.
 
@@ -112,7 +113,7 @@ def rebase(
         apt = ahead.get(arch, packages) if ahead else None
         if apt is None:
             say(f"rebuilding the apt layer ({' '.join(packages)}) on {plan.base_image} ...")
-            apt = build_apt_image(plan.base_image, packages, arch, client)
+            apt = build_apt_image(plan.base_image, packages, arch, client, apt_secrets)
     settings: dict[str, Any] = {
         "env": {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
         "user": contract.SANDBOX_USER,
@@ -166,9 +167,13 @@ class AptAhead:
         packages: Mapping[str, Sequence[str]],
         base_image: str,
         client: docker.DockerClient,
+        secret_files: Mapping[str, Path] | None = None,
     ) -> None:
         self.started = {
-            arch: (tuple(wanted), pool.submit(build_apt_image, base_image, wanted, arch, client))
+            arch: (
+                tuple(wanted),
+                pool.submit(build_apt_image, base_image, wanted, arch, client, secret_files),
+            )
             for arch, wanted in packages.items()
             if wanted
         }

@@ -8,7 +8,7 @@ import pytest
 from credhelp import write_docker_config
 from registryhelp import CREDENTIAL_VARS
 
-from builder.config import load_config, set_platform_version
+from builder.config import RunSettings, load_config, merge, set_platform_version
 from builder.credentials import lookup
 from builder.errors import UserError
 from builder.upgrade import load_state
@@ -30,6 +30,7 @@ def _config(tmp_path: Path, extra: str = "") -> Path:
         ("template = [1]\n", "'template' must be a string"),
         ('repository = {a = "b"}\n', "'repository' must be a string"),
         ('architectures = "amd64"\n', "'architectures' must be a list of names"),
+        ("apt-ca-bundle = 1\n", "'apt-ca-bundle' must be a string"),
     ],
 )
 def test_settings_of_the_wrong_type_name_the_setting(tmp_path, extra, culprit):
@@ -63,3 +64,16 @@ def test_docker_config_auth_that_is_not_text_is_no_login(monkeypatch, tmp_path):
     write_docker_config(tmp_path / "cfg", {"auths": auths}, monkeypatch)
     assert lookup("reg.example") is None
     assert lookup("other.example") is None
+
+
+def test_apt_secrets_in_a_config_are_relative_to_it_and_flags_win(tmp_path):
+    config = load_config(_config(tmp_path, 'apt-ca-bundle = "ca.pem"\napt-auth = "a/auth.conf"\n'))
+    assert config.apt_secrets == {
+        "apt-ca": tmp_path / "ca.pem",
+        "apt-auth": tmp_path / "a/auth.conf",
+    }
+    assert load_config(_config(tmp_path)).apt_secrets == {}
+    from_config = merge(RunSettings(requirements=()), config, output_given=False)
+    assert from_config.apt_secrets == config.apt_secrets
+    flags = RunSettings(requirements=(), apt_secrets={"apt-ca": tmp_path / "flag.pem"})
+    assert merge(flags, config, output_given=False).apt_secrets == {"apt-ca": tmp_path / "flag.pem"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import tarfile
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -20,7 +20,7 @@ from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.build import build_image
 from builder.image.layer import CHUNK, ChunkStream, Layer, keep, written
-from builder.image.render import APT_LISTS, APT_UPDATE
+from builder.image.render import APT_LISTS, APT_UPDATE, Secrets
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,23 @@ class AptImage:
     created_by: str
 
 
-def build_apt_image(base_image: str, packages: Sequence[str], arch: str, client: Any) -> AptImage:
+def build_apt_image(
+    base_image: str,
+    packages: Sequence[str],
+    arch: str,
+    client: Any,
+    secret_files: Mapping[str, Path] | None = None,
+) -> AptImage:
     """`base_image` plus the apt packages, from a one-step BuildKit build.
 
     This layer depends on the base's package state, so an upgrade rebuilds it; it is small.
+    `secret_files` (BuildKit secret id -> file: an apt CA bundle or auth.conf) are mounted as
+    the full build's system stage mounts them, never written into the layer.
     """
+    mounts, options = Secrets.of(secret_files or {}).apt_mounts()
     run = (
-        f"{APT_LISTS} apt-get {APT_UPDATE} && apt-get install -y --no-install-recommends "
-        + " ".join(packages)
+        f"{APT_LISTS}{mounts} apt-get{options} {APT_UPDATE}"
+        f" && apt-get{options} install -y --no-install-recommends " + " ".join(packages)
     )
     with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:
         context = Path(temp) / "context"
@@ -47,7 +56,7 @@ def build_apt_image(base_image: str, packages: Sequence[str], arch: str, client:
         dockerfile = f"FROM {base_image}\nUSER 0:0\nRUN {run}\n"
         (context / "Dockerfile").write_text(dockerfile)
         with open(Path(temp) / "build.log", "w") as log:
-            image_id = build_image(context, platform=f"linux/{arch}", log=log)
+            image_id = build_image(context, platform=f"linux/{arch}", secrets=secret_files, log=log)
     diff_id = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
     return AptImage(image_id, diff_id, f"RUN {run}")
 

@@ -36,6 +36,21 @@ class Secrets:
     apt_ca: bool = False  # id "apt-ca": a CA bundle for apt behind a TLS-intercepting proxy
     apt_auth: bool = False  # id "apt-auth": an apt auth.conf for a private mirror
 
+    @classmethod
+    def of(cls, files: Mapping[str, Path]) -> Secrets:
+        """The secrets a BuildKit secret-file mapping (id -> file) provides."""
+        return cls(apt_ca="apt-ca" in files, apt_auth="apt-auth" in files)
+
+    def apt_mounts(self) -> tuple[str, str]:
+        """The RUN mounts and the apt-get options that use these secrets (both may be empty)."""
+        mounts, options = "", ""
+        if self.apt_ca:
+            mounts += " --mount=type=secret,id=apt-ca"
+            options += " -o Acquire::https::CAInfo=/run/secrets/apt-ca"
+        if self.apt_auth:
+            mounts += " --mount=type=secret,id=apt-auth,target=/etc/apt/auth.conf.d/bsi.conf"
+        return mounts, options
+
 
 def dockerfile(
     plan: Plan, secrets: Secrets = Secrets(), labels: Mapping[str, str] | None = None
@@ -93,12 +108,8 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
     The package lists live in a BuildKit cache mount, so `apt-get update` only revalidates them
     on the next build (a platform upgrade's) and they never need deleting from the layer.
     """
-    mounts, options = f" {APT_LISTS}", ""
-    if secrets.apt_ca:
-        mounts += " --mount=type=secret,id=apt-ca"
-        options += " -o Acquire::https::CAInfo=/run/secrets/apt-ca"
-    if secrets.apt_auth:
-        mounts += " --mount=type=secret,id=apt-auth,target=/etc/apt/auth.conf.d/bsi.conf"
+    secret_mounts, options = secrets.apt_mounts()
+    mounts = f" {APT_LISTS}{secret_mounts}"
     install = f"apt-get{options} install -y --no-install-recommends"
     lines = [
         "# Debian 13 libraries that the extras' native code links or loads:",
