@@ -14,6 +14,7 @@ import re
 import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from builder.analysis.target import ARCHES, Arch, BaseProfile
@@ -41,8 +42,13 @@ def probe_registry(image: str, cache: Cache) -> BaseProfile:
         if record is None:
             record = {"version": RECORD_VERSION, "digest": digest, "arches": {}}
             try:
-                for arch, manifest in _platform_manifests(client, top):
-                    record["arches"][arch.name] = _probe_manifest(client, manifest, arch)
+                platforms = list(_platform_manifests(client, top))
+                with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
+                    # each arch's layers at once: gunzip and hashing release the GIL
+                    probed = pool.map(
+                        lambda p: (p[0].name, _probe_manifest(client, p[1], p[0])), platforms
+                    )
+                    record["arches"] = dict(probed)
             except (KeyError, TypeError, AttributeError) as exc:  # JSON of the wrong shape
                 raise RegistryError(
                     f"{client.label}: malformed manifest or image config"
