@@ -273,7 +273,7 @@ def main(
         with_optional=with_optional,
         platform_version=settings.platform_version,
     )
-    with SystemStages(request.secrets, settings.apt_secrets) as stages:
+    with SystemStages(settings.apt_secrets) as stages:
         plan = prepare(request, planned=stages.start if client is not None else None)
         for line in plan.warnings:
             click.echo(line, err=True)

@@ -99,8 +99,8 @@ class SystemStages:
     end (planning failed, or nothing needed building) is stopped, not waited for.
     """
 
-    def __init__(self, secrets: Secrets, secret_files: Mapping[str, Path]) -> None:
-        self.secrets, self.secret_files = secrets, secret_files
+    def __init__(self, secret_files: Mapping[str, Path]) -> None:
+        self.secret_files = secret_files  # BuildKit secret id -> file, as the build mounts them
         self.pool = ThreadPoolExecutor(max_workers=len(ARCHES))
         self.temp = tempfile.TemporaryDirectory(prefix="bsi-system-")
         self.started: dict[str, Future[str]] = {}
@@ -109,7 +109,7 @@ class SystemStages:
     def start(self, plan: Plan) -> None:
         context = Path(self.temp.name) / "context"
         context.mkdir()
-        (context / "Dockerfile").write_text(dockerfile(plan, self.secrets))
+        (context / "Dockerfile").write_text(dockerfile(plan, Secrets.of(self.secret_files)))
         logins = base_logins(ImageRef.parse(plan.base_image, "base image"))
         for arch in (a.arch for a in plan.arches):
             self.started[arch] = self.pool.submit(self._build, context, arch, logins)

@@ -311,7 +311,7 @@ def rebuild(
     with (
         tempfile.TemporaryDirectory(prefix="bsi-check-") as scratch,
         ThreadPoolExecutor(max_workers=len(arches)) as early,
-        multiarch.SystemStages(Secrets.of(config.apt_secrets), config.apt_secrets) as stages,
+        multiarch.SystemStages(config.apt_secrets) as stages,
     ):
         request = Request(
             requirement_files=config.requirements,

@@ -9,7 +9,10 @@ import tarfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Protocol
+
+import pytest
 
 # Loopback only: never route test traffic through an HTTP(S)_PROXY from the environment.
 NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -31,6 +34,14 @@ CREDENTIAL_VARS = (
     "REGISTRY_USERNAME",
     "REGISTRY_PASSWORD",
 )
+
+
+def forget_credentials(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """No registry login from the environment or a Docker config: HOME is `home`."""
+    for name in CREDENTIAL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
 
 
 class RegistryLike(Protocol):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from credhelp import write_docker_config
-from registryhelp import CREDENTIAL_VARS
+from registryhelp import forget_credentials
 
 from builder.config import RunSettings, load_config, merge, set_platform_version
 from builder.credentials import lookup
@@ -58,8 +58,7 @@ def test_build_state_of_another_shape_is_unreadable(tmp_path, content):
 
 
 def test_docker_config_auth_that_is_not_text_is_no_login(monkeypatch, tmp_path):
-    for name in CREDENTIAL_VARS:
-        monkeypatch.delenv(name, raising=False)
+    forget_credentials(monkeypatch, tmp_path / "home")
     auths = {"reg.example": {"auth": 12345}, "other.example": {"auth": ["x"]}}
     write_docker_config(tmp_path / "cfg", {"auths": auths}, monkeypatch)
     assert lookup("reg.example") is None

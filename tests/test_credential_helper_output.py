@@ -6,7 +6,7 @@ import os
 
 import pytest
 from credhelp import write_docker_config
-from registryhelp import CREDENTIAL_VARS
+from registryhelp import forget_credentials
 
 from builder.credentials import HELPER_OUTPUT_LIMIT, lookup
 from builder.errors import UserError
@@ -16,9 +16,7 @@ ANSWER = '{"Username": "u", "Secret": "s"}'
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch, tmp_path):
-    for name in CREDENTIAL_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    forget_credentials(monkeypatch, tmp_path / "home")
 
 
 def _helper(tmp_path, monkeypatch, name: str, body: str) -> None:

@@ -6,7 +6,7 @@ import base64
 
 import pytest
 from credhelp import install_helper, write_docker_config
-from registryhelp import CREDENTIAL_VARS
+from registryhelp import forget_credentials
 
 from builder.credentials import HUB_SERVER, Credentials, engine_auth, lookup
 from builder.errors import UserError
@@ -14,10 +14,7 @@ from builder.errors import UserError
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch, tmp_path):
-    for name in CREDENTIAL_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    forget_credentials(monkeypatch, tmp_path / "home")
 
 
 def _basic(user: str, password: str) -> str:

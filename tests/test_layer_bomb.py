@@ -10,7 +10,7 @@ import io
 import json
 
 import pytest
-from registryhelp import CREDENTIAL_VARS, layer_tar
+from registryhelp import forget_credentials, layer_tar
 from test_adversarial_base import MANIFEST, Content
 from test_adversarial_registry import Server
 
@@ -27,10 +27,7 @@ STATUS = b"Package: libc6\nStatus: install ok installed\nVersion: 2.41-12\n\n"
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch, tmp_path):
-    for name in CREDENTIAL_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    forget_credentials(monkeypatch, tmp_path / "home")
 
 
 @pytest.fixture

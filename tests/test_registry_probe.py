@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import pytest
 from credhelp import install_helper, write_docker_config
-from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER, layer_tar
+from registryhelp import NO_PROXY_OPENER, forget_credentials, layer_tar
 from wheelfactory import compile_so
 
 from builder.base.probe import probe_base
@@ -49,11 +49,9 @@ class Pushed(NamedTuple):
 @pytest.fixture
 def no_credentials(monkeypatch, tmp_path):
     """No registry credentials anywhere: no environment variables, an empty Docker config."""
-    for name in CREDENTIAL_VARS:
-        monkeypatch.delenv(name, raising=False)
     home = tmp_path / "empty-home"
     home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
+    forget_credentials(monkeypatch, home)
     monkeypatch.setenv("DOCKER_CONFIG", str(home / ".docker"))
 
 

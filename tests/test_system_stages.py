@@ -15,7 +15,6 @@ from builder import multiarch
 from builder.base.probe import probe_base
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.render import Secrets
 from builder.multiarch import SystemStages
 from builder.pipeline import Request, finish, prepare
 
@@ -55,7 +54,7 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     monkeypatch.setattr(multiarch, "build_image", counted)
     context_when_planned: list[bool] = []
     tag = f"bsi-stages-{RUN}:test"
-    with SystemStages(Secrets(), {}) as stages:
+    with SystemStages({}) as stages:
 
         def planned(plan: Any) -> None:
             stages.start(plan)
@@ -85,7 +84,7 @@ def test_a_failing_early_apt_build_raises_with_its_log_when_the_stage_is_asked_f
     missing = "bsi-no-such-package"
     broken = replace(plan, arches=tuple(replace(a, apt_packages=(missing,)) for a in plan.arches))
     log = io.StringIO()
-    with SystemStages(Secrets(), {}) as stages:
+    with SystemStages({}) as stages:
         stages.start(broken)
         with pytest.raises(UserError, match=r"docker build of .* failed"):
             stages.built("amd64", log)
@@ -100,7 +99,7 @@ def test_a_stage_nobody_asks_for_is_stopped_not_waited_for(
     slow = f"FROM {reference_image} AS system\nRUN sleep 120 && echo {RUN}\n"
     monkeypatch.setattr(multiarch, "dockerfile", lambda *_: slow)  # a stage that takes minutes
     started = time.monotonic()
-    with SystemStages(Secrets(), {}) as stages:
+    with SystemStages({}) as stages:
         stages.start(plan)
         deadline = time.monotonic() + 60
         while "amd64" not in stages.processes and time.monotonic() < deadline:
