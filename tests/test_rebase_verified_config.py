@@ -1,0 +1,283 @@
+"""A rebase verifies one config and pushes another document: they must be the same bytes.
+
+`builder.rebase` docker-loads `canonical(extend_config(base, [apt without a blob, deps]))`
+(the apt layer's blob is still being gzipped: digest "", size 0) and verifies that image, while
+`_publish` pushes `append(base, [apt with its blob, deps])`. The config may depend only on
+what both know (diff IDs, history), never on a blob's digest or size or the manifest's schema:
+else the image id verified is not the config the cluster pulls, and the rebase refuses to tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import tarfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+from registryhelp import registry_get, registry_tags
+
+import builder.rebase
+from builder.cache import Cache
+from builder.errors import UserError
+from builder.image.gzipped import gzipped
+from builder.image.rebase import (
+    DOCKER_LAYER,
+    DOCKER_MANIFEST,
+    OCI_LAYER,
+    OCI_MANIFEST,
+    Image,
+    NewLayer,
+    append,
+    canonical,
+    digest_of,
+    extend_config,
+)
+from builder.imageref import ImageRef
+from builder.oci import Registry
+from builder.rebase import _image, rebase
+
+
+def d(n: int) -> str:
+    return f"sha256:{n:064x}"
+
+
+def oci_base() -> Image:
+    """As BuildKit writes one: no container_config, empty-layer history, Labels null."""
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "2024-05-01T00:00:00Z",
+        "config": {
+            "Env": ["PATH=/usr/local/bin:/usr/bin", "PYTHONPATH=/app/deps"],
+            "Cmd": ["python3", "-I", "/opt/sandbox/server.py"],
+            "WorkingDir": "/workspace",
+            "Labels": None,
+        },
+        "rootfs": {"type": "layers", "diff_ids": [d(1), d(2), d(3)]},
+        "history": [
+            {"created_by": "ADD rootfs.tar /"},
+            {"created_by": "ENV LANG=C.UTF-8", "empty_layer": True},
+            {"created_by": "RUN apt-get install python3"},
+            {"created_by": "COPY server.py /opt/sandbox/", "comment": "buildkit.dockerfile.v0"},
+        ],
+    }
+    return Image(manifest(OCI_MANIFEST, OCI_LAYER, config, 3), config)
+
+
+def docker_base() -> Image:
+    """As the classic builder writes one: container, container_config, docker_version, no Env."""
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "container": "0f" * 32,
+        "container_config": {"Cmd": ["/bin/sh", "-c", "#(nop) USER 65532"]},
+        "docker_version": "20.10.24",
+        "config": {"User": "65532:65532", "Labels": {"org.example.team": "platform"}},
+        "rootfs": {"type": "layers", "diff_ids": [d(1), d(2)]},
+        "history": [{"created_by": "ADD rootfs.tar /"}, {"created_by": "RUN useradd sandbox"}],
+    }
+    return Image(manifest(DOCKER_MANIFEST, DOCKER_LAYER, config, 2), config)
+
+
+def manifest(media_type: str, layer_type: str, config: dict[str, Any], count: int) -> dict:
+    data = canonical(config)
+    return {
+        "schemaVersion": 2,
+        "mediaType": media_type,
+        "config": {"digest": digest_of(data), "size": len(data)},
+        "layers": [
+            {"mediaType": layer_type, "digest": d(100 + i), "size": 1000 + i} for i in range(count)
+        ],
+    }
+
+
+SETTINGS: dict[str, Any] = {
+    "env": {"PYTHONPATH": "$PYTHONPATH:/app/deps-extra"},
+    "user": "65532:65532",
+    "labels": {"org.opencontainers.image.version": "v2-xabc", "org.example.base": "r:v2"},
+    "created": "2024-06-01T12:00:00Z",
+}
+APT_DIFF_ID = d(31)
+APT_STEP = "RUN --mount=type=secret,id=apt-ca apt-get install -y libgomp1"
+# (digest, size) the apt layer's blob may have once gzipped: the load never knows them
+APT_BLOBS = [("", 0), (d(41), 5), (d(42), 123_456_789), (d(43), 2**40)]
+DEPS_VARIANTS = [  # the reused deps-extra layer, as `top` reads it off the previous image
+    NewLayer(d(51), d(61), 7, "COPY /app/deps-extra"),
+    NewLayer(d(52), d(62), 987_654_321, "/bin/sh -c #(nop) COPY dir:abc in /app/deps-extra"),
+]
+
+
+@pytest.mark.parametrize("base", [oci_base(), docker_base()], ids=["oci", "docker"])
+@pytest.mark.parametrize("with_apt", [True, False], ids=["apt", "no-apt"])
+@pytest.mark.parametrize("deps", DEPS_VARIANTS, ids=["deps-small", "deps-large"])
+def test_the_pushed_config_is_byte_for_byte_the_one_loaded_and_verified(
+    base: Image, with_apt: bool, deps: NewLayer
+) -> None:
+    loaded = [NewLayer("", APT_DIFF_ID, 0, APT_STEP)] if with_apt else []
+    verified = canonical(extend_config(base.config, [*loaded, deps], **SETTINGS))
+    for digest, size in APT_BLOBS if with_apt else [("", 0)]:
+        pushed_layers = [NewLayer(digest, APT_DIFF_ID, size, APT_STEP)] if with_apt else []
+        pushed = append(base, [*pushed_layers, deps], **SETTINGS)
+        assert pushed.config_bytes == verified, (digest, size)
+        # the image id docker load gives is the config digest the pushed manifest names
+        assert pushed.manifest["config"]["digest"] == digest_of(verified)
+        assert pushed.manifest["config"]["size"] == len(verified)
+        assert [layer["digest"] for layer in pushed.layers][-2:] == (
+            [digest, deps.digest] if with_apt else [base.layers[-1]["digest"], deps.digest]
+        )
+    diff_ids = base.diff_ids + ([APT_DIFF_ID] if with_apt else []) + [deps.diff_id]
+    assert pushed.diff_ids == diff_ids
+
+
+def test_the_config_bytes_do_not_depend_on_the_manifest_schema() -> None:
+    """One base config under an OCI and under a Docker manifest: the same config is written."""
+    oci = oci_base()
+    as_docker = Image(manifest(DOCKER_MANIFEST, DOCKER_LAYER, oci.config, 3), oci.config)
+    layers = [NewLayer(d(41), APT_DIFF_ID, 5, APT_STEP), DEPS_VARIANTS[0]]
+    pushed = [append(image, layers, **SETTINGS) for image in (oci, as_docker)]
+    assert pushed[0].manifest["mediaType"] != pushed[1].manifest["mediaType"]
+    assert pushed[0].config_bytes == pushed[1].config_bytes
+    assert pushed[0].digest != pushed[1].digest  # only the manifests differ
+
+
+# --- the guard, on the real engine and registry ---------------------------------------------
+
+MODULE = "bsi_guard_marker"  # in the deps-extra layer: the verification imports it
+EXTRAS = "ab" * 32  # the extras' hash: the tag's suffix
+CREATED = "2024-07-01T00:00:00Z"
+
+
+def deps_tar(path: Path) -> str:
+    """A deps-extra layer tar (root-owned, read-only to the sandbox user); its diff ID."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as archive:
+        for name, data in (("app/deps-extra", None), (f"app/deps-extra/{MODULE}.py", b"X = 1\n")):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid = 1_700_000_000, 0, 0
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                archive.addfile(info)
+            else:
+                info.size, info.mode = len(data), 0o644
+                archive.addfile(info, io.BytesIO(data))
+    return f"sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+
+
+@dataclass
+class Previous:
+    """A previous image (the base plus a deps-extra layer) in the registry, and its inputs."""
+
+    image: str
+    base_digest: str
+    base_tag: str
+    cache: Cache
+    labels: dict[str, str]  # one of them unique to the run: the images it loaded carry it
+
+
+@pytest.fixture
+def previous(
+    tmp_path: Path,
+    registry: Any,
+    reference_image: str,
+    docker_client: docker.DockerClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Previous]:
+    """The reference base pushed, and an image on it by digest whose top layer is deps-extra.
+
+    The deps tar is in the cache, as on the machine that built it: the rebase docker-loads.
+    Afterwards the images the rebases loaded (untagged) are removed from the engine.
+    """
+    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
+    monkeypatch.delenv("BSI_REGISTRY", raising=False)
+    run = uuid.uuid4().hex[:8]
+    runtime = f"{registry.host}/bsi-guard-{run}/runtime"
+    labels = {**SETTINGS["labels"], "org.example.test-run": run}
+    docker_client.api.tag(reference_image, runtime, "v1")
+    auth = {"username": registry.user, "password": registry.password}
+    for event in docker_client.api.push(runtime, tag="v1", auth_config=auth, stream=True,
+                                        decode=True):  # fmt: skip
+        assert "error" not in event, event
+    docker_client.images.remove(f"{runtime}:v1")
+    bases = Registry(ImageRef.parse_repository(runtime))
+    base_digest = bases.manifest("v1")[1]
+    base = _image(bases, base_digest, "amd64")
+    cache = Cache(tmp_path / "cache")
+    diff_id = deps_tar(tmp_path / "deps.tar")
+    with cache.writing_blob(diff_id.removeprefix("sha256:"), "layer.tar") as out:
+        out.write((tmp_path / "deps.tar").read_bytes())
+    blob = gzipped(tmp_path / "deps.tar", diff_id, cache)
+    bases.upload_blob(blob.path, blob.digest)
+    deps = NewLayer(blob.digest, diff_id, blob.size, "COPY /app/deps-extra")
+    old = append(base, [deps], **{**SETTINGS, "labels": labels})
+    bases.upload_blob(old.config_bytes, old.manifest["config"]["digest"])
+    bases.put_manifest(old.digest, old.manifest_bytes, old.manifest["mediaType"])
+    yield Previous(f"{runtime}@{old.digest}", base_digest, f"{runtime}:v1", cache, labels)
+    for image in docker_client.images.list(filters={"label": f"org.example.test-run={run}"}):
+        with contextlib.suppress(docker.errors.APIError):
+            docker_client.images.remove(image.id)
+
+
+def rebase_onto_same_base(previous: Previous, target: str, client: docker.DockerClient) -> Any:
+    """`rebase` of the previous image onto its own base, no apt layer: push, verify, tag."""
+    plan: Any = SimpleNamespace(
+        base=SimpleNamespace(image=previous.base_tag, digest=previous.base_digest),
+        base_image=f"{previous.base_tag}@{previous.base_digest}",
+        arches=(SimpleNamespace(arch="amd64", apt_packages=()),),
+        import_modules=(MODULE,),
+        runtime_checks=(),
+    )
+    return rebase(
+        previous.image, previous.base_digest, plan, "amd64", target, "v1", EXTRAS, client,
+        previous.cache, lambda line: None, labels=previous.labels, created=CREATED,
+    )  # fmt: skip
+
+
+@pytest.mark.engine
+@pytest.mark.registry
+def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
+    previous: Previous,
+    registry: Any,
+    docker_client: docker.DockerClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The push side writes one label more than the loaded config (a divergence in `append`):
+    the image is pushed by digest and verified, but no tag may name it. The same rebase without
+    the divergence then does tag: the refusal was the guard's, not the setup's."""
+    target = f"{registry.host}/{previous.image.split('/')[1]}/sandbox"
+    repo = target.split("/", 1)[1]
+    pushed: list[Image] = []
+
+    def diverging(base: Image, layers: list[NewLayer], **settings: Any) -> Image:
+        labels = {**settings.pop("labels"), "org.example.diverged": "yes"}
+        image = append(base, layers, labels=labels, **settings)
+        pushed.append(image)
+        return image
+
+    monkeypatch.setattr(builder.rebase, "append", diverging)
+    with pytest.raises(UserError, match="the pushed config is not the one verified") as raised:
+        rebase_onto_same_base(previous, target, docker_client)
+    assert str(raised.value).startswith(f"rebase of {previous.image}: ")
+    (image,) = pushed
+    with registry_get(registry, f"/v2/{repo}/manifests/{image.digest}") as response:
+        assert response.read() == image.manifest_bytes  # pushed by digest, as designed
+    assert registry_tags(registry, repo) == []
+    assert registry_tags(registry, previous.base_tag.split("/", 1)[1].rsplit(":", 1)[0]) == ["v1"]
+
+    monkeypatch.setattr(builder.rebase, "append", append)
+    result = rebase_onto_same_base(previous, target, docker_client)
+    assert result.verification is not None and result.verification.passed
+    assert any(c.name == f"import {MODULE}" and c.passed for c in result.verification.checks)
+    assert result.digest != image.digest
+    (tag,) = registry_tags(registry, repo)
+    assert result.tags == (f"{target}:{tag}",)
+    with registry_get(registry, f"/v2/{repo}/manifests/{tag}") as response:
+        assert response.headers["Docker-Content-Digest"] == result.digest
