@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sandboxserver
@@ -22,7 +24,7 @@ from sandboxserver import ServerProcess
 
 from builder.verify import hardening
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
-from builder.verify.client import Sandbox, multipart_filename
+from builder.verify.client import Machine, Sandbox, multipart_filename
 from builder.verify.discovery import import_checks
 from builder.verify.report import run_check
 from builder.verify.run import served_checks
@@ -156,15 +158,52 @@ def test_hardening_checks_run_in_every_verification() -> None:
     assert names[-3:] == [name for name, _ in contract_checks(process_mode=True)][-3:]
 
 
+EMULATED = Machine(True, "arm64 image on an amd64 engine")
+
+
 def test_the_flood_check_is_lighter_on_an_emulated_machine(
     server: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under qemu decoding 0xff crawls: one command of 0x01 still passes the reply budget."""
-    monkeypatch.setattr(hardening, "slowness", lambda sandbox: 10.0)
-    result = run_check("flood", partial(hardening.check_flood, server))
+    """Under qemu decoding 0xff crawls: one command of 0x01 still passes the reply budget, and
+    the peak RSS (qemu-user's own) is reported, not bounded. Emulation is the sandbox's
+    machine, however fast its Python starts."""
+    monkeypatch.setattr(hardening, "RSS_LIMIT", hardening.MIB)  # any server is over 1 MiB
+    emulated = Sandbox(server.port, workspace=server.workspace, machine=EMULATED)
+    result = run_check("flood", partial(hardening.check_flood, emulated))
     assert result.passed, result.detail
     assert result.detail.startswith("1 x 2 x 3 MiB of 0x01: ")
-    assert "(limit 10.0s)" in result.detail and "(emulated, not bounded)" in result.detail
+    assert re.search(r"\(limit \d+\.\ds: python3 starts \d+\.\dx as slowly", result.detail)
+    assert re.search(r"server peak RSS \d+ MiB \(not bounded\); emulated: arm64 ", result.detail)
+
+
+class SlowStart(Sandbox):
+    """A native sandbox on a loaded machine: every `python3 -c pass` takes a second."""
+
+    def python(self, code: str, *args: str, **kwargs: Any) -> dict[str, Any]:
+        slow = "import time; time.sleep(1)" if code == "pass" else code
+        return super().python(slow, *args, **kwargs)
+
+
+def test_a_loaded_native_sandbox_keeps_the_full_flood_and_the_rss_bound(
+    server: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slowness stretches the GET / deadline only: a slow start is not taken for emulation."""
+    slow_start = SlowStart(server.port, workspace=server.workspace)
+    result = run_check("flood", partial(hardening.check_flood, slow_start))
+    assert result.passed, result.detail
+    assert result.detail.startswith("2 x 2 x 10 MiB of 0xff: ")
+    stretched = re.search(r"\(limit (\d+\.\d)s: python3 starts (\d+\.\d)x as slowly", result.detail)
+    assert stretched and float(stretched[1]) == float(stretched[2]) >= 10, result.detail
+    assert re.search(r"server peak RSS \d+ MiB \(limit 256 MiB\); native: ", result.detail)
+    assert result.detail.endswith("; native: the server runs as a local process")
+    monkeypatch.setattr(hardening, "RSS_LIMIT", hardening.MIB)  # any server is over 1 MiB
+    result = run_check("flood", partial(hardening.check_flood, slow_start))
+    assert not result.passed
+    assert re.fullmatch(
+        r"the server's peak RSS reached \d+ MiB \(limit 1 MiB; native: the server runs as a"
+        r" local process\)",
+        result.detail,
+    ), result.detail
 
 
 def test_the_race_check_races_the_reads_when_nothing_outside_is_writable(

@@ -60,16 +60,39 @@ def multipart_filename(path: str) -> str:
     return path.replace('"', "%22")
 
 
+@dataclass(frozen=True)
+class Machine:
+    """Whether the server runs under emulation, and how that was decided, for the report.
+
+    Decided from architectures, never from timing: on a loaded machine a native server starts
+    Pythons as slowly as an emulated one, and must still meet the native bounds.
+    """
+
+    emulated: bool
+    why: str
+
+    def __str__(self) -> str:
+        return f"{'emulated' if self.emulated else 'native'}: {self.why}"
+
+
+LOCAL_PROCESS = Machine(False, "the server runs as a local process")
+
+
 class Sandbox:
     """One sandbox server: `host`:`port`, rooted at `workspace` (the contract's, unless a test
-    runs the server elsewhere)."""
+    runs the server elsewhere), running natively unless `machine` says otherwise."""
 
     def __init__(
-        self, port: int, host: str = "127.0.0.1", workspace: str = contract.WORKSPACE
+        self,
+        port: int,
+        host: str = "127.0.0.1",
+        workspace: str = contract.WORKSPACE,
+        machine: Machine = LOCAL_PROCESS,
     ) -> None:
         self.host = host
         self.port = port
         self.workspace = workspace
+        self.machine = machine
 
     def request(
         self,

@@ -2,7 +2,8 @@
 
 Read-only root filesystem, all capabilities dropped, no-new-privileges, uid/gid 65532, tmpfs
 /workspace (owned by 65532) and /tmp, the contract's port published on 127.0.0.1 only. The
-container is always removed, whatever happens.
+container is always removed, whatever happens. Whether it runs emulated follows from its image's
+architecture and the engine's (both in Docker's terms: amd64, arm64), never from timing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import docker
 import docker.errors
 
 from builder import contract
-from builder.verify.client import Sandbox
+from builder.verify.client import Machine, Sandbox
 from builder.verify.report import Check, CheckFailed, short
 
 STARTUP_TIMEOUT = 60.0
@@ -81,6 +82,17 @@ def wait_healthy(container: Any, sandbox: Sandbox, timeout: float) -> str:
     raise CheckFailed(f"no 200 from GET / on port {contract.PORT} within {timeout:.0f}s ({last})")
 
 
+def machine_of(client: docker.DockerClient, arch: str) -> Machine:
+    """How an `arch` image runs on this engine: emulated when the engine's own arch differs.
+
+    An arch either side does not name counts as native, so the native bounds apply.
+    """
+    engine = str(client.version().get("Arch") or "")
+    if not (arch and engine):
+        return Machine(False, f"{arch or 'unnamed'} image, {engine or 'unnamed'} engine")
+    return Machine(arch != engine, f"{arch} image on an {engine} engine")
+
+
 @dataclass(frozen=True)
 class Running:
     """A hardened container that answered its health check, and a client for it."""
@@ -106,7 +118,9 @@ def hardened(
         except docker.errors.APIError as error:
             explanation = getattr(error, "explanation", None) or str(error)
             raise CheckFailed(f"the container did not start: {explanation}") from None
-        sandbox = Sandbox(published_port(container, time.monotonic() + startup_timeout))
+        machine = machine_of(client, str(container.image.attrs.get("Architecture") or ""))
+        port = published_port(container, time.monotonic() + startup_timeout)
+        sandbox = Sandbox(port, machine=machine)
         yield Running(container, sandbox, wait_healthy(container, sandbox, startup_timeout))
     finally:
         if container is not None:
