@@ -182,6 +182,7 @@ def build_and_verify(
         return assemble(
             client, system, arch, finish.layers[arch], root=plan.pythonpath_entry,
             labels=finish.labels, created=finish.created, tag=tags[arch], cache=finish.cache,
+            apt_layer=bool(next(a.apt_packages for a in plan.arches if a.arch == arch)),
         )  # fmt: skip
 
     builds: list[ArchBuild] = []

@@ -3,24 +3,22 @@
 Unlike the deps-extra layer (builder.image.layer) it depends on the base's package state, so
 BuildKit builds it and a platform upgrade rebuilds it; it is small. Loading the rebased image
 needs only its diff ID (the engine holds the layer); its tar, for the push, comes out of the
-built image's save.
+built image's save (builder.image.saved).
 """
 
 from __future__ import annotations
 
-import io
-import tarfile
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from builder.cache import Cache
-from builder.errors import UserError
 from builder.image.build import build_image
-from builder.image.layer import CHUNK, ChunkStream, Layer, keep, written
+from builder.image.layer import Layer
 from builder.image.render import APT_LISTS, APT_UPDATE, Secrets
+from builder.image.saved import read_save
 
 
 @dataclass(frozen=True)
@@ -62,32 +60,10 @@ def build_apt_image(
 
 
 def saved_layer(image: AptImage, cache: Cache, client: Any) -> Layer:
-    """The apt layer's tar, out of the image's save (only a push needs it, not a load).
-
-    The save is streamed, not written out: each layer in it is hashed on the way and only the
-    one whose sha256 is the image's top diff ID is kept.
-    """
-    found = _top_layer(client.api.get_image(image.image_id, chunk_size=CHUNK), image.diff_id, cache)
-    if found is None:
-        raise UserError(f"image {image.image_id}: no layer {image.diff_id} in its save")
-    return found
-
-
-def _top_layer(chunks: Iterable[bytes], diff_id: str, cache: Cache) -> Layer | None:
-    """The layer of a `docker save` stream whose tar hashes to `diff_id`, stored in the cache."""
-    stream = io.BufferedReader(ChunkStream(chunks), CHUNK)
-    with tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
-        for member in archive:
-            handle = archive.extractfile(member) if member.name.endswith("layer.tar") else None
-            if handle is None:
-                continue
-            temp, found = written(cache, lambda out: _copy(handle, out))  # noqa: B023
-            if f"sha256:{found}" == diff_id:
-                return keep(temp, found, cache, 0)
-            temp.unlink()
-    return None
-
-
-def _copy(source: IO[bytes], out: IO[bytes]) -> None:
-    while data := source.read(CHUNK):
-        out.write(data)
+    """The apt layer's tar, out of the image's save (only a push needs it, not a load)."""
+    found = cache.find_blob(image.diff_id.removeprefix("sha256:"), "layer.tar")
+    if found is not None:
+        return Layer(found, image.diff_id, found.stat().st_size, 0)
+    layer = read_save(client, image.image_id, cache, keep_layer=image.diff_id).layer
+    assert layer is not None  # read_save raises when the layer is not in the save
+    return layer

@@ -11,14 +11,12 @@ registry, whatever the day, the machine or the base.
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import docker
 import docker.errors
@@ -27,9 +25,10 @@ from builder import contract
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.layer import ChunkStream, Layer, deps_layer, lock_hash, source_date_epoch
+from builder.image.layer import Layer, deps_layer, lock_hash, source_date_epoch
 from builder.image.rebase import NewLayer, canonical, digest_of, extend_config
 from builder.image.render import DEPS_LAYER, lock_of, lock_text
+from builder.image.saved import cached_config, read_save
 
 CHUNK = 1 << 20
 BLOCK = 512
@@ -111,30 +110,6 @@ def created_by(arch: str, root: str) -> str:
     return f"ADD {DEPS_LAYER.format(arch=arch)} / # the locked wheels in {root}"
 
 
-def system_config(client: docker.DockerClient, image_id: str, cache: Cache) -> dict[str, Any]:
-    """An engine image's config document, byte for byte as the engine holds it.
-
-    Only `docker save` gives it; the save streams layers too (read until the config comes by,
-    then dropped), so it is cached by image id.
-    """
-    record = cache.get_record("image-config", image_id.removeprefix("sha256:"))
-    if record:
-        return dict(record)
-    chunks = client.api.get_image(image_id, chunk_size=CHUNK)
-    config: dict[str, Any] | None = None
-    stream = io.BufferedReader(ChunkStream(chunks), CHUNK)
-    with tarfile.open(fileobj=stream, mode="r|") as archive:  # type: ignore[call-overload]
-        for member in archive:
-            if member.name == f"{image_id.removeprefix('sha256:')}.json":
-                handle = archive.extractfile(member)
-                config = json.load(handle) if handle else None
-                break  # the layers after it are not needed
-    if config is None:
-        raise UserError(f"image {image_id}: docker save gave no config")
-    cache.put_record("image-config", image_id.removeprefix("sha256:"), config)
-    return config
-
-
 def assemble(
     client: docker.DockerClient,
     system_id: str,
@@ -146,31 +121,52 @@ def assemble(
     created: str,
     tag: str,
     cache: Cache,
+    apt_layer: bool = False,
 ) -> Assembled:
-    """The system image plus `deps`, loaded into the engine (unless it has it) and tagged."""
-    base = system_config(client, system_id, cache)
-    if base.get("architecture") != arch:
-        raise UserError(f"image {system_id}: built as {base.get('architecture')}, not {arch}")
-    config = extend_config(
-        base,
-        [NewLayer("", deps.diff_id, deps.size, created_by(arch, root))],  # digest: when pushed
-        env={"PYTHONPATH": f"$PYTHONPATH:{root}"},
-        user=contract.SANDBOX_USER,
-        labels=labels,
-        created=created,
-    )
-    data = canonical(config)
-    image_id = load(client, data, deps.path)
+    """The system image plus `deps`, loaded into the engine (unless it has it) and tagged.
+
+    The exact config needs the system image's, which only its save gives, after a few seconds;
+    so the first time, the deps-extra layer is loaded meanwhile under a provisional config
+    (the same layers), and the final config follows with no layer to send. With `apt_layer`
+    the save also keeps the system stage's top layer (the apt layer) for the push.
+    """
+    found = client.images.get(system_id).attrs
+    if found.get("Architecture") != arch:
+        raise UserError(f"image {system_id}: built as {found.get('Architecture')}, not {arch}")
+    below: list[str] = list((found.get("RootFS") or {}).get("Layers") or [])
+    base = cached_config(system_id, cache)
+    provisional = None
+    try:
+        if base is None:
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                preloading = pool.submit(_preload, client, arch, [*below, deps.diff_id], deps.path)
+                keep = below[-1] if apt_layer and below else None
+                base = read_save(client, system_id, cache, keep_layer=keep).config
+                provisional = preloading.result()
+        config = extend_config(
+            base,
+            [NewLayer("", deps.diff_id, deps.size, created_by(arch, root))],  # digest: when pushed
+            env={"PYTHONPATH": f"$PYTHONPATH:{root}"},
+            user=contract.SANDBOX_USER,
+            labels=labels,
+            created=created,
+        )
+        data = canonical(config)
+        image_id = load(client, data, None if provisional else deps.path)
+    finally:
+        if provisional is not None:  # the final image holds its layers now (or nothing does)
+            client.api.remove_image(provisional, noprune=False)
     repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
     client.api.tag(image_id, repository, name or "latest")
     return Assembled(arch, image_id, data, system_id, deps)
 
 
-def load(client: docker.DockerClient, config: bytes, top: Path) -> str:
+def load(client: docker.DockerClient, config: bytes, top: Path | None) -> str:
     """Load the image `config` describes into the engine (unless it has it); its image id.
 
-    Only the top layer's tar travels: the engine must already hold every layer below it (an
-    image it has built or pulled on exactly those diff IDs), else docker load fails.
+    Only the top layer's tar travels (none when `top` is None: the engine has that layer
+    too): the engine must already hold every layer below it (an image it has built or pulled
+    on exactly those diff IDs), else docker load fails.
     """
     image_id = digest_of(config)
     if not _present(client, image_id):
@@ -179,6 +175,13 @@ def load(client: docker.DockerClient, config: bytes, top: Path) -> str:
             if "error" in line:
                 raise UserError(f"docker load of {image_id}: {line['error']}")
     return image_id
+
+
+def _preload(client: docker.DockerClient, arch: str, diff_ids: Sequence[str], top: Path) -> str:
+    """Load `top` on the layers below it under a config that names only them; its image id."""
+    provisional = {"architecture": arch, "os": "linux", "config": {},
+                   "rootfs": {"type": "layers", "diff_ids": list(diff_ids)}}  # fmt: skip
+    return load(client, canonical(provisional), top)
 
 
 def _present(client: docker.DockerClient, image_id: str) -> bool:
@@ -190,17 +193,19 @@ def _present(client: docker.DockerClient, image_id: str) -> bool:
 
 
 def _load_stream(
-    image_id: str, config: bytes, diff_ids: Sequence[str], top: Path
+    image_id: str, config: bytes, diff_ids: Sequence[str], top: Path | None
 ) -> Iterator[bytes]:
-    """A `docker save`-format tar holding the config and only the top layer (the plain tar).
+    """A `docker save`-format tar holding the config and at most the top layer (plain tar).
 
-    The engine skips reading the layers below: it has them (they are the system image's).
+    The engine skips reading the layers it has (the system image's, and the top one when it
+    was preloaded): the manifest names files the archive need not hold.
     """
     hex_id = image_id.removeprefix("sha256:")
     layers = [f"{index}/layer.tar" for index in range(len(diff_ids) - 1)] + ["top.tar"]
     manifest = json.dumps([{"Config": f"{hex_id}.json", "RepoTags": None, "Layers": layers}])
     yield from _member(f"{hex_id}.json", len(config), iter([config]))
-    yield from _member("top.tar", top.stat().st_size, _chunks(top))
+    if top is not None:
+        yield from _member("top.tar", top.stat().st_size, _chunks(top))
     yield from _member("manifest.json", len(manifest), iter([manifest.encode()]))
     yield b"\0" * (2 * BLOCK)
 

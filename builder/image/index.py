@@ -144,12 +144,14 @@ def push_assembled(
     """Upload an assembled image's blobs and manifest by digest; no tag is written.
 
     The deps-extra tar is gzipped once (builder.image.gzipped: its digest is the lock's); the
-    layers below come from the registry the base is in, else from `docker save` of the
-    system image, which holds exactly them.
+    layers below come from the registry the base is in, or from the tar the system image's
+    save kept (the apt layer), else from a `docker save` of the system image.
     """
     diff_ids: list[str] = json.loads(image.config)["rootfs"]["diff_ids"]
     below = diff_ids[:-1]
-    layers: list[dict[str, Any] | None] = [_reused(diff_id, target, base) for diff_id in below]
+    layers: list[dict[str, Any] | None] = [
+        _reused(diff_id, target, base) or _kept(diff_id, target, cache) for diff_id in below
+    ]
     if any(layer is None for layer in layers):
         with tempfile.TemporaryDirectory(prefix="bsi-push-") as temp:
             _save(client, image.system_id, below, layers, Path(temp), target)
@@ -174,6 +176,17 @@ def _reused(diff_id: str, target: Registry, base: BaseLayers | None) -> dict[str
     ):
         return reused
     return None
+
+
+def _kept(diff_id: str, target: Registry, cache: Cache) -> dict[str, Any] | None:
+    """The layer's blob from the tar the system image's save kept (the apt layer), uploaded."""
+    tar = cache.find_blob(diff_id.removeprefix("sha256:"), "layer.tar")
+    if tar is None:
+        return None
+    blob = gzipped(tar, diff_id, cache)
+    if not target.blob_exists(blob.digest):
+        target.upload_blob(blob.path, blob.digest)
+    return {"mediaType": DOCKER_LAYER, "size": blob.size, "digest": blob.digest}
 
 
 def _put_manifest(

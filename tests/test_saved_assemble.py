@@ -1,0 +1,158 @@
+"""One docker save per system image: its config and apt layer; the deps layer preloaded meanwhile.
+
+Real engine and registry: a small system image (the stand-in base plus one RUN layer standing
+in for the apt layer) gets a small deps-extra layer put on top by `assemble`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from registryhelp import layer_tar
+
+from builder.cache import Cache
+from builder.credentials import Credentials
+from builder.errors import UserError
+from builder.image import assemble as assemble_module
+from builder.image import index
+from builder.image.assemble import assemble
+from builder.image.build import build_image
+from builder.image.gzipped import gzipped
+from builder.image.index import push_assembled
+from builder.image.layer import Layer
+from builder.image.rebase import canonical, digest_of
+from builder.image.saved import cached_config, read_save
+from builder.imageref import ImageRef
+from builder.oci import Registry
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def system_image(test_env: dict, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The stand-in base plus one small layer of this run's own (so no other image shares it)."""
+    context = tmp_path_factory.mktemp("system")
+    (context / "Dockerfile").write_text(
+        f"FROM {test_env['base_image']}\nUSER 0:0\n"
+        f"RUN echo {uuid.uuid4().hex} > /etc/bsi-apt-stand-in\nUSER 65532:65532\n"
+    )
+    with open(context / "build.log", "w") as log:
+        return build_image(context, platform="linux/amd64", log=log)
+
+
+def deps_layer(cache: Cache) -> Layer:
+    """A small deps-extra tar, unique to the test, in the cache like the layer writer's."""
+    data = layer_tar([("app/deps-extra/", None), ("app/deps-extra/m.py", uuid.uuid4().bytes)])
+    sha = hashlib.sha256(data).hexdigest()
+    with cache.writing_blob(sha, "layer.tar") as out:
+        out.write(data)
+    path = cache.blob_path(sha, "layer.tar")
+    return Layer(path, f"sha256:{sha}", len(data), 0)
+
+
+def test_one_save_gives_the_config_and_keeps_the_top_layer(
+    docker_client: Any, system_image: str, tmp_path: Path
+) -> None:
+    cache = Cache(tmp_path / "cache")
+    top = docker_client.images.get(system_image).attrs["RootFS"]["Layers"][-1]
+    saved = read_save(docker_client, system_image, cache, keep_layer=top)
+    assert saved.config["rootfs"]["diff_ids"][-1] == top
+    assert saved.layer is not None and saved.layer.diff_id == top
+    assert f"sha256:{hashlib.sha256(saved.layer.path.read_bytes()).hexdigest()}" == top
+    assert cached_config(system_image, cache) == saved.config
+    leftovers = [p.name for p in cache.root.iterdir() if p.name.startswith(".layer-")]
+    assert leftovers == []  # the other layers' tars were hashed and dropped
+
+
+def test_a_layer_the_save_does_not_hold_is_one_error(
+    docker_client: Any, system_image: str, tmp_path: Path
+) -> None:
+    missing = f"sha256:{'0' * 64}"
+    with pytest.raises(UserError, match=f"no layer {missing} in its save"):
+        read_save(docker_client, system_image, Cache(tmp_path / "cache"), keep_layer=missing)
+
+
+def test_assemble_preloads_then_loads_the_exact_config_and_leaves_no_provisional_image(
+    docker_client: Any, system_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = Cache(tmp_path / "cache")
+    deps = deps_layer(cache)
+    sent: list[Path | None] = []
+    real_load = assemble_module.load
+    monkeypatch.setattr(
+        assemble_module,
+        "load",
+        lambda c, config, top: sent.append(top) or real_load(c, config, top),
+    )
+    tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
+    built = assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
+                     labels={"x": "y"}, created="2026-01-01T00:00:00Z", tag=tag, cache=cache,
+                     apt_layer=True)  # fmt: skip
+    try:
+        found = docker_client.images.get(tag)
+        assert found.id == built.image_id == digest_of(built.config)
+        system_layers = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+        assert found.attrs["RootFS"]["Layers"] == [*system_layers, deps.diff_id]
+        assert found.attrs["Config"]["User"] == "65532:65532"
+        assert sent == [deps.path, None]  # the layer travelled once, the final config alone
+        rootfs = {"type": "layers", "diff_ids": [*system_layers, deps.diff_id]}
+        provisional = canonical({"architecture": "amd64", "os": "linux", "config": {},
+                                 "rootfs": rootfs})  # fmt: skip
+        ids = {image.id for image in docker_client.images.list(all=True)}
+        assert digest_of(provisional) not in ids
+        assert cache.find_blob(system_layers[-1].removeprefix("sha256:"), "layer.tar")
+        # the second time the config is cached: no save, no preload, the one load sends nothing
+        sent.clear()
+        docker_client.images.remove(tag)
+        monkeypatch.setattr(docker_client.api, "get_image", _no_save)
+        again = assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
+                         labels={"x": "y"}, created="2026-01-01T00:00:00Z", tag=tag,
+                         cache=cache, apt_layer=True)  # fmt: skip
+        assert again.image_id == built.image_id and sent == [deps.path]
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
+def test_the_push_takes_the_kept_apt_layer_not_another_save(
+    docker_client: Any, system_image: str, registry: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    cache = Cache(tmp_path / "cache")
+    deps = deps_layer(cache)
+    tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
+    built = assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
+                     labels={}, created="2026-01-01T00:00:00Z", tag=tag, cache=cache,
+                     apt_layer=True)  # fmt: skip
+    target = Registry(
+        ImageRef.parse_repository(f"{registry.host}/bsi-saved-{uuid.uuid4().hex[:8]}/img"),
+        credentials=Credentials(registry.user, registry.password, "test"),
+    )
+    missing: list[list[bool]] = []  # per docker save the push made: which layers it still needed
+    real_save = index._save
+
+    def spied(client: Any, image_id: str, diff_ids: Any, layers: list[Any], *rest: Any) -> bytes:
+        missing.append([layer is None for layer in layers])
+        return real_save(client, image_id, diff_ids, layers, *rest)
+
+    monkeypatch.setattr(index, "_save", spied)
+    try:
+        pushed = push_assembled(docker_client, built, target, cache)  # the base is in no registry
+    finally:
+        docker_client.images.remove(tag, force=True)
+    below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+    assert missing == [[True] * (len(below) - 1) + [False]]  # the save only for the base's layers
+    manifest, _ = target.manifest(pushed.digest)
+    assert [layer["digest"] for layer in manifest["layers"]][-2:] == [
+        gzipped(cache.blob_path(below[-1].removeprefix("sha256:"), "layer.tar"), below[-1],
+                cache).digest,
+        gzipped(deps.path, deps.diff_id, cache).digest,
+    ]  # fmt: skip
+    assert all(target.blob_exists(layer["digest"]) for layer in manifest["layers"])
+
+
+def _no_save(*args: object, **kwargs: object) -> None:
+    raise AssertionError("docker save must not run: the config and the apt layer are cached")
