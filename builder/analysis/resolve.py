@@ -41,6 +41,7 @@ from builder.analysis.index import (
     download,
     index_files,
     uv_environment,
+    uv_python,
 )
 from builder.analysis.requirements import RequirementSet
 from builder.analysis.stale import (
@@ -109,7 +110,7 @@ def _uv_compile(
         "--python-version", target.python_version,
         "--only-binary", ":all:",
         "--find-links", str(find_links),
-        "--no-header", "--quiet",
+        "--no-header", "--quiet", *uv_python(),
     ]  # fmt: skip
     if annotated:
         command += ["--format", "requirements.txt", "--annotation-style", "line"]
@@ -168,7 +169,7 @@ def newest_usable_version(
         command = [
             UV, "pip", "compile", str(workdir / "requirements.in"), "--no-deps",
             "--python-platform", arch.uv_platform, "--python-version", target.python_version,
-            "--only-binary", ":all:", "--no-header", "--quiet",
+            "--only-binary", ":all:", "--no-header", "--quiet", *uv_python(),
         ]  # fmt: skip
         if requirements.index_url:
             command += ["--index-url", requirements.index_url]
@@ -287,13 +288,16 @@ def resolve(
     cache: Cache,
     refresh: bool = False,
     overrides: Sequence[Path] = (),
+    early: Callable[[Arch, Sequence[LockedPackage]], None] | None = None,
 ) -> Resolution:
     """Pin every distribution for `arch` with the wheels usable there, base pins as constraints.
 
     `overrides` are uv override files (`uv pip compile --override`): they replace what the
     dependencies ask for, or drop a dependency with a never-true marker. An identical
     resolution from the last hour is reused (no index traffic at all on a rerun); `refresh`
-    forces a new one, as every platform-upgrade rebuild does.
+    forces a new one, as every platform-upgrade rebuild does. `early` gets the first pins
+    before the stale-pick check asks the index about each of them, so their downloads can
+    start meanwhile; the result differs from them only when a stale pick is built from source.
     """
     check_against_base(requirements, target, arch)
     key = _resolution_key(requirements, target, arch, overrides)
@@ -332,6 +336,8 @@ def resolve(
             return (*_packages(tomllib.loads(pylock), target, cache), pylock)
 
         packages, provided, pylock = compile_set()
+        if early is not None:
+            early(arch, packages)
         # uv keeps the versions of an existing output file: start afresh to pick up new wheels
         (workdir / f"pylock.{arch.name}.toml").unlink()
 
