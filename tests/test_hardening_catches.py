@@ -1,0 +1,62 @@
+"""The adversarial checks fail a server without the hardening, each for its own reason.
+
+The server is tests/unhardened_server.py: the contract served with the pre-hardening server's
+(0bd0c22) three weaknesses — resolve-then-open paths, a kill of the process group only, output
+captured whole — kept as a small fixture in the tree, so the test needs no git history (a
+shallow clone runs it) and shows exactly what each check is there to catch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+import sandboxserver
+from test_verify_checks import start_server, stop_server
+
+from builder.verify.checks import CONTRACT
+from builder.verify.client import Sandbox
+from builder.verify.report import run_check
+
+UNHARDENED = Path(__file__).resolve().parent / "unhardened_server.py"
+
+
+@pytest.fixture(scope="module")
+def unhardened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """The unhardened server in its own pid namespace, as the contract checks run the real one."""
+    original, sandboxserver.SERVER = sandboxserver.SERVER, UNHARDENED
+    try:
+        process = start_server(tmp_path_factory.mktemp("unhardened") / "workspace")
+    finally:
+        sandboxserver.SERVER = original
+    try:
+        yield Sandbox(process.port, workspace=str(process.workspace))
+    finally:
+        stop_server(process)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("race", "escaped outside the workspace: "),
+        ("detached", "detached processes outlived their command"),
+        ("flood", "a reply to 2 x 10 MiB of 0xff is "),
+    ],
+)
+def test_hardening_checks_fail_against_the_pre_hardening_server(
+    unhardened: Sandbox, name: str, reason: str
+) -> None:
+    result = run_check(name, partial(dict(CONTRACT)[name], unhardened))
+    assert not result.passed
+    assert reason in result.detail, result.detail
+
+
+@pytest.mark.parametrize("name", ["execute", "exit-code", "env", "cwd", "files", "timeout"])
+def test_the_unhardened_server_serves_the_contract_the_checks_rely_on(
+    unhardened: Sandbox, name: str
+) -> None:
+    """Else the hardening checks could fail it for a reason other than the one they name."""
+    result = run_check(name, partial(dict(CONTRACT)[name], unhardened))
+    assert result.passed, result.detail
