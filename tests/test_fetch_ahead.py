@@ -4,13 +4,17 @@ The resolver hands its first pins to `early` before it lists each of them on the
 large downloads overlap those listings; `Fetches` starts them only once every party (arch) has
 named its files and they pass the hash check, so a failing arch or a refused hash still stops
 the run before anything is fetched. uv is given this interpreter (`uv_python`) instead of
-looking through PATH, which must not change the lock.
+looking through PATH, which must not change the lock. A PEP 691 listing is read by the names
+it gives, relative URLs still joined to the page.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.server
+import json
 import subprocess
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +23,15 @@ from wheelfactory import make_wheel
 from wheelindex import serve_wheel
 
 from builder.analysis import resolve as resolve_module
-from builder.analysis.index import UV, Fetches, RemoteFile, uv_environment, uv_python
+from builder.analysis.index import (
+    SIMPLE_JSON,
+    UV,
+    Fetches,
+    RemoteFile,
+    index_files,
+    uv_environment,
+    uv_python,
+)
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import LockedPackage, resolve
 from builder.analysis.target import ARCHES, Arch, Target, shipped_profile
@@ -119,3 +131,43 @@ def test_naming_the_interpreter_does_not_change_the_lock(tmp_path: Path) -> None
     ]
     assert uv_python()[0] == "--python"
     assert locks[0] == locks[1] == "bsi-a==2.0\n"
+
+
+class JsonListing(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        files = [
+            {"filename": "a-1.0-py3-none-any.whl", "url": "https://files.invalid/x/a-1.0-py3-none-any.whl",
+             "hashes": {"sha256": "1" * 64}, "upload-time": "2025-01-02T00:00:00Z"},
+            {"filename": "a-2.0.tar.gz", "url": "../../files/a-2.0.tar.gz",
+             "hashes": {"sha256": "2" * 64}, "yanked": "broken"},
+            {"filename": "a-3.0.tar.gz", "url": "https://files.invalid/a-3.0.tar.gz", "hashes": {}},
+        ]  # fmt: skip
+        body = json.dumps({"meta": {"api-version": "1.0"}, "name": "a", "files": files}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", SIMPLE_JSON)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_json_listing_keeps_names_joins_relative_urls_and_drops_unhashed() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JsonListing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        files = index_files([index], "a")
+    finally:
+        server.shutdown()
+    assert files == [
+        RemoteFile(
+            "a-1.0-py3-none-any.whl", "https://files.invalid/x/a-1.0-py3-none-any.whl", "1" * 64,
+            None, "2025-01-02T00:00:00Z", False,
+        ),
+        RemoteFile(
+            "a-2.0.tar.gz", f"http://127.0.0.1:{server.server_address[1]}/files/a-2.0.tar.gz",
+            "2" * 64, None, None, True,
+        ),
+    ]  # fmt: skip
