@@ -6,7 +6,7 @@ Each step is its own module; this file only sequences them and fans out per arch
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,11 +15,11 @@ from typing import Any
 import docker
 
 from builder import multiarch
-from builder.analysis.index import Fetches
+from builder.analysis.index import start_downloads
 from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
 from builder.analysis.requirements import read_requirements
-from builder.analysis.resolve import LockedPackage, resolve
-from builder.analysis.target import ARCHES, Arch, BaseProfile, Target, arch_named
+from builder.analysis.resolve import Resolution, resolve
+from builder.analysis.target import ARCHES, BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
 from builder.base.discover import base_profile
 from builder.cache import Cache
@@ -81,41 +81,36 @@ def prepare(
     requirements = read_requirements(request.requirement_files, request.constraint_files)
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
-    with (
-        Fetches(request.cache, requirements.indexes(), DOWNLOADS, len(target.arches)) as fetches,
-        ThreadPoolExecutor(max_workers=1 + len(target.arches)) as pool,
-    ):
-
-        def early(arch: Arch, packages: Sequence[LockedPackage]) -> None:
-            """The first pins' downloads overlap the stale-pick check's index listings."""
-            wheels = lambda: [choose_wheel(p, target, arch)[0] for p in packages]  # noqa: E731
-            fetches.ahead(wheels, requirements.check_hashes)
-
-        resolutions = list(
+    indexes = requirements.indexes()
+    with ThreadPoolExecutor(max_workers=len(target.arches)) as pool:
+        resolutions: list[Resolution] = list(
             pool.map(
                 lambda arch: resolve(
-                    requirements, target, arch, request.cache, request.refresh, request.overrides,
-                    early,
+                    requirements, target, arch, request.cache, request.refresh, request.overrides
                 ),
                 target.arches,
             )
-        )  # fmt: skip
-        chosen = {
-            resolution.arch.name: {
-                package.name: choose_wheel(package, target, resolution.arch)
-                for package in resolution.packages
-            }
-            for resolution in resolutions
+        )
+    chosen = {
+        resolution.arch.name: {
+            package.name: choose_wheel(package, target, resolution.arch)
+            for package in resolution.packages
         }
-        files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
-        requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
-        pins = {
-            r.arch.name: [
-                (p.name, p.version, chosen[r.arch.name][p.name][0].sha256) for p in r.packages
-            ]
-            for r in resolutions
-        }
-        downloads = fetches.start(files)
+        for resolution in resolutions
+    }
+    files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
+    requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
+    pins = {
+        r.arch.name: [
+            (p.name, p.version, chosen[r.arch.name][p.name][0].sha256) for p in r.packages
+        ]
+        for r in resolutions
+    }
+    with (
+        ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
+        ThreadPoolExecutor(max_workers=1 + len(pins)) as pool,
+    ):
+        downloads = start_downloads(files, request.cache, indexes, fetch)
         arrived = {future: sha for sha, future in downloads.items()}  # inspected as they come:
         ready = ((future.result(), arrived[future]) for future in as_completed(arrived))
         inspecting = pool.submit(inspect_as_ready, ready, request.cache)

@@ -18,13 +18,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -127,65 +126,20 @@ def download_all(
     files: Sequence[RemoteFile], cache: Cache, indexes: Sequence[str] = (), workers: int = 8
 ) -> dict[str, Path]:
     """Download in parallel; sha256 -> cached path."""
-    with Fetches(cache, indexes, workers) as fetches:
-        return {sha256: future.result() for sha256, future in fetches.start(files).items()}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        started = start_downloads(files, cache, indexes, pool)
+        return {sha256: future.result() for sha256, future in started.items()}
 
 
-class Fetches:
-    """Each distinct file's download, started once on `workers` threads, as soon as named.
+def start_downloads(
+    files: Sequence[RemoteFile], cache: Cache, indexes: Sequence[str], pool: ThreadPoolExecutor
+) -> dict[str, Future[Path]]:
+    """Start each distinct file's download on `pool`: sha256 -> its cached path, when done.
 
-    `ahead` takes each of `parties` first guesses (per arch: the resolver's pins before its
-    stale-pick check asks the index about each) and starts them only once every party has
-    named its files and they all passed `check` (hash-checking mode): a failing resolution or a
-    refused hash still stops the run before anything is fetched. `start` takes the final files
-    and reuses what is under way; a guess the final files drop just lands in the cache. Leaving
-    the block on an error drops the downloads not yet begun.
+    A caller can work on each wheel as it arrives (inspection) instead of after the last one.
     """
-
-    def __init__(
-        self, cache: Cache, indexes: Sequence[str], workers: int, parties: int = 1
-    ) -> None:
-        self.cache, self.indexes, self.parties = cache, indexes, parties
-        self.pool = ThreadPoolExecutor(max_workers=workers)
-        self.started: dict[str, Future[Path]] = {}
-        self.guesses: list[Sequence[RemoteFile] | None] = []
-        self.lock = threading.Lock()
-
-    def __enter__(self) -> Fetches:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=kind is not None)
-
-    def ahead(
-        self,
-        files: Callable[[], Sequence[RemoteFile]],
-        check: Callable[[Sequence[RemoteFile]], None],
-    ) -> None:
-        """One party's guess; a guess that fails (`files` or `check` raising) starts nothing:
-        the final files meet the same error in its place."""
-        guess: Sequence[RemoteFile] | None
-        try:
-            guess = files()
-            check(guess)
-        except UserError:
-            guess = None
-        with self.lock:
-            self.guesses.append(guess)
-            if len(self.guesses) != self.parties or any(g is None for g in self.guesses):
-                return
-        for named in self.guesses:
-            self.start(named or ())
-
-    def start(self, files: Sequence[RemoteFile]) -> dict[str, Future[Path]]:
-        """sha256 -> each file's cached path when done, a caller can use each as it arrives."""
-        with self.lock:
-            for file in files:
-                if file.sha256 not in self.started:
-                    self.started[file.sha256] = self.pool.submit(
-                        download, file, self.cache, self.indexes
-                    )
-            return {file.sha256: self.started[file.sha256] for file in files}
+    unique = {file.sha256: file for file in files}
+    return {sha256: pool.submit(download, file, cache, indexes) for sha256, file in unique.items()}
 
 
 class _Anchors(HTMLParser):

@@ -288,16 +288,13 @@ def resolve(
     cache: Cache,
     refresh: bool = False,
     overrides: Sequence[Path] = (),
-    early: Callable[[Arch, Sequence[LockedPackage]], None] | None = None,
 ) -> Resolution:
     """Pin every distribution for `arch` with the wheels usable there, base pins as constraints.
 
     `overrides` are uv override files (`uv pip compile --override`): they replace what the
     dependencies ask for, or drop a dependency with a never-true marker. An identical
     resolution from the last hour is reused (no index traffic at all on a rerun); `refresh`
-    forces a new one, as every platform-upgrade rebuild does. `early` gets the first pins
-    before the stale-pick check asks the index about each of them, so their downloads can
-    start meanwhile; the result differs from them only when a stale pick is built from source.
+    forces a new one, as every platform-upgrade rebuild does.
     """
     check_against_base(requirements, target, arch)
     key = _resolution_key(requirements, target, arch, overrides)
@@ -336,8 +333,6 @@ def resolve(
             return (*_packages(tomllib.loads(pylock), target, cache), pylock)
 
         packages, provided, pylock = compile_set()
-        if early is not None:
-            early(arch, packages)
         # uv keeps the versions of an existing output file: start afresh to pick up new wheels
         (workdir / f"pylock.{arch.name}.toml").unlink()
 

@@ -1,0 +1,90 @@
+"""The index's cheap paths: uv is given this interpreter (`uv_python`) instead of looking through
+PATH, which must not change the lock; a PEP 691 listing is read by the names it gives, relative
+URLs still joined to the page.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+from wheelfactory import make_wheel
+
+from builder.analysis.index import (
+    SIMPLE_JSON,
+    UV,
+    RemoteFile,
+    index_files,
+    uv_environment,
+    uv_python,
+)
+from builder.analysis.target import ARCHES
+
+AMD64 = ARCHES["amd64"]
+
+
+def test_naming_the_interpreter_does_not_change_the_lock(tmp_path: Path) -> None:
+    links = tmp_path / "links"
+    make_wheel(links, "bsi-a", "1.0", "py3-none-any", {"bsi_a/__init__.py": b""})
+    make_wheel(links, "bsi-a", "2.0", "cp313-cp313-manylinux_2_17_x86_64", {"bsi_a/x.py": b""})
+    make_wheel(links, "bsi-a", "3.0", "cp312-cp312-manylinux_2_17_x86_64", {"bsi_a/x.py": b""})
+    make_wheel(links, "bsi-b", "1.0", "py3-none-any", {"bsi_b/__init__.py": b""})
+    # the host interpreter is older: only the target's markers may decide this line
+    (tmp_path / "requirements.in").write_text('bsi-a\nbsi-b ; python_version < "3.13"\n')
+    command = [
+        UV, "pip", "compile", str(tmp_path / "requirements.in"), "--no-index",
+        "--find-links", str(links), "--python-platform", AMD64.uv_platform,
+        "--python-version", "3.13", "--only-binary", ":all:", "--no-header", "--no-annotate",
+        "--quiet",
+    ]  # fmt: skip
+    locks = [
+        subprocess.run(
+            [*command, *extra], capture_output=True, text=True, env=uv_environment(), check=True
+        ).stdout
+        for extra in ([], uv_python())
+    ]
+    assert uv_python()[0] == "--python"
+    assert locks[0] == locks[1] == "bsi-a==2.0\n"
+
+
+class JsonListing(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        files = [
+            {"filename": "a-1.0-py3-none-any.whl", "url": "https://files.invalid/x/a-1.0-py3-none-any.whl",
+             "hashes": {"sha256": "1" * 64}, "upload-time": "2025-01-02T00:00:00Z"},
+            {"filename": "a-2.0.tar.gz", "url": "../../files/a-2.0.tar.gz",
+             "hashes": {"sha256": "2" * 64}, "yanked": "broken"},
+            {"filename": "a-3.0.tar.gz", "url": "https://files.invalid/a-3.0.tar.gz", "hashes": {}},
+        ]  # fmt: skip
+        body = json.dumps({"meta": {"api-version": "1.0"}, "name": "a", "files": files}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", SIMPLE_JSON)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_json_listing_keeps_names_joins_relative_urls_and_drops_unhashed() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JsonListing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        files = index_files([index], "a")
+    finally:
+        server.shutdown()
+    assert files == [
+        RemoteFile(
+            "a-1.0-py3-none-any.whl", "https://files.invalid/x/a-1.0-py3-none-any.whl", "1" * 64,
+            None, "2025-01-02T00:00:00Z", False,
+        ),
+        RemoteFile(
+            "a-2.0.tar.gz", f"http://127.0.0.1:{server.server_address[1]}/files/a-2.0.tar.gz",
+            "2" * 64, None, None, True,
+        ),
+    ]  # fmt: skip
