@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from builder.analysis.target import shipped_profile
-from builder.image.render import APT_LISTS, APT_UPDATE
+from builder.image.render import APT_LISTS, APT_SCRATCH, APT_UPDATE
 
 pytestmark = pytest.mark.network
 
@@ -171,13 +171,14 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     system = lines[lines.index(froms[0]) : lines.index("FROM system")]
     final = lines[lines.index("FROM system") :]
     text = "\n".join(system)
-    assert "apt-get install -y --no-install-recommends" in text
+    assert "install -y --no-install-recommends" in text
     # the package lists live in a BuildKit cache mount: revalidated next time, never in a layer
     assert "rm -rf /var/lib/apt/lists" not in text
     # root only around apt-get: USER 0:0 right before the apt RUN, the sandbox user right after
     apt_run = system[system.index("USER 0:0") + 1]
-    assert apt_run.startswith(f"RUN {APT_LISTS} apt-get {APT_UPDATE}")
+    assert apt_run.startswith(f"RUN {APT_LISTS} {APT_SCRATCH}")
     assert "target=/var/lib/apt/lists" in APT_LISTS and "sharing=private" in APT_LISTS
+    assert f"{APT_UPDATE} \\" in text  # the lists of the other arch are kept
     assert system[-2] == "USER 65532:65532"
     assert "ADD deps-extra-${TARGETARCH}.tar /" in final
     assert "ENV PYTHONPATH=${PYTHONPATH:+${PYTHONPATH}:}/app/deps-extra" in final

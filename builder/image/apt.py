@@ -17,7 +17,7 @@ from typing import Any
 from builder.cache import Cache
 from builder.image.build import build_image
 from builder.image.layer import Layer
-from builder.image.render import APT_LISTS, APT_UPDATE, Secrets
+from builder.image.render import Secrets, apt_steps
 from builder.image.saved import read_save
 
 
@@ -43,11 +43,8 @@ def build_apt_image(
     `secret_files` (BuildKit secret id -> file: an apt CA bundle or auth.conf) are mounted as
     the full build's system stage mounts them, never written into the layer.
     """
-    mounts, options = Secrets.of(secret_files or {}).apt_mounts()
-    run = (
-        f"{APT_LISTS}{mounts} apt-get{options} {APT_UPDATE}"
-        f" && apt-get{options} install -y --no-install-recommends " + " ".join(packages)
-    )
+    mounts, commands = apt_steps(Secrets.of(secret_files or {}))
+    run = f"{mounts.lstrip()} {' && '.join(commands)} {' '.join(packages)}"
     with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:
         context = Path(temp) / "context"
         context.mkdir()
