@@ -8,12 +8,10 @@ URL (`https://user:token@host/simple`) are sent only to that host and never prin
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 import re
 import shutil
-import ssl
 import subprocess
 import sys
 import tarfile
@@ -88,13 +86,7 @@ def _open(url: str, indexes: Sequence[str], accept: str | None = None):
         request.add_header("Authorization", auth)
     if accept:
         request.add_header("Accept", accept)
-    return urllib.request.urlopen(request, timeout=120, context=_tls())
-
-
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """urlopen's default context, made once: loading the CA store costs ~20 ms a request."""
-    return ssl.create_default_context()
+    return urllib.request.urlopen(request, timeout=120)
 
 
 def download(file: RemoteFile, cache: Cache, indexes: Sequence[str] = ()) -> Path:
