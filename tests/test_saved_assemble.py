@@ -6,7 +6,10 @@ in for the apt layer) gets a small deps-extra layer put on top by `assemble`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ from builder.image.build import build_image
 from builder.image.gzipped import gzipped
 from builder.image.index import push_assembled
 from builder.image.layer import Layer
-from builder.image.rebase import canonical, digest_of
+from builder.image.rebase import digest_of
 from builder.image.saved import cached_config, read_save
 from builder.imageref import ImageRef
 from builder.oci import Registry
@@ -99,11 +102,7 @@ def test_assemble_preloads_then_loads_the_exact_config_and_leaves_no_provisional
         assert found.attrs["RootFS"]["Layers"] == [*system_layers, deps.diff_id]
         assert found.attrs["Config"]["User"] == "65532:65532"
         assert sent == [deps.path, None]  # the layer travelled once, the final config alone
-        rootfs = {"type": "layers", "diff_ids": [*system_layers, deps.diff_id]}
-        provisional = canonical({"architecture": "amd64", "os": "linux", "config": {},
-                                 "rootfs": rootfs})  # fmt: skip
-        ids = {image.id for image in docker_client.images.list(all=True)}
-        assert digest_of(provisional) not in ids
+        assert _holding(docker_client, [*system_layers, deps.diff_id]) == [built.image_id]
         assert cache.find_blob(system_layers[-1].removeprefix("sha256:"), "layer.tar")
         # the second time the config is cached: no save, no preload, the one load sends nothing
         sent.clear()
@@ -156,3 +155,72 @@ def test_the_push_takes_the_kept_apt_layer_not_another_save(
 
 def _no_save(*args: object, **kwargs: object) -> None:
     raise AssertionError("docker save must not run: the config and the apt layer are cached")
+
+
+def _holding(docker_client: Any, layers: list[str]) -> list[str]:
+    """The engine's images whose layers are exactly `layers` (the deps layer is the test's)."""
+    found = []
+    for image in docker_client.images.list(all=True):
+        if image.attrs["RootFS"].get("Layers") == layers:
+            found.append(image.id)
+    return found
+
+
+def test_a_failed_save_leaves_no_provisional_image(
+    docker_client: Any, system_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = Cache(tmp_path / "cache")
+    deps = deps_layer(cache)
+
+    def failing(*args: object, **kwargs: object) -> None:
+        time.sleep(0.5)  # the preload is under way meanwhile, as with a real save
+        raise UserError(f"image {system_image}: docker save gave no config")
+
+    monkeypatch.setattr(assemble_module, "read_save", failing)
+    with pytest.raises(UserError, match="gave no config"):
+        assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
+                 labels={}, created="2026-01-01T00:00:00Z", tag="bsi-saved-unused:test",
+                 cache=cache)  # fmt: skip
+    below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+    assert _holding(docker_client, [*below, deps.diff_id]) == []  # no 1 GB leftover
+
+
+def test_two_runs_assembling_one_layer_at_once_both_succeed(
+    docker_client: Any, system_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run A's whole assemble happens while run B reads its save, after B's preload ended
+    (separate caches, other labels): neither's cleanup may break the other."""
+    deps = deps_layer(Cache(tmp_path / "b"))
+    preloaded = threading.Event()
+    real_preload, real_read_save = assemble_module._preload, assemble_module.read_save
+    tags = [f"bsi-saved-{uuid.uuid4().hex[:8]}:{run}" for run in ("a", "b")]
+
+    def preload(*args: Any) -> str:
+        found = real_preload(*args)
+        preloaded.set()
+        return found
+
+    def read_save_with_run_a(client: Any, image_id: str, cache: Cache, **kwargs: Any) -> Any:
+        if not others:  # run B's save: run A goes first, once B's preload has ended
+            others.append(None)
+            assert preloaded.wait(60)
+            others[0] = assemble(client, system_image, "amd64", deps, root="/app/deps-extra",
+                                 labels={"run": "a"}, created="2026-01-01T00:00:00Z",
+                                 tag=tags[0], cache=Cache(tmp_path / "a"))  # fmt: skip
+        return real_read_save(client, image_id, cache, **kwargs)
+
+    others: list[Any] = []
+    monkeypatch.setattr(assemble_module, "_preload", preload)
+    monkeypatch.setattr(assemble_module, "read_save", read_save_with_run_a)
+    try:
+        b = assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
+                     labels={"run": "b"}, created="2026-01-01T00:00:00Z", tag=tags[1],
+                     cache=Cache(tmp_path / "b"))  # fmt: skip
+        assert len(others) == 1
+        below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+        chain = [*below, deps.diff_id]
+        assert sorted(_holding(docker_client, chain)) == sorted([others[0].image_id, b.image_id])
+    finally:
+        for tag in tags:
+            with contextlib.suppress(Exception):
+                docker_client.images.remove(tag, force=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -135,14 +136,14 @@ def assemble(
         raise UserError(f"image {system_id}: built as {found.get('Architecture')}, not {arch}")
     below: list[str] = list((found.get("RootFS") or {}).get("Layers") or [])
     base = cached_config(system_id, cache)
-    provisional = None
+    preloading: Future[str] | None = None
     try:
         if base is None:
             with ThreadPoolExecutor(max_workers=1) as pool:
                 preloading = pool.submit(_preload, client, arch, [*below, deps.diff_id], deps.path)
                 keep = below[-1] if apt_layer and below else None
                 base = read_save(client, system_id, cache, keep_layer=keep).config
-                provisional = preloading.result()
+            preloading.result()
         config = extend_config(
             base,
             [NewLayer("", deps.diff_id, deps.size, created_by(arch, root))],  # digest: when pushed
@@ -152,10 +153,10 @@ def assemble(
             created=created,
         )
         data = canonical(config)
-        image_id = load(client, data, None if provisional else deps.path)
-    finally:
-        if provisional is not None:  # the final image holds its layers now (or nothing does)
-            client.api.remove_image(provisional, noprune=False)
+        image_id = load(client, data, None if preloading else deps.path)
+    finally:  # the final image holds the layers now (or nothing does): the save may have failed
+        if preloading and preloading.done() and not preloading.exception():
+            client.api.remove_image(preloading.result(), noprune=False)
     repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
     client.api.tag(image_id, repository, name or "latest")
     return Assembled(arch, image_id, data, system_id, deps)
@@ -178,8 +179,13 @@ def load(client: docker.DockerClient, config: bytes, top: Path | None) -> str:
 
 
 def _preload(client: docker.DockerClient, arch: str, diff_ids: Sequence[str], top: Path) -> str:
-    """Load `top` on the layers below it under a config that names only them; its image id."""
-    provisional = {"architecture": arch, "os": "linux", "config": {},
+    """Load `top` on the layers below it under a config that names only them; its image id.
+
+    The config is this run's own (a random label): another run assembling the same layer at
+    once must not find it loaded, rely on it, and see this run remove it.
+    """
+    provisional = {"architecture": arch, "os": "linux",
+                   "config": {"Labels": {"bsi.provisional": uuid.uuid4().hex}},
                    "rootfs": {"type": "layers", "diff_ids": list(diff_ids)}}  # fmt: skip
     return load(client, canonical(provisional), top)
 
