@@ -7,6 +7,7 @@ The binary cache, the downloaded .debs and the tool's apt config live in a tmpfs
 from __future__ import annotations
 
 import tarfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from builder.cache import Cache
 from builder.image.apt import build_apt_image, saved_layer
+from builder.image.build import build_image
 from builder.image.render import APT_CONFIG, APT_SETUP
 
 pytestmark = pytest.mark.engine
@@ -36,3 +38,68 @@ def test_the_apt_layer_holds_the_package_and_none_of_apt_s_scratch(
         assert not any(name.endswith(Path(APT_CONFIG).name) for name in files)
     finally:
         docker_client.images.remove(built.image_id, force=True)
+
+
+def _derived_base(docker_client: Any, test_env: dict, tmp_path: Path, lines: str) -> str:
+    """The stand-in base with `lines` run as root: a base of another make."""
+    context = tmp_path / "base"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {test_env['base_image']}\nUSER 0:0\nRUN {lines}\n"
+        f"RUN echo {uuid.uuid4().hex} > /etc/bsi-base-id\n"
+    )
+    with open(context / "build.log", "w") as log:
+        image_id = build_image(context, platform="linux/amd64", log=log)
+    tag = f"bsi-apt-base-{uuid.uuid4().hex[:8]}:test"
+    docker_client.images.get(image_id).tag(tag)
+    return tag
+
+
+def _layer_files(built: Any, cache: Cache, docker_client: Any) -> list[str]:
+    with tarfile.open(saved_layer(built, cache, docker_client).path) as archive:
+        return [member.name for member in archive if not member.isdir()]
+
+
+def test_a_base_s_own_pre_install_hook_still_runs(
+    docker_client: Any, test_env: dict, tmp_path: Path
+) -> None:
+    """Only debconf's preconfiguration is skipped: a base's policy hook on the .debs is kept."""
+    hook = 'DPkg::Pre-Install-Pkgs {"cat > /etc/bsi-hook-saw; true";};'
+    base = _derived_base(
+        docker_client, test_env, tmp_path, f"echo '{hook}' > /etc/apt/apt.conf.d/50bsi-hook"
+    )
+    built = build_apt_image(base, ["libgomp1"], "amd64", docker_client)
+    try:
+        files = _layer_files(built, Cache(tmp_path / "cache"), docker_client)
+        assert "etc/bsi-hook-saw" in files  # the hook ran, and was given the .debs
+    finally:
+        docker_client.images.remove(built.image_id, force=True)
+        docker_client.images.remove(base, force=True)
+
+
+def test_a_base_without_docker_clean_keeps_apt_s_scratch_out_too(
+    docker_client: Any, test_env: dict, tmp_path: Path
+) -> None:
+    base = _derived_base(docker_client, test_env, tmp_path, "rm /etc/apt/apt.conf.d/docker-clean")
+    built = build_apt_image(base, ["libgomp1"], "amd64", docker_client)
+    try:
+        files = _layer_files(built, Cache(tmp_path / "cache"), docker_client)
+        assert any(name.endswith("libgomp.so.1") for name in files)
+        assert [n for n in files if n.startswith(("var/cache/apt/", "var/lib/apt/lists/"))] == []
+    finally:
+        docker_client.images.remove(built.image_id, force=True)
+        docker_client.images.remove(base, force=True)
+
+
+def test_on_a_debian_base_debconf_s_preconfiguration_alone_is_cleared(
+    docker_client: Any, test_env: dict
+) -> None:
+    """The stand-in base has debconf's hook only: the setup clears it (the emulated 20 s)."""
+    written = docker_client.containers.run(
+        test_env["base_image"], ["sh", "-c", f"{APT_SETUP} && cat {APT_CONFIG}"],
+        user="0:0", remove=True,
+    ).decode()  # fmt: skip
+    assert written.splitlines() == [
+        'Dir::Cache::pkgcache "pkgcache.bin";',
+        "#clear DPkg::Pre-Install-Pkgs;",
+    ]

@@ -105,12 +105,17 @@ APT_UPDATE = "-o APT::Get::List-Cleanup=0 update"  # keep the other arch's lists
 # lists takes 25 s each time and debconf's preconfiguration, a Perl start, 20 s. So the binary
 # cache the base's docker-clean turns off is kept for the RUN (`install` reuses what `update`
 # parsed), and preconfiguration is skipped: with no terminal, every question takes its default
-# at configure time all the same.
+# at configure time all the same. Only when debconf's is the sole pre-install hook: a base's
+# own (a policy check on the .debs) keeps running.
 APT_SCRATCH = "--mount=type=tmpfs,target=/var/cache/apt"
 APT_CONFIG = "/var/cache/apt/bsi-build.conf"
+DEBCONF_HOOK = 'DPkg::Pre-Install-Pkgs:: "/usr/sbin/dpkg-preconfigure --apt || true";'
 APT_SETUP = (
-    "printf '%s\\n' '#clear DPkg::Pre-Install-Pkgs;' 'Dir::Cache::pkgcache \"pkgcache.bin\";'"
-    f" > {APT_CONFIG}"
+    f"echo 'Dir::Cache::pkgcache \"pkgcache.bin\";' > {APT_CONFIG}"
+    " && apt-config dump DPkg::Pre-Install-Pkgs > /var/cache/apt/bsi-hooks"
+    f" && {{ grep -qvxF -e 'DPkg::Pre-Install-Pkgs \"\";' -e '{DEBCONF_HOOK}'"
+    " /var/cache/apt/bsi-hooks"
+    f" || echo '#clear DPkg::Pre-Install-Pkgs;' >> {APT_CONFIG}; }}"
 )
 
 
