@@ -5,8 +5,9 @@ runnable against any host:port, so the tests run them against the server process
 `hardening` (the adversarial ones among them: symlink-swap race, detached processes, flood),
 `sdk` (the upstream SDK's round trip), `discovery` (distributions -> modules to import),
 `container` (the hardened run) and `run` (`verify_image`, wiring them). May import
-`builder.contract`, the engine client and, to read a requirements file, `builder.analysis`;
-never `builder.image`, `builder.base` or the orchestration modules.
+`builder.contract`, the engine client and the errors; never `builder.analysis` (the CLI reads
+a requirements file and hands verify the distribution names), `builder.image`, `builder.base`
+or the orchestration modules (tests/test_layout.py holds it to that).
 """
 
 from builder.verify.report import Check, VerifyReport

@@ -22,7 +22,8 @@ from builder import contract
 from builder.verify.client import Machine, Sandbox
 from builder.verify.report import Check, CheckFailed, short
 
-STARTUP_TIMEOUT = 60.0
+STARTUP_TIMEOUT = 60.0  # seconds for a native image's server to answer GET /
+EMULATED_STARTUP_TIMEOUT = 240.0  # under qemu, Python starts several times slower
 LABEL = "org.build-sandbox-image.verify"  # on every verify container, to find strays
 TMPFS_OPTIONS = "rw,nosuid,nodev,size=256m"
 
@@ -79,7 +80,7 @@ def wait_healthy(container: Any, sandbox: Sandbox, timeout: float) -> str:
             logs = container.logs(tail=5).decode("utf-8", "replace").strip()
             raise CheckFailed(f"the container exited ({short(logs, 300) or 'no output'})")
         time.sleep(0.2)
-    raise CheckFailed(f"no 200 from GET / on port {contract.PORT} within {timeout:.0f}s ({last})")
+    raise CheckFailed(f"no 200 from GET / on port {contract.PORT} within {timeout:g}s ({last})")
 
 
 def machine_of(client: docker.DockerClient, arch: str) -> Machine:
@@ -91,6 +92,13 @@ def machine_of(client: docker.DockerClient, arch: str) -> Machine:
     if not (arch and engine):
         return Machine(False, f"{arch or 'unnamed'} image, {engine or 'unnamed'} engine")
     return Machine(arch != engine, f"{arch} image on an {engine} engine")
+
+
+def startup_timeout_for(machine: Machine, explicit: float | None = None) -> float:
+    """The caller's timeout when it gave one, else the bound for how `machine` runs the image."""
+    if explicit is not None:
+        return explicit
+    return EMULATED_STARTUP_TIMEOUT if machine.emulated else STARTUP_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -107,9 +115,12 @@ class Running:
 
 @contextlib.contextmanager
 def hardened(
-    client: docker.DockerClient, image: str, startup_timeout: float = STARTUP_TIMEOUT
+    client: docker.DockerClient, image: str, startup_timeout: float | None = None
 ) -> Iterator[Running]:
-    """Start `image` hardened and wait until it serves; CheckFailed says why it did not."""
+    """Start `image` hardened and wait until it serves; CheckFailed says why it did not.
+
+    Without `startup_timeout` the wait follows the machine: longer for an emulated image.
+    """
     container = None
     try:
         try:
@@ -119,9 +130,11 @@ def hardened(
             explanation = getattr(error, "explanation", None) or str(error)
             raise CheckFailed(f"the container did not start: {explanation}") from None
         machine = machine_of(client, str(container.image.attrs.get("Architecture") or ""))
-        port = published_port(container, time.monotonic() + startup_timeout)
+        timeout = startup_timeout_for(machine, startup_timeout)
+        port = published_port(container, time.monotonic() + timeout)
         sandbox = Sandbox(port, machine=machine)
-        yield Running(container, sandbox, wait_healthy(container, sandbox, startup_timeout))
+        health = f"{wait_healthy(container, sandbox, timeout)} (limit {timeout:g}s; {machine})"
+        yield Running(container, sandbox, health)
     finally:
         if container is not None:
             with contextlib.suppress(docker.errors.NotFound):

@@ -13,7 +13,8 @@ from builder.engine import engine_client, local_image
 from builder.errors import UserError
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
-from builder.verify.container import STARTUP_TIMEOUT, hardened, image_user_check
+from builder.verify.container import STARTUP_TIMEOUT as STARTUP_TIMEOUT  # callers' default
+from builder.verify.container import hardened, image_user_check
 from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.report import Check, CheckFailed, ContractViolation, VerifyReport, run_check
 from builder.verify.sdk import sdk_checks
@@ -32,12 +33,15 @@ def verify_image(
     checks: Sequence[str] = (),
     distributions: Sequence[str] = (),
     client: docker.DockerClient | None = None,
-    startup_timeout: float = STARTUP_TIMEOUT,
+    startup_timeout: float | None = None,
     sdk: bool | None = None,
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
     `distributions`: import every top-level module these installed distributions provide.
+    `startup_timeout`: how long the server may take to answer GET /; None allows
+    STARTUP_TIMEOUT natively and EMULATED_STARTUP_TIMEOUT when the image's arch is not the
+    engine's, so every caller gets the emulated bound without knowing the arch.
     `sdk`: run the upstream SDK's round trip too; None runs it when the SDK is installed, True
     fails the report when it is not, False leaves it out.
     """

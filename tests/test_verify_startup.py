@@ -1,0 +1,110 @@
+"""How long verify waits for a server to start: the machine decides unless the caller does.
+
+Under qemu a Python starts several times slower, so an emulated image is allowed
+EMULATED_STARTUP_TIMEOUT and a native one STARTUP_TIMEOUT, by `verify_image` itself: the CLI's
+`verify`, multiarch and the rebase path all get it without knowing the image's arch. An
+explicit timeout still wins. The engine tests verify a minimal arm64 sandbox (the arm64
+stand-in, the stdlib-only server and one module in /app/deps, built from COPY steps only, so
+nothing runs emulated while building) on this amd64 engine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.verify import verify_image
+from builder.verify.client import Machine
+from builder.verify.container import (
+    EMULATED_STARTUP_TIMEOUT,
+    STARTUP_TIMEOUT,
+    hardened,
+    startup_timeout_for,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+EMULATED = Machine(True, "arm64 image on an amd64 engine")
+NATIVE = Machine(False, "amd64 image on an amd64 engine")
+PROBE = "bsi_startup_probe"
+
+
+def test_the_machine_picks_the_startup_timeout_unless_the_caller_gave_one() -> None:
+    assert STARTUP_TIMEOUT < EMULATED_STARTUP_TIMEOUT
+    assert startup_timeout_for(NATIVE) == STARTUP_TIMEOUT
+    assert startup_timeout_for(EMULATED) == EMULATED_STARTUP_TIMEOUT
+    assert startup_timeout_for(EMULATED, 5.0) == 5.0
+    assert startup_timeout_for(NATIVE, 500.0) == 500.0
+
+
+@pytest.fixture(scope="module")
+def arm64_sandbox(
+    docker_client: Any, test_env: dict[str, str], tmp_path_factory: Any
+) -> Iterator[str]:
+    """A minimal arm64 sandbox image: the runtime server as the platform's base runs it."""
+    context = tmp_path_factory.mktemp("arm64-sandbox")
+    (context / "deps").mkdir()
+    (context / "deps" / f"{PROBE}.py").write_text("import platform\nMACHINE = platform.machine()\n")
+    shutil.copy(REPO / "builder" / "runtime" / "server.py", context / "server.py")
+    (context / "Dockerfile").write_text(
+        f"FROM {test_env['base_image_arm64']}\n"
+        "COPY deps/ /app/deps/\n"
+        "COPY server.py /opt/sandbox/server.py\n"
+        "ENV PYTHONPATH=/app/deps\n"
+        "WORKDIR /workspace\n"
+        "USER 65532:65532\n"
+        'ENTRYPOINT ["python3", "-I", "/opt/sandbox/server.py"]\n'
+    )
+    tag = f"bsi-verify-startup-{uuid.uuid4().hex[:8]}:arm64"
+    image, _ = docker_client.images.build(path=str(context), tag=tag, rm=True)
+    assert image.attrs["Architecture"] == "arm64"
+    try:
+        yield tag
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.engine
+def test_an_emulated_image_is_verified_with_the_emulated_startup_timeout(
+    arm64_sandbox: str, docker_client: Any
+) -> None:
+    """No timeout given: the arm64 image gets 240 s and every check passes under qemu."""
+    snippet = f"import {PROBE}; assert {PROBE}.MACHINE == 'aarch64', {PROBE}.MACHINE"
+    report = verify_image(
+        arm64_sandbox, modules=[PROBE], checks=[snippet], client=docker_client, sdk=False
+    )
+    assert report.passed, report.table()
+    health = next(check for check in report.checks if check.name == "health")
+    assert health.detail.endswith(
+        f"(limit {EMULATED_STARTUP_TIMEOUT:g}s; emulated: arm64 image on an amd64 engine)"
+    )
+    flood = next(check for check in report.checks if check.name == "flood")
+    assert flood.detail.endswith("; emulated: arm64 image on an amd64 engine")
+
+
+@pytest.mark.engine
+def test_an_explicit_startup_timeout_still_bounds_an_emulated_image(
+    arm64_sandbox: str, docker_client: Any
+) -> None:
+    """Half a second is less than an emulated server needs to start: health fails naming it."""
+    report = verify_image(arm64_sandbox, client=docker_client, startup_timeout=0.5, sdk=False)
+    assert not report.passed
+    assert [check.name for check in report.checks] == ["image-user", "health"]
+    health = report.checks[1]
+    assert not health.passed
+    assert "within 0.5s" in health.detail or "was not published" in health.detail, health.detail
+
+
+@pytest.mark.engine
+def test_a_native_image_keeps_the_native_startup_timeout(
+    reference_image: str, docker_client: Any
+) -> None:
+    with hardened(docker_client, reference_image) as running:
+        assert running.sandbox.machine == NATIVE
+        assert running.health.endswith(
+            f"(limit {STARTUP_TIMEOUT:g}s; native: amd64 image on an amd64 engine)"
+        )
