@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from builder.errors import UserError
+
 CHUNK = 1 << 20
+_HEX64 = re.compile("[0-9a-f]{64}")
 
 
 def default_root() -> Path:
@@ -52,6 +56,11 @@ class Cache:
     root: Path
 
     def blob_path(self, sha256: str, filename: str) -> Path:
+        """Where a blob lives; both parts come from an index, so neither may name a path."""
+        if not _HEX64.fullmatch(sha256):
+            raise UserError(f"{filename!r}: {sha256!r} is not a sha256 hex digest")
+        if filename in {"", ".", ".."} or "/" in filename or "\\" in filename or "\0" in filename:
+            raise UserError(f"{filename!r}: not a plain file name (from an index listing?)")
         return self.root / "blobs" / sha256[:2] / sha256 / filename
 
     def find_blob(self, sha256: str, filename: str) -> Path | None:
