@@ -47,7 +47,7 @@ def test_flood_reply_that_is_not_an_object_fails_the_check():
     def stdout_for(argv: list[str]) -> str | None:
         if _script(argv) == hardening.FLOOD:
             return None  # the flood's reply is `[]`
-        return "VmHWM unknown\n" if _script(argv) == hardening.PEAK_RSS else ""
+        return "VmHWM unknown\n" if argv == hardening.PEAK_RSS else ""
 
     result = run_check("flood", partial(hardening.check_flood, Misshapen(stdout_for, b"{}")))
     assert not result.passed
@@ -56,7 +56,7 @@ def test_flood_reply_that_is_not_an_object_fails_the_check():
 
 def test_peak_rss_that_is_not_a_number_is_reported_unreadable(monkeypatch):
     def stdout_for(argv: list[str]) -> str:
-        return "warning: something\n" if _script(argv) == hardening.PEAK_RSS else ""
+        return "warning: something\n" if argv == hardening.PEAK_RSS else ""
 
     sandbox = Misshapen(stdout_for, b"{}")
     flood = {"stdout": "", "stderr": "", "exit_code": 0, "truncated": {"stdout": True}}

@@ -171,16 +171,18 @@ def check_deps_extra(sandbox: Sandbox) -> str:
     return _readonly(sandbox, contract.DEPS_EXTRA, required=False)
 
 
-ENV_SCRIPT = """
-import json, os
-print(json.dumps({k: os.environ.get(k) for k in ("BSI_VERIFY", "PYTHONPATH")}))
-"""
+def environment(sandbox: Sandbox, env: dict[str, str] | None = None) -> dict[str, str]:
+    """BSI_VERIFY and PYTHONPATH as a command sees them, from `env -0` (no Python to start)."""
+    result = sandbox.execute(["env", "-0"], env=env)
+    expect(result["exit_code"] == 0, f"`env -0` exited {result['exit_code']}")
+    pairs = (entry.partition("=") for entry in result["stdout"].split("\0") if entry)
+    return {key: value for key, _, value in pairs if key in ("BSI_VERIFY", "PYTHONPATH")}
 
 
 def check_env(sandbox: Sandbox) -> str:
     value = "a value with spaces, $HOME and 'quotes'"
-    plain = python_json(sandbox, ENV_SCRIPT)
-    seen = python_json(sandbox, ENV_SCRIPT, env={"BSI_VERIFY": value})
+    plain = environment(sandbox)
+    seen = environment(sandbox, {"BSI_VERIFY": value})
     expect(
         seen.get("BSI_VERIFY") == value, f"BSI_VERIFY arrived as {short(seen.get('BSI_VERIFY'))}"
     )
@@ -193,7 +195,7 @@ def check_env(sandbox: Sandbox) -> str:
     return "env passed to the command and merged over the server's (PYTHONPATH kept)"
 
 
-CWD_SCRIPT = "import os; print(os.getcwd())"
+CWD = ["pwd", "-P"]  # getcwd(), as a Python's os.getcwd(), without starting one (slow emulated)
 
 
 def check_cwd(sandbox: Sandbox) -> str:
@@ -201,9 +203,9 @@ def check_cwd(sandbox: Sandbox) -> str:
     directory = f"bsi-verify-cwd-{uuid.uuid4().hex[:8]}/sub dir"
     made = sandbox.execute(["mkdir", "-p", f"{root}/{directory}"])
     expect(made["exit_code"] == 0, f"mkdir in {root} failed: {short(made['stderr'])}")
-    default = sandbox.python(CWD_SCRIPT)["stdout"].strip()
+    default = sandbox.execute(CWD)["stdout"].strip()
     expect(default == root, f"default cwd is {short(default)}, expected {root}")
-    given = sandbox.python(CWD_SCRIPT, cwd=directory)["stdout"].strip()
+    given = sandbox.execute(CWD, cwd=directory)["stdout"].strip()
     expect(
         given == f"{root}/{directory}",
         f"cwd {directory!r} ran in {short(given)}, expected {root}/{directory}",
