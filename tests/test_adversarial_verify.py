@@ -112,3 +112,22 @@ def test_a_check_meeting_json_of_an_unforeseen_shape_fails_alone():
 
     result = run_check("odd", check)
     assert not result.passed and result.detail.startswith("unexpected answer (KeyError")
+
+
+def test_race_damage_is_the_swappers_count_else_counted_again():
+    """The swapper counts what escaping deletes and uploads did once the client stopped it;
+    when it stopped on its own (no count), a separate command counts, and escapes still show."""
+    layout = {"outside": "/tmp/x", "name": "n", "writable": True}
+    asked: list[str] = []
+
+    def stdout_for(argv: list[str]) -> str:
+        asked.append(_script(argv))
+        return json.dumps({"delete": ["v3"], "upload": []})
+
+    counted = hardening.Race(Misshapen(stdout_for, b"{}"), "t", layout)
+    counted.count_damage({"delete": [], "upload": ["u7.txt"]})
+    assert (counted.escapes["delete"], counted.escapes["upload"], asked) == ([], ["u7.txt"], [])
+
+    recounted = hardening.Race(Misshapen(stdout_for, b"{}"), "t", layout)
+    recounted.count_damage(None)
+    assert (recounted.escapes["delete"], asked) == (["v3"], [hardening.RACE_DAMAGE])

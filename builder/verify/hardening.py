@@ -70,7 +70,18 @@ os.symlink(outside, os.path.join(base, "l"))
 print(json.dumps({"outside": os.path.realpath(outside), "name": name,
                   "writable": outside != "/etc"}))
 """
-SWAPPER = """
+DAMAGE = """
+def damage(outside, victims):
+    gone = [f"v{i}" for i in range(victims) if not os.path.exists(os.path.join(outside, f"v{i}"))]
+    gone += [f"t{i}/x" for i in range(victims)
+             if not os.path.exists(os.path.join(outside, f"t{i}", "x"))]
+    made = [n for n in os.listdir(outside) if n.startswith(("u", ".upload-"))]
+    return {"delete": gone, "upload": made}
+"""
+# Swaps until the client's `stop`, then, once stopped by it (every probe answered), counts the
+# damage in the outside directory (argv[3], "" when it is not writable) without a second Python.
+SWAPPER = (
+    """
 import ctypes, json, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 base = sys.argv[1]
@@ -84,17 +95,18 @@ while time.monotonic() < end and not os.path.exists(stop):
             swaps += 1
         else:
             error = ctypes.get_errno()
-print(json.dumps({"swaps": swaps, "errno": error}))
+found = {"swaps": swaps, "errno": error}
 """
-RACE_DAMAGE = """
-import json, os, sys
-outside, victims = sys.argv[1], int(sys.argv[2])
-gone = [f"v{i}" for i in range(victims) if not os.path.exists(os.path.join(outside, f"v{i}"))]
-gone += [f"t{i}/x" for i in range(victims)
-         if not os.path.exists(os.path.join(outside, f"t{i}", "x"))]
-made = [n for n in os.listdir(outside) if n.startswith(("u", ".upload-"))]
-print(json.dumps({"delete": gone, "upload": made}))
+    + DAMAGE
+    + """
+if sys.argv[3] and os.path.exists(stop):
+    found["damage"] = damage(sys.argv[3], int(sys.argv[4]))
+print(json.dumps(found))
 """
+)
+RACE_DAMAGE = (
+    "import json, os, sys\n" + DAMAGE + "print(json.dumps(damage(sys.argv[1], int(sys.argv[2]))))\n"
+)
 
 
 class Race:
@@ -159,11 +171,14 @@ class Race:
             for future in [pool.submit(work) for _ in range(RACE_WORKERS)]:
                 future.result()
 
-    def count_damage(self) -> None:
-        """Deletes and uploads that escaped left their mark in the outside directory."""
+    def count_damage(self, counted: Any) -> None:
+        """Deletes and uploads that escaped left their mark in the outside directory: as the
+        swapper `counted` it once stopped, else (it stopped on its own) counted now."""
         if "delete" not in self.routes:
             return
-        damage = python_json(self.sandbox, RACE_DAMAGE, self.outside, str(RACE_VICTIMS))
+        damage = counted if isinstance(counted, dict) else None
+        if damage is None:
+            damage = python_json(self.sandbox, RACE_DAMAGE, self.outside, str(RACE_VICTIMS))
         self.escapes["delete"] += damage["delete"]
         self.escapes["upload"] += damage["upload"]
 
@@ -193,7 +208,13 @@ def check_race(sandbox: Sandbox) -> str:
     race = Race(sandbox, token, layout)
     with ThreadPoolExecutor(1) as pool:
         swapper = pool.submit(
-            sandbox.python, SWAPPER, f"{root}/{token}", str(START_WAIT + 30), timeout_seconds=90
+            sandbox.python,
+            SWAPPER,
+            f"{root}/{token}",
+            str(START_WAIT + 30),
+            race.outside if "delete" in race.routes else "",
+            str(RACE_VICTIMS),
+            timeout_seconds=90,
         )
         try:
             wait_for(sandbox, f"{token}/started", "the swapping command")
@@ -202,15 +223,15 @@ def check_race(sandbox: Sandbox) -> str:
             sandbox.upload(f"{token}/stop", b"")
             swapped = swapper.result()
     sandbox.execute(["rm", "-rf", f"{root}/{token}"])
-    race.count_damage()
-    if layout["writable"]:
-        sandbox.execute(["rm", "-rf", race.outside])
     try:
         swaps = json.loads(swapped["stdout"])
     except ValueError:
         swaps = None
     if not (isinstance(swaps, dict) and isinstance(swaps.get("swaps"), int)):
         swaps = {"swaps": 0, "errno": short(swapped["stderr"][-300:] or swapped["stdout"])}
+    race.count_damage(swaps.get("damage"))
+    if layout["writable"]:
+        sandbox.execute(["rm", "-rf", race.outside])
     expect(swaps["swaps"] > 0, f"the directory was never swapped (renameat2: {swaps['errno']})")
     escaped = {route: found for route, found in race.escapes.items() if found}
     expect(
