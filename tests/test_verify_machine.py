@@ -38,6 +38,10 @@ class Engine:
         ({"Arch": "arm64"}, "amd64", Machine(True, "amd64 image on an arm64 engine")),
         ({"Arch": "amd64"}, "", Machine(False, "unnamed image, amd64 engine")),
         ({}, "arm64", Machine(False, "arm64 image, unnamed engine")),
+        # the kernel's names for the same arches are the same machine
+        ({"Arch": "amd64"}, "x86_64", Machine(False, "x86_64 image on an amd64 engine")),
+        ({"Arch": "arm64"}, "aarch64", Machine(False, "aarch64 image on an arm64 engine")),
+        ({"Arch": "amd64"}, "aarch64", Machine(True, "aarch64 image on an amd64 engine")),
     ],
 )
 def test_emulation_is_a_difference_of_arches(

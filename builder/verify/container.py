@@ -91,7 +91,12 @@ def machine_of(client: docker.DockerClient, arch: str) -> Machine:
     engine = str(client.version().get("Arch") or "")
     if not (arch and engine):
         return Machine(False, f"{arch or 'unnamed'} image, {engine or 'unnamed'} engine")
-    return Machine(arch != engine, f"{arch} image on an {engine} engine")
+    same = _GOARCH.get(arch, arch) == _GOARCH.get(engine, engine)
+    return Machine(not same, f"{arch} image on an {engine} engine")
+
+
+# Image configs written by hand (not by Docker or BuildKit) may name the kernel's arch.
+_GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def startup_timeout_for(machine: Machine, explicit: float | None = None) -> float:
