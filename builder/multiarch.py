@@ -34,8 +34,6 @@ from builder.imageref import ImageRef
 from builder.verify import Check, VerifyReport, verify_image
 
 Say = Callable[[str], None]
-STARTUP = 60.0  # seconds for a native image's server to answer
-EMULATED_STARTUP = 240.0  # under qemu, python starts several times slower
 SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
 
 
@@ -202,7 +200,6 @@ def build_and_verify(
                     modules=plan.import_modules,
                     checks=plan.runtime_checks,
                     client=client,
-                    startup_timeout=STARTUP if arch == native else EMULATED_STARTUP,
                 )
             builds.append(built)
     return sorted(builds, key=lambda b: arches.index(b.arch))

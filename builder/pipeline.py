@@ -402,9 +402,8 @@ def _rebase(
         rebase(
             previous.image, previous.base_digest, plan, arch, delivery.push_repository, version,
             extras_of(plan), client, request.cache, say, labels=finished.labels,
-            created=finished.created, tag=not multi,
-            startup_timeout=multiarch.STARTUP if ARCHES[arch].machine == machine
-            else multiarch.EMULATED_STARTUP, ahead=ahead, apt_secrets=delivery.secret_files,
+            created=finished.created, tag=not multi, ahead=ahead,
+            apt_secrets=delivery.secret_files,
         )
         for arch in arches
     ]  # fmt: skip

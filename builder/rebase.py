@@ -34,7 +34,6 @@ from builder.image.rebase import Image, NewLayer, append, canonical, extend_conf
 from builder.imageref import ImageRef
 from builder.oci import INDEX_TYPES, Registry, platform_entry
 from builder.verify import VerifyReport, verify_image
-from builder.verify.run import STARTUP_TIMEOUT
 
 
 @dataclass
@@ -85,7 +84,6 @@ def rebase(
     labels: Mapping[str, str],
     created: str,
     tag: bool = True,
-    startup_timeout: float = STARTUP_TIMEOUT,
     ahead: AptAhead | None = None,
     apt_secrets: Mapping[str, Path] | None = None,
 ) -> Rebased:
@@ -135,7 +133,6 @@ def rebase(
             modules=plan.import_modules,
             checks=plan.runtime_checks,
             client=client,
-            startup_timeout=startup_timeout,
         )
         image, result.bytes_pushed = pushing.result()
     if image.config_bytes != config:

@@ -13,7 +13,6 @@ from builder.engine import engine_client, local_image
 from builder.errors import UserError
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
-from builder.verify.container import STARTUP_TIMEOUT as STARTUP_TIMEOUT  # callers' default
 from builder.verify.container import hardened, image_user_check
 from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.report import Check, CheckFailed, ContractViolation, VerifyReport, run_check
