@@ -11,9 +11,11 @@ import json
 from collections.abc import Callable
 from functools import partial
 
+import pytest
+
 from builder import contract
-from builder.verify import hardening
-from builder.verify.client import Response, Sandbox
+from builder.verify import checks, hardening
+from builder.verify.client import LOCAL_PROCESS, Machine, Response, Sandbox
 from builder.verify.report import run_check
 
 Answer = Callable[[list[str]], str]  # argv -> what the command printed
@@ -23,8 +25,8 @@ class Misshapen(Sandbox):
     """/execute runs nothing: `stdout_for` says what each command printed; every other route
     answers `other`."""
 
-    def __init__(self, stdout_for: Answer, other: bytes) -> None:
-        super().__init__(port=1)
+    def __init__(self, stdout_for: Answer, other: bytes, machine: Machine = LOCAL_PROCESS) -> None:
+        super().__init__(port=1, machine=machine)
         self.stdout_for = stdout_for
         self.other = other
 
@@ -54,16 +56,62 @@ def test_flood_reply_that_is_not_an_object_fails_the_check():
     assert "not a JSON object" in result.detail
 
 
-def test_peak_rss_that_is_not_a_number_is_reported_unreadable(monkeypatch):
+@pytest.mark.parametrize("printed", ["warning: something\n", "", "VmHWM: 12 kB\n", "-5\n"])
+def test_an_unreadable_peak_rss_fails_a_native_flood(monkeypatch, printed: str):
+    """Natively the bound must be checked: an `sh` without $PPID, or one printing anything but
+    a number of kB, cannot let the flood pass with its bound unchecked."""
+
+    def stdout_for(argv: list[str]) -> str:
+        return printed if argv == hardening.PEAK_RSS else ""
+
+    flood = {"stdout": "", "stderr": "", "exit_code": 0, "truncated": {"stdout": True}}
+    monkeypatch.setattr(Misshapen, "request", _flood_answers(Misshapen.request, flood))
+    result = run_check("flood", partial(hardening.check_flood, Misshapen(stdout_for, b"{}")))
+    assert not result.passed
+    assert result.detail.startswith("the server's peak RSS could not be read (limit 256 MiB):")
+
+
+def test_an_unreadable_peak_rss_is_reported_under_emulation(monkeypatch):
     def stdout_for(argv: list[str]) -> str:
         return "warning: something\n" if argv == hardening.PEAK_RSS else ""
 
-    sandbox = Misshapen(stdout_for, b"{}")
+    sandbox = Misshapen(stdout_for, b"{}", Machine(True, "arm64 image on an amd64 engine"))
     flood = {"stdout": "", "stderr": "", "exit_code": 0, "truncated": {"stdout": True}}
     monkeypatch.setattr(Misshapen, "request", _flood_answers(Misshapen.request, flood))
     result = run_check("flood", partial(hardening.check_flood, sandbox))
     assert result.passed, result.detail
-    assert "server peak RSS not readable" in result.detail
+    assert "server peak RSS not readable (not bounded)" in result.detail
+
+
+ENV_PYTHONPATH = "PYTHONPATH=/app/deps"
+CANNED_ENV = f"{ENV_PYTHONPATH}\0BSI_VERIFY=a value with spaces, $HOME and 'quotes'\0"
+
+
+@pytest.mark.parametrize(
+    ("plain", "seen"),
+    [
+        # what a command finds first (getenv, os.environ) is not what was sent
+        (
+            f"{ENV_PYTHONPATH}\0",
+            lambda v: f"BSI_VERIFY=mangled\0{ENV_PYTHONPATH}\0BSI_VERIFY={v}\0",
+        ),
+        (f"{ENV_PYTHONPATH}\0", lambda v: f"{ENV_PYTHONPATH}\0PYTHONPATH=/x\0BSI_VERIFY={v}\0"),
+        # an `env` printing the same canned output whatever the environment
+        (CANNED_ENV, lambda v: CANNED_ENV),
+    ],
+    ids=["duplicate-sent-variable", "duplicate-server-variable", "canned"],
+)
+def test_an_environment_a_command_does_not_see_as_sent_fails_the_env_check(
+    plain: str, seen: Callable[[str], str]
+):
+    class Env(Sandbox):
+        def request(self, method, path, body=None, headers=None, timeout=30.0) -> Response:
+            value = (json.loads(body).get("env") or {}).get("BSI_VERIFY")
+            reply = {"stdout": seen(value) if value else plain, "stderr": "", "exit_code": 0}
+            return Response(200, json.dumps(reply).encode())
+
+    result = run_check("env", partial(checks.check_env, Env(1)))
+    assert not result.passed, result.detail
 
 
 def _flood_answers(request, flood: dict):

@@ -175,12 +175,19 @@ def environment(sandbox: Sandbox, env: dict[str, str] | None = None) -> dict[str
     """BSI_VERIFY and PYTHONPATH as a command sees them, from `env -0` (no Python to start)."""
     result = sandbox.execute(["env", "-0"], env=env)
     expect(result["exit_code"] == 0, f"`env -0` exited {result['exit_code']}")
-    pairs = (entry.partition("=") for entry in result["stdout"].split("\0") if entry)
-    return {key: value for key, _, value in pairs if key in ("BSI_VERIFY", "PYTHONPATH")}
+    pairs = [entry.partition("=") for entry in result["stdout"].split("\0") if entry]
+    seen: dict[str, str] = {}
+    for key, _, value in pairs:
+        if key in ("BSI_VERIFY", "PYTHONPATH"):
+            # Programs differ on which of two entries they take (getenv the first): ambiguous.
+            expect(key not in seen, f"the command's environment holds {key} twice")
+            seen[key] = value
+    return seen
 
 
 def check_env(sandbox: Sandbox) -> str:
-    value = "a value with spaces, $HOME and 'quotes'"
+    # Unique per run: an `env` printing canned output cannot pass for the environment.
+    value = f"a value with spaces, $HOME and 'quotes' {uuid.uuid4().hex[:8]}"
     plain = environment(sandbox)
     seen = environment(sandbox, {"BSI_VERIFY": value})
     expect(

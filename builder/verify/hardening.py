@@ -11,9 +11,8 @@
 
 Each is bounded in time (a few seconds natively) because it runs in every verification, under
 arm64 emulation too: the race hammers for a fixed time rather than a fixed count, and the flood
-scales its health deadline by how slowly the sandbox starts a Python (a loaded machine or
-emulation). Whether the sandbox is emulated is never guessed from that timing: it is the
-Sandbox's `machine`, decided from architectures, so a loaded native sandbox keeps its RSS bound.
+scales its health deadline by how slowly the sandbox starts a Python (load or emulation); which
+bounds apply is the Sandbox's `machine` (never that timing), so a loaded native sandbox keeps them.
 """
 
 from __future__ import annotations
@@ -359,8 +358,7 @@ REPLY_LIMIT = 40 * MIB  # one reply; the unbounded encoding of 2 x 10 MiB of 0xf
 HEALTH_LIMIT = 1.0  # seconds, natively
 RSS_LIMIT = 256 * MIB  # natively; under qemu-user the figure is the emulator's
 NATIVE_START = 0.1  # seconds a native `python3 -c pass` round trip takes at most
-# The server's (the command's parent's) peak RSS in kB, read by sh alone: a Python would start
-# slowly where the flood runs alone, at the end of every verification.
+# The server's (the command's parent's) peak RSS in kB, read by sh alone (Pythons start slowly)
 PEAK_RSS = [
     "sh", "-c",
     'while read -r key kb _; do case $key in VmHWM:) echo "$kb";; esac; done < /proc/$PPID/status',
@@ -424,22 +422,24 @@ def check_flood(sandbox: Sandbox) -> str:
         f"GET / took {slowest:.2f}s during the flood"
         f" (limit {health_limit:.1f}s; {sandbox.machine})",
     )
-    printed = sandbox.execute(PEAK_RSS)["stdout"].strip()
+    read = sandbox.execute(PEAK_RSS)
+    printed, limit = read["stdout"].strip(), f"limit {RSS_LIMIT / MIB:.0f} MiB"
     peak = int(printed) * 1024 if printed.isdigit() else None  # None: no /proc, or other output
-    if not emulated and peak is not None:
-        expect(
-            peak < RSS_LIMIT,
-            f"the server's peak RSS reached {peak / MIB:.0f} MiB"
-            f" (limit {RSS_LIMIT / MIB:.0f} MiB; {sandbox.machine})",
-        )
+    expect(  # natively there is always a /proc: a peak that cannot be read would leave no bound
+        emulated or peak is not None,
+        f"the server's peak RSS could not be read ({limit}): {short(printed or read['stderr'])}",
+    )
+    expect(
+        emulated or (peak or 0) < RSS_LIMIT,
+        f"the server's peak RSS reached {(peak or 0) / MIB:.0f} MiB ({limit}; {sandbox.machine})",
+    )
     rss = f"{peak / MIB:.0f} MiB" if peak is not None else "not readable"
-    bound = f"limit {RSS_LIMIT / MIB:.0f} MiB{' unchecked' if peak is None else ''}"
     largest = max(len(response.body) for response in replies)
     return (
         f"{commands} x 2 x {mib} MiB of {byte:#04x}: replies of at most {largest / MIB:.1f} MiB,"
         f" truncated; GET / within {slowest:.2f}s (limit {health_limit:.1f}s: python3 starts"
         f" {slow:.1f}x as slowly as when idle natively); server peak RSS {rss}"
-        f" ({'not bounded' if emulated else bound}); {sandbox.machine}"
+        f" ({'not bounded' if emulated else limit}); {sandbox.machine}"
     )
 
 
