@@ -8,14 +8,18 @@ container's Sandbox carries it.
 
 from __future__ import annotations
 
+import json
+import platform
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
+from test_verify_checks import start_server, stop_server
 
 from builder.verify import hardening
-from builder.verify.client import LOCAL_PROCESS, Machine, Sandbox
-from builder.verify.container import hardened, machine_of
+from builder.verify.client import LOCAL_PROCESS, Machine, Response, Sandbox
+from builder.verify.container import confirmed, hardened, machine_of
 from builder.verify.report import run_check
 
 
@@ -83,3 +87,59 @@ def test_a_hardened_native_container_is_flooded_and_held_to_the_rss_bound(
     assert result.passed, result.detail
     assert result.detail.startswith("2 x 2 x 10 MiB of 0xff: ")
     assert result.detail.endswith(" (limit 256 MiB); native: amd64 image on an amd64 engine")
+
+
+class Kernel(Sandbox):
+    """Answers /execute `uname -m` as a sandbox's kernel would; nothing else."""
+
+    def __init__(self, printed: str, exit_code: int = 0) -> None:
+        super().__init__(1, machine=Machine(True, "arm64 image on an amd64 engine"))
+        self.reply = {"stdout": printed, "stderr": "", "exit_code": exit_code}
+
+    def request(self, method, path, body=None, headers=None, timeout=30.0) -> Response:
+        assert json.loads(body)["command"] == ["uname", "-m"]
+        return Response(200, json.dumps(self.reply).encode())
+
+
+@pytest.mark.parametrize(
+    ("printed", "exit_code", "emulated"),
+    [
+        ("aarch64\n", 0, True),
+        ("arm64\n", 0, True),
+        ("x86_64\n", 0, False),  # the config claims arm64, the binaries are the engine's own
+        ("amd64\n", 0, False),
+        ("", 127, False),  # no uname: not proven emulated, so the native bounds apply
+        ("aarch64\n", 1, False),
+    ],
+)
+def test_an_image_claiming_a_foreign_arch_is_emulated_only_if_its_kernel_says_so(
+    printed: str, exit_code: int, emulated: bool
+) -> None:
+    """An image config may name any arch: a mislabelled native image must not get the lighter
+    flood and the unbounded RSS of an emulated one."""
+    machine = confirmed(Engine({"Arch": "amd64"}), Kernel(printed, exit_code))  # type: ignore[arg-type]
+    assert machine.emulated is emulated
+    assert machine.why.startswith("arm64 image on an amd64 engine")
+
+
+def test_a_native_sandbox_is_not_asked_again() -> None:
+    sandbox = Kernel("aarch64\n")
+    sandbox.machine = Machine(False, "amd64 image on an amd64 engine")
+    assert confirmed(Engine({"Arch": "amd64"}), sandbox) == sandbox.machine  # type: ignore[arg-type]
+
+
+def test_a_mislabelled_native_server_keeps_the_native_bounds(tmp_path: Path) -> None:
+    """The process-mode server (this machine's arch) under a config that claims the other."""
+    process = start_server(tmp_path / "workspace")
+    try:
+        claimed = "arm64" if platform.machine() == "x86_64" else "amd64"
+        engine = "amd64" if claimed == "arm64" else "arm64"
+        sandbox = Sandbox(process.port, workspace=str(process.workspace))
+        sandbox.machine = machine_of(Engine({"Arch": engine}), claimed)  # type: ignore[arg-type]
+        assert sandbox.machine.emulated
+        machine = confirmed(Engine({"Arch": engine}), sandbox)  # type: ignore[arg-type]
+    finally:
+        stop_server(process)
+    assert machine == Machine(
+        False, f"{claimed} image on an {engine} engine, but its kernel runs {platform.machine()}"
+    )

@@ -99,6 +99,21 @@ def machine_of(client: docker.DockerClient, arch: str) -> Machine:
 _GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
+def confirmed(client: docker.DockerClient, sandbox: Sandbox) -> Machine:
+    """The sandbox's machine, emulated only when its kernel too (`uname -m`) names an arch
+    other than the engine's: an image config may claim any arch, and a mislabelled native
+    image must keep the native flood and RSS bound."""
+    machine = sandbox.machine
+    if not machine.emulated:
+        return machine
+    result = sandbox.execute(["uname", "-m"])
+    kernel = result["stdout"].strip() if result["exit_code"] == 0 else ""
+    engine = str(client.version().get("Arch") or "")
+    if kernel and _GOARCH.get(kernel, kernel) != _GOARCH.get(engine, engine):
+        return machine
+    return Machine(False, f"{machine.why}, but its kernel runs {short(kernel) or 'unnamed'}")
+
+
 def startup_timeout_for(machine: Machine, explicit: float | None = None) -> float:
     """The caller's timeout when it gave one, else the bound for how `machine` runs the image."""
     if explicit is not None:
@@ -138,7 +153,9 @@ def hardened(
         timeout = startup_timeout_for(machine, startup_timeout)
         port = published_port(container, time.monotonic() + timeout)
         sandbox = Sandbox(port, machine=machine)
-        health = f"{wait_healthy(container, sandbox, timeout)} (limit {timeout:g}s; {machine})"
+        health = wait_healthy(container, sandbox, timeout)
+        sandbox.machine = confirmed(client, sandbox)
+        health = f"{health} (limit {timeout:g}s; {sandbox.machine})"
         yield Running(container, sandbox, health)
     finally:
         if container is not None:
