@@ -91,12 +91,15 @@ def machine_of(client: docker.DockerClient, arch: str) -> Machine:
     engine = str(client.version().get("Arch") or "")
     if not (arch and engine):
         return Machine(False, f"{arch or 'unnamed'} image, {engine or 'unnamed'} engine")
-    same = _GOARCH.get(arch, arch) == _GOARCH.get(engine, engine)
-    return Machine(not same, f"{arch} image on an {engine} engine")
+    return Machine(not _same_arch(arch, engine), f"{arch} image on an {engine} engine")
 
 
 # Image configs written by hand (not by Docker or BuildKit) may name the kernel's arch.
 _GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def _same_arch(one: str, other: str) -> bool:
+    return _GOARCH.get(one, one) == _GOARCH.get(other, other)
 
 
 def confirmed(client: docker.DockerClient, sandbox: Sandbox) -> Machine:
@@ -109,7 +112,7 @@ def confirmed(client: docker.DockerClient, sandbox: Sandbox) -> Machine:
     result = sandbox.execute(["uname", "-m"])
     kernel = result["stdout"].strip() if result["exit_code"] == 0 else ""
     engine = str(client.version().get("Arch") or "")
-    if kernel and _GOARCH.get(kernel, kernel) != _GOARCH.get(engine, engine):
+    if kernel and not _same_arch(kernel, engine):
         return machine
     return Machine(False, f"{machine.why}, but its kernel runs {short(kernel) or 'unnamed'}")
 
