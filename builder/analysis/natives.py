@@ -208,10 +208,14 @@ def load_needs(
             ):
                 continue
             found = next(
-                ((sonames[0], package) for _, sonames in linux if sonames
-                 if (package := package_for(sonames[0], arch))),
+                (
+                    (sonames[0], package)
+                    for _, sonames in linux
+                    if sonames
+                    if (package := package_for(sonames[0], arch))
+                ),
                 None,
-            )  # fmt: skip
+            )
             if found is None:
                 names = " or ".join(name for name, _ in linux)
                 warnings.append(

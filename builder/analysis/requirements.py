@@ -400,8 +400,10 @@ def _check_hash_mode(reader: _Reader) -> bool:
     if hashed and not why:
         why = f"a --hash at {hashed.origin}"
     for entry in reader.requirements:
-        pinned = any(s.operator in ("==", "===") and "*" not in s.version
-                     for s in entry.requirement.specifier)  # fmt: skip
+        pinned = any(
+            s.operator in ("==", "===") and "*" not in s.version
+            for s in entry.requirement.specifier
+        )
         if not (pinned and entry.hashes):
             raise UserError(
                 f"{entry.origin}: {entry.name} needs an == pin and a --hash: hash-checking mode"

@@ -93,6 +93,23 @@ def check_against_base(requirements: RequirementSet, target: Target, arch: Arch)
             )
 
 
+def _uv_compile_command(
+    requirements_in: Path, target: Target, arch: Arch, requirements: RequirementSet
+) -> list[str]:
+    """`uv pip compile` for the target, wheels only, from the indexes the requirements name.
+
+    One home for what every resolution asks of uv, so a probe resolves exactly as the lock does.
+    """
+    command = [UV, "pip", "compile", str(requirements_in)]
+    command += ["--python-platform", arch.uv_platform, "--python-version", target.python_version]
+    command += ["--only-binary", ":all:", "--no-header", "--quiet", *uv_python()]
+    if requirements.index_url:
+        command += ["--index-url", requirements.index_url]
+    for extra in requirements.extra_index_urls:
+        command += ["--extra-index-url", extra]
+    return command
+
+
 def _uv_compile(
     workdir: Path,
     target: Target,
@@ -104,14 +121,10 @@ def _uv_compile(
 ) -> subprocess.CompletedProcess[str]:
     """uv's pylock for the set; `annotated`: its requirements.txt with `# via` on stdout."""
     command = [
-        UV, "pip", "compile", str(workdir / "requirements.in"),
-        "--constraint", str(workdir / "constraints.txt"),
-        "--python-platform", arch.uv_platform,
-        "--python-version", target.python_version,
-        "--only-binary", ":all:",
-        "--find-links", str(find_links),
-        "--no-header", "--quiet", *uv_python(),
-    ]  # fmt: skip
+        *_uv_compile_command(workdir / "requirements.in", target, arch, requirements),
+        *("--constraint", str(workdir / "constraints.txt")),
+        *("--find-links", str(find_links)),
+    ]
     if annotated:
         command += ["--format", "requirements.txt", "--annotation-style", "line"]
     else:
@@ -119,10 +132,6 @@ def _uv_compile(
         command += ["--output-file", str(workdir / f"pylock.{arch.name}.toml")]
     for override in overrides:
         command += ["--override", str(override)]
-    if requirements.index_url:
-        command += ["--index-url", requirements.index_url]
-    for extra in requirements.extra_index_urls:
-        command += ["--extra-index-url", extra]
     return subprocess.run(command, capture_output=True, text=True, env=uv_environment())
 
 
@@ -167,14 +176,9 @@ def newest_usable_version(
         (workdir / "requirements.in").write_text(f"{name}\n")
         (workdir / "constraints.txt").write_text("")
         command = [
-            UV, "pip", "compile", str(workdir / "requirements.in"), "--no-deps",
-            "--python-platform", arch.uv_platform, "--python-version", target.python_version,
-            "--only-binary", ":all:", "--no-header", "--quiet", *uv_python(),
-        ]  # fmt: skip
-        if requirements.index_url:
-            command += ["--index-url", requirements.index_url]
-        for extra in requirements.extra_index_urls:
-            command += ["--extra-index-url", extra]
+            *_uv_compile_command(workdir / "requirements.in", target, arch, requirements),
+            "--no-deps",
+        ]
         result = subprocess.run(command, capture_output=True, text=True, env=uv_environment())
     match = re.search(r"^\S+==(\S+)", result.stdout, re.M)
     return match.group(1) if result.returncode == 0 and match else None
