@@ -307,6 +307,20 @@ def _install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[_
     return entries
 
 
+def installed_python_sources(wheel: Path) -> list[tuple[str, str]]:
+    """(path under the --target root, wheel member) of each .py module the wheel installs.
+
+    What pip byte-compiles: modules in purelib/platlib, not the scripts in `bin/`.
+    """
+    with zipfile.ZipFile(wheel) as archive:
+        entries = _install_entries(archive, 0, wheel.name)
+    return sorted(
+        (entry.path, entry.member)
+        for entry in entries
+        if entry.path.endswith(".py") and entry.member and not entry.path.startswith("bin/")
+    )
+
+
 def _record_hashes(archive: zipfile.ZipFile, record: str) -> dict[str, tuple[str, str]]:
     try:
         text = archive.read(record).decode()

@@ -1,0 +1,315 @@
+"""Bytecode for the extras: compiled by the base's own CPython, natively, byte for byte the same.
+
+uid 65532 cannot write `__pycache__` in a read-only layer, so a module shipped without its
+`.pyc` is compiled from source on every interpreter start, in every sandbox command. pip
+compiles when it installs; the tool writes the extras itself, so it compiles them here:
+
+- **With the target's interpreter.** The base image's `python3` runs in a throwaway container
+  (no network, uid 65532) on the engine's own arch: the marshal format is machine-independent
+  and a `.pyc` name carries only the CPython version, so one compile serves amd64 and arm64 and
+  nothing runs under emulation. The interpreter's identity (`sys.version`, magic number, and the
+  sha256 of the executable and of the libpython it loaded) keys every result, so a base with a
+  byte-identical interpreter reuses them.
+- **Reproducibly.** `--invalidation-mode unchecked-hash` (PEP 552): a timestamp `.pyc` records
+  the source's mtime, which is fixed here and would make the cache look stale to nobody but
+  a rebuild; an unchecked hash-based one is never re-validated against sources that a
+  read-only layer cannot change. Output still varies with what one interpreter compiled before
+  (CPython gh-129724: interned strings; gh-78274: marshal's reference flags follow reference
+  counts) and with the hash seed (frozenset constants): so each distribution is compiled by a
+  fresh interpreter with `PYTHONHASHSEED=0`, its files in sorted order, one after another;
+  distributions run side by side.
+- **Where pip would.** Every `.py` a wheel installs outside `bin/` (what `pip install --target`
+  compiles), named in tracebacks by its installed path (`dfile`). A file that does not compile
+  (a Python 2 test fixture) is skipped, as pip skips it, and counted.
+
+Each distribution's bytecode is cached by (wheel sha256, interpreter, root); a layer is
+assembled from those parts in lock order (a later wheel's file wins, as in the deps layer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import tarfile
+import threading
+import zipfile
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import docker
+import docker.errors
+
+from builder.cache import Cache
+from builder.errors import UserError
+from builder.image.layer import Layer, installed_python_sources, keep, written
+
+BYTECODE_FORMAT = "bytecode/1"  # bump when the compile recipe or the tar layout changes
+WORKDIR = "/tmp/bsi-bytecode"
+COMPILERS = 2  # distributions compiled at once (each a fresh interpreter)
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+
+# Runs in the base's interpreter: who it is. The libpython it mapped counts as much as the
+# executable (a shared build keeps the compiler there).
+IDENTITY_SCRIPT = """
+import hashlib, importlib.util, json, os, sys
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+libs = sorted({line.split()[-1] for line in open("/proc/self/maps")
+               if "libpython" in line.rsplit("/", 1)[-1] and line.split()[-1].startswith("/")})
+print(json.dumps({
+    "version": sys.version,
+    "cache_tag": sys.implementation.cache_tag,
+    "magic": importlib.util.MAGIC_NUMBER.hex(),
+    "executable": sha(os.path.realpath(sys.executable)),
+    "libpython": {os.path.basename(p): sha(p) for p in libs},
+}, sort_keys=True))
+"""
+
+# Runs in a fresh interpreter per distribution: sorted, serial, unchecked-hash, installed names.
+COMPILE_SCRIPT = """
+import json, os, py_compile, sys
+source, output, root = sys.argv[1:4]
+files = sorted(
+    os.path.relpath(os.path.join(d, f), source)
+    for d, _, names in os.walk(source) for f in names if f.endswith(".py")
+)
+skipped = []
+for rel in files:
+    head, name = os.path.split(rel)
+    cfile = os.path.join(output, head, "__pycache__",
+                         name[:-3] + "." + sys.implementation.cache_tag + ".pyc")
+    try:
+        py_compile.compile(
+            os.path.join(source, rel), cfile=cfile, dfile=os.path.join(root, rel), doraise=True,
+            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+        )
+    except (py_compile.PyCompileError, SyntaxError, ValueError, UnicodeDecodeError):
+        skipped.append(rel)
+print(json.dumps({"compiled": len(files) - len(skipped), "skipped": skipped}))
+"""
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The CPython that compiles: what the bytecode depends on, and the image it runs in."""
+
+    image: str  # an engine image holding it (the base, or its system stage)
+    version: str  # sys.version
+    cache_tag: str  # cpython-313: part of every .pyc name
+    build: str  # sha256 of everything above plus the executable's and libpython's sha256
+
+    def to_dict(self) -> dict[str, str]:
+        return {"version": self.version, "cache_tag": self.cache_tag, "build": self.build}
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One distribution's bytecode: a tar in the cache of paths relative to the extras root."""
+
+    wheel_sha256: str
+    tar: Path
+    compiled: int
+    skipped: tuple[str, ...]  # sources that did not compile, relative to the root
+
+
+@dataclass(frozen=True)
+class BytecodeLayer:
+    """The bytecode of a set, as one layer, and what the report says about it."""
+
+    layer: Layer
+    interpreter: Interpreter
+    compiled: int
+    skipped: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.layer.to_dict() | {
+            "interpreter": self.interpreter.to_dict(),
+            "compiled": self.compiled,
+            "skipped": list(self.skipped),
+        }
+
+
+class Compiler:
+    """A container of the base's interpreter that compiles one distribution per fresh process.
+
+    Use as a context manager: the container (no network, uid 65532, the image's entrypoint
+    replaced by a sleep) is removed on exit. Results come from the cache when this interpreter
+    compiled the same wheel for the same root before.
+    """
+
+    def __init__(self, client: docker.DockerClient, image: str, cache: Cache, root: str) -> None:
+        self.client, self.image, self.cache, self.root = client, image, cache, root.rstrip("/")
+        self.container: Any = None
+        self.interpreter: Interpreter | None = None
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> Compiler:
+        try:
+            self.container = self.client.containers.run(
+                self.image,
+                entrypoint=["sleep", "infinity"],
+                command=[],
+                detach=True,
+                network_disabled=True,
+                user="65532:65532",
+                working_dir="/tmp",
+                labels={"org.build-sandbox-image.role": "bytecode"},
+            )
+        except docker.errors.DockerException as error:
+            raise UserError(f"bytecode: cannot start {self.image}: {error}") from None
+        self.interpreter = self._identify()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.container is not None:
+            with contextlib.suppress(docker.errors.DockerException):  # already gone
+                self.container.remove(force=True)
+
+    def _exec(self, argv: Sequence[str], what: str) -> bytes:
+        # -s -P and an empty PYTHONPATH: the base's own /app/deps cannot shadow the stdlib;
+        # not -I, which would also drop PYTHONHASHSEED.
+        result = self.container.exec_run(
+            ["python3", "-s", "-P", *argv],
+            environment={"PYTHONPATH": "", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"},
+            user="65532:65532",
+            demux=True,
+        )
+        stdout, stderr = result.output
+        if result.exit_code != 0:
+            last = (stderr or b"").decode(errors="replace").strip().splitlines()[-1:]
+            raise UserError(f"bytecode: {what} failed in {self.image}: {' '.join(last)[:200]}")
+        return stdout or b""
+
+    def _identify(self) -> Interpreter:
+        facts = json.loads(self._exec(["-c", IDENTITY_SCRIPT], "identifying python3"))
+        build = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+        return Interpreter(self.image, facts["version"], facts["cache_tag"], build)
+
+    def compile_all(self, wheels: Sequence[tuple[str, Path]]) -> list[Compiled]:
+        """Each (sha256, wheel) compiled or found in the cache, in the order given."""
+        with ThreadPoolExecutor(max_workers=COMPILERS) as pool:
+            return list(pool.map(lambda pair: self.compile(*pair), wheels))
+
+    def compile(self, wheel_sha256: str, wheel: Path) -> Compiled:
+        """One wheel's bytecode, from the cache when this interpreter made it before."""
+        assert self.interpreter is not None, "use the Compiler as a context manager"
+        key = hashlib.sha256(
+            f"{BYTECODE_FORMAT}\n{wheel_sha256}\n{self.interpreter.build}\n{self.root}".encode()
+        ).hexdigest()
+        record = self.cache.get_record("bytecode", key)
+        if record and (tar := self.cache.find_blob(record["tar"], "bytecode.tar")):
+            return Compiled(wheel_sha256, tar, record["compiled"], tuple(record["skipped"]))
+        sources = installed_python_sources(wheel)
+        work = f"{WORKDIR}/{key[:16]}"
+        self.container.put_archive("/tmp", _sources_tar(work, wheel, sources))
+        summary = json.loads(
+            self._exec(
+                ["-c", COMPILE_SCRIPT, f"{work}/src", f"{work}/out", self.root],
+                f"compiling {wheel.name}",
+            )
+        )
+        pycs = dict(self._collected(f"{work}/out")) if summary["compiled"] else {}
+        self._exec(["-c", f"import shutil; shutil.rmtree({work!r})"], "cleaning up")
+        temp, digest = written(self.cache, lambda out: _write_tar(out, pycs.items(), "", 0))
+        tar = self.cache.blob_path(digest, "bytecode.tar")
+        tar.parent.mkdir(parents=True, exist_ok=True)
+        temp.chmod(0o644)
+        temp.replace(tar)
+        skipped = tuple(sorted(summary["skipped"]))
+        self.cache.put_record(
+            "bytecode", key, {"tar": digest, "compiled": summary["compiled"], "skipped": skipped}
+        )
+        return Compiled(wheel_sha256, tar, summary["compiled"], skipped)
+
+    def _collected(self, directory: str) -> Iterator[tuple[str, bytes]]:
+        """(path under the root, bytes) of every .pyc the compile wrote to `directory`."""
+        stream, _ = self.container.get_archive(directory)
+        buffer = io.BytesIO(b"".join(stream))  # a set's bytecode is tens of MB at most
+        prefix = directory.rstrip("/").rsplit("/", 1)[-1] + "/"
+        with tarfile.open(fileobj=buffer, mode="r:") as archive:
+            for member in archive:
+                if member.isfile() and member.name.startswith(prefix):
+                    extracted = archive.extractfile(member)
+                    if extracted is not None:
+                        yield member.name[len(prefix) :], extracted.read()
+
+
+def bytecode_layer(
+    parts: Sequence[Compiled], interpreter: Interpreter, root: str, epoch: int, cache: Cache
+) -> BytecodeLayer:
+    """One layer of the parts' bytecode under `root`, in lock order: a later wheel's file wins.
+
+    Cached by the parts' own digests, the root and the epoch (every mtime in the tar).
+    """
+    root = root.strip("/")
+    key_text = "\n".join([BYTECODE_FORMAT, root, str(epoch), *(p.tar.parent.name for p in parts)])
+    key = hashlib.sha256(key_text.encode()).hexdigest()
+    compiled = sum(p.compiled for p in parts)
+    skipped = tuple(sorted({s for p in parts for s in p.skipped}))
+    record = cache.get_record("bytecode-layer", key)
+    if record and (path := cache.find_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+        layer = Layer(path, record["diff_id"], record["size"], epoch)
+        return BytecodeLayer(layer, interpreter, compiled, skipped)
+    files: dict[str, bytes] = {}
+    for part in parts:
+        with tarfile.open(part.tar) as archive:
+            for member in archive:
+                extracted = archive.extractfile(member) if member.isfile() else None
+                if extracted is not None:
+                    files[member.name] = extracted.read()
+    temp, digest = written(cache, lambda out: _write_tar(out, files.items(), root, epoch))
+    layer = keep(temp, digest, cache, epoch)
+    cache.put_record("bytecode-layer", key, {"diff_id": layer.diff_id, "size": layer.size})
+    return BytecodeLayer(layer, interpreter, compiled, skipped)
+
+
+def _sources_tar(work: str, wheel: Path, sources: Sequence[tuple[str, str]]) -> bytes:
+    """The wheel's installed .py files under `work`/src, owned by the uid that compiles."""
+    buffer = io.BytesIO()
+    relative = work.removeprefix("/tmp/")
+    with zipfile.ZipFile(wheel) as archive, tarfile.open(fileobj=buffer, mode="w") as tar:
+        directories = {f"{relative}/out"} | {
+            "/".join(f"{relative}/src/{path}".split("/")[:depth])
+            for path, _ in sources
+            for depth in range(1, f"{relative}/src/{path}".count("/") + 1)
+        }
+        for directory in sorted(directories):  # parents first, each owned by the compiler
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, DIR_MODE, 65532, 65532
+            tar.addfile(info)
+        for path, member in sources:
+            data = archive.read(member)
+            info = tarfile.TarInfo(f"{relative}/src/{path}")
+            info.size, info.mode, info.uid, info.gid = len(data), FILE_MODE, 65532, 65532
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _write_tar(
+    out: IO[bytes] | Any, files: Iterable[tuple[str, bytes]], root: str, epoch: int
+) -> None:
+    """A normalized tar: sorted, every parent directory, root-owned, fixed modes and mtimes."""
+    prefix = f"{root}/" if root else ""
+    members = {f"{prefix}{path}": data for path, data in files}
+    directories = {
+        "/".join(name.split("/")[:depth])
+        for name in members
+        for depth in range(1, name.count("/") + 1)
+    }
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(directories | set(members)):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+            if name in members:
+                info.size, info.mode = len(members[name]), FILE_MODE
+                tar.addfile(info, io.BytesIO(members[name]))
+            else:
+                info.type, info.mode = tarfile.DIRTYPE, DIR_MODE
+                tar.addfile(info)

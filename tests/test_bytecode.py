@@ -1,0 +1,191 @@
+"""Bytecode compiled by the base's own interpreter (builder.image.bytecode), on the real engine.
+
+The reproducibility traps the module guards against are shown to be real here first (a shared
+interpreter and a random hash seed each change the bytes), so the tests that the compiler's
+output is stable could fail if it stopped guarding against them.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from builder.cache import Cache, sha256_of
+from builder.image.bytecode import Compiler, bytecode_layer
+from tests.wheelfactory import make_wheel
+
+pytestmark = pytest.mark.engine
+
+ROOT = "/app/deps-extra"
+# CPython gh-129724: SEEDED's bytecode differs when an interpreter compiled IMPORTER before it.
+IMPORTER = b"import foo\n"
+SEEDED = b'a = {"foo", 2, 3}\n\n\ndef f():\n    b = {"foo", 2, 3}\n'
+SHARED_NAMES = b"def f(alpha, beta):\n    return alpha.beta_gamma + beta.delta_epsilon\n"
+BROKEN = b"print 'python 2'\n"
+
+
+@pytest.fixture(scope="module")
+def standin(test_env: dict) -> str:
+    """An image with the target's CPython: the stand-in base the reference base is built on."""
+    return str(test_env["base_image"])
+
+
+def _wheels(tmp_path: Path) -> list[tuple[str, Path]]:
+    one = make_wheel(
+        tmp_path / "w",
+        "alpha-pkg",
+        "1.0",
+        "py3-none-any",
+        {
+            "alpha_pkg/__init__.py": IMPORTER,
+            "alpha_pkg/names.py": SHARED_NAMES,
+            "alpha_pkg/tests/fixture_py2.py": BROKEN,
+            "alpha_pkg/data.txt": b"not python\n",
+        },
+    )
+    two = make_wheel(
+        tmp_path / "w",
+        "beta-pkg",
+        "2.0",
+        "py3-none-any",
+        {"beta_pkg/__init__.py": SHARED_NAMES, "beta_pkg/sub/mod.py": SEEDED},
+    )
+    return [(sha256_of(wheel), wheel) for wheel in (one, two)]
+
+
+def _members(tar: Path) -> dict[str, bytes]:
+    with tarfile.open(tar) as archive:
+        return {
+            m.name: archive.extractfile(m).read()  # type: ignore[union-attr]
+            for m in archive
+            if m.isfile()
+        }
+
+
+def test_two_cold_compiles_give_the_same_layer(tmp_path: Path, docker_client, standin):
+    wheels = _wheels(tmp_path)
+    layers = []
+    for run in ("a", "b"):
+        cache = Cache(tmp_path / f"cache-{run}")
+        with Compiler(docker_client, standin, cache, ROOT) as compiler:
+            parts = compiler.compile_all(wheels)
+            assert compiler.interpreter is not None
+            layers.append(bytecode_layer(parts, compiler.interpreter, ROOT, 1_700_000_000, cache))
+    assert layers[0].layer.diff_id == layers[1].layer.diff_id
+    assert layers[0].compiled == 4
+    assert layers[0].skipped == ("alpha_pkg/tests/fixture_py2.py",)
+    members = _members(layers[0].layer.path)
+    tag = layers[0].interpreter.cache_tag
+    assert tag == "cpython-313"
+    assert sorted(members) == sorted(
+        f"app/deps-extra/{p}"
+        for p in (
+            f"alpha_pkg/__pycache__/__init__.{tag}.pyc",
+            f"alpha_pkg/__pycache__/names.{tag}.pyc",
+            f"beta_pkg/__pycache__/__init__.{tag}.pyc",
+            f"beta_pkg/sub/__pycache__/mod.{tag}.pyc",
+        )
+    )
+    with tarfile.open(layers[0].layer.path) as archive:
+        for member in archive:
+            assert (member.uid, member.gid, member.mtime) == (0, 0, 1_700_000_000)
+            assert member.mode == (0o755 if member.isdir() else 0o644)
+    pyc = members[f"app/deps-extra/alpha_pkg/__pycache__/names.{tag}.pyc"]
+    flags = int.from_bytes(pyc[4:8], "little")
+    assert flags == 0b01, "hash-based and unchecked (PEP 552), so it never goes stale"
+    same_source = members[f"app/deps-extra/beta_pkg/__pycache__/__init__.{tag}.pyc"]
+    assert pyc[8:16] == same_source[8:16], "the header holds the source's hash, not a time"
+
+
+def test_a_distribution_compiles_the_same_alone_or_beside_others(
+    tmp_path: Path, docker_client, standin
+):
+    """Each distribution gets a fresh interpreter: what else is compiled cannot change it."""
+    wheels = _wheels(tmp_path)
+    with Compiler(docker_client, standin, Cache(tmp_path / "both"), ROOT) as compiler:
+        together = compiler.compile_all(wheels)
+    with Compiler(docker_client, standin, Cache(tmp_path / "alone"), ROOT) as compiler:
+        alone = compiler.compile_all(wheels[1:])
+    assert _members(together[1].tar) == _members(alone[0].tar)
+
+
+def test_the_trap_is_real(tmp_path: Path, docker_client, standin):
+    """In one shared interpreter a file's bytes depend on what it compiled before."""
+    script = """
+import marshal, sys
+first = compile(sys.argv[1], "a.py", "exec")
+print(marshal.dumps(compile(sys.argv[2], "b.py", "exec")).hex())
+"""
+    container = docker_client.containers.run(
+        standin, entrypoint=["sleep", "infinity"], command=[], detach=True
+    )
+    try:
+
+        def run(*argv: str) -> str:
+            result = container.exec_run(
+                ["python3", "-s", "-P", "-c", script, *argv],
+                environment={"PYTHONHASHSEED": "0", "PYTHONPATH": ""},
+            )
+            assert result.exit_code == 0, result.output
+            return result.output.decode().strip()
+
+        assert run("x = 1\n", SEEDED.decode()) != run(IMPORTER.decode(), SEEDED.decode())
+    finally:
+        container.remove(force=True)
+
+
+def test_the_cache_answers_for_the_same_interpreter(tmp_path: Path, docker_client, standin):
+    wheels = _wheels(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    with Compiler(docker_client, standin, cache, ROOT) as compiler:
+        first = compiler.compile_all(wheels)
+    with Compiler(docker_client, standin, cache, ROOT) as compiler:
+        compiler.container.remove(force=True)  # a second compile would now fail
+        again = compiler.compile_all(wheels)
+    assert [c.tar for c in again] == [c.tar for c in first]
+
+
+def test_pyc_files_import_in_a_read_only_sandbox(tmp_path: Path, docker_client, standin):
+    """The layer's .pyc are what the interpreter loads as uid 65532, writing nothing."""
+    wheels = _wheels(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    with Compiler(docker_client, standin, cache, ROOT) as compiler:
+        assert compiler.interpreter is not None
+        layer = bytecode_layer(
+            compiler.compile_all(wheels), compiler.interpreter, ROOT, 1_700_000_000, cache
+        )
+    sources = tmp_path / "src"
+    for _, wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            for name in archive.namelist():
+                if name.endswith(".py"):
+                    (sources / name).parent.mkdir(parents=True, exist_ok=True)
+                    (sources / name).write_bytes(archive.read(name))
+    with tarfile.open(layer.layer.path) as archive:
+        archive.extractall(tmp_path / "pyc", filter="tar")
+    for pyc in (tmp_path / "pyc" / "app" / "deps-extra").rglob("*.pyc"):
+        target = sources / pyc.relative_to(tmp_path / "pyc" / "app" / "deps-extra")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(pyc.read_bytes())
+    check = "import beta_pkg.sub.mod"
+    output = docker_client.containers.run(
+        standin,
+        entrypoint=["python3", "-c", check],
+        command=[],
+        user="65532:65532",
+        read_only=True,
+        environment={"PYTHONPATH": ROOT, "PYTHONVERBOSE": "1"},
+        volumes={str(sources): {"bind": ROOT, "mode": "ro"}},
+        remove=True,
+        stderr=True,
+    ).decode()
+    # verbose mode names each module's origin: "code object from '<pyc>'" (quoted) when it
+    # was loaded from bytecode, the bare source path when it was compiled
+    for module in ("beta_pkg/__init__", "beta_pkg/sub/mod"):
+        head, name = module.rsplit("/", 1)
+        cached = f"{ROOT}/{head}/__pycache__/{name}.cpython-313.pyc"
+        assert f"code object from '{cached}'" in output, output[-2000:]
+    assert "could not create" not in output and "wrote '" not in output
