@@ -10,14 +10,15 @@ compiles when it installs; the tool writes the extras itself, so it compiles the
   nothing runs under emulation. The interpreter's identity (`sys.version`, magic number, and the
   sha256 of the executable and of the libpython it loaded) keys every result, so a base with a
   byte-identical interpreter reuses them.
-- **Reproducibly.** `--invalidation-mode unchecked-hash` (PEP 552): a timestamp `.pyc` records
-  the source's mtime, which is fixed here and would make the cache look stale to nobody but
-  a rebuild; an unchecked hash-based one is never re-validated against sources that a
-  read-only layer cannot change. Output still varies with what one interpreter compiled before
-  (CPython gh-129724: interned strings; gh-78274: marshal's reference flags follow reference
-  counts) and with the hash seed (frozenset constants): so each distribution is compiled by a
-  fresh interpreter with `PYTHONHASHSEED=0`, its files in sorted order, one after another;
-  distributions run side by side.
+- **Reproducibly.** `--invalidation-mode unchecked-hash` (PEP 552): a timestamp `.pyc` is
+  valid only while the source's mtime and size match what it recorded, so it would tie the
+  bytecode to the mtimes of wherever it was compiled; an unchecked hash-based one records the
+  source's hash and is never re-validated against sources a read-only layer cannot change.
+  Output still varies with what one interpreter compiled before (CPython gh-129724: a file
+  holding `{"foo", 2, 3}` compiles differently after one that imports `foo`; gh-78274:
+  marshal's reference flags follow reference counts), so each distribution is compiled by a
+  fresh interpreter, its files in sorted order, one after another, with `PYTHONHASHSEED=0` so
+  that nothing hash-ordered can vary; distributions run side by side.
 - **Where pip would.** Every `.py` a wheel installs outside `bin/` (what `pip install --target`
   compiles), named in tracebacks by its installed path (`dfile`). A file that does not compile
   (a Python 2 test fixture) is skipped, as pip skips it, and counted.
