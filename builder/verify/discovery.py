@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
+from builder.contract import DEPS_EXTRA
 from builder.verify.client import Sandbox, python_json
 from builder.verify.report import Check, ContractViolation, expect, last_line, run_check, short
 
@@ -84,10 +85,13 @@ def modules_of(sandbox: Sandbox, distributions: Sequence[str]) -> tuple[list[str
 
 
 IMPORTS_SCRIPT = """
-import importlib, json, os, sys, time, traceback
+import importlib, importlib.util, json, os, sys, time, traceback
 report = os.fdopen(os.dup(1), "w")  # the results' own stream: what modules print goes to stderr
 os.dup2(2, 1)
-for name in json.loads(sys.argv[1]):
+names, root = json.loads(sys.argv[1]), sys.argv[2] + "/"
+sys.dont_write_bytecode = True  # a module without a valid .pyc stays one, wherever it lives
+began = time.monotonic()
+for name in names:
     started = time.monotonic()
     try:
         module = importlib.import_module(name)
@@ -97,16 +101,48 @@ for name in json.loads(sys.argv[1]):
     line.update(module=name, seconds=round(time.monotonic() - started, 2))
     report.write(json.dumps(line) + "\\n")
     report.flush()
+seconds = round(time.monotonic() - began, 2)
+
+def from_bytecode(spec):
+    # what the import system checked before it used the .pyc: the magic number, then the
+    # source's hash (hash-based) or its mtime and size (timestamp)
+    try:
+        with open(spec.cached, "rb") as pyc:
+            header = pyc.read(16)
+        if header[:4] != importlib.util.MAGIC_NUMBER:
+            return False
+        if int.from_bytes(header[4:8], "little") & 1:
+            with open(spec.origin, "rb") as source:
+                return importlib.util.source_hash(source.read()) == header[8:16]
+        found = os.stat(spec.origin)
+        return header[8:16] == (
+            (int(found.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+            + (found.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+        )
+    except (OSError, TypeError):
+        return False
+
+extras = [m.__spec__ for m in list(sys.modules.values())
+          if getattr(getattr(m, "__spec__", None), "origin", None)
+          and m.__spec__.origin.startswith(root) and m.__spec__.origin.endswith(".py")]
+missing = sorted(spec.origin[len(root):] for spec in extras if not from_bytecode(spec))
+summary = {"seconds": seconds, "root": root[:-1], "modules": len(extras), "missing": missing}
+report.write(json.dumps({"set": summary}))
 report.close()
 os._exit(0)  # every result is out: tearing down what was imported only costs (~1 s emulated)
 """
 
 
-def imported(sandbox: Sandbox, modules: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Each module's result line from one interpreter importing them in turn; a module missing
-    from the answer is one that interpreter did not get through (it died, or timed out)."""
-    result = sandbox.python(IMPORTS_SCRIPT, json.dumps(list(modules)))
+def imported(
+    sandbox: Sandbox, modules: Sequence[str], root: str = DEPS_EXTRA
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """Each module's result line from one interpreter importing them in turn, and the set's
+    summary (its import time; the modules loaded from under `root`, those without valid
+    bytecode). A module missing from the answer is one that interpreter did not get through
+    (it died, or timed out); then there is no summary either."""
+    result = sandbox.python(IMPORTS_SCRIPT, json.dumps(list(modules)), root)
     lines: dict[str, dict[str, Any]] = {}
+    summary = None
     for text in result["stdout"].splitlines():
         try:
             line = json.loads(text)
@@ -114,13 +150,23 @@ def imported(sandbox: Sandbox, modules: Sequence[str]) -> dict[str, dict[str, An
             break  # a line cut short by the interpreter's death
         if isinstance(line, dict) and line.get("module") in modules:
             lines[line["module"]] = line
-    return lines
+        elif isinstance(line, dict) and isinstance(line.get("set"), dict):
+            summary = line["set"]
+    return lines, summary
 
 
-def import_checks(sandbox: Sandbox, modules: Sequence[str]) -> list[Check]:
-    """One `import M` check per module, in order, most of them from one shared interpreter."""
+def import_checks(
+    sandbox: Sandbox, modules: Sequence[str], bytecode: bool | None = None
+) -> list[Check]:
+    """One `import M` check per module, in order, most of them from one shared interpreter,
+    then the `bytecode` check of that interpreter's imports.
+
+    `bytecode`: every module imported from the extras must have been loaded from a valid
+    `.pyc` (True), or is only reported (False); None leaves the check out.
+    """
+    summary = None
     try:
-        lines = imported(sandbox, modules) if modules else {}
+        lines, summary = imported(sandbox, modules) if modules else ({}, None)
     except (ContractViolation, OSError, http.client.HTTPException):
         lines = {}  # each module alone says what is wrong
     done = []
@@ -135,7 +181,29 @@ def import_checks(sandbox: Sandbox, modules: Sequence[str]) -> list[Check]:
             )
         else:  # failed or never reached: this module alone, in a fresh interpreter, decides
             done.append(run_check(f"import {module}", partial(check_import, sandbox, module)))
+    if bytecode is not None and modules:
+        done.append(bytecode_check(summary, required=bytecode))
     return done
+
+
+def bytecode_check(summary: dict[str, Any] | None, required: bool) -> Check:
+    """Whether the extras' modules came from bytecode, and how long the set took to import.
+
+    A module compiled from source at every start costs every sandbox command its compile
+    time: uid 65532 cannot write `__pycache__` in a read-only layer.
+    """
+    if summary is None:
+        return Check("bytecode", not required, "the import interpreter gave no summary")
+    missing = [str(path) for path in summary.get("missing") or []]
+    count, root = int(summary.get("modules") or 0), summary.get("root")
+    timing = f"the set imported in {summary.get('seconds')} s"
+    if not missing:
+        return Check("bytecode", True, f"{count} modules from {root} loaded from .pyc; {timing}")
+    detail = (
+        f"{len(missing)} of {count} modules from {root} compiled from source at every"
+        f" start (no valid .pyc), e.g. {short(missing[0], 80)}; {timing}"
+    )
+    return Check("bytecode", not required, detail)
 
 
 def check_import(sandbox: Sandbox, module: str) -> str:
