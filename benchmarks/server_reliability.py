@@ -43,7 +43,7 @@ from sandboxserver import (
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attempts", type=int, default=2000, help="race attempts per route")
-    parser.add_argument("--server", help="another server.py to measure (e.g. an older one)")
+    parser.add_argument("--server", help="another server to measure (e.g. an older one)")
     args = parser.parse_args()
     if args.server:
         sandboxserver.SERVER = Path(args.server).resolve()

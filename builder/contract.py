@@ -3,7 +3,7 @@
 What every sandbox image must serve and how the platform runs it: the sandbox user, the port,
 the workspace, where libraries live and in which order, the timeout exit code and the routes.
 The planner, the renderer, the probe and the verifier read them from here. The in-image server
-(`builder/runtime/server.py`) keeps its own copies: it runs with `python3 -I` from a bare image
+(`builder/runtime/server/`) keeps its own copies: it runs with `python3 -I` from a bare image
 and imports nothing but the standard library. Imports nothing itself, so any layer may use it.
 """
 

@@ -1,4 +1,4 @@
-"""The sandbox runtime server (``builder/runtime/server.py``) as a subprocess, for tests.
+"""The sandbox runtime server (``builder/runtime/server/``) as a subprocess, for tests.
 
 Starts it on a free loopback port (``--port 0``), reads the port from its ``listening on`` line,
 talks HTTP to it and stops it with SIGTERM (then SIGKILL). Also: a multipart encoder shaped like
@@ -25,8 +25,8 @@ from pathlib import Path
 
 SERVER = Path(
     os.environ.get(
-        "SANDBOX_SERVER_SCRIPT",  # e.g. an older server.py, to show a test fails on it
-        Path(__file__).resolve().parents[1] / "builder" / "runtime" / "server.py",
+        "SANDBOX_SERVER_SCRIPT",  # e.g. an older server, to show a test fails on it
+        Path(__file__).resolve().parents[1] / "builder" / "runtime" / "server",
     )
 )
 # The interpreter that runs the server: images use 3.13; CI may point this at one.

@@ -14,7 +14,7 @@ from functools import partial
 import pytest
 
 from builder import contract
-from builder.verify import checks, hardening
+from builder.verify import checks, hardening, race
 from builder.verify.client import LOCAL_PROCESS, Machine, Response, Sandbox
 from builder.verify.report import run_check
 
@@ -49,7 +49,7 @@ def test_flood_reply_that_is_not_an_object_fails_the_check():
     def stdout_for(argv: list[str]) -> str | None:
         if _script(argv) == hardening.FLOOD:
             return None  # the flood's reply is `[]`
-        return "VmHWM unknown\n" if argv == hardening.PEAK_RSS else ""
+        return "VmHWM unknown\n" if argv == list(hardening.PEAK_RSS) else ""
 
     result = run_check("flood", partial(hardening.check_flood, Misshapen(stdout_for, b"{}")))
     assert not result.passed
@@ -62,7 +62,7 @@ def test_an_unreadable_peak_rss_fails_a_native_flood(monkeypatch, printed: str):
     a number of kB, cannot let the flood pass with its bound unchecked."""
 
     def stdout_for(argv: list[str]) -> str:
-        return printed if argv == hardening.PEAK_RSS else ""
+        return printed if argv == list(hardening.PEAK_RSS) else ""
 
     flood = {"stdout": "", "stderr": "", "exit_code": 0, "truncated": {"stdout": True}}
     monkeypatch.setattr(Misshapen, "request", _flood_answers(Misshapen.request, flood))
@@ -73,7 +73,7 @@ def test_an_unreadable_peak_rss_fails_a_native_flood(monkeypatch, printed: str):
 
 def test_an_unreadable_peak_rss_is_reported_under_emulation(monkeypatch):
     def stdout_for(argv: list[str]) -> str:
-        return "warning: something\n" if argv == hardening.PEAK_RSS else ""
+        return "warning: something\n" if argv == list(hardening.PEAK_RSS) else ""
 
     sandbox = Misshapen(stdout_for, b"{}", Machine(True, "arm64 image on an amd64 engine"))
     flood = {"stdout": "", "stderr": "", "exit_code": 0, "truncated": {"stdout": True}}
@@ -127,18 +127,18 @@ def test_race_exists_answer_that_is_not_an_object_fails_the_check():
     layout = json.dumps({"outside": "/tmp/x", "name": "n", "writable": True})
 
     def stdout_for(argv: list[str]) -> str:
-        return layout if _script(argv) == hardening.RACE_SETUP else ""
+        return layout if _script(argv) == race.RACE_SETUP else ""
 
-    result = run_check("race", partial(hardening.check_race, Misshapen(stdout_for, b'"yes"')))
+    result = run_check("race", partial(race.check_race, Misshapen(stdout_for, b'"yes"')))
     assert not result.passed
     assert "not a JSON object" in result.detail
 
 
 def test_race_setup_printing_the_wrong_json_fails_the_check():
     def stdout_for(argv: list[str]) -> str:
-        return "[1, 2]" if _script(argv) == hardening.RACE_SETUP else ""
+        return "[1, 2]" if _script(argv) == race.RACE_SETUP else ""
 
-    result = run_check("race", partial(hardening.check_race, Misshapen(stdout_for, b"{}")))
+    result = run_check("race", partial(race.check_race, Misshapen(stdout_for, b"{}")))
     assert not result.passed
     assert "the race's setup printed [1, 2]" in result.detail
 
@@ -172,10 +172,10 @@ def test_race_damage_is_the_swappers_count_else_counted_again():
         asked.append(_script(argv))
         return json.dumps({"delete": ["v3"], "upload": []})
 
-    counted = hardening.Race(Misshapen(stdout_for, b"{}"), "t", layout)
+    counted = race.Race(Misshapen(stdout_for, b"{}"), "t", layout)
     counted.count_damage({"delete": [], "upload": ["u7.txt"]})
     assert (counted.escapes["delete"], counted.escapes["upload"], asked) == ([], ["u7.txt"], [])
 
-    recounted = hardening.Race(Misshapen(stdout_for, b"{}"), "t", layout)
+    recounted = race.Race(Misshapen(stdout_for, b"{}"), "t", layout)
     recounted.count_damage(None)
-    assert (recounted.escapes["delete"], asked) == (["v3"], [hardening.RACE_DAMAGE])
+    assert (recounted.escapes["delete"], asked) == (["v3"], [race.RACE_DAMAGE])

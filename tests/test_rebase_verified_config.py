@@ -58,7 +58,7 @@ def oci_base() -> Image:
         "created": "2024-05-01T00:00:00Z",
         "config": {
             "Env": ["PATH=/usr/local/bin:/usr/bin", "PYTHONPATH=/app/deps"],
-            "Cmd": ["python3", "-I", "/opt/sandbox/server.py"],
+            "Cmd": ["python3", "-I", "/opt/sandbox/server"],
             "WorkingDir": "/workspace",
             "Labels": None,
         },
@@ -67,7 +67,7 @@ def oci_base() -> Image:
             {"created_by": "ADD rootfs.tar /"},
             {"created_by": "ENV LANG=C.UTF-8", "empty_layer": True},
             {"created_by": "RUN apt-get install python3"},
-            {"created_by": "COPY server.py /opt/sandbox/", "comment": "buildkit.dockerfile.v0"},
+            {"created_by": "COPY server/ /opt/sandbox/server", "comment": "buildkit.dockerfile.v0"},
         ],
     }
     return Image(manifest(OCI_MANIFEST, OCI_LAYER, config, 3), config)

@@ -23,12 +23,15 @@ from builder import cli
 from builder.analysis.target import ARCHES, Target, shipped_profile
 from builder.image import reference_base as reference
 from builder.image.build import build_image
+from builder.runtime import SERVER, SERVER_PACKAGE
 from builder.verify import Check, VerifyReport
 from builder.verify.checks import CONTRACT
 from builder.verify.container import LABEL, image_user_check
 from builder.verify.discovery import importable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Where the server's timeout exit code is set, in the image.
+COMMANDS = f"/opt/sandbox/server/{SERVER_PACKAGE}/commands.py"
 CONTRACT_NAMES = {"image-user", "health", "still-serving", *(name for name, _ in CONTRACT)}
 
 
@@ -90,9 +93,7 @@ def test_dockerfile_base_shape_and_hadolint():
     assert "EXPOSE 8888" in text
     users = [line for line in text.splitlines() if line.startswith("USER ")]
     assert users[-1] == "USER 65532:65532"
-    assert text.rstrip().splitlines()[-1] == (
-        'ENTRYPOINT ["python3", "-I", "/opt/sandbox/server.py"]'
-    )
+    assert text.rstrip().splitlines()[-1] == ('ENTRYPOINT ["python3", "-I", "/opt/sandbox/server"]')
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))
     if hadolint is None:
         pytest.skip("hadolint is not installed in this environment")
@@ -197,7 +198,7 @@ def test_reference_image_config(reference_image, docker_client):
     config = docker_client.images.get(reference_image).attrs["Config"]
     assert config["User"] == "65532:65532"
     assert "PYTHONPATH=/app/deps" in config["Env"]
-    assert config["Entrypoint"] == ["python3", "-I", "/opt/sandbox/server.py"]
+    assert config["Entrypoint"] == ["python3", "-I", "/opt/sandbox/server"]
     assert not config.get("Cmd")
     assert "8888/tcp" in config["ExposedPorts"]
     assert config["WorkingDir"] == "/workspace"
@@ -206,8 +207,11 @@ def test_reference_image_config(reference_image, docker_client):
 @pytest.mark.engine
 def test_reference_image_files_are_root_owned(reference_image, docker_client):
     script = (
-        "import os, json; print(json.dumps({p: [os.stat(p).st_uid, oct(os.stat(p).st_mode)]"
-        " for p in ('/app/deps', '/opt/sandbox/server.py', '/workspace')}))"
+        "import os, json; server = '/opt/sandbox/server'\n"
+        "paths = ['/app/deps', '/workspace', '/opt/sandbox', server]\n"
+        "for top, dirs, files in os.walk(server):\n"
+        "    paths += [os.path.join(top, name) for name in dirs + files]\n"
+        "print(json.dumps({p: [os.stat(p).st_uid, oct(os.stat(p).st_mode)] for p in paths}))"
     )
     output = docker_client.containers.run(
         reference_image,
@@ -217,9 +221,19 @@ def test_reference_image_files_are_root_owned(reference_image, docker_client):
         remove=True,
     )
     found = json.loads(output)
-    assert found["/app/deps"] == [0, "0o40755"]
-    assert found["/opt/sandbox/server.py"] == [0, "0o100444"]
-    assert found["/workspace"] == [65532, "0o40755"]
+    assert found.pop("/app/deps") == [0, "0o40755"]
+    assert found.pop("/workspace") == [65532, "0o40755"]
+    # The server: the repository's package directory as it is, no bytecode, root-owned, read-only.
+    image_paths = {
+        path: str(Path("/opt/sandbox/server") / path.relative_to(SERVER))
+        for path in SERVER.rglob("*")
+        if "__pycache__" not in path.parts
+    }
+    directories = {"/opt/sandbox", "/opt/sandbox/server"}
+    directories |= {image for path, image in image_paths.items() if path.is_dir()}
+    assert set(found) == set(image_paths.values()) | directories
+    for path, owner_mode in found.items():
+        assert owner_mode == [0, "0o40755" if path in directories else "0o100444"], path
 
 
 @pytest.mark.engine
@@ -243,8 +257,8 @@ def derived_images(reference_image, docker_client, tmp_path_factory):
         # The server answers a timeout with exit code 1, as the upstream server does.
         "bsi-reference-timeout1:test": [
             "USER 0:0",
-            "RUN sed -i 's/^TIMEOUT_EXIT_CODE = 124$/TIMEOUT_EXIT_CODE = 1/'"
-            " /opt/sandbox/server.py && grep -q '^TIMEOUT_EXIT_CODE = 1$' /opt/sandbox/server.py",
+            f"RUN sed -i 's/^TIMEOUT_EXIT_CODE = 124$/TIMEOUT_EXIT_CODE = 1/' {COMMANDS}"
+            f" && grep -q '^TIMEOUT_EXIT_CODE = 1$' {COMMANDS}",
             "USER 65532:65532",
         ],
         # Runs as root, and ships an /app/deps-extra the sandbox user can write to.

@@ -1,6 +1,6 @@
 """The verifier's own contract check suite against the server process, in milliseconds.
 
-The very checks `verify` runs against a built image run here against `builder/runtime/server.py`
+The very checks `verify` runs against a built image run here against `builder/runtime/server/`
 started as a subprocess in its own pid namespace (as in a container, so the timeout-cleanup
 check sees only the server's processes). The image-only checks (uid, /app/deps, PYTHONPATH) are
 left out by `contract_checks(process_mode=True)`.
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from sandboxserver import ServerProcess
 
-from builder.verify import hardening
+from builder.verify import hardening, race
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
 from builder.verify.client import Machine, Sandbox, multipart_filename
 from builder.verify.discovery import import_checks
@@ -164,9 +164,9 @@ def test_the_race_check_races_the_reads_when_nothing_outside_is_writable(
     server: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     candidates = '(tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm")'
-    assert candidates in hardening.RACE_SETUP
-    monkeypatch.setattr(hardening, "RACE_SETUP", hardening.RACE_SETUP.replace(candidates, "()"))
-    result = run_check("race", partial(hardening.check_race, server))
+    assert candidates in race.RACE_SETUP
+    monkeypatch.setattr(race, "RACE_SETUP", race.RACE_SETUP.replace(candidates, "()"))
+    result = run_check("race", partial(race.check_race, server))
     assert result.passed, result.detail
     assert "(read routes only: nothing outside is writable)" in result.detail
     assert "delete" not in result.detail and "execute-cwd" in result.detail

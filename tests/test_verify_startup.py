@@ -10,14 +10,13 @@ nothing runs emulated while building) on this amd64 engine.
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from builder.runtime import copy_server
 from builder.verify import verify_image
 from builder.verify.client import Machine
 from builder.verify.container import (
@@ -27,7 +26,6 @@ from builder.verify.container import (
     startup_timeout_for,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 EMULATED = Machine(True, "arm64 image on an amd64 engine")
 NATIVE = Machine(False, "amd64 image on an amd64 engine")
 PROBE = "bsi_startup_probe"
@@ -49,15 +47,15 @@ def arm64_sandbox(
     context = tmp_path_factory.mktemp("arm64-sandbox")
     (context / "deps").mkdir()
     (context / "deps" / f"{PROBE}.py").write_text("import platform\nMACHINE = platform.machine()\n")
-    shutil.copy(REPO / "builder" / "runtime" / "server.py", context / "server.py")
+    copy_server(context / "server")
     (context / "Dockerfile").write_text(
         f"FROM {test_env['base_image_arm64']}\n"
         "COPY deps/ /app/deps/\n"
-        "COPY server.py /opt/sandbox/server.py\n"
+        "COPY server/ /opt/sandbox/server/\n"
         "ENV PYTHONPATH=/app/deps\n"
         "WORKDIR /workspace\n"
         "USER 65532:65532\n"
-        'ENTRYPOINT ["python3", "-I", "/opt/sandbox/server.py"]\n'
+        'ENTRYPOINT ["python3", "-I", "/opt/sandbox/server"]\n'
     )
     tag = f"bsi-verify-startup-{uuid.uuid4().hex[:8]}:arm64"
     image, _ = docker_client.images.build(path=str(context), tag=tag, rm=True)

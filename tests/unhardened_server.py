@@ -1,4 +1,4 @@
-"""The runtime contract served the way builder/runtime/server.py served it before issue 9.
+"""The runtime contract served the way builder/runtime/server/ served it before issue 9.
 
 A test fixture, not a server to ship: standard library only, run as a script exactly like the
 real one (`python3 -I unhardened_server.py --host H --port 0 --workspace W`, printing

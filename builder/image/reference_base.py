@@ -35,10 +35,10 @@ from builder.image.index import publish_index
 from builder.image.publish import PushResult
 from builder.image.render import place
 from builder.imageref import ImageRef
+from builder.runtime import copy_server
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
 DOCKERFILE = RUNTIME_DIR / "Dockerfile.base"
-SERVER = RUNTIME_DIR / "server.py"
 DEFAULT_BASE_IMAGE = "python:3.13-slim-trixie"
 LOCK_HEADER = (
     "# The reference runtime base's /app/deps, locked by uv for this architecture.\n"
@@ -48,6 +48,7 @@ LOCK_HEADER = (
 CONTEXT_PIP = "tools/pip.whl"
 CONTEXT_LOCK = "requirements.lock"
 CONTEXT_WHEELS = "wheels"
+CONTEXT_SERVER = "server"
 
 
 def lock_path(arch: str) -> Path:
@@ -120,11 +121,11 @@ def requirements_lock(wheels: tuple[ChosenWheel, ...]) -> str:
 def assemble_context(
     context: Path, *, arch: str, cache: Cache, indexes: tuple[str, ...] = ()
 ) -> None:
-    """Write Dockerfile, server.py, pip, wheels and the pip lock for `arch` into `context`."""
+    """Write Dockerfile, the server, pip, wheels and the pip lock for `arch` into `context`."""
     wheels = chosen_wheels(arch)
     paths = download_all([w.file for w in wheels], cache, indexes)
     shutil.copyfile(DOCKERFILE, context / "Dockerfile")
-    shutil.copyfile(SERVER, context / "server.py")
+    copy_server(context / CONTEXT_SERVER)
     place(builder_pip(cache, indexes), context / CONTEXT_PIP)
     for wheel in wheels:
         place(paths[wheel.file.sha256], context / CONTEXT_WHEELS / wheel.file.filename)

@@ -1,0 +1,44 @@
+"""Sandbox runtime server: the HTTP contract every sandbox image serves (port 8888).
+
+Standard library only, started as ``python3 -I /opt/sandbox/server`` (see ``builder.runtime``
+for why a package directory): isolated mode keeps /app/deps and /app/deps-extra (on PYTHONPATH)
+from shadowing the server's own modules, while the commands it runs still inherit PYTHONPATH
+from its environment.
+
+Routes: ``GET /`` health, ``POST /execute``, ``POST /upload`` (multipart, field ``file`` whose
+filename is the destination), ``GET /download/{path}``, ``GET /list/{path}``,
+``GET /exists/{path}``, ``DELETE /files/{path}``. Paths are percent-decoded exactly once and must
+stay inside the workspace, symlinks included.
+
+Modules, protocol apart from the application (as in ``http.server``):
+
+  framing     HTTP/1.1 request and body framing: deadlines, Content-Length and chunked bodies,
+              ``Expect: 100-continue``, draining or lingering close, errors as JSON
+  listener    the accept path: one thread per connection, bounded
+  app         the routes and the server that holds the workspace, supervisor and limits
+  paths       workspace paths resolved through directory descriptors
+  supervisor  process groups, the child subreaper and the kill rounds
+  commands    /execute's request fields, and running a command to a spooled outcome
+  output      spooled output and the streamed JSON reply
+  forms       multipart/form-data and header parameters
+  limits      concurrent executes
+  config      limits and defaults fixed at start-up
+  main        flags and ``SANDBOX_*`` variables, signals, the reaper thread
+
+Hardening (the commands run as the same user as the server and may race it):
+
+* Paths are resolved through directory descriptors, never by name after a check (``paths``).
+* Process supervision (``supervisor``): every process a command starts is killed when it exits
+  or times out; ``setsid``, double forks and new sessions do not escape.
+* Memory (``output``, ``commands``): command output is spooled to unnamed temporary files
+  (``--spool-dir``, default ``$TMPDIR`` or /tmp, never the workspace; a memfd when no directory
+  is writable), each stream capped at ``--max-output`` raw bytes, and the JSON reply is encoded
+  and streamed in chunks, each stream capped at half of ``--max-reply`` encoded bytes
+  (``"truncated"`` says which were cut). At most ``--max-executes`` commands run at once,
+  ``--max-queued`` more wait; beyond that: 429 with ``Retry-After``.
+* Requests (``listener``, ``framing``): at most ``--max-connections`` connections are served at
+  once (beyond: 503), headers must arrive within ``--header-timeout`` seconds and a body within
+  ``--body-timeout``; every malformed request is answered with a 4xx JSON error. Uploads may
+  come as a chunked body (the upstream SDK streams file objects so), bounded by
+  ``--max-upload`` and the body deadline too.
+"""

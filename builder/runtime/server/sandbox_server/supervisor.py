@@ -1,0 +1,197 @@
+"""Process supervision: none of a command's processes outlives it.
+
+The server is a child subreaper, so every orphan of a command is re-parented to it, not to
+init. Each execution carries a unique ``SANDBOX_EXEC_ID`` in its environment. When the
+command's main process exits or times out, every process below it, every orphan carrying its
+marker and every orphan carrying no marker of a running execution (one that cleared its
+environment) is killed, in rounds, until none is left; ``setsid``, double forks and new
+sessions do not escape. What can still escape: nothing that stays a descendant of the server. A
+process that clears its environment while another command is running is treated as an orphan of
+whichever execution finishes first (killed early, never missed). Without the subreaper (a kernel
+without PR_SET_CHILD_SUBREAPER, and the server not PID 1) orphans go to init and only the
+environment marker finds them, so a process that both clears its environment and double-forks
+escapes in that case only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+
+MARKER_VAR = "SANDBOX_EXEC_ID"
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_child_subreaper() -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER): orphans below the server are re-parented to it rather
+    than to init. Needs no capability; False where the kernel or libc lacks it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state) of every process visible in /proc."""
+    table: dict[int, tuple[int, str]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            table[int(name)] = (int(fields[1]), fields[0].decode())
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def children_of(table: dict[int, tuple[int, str]], parent: int) -> list[int]:
+    return [pid for pid, (ppid, _) in table.items() if ppid == parent]
+
+
+def live_subtrees(table: dict[int, tuple[int, str]], roots: list[int], spare: int) -> set[int]:
+    """``roots`` and every process below them, zombies and ``spare`` (the server) left out."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in found or pid == spare:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, []))
+    return {pid for pid in found if table[pid][1] != "Z"}
+
+
+def marker_of(pid: int) -> str | None:
+    """The execution marker in a process's environment (None: none, or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            environ = handle.read()
+    except OSError:
+        return None
+    prefix = MARKER_VAR.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode("ascii", "replace")
+    return None
+
+
+class Supervisor:
+    """Starts commands and makes sure none of their processes outlive them.
+
+    The server is a child subreaper (and, in a container, PID 1), so every process a command
+    starts stays a descendant of the server, whatever it does with sessions and groups: while
+    its parent lives it hangs below the command, and once orphaned it hangs directly below the
+    server. Each execution's processes carry ``SANDBOX_EXEC_ID=<random>`` in their environment.
+    :meth:`sweep` kills, in rounds until a round finds nothing: the command's leader and all its
+    descendants, and every orphan below the server (with its descendants) that carries the
+    execution's marker or no marker of a running execution."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.subreaper = set_child_subreaper()
+        self._lock = threading.Lock()
+        self._leaders: dict[int, str] = {}  # running commands' main pids -> marker
+
+    def spawn(
+        self, argv: list[str], env: dict[str, str], cwd_fd: int
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """Start ``argv`` in its own session, in the directory ``cwd_fd`` (fchdir in the child,
+        so the directory is the one resolved, whatever its name points at by then)."""
+        marker = secrets.token_hex(16)
+        with self._lock:  # registered before any sweep or reap can see the new child
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env | {MARKER_VAR: marker},
+                start_new_session=True,
+                preexec_fn=functools.partial(os.fchdir, cwd_fd),
+            )
+            self._leaders[proc.pid] = marker
+        return proc, marker
+
+    def release(self, proc: subprocess.Popen[bytes]) -> None:
+        """Reap the command's main process and forget it."""
+        proc.wait()
+        with self._lock:
+            self._leaders.pop(proc.pid, None)
+
+    def _victims(self, table: dict[int, tuple[int, str]], leader: int, marker: str) -> set[int]:
+        roots = [leader] if leader in table else []
+        running = set(self._leaders.values())
+        for pid in children_of(table, self.pid):
+            if pid in self._leaders:
+                continue
+            found = marker_of(pid)
+            if found == marker or found not in running:
+                roots.append(pid)
+        if not self.subreaper and self.pid != 1:  # orphans went to init: the marker only
+            roots += [pid for pid in table if pid != self.pid and marker_of(pid) == marker]
+        return live_subtrees(table, roots, self.pid)
+
+    def sweep(self, proc: subprocess.Popen[bytes], marker: str) -> int:
+        """Kill every process of one execution (its leader included); the number killed."""
+        killed = 0
+        for attempt in range(500):
+            with self._lock:  # no command can be spawned between the scan and the kill
+                victims = self._victims(process_table(), proc.pid, marker)
+                for pid in victims:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            if not victims:
+                break
+            killed += len(victims - {proc.pid})
+            self.reap_orphans()
+            time.sleep(min(0.001 * attempt, 0.02))
+        return killed
+
+    def kill_everything(self) -> None:
+        """Server shutdown: kill every descendant."""
+        for _ in range(200):
+            with self._lock:
+                table = process_table()
+                alive = live_subtrees(table, children_of(table, self.pid), self.pid)
+                for pid in alive:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            self.reap_orphans()
+            if not alive:
+                return
+            time.sleep(0.01)
+
+    def reap_orphans(self) -> None:
+        """Reap the zombies of orphans re-parented to the server (as subreaper or PID 1), never
+        a command's main process, whose Popen reaps it."""
+        with self._lock:
+            owned = set(self._leaders)
+            for pid, (ppid, state) in process_table().items():
+                if state == "Z" and ppid == self.pid and pid not in owned:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits; None where the kernel lacks it."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def has_exited(pid: int) -> bool:
+    """True once the child has exited, without reaping it."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
