@@ -20,6 +20,7 @@ import base64
 import functools
 import json
 import os
+import subprocess
 import urllib.error
 from pathlib import Path
 from typing import NamedTuple
@@ -171,3 +172,21 @@ def reference_image(test_env: dict, docker_client) -> str:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
         pytest.fail(f"building the reference base failed ({result.returncode}):\n{tail}")
     return REFERENCE_TAG
+
+
+@pytest.fixture(scope="session")
+def second_engine(docker_client):
+    """A second Docker engine on this machine (tests/secondengine.py), stopped after the session.
+
+    Needs the first engine's setup (binfmt, the registry) but none of its images: what the second
+    engine builds from comes from the local registry, as a remote build host's would.
+    """
+    from secondengine import SecondEngine
+
+    engine = SecondEngine()
+    try:
+        engine.start()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+        unavailable(f"second engine: {error}")
+    yield engine
+    engine.stop()
