@@ -24,11 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from builder.credentials import from_environment, lookup  # noqa: E402
+from builder.credentials import from_environment, registry  # noqa: E402
 from builder.engine import engine_client  # noqa: E402
 from builder.image.build import build_image  # noqa: E402
-from builder.image.index import publish_index  # noqa: E402
-from builder.imageref import ImageRef  # noqa: E402
+from builder.image.from_engine import push_engine_images  # noqa: E402
+from builder.oci.name import ImageRef  # noqa: E402
 
 STEP = re.compile(r"^\[arm64\] #(\d+) \[(.+?)\] (RUN .*)$")
 DONE = re.compile(r"^\[arm64\] #(\d+) DONE ([0-9.]+)s$")
@@ -54,10 +54,8 @@ def fresh_base(base: str, arches: list[str], temp: Path) -> str:
         )
         for arch in arches
     }
-    repository = f"{ref.registry}/bsi-bench-{run}/base"
-    publish_index(
-        client, images, repository, ["1.0"], base_image=base, credentials=lookup(ref.registry)
-    )
+    repository = ImageRef.parse_repository(f"{ref.registry}/bsi-bench-{run}/base")
+    push_engine_images(client, images, registry(repository), ["1.0"], ref)
     return f"{repository}:1.0"
 
 

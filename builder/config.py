@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from builder.errors import UserError
-from builder.imageref import TAG_RE
+from builder.oci.name import TAG_RE
 
 KNOWN_KEYS = {
     "requirements", "constraints", "base-repository", "platform-version", "architectures",

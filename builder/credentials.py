@@ -10,8 +10,9 @@ the registry's `credHelpers` entry, the default `credsStore`, and last an inline
 a `<token>` username means the secret is an identity token; a failing helper (or one answering
 garbage) means "none"; one printing more than 1 MiB is an error, as is a helper name that is not
 a plain word (it would run a path).
-Docker Hub is keyed `https://index.docker.io/v1/`. Push (through the engine), the engine pull
-and the engine-less registry client all use `lookup`.
+Docker Hub is keyed `https://index.docker.io/v1/`. The engine pull and the registry client
+(`registry`, a `builder.oci` client with the login found here) all use `lookup`; the OCI core
+defines `Credentials` and never reads a Docker config itself.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import re
 import selectors
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder.errors import UserError
-from builder.imageref import DOCKER_HUB, DOCKER_HUB_API, HUB_ALIASES
+from builder.oci.auth import Credentials
+from builder.oci.client import Registry
+from builder.oci.name import DOCKER_HUB, DOCKER_HUB_API, HUB_ALIASES, ImageRef
 
 CREDENTIAL_ENV = (
     ("BSI_REGISTRY_USER", "BSI_REGISTRY_PASSWORD"),
@@ -41,24 +43,23 @@ TOKEN_USER = "<token>"  # a helper's username for "the secret is an identity tok
 HELPER_TIMEOUT = 30  # seconds; a helper that hangs (a locked keychain) must not stall a plan
 HELPER_OUTPUT_LIMIT = 1 << 20  # bytes a helper may print; a login is a few KiB
 HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # no path: docker-credential-<word>
-AUTH_HINT = "log in (docker login {host}) or set BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD"
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """A login for one registry; `secret` is a password or, with `identity_token`, a token."""
+def registry(ref: ImageRef, label: str | None = None) -> Registry:
+    """A registry client on `ref`'s repository, with the login docker would use there."""
+    return Registry(ref, label, lookup(ref.registry))
 
-    username: str
-    secret: str
-    source: str  # where it was found, for messages: an env var, a helper, config.json
-    identity_token: bool = False
 
-    def engine_auth(self, registry: str) -> dict[str, str]:
-        """The auth_config the engine API takes for a pull or push."""
-        server = server_url(registry)
-        if self.identity_token:
-            return {"identitytoken": self.secret, "serveraddress": server}
-        return {"username": self.username, "password": self.secret, "serveraddress": server}
+def engine_config(credentials: Credentials, registry: str) -> dict[str, str]:
+    """The auth_config the engine API takes for a pull or push."""
+    server = server_url(registry)
+    if credentials.identity_token:
+        return {"identitytoken": credentials.secret, "serveraddress": server}
+    return {
+        "username": credentials.username,
+        "password": credentials.secret,
+        "serveraddress": server,
+    }
 
 
 def server_url(registry: str) -> str:
@@ -74,7 +75,7 @@ def lookup(registry: str) -> Credentials | None:
 def engine_auth(registry: str) -> dict[str, str] | None:
     """`lookup` in the engine's shape; None lets the engine go anonymous."""
     found = lookup(registry)
-    return found.engine_auth(registry) if found else None
+    return engine_config(found, registry) if found else None
 
 
 def from_environment(registry: str | None = None) -> Credentials | None:

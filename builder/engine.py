@@ -10,7 +10,7 @@ import docker.errors
 
 from builder.credentials import engine_auth
 from builder.errors import UserError
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 PING_TIMEOUT = 3  # seconds: an absent engine must not stall an offline plan

@@ -7,7 +7,6 @@ arches each image is pushed by digest and the tags name one index of them (build
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -19,18 +18,20 @@ from typing import Any
 
 import docker
 
+from builder import credentials
 from builder.analysis.plan import Plan
 from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
 from builder.cache import Cache
-from builder.credentials import Credentials, lookup
+from builder.credentials import Credentials
 from builder.image.assemble import Assembled, assemble
 from builder.image.build import Log, base_logins, build_image
-from builder.image.index import publish_assembled
+from builder.image.from_engine import assembled_image, base_layers
 from builder.image.layer import Layer
-from builder.image.publish import PushResult
 from builder.image.render import Secrets, dockerfile
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, Written, write
+from builder.oci.v1 import Index, Platform
 from builder.verify import Check, VerifyReport, verify_image
 
 Say = Callable[[str], None]
@@ -214,25 +215,32 @@ def push(
     annotations: Mapping[str, str],
     cache: Cache,
     say: Say,
-) -> PushResult:
-    """Each arch's exact blobs by digest; then the tags name it, or an index of several."""
-    registry = ImageRef.parse_repository(repository, "push target").registry
+) -> Written:
+    """Each arch's exact blobs by digest; then the tags name it, or an index of several.
+
+    All or nothing: no tag moves until every arch's manifest is in the registry.
+    """
+    target = credentials.registry(ImageRef.parse_repository(repository, "push target"), repository)
+    base = ImageRef.parse(base_image, "base image")
     say(f"pushing {', '.join(tags)} ...")
-    pushed, images = publish_assembled(
-        client,
-        [b.image for b in builds],
-        repository,
-        tags,
-        base_image=base_image,
-        annotations=annotations,
-        cache=cache,
-        credentials=lookup(registry),
-        say=say,
-    )
-    for built in builds:
-        built.digest = images[built.arch].digest
-        built.pushed_layer = json.loads(images[built.arch].manifest)["layers"][-1]
-    return pushed
+    with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
+        images, blobs = [], Blobs()
+        for built in builds:
+            say(f"pushing {built.arch} image {built.image_id[:19]} to {repository} by digest ...")
+            found = base_layers(base, built.arch, target)
+            image, sources = assembled_image(client, built.image, found, cache, Path(scratch))
+            images.append(image)
+            blobs |= sources
+            built.digest, built.pushed_layer = image.digest, image.layers[-1].to_dict()
+        index = (
+            Index.build(
+                [(Platform.linux(b.arch), i) for b, i in zip(builds, images, strict=True)],
+                annotations,
+            )
+            if len(images) > 1
+            else None
+        )
+        return write(target, images, blobs, index=index, tags=tags)
 
 
 def arch_tag(tag: str, arch: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import docker
 
-from builder import multiarch
+from builder import credentials, multiarch
 from builder.analysis.index import start_downloads
 from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
 from builder.analysis.requirements import read_requirements
@@ -26,15 +26,15 @@ from builder.cache import Cache
 from builder.config import PipelineConfig, set_platform_version
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
 from builder.image.gzipped import ahead as gzip_ahead
-from builder.image.index import ArchImage, put_index
 from builder.image.labels import created, image_labels
 from builder.image.layer import Layer
-from builder.image.publish import PushResult, extras_hash, image_tags
+from builder.image.publish import extras_hash, image_tags
 from builder.image.render import Secrets, check_output, lock_text, render, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
-from builder.imageref import ImageRef
 from builder.multiarch import ArchBuild, Finish
-from builder.oci import Registry
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, Written, write
+from builder.oci.v1 import Index, Platform
 from builder.rebase import AptAhead, rebase
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state, state_of
 from builder.verify import VerifyReport
@@ -187,7 +187,7 @@ class Outcome:
     built_arch: str | None = None
     tag: str | None = None
     verification: VerifyReport | None = None  # every arch's checks, each line naming its arch
-    pushed: PushResult | None = None  # with several arches: the index
+    pushed: Written | None = None  # with several arches: the index
     template_change: TemplateChange | None = None
     notes: list[str] = field(default_factory=list)
     builds: list[ArchBuild] = field(default_factory=list)
@@ -423,16 +423,24 @@ def _rebase(
         record["bytes_pushed"] = sum(r.bytes_pushed for r in done)
         record["image_size"] = sum(r.image_size for r in done)
     if multi and outcome.succeeded:
-        target = Registry(ImageRef.parse_repository(delivery.push_repository, "push target"))
-        images = [ArchImage(r.arch, r.digest, len(r.manifest), r.manifest, r.media_type)
-                  for r in done]  # fmt: skip
+        target = credentials.registry(
+            ImageRef.parse_repository(delivery.push_repository, "push target"),
+            delivery.push_repository,
+        )
+        images = [r.image for r in done if r.image is not None]
+        index = Index.build(
+            [(Platform.linux(r.arch), r.image) for r in done if r.image is not None],
+            finished.labels,
+        )
         tags = image_tags(delivery.push_repository, version, extras_of(plan))
-        pushed = put_index(target, images, tags, finished.labels)
-        outcome.pushed = PushResult(delivery.push_repository, pushed.tags, pushed.digest)
+        pushed = write(target, images, Blobs(), index=index, tags=tags)
+        outcome.pushed = pushed
         record |= {"pushed": outcome.pushed.reference, "tags": list(pushed.tags)}
         record["index"] = pushed.digest
     elif done[0].tags:
-        outcome.pushed = PushResult(done[0].repository, done[0].tags, done[0].digest)
+        outcome.pushed = Written(
+            done[0].repository, done[0].digest, done[0].tags, done[0].bytes_pushed
+        )
     if outcome.pushed and delivery.template:
         outcome.template_change = set_image(
             delivery.template, outcome.pushed.reference, delivery.container

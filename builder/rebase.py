@@ -21,18 +21,20 @@ from typing import Any
 import docker
 import docker.errors
 
-from builder import contract
+from builder import contract, credentials
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.credentials import engine_auth
-from builder.errors import RegistryError, UserError
+from builder.errors import UserError
 from builder.image.apt import AptImage, build_apt_image, saved_layer
 from builder.image.assemble import load
 from builder.image.gzipped import gzipped
 from builder.image.publish import image_tags
-from builder.image.rebase import Image, NewLayer, append, canonical, extend_config, top
-from builder.imageref import ImageRef
-from builder.oci import INDEX_TYPES, Registry, platform_entry
+from builder.oci.client import Registry
+from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config, top
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, resolve, write
+from builder.oci.v1 import Image, Platform, canonical
 from builder.verify import VerifyReport, verify_image
 
 
@@ -49,8 +51,7 @@ class Rebased:
     image_size: int  # config plus every layer, compressed
     verification: VerifyReport | None = None
     notes: list[str] = field(default_factory=list)
-    manifest: bytes = field(default=b"", repr=False)  # as pushed: an index names its digest
-    media_type: str = ""
+    image: Image | None = field(default=None, repr=False)  # as pushed: an index names it
 
     @property
     def reference(self) -> str:
@@ -96,11 +97,13 @@ def rebase(
     base_ref = ImageRef.parse(plan.base.image, "base image")
     if not plan.base.digest:
         raise UserError(f"base {plan.base.image}: no digest probed; cannot rebase onto it")
-    target = Registry(ImageRef.parse_repository(repository))
-    bases = Registry(base_ref)
-    old_base = _image(bases, previous_base_digest, arch)
-    new_base = _image(bases, plan.base.digest, arch)
-    old = _image(Registry(old_ref), old_ref.digest or old_ref.reference, arch)
+    target = credentials.registry(ImageRef.parse_repository(repository), repository)
+    bases = credentials.registry(base_ref)
+    olds = credentials.registry(old_ref)
+    platform = Platform.linux(arch)
+    old_base = resolve(bases, platform, previous_base_digest)
+    new_base = resolve(bases, platform, plan.base.digest)
+    old = resolve(olds, platform)
     added = top(old, old_base)
     if not added or EXTRA_DEPS not in added[-1].created_by:
         raise UserError(f"{previous_image}: its top layer is not {EXTRA_DEPS}")
@@ -112,19 +115,19 @@ def rebase(
         if apt is None:
             say(f"rebuilding the apt layer ({' '.join(packages)}) on {plan.base_image} ...")
             apt = build_apt_image(plan.base_image, packages, arch, client, apt_secrets)
-    settings: dict[str, Any] = {
-        "env": {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
-        "user": contract.SANDBOX_USER,
-        "labels": labels,
-        "created": created,
-    }
+    change = ConfigChange(
+        {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"}, contract.SANDBOX_USER, labels, created
+    )
     loaded = [NewLayer("", apt.diff_id, 0, apt.created_by)] if apt else []
-    config = canonical(extend_config(new_base.config, [*loaded, deps], **settings))
+    config = canonical(extend_config(new_base.config, [*loaded, deps], change))
+    sources: dict[str, BlobSource] = {
+        layer.digest: InRepository(bases) for layer in new_base.layers
+    }
+    sources[deps.digest] = InRepository(olds)
+    blobs = Blobs(sources, (bases, olds))
     result = Rebased(repository, "", (), arch, deps.digest, 0, 0)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the push overlaps loading and verifying
-        pushing = pool.submit(
-            _publish, target, new_base, apt, deps, settings, base_ref, old_ref, cache, client
-        )
+        pushing = pool.submit(_publish, target, new_base, apt, deps, change, blobs, cache, client)
         engine_name = _into_engine(
             client, config, deps.diff_id, cache, pushing, repository, target.ref.registry, say
         )
@@ -137,17 +140,12 @@ def rebase(
         image, result.bytes_pushed = pushing.result()
     if image.config_bytes != config:
         raise UserError(f"rebase of {previous_image}: the pushed config is not the one verified")
-    result.digest, result.manifest = image.digest, image.manifest_bytes
-    result.media_type = image.manifest["mediaType"]
-    result.image_size = len(config) + sum(layer["size"] for layer in image.layers)
+    result.digest, result.image = image.digest, image
+    result.image_size = image.size
     if not result.verification.passed or not tag:
         return result  # pushed by digest only: no tag, no template names it
     tags = image_tags(repository, platform_version, extras)
-    for name in tags:
-        target.put_manifest(
-            name.rsplit(":", 1)[1], image.manifest_bytes, image.manifest["mediaType"]
-        )
-    result.tags = tuple(tags)
+    result.tags = write(target, [image], Blobs(), tags=tags).tags
     return result
 
 
@@ -181,63 +179,28 @@ class AptAhead:
         return future.result() if future is not None and wanted == tuple(packages) else None
 
 
-def _image(registry: Registry, reference: str, arch: str) -> Image:
-    """The `arch` image `reference` names (through an index when it is one).
-
-    Documents of another shape (an index naming an index, layers that are not descriptors, no
-    diff IDs) are a RegistryError naming the image, not a traceback from deep in the rebase.
-    """
-    manifest, digest = registry.manifest(reference)
-    try:
-        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-            # the plain variant, as the probe and BuildKit take it (not an amd64/v3 build)
-            entry = platform_entry(manifest["manifests"], arch, default_variant=True)
-            if entry is None:
-                raise UserError(f"{registry.label}@{digest}: no linux/{arch} image in the index")
-            manifest, digest = registry.manifest(entry["digest"])
-            if "manifests" in manifest:
-                raise RegistryError(f"{registry.label}: its index names another index for {arch}")
-        image = Image(manifest, registry.json_blob(manifest["config"]["digest"]))
-        for layer in image.layers:
-            if not isinstance(layer["digest"], str) or not isinstance(layer["size"], int):
-                raise TypeError(f"layer descriptor {str(layer)[:80]}")
-        if not all(isinstance(d, str) for d in image.diff_ids) or not all(
-            isinstance(h, dict) for h in image.config.get("history") or []
-        ):
-            raise TypeError("rootfs.diff_ids or history")
-    except (KeyError, TypeError, AttributeError) as error:  # JSON of the wrong shape
-        raise RegistryError(
-            f"{registry.label}@{digest}: malformed manifest or image config"
-            f" ({type(error).__name__}: {str(error)[:100]})"
-        ) from None
-    return image
-
-
 def _publish(
     target: Registry,
     base: Image,
     apt: AptImage | None,
     deps: NewLayer,
-    settings: dict[str, Any],
-    base_ref: ImageRef,
-    old: ImageRef,
+    change: ConfigChange,
+    blobs: Blobs,
     cache: Cache,
     client: docker.DockerClient,
 ) -> tuple[Image, int]:
-    """Gzip the apt layer out of its image, write the manifest, push all by digest only.
+    """Gzip the apt layer out of its image, put the layers on the base, write it by digest.
 
-    Returns the image as pushed (no tag yet) and the bytes that travelled.
+    Returns the image as written (no tag yet) and the bytes that travelled.
     """
-    layers, local = [], {}  # local: blobs only this machine has, digest -> file
+    layers = []
     if apt is not None:
         tar = saved_layer(apt, cache, client)
         blob = gzipped(tar.path, tar.diff_id, cache)
         layers.append(NewLayer(blob.digest, apt.diff_id, blob.size, apt.created_by))
-        local[blob.digest] = blob.path
-    image = append(base, [*layers, deps], **settings)
-    uploaded = _push_blobs(target, image, base_ref, old, local)
-    target.put_manifest(image.digest, image.manifest_bytes, image.manifest["mediaType"])
-    return image, uploaded + len(image.manifest_bytes)
+        blobs = blobs | Blobs({blob.digest: LocalFile(blob.path)})
+    image = append(base, [*layers, deps], change)
+    return image, write(target, [image], blobs).bytes_uploaded
 
 
 def _into_engine(
@@ -269,30 +232,3 @@ def _into_engine(
     say(f"pulling {repository}@{image.digest} to verify it ...")
     client.api.pull(repository, tag=image.digest, auth_config=engine_auth(registry), stream=False)
     return f"{repository}@{image.digest}"
-
-
-def _push_blobs(
-    target: Registry, image: Image, base: ImageRef, old: ImageRef, local: dict[str, Path]
-) -> int:
-    """Make every blob of `image` present in `target`; returns the bytes uploaded."""
-    sources = {base.repository, old.repository} - {target.ref.repository}
-    uploaded = 0
-    for layer in image.layers:
-        digest = layer["digest"]
-        if target.blob_exists(digest):
-            continue
-        if target.ref.registry in {base.registry, old.registry} and any(
-            target.mount(digest, source) for source in sorted(sources)
-        ):
-            continue
-        if digest in local:
-            target.upload_blob(local[digest], digest)
-        else:  # a base layer from another registry: stream it across, verified on both ends
-            with Registry(base).blob(digest) as blob:
-                target.upload_blob(blob, digest)  # type: ignore[arg-type]
-        uploaded += layer["size"]
-    config = image.config_bytes
-    if not target.blob_exists(image.manifest["config"]["digest"]):
-        target.upload_blob(config, image.manifest["config"]["digest"])
-        uploaded += len(config)
-    return uploaded

@@ -64,8 +64,6 @@ MULTIARCH_NAME="${STANDIN_IMAGE%%:*}"
 MULTIARCH_TAG="${STANDIN_IMAGE##*:}"
 MULTIARCH_REPO="$REGISTRY_ADDR/$MULTIARCH_NAME"
 MULTIARCH_BASE="$MULTIARCH_REPO:$MULTIARCH_TAG"
-MANIFEST_V2=application/vnd.docker.distribution.manifest.v2+json
-MANIFEST_LIST=application/vnd.docker.distribution.manifest.list.v2+json
 
 BINFMT_DIR=/proc/sys/fs/binfmt_misc
 # Debian's registration line for aarch64 (magic, mask, interpreter, flags); F is added if missing.
@@ -444,95 +442,20 @@ step_registry() {
 # Set by step_multiarch for the test-env file: digests of the index and of each arch's manifest.
 INDEX_DIGEST="" AMD64_DIGEST="" ARM64_DIGEST=""
 
-# registry_api PATH [CURL_ARG...]: /v2/<name>/PATH of the stand-in's repository, test credentials.
-registry_api() {
-	local path="$1"
-	shift
-	curl -sS --fail --max-time 30 --noproxy '*' -u "$REGISTRY_USER:$REGISTRY_PASSWORD" "$@" \
-		"http://$REGISTRY_ADDR/v2/$MULTIARCH_NAME/$path"
-}
-
-# manifest_head REFERENCE MEDIA_TYPE: prints "<digest> <size>" of that manifest in the registry.
-manifest_head() {
-	registry_api "manifests/$1" -I -H "Accept: $2" | tr -d '\r' |
-		awk 'tolower($1) == "docker-content-digest:" { d = $2 }
-		     tolower($1) == "content-length:" { n = $2 }
-		     END { print d, n }'
-}
-
-# Prints "<os>/<architecture> <digest>" for each manifest the index tag names; nothing when the tag
-# is missing or names a single image.
-index_entries() {
-	local body
-	body="$(registry_api "manifests/$MULTIARCH_TAG" -H "Accept: $MANIFEST_LIST" 2>/dev/null)" ||
-		return 0
-	"$PYTHON" -c 'import json, sys
-for entry in json.loads(sys.argv[1]).get("manifests", []):
-    platform = entry.get("platform", {})
-    print(platform.get("os", "?") + "/" + platform.get("architecture", "?"), entry["digest"])' \
-		"$body"
-}
-
-# has_repo_digest IMAGE DIGEST: the local IMAGE is the one pushed as <repo>@DIGEST.
-has_repo_digest() {
-	"$DOCKER" image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$1" |
-		grep -qx "$MULTIARCH_REPO@$2"
-}
-
-# Pushes each stand-in as <repo>:<tag>-<arch>, then PUTs a manifest list naming both by digest.
-push_multiarch() {
-	local config arch image digest size platform entries=()
-	config="$(mktemp -d)" # a throwaway docker config: the credentials stay out of ~/.docker
-	# shellcheck disable=SC2064  # expand $config now
-	trap "rm -rf '$config'" EXIT
-	local out # login warns on stderr about the plain-text config, which is thrown away below
-	out="$("$DOCKER" --config "$config" login -u "$REGISTRY_USER" --password-stdin \
-		"$REGISTRY_ADDR" <<<"$REGISTRY_PASSWORD" 2>&1)" || {
-		printf '%s\n' "$out" >&2
-		die "docker login $REGISTRY_ADDR failed"
-	}
-	for arch in amd64 arm64; do
-		image="$STANDIN_IMAGE" platform='{"architecture": "amd64", "os": "linux"}'
-		if [[ "$arch" == arm64 ]]; then
-			image="$STANDIN_ARM64_IMAGE"
-			platform='{"architecture": "arm64", "os": "linux", "variant": "v8"}'
-		fi
-		"$DOCKER" tag "$image" "$MULTIARCH_REPO:$MULTIARCH_TAG-$arch"
-		"$DOCKER" --config "$config" push "$MULTIARCH_REPO:$MULTIARCH_TAG-$arch" >/dev/null ||
-			die "docker push $MULTIARCH_REPO:$MULTIARCH_TAG-$arch failed"
-		read -r digest size < <(manifest_head "$MULTIARCH_TAG-$arch" "$MANIFEST_V2")
-		[[ "$digest" == sha256:* && -n "$size" ]] ||
-			die "registry has no manifest for $MULTIARCH_REPO:$MULTIARCH_TAG-$arch after the push"
-		entries+=("$(printf '{"mediaType": "%s", "digest": "%s", "size": %s, "platform": %s}' \
-			"$MANIFEST_V2" "$digest" "$size" "$platform")")
-	done
-	rm -rf "$config"
-	trap - EXIT
-	printf '{"schemaVersion": 2, "mediaType": "%s", "manifests": [%s, %s]}' \
-		"$MANIFEST_LIST" "${entries[0]}" "${entries[1]}" |
-		registry_api "manifests/$MULTIARCH_TAG" -X PUT -o /dev/null \
-			-H "Content-Type: $MANIFEST_LIST" --data-binary @- ||
-		die "PUT of the index $MULTIARCH_BASE failed"
-	say "multi-arch: pushed $MULTIARCH_BASE (amd64 + arm64)"
-}
-
+# The tool's own publishing path (builder.image.push_images: each stand-in by digest, the index
+# under the tag, each arch also under <tag>-<arch>); it pushes nothing when the tag already names
+# exactly these two images. The test credentials go through the environment, never ~/.docker.
 step_multiarch() {
-	local entries
-	entries="$(index_entries)"
-	AMD64_DIGEST="$(sed -n 's|^linux/amd64 ||p' <<<"$entries")"
-	ARM64_DIGEST="$(sed -n 's|^linux/arm64 ||p' <<<"$entries")"
-	if [[ "$(wc -l <<<"$entries")" == 2 && -n "$AMD64_DIGEST" && -n "$ARM64_DIGEST" ]] &&
-		has_repo_digest "$STANDIN_IMAGE" "$AMD64_DIGEST" &&
-		has_repo_digest "$STANDIN_ARM64_IMAGE" "$ARM64_DIGEST"; then
-		say "multi-arch: $MULTIARCH_BASE already names both stand-ins"
-	else
-		push_multiarch
-		entries="$(index_entries)"
-		AMD64_DIGEST="$(sed -n 's|^linux/amd64 ||p' <<<"$entries")"
-		ARM64_DIGEST="$(sed -n 's|^linux/arm64 ||p' <<<"$entries")"
-	fi
-	read -r INDEX_DIGEST _ < <(manifest_head "$MULTIARCH_TAG" "$MANIFEST_LIST")
-	[[ "$INDEX_DIGEST" == sha256:* ]] || die "registry does not serve the index $MULTIARCH_BASE"
+	local digests
+	digests="$(BSI_REGISTRY="$REGISTRY_ADDR" BSI_REGISTRY_USER="$REGISTRY_USER" \
+		BSI_REGISTRY_PASSWORD="$REGISTRY_PASSWORD" \
+		"$VENV/bin/python" -m builder.image.push_images "$MULTIARCH_BASE" \
+		"amd64=$STANDIN_IMAGE" "arm64=$STANDIN_ARM64_IMAGE")" ||
+		die "pushing the index $MULTIARCH_BASE failed"
+	read -r INDEX_DIGEST AMD64_DIGEST ARM64_DIGEST <<<"$digests"
+	[[ "$INDEX_DIGEST" == sha256:* && "$AMD64_DIGEST" == sha256:* && "$ARM64_DIGEST" == sha256:* ]] ||
+		die "registry does not serve the index $MULTIARCH_BASE"
+	say "multi-arch: $MULTIARCH_BASE names amd64 $AMD64_DIGEST and arm64 $ARM64_DIGEST"
 }
 
 # ---------------------------------------------------------------------------------------------

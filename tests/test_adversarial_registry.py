@@ -18,11 +18,13 @@ import pytest
 from credhelp import write_docker_config
 from registryhelp import CREDENTIAL_VARS
 
-from builder import oci
 from builder.credentials import SCOPE_ENV, Credentials, lookup
 from builder.errors import RegistryAuthError, RegistryError, UserError
-from builder.imageref import ImageRef
-from builder.oci import Registry
+from builder.oci import auth
+from builder.oci import client as oci
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.v1 import Descriptor, Index, Platform, canonical
 
 LOGIN = Credentials("bsi", "the-password", "test")
 Reply = tuple[int, dict[str, str], bytes]
@@ -177,12 +179,12 @@ def test_oversized_manifest_and_config_are_refused_by_size(serve, monkeypatch):
     with pytest.raises(RegistryError, match="larger than"):
         client.manifest("1")
     with pytest.raises(RegistryError, match="larger than"):
-        client.json_blob(_digest(big))
+        client.small_blob(_digest(big))
 
 
 def test_token_service_answer_is_bounded(serve):
     """A token service streaming megabytes is cut off, not held in memory whole."""
-    huge = json.dumps({"token": "t", "pad": "x" * (oci.MAX_TOKEN_ANSWER + 10)}).encode()
+    huge = json.dumps({"token": "t", "pad": "x" * (auth.MAX_TOKEN_ANSWER + 10)}).encode()
 
     def route(method: str, path: str) -> Reply:
         if path.startswith("/token"):
@@ -196,22 +198,42 @@ def test_token_service_answer_is_bounded(serve):
         client.manifest("1")
 
 
-def test_platform_entry_picks_the_first_linux_entry_of_the_arch():
-    def entry(arch, variant=None, os="linux"):
-        platform = {"os": os, "architecture": arch} | ({"variant": variant} if variant else {})
-        return {"digest": f"{os}/{arch}/{variant}", "platform": platform}
+def test_one_variant_rule_picks_an_index_entry():
+    """amd64: plain or v1-v4, plain (or v1) preferred; arm64: v8, a missing variant is v8."""
 
+    def entry(arch, variant=None, os="linux", n=0):
+        platform = {"os": os, "architecture": arch} | ({"variant": variant} if variant else {})
+        digest = f"sha256:{hashlib.sha256(f'{os}/{arch}/{variant}/{n}'.encode()).hexdigest()}"
+        return {"mediaType": "m", "digest": digest, "size": 1, "platform": platform}
+
+    def pick(entries, arch):
+        index = Index.parse(canonical({"manifests": entries}))
+        found = index.pick(Platform.linux(arch))
+        return found.to_dict() if found else None
+
+    unknown = {
+        "digest": "sha256:" + "0" * 64,
+        "size": 1,
+        "mediaType": "m",
+        "platform": {"os": "unknown", "architecture": "unknown"},
+    }
     entries = [
-        {"digest": "attestation", "platform": {"os": "unknown", "architecture": "unknown"}},
+        unknown,
         entry("amd64", os="windows"),
         entry("amd64", "v3"),
         entry("amd64"),
         entry("arm64", "v8"),
         entry("arm64"),
     ]
-    assert oci.platform_entry(entries, "amd64") == entry("amd64", "v3")  # any variant
-    assert oci.platform_entry(entries, "amd64", default_variant=True) == entry("amd64")
-    assert oci.platform_entry(entries, "arm64", default_variant=True) == entry("arm64", "v8")
-    assert oci.platform_entry([entry("arm64", "v9")], "arm64", default_variant=True) is None
-    assert oci.platform_entry(entries, "s390x") is None
-    assert oci.platform_entry([], "amd64") is None
+    assert pick(entries, "amd64") == entry("amd64")  # plain beats the v3 listed first
+    assert pick([entry("amd64", "v3"), entry("amd64", "v2")], "amd64") == entry("amd64", "v2")
+    assert pick([entry("amd64", "v3"), entry("amd64", "v1")], "amd64") == entry("amd64", "v1")
+    assert pick([entry("amd64", "v5")], "amd64") is None
+    assert pick(entries, "arm64") == entry("arm64", "v8")
+    assert pick([entry("arm64")], "arm64") == entry("arm64")  # no variant counts as v8
+    assert pick([entry("arm64", "v9")], "arm64") is None
+    assert pick(entries, "s390x") is None
+    assert pick([], "amd64") is None
+    assert Platform.of_machine("aarch64") == Platform("arm64", "linux", "v8")
+    assert Platform.of_machine("x86_64") == Platform("amd64")
+    assert Descriptor.from_dict(entry("arm64")).platform == Platform("arm64")

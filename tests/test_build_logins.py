@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from builder.image.build import base_logins
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
 
 LOCAL = "127.0.0.1:5000"
 

@@ -8,7 +8,7 @@ import pytest
 from credhelp import install_helper, write_docker_config
 from registryhelp import forget_credentials
 
-from builder.credentials import HUB_SERVER, Credentials, engine_auth, lookup
+from builder.credentials import HUB_SERVER, Credentials, engine_auth, engine_config, lookup
 from builder.errors import UserError
 
 
@@ -110,7 +110,7 @@ def test_identity_tokens(monkeypatch, tmp_path):
     )
     helper = lookup("tok.example")
     assert helper.identity_token and helper.secret == "refresh"
-    assert helper.engine_auth("tok.example") == {
+    assert engine_config(helper, "tok.example") == {
         "identitytoken": "refresh",
         "serveraddress": "tok.example",
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from builder.errors import UserError
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
 
 D0 = "sha256:" + "0" * 64
 

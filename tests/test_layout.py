@@ -81,3 +81,103 @@ def test_import_rule_reader_sees_lazy_and_relative_imports() -> None:
     source = "def f():\n    from ..image import render\n    import docker\n"
     names = imported_names(source, "builder.analysis")
     assert "builder.image.render" in names and "docker" in names
+
+
+# -- the OCI core: one home for each image-publishing concept ---------------------------------
+CORE = PACKAGE / "oci"
+
+
+def builder_modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def calls(path: Path, attribute: str) -> list[int]:
+    """Lines of `path` that call `<anything>.attribute(...)` or `attribute(...)`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            function = node.func
+            name = function.attr if isinstance(function, ast.Attribute) else None
+            name = function.id if isinstance(function, ast.Name) else name
+            if name == attribute:
+                found.append(node.lineno)
+    return found
+
+
+def test_the_core_imports_nothing_of_the_project_but_errors() -> None:
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for path in sorted(CORE.rglob("*.py"))
+        for name in sorted(imported_names(path.read_text(), package_of(path)))
+        if (name.startswith("builder.") or name == "builder" or name == "docker")
+        and not name.startswith(("builder.oci", "builder.errors"))
+    ]
+    assert not offences, "\n".join(offences)
+
+
+@pytest.mark.parametrize(
+    ("primitive", "home"),
+    [
+        ("put_manifest", "builder/oci/remote.py"),  # manifests by digest, tags last: `write`
+        ("upload_blob", "builder/oci/remote.py"),  # the one blob uploader: `upload_blobs`
+        ("mount", "builder/oci/remote.py"),
+    ],
+)
+def test_one_function_does_each_publishing_step(primitive: str, home: str) -> None:
+    """Registry writes and the platform choice happen in the core's one place only."""
+    elsewhere = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in builder_modules()
+        if not str(path.relative_to(PACKAGE.parent)).startswith(home)
+        for line in calls(path, primitive)
+    ]
+    assert not elsewhere, f"{primitive} called outside {home}: {elsewhere}"
+
+
+def test_media_types_and_manifest_serialization_have_one_home() -> None:
+    """Only oci/v1.py spells an OCI/Docker media type or defines a digest or serializer."""
+    spelled = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if path != CORE / "v1.py"
+        and (
+            "application/vnd.oci." in path.read_text()
+            or "application/vnd.docker." in path.read_text()
+        )
+    ]
+    assert not spelled, f"media types spelled outside builder/oci/v1.py: {spelled}"
+    defined = [
+        f"{path.relative_to(PACKAGE.parent)}: {node.name}"
+        for path in builder_modules()
+        if path != CORE / "v1.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef)
+        and node.name in {"canonical", "digest_of", "sha256_digest", "file_digest", "_digest"}
+    ]
+    assert not defined, f"digest or serialization helpers outside builder/oci/v1.py: {defined}"
+
+
+def test_the_platform_rule_has_one_home() -> None:
+    """Only the core speaks of platform variants: every index entry is chosen by Index.pick."""
+    offences = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if CORE not in path.parents and '"variant"' in path.read_text()
+    ]
+    assert not offences, f"platform variants handled outside builder/oci: {offences}"
+
+
+def test_the_arch_names_map_in_one_place() -> None:
+    """`{"x86_64": "amd64"}`-style tables and arm64's v8 live in oci/v1.py (the analysis
+    layer's Arch table, which names triplets and loaders too, is its own data)."""
+    offences = []
+    for path in builder_modules():
+        if path == CORE / "v1.py" or "analysis" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+                values = {v.value for v in node.values if isinstance(v, ast.Constant)}
+                if {"x86_64", "aarch64"} & keys or "v8" in values:
+                    offences.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not offences, f"arch tables outside builder/oci/v1.py: {offences}"

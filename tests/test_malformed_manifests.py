@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import pytest
 
+from builder import credentials
 from builder.errors import RegistryError
-from builder.image import index
-from builder.image.rebase import DOCKER_LAYER, DOCKER_MANIFEST
-from builder.rebase import _image
+from builder.image import from_engine
+from builder.oci.name import ImageRef
+from builder.oci.remote import resolve
+from builder.oci.v1 import DOCKER_LAYER, DOCKER_MANIFEST, OCI_INDEX, Platform, digest_of
 
 LAYER = {"mediaType": DOCKER_LAYER, "digest": f"sha256:{'1' * 64}", "size": 10}
-CONFIG_DIGEST = f"sha256:{'c' * 64}"
 DIFF_IDS = [f"sha256:{'2' * 64}"]
 GOOD_CONFIG: dict[str, Any] = {
     "rootfs": {"diff_ids": [f"sha256:{'2' * 64}"]},
@@ -22,44 +24,55 @@ GOOD_CONFIG: dict[str, Any] = {
 
 
 def image_manifest(**changes: Any) -> dict[str, Any]:
-    return {"mediaType": DOCKER_MANIFEST, "config": {"digest": CONFIG_DIGEST}, "layers": [LAYER]
-            } | changes  # fmt: skip
+    config = {"mediaType": "c", "digest": "(the config's)", "size": 1}
+    return {"mediaType": DOCKER_MANIFEST, "config": config, "layers": [LAYER]} | changes
 
 
 def index_of(*entries: Any) -> dict[str, Any]:
-    return {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": list(entries)}
+    return {"mediaType": OCI_INDEX, "manifests": list(entries)}
 
 
 AMD64: dict[str, Any] = {
+    "mediaType": DOCKER_MANIFEST,
     "digest": f"sha256:{'a' * 64}",
+    "size": 100,
     "platform": {"os": "linux", "architecture": "amd64"},
 }
 
 
 class FakeRegistry:
-    """Serves `top` for any tag, `documents` by digest, and `config` as the config blob."""
+    """Serves `top` for any tag, `documents` by digest, and `config` as the config blob.
+
+    A config descriptor's digest is made the served config's, so only the shape is wrong.
+    """
 
     label = "127.0.0.1:5000/runtime"
+    ref = ImageRef.parse("127.0.0.1:5000/runtime:1.0")
 
-    def __init__(self, top: Any, documents: dict[str, Any] | None = None,
-                 config: Any = None) -> None:  # fmt: skip
+    def __init__(self, top: Any, documents: dict[str, Any] | None = None, config: Any = None):
         self.top, self.documents = top, documents or {}
-        self.config = GOOD_CONFIG if config is None else config
+        self.config = json.dumps(GOOD_CONFIG if config is None else config).encode()
 
-    def manifest(self, reference: str) -> tuple[dict[str, Any], str]:
-        return self.documents.get(reference, self.top), f"sha256:{'d' * 64}"
+    def manifest(self, reference: str, expected: str | None = None) -> tuple[bytes, str]:
+        document = self.documents.get(reference, self.top)
+        if isinstance(document, dict) and isinstance(document.get("config"), dict):
+            document = document | {
+                "config": document["config"] | {"digest": digest_of(self.config)}
+            }
+        body = json.dumps(document).encode()
+        return body, digest_of(body)
 
-    def json_blob(self, descriptor: Any) -> Any:
+    def small_blob(self, digest: str) -> bytes:
         return self.config
 
 
 def image_of(registry: FakeRegistry) -> Any:
     client: Any = registry
-    return _image(client, "1.0", "amd64")
+    return resolve(client, Platform.linux("amd64"), "1.0")
 
 
 def test_a_well_formed_image_is_read() -> None:
-    assert image_of(FakeRegistry(image_manifest())).diff_ids == DIFF_IDS
+    assert image_of(FakeRegistry(image_manifest())).diff_ids == tuple(DIFF_IDS)
 
 
 @pytest.mark.parametrize(
@@ -95,15 +108,15 @@ def test_a_malformed_image_is_a_registry_error_naming_it(registry: FakeRegistry)
 def test_malformed_base_layers_mean_uploading_them(
     registry: FakeRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(index, "Registry", lambda *args: registry)
+    monkeypatch.setattr(credentials, "registry", lambda *args: registry)
     target: Any = type("Target", (), {"ref": type("Ref", (), {"registry": "127.0.0.1:5000"})})
-    assert index._base_layers("127.0.0.1:5000/runtime:1.0", "amd64", target, None) is None
+    assert from_engine.base_layers(FakeRegistry.ref, "amd64", target) is None
 
 
 def test_well_formed_base_layers_are_mountable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(index, "Registry", lambda *args: FakeRegistry(image_manifest()))
+    monkeypatch.setattr(credentials, "registry", lambda *args: FakeRegistry(image_manifest()))
     target: Any = type("Target", (), {"ref": type("Ref", (), {"registry": "127.0.0.1:5000"})})
-    found = index._base_layers("127.0.0.1:5000/runtime:1.0", "amd64", target, None)
+    found = from_engine.base_layers(FakeRegistry.ref, "amd64", target)
     assert found is not None and list(found.by_diff_id) == DIFF_IDS
 
 
@@ -113,10 +126,10 @@ def test_a_rebase_takes_the_plain_variant_the_probe_and_buildkit_take() -> None:
     The probe (builder.base.registry) and BuildKit's pull take the plain linux/amd64 image; a
     rebase onto the v3 build would give baseline CPUs an image that cannot run there.
     """
-    v3 = {"digest": f"sha256:{'3' * 64}", "platform": AMD64["platform"] | {"variant": "v3"}}
+    v3 = AMD64 | {"digest": f"sha256:{'3' * 64}", "platform": AMD64["platform"] | {"variant": "v3"}}
     v3_layer = LAYER | {"digest": f"sha256:{'4' * 64}"}
     registry = FakeRegistry(
         index_of(v3, AMD64),
         {v3["digest"]: image_manifest(layers=[v3_layer]), AMD64["digest"]: image_manifest()},
     )
-    assert image_of(registry).layers == [LAYER]
+    assert [layer.digest for layer in image_of(registry).layers] == [LAYER["digest"]]

@@ -8,8 +8,8 @@ import pytest
 
 from builder.base.platforms import select_arches
 from builder.errors import UserError
-from builder.image.index import ArchImage, index_document
 from builder.multiarch import arch_tag
+from builder.oci.v1 import Descriptor, Image, Index, Platform
 
 
 def test_arches_default_to_what_the_base_offers() -> None:
@@ -35,9 +35,13 @@ def test_unknown_offer_keeps_the_amd64_default() -> None:
 
 
 def test_index_names_each_platform() -> None:
-    amd = ArchImage("amd64", "sha256:" + "a" * 64, 1200)
-    arm = ArchImage("arm64", "sha256:" + "b" * 64, 1300)
-    document = json.loads(index_document([amd, arm]))
+    def image(arch: str) -> Image:
+        config = json.dumps({"architecture": arch, "rootfs": {"diff_ids": []}}).encode()
+        return Image.build(config, [Descriptor("", "sha256:" + "1" * 64, 5)])
+
+    amd, arm = image("amd64"), image("arm64")
+    index = Index.build([(Platform.linux("amd64"), amd), (Platform.linux("arm64"), arm)])
+    document = json.loads(index.manifest_bytes)
     assert document["mediaType"] == "application/vnd.docker.distribution.manifest.list.v2+json"
     platforms = [entry["platform"] for entry in document["manifests"]]
     assert platforms == [
@@ -45,7 +49,8 @@ def test_index_names_each_platform() -> None:
         {"architecture": "arm64", "os": "linux", "variant": "v8"},
     ]
     assert [entry["digest"] for entry in document["manifests"]] == [amd.digest, arm.digest]
-    assert document["manifests"][1]["size"] == 1300
+    assert document["manifests"][1]["size"] == len(arm.manifest_bytes)
+    assert document["manifests"][1]["mediaType"] == json.loads(arm.manifest_bytes)["mediaType"]
 
 
 def test_local_arch_tags_never_collide() -> None:

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from builder.errors import UserError
 from builder.image import labels
-from builder.image.rebase import (
+from builder.oci.mutate import ConfigChange, NewLayer, append, top
+from builder.oci.v1 import (
     DOCKER_LAYER,
     DOCKER_MANIFEST,
     OCI_LAYER,
     OCI_MANIFEST,
+    Descriptor,
     Image,
-    NewLayer,
-    append,
     canonical,
     digest_of,
-    top,
 )
 
 
@@ -34,13 +35,8 @@ def base(media_type: str = DOCKER_MANIFEST, env: tuple[str, ...] = ("PYTHONPATH=
         "history": [{"created_by": "ADD rootfs"}, {"created_by": "RUN x"}],
     }
     layer_type = DOCKER_LAYER if media_type == DOCKER_MANIFEST else OCI_LAYER
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": media_type,
-        "config": {"digest": digest_of(canonical(config)), "size": len(canonical(config))},
-        "layers": [{"mediaType": layer_type, "digest": d(11 + i), "size": 10} for i in range(2)],
-    }
-    return Image(manifest, config)
+    layers = [Descriptor(layer_type, d(11 + i), 10) for i in range(2)]
+    return Image.build(canonical(config), layers, docker=media_type == DOCKER_MANIFEST)
 
 
 APT = NewLayer(d(21), d(3), 5, "RUN apt-get install libgomp1")
@@ -49,23 +45,27 @@ LABELS = labels.image_labels("r/runtime:v2@sha256:" + "f" * 64, d(99), 170000000
 
 
 def appended(image: Image | None = None) -> Image:
-    return append(
-        image or base(),
-        [APT, DEPS],
-        env={"PYTHONPATH": "$PYTHONPATH:/app/deps-extra"},
-        user="65532:65532",
-        labels=LABELS,
-        created=labels.created(1700000000),
+    change = ConfigChange(
+        {"PYTHONPATH": "$PYTHONPATH:/app/deps-extra"},
+        "65532:65532",
+        LABELS,
+        labels.created(1700000000),
     )
+    return append(image or base(), [APT, DEPS], change)
+
+
+def manifest(image: Image) -> dict:
+    return json.loads(image.manifest_bytes)
 
 
 def test_append_writes_config_and_manifest_that_name_each_other() -> None:
     image = appended()
-    assert image.diff_ids == [d(1), d(2), d(3), d(4)]
-    assert [layer["digest"] for layer in image.layers] == [d(11), d(12), d(21), d(22)]
-    assert image.layers[-1] == {"mediaType": DOCKER_LAYER, "digest": d(22), "size": 7}
-    assert image.manifest["config"]["digest"] == digest_of(image.config_bytes)
-    assert image.manifest["config"]["size"] == len(image.config_bytes)
+    assert image.diff_ids == (d(1), d(2), d(3), d(4))
+    assert [layer.digest for layer in image.layers] == [d(11), d(12), d(21), d(22)]
+    assert manifest(image)["layers"][-1] == {"mediaType": DOCKER_LAYER, "digest": d(22), "size": 7}
+    assert manifest(image)["config"]["digest"] == digest_of(image.config_bytes)
+    assert manifest(image)["config"]["size"] == len(image.config_bytes)
+    assert image.manifest_bytes == canonical(manifest(image))  # the one serialization
     assert image.digest == digest_of(image.manifest_bytes)
     settings = image.config["config"]
     assert settings["Env"] == ["PATH=/usr/bin", "PYTHONPATH=/app/deps:/app/deps-extra"]
@@ -74,7 +74,7 @@ def test_append_writes_config_and_manifest_that_name_each_other() -> None:
     assert image.config["created"] == "2023-11-14T22:13:20Z"
     layer_history = [h for h in image.config["history"] if not h.get("empty_layer")]
     assert len(layer_history) == len(image.diff_ids)
-    assert "annotations" not in image.manifest  # docker v2 manifests have none
+    assert "annotations" not in manifest(image)  # docker v2 manifests have none
     assert appended().manifest_bytes == image.manifest_bytes  # a value: same inputs, same bytes
 
 
@@ -85,20 +85,20 @@ def test_append_without_a_base_pythonpath_adds_no_stray_colon() -> None:
 
 def test_oci_base_gives_an_oci_manifest_with_annotations() -> None:
     image = appended(base(OCI_MANIFEST))
-    assert image.manifest["mediaType"] == OCI_MANIFEST
-    assert image.layers[-1]["mediaType"] == OCI_LAYER
-    assert image.manifest["annotations"][labels.VERSION] == "v2-xabc"
+    assert manifest(image)["mediaType"] == OCI_MANIFEST
+    assert image.layers[-1].media_type == OCI_LAYER
+    assert manifest(image)["annotations"][labels.VERSION] == "v2-xabc"
 
 
 def test_top_finds_the_added_layers_and_rebases_onto_a_new_base() -> None:
     old = appended()
     assert top(old, base()) == [APT, DEPS]
-    other = Image(
-        {**base().manifest, "layers": [{"mediaType": DOCKER_LAYER, "digest": d(13), "size": 1}]},
-        {**base().config, "rootfs": {"type": "layers", "diff_ids": [d(5)]}},
+    other = Image.build(
+        canonical({**base().config, "rootfs": {"type": "layers", "diff_ids": [d(5)]}}),
+        [Descriptor(DOCKER_LAYER, d(13), 1)],
     )
-    rebased = append(other, top(old, base())[1:], env={}, user="0", labels={}, created="x")
-    assert rebased.diff_ids == [d(5), d(4)]
+    rebased = append(other, top(old, base())[1:], ConfigChange({}, "0", {}, "x"))
+    assert rebased.diff_ids == (d(5), d(4))
     with pytest.raises(UserError, match="is not built on base"):
         top(old, other)
 

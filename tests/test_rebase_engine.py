@@ -11,14 +11,17 @@ import docker.errors
 import pytest
 
 from builder.cache import Cache
-from builder.image.rebase import Image, canonical, digest_of
+from builder.oci.v1 import Image, canonical, digest_of
 from builder.rebase import _into_engine
 
 TAR = b"the deps-extra tar"
 DIFF_ID = f"sha256:{hashlib.sha256(TAR).hexdigest()}"
-CONFIG = {"architecture": "amd64", "os": "linux", "rootfs": {"diff_ids": [f"sha256:{'1' * 64}",
-                                                                         DIFF_ID]}}  # fmt: skip
-IMAGE = Image({"layers": [], "config": {"digest": digest_of(canonical(CONFIG))}}, CONFIG)
+CONFIG = {
+    "architecture": "amd64",
+    "os": "linux",
+    "rootfs": {"diff_ids": [f"sha256:{'1' * 64}", DIFF_ID]},
+}
+IMAGE = Image.build(canonical(CONFIG), [])
 PUSHED = IMAGE.digest  # the pushed manifest's
 
 

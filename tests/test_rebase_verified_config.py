@@ -15,7 +15,7 @@ import io
 import tarfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,24 +26,25 @@ import pytest
 from registryhelp import registry_get, registry_tags
 
 import builder.rebase
+from builder import credentials
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.gzipped import gzipped
-from builder.image.rebase import (
+from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, resolve, write
+from builder.oci.v1 import (
     DOCKER_LAYER,
     DOCKER_MANIFEST,
     OCI_LAYER,
     OCI_MANIFEST,
+    Descriptor,
     Image,
-    NewLayer,
-    append,
+    Platform,
     canonical,
     digest_of,
-    extend_config,
 )
-from builder.imageref import ImageRef
-from builder.oci import Registry
-from builder.rebase import _image, rebase
+from builder.rebase import rebase
 
 
 def d(n: int) -> str:
@@ -70,7 +71,7 @@ def oci_base() -> Image:
             {"created_by": "COPY server/ /opt/sandbox/server", "comment": "buildkit.dockerfile.v0"},
         ],
     }
-    return Image(manifest(OCI_MANIFEST, OCI_LAYER, config, 3), config)
+    return image_of(OCI_MANIFEST, OCI_LAYER, config, 3)
 
 
 def docker_base() -> Image:
@@ -85,27 +86,20 @@ def docker_base() -> Image:
         "rootfs": {"type": "layers", "diff_ids": [d(1), d(2)]},
         "history": [{"created_by": "ADD rootfs.tar /"}, {"created_by": "RUN useradd sandbox"}],
     }
-    return Image(manifest(DOCKER_MANIFEST, DOCKER_LAYER, config, 2), config)
+    return image_of(DOCKER_MANIFEST, DOCKER_LAYER, config, 2)
 
 
-def manifest(media_type: str, layer_type: str, config: dict[str, Any], count: int) -> dict:
-    data = canonical(config)
-    return {
-        "schemaVersion": 2,
-        "mediaType": media_type,
-        "config": {"digest": digest_of(data), "size": len(data)},
-        "layers": [
-            {"mediaType": layer_type, "digest": d(100 + i), "size": 1000 + i} for i in range(count)
-        ],
-    }
+def image_of(media_type: str, layer_type: str, config: Any, count: int) -> Image:
+    layers = [Descriptor(layer_type, d(100 + i), 1000 + i) for i in range(count)]
+    return Image.build(canonical(config), layers, docker=media_type == DOCKER_MANIFEST)
 
 
-SETTINGS: dict[str, Any] = {
-    "env": {"PYTHONPATH": "$PYTHONPATH:/app/deps-extra"},
-    "user": "65532:65532",
-    "labels": {"org.opencontainers.image.version": "v2-xabc", "org.example.base": "r:v2"},
-    "created": "2024-06-01T12:00:00Z",
-}
+CHANGE = ConfigChange(
+    env={"PYTHONPATH": "$PYTHONPATH:/app/deps-extra"},
+    user="65532:65532",
+    labels={"org.opencontainers.image.version": "v2-xabc", "org.example.base": "r:v2"},
+    created="2024-06-01T12:00:00Z",
+)
 APT_DIFF_ID = d(31)
 APT_STEP = "RUN --mount=type=secret,id=apt-ca apt-get install -y libgomp1"
 # (digest, size) the apt layer's blob may have once gzipped: the load never knows them
@@ -123,28 +117,28 @@ def test_the_pushed_config_is_byte_for_byte_the_one_loaded_and_verified(
     base: Image, with_apt: bool, deps: NewLayer
 ) -> None:
     loaded = [NewLayer("", APT_DIFF_ID, 0, APT_STEP)] if with_apt else []
-    verified = canonical(extend_config(base.config, [*loaded, deps], **SETTINGS))
+    verified = canonical(extend_config(base.config, [*loaded, deps], CHANGE))
     for digest, size in APT_BLOBS if with_apt else [("", 0)]:
         pushed_layers = [NewLayer(digest, APT_DIFF_ID, size, APT_STEP)] if with_apt else []
-        pushed = append(base, [*pushed_layers, deps], **SETTINGS)
+        pushed = append(base, [*pushed_layers, deps], CHANGE)
         assert pushed.config_bytes == verified, (digest, size)
         # the image id docker load gives is the config digest the pushed manifest names
-        assert pushed.manifest["config"]["digest"] == digest_of(verified)
-        assert pushed.manifest["config"]["size"] == len(verified)
-        assert [layer["digest"] for layer in pushed.layers][-2:] == (
-            [digest, deps.digest] if with_apt else [base.layers[-1]["digest"], deps.digest]
+        assert pushed.config_descriptor.digest == digest_of(verified)
+        assert pushed.config_descriptor.size == len(verified)
+        assert [layer.digest for layer in pushed.layers][-2:] == (
+            [digest, deps.digest] if with_apt else [base.layers[-1].digest, deps.digest]
         )
-    diff_ids = base.diff_ids + ([APT_DIFF_ID] if with_apt else []) + [deps.diff_id]
-    assert pushed.diff_ids == diff_ids
+    diff_ids = [*base.diff_ids, *([APT_DIFF_ID] if with_apt else []), deps.diff_id]
+    assert list(pushed.diff_ids) == diff_ids
 
 
 def test_the_config_bytes_do_not_depend_on_the_manifest_schema() -> None:
     """One base config under an OCI and under a Docker manifest: the same config is written."""
     oci = oci_base()
-    as_docker = Image(manifest(DOCKER_MANIFEST, DOCKER_LAYER, oci.config, 3), oci.config)
+    as_docker = image_of(DOCKER_MANIFEST, DOCKER_LAYER, oci.config, 3)
     layers = [NewLayer(d(41), APT_DIFF_ID, 5, APT_STEP), DEPS_VARIANTS[0]]
-    pushed = [append(image, layers, **SETTINGS) for image in (oci, as_docker)]
-    assert pushed[0].manifest["mediaType"] != pushed[1].manifest["mediaType"]
+    pushed = [append(image, layers, CHANGE) for image in (oci, as_docker)]
+    assert pushed[0].media_type != pushed[1].media_type
     assert pushed[0].config_bytes == pushed[1].config_bytes
     assert pushed[0].digest != pushed[1].digest  # only the manifests differ
 
@@ -200,16 +194,17 @@ def previous(
     monkeypatch.delenv("BSI_REGISTRY", raising=False)
     run = uuid.uuid4().hex[:8]
     runtime = f"{registry.host}/bsi-guard-{run}/runtime"
-    labels = {**SETTINGS["labels"], "org.example.test-run": run}
+    labels = {**CHANGE.labels, "org.example.test-run": run}
     docker_client.api.tag(reference_image, runtime, "v1")
     auth = {"username": registry.user, "password": registry.password}
-    for event in docker_client.api.push(runtime, tag="v1", auth_config=auth, stream=True,
-                                        decode=True):  # fmt: skip
+    for event in docker_client.api.push(
+        runtime, tag="v1", auth_config=auth, stream=True, decode=True
+    ):
         assert "error" not in event, event
     docker_client.images.remove(f"{runtime}:v1")
-    bases = Registry(ImageRef.parse_repository(runtime))
+    bases = credentials.registry(ImageRef.parse_repository(runtime))
     base_digest = bases.manifest("v1")[1]
-    base = _image(bases, base_digest, "amd64")
+    base = resolve(bases, Platform.linux("amd64"), base_digest)
     cache = Cache(tmp_path / "cache")
     diff_id = deps_tar(tmp_path / "deps.tar")
     with cache.writing_blob(diff_id.removeprefix("sha256:"), "layer.tar") as out:
@@ -217,9 +212,8 @@ def previous(
     blob = gzipped(tmp_path / "deps.tar", diff_id, cache)
     bases.upload_blob(blob.path, blob.digest)
     deps = NewLayer(blob.digest, diff_id, blob.size, "COPY /app/deps-extra")
-    old = append(base, [deps], **{**SETTINGS, "labels": labels})
-    bases.upload_blob(old.config_bytes, old.manifest["config"]["digest"])
-    bases.put_manifest(old.digest, old.manifest_bytes, old.manifest["mediaType"])
+    old = append(base, [deps], replace(CHANGE, labels=labels))
+    write(bases, [old], Blobs())
     yield Previous(f"{runtime}@{old.digest}", base_digest, f"{runtime}:v1", cache, labels)
     for image in docker_client.images.list(filters={"label": f"org.example.test-run={run}"}):
         with contextlib.suppress(docker.errors.APIError):
@@ -236,9 +230,19 @@ def rebase_onto_same_base(previous: Previous, target: str, client: docker.Docker
         runtime_checks=(),
     )
     return rebase(
-        previous.image, previous.base_digest, plan, "amd64", target, "v1", EXTRAS, client,
-        previous.cache, lambda line: None, labels=previous.labels, created=CREATED,
-    )  # fmt: skip
+        previous.image,
+        previous.base_digest,
+        plan,
+        "amd64",
+        target,
+        "v1",
+        EXTRAS,
+        client,
+        previous.cache,
+        lambda line: None,
+        labels=previous.labels,
+        created=CREATED,
+    )
 
 
 @pytest.mark.engine
@@ -256,9 +260,9 @@ def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
     repo = target.split("/", 1)[1]
     pushed: list[Image] = []
 
-    def diverging(base: Image, layers: list[NewLayer], **settings: Any) -> Image:
-        labels = {**settings.pop("labels"), "org.example.diverged": "yes"}
-        image = append(base, layers, labels=labels, **settings)
+    def diverging(base: Image, layers: list[NewLayer], change: ConfigChange) -> Image:
+        labels = {**change.labels, "org.example.diverged": "yes"}
+        image = append(base, layers, replace(change, labels=labels))
         pushed.append(image)
         return image
 

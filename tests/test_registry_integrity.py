@@ -27,9 +27,11 @@ from builder.analysis.target import shipped_profile
 from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.credentials import Credentials
-from builder.errors import IntegrityError, RegistryAuthError
-from builder.imageref import ImageRef
-from builder.oci import Registry
+from builder.errors import IntegrityError, RegistryAuthError, RegistryError, UserError
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, LocalFile, resolve, write
+from builder.oci.v1 import Descriptor, Image, Index, Platform, file_digest
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -221,5 +223,44 @@ def test_write_side_upload_mount_and_manifest(registry, tmp_path):
     digest = two.put_manifest("t1", manifest, OCI_MANIFEST)
     assert digest == _digest(manifest)
     assert two.head_manifest("t1") == digest
-    document, fetched = two.manifest(digest)
-    assert fetched == digest and document["layers"][0]["digest"] == small_digest
+    body, fetched = two.manifest(digest)
+    assert fetched == digest and json.loads(body)["layers"][0]["digest"] == small_digest
+
+
+@pytest.mark.registry
+def test_write_mounts_uploads_and_moves_tags_only_at_the_end(registry, tmp_path):
+    """`remote.write`: a shared blob is mounted (not uploaded), a local one uploaded; a blob
+    with no source fails the write before any tag moves; then the index, and only it, is
+    tagged, and `resolve` reads each arch back through it."""
+    login = Credentials(registry.user, registry.password, "test")
+    namespace = f"bsi-write-{uuid.uuid4().hex[:8]}"
+    source = Registry(ImageRef.parse(f"{registry.host}/{namespace}/source"), credentials=login)
+    target = Registry(ImageRef.parse(f"{registry.host}/{namespace}/target"), credentials=login)
+    shared = os.urandom(1000)
+    shared_digest = source.upload_blob(shared)
+    local = tmp_path / "layer"
+    local.write_bytes(os.urandom(2000))
+
+    def image(arch, *extra):
+        config = json.dumps({"architecture": arch, "rootfs": {"diff_ids": []}}).encode()
+        layers = [Descriptor("", shared_digest, 1000), Descriptor("", file_digest(local), 2000)]
+        return Image.build(config, [*layers, *extra])
+
+    images = [image("amd64"), image("arm64")]
+    index = Index.build([(Platform.linux(i.architecture), i) for i in images])
+    blobs = Blobs({file_digest(local): LocalFile(local)}, (source,))
+    broken = image("arm64", Descriptor("", _digest(b"nowhere"), 7))
+    with pytest.raises(UserError, match="no source for blob"):
+        write(target, [images[0], broken], blobs, index=index, tags=["t1"])
+    with pytest.raises(RegistryError, match="not found"):
+        target.head_manifest("t1")
+    written = write(target, images, blobs, index=index, tags=["t1", f"{target.label}:t2"])
+    assert written.tags == (f"{target.label}:t1", f"{target.label}:t2")
+    assert target.head_manifest("t1") == target.head_manifest("t2") == index.digest
+    manifests = sum(len(i.manifest_bytes) for i in images) + len(index.manifest_bytes)
+    configs = sum(len(i.config_bytes) for i in images) - len(images[0].config_bytes)
+    # the first, failed write left amd64's blobs and manifest: only arm64's config is new
+    assert written.bytes_uploaded == configs + manifests
+    for found in images:
+        platform = Platform.linux(found.architecture)
+        assert resolve(target, platform, "t1").manifest_bytes == found.manifest_bytes

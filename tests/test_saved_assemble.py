@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import threading
 import time
 import uuid
@@ -21,16 +22,17 @@ from builder.cache import Cache
 from builder.credentials import Credentials
 from builder.errors import UserError
 from builder.image import assemble as assemble_module
-from builder.image import index
+from builder.image import from_engine
 from builder.image.assemble import assemble
 from builder.image.build import build_image
+from builder.image.from_engine import assembled_image
 from builder.image.gzipped import gzipped
-from builder.image.index import push_assembled
 from builder.image.layer import Layer
-from builder.image.rebase import digest_of
 from builder.image.saved import cached_config, read_save
-from builder.imageref import ImageRef
-from builder.oci import Registry
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.remote import write
+from builder.oci.v1 import digest_of
 
 pytestmark = pytest.mark.engine
 
@@ -131,20 +133,23 @@ def test_the_push_takes_the_kept_apt_layer_not_another_save(
         credentials=Credentials(registry.user, registry.password, "test"),
     )
     missing: list[list[bool]] = []  # per docker save the push made: which layers it still needed
-    real_save = index._save
+    real_save = from_engine._save
 
     def spied(client: Any, image_id: str, diff_ids: Any, layers: list[Any], *rest: Any) -> bytes:
         missing.append([layer is None for layer in layers])
         return real_save(client, image_id, diff_ids, layers, *rest)
 
-    monkeypatch.setattr(index, "_save", spied)
+    monkeypatch.setattr(from_engine, "_save", spied)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     try:
-        pushed = push_assembled(docker_client, built, target, cache)  # the base is in no registry
+        image, blobs = assembled_image(docker_client, built, None, cache, scratch)  # no base
+        pushed = write(target, [image], blobs)
     finally:
         docker_client.images.remove(tag, force=True)
     below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
     assert missing == [[True] * (len(below) - 1) + [False]]  # the save only for the base's layers
-    manifest, _ = target.manifest(pushed.digest)
+    manifest = json.loads(target.manifest(pushed.digest)[0])
     assert [layer["digest"] for layer in manifest["layers"]][-2:] == [
         gzipped(cache.blob_path(below[-1].removeprefix("sha256:"), "layer.tar"), below[-1],
                 cache).digest,

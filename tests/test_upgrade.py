@@ -12,7 +12,7 @@ from ruamel.yaml import YAML
 from builder import pipeline
 from builder.config import load_config, set_platform_version
 from builder.errors import UserError
-from builder.image.publish import PushResult
+from builder.oci.remote import Written
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +135,7 @@ def test_a_config_run_records_only_a_pushed_image(
 
     monkeypatch.setattr(pipeline, "state_of", state_of)
     plan: Any = object()
-    pushed = PushResult("reg/sandbox", ("reg/sandbox:2.0",), "sha256:" + "1" * 64)
+    pushed = Written("reg/sandbox", "sha256:" + "1" * 64, ("reg/sandbox:2.0",), 0)
     assert pipeline.record_pushed(None, "2.0", plan, pipeline.Outcome(plan, pushed=pushed)) is None
     assert pipeline.record_pushed(config, "2.0", plan, pipeline.Outcome(plan)) is None
     assert not config.state.exists()

@@ -12,7 +12,7 @@ from builder.base.profile import base_problems, profile_differences
 from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryUnreachable
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
 
 Say = Callable[[str], None]
 

@@ -14,9 +14,11 @@ import docker
 import docker.errors
 
 from builder.analysis.target import ARCHES
+from builder.credentials import registry
 from builder.errors import RegistryError, UserError
-from builder.imageref import ImageRef
-from builder.oci import INDEX_TYPES, Registry, platform_entry
+from builder.oci.name import ImageRef
+from builder.oci.remote import offered
+from builder.oci.v1 import Platform
 
 
 def offered_arches(image: str | None, client: docker.DockerClient | None) -> tuple[str, ...] | None:
@@ -33,7 +35,8 @@ def offered_arches(image: str | None, client: docker.DockerClient | None) -> tup
         return (local[0],) if local[0] in ARCHES else ()
     if client is not None or not ref.is_hub:
         try:
-            return _registry_arches(Registry(ref, image))
+            found = offered(registry(ref, image), [Platform.linux(arch) for arch in ARCHES])
+            return tuple(platform.architecture for platform in found)
         except RegistryError:
             pass  # fall back to the engine's copy
     if local is None:
@@ -50,18 +53,6 @@ def _local_arch(image: str, client: docker.DockerClient | None) -> tuple[str, bo
     except docker.errors.DockerException:
         return None
     return str(attrs.get("Architecture") or ""), bool(attrs.get("RepoDigests"))
-
-
-def _registry_arches(registry: Registry) -> tuple[str, ...]:
-    manifest, _ = registry.manifest(registry.ref.reference)
-    try:
-        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-            entries = manifest.get("manifests") or []
-            return tuple(arch for arch in ARCHES if platform_entry(entries, arch) is not None)
-        found = {registry.json_blob(manifest["config"]["digest"]).get("architecture")}
-    except (KeyError, TypeError, AttributeError) as exc:  # JSON of the wrong shape
-        raise RegistryError(f"{registry.label}: malformed manifest ({exc!r:.100})") from None
-    return tuple(arch for arch in ARCHES if arch in found)
 
 
 def select_arches(

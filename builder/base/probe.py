@@ -24,7 +24,7 @@ from builder.base.profile import installed_packages, profile_from_facts, pythonp
 from builder.cache import Cache
 from builder.engine import failure_reason, local_image
 from builder.errors import UserError
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
 
 PROBE_TIMEOUT = 120
 PROBE_LABEL = "org.build-sandbox-image.probe"  # on the probe container, to find strays

@@ -4,7 +4,7 @@ Resolve `repo:tag` or `repo@digest` to a manifest (for an index: the linux/amd64
 linux/arm64 one when present), read the config blob (Env, User) and stream every layer once
 through `layers.Layers`, then turn the facts into a profile with `profile.profile_from_facts`.
 The record is cached by the manifest (or index) digest, so a repeat probe asks the registry only
-what the tag names now. Transport, auth and digest checks are `builder.oci`'s.
+what the tag names now. Transport, auth, digest checks and the platform rule are `builder.oci`'s.
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ from builder.analysis.target import ARCHES, Arch, BaseProfile
 from builder.base.layers import Layers
 from builder.base.profile import DEBIAN_VERSION, profile_from_facts, pythonpath_dirs
 from builder.cache import Cache
+from builder.credentials import registry
 from builder.errors import RegistryError, UserError
-from builder.imageref import ImageRef
-from builder.oci import INDEX_TYPES, Registry, platform_entry
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.remote import read
+from builder.oci.v1 import Image, Index, Platform
 
 RECORD_KIND = "registry-probe"
 RECORD_VERSION = 2  # bump when the collected facts change shape or meaning
@@ -33,25 +36,26 @@ ZSTD_TYPES = ("zstd",)  # media types tarfile cannot stream
 def probe_registry(image: str, cache: Cache) -> BaseProfile:
     """The profile of `image` read from its registry; cached by the manifest (index) digest."""
     ref = ImageRef.parse(image, "base image")
-    client = Registry(ref, f"base image {image}")
+    client = registry(ref, f"base image {image}")
     digest = ref.digest or client.head_manifest(ref.reference)
     record = _cached(cache, digest) if digest else None
     if record is None:
-        top, digest = client.manifest(ref.reference, expected=digest)
+        top = read(client, ref.reference, expected=digest)
+        digest = top.digest
         record = _cached(cache, digest)  # a registry that gave no digest to the HEAD
         if record is None:
             record = {"version": RECORD_VERSION, "digest": digest, "arches": {}}
             try:
-                platforms = list(_platform_manifests(client, top))
+                platforms = list(_platform_images(client, top))
                 with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
                     # each arch's layers at once: gunzip and hashing release the GIL
                     probed = pool.map(
-                        lambda p: (p[0].name, _probe_manifest(client, p[1], p[0])), platforms
+                        lambda p: (p[0].name, _probe_image(client, p[1], p[0])), platforms
                     )
                     record["arches"] = dict(probed)
             except (KeyError, TypeError, AttributeError) as exc:  # JSON of the wrong shape
                 raise RegistryError(
-                    f"{client.label}: malformed manifest or image config"
+                    f"{client.label}: malformed image config"
                     f" ({type(exc).__name__}: {str(exc)[:100]})"
                 ) from None
             if not record["arches"]:
@@ -78,52 +82,44 @@ def _cached(cache: Cache, digest: str) -> dict[str, Any] | None:
     return record
 
 
-def _platform_manifests(
-    client: Registry, top: dict[str, Any]
-) -> Iterator[tuple[Arch, dict[str, Any]]]:
-    """(arch, image manifest) for amd64 and arm64: from an index, or the one manifest's config."""
-    media = top.get("mediaType") or ""
-    if media in INDEX_TYPES or "manifests" in top:
+def _platform_images(client: Registry, top: Image | Index) -> Iterator[tuple[Arch, Image]]:
+    """(arch, image) for amd64 and arm64: from an index, or the one image's config."""
+    if isinstance(top, Index):
         for arch in ARCHES.values():
-            entry = platform_entry(top.get("manifests") or [], arch.name, default_variant=True)
+            entry = top.pick(Platform.linux(arch.name))
             if entry is not None:
-                manifest = client.manifest(entry["digest"])[0]
-                if "manifests" in manifest:
+                image = read(client, entry.digest)
+                if isinstance(image, Index):
                     raise RegistryError(
                         f"{client.label}: its index names another index for linux/{arch.name}"
                     )
-                yield arch, manifest
+                yield arch, image
         return
-    config = client.json_blob(top["config"]["digest"])
-    config_arch = ARCHES.get(config.get("architecture") or "")
+    config_arch = ARCHES.get(top.architecture)
     if config_arch is None:
         supported = ", ".join(ARCHES)
-        raise UserError(f"{client.label} is {config.get('architecture')}; supported: {supported}")
-    yield config_arch, {**top, "_config": config}
+        raise UserError(f"{client.label} is {top.architecture or None}; supported: {supported}")
+    yield config_arch, top
 
 
-def _probe_manifest(client: Registry, manifest: dict[str, Any], arch: Arch) -> dict[str, Any]:
-    """Config facts and layer facts of one image manifest."""
-    config_blob = manifest.get("_config") or client.json_blob(manifest["config"]["digest"])
-    config = config_blob.get("config") or {}
+def _probe_image(client: Registry, image: Image, arch: Arch) -> dict[str, Any]:
+    """Config facts and layer facts of one image."""
+    config = image.config.get("config") or {}
     env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
     pythonpath = env.get("PYTHONPATH", "")
     layers = Layers(arch, [d.strip("/") for d in pythonpath_dirs(pythonpath)])
-    for layer in manifest.get("layers") or []:
-        media = layer.get("mediaType") or ""
-        if any(word in media for word in ZSTD_TYPES):
-            raise UserError(f"{client.label}: layer type {media} is not supported")
-        if "foreign" in media or "nondistributable" in media:
+    for layer in image.layers:
+        if any(word in layer.media_type for word in ZSTD_TYPES):
+            raise UserError(f"{client.label}: layer type {layer.media_type} is not supported")
+        if "foreign" in layer.media_type or "nondistributable" in layer.media_type:
             continue  # Windows-style foreign layers are never served by the registry
         try:
             # The blob checks its digest when the block ends, also after a tar error, so a
             # tampered layer is reported as such rather than as unreadable.
-            with client.blob(layer["digest"]) as blob:
+            with client.blob(layer.digest) as blob:
                 layers.apply(blob)
         except (tarfile.TarError, zlib.error, OSError, EOFError) as exc:
-            raise UserError(
-                f"{client.label}: layer {layer['digest']} is unreadable: {exc}"
-            ) from None
+            raise UserError(f"{client.label}: layer {layer.digest} is unreadable: {exc}") from None
     facts = layers.facts()
     found = facts["distributions"]  # keyed as the engine's facts are: as PYTHONPATH says
     facts["distributions"] = {d: found[d.strip("/")] for d in pythonpath_dirs(pythonpath)}

@@ -2,7 +2,7 @@
 
 BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer: small, and
 dependent on the base anyway). The deps-extra layer is builder.image.layer's reproducible blob,
-and the final config (env, user, labels, history) is written by builder.image.rebase, the same
+and the final config (env, user, labels, history) is written by builder.oci.mutate, the same
 code the rebase path uses. The result is `docker load`ed (only the new layer travels: the
 engine already has every layer below it) so it can be verified, and pushed later from exactly
 these blobs: the same lock gives the same diff ID in the engine and the same digest in any
@@ -27,9 +27,10 @@ from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.layer import Layer, deps_layer, lock_hash, source_date_epoch
-from builder.image.rebase import NewLayer, canonical, digest_of, extend_config
 from builder.image.render import DEPS_LAYER, lock_of, lock_text
 from builder.image.saved import cached_config, read_save
+from builder.oci.mutate import ConfigChange, NewLayer, extend_config
+from builder.oci.v1 import canonical, digest_of
 
 CHUNK = 1 << 20
 BLOCK = 512
@@ -147,10 +148,9 @@ def assemble(
         config = extend_config(
             base,
             [NewLayer("", deps.diff_id, deps.size, created_by(arch, root))],  # digest: when pushed
-            env={"PYTHONPATH": f"$PYTHONPATH:{root}"},
-            user=contract.SANDBOX_USER,
-            labels=labels,
-            created=created,
+            ConfigChange(
+                {"PYTHONPATH": f"$PYTHONPATH:{root}"}, contract.SANDBOX_USER, labels, created
+            ),
         )
         data = canonical(config)
         image_id = load(client, data, None if preloading else deps.path)

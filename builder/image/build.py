@@ -21,7 +21,7 @@ from typing import Protocol
 
 from builder.credentials import Credentials, config_path, from_environment, server_url
 from builder.errors import UserError
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
 
 # Debian's docker.io CLI builds with BuildKit via DOCKER_BUILDKIT=1; a newer standalone
 # CLI earlier on PATH may insist on buildx instead, so prefer the engine's own.

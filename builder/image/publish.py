@@ -1,7 +1,7 @@
-"""Name what is published: the tag of a platform version and extras set, and the pushed digest.
+"""Name what is published: the tag of a platform version and extras set.
 
-Tags are for people and CI logs; the SandboxTemplate gets `repository@sha256:…`. The pushes
-themselves go through the registry API (builder.image.index, builder.oci).
+Tags are for people and CI logs; the SandboxTemplate gets `repository@sha256:…`. The writes
+themselves are builder.oci.remote's.
 """
 
 from __future__ import annotations
@@ -9,24 +9,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from builder.errors import UserError
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
 
 TAG_MAX = 128
 HASH_LENGTH = 12
-
-
-class PushResult(NamedTuple):
-    repository: str
-    tags: tuple[str, ...]  # full references, repository:tag
-    digest: str  # sha256:… of the manifest the registry holds
-
-    @property
-    def reference(self) -> str:
-        """What a SandboxTemplate should name: immutable, unlike a tag."""
-        return f"{self.repository}@{self.digest}"
 
 
 def extras_hash(lock_texts: Iterable[str]) -> str:

@@ -22,19 +22,19 @@ from pathlib import Path
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 
+from builder import credentials
 from builder.analysis.index import RemoteFile, builder_pip, download_all
 from builder.analysis.plan import choose_wheel
 from builder.analysis.resolve import LockedPackage
 from builder.analysis.target import Target, arch_named, shipped_profile
 from builder.cache import Cache, default_root
-from builder.credentials import lookup
 from builder.engine import engine_client
 from builder.errors import UserError
 from builder.image.build import Log, base_logins, build_image
-from builder.image.index import publish_index
-from builder.image.publish import PushResult
+from builder.image.from_engine import push_engine_images
 from builder.image.render import place
-from builder.imageref import ImageRef
+from builder.oci.name import ImageRef
+from builder.oci.remote import Written
 from builder.runtime import copy_server
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
@@ -169,7 +169,7 @@ def build_base_index(
     base_image: str = DEFAULT_BASE_IMAGE,
     cache: Cache | None = None,
     log: Log | None = None,
-) -> PushResult:
+) -> Written:
     """Build the reference base for each arch and push it to `tag`'s registry as one index.
 
     Several arches cannot live under one local tag, so `tag` must name a registry
@@ -189,16 +189,11 @@ def build_base_index(
         arch: build_base(f"{tag}-{arch}", base_image=base_image, arch=arch, cache=cache, log=log)
         for arch in arches
     }
-    repository = str(ref.with_tag(None))
-    pushed, _ = publish_index(
-        client,
-        images,
-        repository,
-        [ref.tag],
-        base_image=base_image,
-        credentials=lookup(ref.registry),
-        say=lambda line: print(line, file=sys.stderr),
-    )
+    repository = ref.with_tag(None)
+    print(f"pushing {', '.join(images)} to {repository} by digest ...", file=sys.stderr)
+    target = credentials.registry(repository, str(repository))
+    source = ImageRef.parse(base_image, "base image")
+    pushed, _ = push_engine_images(client, images, target, [ref.tag], source)
     return pushed
 
 

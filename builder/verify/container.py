@@ -19,6 +19,7 @@ import docker
 import docker.errors
 
 from builder import contract
+from builder.oci.v1 import MACHINES
 from builder.verify.client import Machine, Sandbox
 from builder.verify.report import Check, CheckFailed, short
 
@@ -94,12 +95,9 @@ def machine_of(client: docker.DockerClient, arch: str) -> Machine:
     return Machine(not _same_arch(arch, engine), f"{arch} image on an {engine} engine")
 
 
-# Image configs written by hand (not by Docker or BuildKit) may name the kernel's arch.
-_GOARCH = {"x86_64": "amd64", "aarch64": "arm64"}
-
-
 def _same_arch(one: str, other: str) -> bool:
-    return _GOARCH.get(one, one) == _GOARCH.get(other, other)
+    """Image configs written by hand (not by Docker or BuildKit) may name the kernel's arch."""
+    return MACHINES.get(one, one) == MACHINES.get(other, other)
 
 
 def confirmed(client: docker.DockerClient, sandbox: Sandbox) -> Machine:

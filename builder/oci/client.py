@@ -1,87 +1,48 @@
-"""A small OCI distribution client (stdlib urllib) for one repository: read and write.
+"""A distribution API client (stdlib urllib) for one repository: the registry's primitives.
 
 Reads verify while they stream: a manifest or blob that does not hash to the digest asked for
-(or the digest the registry announced) raises IntegrityError naming both digests. Writes cover
-what pushing an index or a rebased image needs: blob existence, cross-repository mount,
-monolithic and chunked upload, and a manifest PUT that returns the digest. Authentication is
-basic or bearer-token (with a password or an identity token), from `builder.credentials`.
-Credentials go only to the registry's own origin: an upload Location or a redirect on another
-host gets no Authorization, and a token realm must be HTTPS (plain HTTP on loopback only).
-Failures are typed (`builder.errors`): unreachable (network, 5xx), auth, other registry errors.
+(or the digest the registry announced) raises IntegrityError naming both digests, and every
+read is bounded. Writes are the primitives `remote.write` sequences: blob existence,
+cross-repository mount, monolithic and chunked upload, and a manifest PUT that returns the
+digest. Authentication is basic or bearer-token (with a password or an identity token) from
+the `Credentials` the caller passes. Credentials go only to the registry's own origin: an
+upload Location or a redirect on another host gets no Authorization, and a token realm must be
+HTTPS (plain HTTP on loopback only). Failures are typed (`builder.errors`): unreachable
+(network, 5xx, 429), auth, other registry errors.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import http.client
-import ipaddress
-import json
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from builder.credentials import AUTH_HINT, Credentials, lookup
 from builder.errors import IntegrityError, RegistryAuthError, RegistryError, RegistryUnreachable
-from builder.imageref import DIGEST_RE, TAG_RE, ImageRef
+from builder.oci.auth import (
+    AUTH_HINT,
+    MAX_TOKEN_ANSWER,
+    Credentials,
+    is_loopback,
+    token_of,
+    token_request,
+    trusted_realm,
+)
+from builder.oci.name import DIGEST_RE, TAG_RE, ImageRef
+from builder.oci.v1 import MANIFEST_TYPES, digest_of
 
 TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
 MAX_MANIFEST = 16 << 20
-REFERENCE_RE = re.compile(rf"{DIGEST_RE.pattern}|{TAG_RE.pattern}")
 MAX_JSON_BLOB = 64 << 20
-MAX_TOKEN_ANSWER = 1 << 20  # a token service's JSON; tokens are a few KiB
+REFERENCE_RE = re.compile(rf"{DIGEST_RE.pattern}|{TAG_RE.pattern}")
 CHUNK = 16 << 20  # bytes per PATCH of a chunked upload
-CLIENT_ID = "build-sandbox-image"
-MANIFEST_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-)
-INDEX_TYPES = frozenset(MANIFEST_TYPES[:2])
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
-
-
-def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def platform_entry(
-    entries: Iterable[Any], arch: str, default_variant: bool = False
-) -> dict[str, Any] | None:
-    """The first linux/`arch` descriptor of an index's `entries`, or None.
-
-    Callers pass the entries themselves, so each keeps its own answer to a missing list.
-    `default_variant` skips variants other than the plain one (none, or arm64's v8), e.g.
-    amd64/v3 builds that the arch's baseline CPUs cannot run.
-    """
-    plain = (None, "", "v8" if arch == "arm64" else "")
-    for entry in entries:
-        platform = entry.get("platform") or {}
-        if (
-            platform.get("os") == "linux"
-            and platform.get("architecture") == arch
-            and (not default_variant or platform.get("variant") in plain)
-        ):
-            return entry
-    return None
-
-
-def is_loopback(host: str) -> bool:
-    """Loopback registries speak plain HTTP and never go through a proxy."""
-    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 class Registry:
@@ -97,11 +58,11 @@ class Registry:
         self.opener = urllib.request.build_opener(
             urllib.request.ProxyHandler({} if local else None)
         )
-        self.credentials = credentials or lookup(ref.registry)
+        self.credentials = credentials
         # Basic credentials go with the first request (they are this host's own), saving a 401
         # round trip; a registry that wants tokens answers with its Bearer challenge instead.
         usable = self.credentials and not self.credentials.identity_token
-        self.authorization = _basic(self.credentials) if usable and self.credentials else None
+        self.authorization = self.credentials.basic() if usable and self.credentials else None
 
     # -- plumbing -----------------------------------------------------------------------------
     def url(self, kind: str, reference: str = "") -> str:
@@ -188,7 +149,7 @@ class Registry:
                 return False
             if (self.authorization or "").startswith("Basic "):
                 return False  # already sent and refused
-            self.authorization = _basic(self.credentials)
+            self.authorization = self.credentials.basic()
             return True
         if scheme.lower() != "bearer":
             return False
@@ -196,8 +157,7 @@ class Registry:
         realm = fields.get("realm", "")
         if not realm:
             return False
-        parts = urllib.parse.urlsplit(realm)
-        if not (parts.scheme == "https" or (parts.scheme == "http" and is_loopback(parts.netloc))):
+        if not trusted_realm(realm):
             raise RegistryAuthError(
                 f"{self.label}: registry {self.ref.api_host} asks for credentials at"
                 f" {realm[:100]!r}; only an https token service is trusted with them"
@@ -211,22 +171,11 @@ class Registry:
         return True
 
     def _token(self, realm: str, service: str, scopes: list[str]) -> str | None:
-        """A bearer token from the realm: GET with basic auth, or POST an identity token."""
-        query = [("service", service)] if service else []
-        query += [("scope", scope) for scope in scopes]
-        if self.credentials and self.credentials.identity_token:
-            form = [("grant_type", "refresh_token"), ("client_id", CLIENT_ID),
-                    ("refresh_token", self.credentials.secret), *query]  # fmt: skip
-            request = urllib.request.Request(
-                realm, data=urllib.parse.urlencode(form).encode(), method="POST"
-            )
-        else:
-            request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(query, safe=':/,')}")
-            if self.credentials:
-                request.add_unredirected_header("Authorization", _basic(self.credentials))
+        """A bearer token from the realm (its answer bounded: tokens are a few KiB)."""
+        request = token_request(realm, service, scopes, self.credentials)
         try:
             with self.opener.open(request, timeout=TIMEOUT) as response:
-                answer = json.loads(response.read(MAX_TOKEN_ANSWER))  # cut: not JSON
+                return token_of(response.read(MAX_TOKEN_ANSWER))  # cut: not JSON
         except urllib.error.HTTPError as exc:
             exc.close()
             raise self._http_error(exc.code, realm) from None
@@ -234,9 +183,6 @@ class Registry:
             raise self._unreachable(urllib.parse.urlsplit(realm).netloc, exc) from None
         except ValueError:
             raise RegistryError(f"{self.label}: token service {realm} answered no JSON") from None
-        return (
-            answer.get("token") or answer.get("access_token") if isinstance(answer, dict) else None
-        )
 
     # -- reading ------------------------------------------------------------------------------
     def ping(self) -> None:
@@ -251,8 +197,8 @@ class Registry:
             digest = response.headers.get("Docker-Content-Digest")
         return digest if digest and DIGEST_RE.fullmatch(digest) else None
 
-    def manifest(self, reference: str, expected: str | None = None) -> tuple[dict[str, Any], str]:
-        """A manifest or index and its digest, checked against every digest that names it."""
+    def manifest(self, reference: str, expected: str | None = None) -> tuple[bytes, str]:
+        """A manifest's or index's bytes and digest, checked against every digest naming it."""
         url = self.url("manifests", self._checked(reference, "manifest"))
         with self.open(url, accept=", ".join(MANIFEST_TYPES)) as response:
             body = self._read(response, MAX_MANIFEST + 1)
@@ -261,35 +207,27 @@ class Registry:
             raise RegistryError(
                 f"{self.label}: manifest {reference} is larger than {MAX_MANIFEST >> 20} MiB"
             )
-        digest = sha256_digest(body)
+        digest = digest_of(body)
         asked = reference if DIGEST_RE.fullmatch(reference) else None
         for wanted in (asked, expected, served):
             if wanted and wanted != digest:
                 raise IntegrityError(f"{self.label}: manifest {reference}", wanted, digest)
-        return self._json_object(body, f"manifest {digest}"), digest
+        return body, digest
 
     def blob(self, digest: str) -> VerifiedBlob:
         """A blob as a stream that raises IntegrityError at its end if it does not match."""
         url = self.url("blobs", self._checked(digest, "blob"))
         return VerifiedBlob(self.open(url), digest, self)
 
-    def json_blob(self, digest: str) -> dict[str, Any]:
+    def small_blob(self, digest: str) -> bytes:
+        """A config blob's bytes, verified; larger than MAX_JSON_BLOB is an error, not a read."""
         with self.blob(digest) as blob:
             body = blob.read(MAX_JSON_BLOB + 1)
             if len(body) > MAX_JSON_BLOB:  # fail before `finish` drains the rest
                 raise RegistryError(
                     f"{self.label}: blob {digest} is larger than {MAX_JSON_BLOB >> 20} MiB"
                 )
-        return self._json_object(body, f"blob {digest}")
-
-    def _json_object(self, body: bytes, what: str) -> dict[str, Any]:
-        try:
-            document = json.loads(body)
-        except ValueError:
-            document = None
-        if not isinstance(document, dict):
-            raise RegistryError(f"{self.label}: {what} is not a JSON object")
-        return document
+        return body
 
     def _read(self, response: Any, limit: int) -> bytes:
         try:
@@ -310,9 +248,11 @@ class Registry:
         """Link a blob from another repository of this registry; False if it cannot."""
         query = urllib.parse.urlencode({"mount": digest, "from": source_repository})
         response = self.open(
-            self.url("blobs", f"uploads/?{query}"), "POST", data=b"",
+            self.url("blobs", f"uploads/?{query}"),
+            "POST",
+            data=b"",
             scopes=(f"repository:{source_repository}:pull",),
-        )  # fmt: skip
+        )
         with response:
             if response.status == 201:
                 return True
@@ -333,7 +273,7 @@ class Registry:
         with self.open(self.url("blobs", "uploads/"), "POST", data=b"") as response:
             location = self._location(response)
         if isinstance(source, bytes):
-            actual, body = sha256_digest(source), source
+            actual, body = digest_of(source), source
         else:
             opened = (
                 source.open("rb") if isinstance(source, Path) else contextlib.nullcontext(source)
@@ -368,7 +308,7 @@ class Registry:
 
     def put_manifest(self, reference: str, body: bytes, media_type: str) -> str:
         """PUT a manifest or index under a tag or its digest; returns the digest it has."""
-        digest = sha256_digest(body)
+        digest = digest_of(body)
         if DIGEST_RE.fullmatch(reference) and reference != digest:
             raise IntegrityError(f"{self.label}: manifest to put", reference, digest)
         headers = {"Content-Type": media_type}
@@ -442,8 +382,3 @@ class VerifiedBlob:
                     self.finish()
         finally:
             self.response.close()
-
-
-def _basic(credentials: Credentials) -> str:
-    pair = f"{credentials.username}:{credentials.secret}".encode()
-    return "Basic " + base64.b64encode(pair).decode()

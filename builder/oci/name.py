@@ -3,7 +3,8 @@
 `python:3.13` is `docker.io/library/python:3.13`; a first path component is a registry host only
 when it has a `.` or `:`, is `localhost`, or has capitals; `index.docker.io` is Docker Hub; a `:`
 after the last `/` starts a tag (before it, a port); `@` starts a digest, which must be a sha256.
-Everything that names an image (base, push target, a RepoDigests entry) goes through `parse`.
+Everything that names an image (base, push target, a RepoDigests entry) goes through `parse`,
+once, where the text enters (CLI, config, state); inside, references travel as `ImageRef`.
 """
 
 from __future__ import annotations

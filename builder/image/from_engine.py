@@ -1,0 +1,229 @@
+"""Engine images as OCI image values, with where each of their blobs can be had.
+
+An image the engine holds (one `assemble` wrote, or any image id) becomes an `oci.v1.Image`
+plus its `oci.remote.Blobs`: layers it shares with the base are the base's own blobs when the
+base lives on the push target's registry (mounted there, never uploaded); the deps-extra layer
+is builder.image.gzipped's cached blob (its digest is the lock's); the apt layer is the tar
+the system image's save kept, gzipped the same way; any other layer comes from a `docker save`
+of the image, gzipped with mtime 0. Writing them is `oci.remote.write`'s job, so the bytes
+pushed are the values made here: the engine cannot do this itself (`docker push` needs a tag
+per image, and the Debian engine's CLI writes indexes only with the experimental `docker
+manifest`, which needs every image pushed under a tag first).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import tarfile
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import docker
+
+from builder import credentials
+from builder.cache import Cache
+from builder.errors import IntegrityError, UserError
+from builder.image.assemble import Assembled
+from builder.image.gzipped import gzipped
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
+from builder.oci.v1 import (
+    DOCKER_LAYER,
+    GZIP_LAYERS,
+    Descriptor,
+    Image,
+    Index,
+    Platform,
+    digest_of,
+    file_digest,
+)
+
+GZIP_LEVEL = 6
+SAVE_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class BaseLayers:
+    """The base's gzip layers for one arch, by diff ID, and the repository that holds them."""
+
+    registry: Registry
+    by_diff_id: Mapping[str, Descriptor]
+
+
+def base_layers(base: ImageRef | None, arch: str, target: Registry) -> BaseLayers | None:
+    """The base's compressed layer descriptors, when it lives on the target's registry.
+
+    Unreadable or malformed: None, and the layers are uploaded instead (a tampered base is
+    still an IntegrityError).
+    """
+    if base is None or base.registry != target.ref.registry:
+        return None
+    source = credentials.registry(base, f"base image {base}")
+    try:
+        image = resolve(source, Platform.linux(arch))
+    except IntegrityError:
+        raise
+    except UserError:
+        return None
+    if len(image.diff_ids) != len(image.layers):
+        return None
+    return BaseLayers(
+        source,
+        {
+            diff_id: Descriptor(DOCKER_LAYER, layer.digest, layer.size)
+            for diff_id, layer in zip(image.diff_ids, image.layers, strict=True)
+            if layer.media_type in GZIP_LAYERS
+        },
+    )
+
+
+def assembled_image(
+    client: docker.DockerClient,
+    assembled: Assembled,
+    base: BaseLayers | None,
+    cache: Cache,
+    scratch: Path,
+) -> tuple[Image, Blobs]:
+    """An assembled image as a value: its exact config, each layer's blob located.
+
+    Layers neither the base nor the cache has are saved from the engine into `scratch`, which
+    must outlive the write.
+    """
+    diff_ids: list[str] = json.loads(assembled.config)["rootfs"]["diff_ids"]
+    below = diff_ids[:-1]
+    sources: dict[str, BlobSource] = {}
+    layers = [
+        _reused(diff_id, base, sources) or _kept(diff_id, cache, sources) for diff_id in below
+    ]
+    if any(layer is None for layer in layers):
+        _save(client, assembled.system_id, below, layers, scratch, sources)
+    deps = gzipped(assembled.deps.path, assembled.deps.diff_id, cache)
+    sources[deps.digest] = LocalFile(deps.path)
+    found = [layer for layer in layers if layer is not None]
+    found.append(Descriptor(DOCKER_LAYER, deps.digest, deps.size))
+    return Image.build(assembled.config, found), _blobs(sources, base)
+
+
+def engine_image(
+    client: docker.DockerClient,
+    image_id: str,
+    arch: str,
+    base: BaseLayers | None,
+    scratch: Path,
+) -> tuple[Image, Blobs]:
+    """Any engine image as a value: its config and layers from a `docker save` into `scratch`."""
+    attributes = client.images.get(image_id).attrs
+    if attributes.get("Architecture") != arch:
+        raise UserError(f"image {image_id}: built as {attributes.get('Architecture')}, not {arch}")
+    diff_ids: list[str] = list((attributes.get("RootFS") or {}).get("Layers") or [])
+    sources: dict[str, BlobSource] = {}
+    layers = [_reused(diff_id, base, sources) for diff_id in diff_ids]
+    config = _save(client, image_id, diff_ids, layers, scratch, sources)
+    return Image.build(config, [layer for layer in layers if layer is not None]), _blobs(
+        sources, base
+    )
+
+
+def _blobs(sources: dict[str, BlobSource], base: BaseLayers | None) -> Blobs:
+    return Blobs(sources, (base.registry,) if base else ())
+
+
+def _reused(
+    diff_id: str, base: BaseLayers | None, sources: dict[str, BlobSource]
+) -> Descriptor | None:
+    """The base's blob for `diff_id` (mounted or streamed from the base's repository)."""
+    reused = base.by_diff_id.get(diff_id) if base else None
+    if reused is None or base is None:
+        return None
+    sources[reused.digest] = InRepository(base.registry)
+    return reused
+
+
+def _kept(diff_id: str, cache: Cache, sources: dict[str, BlobSource]) -> Descriptor | None:
+    """The layer's blob from the tar the system image's save kept (the apt layer), gzipped."""
+    tar = cache.find_blob(diff_id.removeprefix("sha256:"), "layer.tar")
+    if tar is None:
+        return None
+    blob = gzipped(tar, diff_id, cache)
+    sources[blob.digest] = LocalFile(blob.path)
+    return Descriptor(DOCKER_LAYER, blob.digest, blob.size)
+
+
+def _save(
+    client: docker.DockerClient,
+    image_id: str,
+    diff_ids: Sequence[str],
+    layers: list[Descriptor | None],
+    scratch: Path,
+    sources: dict[str, BlobSource],
+) -> bytes:
+    """`docker save` the image; gzip the layers not yet placed into `scratch`; the config."""
+    saved = scratch / f"{image_id.removeprefix('sha256:')}.tar"
+    with saved.open("wb") as out:
+        for chunk in client.api.get_image(image_id, chunk_size=SAVE_CHUNK):
+            out.write(chunk)
+    with tarfile.open(saved) as archive:
+        manifest = json.load(_member(archive, "manifest.json"))[0]
+        config = _member(archive, manifest["Config"]).read()
+        if digest_of(config) != image_id:
+            raise UserError(f"image {image_id}: docker save gave a config of another digest")
+        paths = manifest["Layers"]
+        if len(paths) != len(diff_ids):
+            raise UserError(
+                f"image {image_id}: docker save gave {len(paths)} layers, not {len(diff_ids)}"
+            )
+        for position, (path, diff_id) in enumerate(zip(paths, diff_ids, strict=True)):
+            if layers[position] is None:
+                compressed = scratch / f"{diff_id.removeprefix('sha256:')}.tar.gz"
+                _gzip(_member(archive, path), compressed, diff_id, f"image {image_id}: {path}")
+                digest = file_digest(compressed)
+                sources[digest] = LocalFile(compressed)
+                layers[position] = Descriptor(DOCKER_LAYER, digest, compressed.stat().st_size)
+    saved.unlink()
+    return config
+
+
+def _gzip(source: IO[bytes], compressed: Path, diff_id: str, what: str) -> None:
+    """Gzip a layer tar (mtime 0), checking on the way that it is the tar `diff_id` names."""
+    hasher = hashlib.sha256()
+    with (
+        source,
+        compressed.open("wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as packed,
+    ):
+        while data := source.read(SAVE_CHUNK):
+            hasher.update(data)
+            packed.write(data)
+    if f"sha256:{hasher.hexdigest()}" != diff_id:
+        raise UserError(f"{what} is not {diff_id}")
+
+
+def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
+    extracted = archive.extractfile(name)
+    if extracted is None:
+        raise UserError(f"docker save: {name} is not a file")
+    return extracted
+
+
+def push_engine_images(
+    client: docker.DockerClient,
+    images: Mapping[str, str],
+    target: Registry,
+    tags: Sequence[str],
+    base: ImageRef | None = None,
+) -> tuple[Written, dict[str, Image]]:
+    """Write each arch -> engine image id by digest, then an index of them under `tags`."""
+    with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
+        pushed, blobs = {}, Blobs()
+        for arch, image_id in images.items():
+            layers = base_layers(base, arch, target)
+            pushed[arch], found = engine_image(client, image_id, arch, layers, Path(scratch))
+            blobs |= found
+        index = Index.build((Platform.linux(arch), image) for arch, image in pushed.items())
+        return write(target, list(pushed.values()), blobs, index=index, tags=tags), pushed

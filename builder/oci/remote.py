@@ -1,0 +1,220 @@
+"""Reading images from registries and writing them: `resolve` and `write`, for every caller.
+
+`resolve(registry, platform)` is the one way from a reference to a platform's image: an index
+is narrowed with `Index.pick` (the one variant rule), a plain manifest is taken when its config
+is of the platform (or names none). `write` is the one way images reach a registry: every blob
+is made present (HEAD, else a cross-repository mount from a known repository of the same
+registry, else an upload from where `Blobs` says it is: a file, bytes, or another registry's
+repository streamed across and verified on both ends), each manifest is PUT by digest, an index
+after its images, and only then are tags moved: until the last PUT no tag has changed, so a
+failure part-way leaves the old tags as they were.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from builder.errors import RegistryError, UserError
+from builder.oci.client import Registry
+from builder.oci.name import TAG_RE
+from builder.oci.v1 import Image, Index, Platform, is_index
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A blob in a file on this machine (a gzipped layer in the cache, say)."""
+
+    path: Path
+
+
+@dataclass(frozen=True)
+class InMemory:
+    """A small blob held as bytes (a config)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class InRepository:
+    """A blob another repository holds: mounted on the same registry, else streamed across."""
+
+    registry: Registry
+
+
+BlobSource = LocalFile | InMemory | InRepository
+
+
+@dataclass(frozen=True)
+class Blobs:
+    """Where an image's blobs come from, by digest; a config is always its image's own bytes.
+
+    `mountable` are repositories that may hold any of them: on the target's registry they are
+    tried for a mount before anything is uploaded.
+    """
+
+    sources: Mapping[str, BlobSource] = field(default_factory=dict)
+    mountable: tuple[Registry, ...] = ()
+
+    def __or__(self, other: Blobs) -> Blobs:
+        """Both images' sources: what writing them together needs."""
+        return Blobs({**self.sources, **other.sources}, (*self.mountable, *other.mountable))
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `write` left in the registry: the tagged manifest's digest, the tags, the cost."""
+
+    repository: str
+    digest: str
+    tags: tuple[str, ...]  # full references, repository:tag
+    bytes_uploaded: int
+
+    @property
+    def reference(self) -> str:
+        """What a SandboxTemplate should name: immutable, unlike a tag."""
+        return f"{self.repository}@{self.digest}"
+
+
+def read(
+    registry: Registry, reference: str | None = None, expected: str | None = None
+) -> Image | Index:
+    """The image or index `reference` (default: the registry's own reference) names.
+
+    `expected`: the digest a HEAD announced; a manifest of another digest is an IntegrityError.
+    """
+    body, digest = registry.manifest(reference or registry.ref.reference, expected)
+    return _parsed(registry, digest, lambda: _document(registry, body))
+
+
+def resolve(registry: Registry, platform: Platform, reference: str | None = None) -> Image:
+    """The `platform` image `reference` names (through an index when it is one).
+
+    Documents of another shape (an index naming an index, layers that are not descriptors, no
+    diff IDs) are a RegistryError naming the image, not a traceback from deep in a caller.
+    """
+    found = read(registry, reference)
+    if isinstance(found, Index):
+        entry = found.pick(platform)
+        if entry is None:
+            raise UserError(f"{registry.label}@{found.digest}: no {platform} image in the index")
+        child = read(registry, entry.digest)
+        if isinstance(child, Index):
+            raise RegistryError(f"{registry.label}: its index names another index for {platform}")
+        return child
+    if found.architecture and found.architecture != platform.architecture:
+        raise UserError(
+            f"{registry.label}@{found.digest} is a {found.architecture} image, not {platform}"
+        )
+    return found
+
+
+def _document(registry: Registry, body: bytes) -> Image | Index:
+    if is_index(body):
+        return Index.parse(body)
+    return Image.parse(body, registry.small_blob(_config_digest(body)))
+
+
+def _config_digest(body: bytes) -> str:
+    config = json.loads(body).get("config")
+    digest = config.get("digest") if isinstance(config, dict) else None
+    if not isinstance(digest, str):
+        raise ValueError("config is not a descriptor")
+    return digest
+
+
+T = TypeVar("T")
+
+
+def _parsed(registry: Registry, digest: str, parse: Callable[[], T]) -> T:
+    try:
+        return parse()
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise RegistryError(
+            f"{registry.label}@{digest}: malformed manifest or image config ({str(error)[:100]})"
+        ) from None
+
+
+def upload_blobs(target: Registry, image: Image, blobs: Blobs) -> int:
+    """Make every blob of `image` present in `target`; returns the bytes uploaded.
+
+    The one place blobs are uploaded: HEAD first, then a mount from a same-registry repository,
+    then the blob's source.
+    """
+    mounts = sorted(
+        {
+            source.ref.repository
+            for source in blobs.mountable
+            if source.ref.registry == target.ref.registry
+            and source.ref.repository != target.ref.repository
+        }
+    )
+    config = image.config_descriptor
+    uploaded = 0
+    for descriptor in (*image.layers, config):
+        digest = descriptor.digest
+        if target.blob_exists(digest) or any(target.mount(digest, repo) for repo in mounts):
+            continue
+        source = InMemory(image.config_bytes) if descriptor is config else blobs.sources.get(digest)
+        if isinstance(source, InMemory):
+            target.upload_blob(source.data, digest)
+        elif isinstance(source, LocalFile):
+            target.upload_blob(source.path, digest)
+        elif isinstance(source, InRepository):
+            with source.registry.blob(digest) as blob:  # verified as it streams, and on arrival
+                target.upload_blob(blob, digest)  # type: ignore[arg-type]
+        else:
+            raise UserError(f"{target.label}: no source for blob {digest} of {image.digest}")
+        uploaded += descriptor.size
+    return uploaded
+
+
+def write(
+    target: Registry,
+    images: Sequence[Image],
+    blobs: Blobs,
+    *,
+    index: Index | None = None,
+    tags: Sequence[str] = (),
+) -> Written:
+    """Write `images` (and the `index` naming them) by digest, then move `tags` to it.
+
+    The tags name the index, or the one image when there is no index. All or nothing: no tag
+    moves before every blob and manifest is in the registry.
+    """
+    if index is None and len(images) != 1 and tags:
+        raise ValueError("tags name one image or an index")
+    uploaded = 0
+    for image in images:
+        uploaded += upload_blobs(target, image, blobs)
+        target.put_manifest(image.digest, image.manifest_bytes, image.media_type)
+        uploaded += len(image.manifest_bytes)
+    top: Image | Index = index if index is not None else images[0]
+    if index is not None:
+        target.put_manifest(index.digest, index.manifest_bytes, index.media_type)
+        uploaded += len(index.manifest_bytes)
+    names = move_tags(target, top, tags)
+    return Written(target.label, top.digest, names, uploaded)
+
+
+def move_tags(target: Registry, top: Image | Index, tags: Sequence[str]) -> tuple[str, ...]:
+    """PUT the manifest under each tag (`name` or `repository:name`): the one tag writer."""
+    names = []
+    for tag in tags:
+        name = tag.rpartition(":")[2] if "/" in tag or ":" in tag else tag
+        if not TAG_RE.fullmatch(name):
+            raise UserError(f"{tag!r} is not a valid image tag")
+        target.put_manifest(name, top.manifest_bytes, top.media_type)
+        names.append(f"{target.label}:{name}")
+    return tuple(names)
+
+
+def offered(registry: Registry, platforms: Sequence[Platform]) -> tuple[Platform, ...]:
+    """Which of `platforms` the reference has an image for (from its index, or its config)."""
+    found = read(registry)
+    if isinstance(found, Index):
+        return tuple(p for p in platforms if found.pick(p) is not None)
+    return tuple(p for p in platforms if p.architecture == found.architecture)

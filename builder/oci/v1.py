@@ -1,0 +1,323 @@
+"""OCI values: media types, canonical JSON, digests, platforms, descriptors, images, indexes.
+
+An `Image` or `Index` holds the exact manifest bytes it is known by (read from a registry, or
+serialized here canonically), so its digest is always the digest of those bytes; the parsed
+fields are views of them. Documents of the wrong shape are a `ValueError` naming the field:
+the remote reader turns that into a RegistryError naming the image. One platform rule lives
+here (`Platform.accepts`): amd64 is the plain image or an x86-64 level v1-v4 (plain or v1
+preferred), arm64 is v8 (a missing variant counts as v8); `Index.pick` is the one function
+that chooses a platform's entry out of an index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+DOCKER_INDEX = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_INDEX})
+IMAGE_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
+MANIFEST_TYPES = (OCI_INDEX, DOCKER_INDEX, OCI_MANIFEST, DOCKER_MANIFEST)  # Accept, in order
+GZIP_LAYERS = frozenset({DOCKER_LAYER, OCI_LAYER})
+
+# uname -m (and wheel platform suffixes) -> the OCI architecture name
+MACHINES = MappingProxyType({"x86_64": "amd64", "aarch64": "arm64"})
+# the variants a platform's image may carry, best first; "" is "no variant given"
+VARIANTS = MappingProxyType({"amd64": ("", "v1", "v2", "v3", "v4"), "arm64": ("v8", "")})
+DEFAULT_VARIANT = MappingProxyType({"arm64": "v8"})  # what `docker manifest` and Hub write
+
+
+def canonical(document: Mapping[str, Any]) -> bytes:
+    """The one serialization of manifests, indexes and configs the tool writes.
+
+    Sorted keys, no whitespace: the same content always has the same digest.
+    """
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def digest_of(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def file_digest(path: Path) -> str:
+    with path.open("rb") as stream:
+        return f"sha256:{hashlib.file_digest(stream, 'sha256').hexdigest()}"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """os/architecture[/variant], as an index entry names an image."""
+
+    architecture: str
+    os: str = "linux"
+    variant: str = ""
+
+    @classmethod
+    def linux(cls, architecture: str) -> Platform:
+        """The platform an image of `architecture` is published as (arm64 with its v8)."""
+        return cls(architecture, "linux", DEFAULT_VARIANT.get(architecture, ""))
+
+    @classmethod
+    def of_machine(cls, machine: str) -> Platform | None:
+        """The platform of a `uname -m` name (x86_64, aarch64); None for any other."""
+        arch = MACHINES.get(machine)
+        return cls.linux(arch) if arch else None
+
+    def accepts(self, other: Platform) -> bool:
+        """Does an image published as `other` run where this platform is asked for?"""
+        allowed = VARIANTS.get(self.architecture, ("",))
+        return (other.os, other.architecture) == (
+            self.os,
+            self.architecture,
+        ) and other.variant in allowed
+
+    def preference(self, other: Platform) -> int:
+        """Lower is better among the accepted: the plain (or v1) image first."""
+        rank = VARIANTS.get(self.architecture, ("",)).index(other.variant)
+        return 0 if other.variant in ("", "v1") else rank
+
+    def to_dict(self) -> dict[str, str]:
+        found = {"architecture": self.architecture, "os": self.os}
+        return found | ({"variant": self.variant} if self.variant else {})
+
+    @classmethod
+    def from_dict(cls, document: Any) -> Platform:
+        if not isinstance(document, Mapping):
+            raise ValueError(f"platform {str(document)[:80]} is not an object")
+        fields = [document.get(key) or "" for key in ("architecture", "os", "variant")]
+        if not all(isinstance(value, str) for value in fields):
+            raise ValueError(f"platform {str(document)[:80]} is not made of strings")
+        return cls(*fields)
+
+    def __str__(self) -> str:
+        return "/".join(part for part in (self.os, self.architecture, self.variant) if part)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """What a manifest says of a blob or of another manifest: type, digest, size, platform."""
+
+    media_type: str
+    digest: str
+    size: int
+    platform: Platform | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        found: dict[str, Any] = {
+            "mediaType": self.media_type,
+            "digest": self.digest,
+            "size": self.size,
+        }
+        return found | ({"platform": self.platform.to_dict()} if self.platform else {})
+
+    @classmethod
+    def from_dict(cls, document: Any) -> Descriptor:
+        if not isinstance(document, Mapping):
+            raise ValueError(f"descriptor {str(document)[:80]} is not an object")
+        media_type, digest, size = (document.get(k) for k in ("mediaType", "digest", "size"))
+        if not isinstance(digest, str) or not digest.startswith("sha256:"):
+            raise ValueError(f"descriptor {str(document)[:80]} has no sha256 digest")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"descriptor {str(document)[:80]} has no size")
+        platform = document.get("platform")
+        return cls(
+            media_type if isinstance(media_type, str) else "",
+            digest,
+            size,
+            Platform.from_dict(platform) if platform is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Image:
+    """A single-platform image: its manifest bytes and config bytes, and their parsed fields."""
+
+    manifest_bytes: bytes = field(repr=False)
+    config_bytes: bytes = field(repr=False)
+    media_type: str
+    config_descriptor: Descriptor
+    layers: tuple[Descriptor, ...]
+    config: Mapping[str, Any] = field(repr=False)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        config_bytes: bytes,
+        layers: Iterable[Descriptor],
+        *,
+        docker: bool = True,
+        annotations: Mapping[str, str] | None = None,
+    ) -> Image:
+        """An image of these layers under this config, its manifest serialized canonically.
+
+        A layer keeps its media type; one without gets the manifest's gzip layer type.
+        Docker-typed (what the engine and `docker manifest` write) or OCI-typed, which alone
+        carries `annotations`.
+        """
+        layer_type = DOCKER_LAYER if docker else OCI_LAYER
+        typed = tuple(
+            Descriptor(layer.media_type or layer_type, layer.digest, layer.size) for layer in layers
+        )
+        config = Descriptor(
+            DOCKER_CONFIG if docker else OCI_CONFIG, digest_of(config_bytes), len(config_bytes)
+        )
+        media_type = DOCKER_MANIFEST if docker else OCI_MANIFEST
+        manifest: dict[str, Any] = {
+            "schemaVersion": 2,
+            "mediaType": media_type,
+            "config": config.to_dict(),
+            "layers": [layer.to_dict() for layer in typed],
+        }
+        kept = dict(sorted(annotations.items())) if annotations and not docker else {}
+        if kept:
+            manifest["annotations"] = kept
+        return cls(
+            canonical(manifest),
+            config_bytes,
+            media_type,
+            config,
+            typed,
+            _json_object(config_bytes, "image config"),
+            MappingProxyType(kept),
+        )
+
+    @classmethod
+    def parse(cls, manifest_bytes: bytes, config_bytes: bytes) -> Image:
+        """The image these bytes are; ValueError naming the field when one has the wrong shape."""
+        manifest = _json_object(manifest_bytes, "manifest")
+        if "manifests" in manifest:
+            raise ValueError("an index where an image manifest was expected")
+        config = _json_object(config_bytes, "image config")
+        descriptor = Descriptor.from_dict(manifest.get("config"))
+        if descriptor.digest != digest_of(config_bytes):
+            raise ValueError("the config is not the one the manifest names")
+        layers = manifest.get("layers")
+        if not isinstance(layers, list):
+            raise ValueError("layers is not a list")
+        rootfs = config.get("rootfs", {"diff_ids": []})  # a probe needs none; a rebase checks
+        diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, Mapping) else None
+        if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
+            raise ValueError("rootfs.diff_ids is not a list of digests")
+        if not all(isinstance(h, Mapping) for h in config.get("history") or []):
+            raise ValueError("history is not a list of objects")
+        annotations = manifest.get("annotations") or {}
+        return cls(
+            manifest_bytes,
+            config_bytes,
+            str(manifest.get("mediaType") or DOCKER_MANIFEST),
+            descriptor,
+            tuple(Descriptor.from_dict(layer) for layer in layers),
+            config,
+            MappingProxyType(dict(annotations)) if isinstance(annotations, dict) else {},
+        )
+
+    @property
+    def digest(self) -> str:
+        return digest_of(self.manifest_bytes)
+
+    @property
+    def is_docker(self) -> bool:
+        return self.media_type == DOCKER_MANIFEST
+
+    @property
+    def diff_ids(self) -> tuple[str, ...]:
+        return tuple((self.config.get("rootfs") or {}).get("diff_ids") or ())
+
+    @property
+    def architecture(self) -> str:
+        return str(self.config.get("architecture") or "")
+
+    @property
+    def size(self) -> int:
+        """Config plus every layer, compressed: what a pull transfers at most."""
+        return len(self.config_bytes) + sum(layer.size for layer in self.layers)
+
+    def descriptor(self, platform: Platform | None = None) -> Descriptor:
+        return Descriptor(self.media_type, self.digest, len(self.manifest_bytes), platform)
+
+
+@dataclass(frozen=True)
+class Index:
+    """Several platforms' manifests under one digest (an OCI index or Docker manifest list)."""
+
+    manifest_bytes: bytes = field(repr=False)
+    media_type: str
+    manifests: tuple[Descriptor, ...]
+
+    @classmethod
+    def build(
+        cls,
+        images: Iterable[tuple[Platform, Image]],
+        annotations: Mapping[str, str] | None = None,
+    ) -> Index:
+        """A Docker manifest list naming each image with its platform.
+
+        `annotations` (the images' OCI labels) are the OCI index field; registries keep the
+        bytes as sent, and tools that read OCI indexes (crane, a registry UI) see them.
+        """
+        document: dict[str, Any] = {
+            "schemaVersion": 2,
+            "mediaType": DOCKER_INDEX,
+            "manifests": [image.descriptor(platform).to_dict() for platform, image in images],
+        }
+        if annotations:
+            document["annotations"] = dict(sorted(annotations.items()))
+        return cls.parse(canonical(document))
+
+    @classmethod
+    def parse(cls, manifest_bytes: bytes) -> Index:
+        document = _json_object(manifest_bytes, "index")
+        entries = document.get("manifests")
+        if not isinstance(entries, list):
+            raise ValueError("manifests is not a list")
+        return cls(
+            manifest_bytes,
+            str(document.get("mediaType") or OCI_INDEX),
+            tuple(Descriptor.from_dict(entry) for entry in entries),
+        )
+
+    @property
+    def digest(self) -> str:
+        return digest_of(self.manifest_bytes)
+
+    def pick(self, platform: Platform) -> Descriptor | None:
+        """The entry for `platform`, by the one variant rule; None when the index has none.
+
+        Of the accepted entries the plain (or v1) one wins, then the lowest level, then the
+        first listed: the image a baseline CPU of the arch can run.
+        """
+        accepted = [
+            (platform.preference(entry.platform), position, entry)
+            for position, entry in enumerate(self.manifests)
+            if entry.platform is not None and platform.accepts(entry.platform)
+        ]
+        return min(accepted, key=lambda found: found[:2])[2] if accepted else None
+
+
+def is_index(manifest_bytes: bytes) -> bool:
+    """Is this manifest an index (by its media type, or a `manifests` list)?"""
+    document = _json_object(manifest_bytes, "manifest")
+    return document.get("mediaType") in INDEX_TYPES or "manifests" in document
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return document
