@@ -7,7 +7,11 @@
 - detached processes: survivors per daemon pattern (setsid, double fork, new session, ...);
 - memory: the server's peak RSS with 8 concurrent commands each writing 2 x 10 MiB of 0xff,
   and the slowest ``GET /`` meanwhile;
-- malformed requests: how many were tried, how many got a 5xx or no answer.
+- malformed requests: how many were tried, how many got a 5xx or no answer;
+- starve (root only: the server gets its own network namespace): code on the server's side, as
+  uid 65532, holds 300 half-sent connections (reopening each one the server closes) while,
+  from outside, GET / is asked every 50 ms and /execute every 250 ms: what the outside got,
+  and whether any of the attack's connections stayed held afterwards.
 
 Run as root, the server runs as uid 65532 (as in the images) through ``setpriv``.
 """
@@ -26,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import sandboxserver
 from sandboxserver import (
     MIB,
+    NamespacedServer,
     RaceLayout,
     ServerProcess,
     as_sandbox_user,
@@ -37,12 +42,14 @@ from sandboxserver import (
     run_daemon_pattern,
     sandbox_dir,
     send_raw,
+    starve,
 )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attempts", type=int, default=2000, help="race attempts per route")
+    parser.add_argument("--starve-seconds", type=float, default=10.0, help="how long to starve")
     parser.add_argument("--server", help="another server to measure (e.g. an older one)")
     args = parser.parse_args()
     if args.server:
@@ -105,6 +112,33 @@ def main() -> int:
         bad = sum(1 for status in statuses if status >= 500 or status == 0)
         print("\nmalformed requests               tried   5xx/none")
         print(f"  {'':<30} {len(statuses):>5} {bad:>10}")
+
+        if os.geteuid() != 0:
+            print("\nstarve: skipped (the server's own network namespace needs root)")
+            return 0
+        workspace = base / "starve"
+        workspace.mkdir()
+        give_to_sandbox_user(workspace)
+        server = NamespacedServer(workspace, log=base / "starve.log", **user)  # type: ignore[arg-type]
+        python = (*prefix, str(user.get("python", "python3")))
+        try:
+            found = starve(server, 300, args.starve_seconds, python)
+        finally:
+            server.stop()
+        print(f"\nstarve: 300 half-sent connections from inside for {args.starve_seconds:g} s")
+        for label, value in (
+            ("attack connections opened", found["opened"]),
+            ("  refused with 503", found["refused"]),
+            ("  most held open at once", found["held_max"]),
+            ("  still held afterwards", found["left"]),
+            ("GET / from outside", found["health"]),
+            ("  not 200", found["health_not_200"]),
+            ("  slowest (s)", f"{found['health_slowest']:.3f}"),
+            ("/execute from outside", found["executes"]),
+            ("  not 200", found["executes_not_200"]),
+            ("  slowest (s)", f"{found['execute_slowest']:.3f}"),
+        ):
+            print(f"  {label:<30} {value:>9}")
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
     return 0

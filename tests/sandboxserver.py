@@ -22,6 +22,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+from builder.verify.starve import ATTACK
 
 SERVER = Path(
     os.environ.get(
@@ -51,10 +54,12 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         prefix: tuple[str, ...] = (),
         python: str = SERVER_PYTHON,
+        host: str = "127.0.0.1",
     ) -> None:
         self.workspace = workspace
+        self.address = "127.0.0.1"  # where clients connect
         self.log = log or workspace.parent / f"server-{secrets.token_hex(4)}.log"
-        argv = [*prefix, python, "-I", str(SERVER), "--host", "127.0.0.1", "--port", "0"]
+        argv = [*prefix, python, "-I", str(SERVER), "--host", host, "--port", "0"]
         argv += ["--workspace", str(workspace), *flags]
         with self.log.open("wb") as stderr:
             self.proc = subprocess.Popen(
@@ -65,12 +70,12 @@ class ServerProcess:
             selector.register(self.proc.stdout, selectors.EVENT_READ)
             assert selector.select(15), "server did not report its port"
         line = self.proc.stdout.readline().decode()
-        assert line.startswith("listening on 127.0.0.1:"), line
+        assert line.startswith(f"listening on {host}:"), line
         self.port = int(line.rsplit(":", 1)[1])
 
     def connection(self) -> http.client.HTTPConnection:
         """The connection for the next request: a new one (subclasses may keep one alive)."""
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        return http.client.HTTPConnection(self.address, self.port, timeout=60)
 
     def release(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
         """Called after a response was read in full: close the connection."""
@@ -97,7 +102,7 @@ class ServerProcess:
 
     def raw(self, data: bytes) -> bytes:
         """Send bytes as they are on a fresh socket and return whatever comes back."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+        with socket.create_connection((self.address, self.port), timeout=10) as sock:
             sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
             chunks = []
@@ -116,6 +121,91 @@ class ServerProcess:
                 self.proc.kill()
             assert self.proc.stdout is not None
             self.proc.stdout.close()
+
+
+# Its own pid namespace (as a container's: PID 1, /proc shows only its processes) and network
+# namespace with loopback up: code the server runs reaches it on 127.0.0.1, as in a pod.
+NAMESPACES = ("unshare", "--kill-child", "--pid", "--mount-proc", "--net")
+LOOPBACK_UP = ("sh", "-c", 'ip link set lo up && exec "$@"', "sh")
+
+
+class NamespacedServer(ServerProcess):
+    """The server in its own pid and network namespaces, reached over a veth pair (root only).
+
+    Clients on this side come from ``sources`` (two addresses of the host's end, so a test has
+    two outside sources; ``connection()`` uses the first), the server is at ``address``, and the
+    commands it runs are on its loopback: the sandbox's own code, one source to the server.
+    """
+
+    def __init__(
+        self, workspace: Path, *flags: str, prefix: tuple[str, ...] = (), **options: Any
+    ) -> None:
+        """``prefix`` comes after the namespaces are made (e.g. ``setpriv``, as root did)."""
+        super().__init__(
+            workspace, *flags, prefix=NAMESPACES + LOOPBACK_UP + prefix, host="0.0.0.0", **options
+        )
+        net = f"10.{secrets.randbelow(50) + 200}.{secrets.randbelow(256)}"
+        low = 8 * secrets.randbelow(32)
+        self.address = f"{net}.{low + 2}"
+        self.sources = (f"{net}.{low + 1}", f"{net}.{low + 3}")
+        self.link = f"bsi{secrets.token_hex(4)}"
+        inside = ("nsenter", "-t", str(self.proc.pid), "-n")
+        peer = ("name", "eth0", "netns", str(self.proc.pid))  # created in the server's network
+        try:
+            for argv in (
+                ("ip", "link", "add", self.link, "type", "veth", "peer", *peer),
+                *(("ip", "addr", "add", f"{a}/29", "dev", self.link) for a in self.sources),
+                ("ip", "link", "set", self.link, "up"),
+                (*inside, "ip", "addr", "add", f"{self.address}/29", "dev", "eth0"),
+                (*inside, "ip", "link", "set", "eth0", "up"),
+            ):
+                subprocess.run(argv, check=True, capture_output=True)
+            self._wait_reachable()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_reachable(self) -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection((self.address, self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def connection(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(
+            self.address, self.port, timeout=60, source_address=(self.sources[0], 0)
+        )
+
+    def connect_from(self, source: str, timeout: float = 10) -> socket.socket:
+        """A raw connection to the server from one of ``sources``."""
+        return socket.create_connection(
+            (self.address, self.port), timeout=timeout, source_address=(source, 0)
+        )
+
+    def inside(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on the server's side (its network namespace): the sandbox's own code."""
+        command = ("nsenter", "-t", str(self.proc.pid), "-n", *argv)
+        return subprocess.run(command, capture_output=True, text=True, check=False)
+
+    def server_pid(self) -> int:
+        """The server process itself (``unshare``'s child)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        return int(children.split()[0])
+
+    def stop(self) -> int:
+        """SIGTERM to the server itself (``unshare --fork`` passes no signal on; it exits with
+        its child), then the veth's host end goes (the namespace's end went with it)."""
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            os.kill(self.server_pid(), signal.SIGTERM)
+        try:
+            return super().stop()
+        finally:
+            subprocess.run(("ip", "link", "del", self.link), capture_output=True, check=False)
 
 
 def multipart(
@@ -428,6 +518,64 @@ def flood(server: ServerProcess, concurrent: int = 8) -> dict[str, object]:
         "max_health_seconds": max(latencies),
         "reply_bytes": max(size for size, _ in results),
         "replies": [reply for _, reply in results],
+    }
+
+
+def starve(
+    server: NamespacedServer, connections: int, seconds: float, python: tuple[str, ...]
+) -> dict[str, object]:
+    """The starve attack (builder/verify/starve.py's) from the server's side, run by ``python``
+    (e.g. ``setpriv`` to uid 65532 and an interpreter) for ``seconds``, while from outside
+    ``GET /`` is asked every 50 ms and ``/execute`` every 250 ms: what the attack got, and what
+    the outside got."""
+    marker = server.workspace / f"starve-{secrets.token_hex(4)}"
+    inside = ("nsenter", "-t", str(server.proc.pid), "-n", *python, "-c", ATTACK)
+    argv = [*inside, str(connections), str(seconds), "3", str(server.port), str(marker)]
+    attack = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline and attack.poll() is None, "the attack did not start"
+        time.sleep(0.02)
+    health: list[tuple[int, float]] = []
+    executes: list[tuple[int, float]] = []
+
+    def timed(request: Any) -> tuple[int, float]:
+        started = time.monotonic()
+        try:
+            status = request()
+        except (OSError, http.client.HTTPException):
+            status = 0
+        return status, time.monotonic() - started
+
+    def outside(into: list[tuple[int, float]], request: Any, pause: float) -> None:
+        while attack.poll() is None:
+            into.append(timed(request))
+            time.sleep(pause)
+
+    body = json.dumps({"command": ["echo", "served"]}).encode()
+    workers = [
+        threading.Thread(
+            target=outside, args=(health, lambda: server.request("GET", "/")[0], 0.05)
+        ),
+        threading.Thread(
+            target=outside,
+            args=(executes, lambda: server.request("POST", "/execute", body)[0], 0.25),
+        ),
+    ]
+    for worker in workers:
+        worker.start()
+    out, _ = attack.communicate(timeout=seconds + 120)
+    for worker in workers:
+        worker.join()
+    found = json.loads(out)
+    return {
+        **found,
+        "health": len(health),
+        "health_not_200": sum(status != 200 for status, _ in health),
+        "health_slowest": max(seconds for _, seconds in health),
+        "executes": len(executes),
+        "executes_not_200": sum(status != 200 for status, _ in executes),
+        "execute_slowest": max(seconds for _, seconds in executes),
     }
 
 

@@ -2,8 +2,10 @@
 
 The server is tests/unhardened_server.py: the contract served with the pre-hardening server's
 (0bd0c22) three weaknesses — resolve-then-open paths, a kill of the process group only, output
-captured whole — kept as a small fixture in the tree, so the test needs no git history (a
-shallow clone runs it) and shows exactly what each check is there to catch.
+captured whole — and the one issue 23 removed — connections bounded in all but not per source,
+with nothing to answer GET / beyond the bound — kept as a small fixture in the tree, so the test
+needs no git history (a shallow clone runs it) and shows exactly what each check is there to
+catch. It runs in its own network namespace, so the checks' requests come from outside.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import sandboxserver
-from test_verify_checks import start_server, stop_server
+from test_verify_checks import sandbox_of, start_namespaced
 
 from builder.verify.checks import CONTRACT
 from builder.verify.client import Sandbox
@@ -28,13 +30,13 @@ def unhardened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     """The unhardened server in its own pid namespace, as the contract checks run the real one."""
     original, sandboxserver.SERVER = sandboxserver.SERVER, UNHARDENED
     try:
-        process = start_server(tmp_path_factory.mktemp("unhardened") / "workspace")
+        process = start_namespaced(tmp_path_factory.mktemp("unhardened") / "workspace")
     finally:
         sandboxserver.SERVER = original
     try:
-        yield Sandbox(process.port, workspace=str(process.workspace))
+        yield sandbox_of(process)
     finally:
-        stop_server(process)
+        process.stop()
 
 
 @pytest.mark.parametrize(
@@ -43,6 +45,7 @@ def unhardened(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
         ("race", "escaped outside the workspace: "),
         ("detached", "detached processes outlived their command"),
         ("flood", "a reply to 2 x 10 MiB of 0xff is "),
+        ("starve", "requests from outside were refused during the attack: GET / -> HTTP 503"),
     ],
 )
 def test_hardening_checks_fail_against_the_pre_hardening_server(

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -304,12 +306,13 @@ def test_verify_client_sdk_and_the_hardening_checks_pass_on_the_reference_image(
     result = run_verify(reference_image, "--client", "sdk")
     assert result.returncode == 0, result.stdout + result.stderr
     wanted = ["sdk run", "sdk python3", "sdk timeout", "sdk write-read", "sdk list", "sdk exists"]
-    wanted += ["race", "detached", "flood"]
+    wanted += ["race", "detached", "flood", "starve"]
     lines = {name: table_line(result.stdout, name) for name in wanted}
     assert all(line.startswith("PASS ") for line in lines.values()), result.stdout
     assert " 0 escapes in download " in lines["race"] and "upload" in lines["race"]
     assert "none left after an exit" in lines["detached"]
     assert "truncated" in lines["flood"]
+    assert "300 half-sent connections from inside" in lines["starve"]
     assert no_verify_containers_left(docker_client, reference_image)
 
 
@@ -357,3 +360,82 @@ def test_verify_names_a_failing_import_and_snippet(reference_image, docker_clien
     assert failed == {"import no_such_module_bsi", "check 2"}, result.stdout
     assert "PASS  import json" in result.stdout
     assert no_verify_containers_left(docker_client, reference_image)
+
+
+# The OOM case: a container limited to MEMORY_LIMIT (no swap), the server holding a reply
+# spooled in its tmpfs /tmp while a command allocates until the kernel kills something.
+MEMORY_LIMIT = "192m"
+SPOOLED = "import sys; sys.stdout.buffer.write(b'x' * (8 << 20))"
+GREEDY = "chunks = []\nwhile True:\n    chunks.append(b'\\x01' * (16 << 20))\n"
+
+
+def execute_request(command: list[str]) -> bytes:
+    body = json.dumps({"command": command, "timeout_seconds": 120}).encode()
+    head = f"POST /execute HTTP/1.1\r\nHost: sandbox\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+@pytest.mark.engine
+def test_under_a_memory_limit_the_kernel_kills_the_command_and_the_server_keeps_serving(
+    reference_image, docker_client
+):
+    container = docker_client.containers.run(
+        reference_image,
+        detach=True,
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        mem_limit=MEMORY_LIMIT,
+        memswap_limit=MEMORY_LIMIT,
+        tmpfs={"/workspace": "uid=65532,gid=65532", "/tmp": "mode=1777"},
+        ports={"8888/tcp": ("127.0.0.1", None)},
+        labels={LABEL: "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            container.reload()
+            bindings = container.attrs["NetworkSettings"]["Ports"].get("8888/tcp") or []
+            if bindings:
+                port = int(bindings[0]["HostPort"])
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=2) as probe:
+                        probe.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                        if probe.recv(64).startswith(b"HTTP/1.1 200"):
+                            break
+                except OSError:
+                    pass
+            assert time.monotonic() < deadline, container.logs()[-2000:]
+            time.sleep(0.2)
+        # A reply of 8 MiB the server has spooled and is sending to a client that does not read.
+        held = socket.create_connection(("127.0.0.1", port), timeout=120)
+        held.sendall(execute_request(["python3", "-c", SPOOLED]))
+        time.sleep(2)
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as greedy:
+            greedy.sendall(execute_request(["python3", "-c", GREEDY]))
+            reply = b""
+            while chunk := greedy.recv(65536):
+                reply += chunk
+                if b"\r\n\r\n" in reply:
+                    head, _, body = reply.partition(b"\r\n\r\n")
+                    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                    if len(body) >= length:
+                        break
+        result = json.loads(reply.partition(b"\r\n\r\n")[2])
+        assert result["exit_code"] == 137, result["stderr"][-500:]
+        # The server lived through it: it still answers, and the held reply arrives whole.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as probe:
+            probe.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert probe.recv(4096).startswith(b"HTTP/1.1 200 OK")
+        answer = b""
+        while chunk := held.recv(1 << 20):
+            answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            if body and len(body) >= int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]):
+                break
+        held.close()
+        assert len(json.loads(answer.partition(b"\r\n\r\n")[2])["stdout"]) == 8 << 20
+        container.reload()
+        assert container.status == "running"
+    finally:
+        container.remove(force=True)

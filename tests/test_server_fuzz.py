@@ -187,7 +187,9 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Layout:
 @pytest.fixture(scope="module")
 def server(layout: Layout, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("fuzzlog") / "server.log"  # outside the watched tree
-    running = Server(layout.workspace, "--max-upload", "65536", log=log)
+    # One client running up to 50 commands at once: its share raised from the default 16.
+    flags = ("--max-upload", "65536", "--max-executes-per-source", "64")
+    running = Server(layout.workspace, *flags, log=log)
     yield running
     assert running.stop() == 0
     assert b"Traceback" not in running.log.read_bytes()

@@ -149,11 +149,14 @@ def test_limits_connections_executes_and_slow_headers(base: Path) -> None:
                     if not slow.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
                         raise ConnectionResetError("closed")
         assert time.monotonic() - start < 5
-        # Over the connection cap: an immediate 503.
+        # Over the connection cap: a 503 from the gate, which waits half a second for a
+        # GET / it would answer, with no request sent.
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
         time.sleep(0.2)
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
+            started = time.monotonic()
             assert extra.recv(65536).startswith(b"HTTP/1.1 503 ")  # before any request
+            assert time.monotonic() - started < 2
         for sock in idle:
             sock.close()
         time.sleep(0.2)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sandboxserver import ServerProcess
+from sandboxserver import NamespacedServer, ServerProcess
 
 from builder.verify import hardening, race
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
@@ -48,13 +48,28 @@ def stop_server(process: ServerProcess) -> None:
     process.stop()
 
 
+def start_namespaced(workspace: Path) -> NamespacedServer:
+    """The runtime server as in a container: its own pid namespace (so timeout-cleanup sees
+    only its processes) and network namespace (the checks' requests come from outside, the
+    commands' own connections from its loopback: the starve check needs both), with a
+    PYTHONPATH its children inherit."""
+    workspace.mkdir()
+    env = {**os.environ, "PYTHONPATH": SERVER_PYTHONPATH}
+    return NamespacedServer(workspace, env=env)
+
+
+def sandbox_of(process: NamespacedServer) -> Sandbox:
+    """The verifier's client for the server, from this side of its network."""
+    return Sandbox(process.port, host=process.address, workspace=str(process.workspace))
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    process = start_server(tmp_path_factory.mktemp("verify") / "workspace")
+    process = start_namespaced(tmp_path_factory.mktemp("verify") / "workspace")
     try:
-        yield Sandbox(process.port, workspace=str(process.workspace))
+        yield sandbox_of(process)
     finally:
-        stop_server(process)
+        process.stop()
 
 
 def test_process_mode_leaves_out_exactly_the_image_checks() -> None:
@@ -108,8 +123,8 @@ def test_a_quote_in_an_upload_name_arrives_as_the_upstream_client_sends_it(
 
 def test_hardening_checks_run_in_every_verification() -> None:
     names = [name for name, _ in contract_checks()]
-    assert names[-3:] == ["race", "detached", "flood"]
-    assert names[-3:] == [name for name, _ in contract_checks(process_mode=True)][-3:]
+    assert names[-4:] == ["race", "detached", "flood", "starve"]
+    assert names[-4:] == [name for name, _ in contract_checks(process_mode=True)][-4:]
 
 
 EMULATED = Machine(True, "arm64 image on an amd64 engine")
@@ -122,7 +137,7 @@ def test_the_flood_check_is_lighter_on_an_emulated_machine(
     the peak RSS (qemu-user's own) is reported, not bounded. Emulation is the sandbox's
     machine, however fast its Python starts."""
     monkeypatch.setattr(hardening, "RSS_LIMIT", hardening.MIB)  # any server is over 1 MiB
-    emulated = Sandbox(server.port, workspace=server.workspace, machine=EMULATED)
+    emulated = Sandbox(server.port, server.host, server.workspace, machine=EMULATED)
     result = run_check("flood", partial(hardening.check_flood, emulated))
     assert result.passed, result.detail
     assert result.detail.startswith("1 x 2 x 3 MiB of 0x01: ")
@@ -142,7 +157,7 @@ def test_a_loaded_native_sandbox_keeps_the_full_flood_and_the_rss_bound(
     server: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Slowness stretches the GET / deadline only: a slow start is not taken for emulation."""
-    slow_start = SlowStart(server.port, workspace=server.workspace)
+    slow_start = SlowStart(server.port, server.host, server.workspace)
     result = run_check("flood", partial(hardening.check_flood, slow_start))
     assert result.passed, result.detail
     assert result.detail.startswith("2 x 2 x 10 MiB of 0xff: ")

@@ -13,6 +13,9 @@ the pre-hardening server (0bd0c22) had them, and nothing that would make them fa
             (the reply does not wait for them: it lingers 2 s for their output at most)
   flood     output is captured whole and decoded with U+FFFD replacements: 10 MiB of 0xff is
             a 60 MiB JSON string, nothing is truncated
+  starve    (as the server had it before issue 23) 256 connections in all, whoever holds them,
+            each allowed 30 s for its request, and a 503 for every connection beyond: code in
+            the sandbox that holds 256 half-sent requests refuses everyone else, GET / included
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ from typing import Any
 from urllib.parse import unquote
 
 LINGER_SECONDS = 2.0  # how long a reply waits for pipes that detached children hold open
+MAX_CONNECTIONS = 256
+HEADER_TIMEOUT = 30.0  # seconds a connection may take to send its request
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 2\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{}"
+)
 
 
 class Refused(Exception):
@@ -90,6 +99,7 @@ def read_all(stream: Any, into: bytearray) -> None:
 
 class Handler(BaseHTTPRequestHandler):
     server: Server
+    timeout = HEADER_TIMEOUT
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the tests read replies, not the log."""
@@ -184,6 +194,22 @@ class Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], root: str) -> None:
         super().__init__(address, Handler)
         self.root = os.path.realpath(root)
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per connection, 256 at most, from any source; beyond: 503 at once."""
+        if not self.connections.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(BUSY)
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ Checks, in order (names are stable; the CLI and the tests refer to them):
   traversal            ../, encoded, absolute, NUL and symlinked-out paths are refused (403)
   timeout              a command past timeout_seconds is killed: exit_code 124, timed_out true
   timeout-cleanup      no process of the timed-out command is left behind (running or zombie)
-  race, detached, flood  what a hostile command does to the server (see `hardening`)
+  race, detached, flood  what a hostile command does to the server (see `race`, `hardening`)
+  starve               the sandbox's own connections to its server leave the platform served
 
 [image] checks hold for a built image only; `contract_checks(process_mode=True)` leaves them out
 for a server process started by a test. Run that server in its own pid namespace (`unshare
@@ -33,8 +34,10 @@ from urllib.parse import quote
 
 from builder import contract
 from builder.verify.client import Sandbox, encoded, python_json
-from builder.verify.hardening import HARDENING
+from builder.verify.hardening import check_detached, check_flood
+from builder.verify.race import check_race
 from builder.verify.report import expect, short
+from builder.verify.starve import check_starve
 
 TIMEOUT_SECONDS = 2  # what the timeout check asks for
 TIMEOUT_SLACK = 20.0  # how late the 124 may come back
@@ -413,7 +416,10 @@ CONTRACT: tuple[tuple[str, Callable[[Sandbox], str]], ...] = (
     ("traversal", check_traversal),
     ("timeout", check_timeout),
     ("timeout-cleanup", check_timeout_cleanup),
-    *HARDENING,
+    ("race", check_race),
+    ("detached", check_detached),
+    ("flood", check_flood),
+    ("starve", check_starve),
 )
 IMAGE_ONLY = frozenset({"uid", "pythonpath", "app-deps-readonly", "deps-extra-readonly"})
 

@@ -1,9 +1,14 @@
 """Adversarial checks: what a hostile command does to the server, run against every image.
 
+This module holds the detached and flood checks, and what the others share (how slowly the
+sandbox starts a Python, the GET / deadline).
+
   race      a command swaps a workspace directory with a symlink to outside (renameat2
             RENAME_EXCHANGE) while every file route and /execute's cwd are hammered inside that
             directory: nothing outside is read, listed, found, deleted or written, no cwd outside
             (its own module, `race`)
+  starve    the sandbox's own code holds a few hundred half-sent connections to its server:
+            the platform is still served (its own module, `starve`)
   detached  `setsid sleep &`, a double-fork daemon and a start_new_session child outlive
             neither a command that exits nor one that times out, and do not delay the reply
   flood     2 concurrent commands each writing 2 x 10 MiB of 0xff: bounded, truncated replies,
@@ -12,8 +17,9 @@
 
 Each is bounded in time (a few seconds natively) because it runs in every verification, under
 arm64 emulation too: the race hammers for a fixed time rather than a fixed count, and the flood
-scales its health deadline by how slowly the sandbox starts a Python (load or emulation); which
-bounds apply is the Sandbox's `machine` (never that timing), so a loaded native sandbox keeps them.
+and the starve check scale their health deadline by how slowly the sandbox starts a Python (load
+or emulation); which bounds apply is the Sandbox's `machine` (never that timing), so a loaded
+native sandbox keeps them.
 """
 
 from __future__ import annotations
@@ -22,13 +28,11 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from builder import contract
 from builder.verify.client import Response, Sandbox, python_json
-from builder.verify.race import check_race
 from builder.verify.report import expect, short
 
 MIB = 1024 * 1024
@@ -233,10 +237,3 @@ def check_flood(sandbox: Sandbox) -> str:
         f" {slow:.1f}x as slowly as when idle natively); server peak RSS {rss}"
         f" ({'not bounded' if emulated else limit}); {sandbox.machine}"
     )
-
-
-HARDENING: tuple[tuple[str, Callable[[Sandbox], str]], ...] = (
-    ("race", check_race),
-    ("detached", check_detached),
-    ("flood", check_flood),
-)

@@ -20,7 +20,8 @@ from builder.verify.sdk import sdk_checks
 
 WORKERS = 4  # checks at once: most wait on the server or on a command, the imports use a core
 LIFETIMES = ("timeout", "timeout-cleanup")  # one after the other, in one thread
-LAST = ("detached", "race", "flood")  # after everything else: detached beside race, then flood
+# After everything else: detached beside race, then the flood alone, then the starve check alone.
+LAST = ("detached", "race", "flood", "starve")
 
 Job = Callable[[], list[Check]]
 
@@ -76,10 +77,13 @@ def served_checks(
 
     Most checks run side by side on a few threads (each is a handful of requests, or commands
     that wait); the timeout and its cleanup run one after the other in one of those threads.
-    Then the race runs beside only the detached check (its sleeps barely load the server), and
-    the flood alone: what they measure (attempts in a fixed time, GET / latency, the server's
-    peak RSS, how slowly a Python starts) heavier work would skew, and the cleanup's process
-    scan counts any zombie, such as a raced command's not yet reaped.
+    Then the race runs beside only the detached check (its sleeps barely load the server), then
+    the flood alone, then the starve check alone: what they measure (attempts in a fixed time,
+    GET / latency, the server's peak RSS, how slowly a Python starts) heavier work would skew,
+    and the cleanup's process scan counts any zombie, such as a raced command's not yet reaped.
+    The starve check comes last: its few hundred connections load the accept path and hold the
+    sandbox's own share of connections for seconds, which would skew the flood's timings and
+    refuse any check that talks to the server from inside meanwhile.
     """
     contract = contract_checks(process_mode)
     jobs: dict[str, Job] = {

@@ -14,14 +14,16 @@ Modules, protocol apart from the application (as in ``http.server``):
 
   framing     HTTP/1.1 request and body framing: deadlines, Content-Length and chunked bodies,
               ``Expect: 100-continue``, draining or lingering close, errors as JSON
-  listener    the accept path: one thread per connection, bounded
+  listener    the accept path: one thread per connection, bounded in all and per source
+  gate        connections over a bound: GET / answered with the server's health, others 503
+  sources     who a connection comes from (this host's addresses are one source), shares
   app         the routes and the server that holds the workspace, supervisor and limits
   paths       workspace paths resolved through directory descriptors
   supervisor  process groups, the child subreaper and the kill rounds
   commands    /execute's request fields, and running a command to a spooled outcome
   output      spooled output and the streamed JSON reply
   forms       multipart/form-data and header parameters
-  limits      concurrent executes
+  limits      concurrent executes, in all and per source
   config      limits and defaults fixed at start-up
   main        flags and ``SANDBOX_*`` variables, signals, the reaper thread
 
@@ -29,7 +31,9 @@ Hardening (the commands run as the same user as the server and may race it):
 
 * Paths are resolved through directory descriptors, never by name after a check (``paths``).
 * Process supervision (``supervisor``): every process a command starts is killed when it exits
-  or times out; ``setsid``, double forks and new sessions do not escape.
+  or times out; ``setsid``, double forks and new sessions do not escape. Each starts with
+  ``oom_score_adj`` 1000, so under a memory limit the kernel kills a command, not the server
+  (which keeps its own score).
 * Memory (``output``, ``commands``): command output is spooled to unnamed temporary files
   (``--spool-dir``, default ``$TMPDIR`` or /tmp, never the workspace; a memfd when no directory
   is writable), each stream capped at ``--max-output`` raw bytes, and the JSON reply is encoded
@@ -37,8 +41,16 @@ Hardening (the commands run as the same user as the server and may race it):
   (``"truncated"`` says which were cut). At most ``--max-executes`` commands run at once,
   ``--max-queued`` more wait; beyond that: 429 with ``Retry-After``.
 * Requests (``listener``, ``framing``): at most ``--max-connections`` connections are served at
-  once (beyond: 503), headers must arrive within ``--header-timeout`` seconds and a body within
+  once, headers must arrive within ``--header-timeout`` seconds and a body within
   ``--body-timeout``; every malformed request is answered with a 4xx JSON error. Uploads may
   come as a chunked body (the upstream SDK streams file objects so), bounded by
   ``--max-upload`` and the body deadline too.
+* Sources (``sources``, ``gate``, ``limits``): one client address holds at most
+  ``--max-connections-per-source`` connections and ``--max-executes-per-source`` commands
+  (running or waiting); every address of this host, loopback included, is one source, so the
+  sandbox's own code cannot take the platform's share. A connection over a bound gets no
+  thread: the gate answers its ``GET /`` with the server's health (``ok`` only when a new
+  command could run: a connection and a command slot or queue place free, the process limit
+  not reached, a spool file to be had; else 503 with the reason) and anything else with 503 and
+  ``Retry-After``; an ``/execute`` over its source's share gets 503 and ``Retry-After`` too.
 """

@@ -25,7 +25,7 @@ from .limits import Slots
 from .listener import Listener
 from .output import SpoolFactory
 from .paths import DIR_READ, Workspace, remove_tree
-from .supervisor import MARKER_VAR, Supervisor
+from .supervisor import MARKER_VAR, Supervisor, process_limit_reached
 
 FILE_ROUTE = re.compile(r"/(download|list|exists|files)(?:/(.*))?", re.DOTALL)
 
@@ -38,8 +38,23 @@ class SandboxServer(Listener):
         self.workspace = Workspace(config.workspace)
         self.supervisor = Supervisor()
         self.spools = SpoolFactory(config.spool_dir, self.workspace.root)
-        self.slots = Slots(config.max_executes, config.max_queued)
+        self.slots = Slots(config.max_executes, config.max_queued, config.max_executes_per_source)
         self.runner = Runner(config, self.supervisor, self.spools)
+
+    def unready(self, holding: int = 0) -> str | None:
+        """The listener's reasons, then the command side's: no slot or queue place, the
+        container's process limit reached, no spool file to be had."""
+        if reason := super().unready(holding):
+            return reason
+        if not self.slots.has_room():
+            return "every command slot and queue place is taken"
+        if process_limit_reached():
+            return "the process limit is reached"
+        try:
+            self.spools.new().close()
+        except OSError as exc:
+            return f"command output cannot be spooled: {exc.strerror or exc}"
+        return None
 
     def reap_orphans(self) -> None:
         self.supervisor.reap_orphans()
@@ -94,7 +109,13 @@ class Handler(FramedHandler):
     # --- routes ---------------------------------------------------------------------------
 
     def _health(self) -> None:
-        self._send_json(200, {"status": "ok"})
+        """ok only when a new command could run (``unready``), as the gate answers it too."""
+        reason = self.server.unready(holding=1)
+        if reason is None:
+            self._send_json(200, {"status": "ok"})
+        else:
+            payload = {"status": "unavailable", "reason": reason}
+            self._send_json(503, payload, {"Retry-After": "1"})
 
     def _execute(self) -> None:
         request = self._read_json()
@@ -109,7 +130,7 @@ class Handler(FramedHandler):
             cwd_raw = ""
         elif not isinstance(cwd_raw, str):
             raise ApiError(400, "cwd must be a string")
-        with server.slots.hold():
+        with server.slots.hold(server.sources.of(self.client_address)):
             cwd_fd = workspace.open_cwd(cwd_raw)
             try:
                 outcome = server.runner.run(argv, cwd_fd, env, timeout)

@@ -22,6 +22,8 @@ class Config:
     max_executes: int = 32
     max_queued: int = 64
     max_connections: int = 256
+    max_connections_per_source: int = 64
+    max_executes_per_source: int = 16
     header_timeout: float = 30.0
     body_timeout: float = 600.0
     spool_dir: str | None = None

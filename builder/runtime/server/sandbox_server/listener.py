@@ -1,8 +1,15 @@
-"""The accept path: one thread per connection, at most ``--max-connections`` at once."""
+"""The accept path: one thread per connection, bounded in all and per source.
+
+At most ``--max-connections`` connections are served at once, and at most
+``--max-connections-per-source`` from one source (``sources``: this host's own addresses are
+one source, so code in the sandbox cannot take the platform's share). A connection over either
+bound gets no thread: it goes to the ``gate``, which answers ``GET /`` with the server's health
+and anything else with an immediate 503.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import json
 import socket
 import threading
 from http.server import ThreadingHTTPServer
@@ -10,11 +17,15 @@ from socketserver import BaseRequestHandler
 from typing import Any
 
 from .config import Config
+from .gate import Answer, Gate
+from .sources import Shares, Sources
+
+ALL = ""  # the one source of the global connection count
+OK_BODY = b'{"status": "ok"}'
 
 
 class Listener(ThreadingHTTPServer):
-    """Threaded server, bounded in connections; beyond the bound a connection is refused at
-    once, before a thread is started for it."""
+    """Threaded server, bounded in connections; beyond a bound, the gate answers."""
 
     daemon_threads = True
     request_queue_size = 256
@@ -26,29 +37,56 @@ class Listener(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
         self.config = config
-        self._connections = threading.BoundedSemaphore(config.max_connections)
+        self.sources = Sources()
+        self._connections = Shares(config.max_connections)
+        self._per_source = Shares(config.max_connections_per_source)
+        self.gate = Gate(self.health)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """One thread per connection, at most ``max_connections``; beyond: an immediate 503."""
-        if not self._connections.acquire(blocking=False):
-            body = b'{"error": "too many connections; retry later"}'
-            head = (
-                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
-            )
-            with contextlib.suppress(OSError):
-                request.settimeout(0.5)
-                request.sendall(head.encode() + body)
-            self.shutdown_request(request)
+        """A thread for the connection if both bounds allow it, else the gate."""
+        source = self.sources.of(client_address)
+        if not self._connections.take(ALL):
+            self.gate.admit(request, source)
             return
+        if not self._per_source.take(source):
+            self._connections.give_back(ALL)
+            self.gate.admit(request, source)
+            return
+        thread = threading.Thread(
+            target=self.serve_connection, args=(request, client_address, source), daemon=True
+        )
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self._connections.release()
+            self._per_source.give_back(source)
+            self._connections.give_back(ALL)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def serve_connection(self, request: Any, client_address: Any, source: str) -> None:
+        """The connection's thread (``ThreadingMixIn.process_request_thread``, plus the
+        bounds given back, before the socket is closed: a client that sees it closed finds its
+        share free)."""
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
-            self._connections.release()
+            self._per_source.give_back(source)
+            self._connections.give_back(ALL)
+            self.shutdown_request(request)
+
+    def unready(self, holding: int = 0) -> str | None:
+        """Why a new command could not be run now (None: it could); ``holding``: connections
+        the asker holds itself. The application adds its own reasons to the listener's."""
+        if self._connections.held(ALL) - holding >= self._connections.limit:
+            return "every connection slot is taken"
+        return None
+
+    def health(self) -> Answer:
+        """``GET /``'s answer from the gate, as a handler gives it: ok only when a new command
+        could still run."""
+        reason = self.unready()
+        if reason is None:
+            return 200, "OK", OK_BODY, ()
+        body = json.dumps({"status": "unavailable", "reason": reason}).encode()
+        return 503, "Service Unavailable", body, (("Retry-After", "1"),)

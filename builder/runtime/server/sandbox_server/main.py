@@ -61,7 +61,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ("max-reply", int, str(32 * MIB), "encoded bytes of one /execute reply (half per stream)"),
         ("max-executes", int, "32", "commands running at once"),
         ("max-queued", int, "64", "executes waiting for a slot; beyond that: 429"),
-        ("max-connections", int, "256", "connections served at once; beyond that: 503"),
+        ("max-connections", int, "256", "connections served at once; beyond: 503 (GET / answered)"),
+        (
+            "max-connections-per-source",
+            int,
+            "64",
+            "connections one client address holds at once (this host's own are one); beyond: 503",
+        ),
+        (
+            "max-executes-per-source",
+            int,
+            "16",
+            "commands one client address runs or queues at once; beyond that: 503",
+        ),
         ("header-timeout", float, "30", "seconds to receive a request's line and headers"),
         ("body-timeout", float, "600", "seconds to receive a request's body"),
     ):
@@ -81,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "max_reply",
         "max_executes",
         "max_connections",
+        "max_connections_per_source",
+        "max_executes_per_source",
         "header_timeout",
         "body_timeout",
     ):
@@ -105,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         max_executes=args.max_executes,
         max_queued=max(args.max_queued, 0),
         max_connections=args.max_connections,
+        max_connections_per_source=args.max_connections_per_source,
+        max_executes_per_source=args.max_executes_per_source,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         spool_dir=args.spool_dir,

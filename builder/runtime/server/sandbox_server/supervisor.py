@@ -27,6 +27,39 @@ import time
 
 MARKER_VAR = "SANDBOX_EXEC_ID"
 PR_SET_CHILD_SUBREAPER = 36
+COMMAND_OOM_SCORE_ADJ = b"1000"
+# (limit, count) of the cgroup's processes: cgroup v2, then v1's pids controller
+PIDS_FILES = (
+    ("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids.current"),
+    ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids/pids.current"),
+)
+
+
+def prepare_child(cwd_fd: int) -> None:
+    """In the command's process, before exec: enter the directory resolved (``fchdir``), and
+    make it, and so everything it starts (the score is inherited), the OOM killer's first
+    choice: 1000 is the maximum, and raising it needs no privilege. The server keeps its own."""
+    os.fchdir(cwd_fd)
+    with contextlib.suppress(OSError):  # no /proc: the command just keeps the server's score
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, COMMAND_OOM_SCORE_ADJ)
+        finally:
+            os.close(fd)
+
+
+def process_limit_reached() -> bool:
+    """Whether the cgroup (the container's) has no process left to fork."""
+    for limit_file, count_file in PIDS_FILES:
+        try:
+            with open(limit_file, "rb") as handle:
+                limit = handle.read().strip()
+            with open(count_file, "rb") as handle:
+                current = int(handle.read())
+        except (OSError, ValueError):
+            continue  # no such controller here
+        return limit.isdigit() and current >= int(limit)
+    return False
 
 
 def set_child_subreaper() -> bool:
@@ -119,7 +152,7 @@ class Supervisor:
                 stderr=subprocess.PIPE,
                 env=env | {MARKER_VAR: marker},
                 start_new_session=True,
-                preexec_fn=functools.partial(os.fchdir, cwd_fd),
+                preexec_fn=functools.partial(prepare_child, cwd_fd),
             )
             self._leaders[proc.pid] = marker
         return proc, marker
