@@ -47,7 +47,8 @@ import docker.errors
 
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.layer import Layer, installed_python_sources, keep, written
+from builder.image.install_layout import installed_python_sources
+from builder.image.layer import Layer, keep, written
 
 BYTECODE_FORMAT = "bytecode/1"  # bump when the compile recipe or the tar layout changes
 WORKDIR = "/tmp/bsi-bytecode"
