@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import io
 import json
+import posixpath
 import tarfile
 import threading
 import zipfile
@@ -244,14 +245,23 @@ class Compiler:
 
 
 def bytecode_layer(
-    parts: Sequence[Compiled], interpreter: Interpreter, root: str, epoch: int, cache: Cache
+    parts: Sequence[Compiled],
+    interpreter: Interpreter,
+    root: str,
+    epoch: int,
+    cache: Cache,
+    shadowed: frozenset[str] = frozenset(),
 ) -> BytecodeLayer:
     """One layer of the parts' bytecode under `root`, in lock order: a later wheel's file wins.
 
-    Cached by the parts' own digests, the root and the epoch (every mtime in the tar).
+    `shadowed` sources (a later distribution of the set installs them: see
+    builder.image.layer.LayerWheels) get no bytecode here; the winner's layer carries theirs.
+    Cached by the parts' own digests, the root, the epoch (every mtime in the tar) and those.
     """
     root = root.strip("/")
-    key_text = "\n".join([BYTECODE_FORMAT, root, str(epoch), *(p.tar.parent.name for p in parts)])
+    key_text = "\n".join(
+        [BYTECODE_FORMAT, root, str(epoch), *(p.tar.parent.name for p in parts), *sorted(shadowed)]
+    )
     key = hashlib.sha256(key_text.encode()).hexdigest()
     compiled = sum(p.compiled for p in parts)
     skipped = tuple(sorted({s for p in parts for s in p.skipped}))
@@ -264,12 +274,18 @@ def bytecode_layer(
         with tarfile.open(part.tar) as archive:
             for member in archive:
                 extracted = archive.extractfile(member) if member.isfile() else None
-                if extracted is not None:
+                if extracted is not None and source_of(member.name) not in shadowed:
                     files[member.name] = extracted.read()
     temp, digest = written(cache, lambda out: _write_tar(out, files.items(), root, epoch))
     layer = keep(temp, digest, cache, epoch)
     cache.put_record("bytecode-layer", key, {"diff_id": layer.diff_id, "size": layer.size})
     return BytecodeLayer(layer, interpreter, compiled, skipped)
+
+
+def source_of(pyc: str) -> str:
+    """The source a `__pycache__/<name>.<tag>.pyc` path was compiled from."""
+    cache_dir, name = posixpath.split(pyc)
+    return posixpath.join(posixpath.dirname(cache_dir), name.split(".", 1)[0] + ".py")
 
 
 def _sources_tar(work: str, wheel: Path, sources: Sequence[tuple[str, str]]) -> bytes:

@@ -91,6 +91,60 @@ def deps_layer(lock_text: str, wheels: Sequence[Path], root: str, cache: Cache) 
     return layer
 
 
+@dataclass(frozen=True)
+class LayerWheels:
+    """The wheels of one layer of the extras, and the files left to a later distribution.
+
+    `shadowed`: paths (under the root) these wheels install that a later wheel of the set
+    installs too. pip lets the later install win; with one layer per distribution the winner's
+    layer may sit below, so the loser's layer leaves those files out and the image holds what
+    one `pip install --target` of the set would.
+    """
+
+    wheels: tuple[tuple[str, Path], ...]  # (sha256, file), in lock order
+    shadowed: frozenset[str] = frozenset()
+
+
+def shadowed_files(wheels: Sequence[Path]) -> dict[Path, frozenset[str]]:
+    """For each wheel, the files it installs that a later wheel (lock order) installs too.
+
+    Directories are merged, never shadowed: a namespace package such as `google/` stays in
+    every layer that has modules under it.
+    """
+    installed: list[tuple[Path, set[str]]] = []
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            installed.append((wheel, {e.path for e in install_entries(archive, 0, wheel.name)}))
+    shadowed: dict[Path, frozenset[str]] = {}
+    later: set[str] = set()
+    for wheel, paths in reversed(installed):
+        shadowed[wheel] = frozenset(paths & later)
+        later |= paths
+    return shadowed
+
+
+def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
+    """One layer of the extras: its wheels installed under `root`, cached by what decides it.
+
+    Its bytes depend only on those wheels, the root, the layout version and what a later
+    distribution shadows, so the same wheel gives the same layer in every set and on any base.
+    """
+    key_text = "\n".join(
+        [LAYER_FORMAT, root, *(sha for sha, _ in group.wheels), *sorted(group.shadowed)]
+    )
+    key = hashlib.sha256(key_text.encode()).hexdigest()
+    record = cache.get_record("wheels-layer", key)
+    if record and (path := cache.find_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+        return Layer(path, record["diff_id"], record["size"], record["sde"])
+    files = [path for _, path in group.wheels]
+    epoch = source_date_epoch(files)
+    layer = _store(cache, epoch, lambda out: write_tar(out, files, root, epoch, group.shadowed))
+    cache.put_record(
+        "wheels-layer", key, {"diff_id": layer.diff_id, "size": layer.size, "sde": epoch}
+    )
+    return layer
+
+
 def source_date_epoch(wheels: Iterable[Path]) -> int:
     """The newest timestamp inside the locked wheels: a date the lock itself fixes."""
     newest = ZIP_EPOCH
@@ -103,15 +157,25 @@ def source_date_epoch(wheels: Iterable[Path]) -> int:
     return newest
 
 
-def write_tar(out: IO[bytes] | Any, wheels: Sequence[Path], root: str, epoch: int) -> None:
-    """Write the sorted, normalized tar of `wheels` installed under `root` to `out`."""
+def write_tar(
+    out: IO[bytes] | Any,
+    wheels: Sequence[Path],
+    root: str,
+    epoch: int,
+    shadowed: frozenset[str] = frozenset(),
+) -> None:
+    """Write the sorted, normalized tar of `wheels` installed under `root` to `out`.
+
+    `shadowed` files (a later distribution of the set installs them) are left out.
+    """
     root = root.strip("/")
     archives = [zipfile.ZipFile(wheel) for wheel in wheels]
     try:
         entries: dict[str, Entry] = {}
         for index, archive in enumerate(archives):
             for entry in install_entries(archive, index, Path(wheels[index]).name):
-                entries[entry.path] = entry  # a later wheel wins, as with pip (lock order)
+                if entry.path not in shadowed:  # a later wheel wins, as with pip (lock order)
+                    entries[entry.path] = entry
         parts = root.split("/")
         directories = {"/".join(parts[: i + 1]) for i in range(len(parts))}
         for path in list(entries):
