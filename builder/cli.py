@@ -19,14 +19,18 @@ from builder.analysis.sizes import human, size_figures
 from builder.analysis.target import ARCHES
 from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
+from builder.commands import build_delivery, build_images
+from builder.commands import rebuild as run_rebuild
 from builder.config import RunSettings, load_config, merge
+from builder.delivery import Outcome, Run
 from builder.engine import engine_client
 from builder.errors import UserError
 from builder.image.reference_base import build_base, build_base_index
 from builder.image.render import Secrets
-from builder.multiarch import SystemStages, target_arches
-from builder.pipeline import Delivery, Outcome, Request, deliver, prepare, record_pushed
-from builder.pipeline import rebuild as pipeline_rebuild
+from builder.oci.name import ImageRef
+from builder.pipeline import Request, prepare
+from builder.produce_build import SystemStages, target_arches
+from builder.reporter import Reporter
 from builder.verify import verify_image
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -84,10 +88,9 @@ def summary(plan: Plan) -> str:
                 for lib in arch.libraries
                 if any(by.startswith(f"{wheel.name}=={wheel.version}") for by in lib.needed_by)
             ]
-            rows.append(
-                (wheel.name, wheel.version, wheel.tag, human(wheel.size),
-                 human(wheel.installed_size), ", ".join(needs) or "-")
-            )  # fmt: skip
+            size, installed = human(wheel.size), human(wheel.installed_size)
+            needed = ", ".join(needs) or "-"
+            rows.append((wheel.name, wheel.version, wheel.tag, size, installed, needed))
         total = size_figures(arch.wheels)
         rows.append(("total", "", "", human(total["download"]), human(total["installed"]), ""))
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
@@ -239,7 +242,9 @@ def main(
             arches=arches,
             base_image=base_image,
             output=output,
-            push_repository=push_repository,
+            push_repository=ImageRef.parse_repository(push_repository, "push target")
+            if push_repository
+            else None,
             platform_version=platform_version,
             template=template,
             container=container,
@@ -259,7 +264,7 @@ def main(
         raise click.UsageError("--template needs --push: the template names the pushed digest")
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
-    base = base_profile(settings.base_image, client, cache, say=note)
+    base = base_profile(settings.base_image, client, cache, REPORTER)
     request = Request(
         requirement_files=settings.requirements,
         constraint_files=settings.constraints,
@@ -288,20 +293,12 @@ def main(
                     f" -t IMAGE-{arch.arch} {settings.output}"
                 )
             return
-        delivery = Delivery(
-            tag=tag,
-            verify=not no_verify,
-            secret_files=settings.apt_secrets,
-            push_repository=settings.push_repository,
-            platform_version=settings.platform_version,
-            template=settings.template,
-            container=settings.container,
-            warm_pools=settings.warm_pools,
-        )
-        outcome = deliver(plan, request, delivery, client, say=note, stages=stages)
+        delivery = build_delivery(plan, request, settings, config, verify=not no_verify)
+        run = Run(client, cache, settings.output, REPORTER)
+        outcome = build_images(plan, request, delivery, stages, run, tag)
     show_outcome(outcome)
-    if recorded := record_pushed(config, settings.platform_version, plan, outcome):
-        click.echo(f"state recorded in {recorded}")
+    if delivery.state is not None and outcome.pushed:
+        click.echo(f"state recorded in {delivery.state.path}")
 
 
 @main.command("rebuild")
@@ -328,7 +325,7 @@ def rebuild(config_path: Path, platform_version: str, check: bool, cache_dir: Pa
     if client is None:
         raise UserError("rebuild: no Docker engine reachable to probe the new base")
     cache = Cache(cache_dir or default_root())
-    found = pipeline_rebuild(config, platform_version, client, cache, say=note, check_only=check)
+    found = run_rebuild(config, platform_version, client, cache, REPORTER, check_only=check)
     click.echo(summary(found.plan))
     click.echo("\nchanges since the last build:" if found.changes else "\nno changes: up to date")
     for line in found.changes:
@@ -343,13 +340,14 @@ def rebuild(config_path: Path, platform_version: str, check: bool, cache_dir: Pa
 
 def show_outcome(outcome: Outcome) -> None:
     """Print what happened after planning; a failed verification is an error."""
-    for built in outcome.builds:
-        click.echo(f"image: {built.tag} ({built.image_id}, {built.arch})")
+    for one in outcome.produced:
+        if one.local_tag:
+            click.echo(f"image: {one.local_tag} ({one.engine_name}, {one.arch})")
     if outcome.verification is not None:
         click.echo(outcome.verification.table())
         if not outcome.verification.passed:
             failed = ", ".join(check.name for check in outcome.verification.failed)
-            raise UserError(f"verification of {outcome.tag} failed: {failed}")
+            raise UserError(f"verification of {outcome.label} failed: {failed}")
     if outcome.pushed:
         click.echo(f"pushed: {outcome.pushed.reference}")
     if outcome.template_change:
@@ -362,6 +360,9 @@ def show_outcome(outcome: Outcome) -> None:
 def note(line: str) -> None:
     """Progress and notes go to stdout; stderr carries only the one-line error."""
     click.echo(line)
+
+
+REPORTER = Reporter(note)
 
 
 @main.command("verify")

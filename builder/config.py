@@ -21,16 +21,30 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 
 from builder.errors import UserError
-from builder.oci.name import TAG_RE
+from builder.oci.name import TAG_RE, ImageRef
 
-KNOWN_KEYS = {
-    "requirements", "constraints", "base-repository", "platform-version", "architectures",
-    "repository", "template", "container", "warm-pools", "output", "state", "apt-ca-bundle",
-    "apt-auth",
-}  # fmt: skip
-APT_SECRETS = {"apt-ca-bundle": "apt-ca", "apt-auth": "apt-auth"}  # setting -> BuildKit secret id
+KNOWN_KEYS = frozenset(
+    {
+        "requirements",
+        "constraints",
+        "base-repository",
+        "platform-version",
+        "architectures",
+        "repository",
+        "template",
+        "container",
+        "warm-pools",
+        "output",
+        "state",
+        "apt-ca-bundle",
+        "apt-auth",
+    }
+)
+# setting -> BuildKit secret id
+APT_SECRETS = MappingProxyType({"apt-ca-bundle": "apt-ca", "apt-auth": "apt-auth"})
 VERSION_LINE = re.compile(r'^(platform-version\s*=\s*)(["\'])(.*?)\2', re.M)
 
 
@@ -42,7 +56,7 @@ class PipelineConfig:
     base_repository: str
     platform_version: str
     architectures: tuple[str, ...]
-    repository: str | None
+    repository: ImageRef | None  # parsed here, where the text enters
     template: Path | None
     container: str | None
     warm_pools: tuple[Path, ...]
@@ -89,6 +103,7 @@ def load_config(path: Path) -> PipelineConfig:
     if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
         raise UserError(f"{path}: 'architectures' must be a list of names")
     template = text("template")
+    repository = text("repository")
     return PipelineConfig(
         path=path,
         requirements=paths("requirements"),
@@ -96,7 +111,9 @@ def load_config(path: Path) -> PipelineConfig:
         base_repository=str(data["base-repository"]),
         platform_version=str(data["platform-version"]),
         architectures=tuple(arches),
-        repository=text("repository"),
+        repository=ImageRef.parse_repository(repository, f"{path}: repository")
+        if repository
+        else None,
         template=here / template if template else None,
         container=text("container"),
         warm_pools=paths("warm-pools"),
@@ -136,7 +153,7 @@ class RunSettings:
     arches: tuple[str, ...] = ()
     base_image: str | None = None
     output: Path = Path("sandbox-image")
-    push_repository: str | None = None
+    push_repository: ImageRef | None = None
     platform_version: str | None = None
     template: Path | None = None
     container: str | None = None

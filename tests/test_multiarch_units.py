@@ -8,7 +8,7 @@ import pytest
 
 from builder.base.platforms import select_arches
 from builder.errors import UserError
-from builder.multiarch import arch_tag
+from builder.produce_build import arch_tag
 from builder.oci.v1 import Descriptor, Image, Index, Platform
 
 

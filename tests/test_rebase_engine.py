@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,10 @@ import pytest
 
 from builder.cache import Cache
 from builder.oci.v1 import Image, canonical, digest_of
-from builder.rebase import _into_engine
+from builder.delivery import Run
+from builder.oci.remote import Written
+from builder.produce_rebase import into_engine
+from builder.reporter import Reporter
 
 TAR = b"the deps-extra tar"
 DIFF_ID = f"sha256:{hashlib.sha256(TAR).hexdigest()}"
@@ -48,10 +50,9 @@ class Engine:
         self.pulled.append((repository, tag))
 
 
-def pushed() -> Future[tuple[Image, int]]:
-    future: Future[tuple[Image, int]] = Future()
-    future.set_result((IMAGE, 123))
-    return future
+def pushed() -> Written:
+    """What writing the image by digest gave: the pull's reference and the bytes sent."""
+    return Written("127.0.0.1:5000/s", PUSHED, (), 123)
 
 
 def cache_with_layer(tmp_path: Path) -> Cache:
@@ -63,16 +64,10 @@ def cache_with_layer(tmp_path: Path) -> Cache:
 
 def into(engine: Engine, cache: Cache, said: list[str]) -> str:
     client: Any = engine
-    return _into_engine(
-        client,
-        IMAGE.config_bytes,
-        DIFF_ID,
-        cache,
-        pushed(),
-        "127.0.0.1:5000/s",
-        "127.0.0.1:5000",
-        said.append,
-    )
+    run = Run(client, cache, Path("unused"), Reporter(said.append))
+    name, written = into_engine(run, IMAGE.config_bytes, DIFF_ID, pushed)
+    assert written == (0 if name == digest_of(IMAGE.config_bytes) else 123)
+    return name
 
 
 def test_a_cached_deps_layer_is_loaded_not_pulled(tmp_path: Path) -> None:

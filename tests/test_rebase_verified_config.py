@@ -1,8 +1,8 @@
 """A rebase verifies one config and pushes another document: they must be the same bytes.
 
-`builder.rebase` docker-loads `canonical(extend_config(base, [apt without a blob, deps]))`
-(the apt layer's blob is still being gzipped: digest "", size 0) and verifies that image, while
-`_publish` pushes `append(base, [apt with its blob, deps])`. The config may depend only on
+`builder.produce_rebase` docker-loads `canonical(extend_config(base, [apt without a blob, deps]))`
+(the apt layer's blob is still being gzipped: digest "", size 0) for builder.delivery to verify,
+which then pushes `append(base, [apt with its blob, deps])`. The config may depend only on
 what both know (diff IDs, history), never on a blob's digest or size or the manifest's schema:
 else the image id verified is not the config the cluster pulls, and the rebase refuses to tag.
 """
@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import io
 import tarfile
+import urllib.error
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -25,9 +26,10 @@ import docker.errors
 import pytest
 from registryhelp import registry_get, registry_tags
 
-import builder.rebase
+import builder.produce_rebase
 from builder import credentials
 from builder.cache import Cache
+from builder.delivery import Delivery, Outcome, Run, Target, deliver
 from builder.errors import UserError
 from builder.image.gzipped import gzipped
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config
@@ -44,7 +46,10 @@ from builder.oci.v1 import (
     canonical,
     digest_of,
 )
-from builder.rebase import rebase
+from builder.pipeline import Finish
+from builder.produce_rebase import Previous as Start
+from builder.produce_rebase import RebaseProducer
+from builder.reporter import QUIET
 
 
 def d(n: int) -> str:
@@ -174,6 +179,7 @@ class Previous:
     base_tag: str
     cache: Cache
     labels: dict[str, str]  # one of them unique to the run: the images it loaded carry it
+    output: Path  # where the delivery's report.json goes
 
 
 @pytest.fixture
@@ -214,14 +220,18 @@ def previous(
     deps = NewLayer(blob.digest, diff_id, blob.size, "COPY /app/deps-extra")
     old = append(base, [deps], replace(CHANGE, labels=labels))
     write(bases, [old], Blobs())
-    yield Previous(f"{runtime}@{old.digest}", base_digest, f"{runtime}:v1", cache, labels)
+    output = tmp_path / "context"
+    output.mkdir()
+    (output / "report.json").write_text("{}")
+    yield Previous(f"{runtime}@{old.digest}", base_digest, f"{runtime}:v1", cache, labels, output)
     for image in docker_client.images.list(filters={"label": f"org.example.test-run={run}"}):
         with contextlib.suppress(docker.errors.APIError):
             docker_client.images.remove(image.id)
 
 
-def rebase_onto_same_base(previous: Previous, target: str, client: docker.DockerClient) -> Any:
-    """`rebase` of the previous image onto its own base, no apt layer: push, verify, tag."""
+def rebase_onto_same_base(previous: Previous, target: str, client: docker.DockerClient) -> Outcome:
+    """The rebase producer on the previous image's own base, no apt layer, then the one
+    delivery: verify, push, tag."""
     plan: Any = SimpleNamespace(
         base=SimpleNamespace(image=previous.base_tag, digest=previous.base_digest),
         base_image=f"{previous.base_tag}@{previous.base_digest}",
@@ -229,20 +239,13 @@ def rebase_onto_same_base(previous: Previous, target: str, client: docker.Docker
         import_modules=(MODULE,),
         runtime_checks=(),
     )
-    return rebase(
-        previous.image,
-        previous.base_digest,
-        plan,
-        "amd64",
-        target,
-        "v1",
-        EXTRAS,
-        client,
-        previous.cache,
-        lambda line: None,
-        labels=previous.labels,
-        created=CREATED,
-    )
+    finished = Finish({}, previous.labels, CREATED, previous.cache)
+    run = Run(client, previous.cache, previous.output, QUIET)
+    repository = ImageRef.parse_repository(target)
+    start = Start(ImageRef.parse(previous.image), previous.base_digest)
+    with RebaseProducer(start, plan, finished, repository, run) as producer:
+        push = Target(repository, f"v1-x{EXTRAS[:12]}")
+        return deliver(producer, plan, Delivery(push=push), run)
 
 
 @pytest.mark.engine
@@ -266,22 +269,23 @@ def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
         pushed.append(image)
         return image
 
-    monkeypatch.setattr(builder.rebase, "append", diverging)
+    monkeypatch.setattr(builder.produce_rebase, "append", diverging)
     with pytest.raises(UserError, match="the pushed config is not the one verified") as raised:
         rebase_onto_same_base(previous, target, docker_client)
-    assert str(raised.value).startswith(f"rebase of {previous.image}: ")
+    assert str(raised.value).startswith(f"rebase of {target}: ")
     (image,) = pushed
-    with registry_get(registry, f"/v2/{repo}/manifests/{image.digest}") as response:
-        assert response.read() == image.manifest_bytes  # pushed by digest, as designed
+    with pytest.raises(urllib.error.HTTPError) as missing:  # refused before any write
+        registry_get(registry, f"/v2/{repo}/manifests/{image.digest}")
+    assert missing.value.code == 404
     assert registry_tags(registry, repo) == []
     assert registry_tags(registry, previous.base_tag.split("/", 1)[1].rsplit(":", 1)[0]) == ["v1"]
 
-    monkeypatch.setattr(builder.rebase, "append", append)
+    monkeypatch.setattr(builder.produce_rebase, "append", append)
     result = rebase_onto_same_base(previous, target, docker_client)
     assert result.verification is not None and result.verification.passed
     assert any(c.name == f"import {MODULE}" and c.passed for c in result.verification.checks)
-    assert result.digest != image.digest
+    assert result.pushed is not None and result.pushed.digest != image.digest
     (tag,) = registry_tags(registry, repo)
-    assert result.tags == (f"{target}:{tag}",)
+    assert result.pushed.tags == (f"{target}:{tag}",)
     with registry_get(registry, f"/v2/{repo}/manifests/{tag}") as response:
-        assert response.headers["Docker-Content-Digest"] == result.digest
+        assert response.headers["Docker-Content-Digest"] == result.pushed.digest

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from builder import multiarch
+from builder import produce_build
 from builder.base.probe import probe_base
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.multiarch import SystemStages
 from builder.pipeline import Request, finish, prepare
+from builder.produce_build import BuildProducer, SystemStages
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -45,13 +45,16 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
     request = request_for(tmp_path, base, "python-magic==0.4.27\n")
     targets: list[str | None] = []
-    real_build = multiarch.build_image
+    real_build = produce_build.build_image
+
+    systems: list[str] = []
 
     def counted(*args: Any, **kwargs: Any) -> str:
         targets.append(kwargs.get("target"))
-        return real_build(*args, **kwargs)
+        systems.append(real_build(*args, **kwargs))
+        return systems[-1]
 
-    monkeypatch.setattr(multiarch, "build_image", counted)
+    monkeypatch.setattr(produce_build, "build_image", counted)
     context_when_planned: list[bool] = []
     tag = f"bsi-stages-{RUN}:test"
     with SystemStages({}) as stages:
@@ -62,17 +65,18 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
 
         plan = prepare(request, planned=planned)
         assert plan.arches[0].apt_packages == ("libmagic1t64",)
-        (built,) = multiarch.build_and_verify(
-            plan, request.output, docker_client, tag, finish(plan, request),
-            verify=False, secret_files={}, say=print, stages=stages,
-        )  # fmt: skip
+        producer = BuildProducer(
+            plan, request.output, finish(plan, request), tag, docker_client, stages
+        )
+        built = producer.produce("amd64")
     assert context_when_planned == [False], "the apt build waited for the context"
-    assert targets == ["system"], "build_and_verify built the system stage a second time"
+    assert targets == ["system"], "the producer built the system stage a second time"
     shown = capsys.readouterr().out
     assert "apt-get" in shown and "libmagic1t64" in shown, "the early build's log is not shown"
-    system = docker_client.images.get(built.image.system_id).attrs["RootFS"]["Layers"]
-    image = docker_client.images.get(built.image_id).attrs["RootFS"]["Layers"]
-    assert image[:-1] == system and image[-1] == built.image.deps.diff_id
+    system = docker_client.images.get(systems[0]).attrs["RootFS"]["Layers"]
+    image = docker_client.images.get(built.engine_name).attrs["RootFS"]["Layers"]
+    assert image[:-1] == system and built.deps_layer is not None
+    assert image[-1] == built.deps_layer["diff_id"]
     docker_client.images.remove(tag, force=True)
 
 
@@ -97,7 +101,7 @@ def test_a_stage_nobody_asks_for_is_stopped_not_waited_for(
     base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
     plan = prepare(request_for(tmp_path, base, "python-magic==0.4.27\n"))
     slow = f"FROM {reference_image} AS system\nRUN sleep 120 && echo {RUN}\n"
-    monkeypatch.setattr(multiarch, "dockerfile", lambda *_: slow)  # a stage that takes minutes
+    monkeypatch.setattr(produce_build, "dockerfile", lambda *_: slow)  # a stage that takes minutes
     started = time.monotonic()
     with SystemStages({}) as stages:
         stages.start(plan)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
 
-from builder import pipeline
+from builder import delivery
+from builder.cache import Cache
 from builder.config import load_config, set_platform_version
+from builder.delivery import Produced
 from builder.errors import UserError
-from builder.oci.remote import Written
+from builder.reporter import QUIET
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,22 +128,34 @@ def test_rebase_only_when_the_locks_are_unchanged() -> None:
     assert BuildState.from_dict(old.to_dict()) == old  # locks and path survive the file
 
 
-def test_a_config_run_records_only_a_pushed_image(
+def test_a_delivery_records_the_state_only_when_asked_and_pushed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    example = load_config(REPO / "examples" / "build-sandbox-image.toml")
-    config = replace(example, state=tmp_path / "state.json")
+    """A `build --config` run records only a pushed image; a rebuild records its plan anyway."""
 
-    def state_of(plan: object, version: str, image: str) -> BuildState:
-        return state(platform_version=version, image=image)
+    class Producer:
+        path, label = "build", "local:tag"
 
-    monkeypatch.setattr(pipeline, "state_of", state_of)
-    plan: Any = object()
-    pushed = Written("reg/sandbox", "sha256:" + "1" * 64, ("reg/sandbox:2.0",), 0)
-    assert pipeline.record_pushed(None, "2.0", plan, pipeline.Outcome(plan, pushed=pushed)) is None
-    assert pipeline.record_pushed(config, "2.0", plan, pipeline.Outcome(plan)) is None
-    assert not config.state.exists()
-    recorded = pipeline.record_pushed(config, None, plan, pipeline.Outcome(plan, pushed=pushed))
-    assert recorded == config.state
-    expected = state(platform_version=config.platform_version, image=pushed.reference)
-    assert load_state(config.state) == expected  # no version given: the config's
+        def announce(self, arch: str, emulated: bool) -> str:
+            return f"making {arch}"
+
+        def produce(self, arch: str) -> Produced:
+            return Produced(arch, "sha256:" + "e" * 64, b"{}", lambda *_: None, {"id": "x"})  # type: ignore[arg-type,return-value]
+
+    def state_of(plan: object, version: str, image: str | None, path: str) -> BuildState:
+        return state(platform_version=version, image=image, path=path)
+
+    monkeypatch.setattr(delivery, "state_of", state_of)
+    plan: Any = SimpleNamespace(arches=(SimpleNamespace(arch="amd64"),))
+    client: Any = SimpleNamespace(info=lambda: {"Architecture": "x86_64"})
+    (tmp_path / "report.json").write_text("{}")
+    run = delivery.Run(client, Cache(tmp_path / "cache"), tmp_path, QUIET)
+    where = tmp_path / "state.json"
+    asked = delivery.Delivery(verify=False, state=delivery.StateRecord(where, "2.0"))
+    outcome = delivery.deliver(Producer(), plan, asked, run)
+    assert outcome.succeeded and outcome.pushed is None and not where.exists()
+    rebuild = replace(asked, state=delivery.StateRecord(where, "2.0", unpushed_too=True))
+    delivery.deliver(Producer(), plan, rebuild, run)
+    assert load_state(where) == state(platform_version="2.0", image=None, path="build")
+    report = json.loads((tmp_path / "report.json").read_text())["image"]
+    assert report["path"] == "build" and report["arches"]["amd64"] == {"id": "x"}

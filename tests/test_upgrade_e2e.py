@@ -511,6 +511,9 @@ def test_rebuild_with_unchanged_extras_rebases(world: World, first_build, docker
         "rebase",
         "v2.1",
     )
+    # the rebase's template update warns of the warm pool exactly as the first build's did
+    warning = re.compile(r"^.*SandboxWarmPool python-sandbox-pool .*$", re.M)
+    assert warning.findall(result.stdout) == warning.findall(first_build.result.stdout) != []
     report = json.loads((world.workdir / "sandbox-image" / "report.json").read_text())
     assert report["image"]["path"] == "rebase" and report["image"]["verification"]["passed"]
     assert 0 < report["image"]["bytes_pushed"] < 0.05 * report["image"]["image_size"]

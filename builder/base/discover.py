@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import docker
 
 from builder.analysis.target import BaseProfile, shipped_profile
@@ -13,12 +11,11 @@ from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryUnreachable
 from builder.oci.name import ImageRef
-
-Say = Callable[[str], None]
+from builder.reporter import Reporter
 
 
 def base_profile(
-    image: str | None, client: docker.DockerClient | None, cache: Cache, say: Say
+    image: str | None, client: docker.DockerClient | None, cache: Cache, reporter: Reporter
 ) -> BaseProfile:
     """The real base's facts: through the engine, else through its registry.
 
@@ -33,13 +30,13 @@ def base_profile(
         try:
             probed = probe_registry(image, cache)
         except RegistryUnreachable as error:
-            say(f"note: {error}; planning against the {shipped.source}")
+            reporter.note(f"{error}; planning against the {shipped.source}")
             return shipped
     else:
-        say(f"note: no engine probe; planning against the {shipped.source}")
+        reporter.note(f"no engine probe; planning against the {shipped.source}")
         return shipped
     for line in profile_differences(shipped_profile(), probed):
-        say(f"note: base differs from the shipped reference profile: {line}")
+        reporter.note(f"base differs from the shipped reference profile: {line}")
     for problem in base_problems(probed):
-        say(f"warning: base {probed.image}: {problem}")
+        reporter.warn(f"base {probed.image}: {problem}")
     return probed

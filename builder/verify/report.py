@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import http.client
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -62,6 +62,24 @@ class VerifyReport:
         passed = len(self.checks) - len(self.failed)
         lines.append(f"{passed}/{len(self.checks)} checks passed")
         return "\n".join(lines)
+
+    @classmethod
+    def merged(cls, label: str, reports: Sequence[tuple[str, VerifyReport]]) -> VerifyReport | None:
+        """One table for several arches' reports, each line led by its arch; one stays as is.
+
+        The one place reports are merged: a multi-arch build and a multi-arch rebase both
+        show (and fail on) every arch's checks at once.
+        """
+        if len(reports) <= 1:
+            return reports[0][1] if reports else None
+        return cls(
+            f"{label} ({', '.join(arch for arch, _ in reports)})",
+            [
+                Check(f"[{arch}] {check.name}", check.passed, check.detail)
+                for arch, report in reports
+                for check in report.checks
+            ],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,6 @@ import re
 from collections.abc import Iterable
 
 from builder.errors import UserError
-from builder.oci.name import ImageRef
 
 TAG_MAX = 128
 HASH_LENGTH = 12
@@ -31,13 +30,12 @@ def extras_hash(lock_texts: Iterable[str]) -> str:
     return digest.hexdigest()[:HASH_LENGTH]
 
 
-def image_tags(repository: str, platform_version: str, extras_hash: str) -> list[str]:
-    """Full references to push: `repository:<platform-version>-x<extras hash>`.
+def image_tag(platform_version: str, extras_hash: str) -> str:
+    """The tag to push: `<platform-version>-x<extras hash>`.
 
     The platform version is made tag-safe (other characters become `-`) and shortened so the tag
     stays within docker's 128 characters while the hash part is always kept whole.
     """
-    ImageRef.parse_repository(repository, "push target")
     if not re.fullmatch(rf"[0-9a-f]{{{HASH_LENGTH},}}", extras_hash):
         raise ValueError(f"extras hash {extras_hash!r} is not hex of {HASH_LENGTH}+ digits")
     suffix = f"-x{extras_hash[:HASH_LENGTH]}"
@@ -45,4 +43,4 @@ def image_tags(repository: str, platform_version: str, extras_hash: str) -> list
     version = version[: TAG_MAX - len(suffix)]
     if not version:
         raise UserError(f"platform version {platform_version!r} has nothing usable in an image tag")
-    return [f"{repository}:{version}{suffix}"]
+    return f"{version}{suffix}"

@@ -1,0 +1,260 @@
+"""One delivery: verify every arch's image, write them and their index, point the template.
+
+Two producers make the per-arch images: builder.produce_build (BuildKit builds each arch's
+system stage, the tool assembles the deps-extra layer on it) and builder.produce_rebase (the
+previous image's deps-extra layer put on the new base). Each hands over `Produced` values: the
+engine's name for the image to verify, the config verified, and how to get the OCI value
+written (an `oci.v1.Image` and where its blobs are). `deliver` is the only place that sequences
+producers, verification and writes: every arch is started at once (the engine's own first, so
+a native image never waits on emulation) and verified as it arrives; only when every arch
+passed is anything written (builder.oci.remote.write: each image by digest, then the index,
+the tags last), so a failure leaves every tag and the template as they were. Then the
+template is pointed at the digest (with the warm-pool warnings), and report.json and the
+state are written.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import docker
+
+from builder import credentials
+from builder.analysis.plan import Plan
+from builder.cache import Cache
+from builder.errors import UserError
+from builder.image.render import update_report
+from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, Written, write
+from builder.oci.v1 import Image, Index, Platform
+from builder.reporter import Reporter
+from builder.upgrade import save_state, state_of
+from builder.verify import VerifyReport, verify_image
+
+
+@dataclass
+class Produced:
+    """One arch's image as a producer made it: what to verify, and the value to write."""
+
+    arch: str
+    engine_name: str  # what the verification runs: an image id, or repository@digest
+    config: bytes  # the config verified: the image written must carry exactly these bytes
+    value: Callable[[Registry, Path], tuple[Image, Blobs]]  # the image to write, when pushed
+    record: dict[str, Any]  # this arch's report.json fields
+    local_tag: str | None = None  # the build path tags each image in the engine
+    deps_layer: dict[str, Any] | None = None  # the deps-extra tar's facts, for report.json
+    early_bytes: int = 0  # what the producer had to write itself (a rebase that pulls)
+    verification: VerifyReport | None = None
+    digest: str | None = None  # its manifest, as written
+
+
+class Producer(Protocol):
+    """Makes one arch's image at a time; `deliver` calls it for every arch at once."""
+
+    @property
+    def path(self) -> str:
+        """What report.json and the state call this way of making images: build, rebase."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """How a merged verification and an error name the images."""
+        ...
+
+    def announce(self, arch: str, emulated: bool) -> str:
+        """The line said when `arch` starts."""
+        ...
+
+    def produce(self, arch: str) -> Produced: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the images go: the repository, the tag, the index's annotations."""
+
+    repository: ImageRef
+    tag: str
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """Where a successful delivery records what it pushed, for a later `rebuild` to diff."""
+
+    path: Path
+    platform_version: str
+    unpushed_too: bool = False  # a rebuild records its plan even when nothing was pushed
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What happens to the images once made: verified, pushed, the template pointed at them."""
+
+    verify: bool = True
+    push: Target | None = None
+    template: Path | None = None
+    container: str | None = None
+    warm_pools: tuple[Path, ...] = ()
+    state: StateRecord | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every step of one run shares: the engine, the cache, the output, the reporter."""
+
+    client: docker.DockerClient
+    cache: Cache
+    output: Path  # the build context directory, where report.json is
+    reporter: Reporter
+
+
+@dataclass
+class Outcome:
+    """What a delivery did: each arch's image, the verification, the push, the template."""
+
+    plan: Plan
+    path: str = "build"
+    produced: list[Produced] = field(default_factory=list)
+    label: str | None = None  # how the images are named: a local tag, or the repository
+    verification: VerifyReport | None = None  # every arch's checks, each line naming its arch
+    pushed: Written | None = None  # with several arches: the index
+    template_change: TemplateChange | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def succeeded(self) -> bool:
+        """Made (and pushed, when asked) with every verification passing."""
+        return self.verification is None or self.verification.passed
+
+
+def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Outcome:
+    """Produce and verify every arch; if all passed, write, point the template, record.
+
+    A failed production raises (once the other arches end) and a failed verification returns
+    before anything is written: no tag moves, the template is untouched, no state is recorded.
+    """
+    produced = _produce_and_verify(producer, plan, delivery.verify, run)
+    outcome = Outcome(plan, producer.path, produced, producer.label)
+    outcome.verification = VerifyReport.merged(
+        producer.label, [(p.arch, p.verification) for p in produced if p.verification]
+    )
+    if outcome.succeeded and delivery.push is not None:
+        outcome.pushed = _write(producer, produced, delivery.push, run)
+        if delivery.template:
+            _point_template(outcome, delivery)
+    _report(outcome, delivery, run.output)
+    if delivery.state and outcome.succeeded and (outcome.pushed or delivery.state.unpushed_too):
+        image = outcome.pushed.reference if outcome.pushed else None
+        state = state_of(plan, delivery.state.platform_version, image, producer.path)
+        save_state(delivery.state.path, state)
+    return outcome
+
+
+def native_arch(client: docker.DockerClient) -> str | None:
+    """The engine's own arch (amd64, arm64): it builds and verifies without emulation."""
+    native = Platform.of_machine(str(client.info().get("Architecture") or ""))
+    return native.architecture if native else None
+
+
+def _produce_and_verify(producer: Producer, plan: Plan, verify: bool, run: Run) -> list[Produced]:
+    native = native_arch(run.client)
+    arches = sorted((a.arch for a in plan.arches), key=lambda arch: arch != native)
+    found: dict[str, Produced] = {}
+    with ThreadPoolExecutor(max_workers=len(arches)) as pool:
+        futures = {}
+        for arch in arches:
+            run.reporter.say(producer.announce(arch, emulated=arch != native))
+            futures[pool.submit(producer.produce, arch)] = arch
+        for future in as_completed(futures):
+            one = future.result()
+            if verify:
+                run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened ...")
+                one.verification = verify_image(
+                    one.engine_name,
+                    modules=plan.import_modules,
+                    checks=plan.runtime_checks,
+                    client=run.client,
+                )
+            found[one.arch] = one
+    return [found[arch] for arch in arches]
+
+
+def _write(producer: Producer, produced: list[Produced], target: Target, run: Run) -> Written:
+    """Every arch's image by digest, then the tag names it (one arch) or an index of them.
+
+    The bytes written are checked to carry the config verified, byte for byte.
+    """
+    registry = credentials.registry(target.repository, str(target.repository))
+    run.reporter.say(f"pushing {target.repository}:{target.tag} ...")
+    with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
+        images, blobs = [], Blobs()
+        for one in produced:
+            image, sources = one.value(registry, Path(scratch))
+            if image.config_bytes != one.config:
+                raise UserError(
+                    f"{producer.path} of {producer.label}: the pushed config is not the one"
+                    " verified"
+                )
+            images.append(image)
+            blobs |= sources
+        index = None
+        if len(images) > 1:
+            platforms = [Platform.linux(one.arch) for one in produced]
+            index = Index.build(zip(platforms, images, strict=True), target.annotations)
+        written = write(registry, images, blobs, index=index, tags=[target.tag])
+    for one, image in zip(produced, images, strict=True):
+        one.digest = image.digest
+        one.record["digest"] = image.digest
+        if one.deps_layer is not None:  # the tar's facts, and now its blob's digest and size
+            one.deps_layer |= {"digest": image.layers[-1].digest, "size": image.layers[-1].size}
+        one.record["image_size"] = image.size
+    early = sum(one.early_bytes for one in produced)
+    return Written(written.repository, written.digest, written.tags, written.bytes_uploaded + early)
+
+
+def _point_template(outcome: Outcome, delivery: Delivery) -> None:
+    """Name the pushed digest in the template; warn of warm pools that keep old pods."""
+    assert outcome.pushed is not None and delivery.template is not None
+    change = set_image(delivery.template, outcome.pushed.reference, delivery.container)
+    outcome.template_change = change
+    outcome.notes.append(apply_hint(delivery.template))
+    if change.template_name:  # a template without metadata.name is one no warm pool can refer to
+        outcome.notes += warm_pool_warnings(
+            (delivery.template, *delivery.warm_pools), change.template_name
+        )
+
+
+def _report(outcome: Outcome, delivery: Delivery, output: Path) -> None:
+    """report.json's `image`: the path, each arch, the merged verification, what was pushed.
+
+    With one arch its fields are also at the top, as a single image's report has them.
+    """
+    record: dict[str, Any] = {"path": outcome.path, "tag": outcome.label}
+    produced = outcome.produced
+    for one in produced:
+        if one.verification is not None:
+            one.record["verification"] = one.verification.to_dict()
+        if one.deps_layer is not None:
+            one.record["deps_extra_layer"] = one.deps_layer
+    if len(produced) == 1:
+        record |= produced[0].record | {"arch": produced[0].arch}
+    if outcome.verification is not None:
+        record["verification"] = outcome.verification.to_dict()
+    if pushed := outcome.pushed:
+        record |= {"pushed": pushed.reference, "tags": list(pushed.tags)}
+        record["bytes_pushed"] = pushed.bytes_uploaded
+        record["image_size"] = sum(one.record.get("image_size", 0) for one in produced)
+        if len(produced) > 1:
+            record["index"] = pushed.digest
+        if delivery.template:
+            record["template"] = str(delivery.template)
+    record["arches"] = {one.arch: one.record for one in produced}
+    layers = {one.arch: one.deps_layer for one in produced if one.deps_layer and one.digest}
+    update_report(output, {"image": record}, layers)

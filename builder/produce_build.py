@@ -1,0 +1,195 @@
+"""The build path's producer: BuildKit builds each arch's system stage, the tool assembles.
+
+ko-style: BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer),
+started while the deps-extra layers are still being written (`SystemStages`); then
+builder.image.assemble puts the deps-extra layer on it and loads the result into the engine.
+`BuildProducer.produce` makes one arch's image; builder.delivery runs every arch at once,
+verifies and writes them. The OCI value written is made from exactly the blobs the engine was
+given (builder.image.from_engine), only when a push asks for it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+import docker
+
+from builder.analysis.plan import Plan
+from builder.analysis.target import ARCHES, BaseProfile
+from builder.base.platforms import offered_arches, select_arches
+from builder.credentials import Credentials
+from builder.delivery import Produced
+from builder.image.assemble import Assembled, assemble
+from builder.image.build import Log, base_logins, build_image
+from builder.image.from_engine import assembled_image, base_layers
+from builder.image.render import Secrets, dockerfile
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs
+from builder.oci.v1 import Image
+from builder.pipeline import Finish
+
+SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
+
+
+def target_arches(
+    requested: Sequence[str], base: BaseProfile, client: docker.DockerClient | None
+) -> tuple[str, ...]:
+    """The arches to build: those the base offers, narrowed by `requested` (which it must offer)."""
+    return select_arches(requested, offered_arches(base.image, client), base.image)
+
+
+class SystemStages:
+    """Each arch's system stage (base + apt), built while the deps-extra layers are written.
+
+    `prepare` hands over the plan as soon as the apt sets are known (`start`); BuildKit builds
+    the very stage the context's Dockerfile holds, from a context with only that Dockerfile,
+    so the stage never waits for the gigabyte of wheels being laid out. Its log is shown, and
+    a failure raised, when the producer asks for the stage; a build nobody asked for by the
+    end (planning failed, or nothing needed building) is stopped, not waited for.
+    """
+
+    def __init__(self, secret_files: Mapping[str, Path]) -> None:
+        self.secret_files = secret_files  # BuildKit secret id -> file, as the build mounts them
+        self.pool = ThreadPoolExecutor(max_workers=len(ARCHES))
+        self.temp = tempfile.TemporaryDirectory(prefix="bsi-system-")
+        self.started: dict[str, Future[str]] = {}
+        self.processes: dict[str, subprocess.Popen[str]] = {}
+
+    def start(self, plan: Plan) -> None:
+        context = Path(self.temp.name) / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text(dockerfile(plan, Secrets.of(self.secret_files)))
+        logins = base_logins(ImageRef.parse(plan.base_image, "base image"))
+        for arch in (a.arch for a in plan.arches):
+            self.started[arch] = self.pool.submit(self._build, context, arch, logins)
+
+    def _build(self, context: Path, arch: str, logins: Mapping[str, Credentials] | None) -> str:
+        with self._log(arch).open("w") as log:
+            return build_image(
+                context,
+                target=SYSTEM_STAGE,
+                platform=f"linux/{arch}",
+                secrets=self.secret_files,
+                logins=logins,
+                log=log,
+                started=lambda process: self.processes.__setitem__(arch, process),
+            )
+
+    def _log(self, arch: str) -> Path:
+        return Path(self.temp.name) / f"{arch}.log"
+
+    def built(self, arch: str, log: Log) -> str | None:
+        """The stage's image id once its build ends, its log written to `log`; None: not started."""
+        future = self.started.pop(arch, None)
+        if future is None:
+            return None
+        try:
+            return future.result()
+        finally:
+            if self._log(arch).exists():
+                for line in self._log(arch).read_text().splitlines(keepends=True):
+                    log.write(line)
+
+    def __enter__(self) -> SystemStages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for arch in self.started:  # never asked for: stop it rather than wait minutes for it
+            if arch in self.processes:
+                self.processes[arch].terminate()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.temp.cleanup()
+
+
+class BuildProducer:
+    """Builds one arch's image: its system stage with BuildKit, then the deps-extra layer."""
+
+    path = "build"
+
+    def __init__(
+        self,
+        plan: Plan,
+        context: Path,
+        finish: Finish,
+        tag: str,
+        client: docker.DockerClient,
+        stages: SystemStages,
+    ) -> None:
+        self.plan, self.context, self.finish, self.tag = plan, context, finish, tag
+        self.client, self.stages = client, stages
+        self.base = ImageRef.parse(plan.base_image, "base image")
+        self.logins = base_logins(self.base)  # BuildKit pulls the base itself, as docker would
+        self.multi = len(plan.arches) > 1
+
+    @property
+    def label(self) -> str:
+        return self.tag
+
+    def local_tag(self, arch: str) -> str:
+        return arch_tag(self.tag, arch) if self.multi else self.tag
+
+    def announce(self, arch: str, emulated: bool) -> str:
+        how = " (emulated)" if emulated else ""
+        return f"building {arch} image {self.local_tag(arch)} with BuildKit{how} ..."
+
+    def produce(self, arch: str) -> Produced:
+        """BuildKit's system stage (started early, or built now) plus the deps-extra layer."""
+        log = _Prefixed(sys.stdout, f"[{arch}] " if self.multi else "")
+        system = self.stages.built(arch, log) or build_image(
+            self.context,
+            target=SYSTEM_STAGE,
+            platform=f"linux/{arch}",
+            secrets=self.stages.secret_files,
+            logins=self.logins,
+            log=log,
+        )
+        tag = self.local_tag(arch)
+        built = assemble(
+            self.client,
+            system,
+            arch,
+            self.finish.layers[arch],
+            root=self.plan.pythonpath_entry,
+            labels=self.finish.labels,
+            created=self.finish.created,
+            tag=tag,
+            cache=self.finish.cache,
+            apt_layer=bool(next(a.apt_packages for a in self.plan.arches if a.arch == arch)),
+        )
+        return Produced(
+            arch,
+            built.image_id,
+            built.config,
+            partial(self._value, built),
+            {"id": built.image_id, "tag": tag},
+            local_tag=tag,
+            deps_layer=dict(built.deps.to_dict()),
+        )
+
+    def _value(self, built: Assembled, target: Registry, scratch: Path) -> tuple[Image, Blobs]:
+        base = base_layers(self.base, built.arch, target)
+        return assembled_image(self.client, built, base, self.finish.cache, scratch)
+
+
+def arch_tag(tag: str, arch: str) -> str:
+    """The local tag of one arch's image: `name:tag-arm64`, or `name:arm64` without a tag."""
+    if ":" in tag.rsplit("/", 1)[-1]:
+        return f"{tag}-{arch}"
+    return f"{tag}:{arch}"
+
+
+class _Prefixed:
+    """A log that leads each line with its arch, so concurrent builds stay readable."""
+
+    def __init__(self, stream: Log, prefix: str) -> None:
+        self.stream, self.prefix = stream, prefix
+
+    def write(self, text: str) -> int:
+        return self.stream.write(self.prefix + text)

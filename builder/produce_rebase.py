@@ -1,0 +1,213 @@
+"""The rebase path's producer: same extras, new base, only the small blobs travel.
+
+When a rebuild's resolution is unchanged, the previous image's deps-extra layer (its top layer)
+is reused by digest; the apt layer is rebuilt against the new base's package state (a one-step
+BuildKit build, usually started ahead: `AptAhead`); a new config and manifest are written over
+the new base's layers (builder.oci.mutate). The config is docker-loaded from this machine's
+blobs for builder.delivery to verify, while the apt layer's blob is gzipped. Only when the
+deps-extra tar is not cached here is the image written by digest first (no tag) and pulled by
+digest to verify it. builder.delivery writes the image only after every arch passed, and
+checks that its config is byte for byte the one verified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import docker
+import docker.errors
+
+from builder import contract, credentials
+from builder.analysis.plan import EXTRA_DEPS, Plan
+from builder.credentials import engine_auth
+from builder.delivery import Produced, Run
+from builder.errors import UserError
+from builder.image.apt import AptImage, build_apt_image, saved_layer
+from builder.image.assemble import load
+from builder.image.gzipped import gzipped
+from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config, top
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
+from builder.oci.v1 import Image, Platform, canonical
+from builder.pipeline import Finish
+
+
+@dataclass(frozen=True)
+class Previous:
+    """What a rebase starts from: the image last pushed, and the base it was built on."""
+
+    image: ImageRef  # pinned by digest
+    base_digest: str
+
+
+class RebaseProducer:
+    """Puts the previous image's deps-extra layer on the new base, one arch at a time.
+
+    A context manager: the apt layers' blobs are gzipped on its own thread while delivery
+    verifies, and it waits for them when it ends.
+    """
+
+    path = "rebase"
+
+    def __init__(
+        self,
+        previous: Previous,
+        plan: Plan,
+        finish: Finish,
+        target: ImageRef,
+        run: Run,
+        ahead: AptAhead | None = None,
+        apt_secrets: Mapping[str, Path] | None = None,
+    ) -> None:
+        if not plan.base.digest:
+            raise UserError(f"base {plan.base.image}: no digest probed; cannot rebase onto it")
+        self.previous, self.plan, self.finish, self.run = previous, plan, finish, run
+        self.ahead, self.apt_secrets = ahead, apt_secrets
+        self.target = credentials.registry(target, str(target))
+        self.bases = credentials.registry(ImageRef.parse(plan.base.image, "base image"))
+        self.olds = credentials.registry(previous.image)
+        self.pool = ThreadPoolExecutor(max_workers=len(plan.arches))
+        self.change = ConfigChange(
+            {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
+            contract.SANDBOX_USER,
+            finish.labels,
+            finish.created,
+        )
+
+    @property
+    def label(self) -> str:
+        return str(self.target.ref)
+
+    def announce(self, arch: str, emulated: bool) -> str:
+        how = " (emulated)" if emulated else ""
+        return f"rebasing {self.previous.image} onto {self.plan.base_image} for {arch}{how} ..."
+
+    def produce(self, arch: str) -> Produced:
+        """The rebased image's config loaded (or pulled) for verification; its value pending."""
+        platform = Platform.linux(arch)
+        old_base = resolve(self.bases, platform, self.previous.base_digest)
+        new_base = resolve(self.bases, platform, self.plan.base.digest)
+        added = top(resolve(self.olds, platform), old_base)
+        if not added or EXTRA_DEPS not in added[-1].created_by:
+            raise UserError(f"{self.previous.image}: its top layer is not {EXTRA_DEPS}")
+        deps = added[-1]
+        apt = self._apt(arch)
+        loaded = [NewLayer("", apt.diff_id, 0, apt.created_by)] if apt else []
+        config = canonical(extend_config(new_base.config, [*loaded, deps], self.change))
+        sources: dict[str, BlobSource] = {
+            layer.digest: InRepository(self.bases) for layer in new_base.layers
+        }
+        sources[deps.digest] = InRepository(self.olds)
+        blobs = Blobs(sources, (self.bases, self.olds))
+        value = self.pool.submit(self._value, new_base, apt, deps, blobs)
+
+        def written() -> Written:
+            return write(self.target, [value.result()[0]], value.result()[1])
+
+        engine_name, early = into_engine(self.run, config, deps.diff_id, written)
+        return Produced(
+            arch,
+            engine_name,
+            config,
+            lambda target, scratch: value.result(),
+            {"deps_extra_layer": deps.digest},
+            early_bytes=early,
+        )
+
+    def _apt(self, arch: str) -> AptImage | None:
+        packages = next(a.apt_packages for a in self.plan.arches if a.arch == arch)
+        if not packages:
+            return None
+        apt = self.ahead.get(arch, packages) if self.ahead else None
+        if apt is None:
+            self.run.reporter.say(
+                f"rebuilding the apt layer ({' '.join(packages)}) on {self.plan.base_image} ..."
+            )
+            apt = build_apt_image(
+                self.plan.base_image, packages, arch, self.run.client, self.apt_secrets
+            )
+        return apt
+
+    def _value(
+        self, base: Image, apt: AptImage | None, deps: NewLayer, blobs: Blobs
+    ) -> tuple[Image, Blobs]:
+        """Gzip the apt layer out of its image and put the layers on the base: the image."""
+        layers = []
+        if apt is not None:
+            tar = saved_layer(apt, self.run.cache, self.run.client)
+            blob = gzipped(tar.path, tar.diff_id, self.run.cache)
+            layers.append(NewLayer(blob.digest, apt.diff_id, blob.size, apt.created_by))
+            blobs = blobs | Blobs({blob.digest: LocalFile(blob.path)})
+        return append(base, [*layers, deps], self.change), blobs
+
+    def __enter__(self) -> RebaseProducer:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def into_engine(
+    run: Run, config: bytes, deps_diff_id: str, written: Callable[[], Written]
+) -> tuple[str, int]:
+    """The engine's name for the rebased image, and the bytes written to get it there.
+
+    The engine holds the new base and apt layers (it built them); the deps-extra tar is in the
+    cache when this machine wrote it, so the image is docker-loaded: its id is the config's
+    digest. Otherwise the image is written by digest (no tag) and pulled by digest.
+    """
+    tar = run.cache.find_blob(deps_diff_id.removeprefix("sha256:"), "layer.tar")
+    if tar is not None:
+        try:
+            image_id = load(run.client, config, tar)
+        except (UserError, docker.errors.APIError, OSError) as error:
+            run.reporter.note(f"loading the rebased image locally failed ({error}); pulling it")
+        else:
+            run.reporter.say(f"rebased image {image_id} loaded from local blobs")
+            return image_id, 0
+    pushed = written()
+    run.reporter.say(f"pulling {pushed.reference} to verify it ...")
+    registry = ImageRef.parse_repository(pushed.repository).registry
+    run.client.api.pull(
+        pushed.repository, tag=pushed.digest, auth_config=engine_auth(registry), stream=False
+    )
+    return pushed.reference, pushed.bytes_uploaded
+
+
+class AptAhead:
+    """Apt layers started before the plan exists, for the previous build's apt sets.
+
+    A platform upgrade usually keeps the apt set, so the one BuildKit step of a rebase runs
+    while the extras are re-resolved; a layer is used only if the new plan asks for that set.
+    """
+
+    def __init__(
+        self,
+        pool: ThreadPoolExecutor,
+        packages: Mapping[str, Sequence[str]],
+        base_image: str,
+        client: docker.DockerClient,
+        secret_files: Mapping[str, Path] | None = None,
+    ) -> None:
+        self.started = {
+            arch: (
+                tuple(wanted),
+                pool.submit(build_apt_image, base_image, wanted, arch, client, secret_files),
+            )
+            for arch, wanted in packages.items()
+            if wanted
+        }
+
+    def get(self, arch: str, packages: Sequence[str]) -> AptImage | None:
+        """The image started for `arch`, if it was started for exactly `packages`."""
+        wanted, future = self.started.get(arch, ((), None))
+        return future.result() if future is not None and wanted == tuple(packages) else None
