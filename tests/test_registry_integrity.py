@@ -32,6 +32,7 @@ from builder.oci.client import Registry
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, resolve, write
 from builder.oci.v1 import Descriptor, Image, Index, Platform, file_digest
+from builder.reporter import QUIET, Reporter
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -163,7 +164,7 @@ def test_tampered_layer_ends_the_run_naming_both_digests(tampering_registry, tmp
 def test_unreachable_registry_falls_back_with_a_note(tampering_registry, tmp_path):
     for image in (f"{tampering_registry.host}/x:t1", "127.0.0.1:9/x:t1"):  # 503, refused
         notes: list[str] = []
-        profile = base_profile(image, None, Cache(tmp_path / "cache"), notes.append)
+        profile = base_profile(image, None, Cache(tmp_path / "cache"), Reporter(notes.append))
         assert profile == shipped_profile(image)
         assert len(notes) == 1 and notes[0].startswith("note: base image "), notes
         assert "unreachable" in notes[0] or "503" in notes[0]
@@ -177,7 +178,7 @@ def test_refused_access_does_not_fall_back(registry, monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty"))
     with pytest.raises(RegistryAuthError, match="refused access"):
-        base_profile(f"{registry.host}/bsi-any/x:t1", None, Cache(tmp_path / "c"), print)
+        base_profile(f"{registry.host}/bsi-any/x:t1", None, Cache(tmp_path / "c"), QUIET)
 
 
 # ---------------------------------------------------------------------------------------------
