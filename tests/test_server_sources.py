@@ -242,3 +242,24 @@ def test_every_process_of_a_command_gets_oom_score_adj_1000_and_the_server_keeps
         assert Path(f"/proc/{server.proc.pid}/oom_score_adj").read_text() == own
     finally:
         assert server.stop() == 0
+
+
+def test_where_any_address_can_be_bound_outside_sources_stay_apart(base: Path) -> None:
+    """`ip_nonlocal_bind` makes the bind test say yes to every address: the server then knows
+    the host's own only as the address a connection came in on, and outside clients stay
+    separate sources."""
+    nonlocal_bind = ("sh", "-c", 'echo 1 > /proc/sys/net/ipv4/ip_nonlocal_bind && exec "$@"', "sh")
+    server = NamespacedServer(base, "--max-connections-per-source", "2", prefix=nonlocal_bind)
+    first, second = server.sources
+    held = [server.connect_from(second) for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        assert ask(server, first, FULL_REQUEST)[0] == 200
+        assert ask(server, second, FULL_REQUEST)[0] == 503
+        hosts = f"{server.address},127.0.0.1"
+        share = server.inside("python3", "-c", SHARE, str(server.port), "3", hosts)
+        assert json.loads(share.stdout) == [200, 200, 503], share.stderr
+    finally:
+        for sock in held:
+            sock.close()
+        assert server.stop() == 0

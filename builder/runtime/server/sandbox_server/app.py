@@ -130,7 +130,8 @@ class Handler(FramedHandler):
             cwd_raw = ""
         elif not isinstance(cwd_raw, str):
             raise ApiError(400, "cwd must be a string")
-        with server.slots.hold(server.sources.of(self.client_address)):
+        source = server.sources.of(self.client_address, self.connection.getsockname())
+        with server.slots.hold(source):
             cwd_fd = workspace.open_cwd(cwd_raw)
             try:
                 outcome = server.runner.run(argv, cwd_fd, env, timeout)

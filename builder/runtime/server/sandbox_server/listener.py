@@ -44,7 +44,11 @@ class Listener(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A thread for the connection if both bounds allow it, else the gate."""
-        source = self.sources.of(client_address)
+        try:
+            source = self.sources.of(client_address, request.getsockname())
+        except OSError:  # the connection is already gone
+            self.shutdown_request(request)
+            return
         if not self._connections.take(ALL):
             self.gate.admit(request, source)
             return

@@ -3,9 +3,11 @@
 A source is the client's IP address, except that every connection made on this host (this
 network namespace: the sandbox's own code) is one source, ``local``: loopback addresses, and any
 address the host owns, such as the pod's IP, through which code in the sandbox reaches the
-server as easily as through 127.0.0.1. An address is the host's own when a socket can be bound
-to it (the kernel's own rule, no interface list to parse); the answer is cached. IPv4-mapped
-IPv6 addresses count as their IPv4 address.
+server as easily as through 127.0.0.1. An address is the host's own when it is the address the
+connection came in on, or when a socket can be bound to it (the kernel's own rule, no interface
+list to parse; the answer is cached). Where ``ip_nonlocal_bind`` lets any address be bound, only
+the first rule is used, so outside clients are never taken for local ones. IPv4-mapped IPv6
+addresses count as their IPv4 address.
 
 Shares keep one source from holding everything: the platform's router (another source) always
 finds connections and command slots that the sandbox's own code, however it misbehaves, cannot
@@ -21,35 +23,61 @@ from typing import Any
 
 LOCAL = "local"
 CACHE_SIZE = 4096  # addresses whose ownership is remembered (cleared when full)
+NONLOCAL_BIND = (  # (IP version, the sysctl that lets it bind any address)
+    (4, "/proc/sys/net/ipv4/ip_nonlocal_bind"),
+    (6, "/proc/sys/net/ipv6/ip_nonlocal_bind"),
+)
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def ip_of(socket_address: Any) -> IPAddress | None:
+    """The IP of a socket address (IPv4-mapped IPv6 as IPv4); None for anything else."""
+    host = socket_address[0] if isinstance(socket_address, tuple) else socket_address
+    try:
+        address = ipaddress.ip_address(str(host).partition("%")[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def binds_anything(sysctl: str) -> bool:
+    """Whether this host lets a socket bind to addresses it does not own."""
+    try:
+        with open(sysctl, "rb") as handle:
+            return handle.read().strip() != b"0"
+    except OSError:
+        return False
 
 
 class Sources:
-    """Maps a client address to its source, ``local`` for this host's own addresses."""
+    """Maps a connection's addresses to its source, ``local`` for this host's own addresses."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._own: dict[str, bool] = {}
+        self._bind_test = {version: not binds_anything(path) for version, path in NONLOCAL_BIND}
 
-    def of(self, client_address: Any) -> str:
-        host = client_address[0] if isinstance(client_address, tuple) else client_address
-        host = str(host)
-        try:
-            address = ipaddress.ip_address(host.partition("%")[0])
-        except ValueError:
-            return host
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            mapped = address.ipv4_mapped
-            address, host = mapped, str(mapped)
-        if address.is_loopback or self._is_own(host, address.version):
+    def of(self, client_address: Any, server_address: Any) -> str:
+        """The source of a connection from ``client_address`` to ``server_address``."""
+        address = ip_of(client_address)
+        if address is None:
+            return str(client_address)
+        if address.is_loopback or address == ip_of(server_address) or self._is_own(address):
             return LOCAL
         return str(address)
 
-    def _is_own(self, host: str, version: int) -> bool:
+    def _is_own(self, address: IPAddress) -> bool:
+        if not self._bind_test[address.version]:
+            return False
+        host = str(address)
         with self._lock:
             known = self._own.get(host)
         if known is not None:
             return known
-        family = socket.AF_INET6 if version == 6 else socket.AF_INET
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
         try:
             with socket.socket(family, socket.SOCK_STREAM) as probe:
                 probe.bind((host, 0))
