@@ -518,10 +518,12 @@ def report(images: Sequence[Variant], layers: Layers, facts: dict[str, Any]) -> 
             f" / {min(high.imports) / min(low.imports):.3f}x / {ratio(high.cpu, low.cpu):.3f}x"
             f"  {what}"
         )
-    lines.append(
-        "container start vs b (one layer, no bytecode): "
-        + ", ".join(f"{key}/b {ratio(by[key].start, by['b'].start):.3f}x" for key in "acdef")
-    )
+    lines.append("container start vs b (one layer, no bytecode), median / min:")
+    lines += [
+        f"  {key}/b: {ratio(by[key].start, by['b'].start):.3f}x"
+        f" / {min(by[key].start) / min(by['b'].start):.3f}x"
+        for key in "acdef"
+    ]
     timings = layers.timings
     compile2, compile1 = timings.compile_by_workers[2], timings.compile_by_workers[1]
     deps = timings.deps_layer
