@@ -1,9 +1,11 @@
 """The verifier's own contract check suite against the server process, in milliseconds.
 
 The very checks `verify` runs against a built image run here against `builder/runtime/server/`
-started as a subprocess in its own pid namespace (as in a container, so the timeout-cleanup
-check sees only the server's processes). The image-only checks (uid, /app/deps, PYTHONPATH) are
-left out by `contract_checks(process_mode=True)`.
+started as a subprocess in its own pid and network namespaces, as in a container: the
+timeout-cleanup check sees only the server's processes, and the checks' requests come from
+outside while the commands' own connections are on the server's loopback (the starve check
+tells the two apart). The image-only checks (uid, /app/deps, PYTHONPATH) are left out by
+`contract_checks(process_mode=True)`.
 """
 
 from __future__ import annotations

@@ -123,10 +123,12 @@ deadline = time.monotonic() + release
 while (left := still_held()) and time.monotonic() < deadline:
     time.sleep(0.05)
 
+REQUEST = b"GET /exists/starve HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n"
+
 def probe():
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"GET /exists/starve HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+            sock.sendall(REQUEST)
             status = sock.recv(4096).split(b" ", 2)[1:2]
     except OSError:
         return 0
@@ -169,6 +171,10 @@ def check_starve(sandbox: Sandbox) -> str:
     except ValueError:
         found = None
     expect(isinstance(found, dict), f"the starving command printed {short(result['stdout'])}")
+    expect(  # else nothing was attacked: e.g. the server is not on 127.0.0.1 at that port
+        found["opened"] >= ATTACK_CONNECTIONS,
+        f"the attack opened only {found['opened']} connections to port {found['port']}",
+    )
     refused = Counter(traffic.refusals)
     expect(
         not refused,
