@@ -33,6 +33,7 @@ import http.client
 import io
 import json
 import os
+import shlex
 import shutil
 import socket
 import statistics
@@ -43,7 +44,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,18 +63,23 @@ PREFIX = "bsi-bench-import-"
 DEFAULT_BASE = "bsi-bench-base:latest"
 DEFAULT_SET = ("scikit-learn", "matplotlib", "sympy")
 IMPORTS = "sklearn.ensemble, matplotlib.pyplot, sympy, scipy.stats"
-HARDENED = (
-    "--read-only",
-    "--user",
-    "65532:65532",
-    "--cap-drop",
-    "ALL",
-    "--security-opt",
-    "no-new-privileges",
-    "--tmpfs",
-    "/workspace:rw,nosuid,nodev,size=256m,uid=65532,gid=65532,mode=0755",
-    "--tmpfs",
-    "/tmp:rw,nosuid,nodev,size=256m,mode=1777",
+# As the platform runs a sandbox (builder/verify/container.py): read-only, uid 65532, no
+# capabilities, no-new-privileges, tmpfs /workspace and /tmp.
+HARDENED = tuple(
+    shlex.split(
+        "--read-only --user 65532:65532 --cap-drop ALL --security-opt no-new-privileges"
+        " --tmpfs /workspace:rw,nosuid,nodev,size=256m,uid=65532,gid=65532,mode=0755"
+        " --tmpfs /tmp:rw,nosuid,nodev,size=256m,mode=1777"
+    )
+)
+UV_COMPILE = (
+    "pip compile requirements.in -c base.txt --python-platform x86_64-manylinux_2_40"
+    " --python-version 3.13 --only-binary :all: --generate-hashes --no-header --no-annotate"
+    " --quiet"
+)
+PIP_DOWNLOAD = (
+    "download --no-deps --only-binary :all: --python-version 3.13 --implementation cp"
+    " --abi cp313 --require-hashes -r extras.txt -d files -q"
 )
 PLATFORMS = (
     *(f"manylinux_2_{minor}_x86_64" for minor in range(40, 4, -1)),
@@ -110,7 +116,7 @@ COPY --from=builder {ROOT} {ROOT}
 
 @dataclass(frozen=True)
 class Variant:
-    """One image of the comparison: its letter, what it is, the layer tars it ADDs."""
+    """One image of the comparison: its letter, what it is, the layer tars it ADDs, its figures."""
 
     key: str
     title: str
@@ -119,11 +125,14 @@ class Variant:
     image: str = ""
     layers: int = 0
     added: int = 0  # image size minus the base's
-    imports: list[float] = field(default_factory=list)
-    interpreter: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)  # the child interpreter's user + system
-    docker_run: list[float] = field(default_factory=list)
-    start: list[float] = field(default_factory=list)
+    # seconds by measure: inside, interpreter, cpu, docker_run (from Run), start
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def median(self, measure: str) -> float:
+        return statistics.median(self.samples[measure])
+
+    def least(self, measure: str) -> float:
+        return min(self.samples[measure])
 
 
 @dataclass(frozen=True)
@@ -159,49 +168,14 @@ def resolve_wheels(packages: Sequence[str], wheels_dir: Path) -> list[Path]:
     wheels_dir.mkdir(parents=True, exist_ok=True)
     (wheels_dir / "requirements.in").write_text("\n".join(packages) + "\n")
     (wheels_dir / "base.txt").write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
-    uv = [
-        str(REPO / ".venv/bin/uv"),
-        "pip",
-        "compile",
-        "requirements.in",
-        "-c",
-        "base.txt",
-        "--python-platform",
-        "x86_64-manylinux_2_40",
-        "--python-version",
-        "3.13",
-        "--only-binary",
-        ":all:",
-        "--generate-hashes",
-        "--no-header",
-        "--no-annotate",
-        "--quiet",
-    ]
+    uv = [str(REPO / ".venv/bin/uv"), *shlex.split(UV_COMPILE)]
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     text = subprocess.run(uv, cwd=wheels_dir, env=env, check=True, capture_output=True, text=True)
     blocks = [b for b in text.stdout.replace("\\\n", " ").splitlines() if b.strip()]
     extras = [b for b in blocks if b.split("==")[0].strip().lower() not in pins]
     (wheels_dir / "extras.txt").write_text("\n".join(extras) + "\n")
-    pip = [
-        str(REPO / ".venv/bin/pip"),
-        "download",
-        "--no-deps",
-        "--only-binary",
-        ":all:",
-        "--python-version",
-        "3.13",
-        "--implementation",
-        "cp",
-        "--abi",
-        "cp313",
-        *(f"--platform={p}" for p in PLATFORMS),
-        "--require-hashes",
-        "-r",
-        "extras.txt",
-        "-d",
-        "files",
-        "-q",
-    ]
+    platforms = [f"--platform={p}" for p in PLATFORMS]
+    pip = [str(REPO / ".venv/bin/pip"), *shlex.split(PIP_DOWNLOAD), *platforms]
     subprocess.run(pip, cwd=wheels_dir, check=True, stderr=subprocess.DEVNULL)
     names = {b.split("==")[0].strip().lower().replace("-", "_") for b in extras}
     found = [w for w in (wheels_dir / "files").glob("*.whl") if _dist(w) in names]
@@ -218,18 +192,9 @@ def ensure_base(base: str | None) -> tuple[str, bool]:
     """The base image, and whether this run built it (the reference base, BuildKit-cached)."""
     if base:
         return base, False
-    result = subprocess.run(
-        [
-            str(REPO / ".venv/bin/build-sandbox-image"),
-            "base",
-            "--tag",
-            DEFAULT_BASE,
-            "--from",
-            "python:3.13-slim-trixie",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    command = [str(REPO / ".venv/bin/build-sandbox-image"), "base", "--tag", DEFAULT_BASE]
+    command += ["--from", "python:3.13-slim-trixie"]
+    result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"building the base failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
     return DEFAULT_BASE, True
@@ -400,17 +365,8 @@ class Run:
 
 def run_python(image: str, body: str) -> Run:
     """Time `body` in a child interpreter of a hardened container of `image`."""
-    command = [
-        "run",
-        "--rm",
-        *HARDENED,
-        "--entrypoint",
-        "python3",
-        image,
-        "-c",
-        TIMER,
-        CHILD.format(body=body),
-    ]
+    command = ["run", "--rm", *HARDENED, "--entrypoint", "python3", image]
+    command += ["-c", TIMER, CHILD.format(body=body)]
     out, wall = timed(lambda: docker_cli(*command, quiet=False))
     figures = json.loads(out.strip().splitlines()[-1])
     return Run(figures["inside"], figures["interpreter"], figures["cpu"], wall)
@@ -456,18 +412,11 @@ def interleaved(
 
 
 def measure_imports(variant: Variant, imports: str) -> None:
-    run = run_python(variant.image, f"import {imports}")
-    variant.imports.append(run.inside)
-    variant.interpreter.append(run.interpreter)
-    variant.cpu.append(run.cpu)
-    variant.docker_run.append(run.docker_run)
+    for measure, seconds in asdict(run_python(variant.image, f"import {imports}")).items():
+        variant.samples.setdefault(measure, []).append(seconds)
 
 
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def report(images: Sequence[Variant], layers: Layers, facts: dict[str, Any]) -> list[str]:
+def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -> list[str]:
     """The figures as printed: sizes, then times per image, then the ratios the targets name."""
     by = {v.key: v for v in images}
     mib = 1 << 20
@@ -495,12 +444,14 @@ def report(images: Sequence[Variant], layers: Layers, facts: dict[str, Any]) -> 
         f"{'':3}{'image':32}{'import':>8}{'min':>7}{'cpu':>7}{'interp':>8}{'run':>7}"
         f"{'start':>7}{'import/a':>10}{'cpu/a':>7}",
     ]
+    hand = by["a"]
     for v in images:
         lines.append(
-            f"{v.key:3}{v.title:32}{median(v.imports):>8.3f}{min(v.imports):>7.3f}"
-            f"{median(v.cpu):>7.3f}{median(v.interpreter):>8.3f}{median(v.docker_run):>7.2f}"
-            f"{median(v.start):>7.3f}{ratio(v.imports, by['a'].imports):>9.3f}x"
-            f"{ratio(v.cpu, by['a'].cpu):>6.3f}x"
+            f"{v.key:3}{v.title:32}{v.median('inside'):>8.3f}{v.least('inside'):>7.3f}"
+            f"{v.median('cpu'):>7.3f}{v.median('interpreter'):>8.3f}"
+            f"{v.median('docker_run'):>7.2f}{v.median('start'):>7.3f}"
+            f"{v.median('inside') / hand.median('inside'):>9.3f}x"
+            f"{v.median('cpu') / hand.median('cpu'):>6.3f}x"
         )
     floor = facts["floor"]
     lines += [
@@ -514,17 +465,16 @@ def report(images: Sequence[Variant], layers: Layers, facts: dict[str, Any]) -> 
     for top, bottom, what in pairs:
         high, low = by[top], by[bottom]
         lines.append(
-            f"  {top}/{bottom}: {ratio(high.imports, low.imports):.3f}x"
-            f" / {min(high.imports) / min(low.imports):.3f}x / {ratio(high.cpu, low.cpu):.3f}x"
-            f"  {what}"
+            f"  {top}/{bottom}: {high.median('inside') / low.median('inside'):.3f}x"
+            f" / {high.least('inside') / low.least('inside'):.3f}x"
+            f" / {high.median('cpu') / low.median('cpu'):.3f}x  {what}"
         )
     lines.append("container start vs b (one layer, no bytecode), median / min:")
     lines += [
-        f"  {key}/b: {ratio(by[key].start, by['b'].start):.3f}x"
-        f" / {min(by[key].start) / min(by['b'].start):.3f}x"
-        for key in "acdef"
+        f"  {k}/b: {by[k].median('start') / by['b'].median('start'):.3f}x"
+        f" / {by[k].least('start') / by['b'].least('start'):.3f}x"
+        for k in "acdef"
     ]
-    timings = layers.timings
     compile2, compile1 = timings.compile_by_workers[2], timings.compile_by_workers[1]
     deps = timings.deps_layer
     lines += [
@@ -537,8 +487,29 @@ def report(images: Sequence[Variant], layers: Layers, facts: dict[str, Any]) -> 
     return lines
 
 
-def ratio(top: Sequence[float], bottom: Sequence[float]) -> float:
-    return median(top) / median(bottom)
+def measured(base: str, images: Sequence[Variant], args: argparse.Namespace) -> dict[str, Any]:
+    """Imports, the startup floor and container start, interleaved; the facts the report names."""
+    inspect = json.loads(docker_cli("image", "inspect", base))
+    facts: dict[str, Any] = {
+        "base": base,
+        "base_layers": len(inspect[0]["RootFS"]["Layers"]),
+        "repeats": args.repeats,
+        "imports": args.imports,
+        "census": {v.key: census(v.image) for v in images},
+    }
+    interleaved(images, args.repeats, lambda v: measure_imports(v, args.imports))
+    c = next(v for v in images if v.key == "c")
+    floor = [run_python(c.image, "pass") for _ in range(args.repeats)]
+    facts["floor"] = {
+        "interpreter": statistics.median(run.interpreter for run in floor),
+        "docker_run": statistics.median(run.docker_run for run in floor),
+    }
+    interleaved(
+        images,
+        args.repeats,
+        lambda v: v.samples.setdefault("start", []).append(start_seconds(v.image)),
+    )
+    return facts
 
 
 def main() -> None:
@@ -552,71 +523,27 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the bsi-bench-* images")
     args = parser.parse_args()
     began = time.perf_counter()
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
+    commit = subprocess.run(git, check=True, capture_output=True, text=True).stdout.strip()
     base, built_base = ensure_base(args.base)
     wheels = resolve_wheels(args.packages, args.wheels)
-    client = docker.from_env()
-    images: list[Variant] = []
     try:
         with tempfile.TemporaryDirectory(prefix="bsi-bench-import-") as temp:
-            layers = write_layers(client, base, wheels, Path(temp))
+            layers = write_layers(docker.from_env(), base, wheels, Path(temp))
             images = build_images(base, wheels, variants(layers), Path(temp))
-        facts: dict[str, Any] = {
-            "commit": commit,
-            "base": base,
-            "base_layers": len(
-                json.loads(docker_cli("image", "inspect", base))[0]["RootFS"]["Layers"]
-            ),
-            "repeats": args.repeats,
-            "wheels": [w.name.split("-")[0] for w in wheels],
-            "imports": args.imports,
-            "census": {v.key: census(v.image) for v in images},
-        }
-        interleaved(images, args.repeats, lambda v: measure_imports(v, args.imports))
-        floor = [run_python(by_key(images, "c").image, "pass") for _ in range(args.repeats)]
-        facts["floor"] = {
-            "interpreter": median([run.interpreter for run in floor]),
-            "docker_run": median([run.docker_run for run in floor]),
-        }
-        interleaved(images, args.repeats, lambda v: v.start.append(start_seconds(v.image)))
+        facts = measured(base, images, args)
+        facts |= {"commit": commit, "wheels": [_dist(w) for w in wheels]}
         facts["seconds"] = time.perf_counter() - began
-        print("\n".join(report(images, layers, facts)))
+        print("\n".join(report(images, layers.timings, facts)))
         if args.json:
-            facts["images"] = [
-                {
-                    "key": v.key,
-                    "title": v.title,
-                    "layers": v.layers,
-                    "added": v.added,
-                    "bytecode_bytes": v.bytecode_bytes,
-                    "imports": v.imports,
-                    "interpreter": v.interpreter,
-                    "cpu": v.cpu,
-                    "docker_run": v.docker_run,
-                    "start": v.start,
-                }
-                for v in images
-            ]
-            facts["timings"] = {
-                "deps_layer": layers.timings.deps_layer,
-                "per_distribution_layers": layers.timings.per_distribution_layers,
-                "compile_by_workers": layers.timings.compile_by_workers,
-            }
-            args.json.write_text(json.dumps(facts, indent=1))
+            facts["images"] = [asdict(v) for v in images]
+            facts["timings"] = asdict(layers.timings)
+            args.json.write_text(json.dumps(facts, indent=1, default=str))
     finally:
         if not args.keep:
             doomed = [f"{PREFIX}{key}:latest" for key in "abcdef"]
             doomed += [DEFAULT_BASE] if built_base else []
             subprocess.run([DOCKER, "rmi", *doomed], check=False, capture_output=True)
-
-
-def by_key(images: Sequence[Variant], key: str) -> Variant:
-    return next(v for v in images if v.key == key)
 
 
 if __name__ == "__main__":
