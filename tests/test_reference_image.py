@@ -8,6 +8,8 @@ on images that break the contract.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import shutil
 import socket
@@ -24,7 +26,7 @@ from packaging.utils import parse_wheel_filename
 from builder import cli
 from builder.analysis.target import ARCHES, Target, shipped_profile
 from builder.image import reference_base as reference
-from builder.image.build import build_image
+from builder.image.build import BuildSpec, build_image
 from builder.runtime import SERVER, SERVER_PACKAGE
 from builder.verify import Check, VerifyReport
 from builder.verify.checks import CONTRACT
@@ -275,7 +277,7 @@ def derived_images(reference_image, docker_client, tmp_path_factory):
         context = tmp_path_factory.mktemp("derived")
         (context / "Dockerfile").write_text("\n".join([f"FROM {reference_image}", *lines, ""]))
         with open(context / "build.log", "w") as log:
-            build_image(context, tag=tag, log=log)
+            build_image(context, BuildSpec(tag=tag), log)
         built[tag] = tag
     yield built
     for tag in built:
@@ -369,6 +371,34 @@ SPOOLED = "import sys; sys.stdout.buffer.write(b'x' * (8 << 20))"
 GREEDY = "chunks = []\nwhile True:\n    chunks.append(b'\\x01' * (16 << 20))\n"
 
 
+def http_request(port: int, line: str, payload: object = None) -> tuple[int, bytes]:
+    """(status, body) of one request ("METHOD /path", a JSON payload) to a published port."""
+    body = b"" if payload is None else json.dumps(payload).encode()
+    method, path = line.split(" ", 1)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request(method, path, body=body or None)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def wait_serving(container) -> int:
+    """The published port, once the container's server answers GET / with 200."""
+    deadline = time.monotonic() + 60
+    while True:
+        container.reload()
+        bindings = container.attrs["NetworkSettings"]["Ports"].get("8888/tcp") or []
+        if bindings:
+            port = int(bindings[0]["HostPort"])
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if http_request(port, "GET /")[0] == 200:
+                    return port
+        assert time.monotonic() < deadline, container.logs()[-2000:]
+        time.sleep(0.2)
+
+
 def execute_request(command: list[str]) -> bytes:
     body = json.dumps({"command": command, "timeout_seconds": 120}).encode()
     head = f"POST /execute HTTP/1.1\r\nHost: sandbox\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -392,21 +422,7 @@ def test_under_a_memory_limit_the_kernel_kills_the_command_and_the_server_keeps_
         labels={LABEL: "1"},
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            container.reload()
-            bindings = container.attrs["NetworkSettings"]["Ports"].get("8888/tcp") or []
-            if bindings:
-                port = int(bindings[0]["HostPort"])
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=2) as probe:
-                        probe.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                        if probe.recv(64).startswith(b"HTTP/1.1 200"):
-                            break
-                except OSError:
-                    pass
-            assert time.monotonic() < deadline, container.logs()[-2000:]
-            time.sleep(0.2)
+        port = wait_serving(container)
         # A reply of 8 MiB the server has spooled and is sending to a client that does not read.
         held = socket.create_connection(("127.0.0.1", port), timeout=120)
         held.sendall(execute_request(["python3", "-c", SPOOLED]))
@@ -424,9 +440,7 @@ def test_under_a_memory_limit_the_kernel_kills_the_command_and_the_server_keeps_
         result = json.loads(reply.partition(b"\r\n\r\n")[2])
         assert result["exit_code"] == 137, result["stderr"][-500:]
         # The server lived through it: it still answers, and the held reply arrives whole.
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as probe:
-            probe.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            assert probe.recv(4096).startswith(b"HTTP/1.1 200 OK")
+        assert http_request(port, "GET /") == (200, b'{"status": "ok"}')
         answer = b""
         while chunk := held.recv(1 << 20):
             answer += chunk
@@ -439,3 +453,70 @@ def test_under_a_memory_limit_the_kernel_kills_the_command_and_the_server_keeps_
         assert container.status == "running"
     finally:
         container.remove(force=True)
+
+
+# Another container on the engine's bridge network: a client with its own address. It holds
+# its share of 4 connections, then asks for more, and holds on while the host asks too.
+OVER_SHARE = """
+import json, socket, sys, time
+server = (sys.argv[1], 8888)
+held = [socket.create_connection(server, timeout=10) for _ in range(4)]
+time.sleep(0.3)
+started = time.monotonic()
+with socket.create_connection(server, timeout=10) as extra:
+    extra.sendall(b"GET /exists/x HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+    answer = extra.recv(4096)
+print(json.dumps({"head": answer.split(b"\\r\\n\\r\\n")[0].decode(),
+                  "seconds": time.monotonic() - started}), flush=True)
+time.sleep(4)
+"""
+
+
+@pytest.mark.engine
+def test_in_the_image_a_source_over_its_share_gets_503_another_is_served_children_oom_1000(
+    reference_image, docker_client
+):
+    """SANDBOX_MAX_CONNECTIONS_PER_SOURCE sets the share; the client container's address is one
+    source, the host (through the published port) another."""
+    server = docker_client.containers.run(
+        reference_image,
+        detach=True,
+        read_only=True,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        environment={"SANDBOX_MAX_CONNECTIONS_PER_SOURCE": "4"},
+        tmpfs={"/workspace": "uid=65532,gid=65532", "/tmp": "mode=1777"},
+        ports={"8888/tcp": ("127.0.0.1", None)},
+        labels={LABEL: "1"},
+    )
+    client = None
+    try:
+        port = wait_serving(server)
+        address = server.attrs["NetworkSettings"]["IPAddress"]
+        client = docker_client.containers.run(
+            reference_image,
+            entrypoint=["python3", "-c", OVER_SHARE, address],
+            detach=True,
+            labels={LABEL: "1"},
+        )
+        deadline = time.monotonic() + 60
+        while not (logs := client.logs(stdout=True, stderr=False)):
+            assert time.monotonic() < deadline, client.logs()
+            time.sleep(0.1)
+        refused = json.loads(logs)
+        assert refused["head"].startswith("HTTP/1.1 503 "), refused
+        assert "\r\nRetry-After: 1" in refused["head"] and refused["seconds"] < 0.5, refused
+        # The host is another source: served while the client holds its share.
+        assert http_request(port, "GET /exists/x")[0] == 200
+        assert client.wait(timeout=60)["StatusCode"] == 0
+        # Every process of a command at 1000; the server (PID 1) keeps its own 0.
+        script = (
+            'cat /proc/self/oom_score_adj; sh -c "cat /proc/self/oom_score_adj";'
+            " cat /proc/1/oom_score_adj"
+        )
+        status, body = http_request(port, "POST /execute", {"command": ["sh", "-c", script]})
+        assert status == 200 and json.loads(body)["stdout"] == "1000\n1000\n0\n", body
+    finally:
+        for container in (client, server):
+            if container is not None:
+                container.remove(force=True)
