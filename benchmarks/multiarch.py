@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from builder.credentials import from_environment, registry  # noqa: E402
 from builder.engine import engine_client  # noqa: E402
-from builder.image.build import build_image  # noqa: E402
+from builder.image.build import BuildSpec, build_image  # noqa: E402
 from builder.image.from_engine import push_engine_images  # noqa: E402
 from builder.oci.name import ImageRef  # noqa: E402
 
@@ -46,11 +46,13 @@ def fresh_base(base: str, arches: list[str], temp: Path) -> str:
     images = {
         arch: build_image(
             temp,
-            tag=f"bsi-bench-{run}:{arch}",
-            platform=f"linux/{arch}",
-            build_args={"BASE": base},
-            logins={ref.registry: login} if login else None,
-            log=open("/dev/null", "w"),  # noqa: SIM115
+            BuildSpec(
+                tag=f"bsi-bench-{run}:{arch}",
+                platform=f"linux/{arch}",
+                build_args={"BASE": base},
+                logins={ref.registry: login} if login else None,
+            ),
+            open("/dev/null", "w"),  # noqa: SIM115
         )
         for arch in arches
     }

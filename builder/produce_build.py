@@ -25,8 +25,8 @@ from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
 from builder.credentials import Credentials
 from builder.delivery import Produced
-from builder.image.assemble import Assembled, assemble
-from builder.image.build import Log, base_logins, build_image
+from builder.image.assemble import Assembled, Assembly, assemble
+from builder.image.build import BuildSpec, Log, base_logins, build_image
 from builder.image.from_engine import assembled_image, base_layers
 from builder.image.render import Secrets, dockerfile
 from builder.oci.client import Registry
@@ -72,14 +72,14 @@ class SystemStages:
 
     def _build(self, context: Path, arch: str, logins: Mapping[str, Credentials] | None) -> str:
         with self._log(arch).open("w") as log:
-            return build_image(
-                context,
-                target=SYSTEM_STAGE,
+            spec = BuildSpec(
                 platform=f"linux/{arch}",
+                target=SYSTEM_STAGE,
                 secrets=self.secret_files,
                 logins=logins,
-                log=log,
-                started=lambda process: self.processes.__setitem__(arch, process),
+            )
+            return build_image(
+                context, spec, log, lambda process: self.processes.__setitem__(arch, process)
             )
 
     def _log(self, arch: str) -> Path:
@@ -142,27 +142,23 @@ class BuildProducer:
     def produce(self, arch: str) -> Produced:
         """BuildKit's system stage (started early, or built now) plus the deps-extra layer."""
         log = _Prefixed(sys.stdout, f"[{arch}] " if self.multi else "")
-        system = self.stages.built(arch, log) or build_image(
-            self.context,
-            target=SYSTEM_STAGE,
+        spec = BuildSpec(
             platform=f"linux/{arch}",
+            target=SYSTEM_STAGE,
             secrets=self.stages.secret_files,
             logins=self.logins,
-            log=log,
         )
+        system = self.stages.built(arch, log) or build_image(self.context, spec, log)
         tag = self.local_tag(arch)
-        built = assemble(
-            self.client,
-            system,
+        assembly = Assembly(
             arch,
-            self.finish.layers[arch],
-            root=self.plan.pythonpath_entry,
-            labels=self.finish.labels,
-            created=self.finish.created,
-            tag=tag,
-            cache=self.finish.cache,
+            self.plan.pythonpath_entry,
+            self.finish.labels,
+            self.finish.created,
+            tag,
             apt_layer=bool(next(a.apt_packages for a in self.plan.arches if a.arch == arch)),
         )
+        built = assemble(self.client, system, self.finish.layers[arch], assembly, self.finish.cache)
         return Produced(
             arch,
             built.image_id,

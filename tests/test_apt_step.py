@@ -15,7 +15,7 @@ import pytest
 
 from builder.cache import Cache
 from builder.image.apt import build_apt_image, saved_layer
-from builder.image.build import build_image
+from builder.image.build import BuildSpec, build_image
 from builder.image.render import APT_CONFIG, APT_SETUP
 
 pytestmark = pytest.mark.engine
@@ -49,7 +49,7 @@ def _derived_base(docker_client: Any, test_env: dict, tmp_path: Path, lines: str
         f"RUN echo {uuid.uuid4().hex} > /etc/bsi-base-id\n"
     )
     with open(context / "build.log", "w") as log:
-        image_id = build_image(context, platform="linux/amd64", log=log)
+        image_id = build_image(context, BuildSpec(platform="linux/amd64"), log)
     tag = f"bsi-apt-base-{uuid.uuid4().hex[:8]}:test"
     docker_client.images.get(image_id).tag(tag)
     return tag

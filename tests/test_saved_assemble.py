@@ -23,8 +23,8 @@ from builder.credentials import Credentials
 from builder.errors import UserError
 from builder.image import assemble as assemble_module
 from builder.image import from_engine
-from builder.image.assemble import assemble
-from builder.image.build import build_image
+from builder.image.assemble import Assembly, assemble
+from builder.image.build import BuildSpec, build_image
 from builder.image.from_engine import assembled_image
 from builder.image.gzipped import gzipped
 from builder.image.layer import Layer
@@ -46,7 +46,7 @@ def system_image(test_env: dict, tmp_path_factory: pytest.TempPathFactory) -> st
         f"RUN echo {uuid.uuid4().hex} > /etc/bsi-apt-stand-in\nUSER 65532:65532\n"
     )
     with open(context / "build.log", "w") as log:
-        return build_image(context, platform="linux/amd64", log=log)
+        return build_image(context, BuildSpec(platform="linux/amd64"), log)
 
 
 def deps_layer(cache: Cache) -> Layer:
@@ -94,9 +94,9 @@ def test_assemble_preloads_then_loads_the_exact_config_and_leaves_no_provisional
         lambda c, config, top: sent.append(top) or real_load(c, config, top),
     )
     tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
-    built = assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
-                     labels={"x": "y"}, created="2026-01-01T00:00:00Z", tag=tag, cache=cache,
-                     apt_layer=True)  # fmt: skip
+    built = assemble(
+        docker_client, system_image, deps, assembly({"x": "y"}, tag, apt_layer=True), cache
+    )
     try:
         found = docker_client.images.get(tag)
         assert found.id == built.image_id == digest_of(built.config)
@@ -110,9 +110,9 @@ def test_assemble_preloads_then_loads_the_exact_config_and_leaves_no_provisional
         sent.clear()
         docker_client.images.remove(tag)
         monkeypatch.setattr(docker_client.api, "get_image", _no_save)
-        again = assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
-                         labels={"x": "y"}, created="2026-01-01T00:00:00Z", tag=tag,
-                         cache=cache, apt_layer=True)  # fmt: skip
+        again = assemble(
+            docker_client, system_image, deps, assembly({"x": "y"}, tag, apt_layer=True), cache
+        )
         assert again.image_id == built.image_id and sent == [deps.path]
     finally:
         docker_client.images.remove(tag, force=True)
@@ -125,9 +125,7 @@ def test_the_push_takes_the_kept_apt_layer_not_another_save(
     cache = Cache(tmp_path / "cache")
     deps = deps_layer(cache)
     tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
-    built = assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
-                     labels={}, created="2026-01-01T00:00:00Z", tag=tag, cache=cache,
-                     apt_layer=True)  # fmt: skip
+    built = assemble(docker_client, system_image, deps, assembly({}, tag, apt_layer=True), cache)
     target = Registry(
         ImageRef.parse_repository(f"{registry.host}/bsi-saved-{uuid.uuid4().hex[:8]}/img"),
         credentials=Credentials(registry.user, registry.password, "test"),
@@ -158,6 +156,11 @@ def test_the_push_takes_the_kept_apt_layer_not_another_save(
     assert all(target.blob_exists(layer["digest"]) for layer in manifest["layers"])
 
 
+def assembly(labels: dict[str, str], tag: str, apt_layer: bool = False) -> Assembly:
+    """The amd64 image with /app/deps-extra at a fixed date, as the tests assemble it."""
+    return Assembly("amd64", "/app/deps-extra", labels, "2026-01-01T00:00:00Z", tag, apt_layer)
+
+
 def _no_save(*args: object, **kwargs: object) -> None:
     raise AssertionError("docker save must not run: the config and the apt layer are cached")
 
@@ -183,9 +186,7 @@ def test_a_failed_save_leaves_no_provisional_image(
 
     monkeypatch.setattr(assemble_module, "read_save", failing)
     with pytest.raises(UserError, match="gave no config"):
-        assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
-                 labels={}, created="2026-01-01T00:00:00Z", tag="bsi-saved-unused:test",
-                 cache=cache)  # fmt: skip
+        assemble(docker_client, system_image, deps, assembly({}, "bsi-saved-unused:test"), cache)
     below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
     assert _holding(docker_client, [*below, deps.diff_id]) == []  # no 1 GB leftover
 
@@ -209,18 +210,22 @@ def test_two_runs_assembling_one_layer_at_once_both_succeed(
         if not others:  # run B's save: run A goes first, once B's preload has ended
             others.append(None)
             assert preloaded.wait(60)
-            others[0] = assemble(client, system_image, "amd64", deps, root="/app/deps-extra",
-                                 labels={"run": "a"}, created="2026-01-01T00:00:00Z",
-                                 tag=tags[0], cache=Cache(tmp_path / "a"))  # fmt: skip
+            others[0] = assemble(
+                client, system_image, deps, assembly({"run": "a"}, tags[0]), Cache(tmp_path / "a")
+            )
         return real_read_save(client, image_id, cache, **kwargs)
 
     others: list[Any] = []
     monkeypatch.setattr(assemble_module, "_preload", preload)
     monkeypatch.setattr(assemble_module, "read_save", read_save_with_run_a)
     try:
-        b = assemble(docker_client, system_image, "amd64", deps, root="/app/deps-extra",
-                     labels={"run": "b"}, created="2026-01-01T00:00:00Z", tag=tags[1],
-                     cache=Cache(tmp_path / "b"))  # fmt: skip
+        b = assemble(
+            docker_client,
+            system_image,
+            deps,
+            assembly({"run": "b"}, tags[1]),
+            Cache(tmp_path / "b"),
+        )
         assert len(others) == 1
         below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
         chain = [*below, deps.diff_id]

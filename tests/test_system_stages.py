@@ -15,6 +15,7 @@ from builder import produce_build
 from builder.base.probe import probe_base
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.image.build import BuildSpec
 from builder.pipeline import Request, finish, prepare
 from builder.produce_build import BuildProducer, SystemStages
 
@@ -49,9 +50,9 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
 
     systems: list[str] = []
 
-    def counted(*args: Any, **kwargs: Any) -> str:
-        targets.append(kwargs.get("target"))
-        systems.append(real_build(*args, **kwargs))
+    def counted(context: Path, spec: BuildSpec, *args: Any) -> str:
+        targets.append(spec.target)
+        systems.append(real_build(context, spec, *args))
         return systems[-1]
 
     monkeypatch.setattr(produce_build, "build_image", counted)

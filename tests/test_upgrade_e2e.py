@@ -41,7 +41,7 @@ from ruamel.yaml import YAML
 
 from builder.analysis.index import download, index_files
 from builder.cache import Cache
-from builder.image.build import build_image
+from builder.image.build import BuildSpec, build_image
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
 
@@ -113,7 +113,7 @@ def derived_base(reference: str, wheel: Path, tag: str, workdir: Path) -> None:
         "USER 65532:65532\n"
     )
     with open(workdir / f"{context.name}.log", "w") as log:
-        build_image(context, tag=tag, log=log)
+        build_image(context, BuildSpec(tag=tag), log)
 
 
 def patched_base(reference: str, tag: str, workdir: Path) -> None:
@@ -124,7 +124,7 @@ def patched_base(reference: str, tag: str, workdir: Path) -> None:
         f"FROM {reference}\nUSER 0:0\nRUN echo patched > /etc/platform-patch\nUSER 65532:65532\n"
     )
     with open(workdir / f"{context.name}.log", "w") as log:
-        build_image(context, tag=tag, log=log)
+        build_image(context, BuildSpec(tag=tag), log)
 
 
 # --- the CLI ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import IO, Any
 
 from elftools.elf.dynamic import DynamicSection, DynamicSegment
@@ -16,7 +17,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 
 ELF_MAGIC = b"\x7fELF"
-MACHINES = {"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64"}
+MACHINES = MappingProxyType({"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64"})
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-LOADERS = {"CDLL", "PyDLL", "LoadLibrary", "dlopen"}  # the called name's last part
-FINDERS = {"find_library"}
+LOADERS = frozenset({"CDLL", "PyDLL", "LoadLibrary", "dlopen"})  # the called name's last part
+FINDERS = frozenset({"find_library"})
 # Only files spelling a loader's name are parsed (a site is a call to one): most of a big
 # wheel set never loads. Substring tests, as they are several times faster than a regex.
 MARKERS = tuple(name.encode() for name in sorted(LOADERS | FINDERS))
-WINDOWS_ONLY = {"WinDLL", "windll", "OleDLL", "oledll"}
-LOAD_ERRORS = {"OSError", "EnvironmentError", "Exception", "BaseException"}  # what a failed load
-# raises (or a catch-all): a handler for one of these that does not raise carries on without it
-SKIPPED_DIRS = {"tests", "test", "testing", "__pycache__"}  # never run in the sandbox
+WINDOWS_ONLY = frozenset({"WinDLL", "windll", "OleDLL", "oledll"})
+# What a failed load raises (or a catch-all): a handler for one of these that does not raise
+# carries on without it.
+LOAD_ERRORS = frozenset({"OSError", "EnvironmentError", "Exception", "BaseException"})
+SKIPPED_DIRS = frozenset({"tests", "test", "testing", "__pycache__"})  # never run in the sandbox
 MAX_EXPRESSION_DEPTH = 100  # a library name is never built from more pieces than this
 
 

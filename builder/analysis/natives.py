@@ -11,6 +11,7 @@ import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from builder.analysis.debian import package_for, sonames_for_load, split_symbol_version
 from builder.analysis.elf import ElfFile
@@ -19,7 +20,7 @@ from builder.analysis.wheels import WheelInspection
 
 ORIGIN_TOKENS = ("${ORIGIN}", "$ORIGIN")
 KERNEL_PROVIDED = ("linux-vdso", "linux-gate")  # mapped by the kernel, never a file
-LOADER_MACHINES = {arch.loader: arch.machine for arch in ARCHES.values()}
+LOADER_MACHINES = MappingProxyType({arch.loader: arch.machine for arch in ARCHES.values()})
 
 # How a DT_NEEDED entry is satisfied.
 BY_RPATH = "rpath"  # found in a directory of the file's RPATH/RUNPATH inside the tree

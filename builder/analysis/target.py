@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
+from types import MappingProxyType
 from typing import Any
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
@@ -21,7 +22,7 @@ from builder.errors import UserError
 
 GLIBC_MAJOR, GLIBC_MINOR = 2, 41
 OLDEST_MANYLINUX_MINOR = 17
-LEGACY_ALIASES = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+LEGACY_ALIASES = MappingProxyType({17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"})
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,12 @@ class Arch:
         return tags
 
 
-ARCHES: dict[str, Arch] = {
-    "amd64": Arch("amd64", "x86_64", "x86_64-linux-gnu", "ld-linux-x86-64.so.2"),
-    "arm64": Arch("arm64", "aarch64", "aarch64-linux-gnu", "ld-linux-aarch64.so.1"),
-}
+ARCHES: Mapping[str, Arch] = MappingProxyType(
+    {
+        "amd64": Arch("amd64", "x86_64", "x86_64-linux-gnu", "ld-linux-x86-64.so.2"),
+        "arm64": Arch("arm64", "aarch64", "aarch64-linux-gnu", "ld-linux-aarch64.so.1"),
+    }
+)
 
 
 def arch_named(name: str) -> Arch:

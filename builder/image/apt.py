@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.cache import Cache
-from builder.image.build import build_image
+from builder.image.build import BuildSpec, build_image
 from builder.image.layer import Layer
 from builder.image.render import Secrets, apt_steps
 from builder.image.saved import read_save
@@ -51,7 +51,8 @@ def build_apt_image(
         dockerfile = f"FROM {base_image}\nUSER 0:0\nRUN {run}\n"
         (context / "Dockerfile").write_text(dockerfile)
         with open(Path(temp) / "build.log", "w") as log:
-            image_id = build_image(context, platform=f"linux/{arch}", secrets=secret_files, log=log)
+            spec = BuildSpec(platform=f"linux/{arch}", secrets=secret_files or {})
+            image_id = build_image(context, spec, log)
     diff_id = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
     return AptImage(image_id, diff_id, f"RUN {run}")
 

@@ -112,26 +112,30 @@ def created_by(arch: str, root: str) -> str:
     return f"ADD {DEPS_LAYER.format(arch=arch)} / # the locked wheels in {root}"
 
 
+@dataclass(frozen=True)
+class Assembly:
+    """How a system stage becomes one arch's image: where the deps-extra layer goes, the config
+    it gets, the local tag. With `apt_layer` the save also keeps the system stage's top layer
+    (the apt layer) for the push."""
+
+    arch: str
+    root: str  # the PYTHONPATH entry the layer fills: /app/deps-extra
+    labels: Mapping[str, str]
+    created: str
+    tag: str
+    apt_layer: bool = False
+
+
 def assemble(
-    client: docker.DockerClient,
-    system_id: str,
-    arch: str,
-    deps: Layer,
-    *,
-    root: str,
-    labels: Mapping[str, str],
-    created: str,
-    tag: str,
-    cache: Cache,
-    apt_layer: bool = False,
+    client: docker.DockerClient, system_id: str, deps: Layer, assembly: Assembly, cache: Cache
 ) -> Assembled:
     """The system image plus `deps`, loaded into the engine (unless it has it) and tagged.
 
     The exact config needs the system image's, which only its save gives, after a few seconds;
     so the first time, the deps-extra layer is loaded meanwhile under a provisional config
-    (the same layers), and the final config follows with no layer to send. With `apt_layer`
-    the save also keeps the system stage's top layer (the apt layer) for the push.
+    (the same layers), and the final config follows with no layer to send.
     """
+    arch, root = assembly.arch, assembly.root
     found = client.images.get(system_id).attrs
     if found.get("Architecture") != arch:
         raise UserError(f"image {system_id}: built as {found.get('Architecture')}, not {arch}")
@@ -142,14 +146,17 @@ def assemble(
         if base is None:
             with ThreadPoolExecutor(max_workers=1) as pool:
                 preloading = pool.submit(_preload, client, arch, [*below, deps.diff_id], deps.path)
-                keep = below[-1] if apt_layer and below else None
+                keep = below[-1] if assembly.apt_layer and below else None
                 base = read_save(client, system_id, cache, keep_layer=keep).config
             preloading.result()
         config = extend_config(
             base,
             [NewLayer("", deps.diff_id, deps.size, created_by(arch, root))],  # digest: when pushed
             ConfigChange(
-                {"PYTHONPATH": f"$PYTHONPATH:{root}"}, contract.SANDBOX_USER, labels, created
+                {"PYTHONPATH": f"$PYTHONPATH:{root}"},
+                contract.SANDBOX_USER,
+                assembly.labels,
+                assembly.created,
             ),
         )
         data = canonical(config)
@@ -157,6 +164,7 @@ def assemble(
     finally:  # the final image holds the layers now (or nothing does): the save may have failed
         if preloading and preloading.done() and not preloading.exception():
             client.api.remove_image(preloading.result(), noprune=False)
+    tag = assembly.tag
     repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
     client.api.tag(image_id, repository, name or "latest")
     return Assembled(arch, image_id, data, system_id, deps)
@@ -184,9 +192,12 @@ def _preload(client: docker.DockerClient, arch: str, diff_ids: Sequence[str], to
     The config is this run's own (a random label): another run assembling the same layer at
     once must not find it loaded, rely on it, and see this run remove it.
     """
-    provisional = {"architecture": arch, "os": "linux",
-                   "config": {"Labels": {"bsi.provisional": uuid.uuid4().hex}},
-                   "rootfs": {"type": "layers", "diff_ids": list(diff_ids)}}  # fmt: skip
+    provisional = {
+        "architecture": arch,
+        "os": "linux",
+        "config": {"Labels": {"bsi.provisional": uuid.uuid4().hex}},
+        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
+    }
     return load(client, canonical(provisional), top)
 
 

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -56,37 +57,44 @@ def base_logins(base: ImageRef) -> dict[str, Credentials] | None:
     return {base.registry: login} if login else None
 
 
+@dataclass(frozen=True)
+class BuildSpec:
+    """What one `docker build` makes: the tag, platform, Dockerfile and stage, and what it may
+    use (build args, BuildKit secrets as id -> file, logins for its own pulls of the FROMs)."""
+
+    tag: str | None = None
+    platform: str | None = None
+    dockerfile: Path | None = None
+    target: str | None = None
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, Path] = field(default_factory=dict)
+    logins: Mapping[str, Credentials] | None = None
+
+
 def build_image(
     context: Path,
-    *,
-    tag: str | None = None,
-    platform: str | None = None,
-    dockerfile: Path | None = None,
-    target: str | None = None,
-    build_args: Mapping[str, str] | None = None,
-    secrets: Mapping[str, Path] | None = None,
-    logins: Mapping[str, Credentials] | None = None,
+    spec: BuildSpec,
     log: Log = sys.stderr,
     started: Callable[[subprocess.Popen[str]], object] | None = None,
 ) -> str:
-    """Build `context` and return the image id; secrets are BuildKit secrets (id -> file).
+    """Build `context` as `spec` says and return the image id.
 
-    `logins` (registry -> credentials) are for BuildKit's own pulls of the FROM images: it
+    `spec.logins` (registry -> credentials) are for BuildKit's own pulls of the FROM images: it
     asks the CLI, which only reads a Docker config, so they go into a private copy of it.
     `started` gets the `docker build` process, for a caller that may have to stop it.
     """
     command = [docker_cli(), "build", "--progress=plain"]
-    if tag:
-        command += ["--tag", tag]
-    if platform:
-        command += ["--platform", platform]
-    if dockerfile:
-        command += ["--file", str(dockerfile)]
-    if target:
-        command += ["--target", target]
-    for key, value in (build_args or {}).items():
+    if spec.tag:
+        command += ["--tag", spec.tag]
+    if spec.platform:
+        command += ["--platform", spec.platform]
+    if spec.dockerfile:
+        command += ["--file", str(spec.dockerfile)]
+    if spec.target:
+        command += ["--target", spec.target]
+    for key, value in spec.build_args.items():
         command += ["--build-arg", f"{key}={value}"]
-    for secret_id, path in (secrets or {}).items():
+    for secret_id, path in spec.secrets.items():
         if not path.is_file():
             raise UserError(f"{path}: secret {secret_id!r} is not a readable file")
         command += ["--secret", f"id={secret_id},src={path}"]
@@ -94,8 +102,8 @@ def build_image(
         iidfile = Path(temp) / "iid"
         command += ["--iidfile", str(iidfile), str(context)]
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-        if logins:
-            env["DOCKER_CONFIG"] = str(_docker_config_with(Path(temp) / "config", logins))
+        if spec.logins:
+            env["DOCKER_CONFIG"] = str(_docker_config_with(Path(temp) / "config", spec.logins))
         tail: deque[str] = deque(maxlen=15)
         process = subprocess.Popen(
             command,

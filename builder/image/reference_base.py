@@ -30,7 +30,7 @@ from builder.analysis.target import Target, arch_named, shipped_profile
 from builder.cache import Cache, default_root
 from builder.engine import engine_client
 from builder.errors import UserError
-from builder.image.build import Log, base_logins, build_image
+from builder.image.build import BuildSpec, Log, base_logins, build_image
 from builder.image.from_engine import push_engine_images
 from builder.image.render import place
 from builder.oci.name import ImageRef
@@ -149,8 +149,7 @@ def build_base(
         context = Path(temp)
         context.chmod(0o755)
         assemble_context(context, arch=arch, cache=cache)
-        return build_image(
-            context,
+        spec = BuildSpec(
             tag=tag,
             platform=f"linux/{arch}",
             build_args={
@@ -158,8 +157,8 @@ def build_base(
                 "PIP_PLATFORM": pip_platforms(chosen_wheels(arch)),
             },
             logins=logins,
-            log=log or sys.stderr,
         )
+        return build_image(context, spec, log or sys.stderr)
 
 
 def build_base_index(

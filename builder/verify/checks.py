@@ -205,7 +205,7 @@ def check_env(sandbox: Sandbox) -> str:
     return "env passed to the command and merged over the server's (PYTHONPATH kept)"
 
 
-CWD = ["pwd", "-P"]  # getcwd(), as a Python's os.getcwd(), without starting one (slow emulated)
+CWD = ("pwd", "-P")  # getcwd(), as a Python's os.getcwd(), without starting one (slow emulated)
 
 
 def check_cwd(sandbox: Sandbox) -> str:
