@@ -10,9 +10,9 @@ import docker.errors
 import pytest
 
 from builder.cache import Cache
-from builder.oci.v1 import Image, canonical, digest_of
 from builder.delivery import Run
 from builder.oci.remote import Written
+from builder.oci.v1 import Image, canonical, digest_of
 from builder.produce_rebase import into_engine
 from builder.reporter import Reporter
 
