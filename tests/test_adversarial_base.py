@@ -73,13 +73,15 @@ def registry_with():
 
 
 def _image(content: Content, config: dict) -> dict:
-    config_digest = content.blob(json.dumps(config).encode())
+    config_bytes = json.dumps(config).encode()
+    config_digest = content.blob(config_bytes)
     return {
         "schemaVersion": 2,
         "mediaType": MANIFEST,
         "config": {
             "mediaType": "application/vnd.oci.image.config.v1+json",
             "digest": config_digest,
+            "size": len(config_bytes),
         },
         "layers": [],
     }
@@ -89,7 +91,8 @@ def test_index_naming_another_index_is_an_error(registry_with, tmp_path):
     content = Content()
     inner = content.manifest({"schemaVersion": 2, "mediaType": INDEX, "manifests": []})
     platform = {"os": "linux", "architecture": "amd64"}
-    outer = {"mediaType": INDEX, "manifests": [{"digest": inner, "platform": platform}]}
+    entry = {"mediaType": INDEX, "digest": inner, "size": 60, "platform": platform}
+    outer = {"mediaType": INDEX, "manifests": [entry]}
     content.manifest({"schemaVersion": 2, **outer}, tag="1")
     with pytest.raises(RegistryError, match="names another index for linux/amd64"):
         probe_registry(registry_with(content), Cache(tmp_path / "cache"))

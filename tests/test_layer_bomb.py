@@ -37,13 +37,21 @@ def base_with():
 
     def start(layers: list[bytes]) -> tuple[str, list[str]]:
         content = Content()
-        config = content.blob(json.dumps({"architecture": "amd64", "config": {}}).encode())
+        config_bytes = json.dumps({"architecture": "amd64", "config": {}}).encode()
+        config = content.blob(config_bytes)
         digests = [content.blob(layer) for layer in layers]
         manifest = {
             "schemaVersion": 2,
             "mediaType": MANIFEST,
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config},
-            "layers": [{"mediaType": GZIP_LAYER, "digest": d} for d in digests],
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config,
+                "size": len(config_bytes),
+            },
+            "layers": [
+                {"mediaType": GZIP_LAYER, "digest": d, "size": len(layer)}
+                for d, layer in zip(digests, layers, strict=True)
+            ],
         }
         content.manifest(manifest, tag="1")
         servers.append(Server(content.route))

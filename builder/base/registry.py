@@ -55,7 +55,7 @@ def probe_registry(image: str, cache: Cache) -> BaseProfile:
                     record["arches"] = dict(probed)
             except (KeyError, TypeError, AttributeError) as exc:  # JSON of the wrong shape
                 raise RegistryError(
-                    f"{client.label}: malformed image config"
+                    f"{client.label}: malformed manifest or image config"
                     f" ({type(exc).__name__}: {str(exc)[:100]})"
                 ) from None
             if not record["arches"]:
