@@ -2,21 +2,22 @@
 
 uid 65532 cannot write `__pycache__` in a read-only layer, so extras shipped without `.pyc`
 are compiled from source in every sandbox command (issue 19). Splitting the extras into one
-layer per distribution (issue 20) makes every failed path lookup of the import system cross
+layer per distribution (issue 20) may make the import system's failed path lookups cross
 more overlay lower layers. This benchmark builds the same requirement set six ways on the same
 base and measures what a sandbox pays, so the layout is chosen on figures:
 
     a  hand-written: a builder stage `pip install --target --no-deps` (timestamp .pyc)
     b  one deps-extra layer, no bytecode (the tool today)
     c  one deps-extra layer + one bytecode layer (unchecked-hash .pyc, builder.image.bytecode)
-    d  one layer per distribution + one bytecode layer
+    d  one layer per distribution (largest lowest) + one bytecode layer
     e  one layer per distribution + one bytecode layer per distribution (2N layers)
     f  one layer per distribution, each holding its own bytecode (N layers)
 
 Each image runs as the platform runs it (read-only root, uid 65532, no capabilities,
 no-new-privileges, tmpfs /workspace and /tmp); inside, `python3 -c` times the imports with
 perf_counter and a parent interpreter times the whole child. Runs are interleaved across
-images after one discarded warm-up round; figures are medians. Container start is
+images after one discarded warm-up round; the report gives medians, minimums and the child's
+CPU time (user+sys), which a busy machine disturbs far less than wall time. Container start is
 `docker run` of the image's own entrypoint to the first `GET /` 200. The cold bytecode compile
 (`Compiler`, a fresh cache) is timed against writing the deps layer, with COMPILERS 2 and 1.
 
@@ -97,7 +98,7 @@ if child.returncode:
     sys.exit(child.stderr[-2000:])
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"inside": float(child.stdout.split()[-1]), "interpreter": wall,
-                  "cpu": usage.ru_utime + usage.ru_stime}))
+                  "cpu": usage.ru_utime + usage.ru_stime, "system": usage.ru_stime}))
 """
 CHILD = "import time; t = time.perf_counter(); {body}; print(time.perf_counter() - t)"
 FINAL = f"ENV PYTHONPATH=/app/deps:{ROOT}\nUSER 65532:65532\n"
@@ -125,7 +126,7 @@ class Variant:
     image: str = ""
     layers: int = 0
     added: int = 0  # image size minus the base's
-    # seconds by measure: inside, interpreter, cpu, docker_run (from Run), start
+    # seconds by measure: inside, interpreter, cpu, system, docker_run (from Run), start
     samples: dict[str, list[float]] = field(default_factory=dict)
 
     def median(self, measure: str) -> float:
@@ -191,6 +192,9 @@ def _dist(wheel: Path) -> str:
 def ensure_base(base: str | None) -> tuple[str, bool]:
     """The base image, and whether this run built it (the reference base, BuildKit-cached)."""
     if base:
+        present = subprocess.run([DOCKER, "image", "inspect", base], capture_output=True)
+        if present.returncode:
+            sys.exit(f"{base}: no such image on this engine (nothing is pulled)")
         return base, False
     command = [str(REPO / ".venv/bin/build-sandbox-image"), "base", "--tag", DEFAULT_BASE]
     command += ["--from", "python:3.13-slim-trixie"]
@@ -360,6 +364,7 @@ class Run:
     inside: float  # perf_counter around the body, in the child
     interpreter: float  # the child's wall, from its parent in the container
     cpu: float  # the child's user + system
+    system: float  # the child's system time: where the kernel's path lookups show
     docker_run: float  # the whole `docker run`, from the host
 
 
@@ -369,7 +374,7 @@ def run_python(image: str, body: str) -> Run:
     command += ["-c", TIMER, CHILD.format(body=body)]
     out, wall = timed(lambda: docker_cli(*command, quiet=False))
     figures = json.loads(out.strip().splitlines()[-1])
-    return Run(figures["inside"], figures["interpreter"], figures["cpu"], wall)
+    return Run(figures["inside"], figures["interpreter"], figures["cpu"], figures["system"], wall)
 
 
 def free_port() -> int:
@@ -439,16 +444,16 @@ def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -
         )
     lines += [
         "",
-        "seconds, medians (import: perf_counter in the child; cpu: the child's user+sys;"
+        "seconds, medians (import: perf_counter in the child; cpu: the child's user+sys, sys;"
         " interp: the child's wall; run: docker run; start: docker run -> GET / 200)",
-        f"{'':3}{'image':32}{'import':>8}{'min':>7}{'cpu':>7}{'interp':>8}{'run':>7}"
+        f"{'':3}{'image':32}{'import':>8}{'min':>7}{'cpu':>7}{'sys':>7}{'interp':>8}{'run':>7}"
         f"{'start':>7}{'import/a':>10}{'cpu/a':>7}",
     ]
     hand = by["a"]
     for v in images:
         lines.append(
             f"{v.key:3}{v.title:32}{v.median('inside'):>8.3f}{v.least('inside'):>7.3f}"
-            f"{v.median('cpu'):>7.3f}{v.median('interpreter'):>8.3f}"
+            f"{v.median('cpu'):>7.3f}{v.median('system'):>7.3f}{v.median('interpreter'):>8.3f}"
             f"{v.median('docker_run'):>7.2f}{v.median('start'):>7.3f}"
             f"{v.median('inside') / hand.median('inside'):>9.3f}x"
             f"{v.median('cpu') / hand.median('cpu'):>6.3f}x"
@@ -458,7 +463,7 @@ def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -
         f"startup floor (c, python3 -c pass): interp {floor['interpreter']:.3f} s,"
         f" docker run {floor['docker_run']:.2f} s",
         "",
-        "ratios: import median / min / cpu median",
+        "ratios: import median / min / cpu median / sys median",
     ]
     pairs = [("c", "b", "the bytecode win"), ("c", "a", "ours vs hand-written")]
     pairs += [(k, "c", "many layers vs one") for k in "def"] + [("d", "a", ""), ("f", "a", "")]
@@ -467,7 +472,8 @@ def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -
         lines.append(
             f"  {top}/{bottom}: {high.median('inside') / low.median('inside'):.3f}x"
             f" / {high.least('inside') / low.least('inside'):.3f}x"
-            f" / {high.median('cpu') / low.median('cpu'):.3f}x  {what}"
+            f" / {high.median('cpu') / low.median('cpu'):.3f}x"
+            f" / {high.median('system') / low.median('system'):.3f}x  {what}"
         )
     lines.append("container start vs b (one layer, no bytecode), median / min:")
     lines += [
