@@ -18,6 +18,7 @@ from pathlib import Path
 import docker
 
 from builder.analysis.plan import Plan
+from builder.attachments import build_parameters
 from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.config import PipelineConfig, RunSettings, set_platform_version
@@ -62,6 +63,7 @@ def build_delivery(
         container=settings.container,
         warm_pools=settings.warm_pools,
         state=state,
+        parameters=build_parameters(plan, request),
     )
 
 
@@ -173,6 +175,7 @@ def _upgrade(
         container=config.container,
         warm_pools=config.warm_pools,
         state=StateRecord(config.state, new_version, unpushed_too=True),
+        parameters=build_parameters(plan, request),
     )
     ahead, stages = started
     if path == "build" or previous is None or previous.image is None:

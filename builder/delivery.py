@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +27,8 @@ import docker
 
 from builder import credentials
 from builder.analysis.plan import Plan
+from builder.attachments import Attestable, ImageFactsRequest, attestable
+from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.render import update_report
@@ -53,6 +56,8 @@ class Produced:
     early_bytes: int = 0  # what the producer had to write itself (a rebase that pulls)
     verification: VerifyReport | None = None
     digest: str | None = None  # its manifest, as written
+    holding_layers: Mapping[str, str] = field(default_factory=dict)  # dist -> its layer's diff ID
+    attestable: Attestable | None = None  # its SBOM and provenance facts, read before verifying
 
 
 class Producer(Protocol):
@@ -103,6 +108,7 @@ class Delivery:
     container: str | None = None
     warm_pools: tuple[Path, ...] = ()
     state: StateRecord | None = None
+    parameters: BuildParameters = field(default_factory=lambda: BuildParameters(()))  # asked
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     A failed production raises (once the other arches end) and a failed verification returns
     before anything is written: no tag moves, the template is untouched, no state is recorded.
     """
-    produced = _produce_and_verify(producer, plan, delivery.verify, run)
+    produced = _produce_and_verify(producer, plan, delivery, run)
     outcome = Outcome(plan, producer.path, produced, producer.label)
     outcome.verification = VerifyReport.merged(
         producer.label, [(p.arch, p.verification) for p in produced if p.verification]
@@ -163,8 +169,13 @@ def native_arch(client: docker.DockerClient) -> str | None:
     return native.architecture if native else None
 
 
-def _produce_and_verify(producer: Producer, plan: Plan, verify: bool, run: Run) -> list[Produced]:
+def _produce_and_verify(
+    producer: Producer, plan: Plan, delivery: Delivery, run: Run
+) -> list[Produced]:
+    """Every arch at once; each read for its SBOM as it arrives, then verified against it."""
     native = native_arch(run.client)
+    started = datetime.now(UTC)
+    repository = str(delivery.push.repository) if delivery.push else producer.label
     arches = sorted((a.arch for a in plan.arches), key=lambda arch: arch != native)
     found: dict[str, Produced] = {}
     with ThreadPoolExecutor(max_workers=len(arches)) as pool:
@@ -174,13 +185,19 @@ def _produce_and_verify(producer: Producer, plan: Plan, verify: bool, run: Run) 
             futures[pool.submit(producer.produce, arch)] = arch
         for future in as_completed(futures):
             one = future.result()
-            if verify:
+            if delivery.verify or delivery.push:  # its SBOM is verified, or attached
+                facts = ImageFactsRequest(
+                    plan, one.arch, one.engine_name, one.config, repository, one.holding_layers
+                )
+                one.attestable = attestable(run.client, facts, delivery.parameters, started)
+            if delivery.verify:
                 run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened ...")
                 one.verification = verify_image(
                     one.engine_name,
                     modules=plan.import_modules,
                     checks=plan.runtime_checks,
                     client=run.client,
+                    sbom=one.attestable.sbom() if one.attestable else None,
                 )
             found[one.arch] = one
     return [found[arch] for arch in arches]
@@ -208,8 +225,16 @@ def _write(producer: Producer, produced: list[Produced], target: Target, run: Ru
         if len(images) > 1:
             platforms = [Platform.linux(one.arch) for one in produced]
             index = Index.build(zip(platforms, images, strict=True), target.annotations)
-        written = write(registry, images, blobs, index=index, tags=[target.tag])
+        attached = {
+            image.digest: one.attestable.attachments(str(target.repository), image.digest)
+            for one, image in zip(produced, images, strict=True)
+            if one.attestable is not None
+        }
+        written = write(
+            registry, images, blobs, index=index, tags=[target.tag], attachments=attached
+        )
     for one, image in zip(produced, images, strict=True):
+        _record_attachments(one, run.output)
         one.digest = image.digest
         one.record["digest"] = image.digest
         if one.deps_layer is not None:  # the tar's facts, and now its blob's digest and size
@@ -217,6 +242,15 @@ def _write(producer: Producer, produced: list[Produced], target: Target, run: Ru
         one.record["image_size"] = image.size
     early = sum(one.early_bytes for one in produced)
     return Written(written.repository, written.digest, written.tags, written.bytes_uploaded + early)
+
+
+def _record_attachments(one: Produced, output: Path) -> None:
+    """The documents attached to `one`, written beside report.json and named in its record."""
+    if one.attestable is None:
+        return
+    for name, document in one.attestable.documents.items():
+        (output / name).write_bytes(document)
+    one.record["attachments"] = sorted(one.attestable.documents)
 
 
 def _point_template(outcome: Outcome, delivery: Delivery) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import io
 import json
+import re
 import tarfile
 import urllib.error
 import urllib.request
@@ -26,6 +27,9 @@ MANIFEST_TYPES = ", ".join(
         "application/vnd.oci.image.index.v1+json",
     ]
 )
+
+# The referrers tag schema's tags (distribution spec 1.1): an index of an image's attachments.
+REFERRERS_TAG = re.compile(r"sha256-[0-9a-f]{64}")
 
 # Environment variables the builder reads push credentials from.
 CREDENTIAL_VARS = (
@@ -62,11 +66,16 @@ def registry_get(registry: RegistryLike, path: str) -> http.client.HTTPResponse:
     return NO_PROXY_OPENER.open(request, timeout=10)
 
 
-def registry_tags(registry: RegistryLike, repo: str) -> list[str]:
-    """The tags the registry holds for `repo`, sorted; none if it has never seen the repository."""
+def registry_tags(registry: RegistryLike, repo: str, referrers: bool = False) -> list[str]:
+    """The tags the registry holds for `repo`, sorted; none if it has never seen the repository.
+
+    The referrers tag schema's `sha256-<hex>` tags (an image's attachments, where the registry
+    has no referrers API) are left out unless `referrers`: they are not tags a push names.
+    """
     try:
         with registry_get(registry, f"/v2/{repo}/tags/list") as response:
-            return sorted(json.load(response).get("tags") or [])
+            tags = sorted(json.load(response).get("tags") or [])
+            return [t for t in tags if referrers or not REFERRERS_TAG.fullmatch(t)]
     except urllib.error.HTTPError as exc:
         assert exc.code == 404, exc
         return []

@@ -233,11 +233,17 @@ def rebase_onto_same_base(previous: Previous, target: str, client: docker.Docker
     """The rebase producer on the previous image's own base, no apt layer, then the one
     delivery: verify, push, tag."""
     plan: Any = SimpleNamespace(
-        base=SimpleNamespace(image=previous.base_tag, digest=previous.base_digest),
+        base=SimpleNamespace(
+            image=previous.base_tag,
+            digest=previous.base_digest,
+            python_version="3.13.5",
+            packages={},
+        ),
         base_image=f"{previous.base_tag}@{previous.base_digest}",
-        arches=(SimpleNamespace(arch="amd64", apt_packages=()),),
+        arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=()),),
         import_modules=(MODULE,),
         runtime_checks=(),
+        pythonpath_entry="/app/deps-extra",
     )
     finished = Finish({}, previous.labels, CREATED, previous.cache)
     run = Run(client, previous.cache, previous.output, QUIET)

@@ -5,9 +5,10 @@ is narrowed with `Index.pick` (the one variant rule), a plain manifest is taken 
 is of the platform (or names none). `write` is the one way images reach a registry: every blob
 is made present (HEAD, else a cross-repository mount from a known repository of the same
 registry, else an upload from where `Blobs` says it is: a file, bytes, or another registry's
-repository streamed across and verified on both ends), each manifest is PUT by digest, an index
-after its images, and only then are tags moved: until the last PUT no tag has changed, so a
-failure part-way leaves the old tags as they were.
+repository streamed across and verified on both ends), each manifest is PUT by digest, then the
+images' attachments (builder.oci.referrers), an index after its images, and only then are tags
+moved: until the last PUT no tag has changed, so a failure part-way leaves the old tags as
+they were.
 """
 
 from __future__ import annotations
@@ -21,7 +22,26 @@ from typing import TypeVar
 from builder.errors import RegistryError, UserError
 from builder.oci.client import Registry
 from builder.oci.name import TAG_RE
-from builder.oci.v1 import Image, Index, Platform, is_index
+from builder.oci.referrers import (
+    Attachment,
+    Referrer,
+    api_listing,
+    artifact_manifest,
+    fallback_listing,
+    fallback_tag,
+    referrers_index,
+)
+from builder.oci.v1 import (
+    EMPTY_CONFIG,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Descriptor,
+    Image,
+    Index,
+    Platform,
+    digest_of,
+    is_index,
+)
 
 
 @dataclass(frozen=True)
@@ -179,11 +199,14 @@ def write(
     *,
     index: Index | None = None,
     tags: Sequence[str] = (),
+    attachments: Mapping[str, Sequence[Attachment]] | None = None,
 ) -> Written:
     """Write `images` (and the `index` naming them) by digest, then move `tags` to it.
 
-    The tags name the index, or the one image when there is no index. All or nothing: no tag
-    moves before every blob and manifest is in the registry.
+    The tags name the index, or the one image when there is no index. `attachments` (by image
+    digest: its SBOM, its provenance) are attached once the images are in and before the index
+    and the tags. All or nothing: no tag moves before every blob, manifest and attachment is in
+    the registry.
     """
     if index is None and len(images) != 1 and tags:
         raise ValueError("tags name one image or an index")
@@ -192,12 +215,38 @@ def write(
         uploaded += upload_blobs(target, image, blobs)
         target.put_manifest(image.digest, image.manifest_bytes, image.media_type)
         uploaded += len(image.manifest_bytes)
+    for image in images:
+        uploaded += attach(target, image.descriptor(), (attachments or {}).get(image.digest, ()))
     top: Image | Index = index if index is not None else images[0]
     if index is not None:
         target.put_manifest(index.digest, index.manifest_bytes, index.media_type)
         uploaded += len(index.manifest_bytes)
     names = move_tags(target, top, tags)
     return Written(target.label, top.digest, names, uploaded)
+
+
+def attach(target: Registry, subject: Descriptor, attachments: Sequence[Attachment]) -> int:
+    """Push each attachment of `subject` and list it where clients look; returns bytes sent.
+
+    The subject's manifest must already be in `target`. Without a referrers API the fallback
+    index is read and written back with the new entries added (none twice, none dropped).
+    """
+    sent = 0
+    found: list[Referrer] = []
+    for attachment in attachments:
+        for blob in (EMPTY_CONFIG, attachment.document):
+            if not target.blob_exists(digest_of(blob)):
+                target.upload_blob(blob, digest_of(blob))
+                sent += len(blob)
+        manifest = artifact_manifest(subject, attachment)
+        target.put_manifest(digest_of(manifest), manifest, OCI_MANIFEST)
+        sent += len(manifest)
+        found.append(Referrer(digest_of(manifest), len(manifest), attachment.artifact_type))
+    if found and api_listing(target, subject.digest) is None:
+        index = referrers_index(fallback_listing(target, subject.digest), found)
+        target.put_manifest(fallback_tag(subject.digest), index, OCI_INDEX)
+        sent += len(index)
+    return sent
 
 
 def move_tags(target: Registry, top: Image | Index, tags: Sequence[str]) -> tuple[str, ...]:

@@ -31,6 +31,8 @@ INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_INDEX})
 IMAGE_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
 MANIFEST_TYPES = (OCI_INDEX, DOCKER_INDEX, OCI_MANIFEST, DOCKER_MANIFEST)  # Accept, in order
 GZIP_LAYERS = frozenset({DOCKER_LAYER, OCI_LAYER})
+OCI_EMPTY = "application/vnd.oci.empty.v1+json"  # an artifact's config: the 2-byte `{}` blob
+EMPTY_CONFIG = b"{}"
 
 # uname -m (and wheel platform suffixes) -> the OCI architecture name
 MACHINES = MappingProxyType({"x86_64": "amd64", "aarch64": "arm64"})

@@ -15,6 +15,7 @@ from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import hardened, image_user_check
 from builder.verify.discovery import check_snippet, import_checks, modules_of
+from builder.verify.inventory import sbom_check
 from builder.verify.report import Check, CheckFailed, ContractViolation, VerifyReport, run_check
 from builder.verify.sdk import sdk_checks
 
@@ -35,6 +36,7 @@ def verify_image(
     client: docker.DockerClient | None = None,
     startup_timeout: float | None = None,
     sdk: bool | None = None,
+    sbom: bytes | None = None,
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
@@ -44,6 +46,8 @@ def verify_image(
     engine's, so every caller gets the emulated bound without knowing the arch.
     `sdk`: run the upstream SDK's round trip too; None runs it when the SDK is installed, True
     fails the report when it is not, False leaves it out.
+    `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
+    holds (every distribution on PYTHONPATH and every dpkg package, both ways).
     """
     own_client = client is None
     client = client or engine_client()
@@ -56,6 +60,8 @@ def verify_image(
         with hardened(client, image, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
             report.checks += served_checks(running.sandbox, modules, checks, distributions, sdk)
+            if sbom is not None:
+                report.checks.append(sbom_check(running.sandbox, sbom))
             report.checks.append(run_check("still-serving", running.still_serving))
     except CheckFailed as failure:
         report.checks.append(Check("health", False, str(failure)))

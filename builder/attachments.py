@@ -1,0 +1,192 @@
+"""What delivery attaches to each arch image: its SBOM and its provenance, from its facts.
+
+The facts are read out of the engine image that is verified (builder.image.inventory: dpkg's
+status, every METADATA on PYTHONPATH) and joined with what the plan knows and the image
+cannot say: each extra's wheel (URL, sha256), the base by digest, which Debian packages the
+base brought, the target's marker environment. They are read once, before verification, so
+verify can compare the running image with the SBOM; the documents are rendered again with
+the manifest digest once the image value to write exists (only the root's name depends on
+it), and pushed with it by builder.oci.remote.write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import docker
+
+from builder.analysis.plan import EXTRA_DEPS, Plan
+from builder.analysis.target import ARCHES, Target
+from builder.attest import provenance, sbom
+from builder.attest.contents import (
+    DebianPackage,
+    PythonDistribution,
+    WheelOrigin,
+    debian_packages,
+    distribution,
+)
+from builder.attest.provenance import BuildParameters, BuildRun, InputFile
+from builder.image.inventory import image_facts
+from builder.oci.referrers import Attachment
+from builder.oci.v1 import digest_of
+from builder.pipeline import Request, platform_version
+
+BASE_DEPS = "/app/deps"
+SBOM_FILE = "sbom-{arch}.cdx.json"
+PROVENANCE_FILE = "provenance-{arch}.intoto.json"
+
+
+def tool_version() -> str:
+    try:
+        return version("build-sandbox-image")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def input_files(paths: tuple[Path, ...]) -> tuple[InputFile, ...]:
+    """Files the operator gave, by name and content hash (what provenance names them by)."""
+    return tuple(InputFile(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in paths)
+
+
+def build_parameters(plan: Plan, request: Request) -> BuildParameters:
+    """What the operator asked for, as the provenance names it: files by hash, apt secrets
+    by the id BuildKit mounts them under (never their contents)."""
+    secrets = request.secrets
+    return BuildParameters(
+        requirements=input_files(request.requirement_files),
+        constraints=input_files(request.constraint_files),
+        overrides=input_files(request.overrides),
+        arches=tuple(a.arch for a in plan.arches),
+        platform_version=platform_version(plan.base_image, request.platform_version),
+        base_image=plan.base_image,
+        flags={
+            "with_optional": request.with_optional,
+            "apt_secrets": ",".join(
+                name
+                for name, used in (("apt-ca", secrets.apt_ca), ("apt-auth", secrets.apt_auth))
+                if used
+            ),
+        },
+    )
+
+
+@dataclass
+class Attestable:
+    """One arch image's SBOM facts and provenance run, everything but its manifest digest."""
+
+    contents: sbom.ImageContents
+    run: BuildRun
+    parameters: BuildParameters
+    documents: dict[str, bytes] = field(default_factory=dict)  # file name -> bytes, once written
+
+    def sbom(self, digest: str | None = None) -> bytes:
+        """The SBOM; without a digest, named by the image id (what verify compares is the same)."""
+        return sbom.sbom_document(replace(self.contents, digest=digest or self.contents.digest))
+
+    def attachments(self, repository: str, digest: str) -> tuple[Attachment, ...]:
+        """The SBOM and the provenance of the image written as `repository@digest`."""
+        contents = replace(self.contents, repository=repository, digest=digest)
+        run = replace(self.run, repository=repository, digest=digest, finished=datetime.now(UTC))
+        arch = self.contents.arch
+        document = sbom.sbom_document(contents)
+        statement = provenance.provenance_document(self.parameters, run)
+        self.documents = {
+            SBOM_FILE.format(arch=arch): document,
+            PROVENANCE_FILE.format(arch=arch): statement,
+        }
+        return (
+            Attachment(sbom.MEDIA_TYPE, document),
+            Attachment(provenance.MEDIA_TYPE, statement),
+        )
+
+
+@dataclass(frozen=True)
+class ImageFactsRequest:
+    """Which arch image to read, under what name, and what the plan adds to its facts."""
+
+    plan: Plan
+    arch: str
+    engine_name: str
+    config: bytes  # the config verified: its id names the image until it has a digest
+    repository: str
+    extras_layers: Mapping[str, str] = field(default_factory=dict)  # dist name -> diff ID
+    base_wheels: Mapping[str, WheelOrigin] = field(default_factory=dict)  # /app/deps' locks
+
+
+def attestable(
+    client: docker.DockerClient,
+    request: ImageFactsRequest,
+    parameters: BuildParameters,
+    started: datetime,
+) -> Attestable:
+    """Read the image's facts and join them with the plan's."""
+    plan, arch = request.plan, request.arch
+    entries = [e for e in dict.fromkeys((BASE_DEPS, plan.pythonpath_entry, EXTRA_DEPS)) if e]
+    facts = image_facts(client, request.engine_name, entries)
+    debian = debian_packages(facts.dpkg_status)
+    base_debian = _base_packages(plan, arch, debian)
+    config = json.loads(request.config)
+    epoch = int(datetime.fromisoformat(str(config.get("created"))).timestamp())
+    environment = Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch])
+    wheels = {
+        w.name: WheelOrigin(w.filename, w.url, w.sha256)
+        for a in plan.arches
+        if a.arch == arch
+        for w in a.wheels
+    }
+    top = (config.get("rootfs") or {}).get("diff_ids") or [""]
+    python: list[PythonDistribution] = []
+    for location, text in facts.metadata:
+        found = distribution(text, location, environment)
+        if location == BASE_DEPS:
+            found = replace(found, wheel=request.base_wheels.get(found.name))
+        else:
+            layer = request.extras_layers.get(found.name, top[-1])
+            found = replace(found, wheel=wheels.get(found.name), layer=layer)
+        python.append(found)
+    image_id = digest_of(request.config)
+    contents = sbom.ImageContents(
+        repository=request.repository,
+        digest=image_id,
+        arch=arch,
+        base_reference=plan.base.image,
+        base_digest=plan.base.digest or "",
+        debian=debian,
+        base_debian=base_debian,
+        python=tuple(python),
+        created=sbom.timestamp(epoch),
+        tool_version=tool_version(),
+    )
+    in_base = set(base_debian)
+    run = BuildRun(
+        repository=request.repository,
+        digest=image_id,
+        arch=arch,
+        base_reference=plan.base.image,
+        base_digest=plan.base.digest or "",
+        wheels=tuple(wheels.values()),
+        apt=tuple(p for p in debian if p not in in_base),
+        source_date_epoch=epoch,
+        tool_version=contents.tool_version,
+        started=started,
+        finished=started,
+        internal={"python": plan.base.python_version},
+    )
+    return Attestable(contents, run, parameters)
+
+
+def _base_packages(
+    plan: Plan, arch: str, debian: tuple[DebianPackage, ...]
+) -> tuple[DebianPackage, ...]:
+    """The base's packages: by the probed base's list, else all but the apt layer's."""
+    names = plan.base.packages.get(arch)
+    if names is None:
+        added = {p for a in plan.arches if a.arch == arch for p in a.apt_packages}
+        return tuple(p for p in debian if p.name not in added)
+    return tuple(p for p in debian if p.name in names)

@@ -1,0 +1,196 @@
+"""Every pushed image carries its SBOM and provenance (issue 21), on the real engine and registry.
+
+The reference base is pushed to the local registry (one arch), and a build on it of a
+synthetic wheel whose extension links libgomp (so the apt layer installs the real `libgomp1`)
+is pushed. The attachments are then found through the referrers tag schema fallback (the
+registry here has no referrers API), read back, checked against the CycloneDX 1.6 schema and
+against the image itself; verify is shown to fail an SBOM that omits an installed
+distribution; `sbom` prints what is attached, and names an image that has none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Registry as LocalRegistry
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+from wheelfactory import compile_so, make_wheel
+from wheelindex import serve_wheel
+
+from builder.image.push_images import push
+from builder.oci.auth import Credentials
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.referrers import attached_document, referrers
+from builder.verify import verify_image
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUN = uuid.uuid4().hex[:8]
+TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"
+SBOM = "application/vnd.cyclonedx+json"
+INTOTO = "application/vnd.in-toto+json"
+
+
+def tool(registry: LocalRegistry, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "BSI_REGISTRY_USER": registry.user,
+        "BSI_REGISTRY_PASSWORD": registry.password,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "builder", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=1800,
+    )
+
+
+def client_of(registry: LocalRegistry, repository: str) -> Registry:
+    ref = ImageRef.parse(f"{registry.host}/{repository}:x")
+    return Registry(ref, credentials=Credentials(registry.user, registry.password, "test"))
+
+
+@dataclass
+class Pushed:
+    repository: str  # host/path
+    digest: str  # the amd64 image's manifest digest (one arch: what the tag names)
+    context: Path
+    report: dict[str, Any]
+    wheel_sha256: str
+    local_tag: str
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def base(registry: LocalRegistry, reference_image: str, docker_client: Any) -> str:
+    """The reference base in the local registry, as an index of its amd64 image."""
+    reference = f"{registry.host}/bsi-attach-{RUN}/runtime:1.0"
+    env = {"BSI_REGISTRY_USER": registry.user, "BSI_REGISTRY_PASSWORD": registry.password}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        push(docker_client, ImageRef.parse(reference), {"amd64": reference_image})
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return reference
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry, base: str) -> Pushed:
+    tmp_path = tmp_path_factory.mktemp("attach")
+    core = compile_so(tmp_path, "int train(void) { return 1; }\n", "core.so", libs=["gomp"])
+    wheel = make_wheel(
+        tmp_path / "wheels",
+        "gompy",
+        "1.0",
+        TAG,
+        {
+            "gompy/__init__.py": b"",
+            "gompy/_core.cpython-313-x86_64-linux-gnu.so": core.read_bytes(),
+        },
+        top_level=["gompy"],
+    )
+    repository = f"{registry.host}/bsi-attach-{RUN}/gompy"
+    local_tag = f"bsi-attach-{RUN}/gompy:test"
+    with serve_wheel(wheel, "gompy") as port:
+        requirements = tmp_path / "requirements.txt"
+        requirements.write_text(f"--extra-index-url http://127.0.0.1:{port}/simple\ngompy\n")
+        result = tool(
+            registry, "-r", str(requirements), "--base-image", base, "--arch", "amd64",
+            "--tag", local_tag, "--push", repository,
+            "--output", str(tmp_path / "context"), "--cache-dir", str(tmp_path / "cache"),
+        )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "context" / "report.json").read_text())["image"]
+    return Pushed(
+        repository,
+        report["digest"],
+        tmp_path / "context",
+        report,
+        hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        local_tag,
+        result.stdout,
+    )
+
+
+def attached(registry: LocalRegistry, pushed: Pushed) -> dict[str, bytes]:
+    target = client_of(registry, pushed.repository.split("/", 1)[1])
+    return {r.artifact_type: attached_document(target, r) for r in referrers(target, pushed.digest)}
+
+
+def test_the_sbom_and_provenance_are_found_through_the_fallback_tag(
+    registry: LocalRegistry, pushed: Pushed
+) -> None:
+    documents = attached(registry, pushed)
+    assert set(documents) == {SBOM, INTOTO}
+    assert documents[SBOM] == (pushed.context / "sbom-amd64.cdx.json").read_bytes()
+    assert documents[INTOTO] == (pushed.context / "provenance-amd64.intoto.json").read_bytes()
+    assert pushed.report["attachments"] == ["provenance-amd64.intoto.json", "sbom-amd64.cdx.json"]
+    statement = json.loads(documents[INTOTO])
+    assert statement["subject"][0]["digest"] == {"sha256": pushed.digest.removeprefix("sha256:")}
+    resolved = {
+        d["name"]: d for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+    }
+    assert resolved[f"gompy-1.0-{TAG}.whl"]["digest"] == {"sha256": pushed.wheel_sha256}
+    assert "libgomp1" in resolved
+
+
+def test_the_sbom_is_valid_and_lists_the_wheel_and_the_apt_package(
+    registry: LocalRegistry, pushed: Pushed, test_env: dict
+) -> None:
+    document = attached(registry, pushed)[SBOM]
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(document.decode()) is None
+    data = json.loads(document)
+    assert data["metadata"]["component"]["version"] == pushed.digest
+    by_name = {c["name"]: c for c in data["components"]}
+    gompy = by_name["gompy"]
+    assert gompy["hashes"] == [{"alg": "SHA-256", "content": pushed.wheel_sha256}]
+    assert {"name": "build-sandbox-image:location", "value": "/app/deps-extra"} in gompy[
+        "properties"
+    ]
+    installed = subprocess.run(
+        [test_env["docker"], "run", "--rm", "--entrypoint", "dpkg-query", pushed.local_tag,
+         "-W", "-f", "${Version}", "libgomp1"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    gomp = by_name["libgomp1"]
+    assert gomp["version"] == installed
+    assert gomp["purl"].startswith(f"pkg:deb/debian/libgomp1@{installed}?arch=amd64")
+    assert {"name": "build-sandbox-image:layer", "value": "apt"} in gomp["properties"]
+    assert "pandas" in by_name  # the base's /app/deps
+
+
+def test_the_delivery_verified_the_image_against_its_sbom(pushed: Pushed) -> None:
+    checks = {c["name"]: c for c in pushed.report["verification"]["checks"]}
+    assert checks["sbom"]["passed"], checks["sbom"]
+    assert "PASS  sbom" in pushed.stdout
+
+
+def test_verify_fails_an_sbom_that_omits_an_installed_distribution(
+    registry: LocalRegistry, pushed: Pushed, docker_client: Any
+) -> None:
+    data = json.loads(attached(registry, pushed)[SBOM])
+    data["components"] = [c for c in data["components"] if c["name"] != "gompy"]
+    omitting = json.dumps(data).encode()
+    report = verify_image(pushed.local_tag, client=docker_client, sdk=False, sbom=omitting)
+    (line,) = [c for c in report.checks if c.name == "sbom"]
+    assert not line.passed and not report.passed
+    assert "1 installed but not in the SBOM (pypi:gompy==1.0)" in line.detail
