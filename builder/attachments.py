@@ -21,6 +21,7 @@ from pathlib import Path
 
 import docker
 
+from builder import credentials
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.analysis.target import ARCHES, Target
 from builder.attest import provenance, sbom
@@ -32,9 +33,13 @@ from builder.attest.contents import (
     distribution,
 )
 from builder.attest.provenance import BuildParameters, BuildRun, InputFile
+from builder.engine import engine_client
+from builder.errors import RegistryError, UserError
 from builder.image.inventory import image_facts
-from builder.oci.referrers import Attachment
-from builder.oci.v1 import digest_of
+from builder.oci.name import ImageRef
+from builder.oci.referrers import Attachment, attached_document, referrers
+from builder.oci.remote import read
+from builder.oci.v1 import Index, Platform, digest_of
 from builder.pipeline import Request, platform_version
 
 BASE_DEPS = "/app/deps"
@@ -190,3 +195,61 @@ def _base_packages(
         added = {p for a in plan.arches if a.arch == arch for p in a.apt_packages}
         return tuple(p for p in debian if p.name not in added)
     return tuple(p for p in debian if p.name in names)
+
+
+@dataclass(frozen=True)
+class Attached:
+    """What one arch image of a reference carries: its digest and the document asked for."""
+
+    arch: str
+    digest: str
+    document: bytes | None  # None: nothing of that type is attached
+
+
+def read_attached(reference: str, artifact_type: str, arch: str | None = None) -> list[Attached]:
+    """The `artifact_type` document attached to each arch image `reference` names (an index:
+    the arch asked, or every one it lists; an image: that image)."""
+    ref = ImageRef.parse(reference)
+    registry = credentials.registry(ref, reference)
+    found = read(registry)
+    if isinstance(found, Index):
+        wanted = (
+            [arch] if arch else [e.platform.architecture for e in found.manifests if e.platform]
+        )
+        images = []
+        for name in dict.fromkeys(wanted):
+            entry = found.pick(Platform.linux(name))
+            if entry is None:
+                raise UserError(f"{reference}: no linux/{name} image in its index")
+            images.append((name, entry.digest))
+    else:
+        if arch and found.architecture and found.architecture != arch:
+            raise UserError(f"{reference} is a {found.architecture} image, not {arch}")
+        images = [(found.architecture or arch or "", found.digest)]
+    result = []
+    for name, digest in images:
+        kinds = [r for r in referrers(registry, digest) if r.artifact_type == artifact_type]
+        document = attached_document(registry, kinds[-1]) if kinds else None
+        result.append(Attached(name, digest, document))
+    return result
+
+
+def attached_sbom(image: str) -> bytes | None:
+    """The SBOM attached to a pushed image (of an index: the engine's arch, the image verify
+    runs), for verify to compare; None when `image` names no registry (a local image, a Hub
+    name), or nothing is attached to it."""
+    try:
+        ref = ImageRef.parse(image)
+    except UserError:
+        return None
+    if ref.is_hub:  # a local name, or Docker Hub: not where this tool pushes
+        return None
+    client = engine_client()
+    machine = str(client.info().get("Architecture") or "") if client else ""
+    native = Platform.of_machine(machine)
+    arch = native.architecture if native else None
+    try:
+        found = read_attached(image, sbom.MEDIA_TYPE, arch)
+    except (RegistryError, UserError):
+        return None
+    return found[0].document if found else None

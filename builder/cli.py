@@ -17,8 +17,10 @@ from builder.analysis.plan import Plan
 from builder.analysis.requirements import distribution_names, redact_credentials
 from builder.analysis.sizes import human, size_figures
 from builder.analysis.target import ARCHES
+from builder.attachments import attached_sbom
 from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
+from builder.cli_sbom import sbom_command
 from builder.commands import build_delivery, build_images
 from builder.commands import rebuild as run_rebuild
 from builder.config import RunSettings, load_config, merge
@@ -363,6 +365,7 @@ def note(line: str) -> None:
 
 
 REPORTER = Reporter(note)
+main.add_command(sbom_command)
 
 
 @main.command("verify")
@@ -403,6 +406,7 @@ def verify_command(
         checks=snippets,
         distributions=distribution_names(requirements) if requirements else (),
         sdk=True if "sdk" in clients else None,
+        sbom=attached_sbom(image),
     )
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:

@@ -194,3 +194,28 @@ def test_verify_fails_an_sbom_that_omits_an_installed_distribution(
     (line,) = [c for c in report.checks if c.name == "sbom"]
     assert not line.passed and not report.passed
     assert "1 installed but not in the SBOM (pypi:gompy==1.0)" in line.detail
+
+
+def test_sbom_prints_what_an_earlier_run_attached(registry: LocalRegistry, pushed: Pushed) -> None:
+    tag = pushed.report["tags"][0]
+    result = tool(registry, "sbom", tag)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n").encode() == attached(registry, pushed)[SBOM]
+    statement = tool(registry, "sbom", tag, "--arch", "amd64", "--provenance")
+    assert statement.returncode == 0, statement.stderr
+    assert json.loads(statement.stdout)["predicateType"] == "https://slsa.dev/provenance/v1"
+
+
+def test_sbom_names_an_image_with_nothing_attached(registry: LocalRegistry, base: str) -> None:
+    result = tool(registry, "sbom", base)
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: no SBOM is attached to {base} (amd64, sha256:")
+
+
+def test_verify_of_a_pushed_image_compares_it_with_its_attached_sbom(
+    registry: LocalRegistry, pushed: Pushed
+) -> None:
+    result = tool(registry, "verify", f"{pushed.repository}@{pushed.digest}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "PASS  sbom" in result.stdout and "exactly the" in result.stdout

@@ -1,0 +1,49 @@
+"""Command line `sbom REF`: print what is attached to a pushed image. Parses and prints only.
+
+Apart from builder/cli.py (which registers it) so that module stays within its size; the
+reading is builder.attachments.read_attached.
+"""
+
+from __future__ import annotations
+
+import click
+
+from builder.analysis.target import ARCHES
+from builder.attachments import read_attached
+from builder.attest import provenance, sbom
+from builder.errors import UserError
+
+
+@click.command("sbom")
+@click.argument("reference")
+@click.option(
+    "--arch",
+    type=click.Choice(sorted(ARCHES)),
+    help="The arch image of an index to read (default: each one).",
+)
+@click.option(
+    "--provenance",
+    "want_provenance",
+    is_flag=True,
+    help="Print the SLSA provenance statement instead of the CycloneDX SBOM.",
+)
+def sbom_command(reference: str, arch: str | None, want_provenance: bool) -> None:
+    """Print the SBOM (or provenance) attached to REFERENCE; exit 1 when none is attached."""
+    from builder.cli import reports_errors  # the one error printer; builder.cli imports us
+
+    reports_errors(_print_attached)(reference, arch, want_provenance)
+
+
+def _print_attached(reference: str, arch: str | None, want_provenance: bool) -> None:
+    kind, media_type = (
+        ("provenance", provenance.MEDIA_TYPE) if want_provenance else ("SBOM", sbom.MEDIA_TYPE)
+    )
+    found = read_attached(reference, media_type, arch)
+    missing = [one for one in found if one.document is None]
+    if missing:
+        names = ", ".join(f"{reference} ({one.arch}, {one.digest})" for one in missing)
+        raise UserError(f"no {kind} is attached to {names}")
+    for one in found:
+        if len(found) > 1:
+            click.echo(f"# {one.arch} {one.digest}")
+        click.echo((one.document or b"").decode())
