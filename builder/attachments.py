@@ -26,7 +26,6 @@ from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.analysis.target import ARCHES, Target
 from builder.attest import provenance, sbom
 from builder.attest.contents import (
-    DebianPackage,
     PythonDistribution,
     WheelOrigin,
     debian_packages,
@@ -113,15 +112,46 @@ class Attestable:
 
 @dataclass(frozen=True)
 class ImageFactsRequest:
-    """Which arch image to read, under what name, and what the plan adds to its facts."""
+    """Which arch image to read, under what name, and what the image cannot say of itself."""
 
-    plan: Plan
     arch: str
     engine_name: str
     config: bytes  # the config verified: its id names the image until it has a digest
     repository: str
-    extras_layers: Mapping[str, str] = field(default_factory=dict)  # dist name -> diff ID
+    base_reference: str  # what the image was built FROM, as the operator named it
+    base_digest: str
+    environment: Mapping[str, str]  # the target's PEP 508 markers, for the METADATA
+    entries: tuple[str, ...]  # the PYTHONPATH entries to read
+    wheels: Mapping[str, WheelOrigin] = field(default_factory=dict)  # the extras' locks
     base_wheels: Mapping[str, WheelOrigin] = field(default_factory=dict)  # /app/deps' locks
+    base_packages: frozenset[str] | None = None  # the base's dpkg names; None: not probed
+    apt_packages: frozenset[str] = frozenset()  # what the apt layer was asked to install
+    extras_layers: Mapping[str, str] = field(default_factory=dict)  # dist name -> diff ID
+
+
+def plan_facts(
+    plan: Plan,
+    produced: tuple[str, str, bytes],
+    repository: str,
+    extras_layers: Mapping[str, str],
+) -> ImageFactsRequest:
+    """What an extension image's facts need from its plan; `produced`: arch, name, config."""
+    arch, engine_name, config = produced
+    planned = next(a for a in plan.arches if a.arch == arch)
+    return ImageFactsRequest(
+        arch=arch,
+        engine_name=engine_name,
+        config=config,
+        repository=repository,
+        base_reference=plan.base.image,
+        base_digest=plan.base.digest or "",
+        environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
+        entries=tuple(e for e in dict.fromkeys((BASE_DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
+        wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
+        base_packages=plan.base.packages.get(arch),
+        apt_packages=frozenset(planned.apt_packages),
+        extras_layers=extras_layers,
+    )
 
 
 def attestable(
@@ -130,21 +160,19 @@ def attestable(
     parameters: BuildParameters,
     started: datetime,
 ) -> Attestable:
-    """Read the image's facts and join them with the plan's."""
-    plan, arch = request.plan, request.arch
-    entries = [e for e in dict.fromkeys((BASE_DEPS, plan.pythonpath_entry, EXTRA_DEPS)) if e]
-    facts = image_facts(client, request.engine_name, entries)
+    """Read the image's facts and join them with what the request adds."""
+    arch = request.arch
+    facts = image_facts(client, request.engine_name, request.entries)
     debian = debian_packages(facts.dpkg_status)
-    base_debian = _base_packages(plan, arch, debian)
+    names = request.base_packages
+    base_debian = tuple(
+        p
+        for p in debian
+        if (p.name in names if names is not None else p.name not in request.apt_packages)
+    )
     config = json.loads(request.config)
     epoch = int(datetime.fromisoformat(str(config.get("created"))).timestamp())
-    environment = Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch])
-    wheels = {
-        w.name: WheelOrigin(w.filename, w.url, w.sha256)
-        for a in plan.arches
-        if a.arch == arch
-        for w in a.wheels
-    }
+    environment = request.environment
     top = (config.get("rootfs") or {}).get("diff_ids") or [""]
     python: list[PythonDistribution] = []
     for location, text in facts.metadata:
@@ -153,15 +181,15 @@ def attestable(
             found = replace(found, wheel=request.base_wheels.get(found.name))
         else:
             layer = request.extras_layers.get(found.name, top[-1])
-            found = replace(found, wheel=wheels.get(found.name), layer=layer)
+            found = replace(found, wheel=request.wheels.get(found.name), layer=layer)
         python.append(found)
     image_id = digest_of(request.config)
     contents = sbom.ImageContents(
         repository=request.repository,
         digest=image_id,
         arch=arch,
-        base_reference=plan.base.image,
-        base_digest=plan.base.digest or "",
+        base_reference=request.base_reference,
+        base_digest=request.base_digest,
         debian=debian,
         base_debian=base_debian,
         python=tuple(python),
@@ -173,28 +201,17 @@ def attestable(
         repository=request.repository,
         digest=image_id,
         arch=arch,
-        base_reference=plan.base.image,
-        base_digest=plan.base.digest or "",
-        wheels=tuple(wheels.values()),
+        base_reference=request.base_reference,
+        base_digest=request.base_digest,
+        wheels=(*request.wheels.values(), *request.base_wheels.values()),
         apt=tuple(p for p in debian if p not in in_base),
         source_date_epoch=epoch,
         tool_version=contents.tool_version,
         started=started,
         finished=started,
-        internal={"python": plan.base.python_version},
+        internal={"python": environment.get("python_full_version", "")},
     )
     return Attestable(contents, run, parameters)
-
-
-def _base_packages(
-    plan: Plan, arch: str, debian: tuple[DebianPackage, ...]
-) -> tuple[DebianPackage, ...]:
-    """The base's packages: by the probed base's list, else all but the apt layer's."""
-    names = plan.base.packages.get(arch)
-    if names is None:
-        added = {p for a in plan.arches if a.arch == arch for p in a.apt_packages}
-        return tuple(p for p in debian if p.name not in added)
-    return tuple(p for p in debian if p.name in names)
 
 
 @dataclass(frozen=True)

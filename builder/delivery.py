@@ -27,7 +27,7 @@ import docker
 
 from builder import credentials
 from builder.analysis.plan import Plan
-from builder.attachments import Attestable, ImageFactsRequest, attestable
+from builder.attachments import Attestable, attestable, plan_facts
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
 from builder.errors import UserError
@@ -186,9 +186,8 @@ def _produce_and_verify(
         for future in as_completed(futures):
             one = future.result()
             if delivery.verify or delivery.push:  # its SBOM is verified, or attached
-                facts = ImageFactsRequest(
-                    plan, one.arch, one.engine_name, one.config, repository, one.holding_layers
-                )
+                made = (one.arch, one.engine_name, one.config)
+                facts = plan_facts(plan, made, repository, one.holding_layers)
                 one.attestable = attestable(run.client, facts, delivery.parameters, started)
             if delivery.verify:
                 run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened ...")

@@ -27,7 +27,10 @@ from cyclonedx.validation.json import JsonStrictValidator
 from wheelfactory import compile_so, make_wheel
 from wheelindex import serve_wheel
 
+from builder.attachments import read_attached
+from builder.cache import Cache
 from builder.image.push_images import push
+from builder.image.reference_base import build_base_index, chosen_wheels, locked_packages
 from builder.oci.auth import Credentials
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
@@ -219,3 +222,28 @@ def test_verify_of_a_pushed_image_compares_it_with_its_attached_sbom(
     result = tool(registry, "verify", f"{pushed.repository}@{pushed.digest}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "PASS  sbom" in result.stdout and "exactly the" in result.stdout
+
+
+def test_the_reference_base_pushed_as_an_index_carries_its_own(
+    registry: LocalRegistry, test_env: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
+    tag = f"{registry.host}/bsi-attach-{RUN}/base-index:1.0"
+    pushed = build_base_index(
+        tag, ["amd64"], base_image=test_env["multiarch_base"], cache=Cache(tmp_path / "cache")
+    )
+    (found,) = read_attached(pushed.reference, SBOM)
+    assert found.arch == "amd64" and found.document is not None
+    data = json.loads(found.document)
+    assert data["metadata"]["component"]["version"] == found.digest
+    by_name = {c["name"]: c for c in data["components"]}
+    pandas = next(p for p in locked_packages("amd64") if p.name == "pandas")
+    assert by_name["pandas"]["version"] == pandas.version
+    (wheel,) = [w for w in chosen_wheels("amd64") if w.name == "pandas"]
+    assert by_name["pandas"]["hashes"] == [{"alg": "SHA-256", "content": wheel.file.sha256}]
+    assert by_name["libc6"]["purl"].startswith("pkg:deb/debian/libc6@")
+    (statement,) = read_attached(pushed.reference, INTOTO, "amd64")
+    assert statement.document is not None
+    resolved = json.loads(statement.document)["predicate"]["buildDefinition"]
+    assert wheel.file.filename in {d["name"] for d in resolved["resolvedDependencies"]}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import tarfile
 import urllib.error
 import uuid
@@ -28,12 +29,14 @@ from registryhelp import registry_get, registry_tags
 
 import builder.produce_rebase
 from builder import credentials
+from builder.attest import provenance, sbom
 from builder.cache import Cache
 from builder.delivery import Delivery, Outcome, Run, Target, deliver
 from builder.errors import UserError
 from builder.image.gzipped import gzipped
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config
 from builder.oci.name import ImageRef
+from builder.oci.referrers import attached_document, referrers
 from builder.oci.remote import Blobs, resolve, write
 from builder.oci.v1 import (
     DOCKER_LAYER,
@@ -295,3 +298,10 @@ def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
     assert result.pushed.tags == (f"{target}:{tag}",)
     with registry_get(registry, f"/v2/{repo}/manifests/{tag}") as response:
         assert response.headers["Docker-Content-Digest"] == result.pushed.digest
+    # the rebased image has its own SBOM and provenance, verified against it and attached
+    assert any(c.name == "sbom" and c.passed for c in result.verification.checks)
+    target_registry = credentials.registry(ImageRef.parse(f"{target}@{result.pushed.digest}"))
+    attached = referrers(target_registry, result.pushed.digest)
+    assert [r.artifact_type for r in attached] == [sbom.MEDIA_TYPE, provenance.MEDIA_TYPE]
+    statement = json.loads(attached_document(target_registry, attached[1]))
+    assert statement["subject"][0]["digest"]["sha256"] == result.pushed.digest.split(":")[1]

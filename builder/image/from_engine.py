@@ -18,7 +18,7 @@ import hashlib
 import json
 import tarfile
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -32,6 +32,7 @@ from builder.image.assemble import Assembled
 from builder.image.gzipped import gzipped
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
+from builder.oci.referrers import Attachment
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
 from builder.oci.v1 import (
     DOCKER_LAYER,
@@ -217,8 +218,13 @@ def push_engine_images(
     target: Registry,
     tags: Sequence[str],
     base: ImageRef | None = None,
+    attach: Callable[[str, Image], Sequence[Attachment]] | None = None,
 ) -> tuple[Written, dict[str, Image]]:
-    """Write each arch -> engine image id by digest, then an index of them under `tags`."""
+    """Write each arch -> engine image id by digest, then an index of them under `tags`.
+
+    `attach(arch, image)`: the documents to attach to each image (its SBOM, its provenance),
+    written with it, before the index and the tags.
+    """
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
         pushed, blobs = {}, Blobs()
         for arch, image_id in images.items():
@@ -226,4 +232,8 @@ def push_engine_images(
             pushed[arch], found = engine_image(client, image_id, arch, layers, Path(scratch))
             blobs |= found
         index = Index.build((Platform.linux(arch), image) for arch, image in pushed.items())
-        return write(target, list(pushed.values()), blobs, index=index, tags=tags), pushed
+        attached = {i.digest: attach(arch, i) for arch, i in pushed.items()} if attach else {}
+        written = write(
+            target, list(pushed.values()), blobs, index=index, tags=tags, attachments=attached
+        )
+        return written, pushed

@@ -15,10 +15,13 @@ import sys
 import tempfile
 import tomllib
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
+import docker
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 
@@ -27,6 +30,9 @@ from builder.analysis.index import RemoteFile, builder_pip, download_all
 from builder.analysis.plan import choose_wheel
 from builder.analysis.resolve import LockedPackage
 from builder.analysis.target import Target, arch_named, shipped_profile
+from builder.attachments import BASE_DEPS, ImageFactsRequest, attestable, input_files
+from builder.attest.contents import WheelOrigin
+from builder.attest.provenance import BuildParameters
 from builder.cache import Cache, default_root
 from builder.engine import engine_client
 from builder.errors import UserError
@@ -34,7 +40,9 @@ from builder.image.build import BuildSpec, Log, base_logins, build_image
 from builder.image.from_engine import push_engine_images
 from builder.image.render import place
 from builder.oci.name import ImageRef
+from builder.oci.referrers import Attachment
 from builder.oci.remote import Written
+from builder.oci.v1 import Image
 from builder.runtime import copy_server
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
@@ -192,8 +200,44 @@ def build_base_index(
     print(f"pushing {', '.join(images)} to {repository} by digest ...", file=sys.stderr)
     target = credentials.registry(repository, str(repository))
     source = ImageRef.parse(base_image, "base image")
-    pushed, _ = push_engine_images(client, images, target, [ref.tag], source)
+    attach = partial(_attachments, client, base_image, images, str(repository))
+    pushed, _ = push_engine_images(client, images, target, [ref.tag], source, attach)
     return pushed
+
+
+def _attachments(
+    client: docker.DockerClient,
+    base_image: str,
+    images: Mapping[str, str],
+    repository: str,
+    arch: str,
+    image: Image,
+) -> tuple[Attachment, ...]:
+    """The SBOM and provenance of the reference base's `arch` image: /app/deps with each
+    wheel the lock fixed, the Debian packages all the `--from` image's."""
+    target = Target(shipped_profile(), (arch_named(arch),))
+    wheels = {
+        w.name: WheelOrigin(w.file.filename, w.file.url, w.file.sha256) for w in chosen_wheels(arch)
+    }
+    source = ImageRef.parse(base_image, "base image")
+    request = ImageFactsRequest(
+        arch=arch,
+        engine_name=images[arch],
+        config=image.config_bytes,
+        repository=repository,
+        base_reference=base_image,
+        base_digest=source.digest or "",
+        environment=target.marker_environment(arch_named(arch)),
+        entries=(BASE_DEPS,),
+        base_wheels=wheels,
+    )
+    parameters = BuildParameters(
+        requirements=input_files((RUNTIME_DIR / "requirements.in", lock_path(arch))),
+        arches=tuple(images),
+        base_image=base_image,
+    )
+    found = attestable(client, request, parameters, datetime.now(UTC))
+    return found.attachments(repository, image.digest)
 
 
 def _temp_parent(cache: Cache) -> Path | None:
