@@ -78,13 +78,15 @@ def build_images(
     """After `prepare`: BuildKit and the tool make every arch's image; one delivery.
 
     The images are tagged locally (`tag`, default `sandbox-extension:x<extras>`): an untagged
-    image would vanish if a later step untags it. With a push, each arch's deps-extra layer is
+    image would vanish if a later step untags it. With a push, each arch's extras layers are
     gzipped in the background while the images build and verify.
     """
     finished = finish(plan, request)
     local_tag = tag or f"sandbox-extension:x{extras_of(plan)}"
     producer = BuildProducer(plan, request.output, finished, local_tag, run.client, stages)
-    pushing = [(layer.path, layer.diff_id) for layer in finished.layers.values()]
+    pushing = [
+        (one.layer.path, one.layer.diff_id) for stack in finished.layers.values() for one in stack
+    ]
     with gzip_ahead(pushing if delivery.push else (), request.cache):
         return deliver(producer, plan, delivery, run)
 

@@ -1,8 +1,8 @@
 """One delivery: verify every arch's image, write them and their index, point the template.
 
 Two producers make the per-arch images: builder.produce_build (BuildKit builds each arch's
-system stage, the tool assembles the deps-extra layer on it) and builder.produce_rebase (the
-previous image's deps-extra layer put on the new base). Each hands over `Produced` values: the
+system stage, the tool assembles the extras layers on it) and builder.produce_rebase (the
+previous image's extras layers put on the new base). Each hands over `Produced` values: the
 engine's name for the image to verify, the config verified, and how to get the OCI value
 written (an `oci.v1.Image` and where its blobs are). `deliver` is the only place that sequences
 producers, verification and writes: every arch is started at once (the engine's own first, so
@@ -52,7 +52,7 @@ class Produced:
     value: Callable[[Registry, Path], tuple[Image, Blobs]]  # the image to write, when pushed
     record: dict[str, Any]  # this arch's report.json fields
     local_tag: str | None = None  # the build path tags each image in the engine
-    deps_layer: dict[str, Any] | None = None  # the deps-extra tar's facts, for report.json
+    extras_layers: list[dict[str, Any]] | None = None  # the extras tars' facts, for report.json
     early_bytes: int = 0  # what the producer had to write itself (a rebase that pulls)
     verification: VerifyReport | None = None
     digest: str | None = None  # its manifest, as written
@@ -236,8 +236,10 @@ def _write(producer: Producer, produced: list[Produced], target: Target, run: Ru
         _record_attachments(one, run.output)
         one.digest = image.digest
         one.record["digest"] = image.digest
-        if one.deps_layer is not None:  # the tar's facts, and now its blob's digest and size
-            one.deps_layer |= {"digest": image.layers[-1].digest, "size": image.layers[-1].size}
+        if one.extras_layers:  # the tars' facts, and now their blobs' digests and sizes
+            pushed = image.layers[-len(one.extras_layers) :]
+            for fields, blob in zip(one.extras_layers, pushed, strict=True):
+                fields |= {"digest": blob.digest, "size": blob.size}
         one.record["image_size"] = image.size
     early = sum(one.early_bytes for one in produced)
     return Written(written.repository, written.digest, written.tags, written.bytes_uploaded + early)
@@ -274,8 +276,8 @@ def _report(outcome: Outcome, delivery: Delivery, output: Path) -> None:
     for one in produced:
         if one.verification is not None:
             one.record["verification"] = one.verification.to_dict()
-        if one.deps_layer is not None:
-            one.record["deps_extra_layer"] = one.deps_layer
+        if one.extras_layers is not None:
+            one.record["extras_layers"] = one.extras_layers
     if len(produced) == 1:
         record |= produced[0].record | {"arch": produced[0].arch}
     if outcome.verification is not None:
@@ -289,5 +291,5 @@ def _report(outcome: Outcome, delivery: Delivery, output: Path) -> None:
         if delivery.template:
             record["template"] = str(delivery.template)
     record["arches"] = {one.arch: one.record for one in produced}
-    layers = {one.arch: one.deps_layer for one in produced if one.deps_layer and one.digest}
+    layers = {one.arch: one.extras_layers for one in produced if one.extras_layers and one.digest}
     update_report(output, {"image": record}, layers)

@@ -19,8 +19,8 @@ from builder.analysis.target import BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
 from builder.cache import Cache
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
+from builder.image.extras import ExtrasLayer
 from builder.image.labels import created, image_labels
-from builder.image.layer import Layer
 from builder.image.render import Secrets, check_output, lock_text, render
 from builder.image.tags import extras_hash
 from builder.oci.name import ImageRef
@@ -57,8 +57,8 @@ def prepare(
 ) -> Plan:
     """Resolve, fetch, inspect and plan for every arch, then render the context.
 
-    Each wheel is inspected as soon as its download ends; each arch's deps-extra layer (it needs
-    only the chosen wheels) is written meanwhile. `planned` gets the plan as soon as it exists,
+    Each wheel is inspected as soon as its download ends; each arch's extras layers (they need
+    only the chosen wheels) are written meanwhile. `planned` gets the plan as soon as it exists,
     while the layers may still be written (produce_build.SystemStages starts the apt builds). When
     every arch's lock hash equals `reuse_locks` (the previous build's: a rebase reuses its
     layers) no layer is written.
@@ -136,9 +136,9 @@ def prepare(
 
 @dataclass(frozen=True)
 class Finish:
-    """What the tool puts on top of each arch's system stage: its layer, labels, created."""
+    """What the tool puts on top of each arch's system stage: its layers, labels, created."""
 
-    layers: Mapping[str, Layer]
+    layers: Mapping[str, tuple[ExtrasLayer, ...]]  # arch -> the extras layers, bottom to top
     labels: Mapping[str, str]
     created: str
     cache: Cache
@@ -150,10 +150,12 @@ def extras_of(plan: Plan) -> str:
     return extras_hash([plan.base_image, *digest_input])
 
 
-def finish(plan: Plan, request: Request, layers: Mapping[str, Layer] | None = None) -> Finish:
+def finish(
+    plan: Plan, request: Request, layers: Mapping[str, tuple[ExtrasLayer, ...]] | None = None
+) -> Finish:
     """The layers, labels and `created` each arch's image gets (the same in the Dockerfile).
 
-    `layers` None: each arch's layer is written (or found in the cache); empty: none is
+    `layers` None: each arch's layers are written (or found in the cache); empty: none is
     needed (a rebase), and only the date the locks fix is read from the wheels.
     """
     layers = plan_layers(plan, request.cache) if layers is None else layers

@@ -2,7 +2,7 @@
 
 ko-style: BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer),
 started while the deps-extra layers are still being written (`SystemStages`); then
-builder.image.assemble puts the deps-extra layer on it and loads the result into the engine.
+builder.image.assemble puts the extras layers on it and loads the result into the engine.
 `BuildProducer.produce` makes one arch's image; builder.delivery runs every arch at once,
 verifies and writes them. The OCI value written is made from exactly the blobs the engine was
 given (builder.image.from_engine), only when a push asks for it.
@@ -27,6 +27,7 @@ from builder.credentials import Credentials
 from builder.delivery import Produced
 from builder.image.assemble import Assembled, Assembly, assemble
 from builder.image.build import BuildSpec, Log, base_logins, build_image
+from builder.image.extras import DISTRIBUTION
 from builder.image.from_engine import assembled_image, base_layers
 from builder.image.render import Secrets, dockerfile
 from builder.oci.client import Registry
@@ -109,7 +110,7 @@ class SystemStages:
 
 
 class BuildProducer:
-    """Builds one arch's image: its system stage with BuildKit, then the deps-extra layer."""
+    """Builds one arch's image: its system stage with BuildKit, then the extras layers."""
 
     path = "build"
 
@@ -140,7 +141,7 @@ class BuildProducer:
         return f"building {arch} image {self.local_tag(arch)} with BuildKit{how} ..."
 
     def produce(self, arch: str) -> Produced:
-        """BuildKit's system stage (started early, or built now) plus the deps-extra layer."""
+        """BuildKit's system stage (started early, or built now) plus the extras layers."""
         log = _Prefixed(sys.stdout, f"[{arch}] " if self.multi else "")
         spec = BuildSpec(
             platform=f"linux/{arch}",
@@ -166,7 +167,13 @@ class BuildProducer:
             partial(self._value, built),
             {"id": built.image_id, "tag": tag},
             local_tag=tag,
-            deps_layer=dict(built.deps.to_dict()),
+            extras_layers=[one.to_dict() for one in built.extras],
+            holding_layers={
+                name: one.layer.diff_id
+                for one in built.extras
+                if one.kind == DISTRIBUTION
+                for name in one.names
+            },
         )
 
     def _value(self, built: Assembled, target: Registry, scratch: Path) -> tuple[Image, Blobs]:

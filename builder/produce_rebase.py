@@ -1,11 +1,12 @@
 """The rebase path's producer: same extras, new base, only the small blobs travel.
 
-When a rebuild's resolution is unchanged, the previous image's deps-extra layer (its top layer)
-is reused by digest; the apt layer is rebuilt against the new base's package state (a one-step
-BuildKit build, usually started ahead: `AptAhead`); a new config and manifest are written over
+When a rebuild's resolution is unchanged, the previous image's extras layers (its top layers,
+whose history lines name /app/deps-extra) are reused by digest; the apt layer is rebuilt
+against the new base's package state (a one-step BuildKit build, usually started ahead:
+`AptAhead`); a new config and manifest are written over
 the new base's layers (builder.oci.mutate). The config is docker-loaded from this machine's
 blobs for builder.delivery to verify, while the apt layer's blob is gzipped. Only when the
-deps-extra tar is not cached here is the image written by digest first (no tag) and pulled by
+extras tars are not all cached here is the image written by digest first (no tag) and pulled by
 digest to verify it. builder.delivery writes the image only after every arch passed, and
 checks that its config is byte for byte the one verified.
 """
@@ -45,7 +46,7 @@ class Previous:
 
 
 class RebaseProducer:
-    """Puts the previous image's deps-extra layer on the new base, one arch at a time.
+    """Puts the previous image's extras layers on the new base, one arch at a time.
 
     A context manager: the apt layers' blobs are gzipped on its own thread while delivery
     verifies, and it waits for them when it ends.
@@ -91,30 +92,28 @@ class RebaseProducer:
         platform = Platform.linux(arch)
         old_base = resolve(self.bases, platform, self.previous.base_digest)
         new_base = resolve(self.bases, platform, self.plan.base.digest)
-        added = top(resolve(self.olds, platform), old_base)
-        if not added or EXTRA_DEPS not in added[-1].created_by:
-            raise UserError(f"{self.previous.image}: its top layer is not {EXTRA_DEPS}")
-        deps = added[-1]
+        extras = extras_of(top(resolve(self.olds, platform), old_base), self.previous.image)
         apt = self._apt(arch)
         loaded = [NewLayer("", apt.diff_id, 0, apt.created_by)] if apt else []
-        config = canonical(extend_config(new_base.config, [*loaded, deps], self.change))
+        config = canonical(extend_config(new_base.config, [*loaded, *extras], self.change))
         sources: dict[str, BlobSource] = {
             layer.digest: InRepository(self.bases) for layer in new_base.layers
         }
-        sources[deps.digest] = InRepository(self.olds)
+        sources |= {layer.digest: InRepository(self.olds) for layer in extras}
         blobs = Blobs(sources, (self.bases, self.olds))
-        value = self.pool.submit(self._value, new_base, apt, deps, blobs)
+        value = self.pool.submit(self._value, new_base, apt, extras, blobs)
 
         def written() -> Written:
             return write(self.target, [value.result()[0]], value.result()[1])
 
-        engine_name, early = into_engine(self.run, config, deps.diff_id, written)
+        diff_ids = [layer.diff_id for layer in extras]
+        engine_name, early = into_engine(self.run, config, diff_ids, written)
         return Produced(
             arch,
             engine_name,
             config,
             lambda target, scratch: value.result(),
-            {"deps_extra_layer": deps.digest},
+            {"extras_layers": [layer.digest for layer in extras]},
             early_bytes=early,
         )
 
@@ -133,7 +132,7 @@ class RebaseProducer:
         return apt
 
     def _value(
-        self, base: Image, apt: AptImage | None, deps: NewLayer, blobs: Blobs
+        self, base: Image, apt: AptImage | None, extras: Sequence[NewLayer], blobs: Blobs
     ) -> tuple[Image, Blobs]:
         """Gzip the apt layer out of its image and put the layers on the base: the image."""
         layers = []
@@ -142,7 +141,7 @@ class RebaseProducer:
             blob = gzipped(tar.path, tar.diff_id, self.run.cache)
             layers.append(NewLayer(blob.digest, apt.diff_id, blob.size, apt.created_by))
             blobs = blobs | Blobs({blob.digest: LocalFile(blob.path)})
-        return append(base, [*layers, deps], self.change), blobs
+        return append(base, [*layers, *extras], self.change), blobs
 
     def __enter__(self) -> RebaseProducer:
         return self
@@ -156,19 +155,30 @@ class RebaseProducer:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+def extras_of(added: Sequence[NewLayer], image: ImageRef) -> list[NewLayer]:
+    """The extras layers among the layers an image added to its base: the top ones whose
+    history lines name /app/deps-extra (one for images of before layers by distribution)."""
+    count = 0
+    while count < len(added) and EXTRA_DEPS in added[len(added) - 1 - count].created_by:
+        count += 1
+    if count == 0:
+        raise UserError(f"{image}: its top layer is not {EXTRA_DEPS}")
+    return list(added[len(added) - count :])
+
+
 def into_engine(
-    run: Run, config: bytes, deps_diff_id: str, written: Callable[[], Written]
+    run: Run, config: bytes, diff_ids: Sequence[str], written: Callable[[], Written]
 ) -> tuple[str, int]:
     """The engine's name for the rebased image, and the bytes written to get it there.
 
-    The engine holds the new base and apt layers (it built them); the deps-extra tar is in the
-    cache when this machine wrote it, so the image is docker-loaded: its id is the config's
+    The engine holds the new base and apt layers (it built them); when every extras tar is in
+    the cache (this machine wrote them) the image is docker-loaded: its id is the config's
     digest. Otherwise the image is written by digest (no tag) and pulled by digest.
     """
-    tar = run.cache.find_blob(deps_diff_id.removeprefix("sha256:"), "layer.tar")
-    if tar is not None:
+    tars = [run.cache.find_blob(d.removeprefix("sha256:"), "layer.tar") for d in diff_ids]
+    if all(tar is not None for tar in tars):
         try:
-            image_id = load(run.client, config, tar)
+            image_id = load(run.client, config, [tar for tar in tars if tar is not None])
         except (UserError, docker.errors.APIError, OSError) as error:
             run.reporter.note(f"loading the rebased image locally failed ({error}); pulling it")
         else:

@@ -65,8 +65,12 @@ def test_beautifulsoup4_needs_no_apt_and_nothing_from_the_base(
     assert "not building (--no-build)" in result.stdout
     lock = (out / "requirements-amd64.lock").read_text()
     assert "beautifulsoup4==" in lock and "--hash=sha256:" in lock
-    with tarfile.open(out / "deps-extra-amd64.tar") as layer:
+    layers = data["architectures"]["amd64"]["extras_layers"]
+    assert {"beautifulsoup4", "soupsieve"} <= {n for one in layers for n in one["distributions"]}
+    index = next(i for i, one in enumerate(layers, 1) if one["distributions"] == ["beautifulsoup4"])
+    with tarfile.open(out / f"deps-extra-amd64-{index:02d}.tar") as layer:
         assert "app/deps-extra/bs4/__init__.py" in layer.getnames()
+        assert not any(name.startswith("app/deps-extra/soupsieve") for name in layer.getnames())
 
 
 def test_lightgbm_needs_libgomp1_on_both_arches(tmp_path: Path, cache_dir: Path) -> None:
@@ -166,10 +170,15 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     instructions = [line.split()[0] for line in lines if line and not line.startswith(("#", " "))]
     assert instructions[-1] == "USER" and lines[-1] == "USER 65532:65532"
     froms = [line for line in lines if line.startswith("FROM ")]
-    # BuildKit builds the system stage; the tool appends the very layer file the final stage ADDs
-    assert froms == ["FROM ${BASE_IMAGE} AS system", "FROM system"]
-    system = lines[lines.index(froms[0]) : lines.index("FROM system")]
-    final = lines[lines.index("FROM system") :]
+    # BuildKit builds the system stage; the tool appends the very layer files the stage ADDs
+    assert froms == [
+        "FROM ${BASE_IMAGE} AS system",
+        "FROM system AS extras-amd64",
+        "FROM extras-${TARGETARCH}",
+    ]
+    system = lines[lines.index(froms[0]) : lines.index(froms[1])]
+    extras = lines[lines.index(froms[1]) : lines.index(froms[2])]
+    final = lines[lines.index(froms[2]) :]
     text = "\n".join(system)
     assert "install -y --no-install-recommends" in text
     # the package lists live in a BuildKit cache mount: revalidated next time, never in a layer
@@ -180,10 +189,12 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     assert "target=/var/lib/apt/lists" in APT_LISTS and "sharing=private" in APT_LISTS
     assert f"{APT_UPDATE} \\" in text  # the lists of the other arch are kept
     assert system[-2] == "USER 65532:65532"
-    assert "ADD deps-extra-${TARGETARCH}.tar /" in final
+    stack = report(out)["architectures"]["amd64"]["extras_layers"]
+    adds = [f"ADD deps-extra-amd64-{i:02d}.tar /" for i in range(1, len(stack) + 1)]
+    assert [line for line in extras if line.startswith("ADD")] == adds
     assert "ENV PYTHONPATH=${PYTHONPATH:+${PYTHONPATH}:}/app/deps-extra" in final
     assert any(line.startswith("LABEL org.build-sandbox-image.version=") for line in final)
-    assert (out / "deps-extra-amd64.tar").is_file()
+    assert all((out / add.split()[1]).is_file() for add in adds)
     assert not (out / "wheels").exists()  # no wheel is copied into a context or a layer
     hadolint = subprocess.run(  # in the context, with the config the context carries
         [str(Path(sys.executable).parent / "hadolint"), "Dockerfile"],

@@ -180,8 +180,10 @@ def test_libgomp1_in_both_apt_sets(lightgbm: Lightgbm) -> None:
 def test_each_arch_ends_with_its_own_reproducible_layer_and_carries_the_labels(
     lightgbm: Lightgbm, registry: Registry
 ) -> None:
-    """The pushed top layer is the blob the tool wrote for that arch's lock; labels everywhere."""
-    assert "ADD deps-extra-${TARGETARCH}.tar /" in lightgbm.dockerfile
+    """The pushed top layers are the blobs the tool wrote, one per distribution; labels
+    everywhere."""
+    assert "FROM extras-${TARGETARCH}" in lightgbm.dockerfile
+    assert "ADD deps-extra-arm64-01.tar /" in lightgbm.dockerfile
     image = lightgbm.report["image"]
     path = lightgbm.repository.split("/", 1)[1]
     with registry_get(registry, f"/v2/{path}/manifests/{image['index']}") as response:
@@ -195,8 +197,12 @@ def test_each_arch_ends_with_its_own_reproducible_layer_and_carries_the_labels(
         arch_record = image["arches"][arch]
         with registry_get(registry, f"/v2/{path}/manifests/{arch_record['digest']}") as response:
             manifest = json.loads(response.read())
-        assert manifest["layers"][-1]["digest"] == arch_record["deps_extra_layer"]["digest"]
-        layers[arch] = manifest["layers"][-1]["digest"]
+        stack = arch_record["extras_layers"]
+        assert "lightgbm" in {name for one in stack for name in one["distributions"]}
+        pushed = [layer["digest"] for layer in manifest["layers"][-len(stack) :]]
+        assert pushed == [one["digest"] for one in stack]
+        assert all(one["kind"] == "distribution" for one in stack)
+        layers[arch] = next(one["digest"] for one in stack if one["distributions"] == ["lightgbm"])
         with registry_get(registry, f"/v2/{path}/blobs/{manifest['config']['digest']}") as response:
             labels = json.loads(response.read())["config"]["Labels"]
         assert {k: labels[k] for k in annotations} == annotations

@@ -10,6 +10,7 @@ import pytest
 from builder.analysis.plan import ArchPlan, Plan
 from builder.analysis.target import shipped_profile
 from builder.errors import UserError
+from builder.image.extras import ExtrasLayer
 from builder.image.layer import Layer
 from builder.image.render import MARKER, render, update_report
 
@@ -29,7 +30,8 @@ def write_context(tmp_path: Path, output: Path) -> None:
     blob = tmp_path / "layer.tar"
     blob.write_bytes(b"not really a layer")
     layer = Layer(blob, "sha256:" + "b" * 64, 18, 315532800)
-    render(empty_plan(), output, {"amd64": layer}, {"amd64": "lock-version = '1.0'\n"})
+    stack = (ExtrasLayer("distribution", (), "none", layer),)
+    render(empty_plan(), output, {"amd64": stack}, {"amd64": "lock-version = '1.0'\n"})
 
 
 def test_a_user_directory_with_a_report_json_is_left_alone(tmp_path: Path) -> None:
@@ -60,7 +62,7 @@ def test_a_marked_context_is_replaced_until_someone_adds_a_file(tmp_path: Path) 
     write_context(tmp_path, output)
     marker = (output / MARKER).read_text().splitlines()
     assert marker[0].startswith("build-sandbox-image ")
-    assert {"Dockerfile", "report.json", "deps-extra-amd64.tar", MARKER} <= set(marker[1:])
+    assert {"Dockerfile", "report.json", "deps-extra-amd64-01.tar", MARKER} <= set(marker[1:])
     update_report(output, {"image": {"id": "sha256:1"}})
     write_context(tmp_path, output)  # our own context, even after the report was updated
     assert "sha256:1" not in (output / "report.json").read_text()

@@ -65,7 +65,7 @@ def cache_with_layer(tmp_path: Path) -> Cache:
 def into(engine: Engine, cache: Cache, said: list[str]) -> str:
     client: Any = engine
     run = Run(client, cache, Path("unused"), Reporter(said.append))
-    name, written = into_engine(run, IMAGE.config_bytes, DIFF_ID, pushed)
+    name, written = into_engine(run, IMAGE.config_bytes, [DIFF_ID], pushed)
     assert written == (0 if name == digest_of(IMAGE.config_bytes) else 123)
     return name
 

@@ -25,6 +25,7 @@ from builder.image import assemble as assemble_module
 from builder.image import from_engine
 from builder.image.assemble import Assembly, assemble
 from builder.image.build import BuildSpec, build_image
+from builder.image.extras import ExtrasLayer
 from builder.image.from_engine import assembled_image
 from builder.image.gzipped import gzipped
 from builder.image.layer import Layer
@@ -86,34 +87,40 @@ def test_assemble_preloads_then_loads_the_exact_config_and_leaves_no_provisional
 ) -> None:
     cache = Cache(tmp_path / "cache")
     deps = deps_layer(cache)
-    sent: list[Path | None] = []
+    more = deps_layer(cache)
+    stack = (_extras(deps), _extras(more))
+    sent: list[list[Path]] = []
     real_load = assemble_module.load
     monkeypatch.setattr(
         assemble_module,
         "load",
-        lambda c, config, top: sent.append(top) or real_load(c, config, top),
+        lambda c, config, tops: sent.append(list(tops)) or real_load(c, config, tops),
     )
     tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
     built = assemble(
-        docker_client, system_image, deps, assembly({"x": "y"}, tag, apt_layer=True), cache
+        docker_client, system_image, stack, assembly({"x": "y"}, tag, apt_layer=True), cache
     )
     try:
         found = docker_client.images.get(tag)
         assert found.id == built.image_id == digest_of(built.config)
         system_layers = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
-        assert found.attrs["RootFS"]["Layers"] == [*system_layers, deps.diff_id]
+        assert found.attrs["RootFS"]["Layers"] == [*system_layers, deps.diff_id, more.diff_id]
         assert found.attrs["Config"]["User"] == "65532:65532"
-        assert sent == [deps.path, None]  # the layer travelled once, the final config alone
-        assert _holding(docker_client, [*system_layers, deps.diff_id]) == [built.image_id]
+        entries = json.loads(built.config)["history"]
+        history = [h.get("created_by", "") for h in entries if not h.get("empty_layer")][-2:]
+        assert all("/app/deps-extra" in line for line in history)
+        assert sent == [[deps.path, more.path], []]  # layers sent once, the config alone
+        holding = [*system_layers, deps.diff_id, more.diff_id]
+        assert _holding(docker_client, holding) == [built.image_id]
         assert cache.find_blob(system_layers[-1].removeprefix("sha256:"), "layer.tar")
         # the second time the config is cached: no save, no preload, the one load sends nothing
         sent.clear()
         docker_client.images.remove(tag)
         monkeypatch.setattr(docker_client.api, "get_image", _no_save)
         again = assemble(
-            docker_client, system_image, deps, assembly({"x": "y"}, tag, apt_layer=True), cache
+            docker_client, system_image, stack, assembly({"x": "y"}, tag, apt_layer=True), cache
         )
-        assert again.image_id == built.image_id and sent == [deps.path]
+        assert again.image_id == built.image_id and sent == [[deps.path, more.path]]
     finally:
         docker_client.images.remove(tag, force=True)
 
@@ -125,7 +132,8 @@ def test_the_push_takes_the_kept_apt_layer_not_another_save(
     cache = Cache(tmp_path / "cache")
     deps = deps_layer(cache)
     tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
-    built = assemble(docker_client, system_image, deps, assembly({}, tag, apt_layer=True), cache)
+    stack = (_extras(deps),)
+    built = assemble(docker_client, system_image, stack, assembly({}, tag, apt_layer=True), cache)
     target = Registry(
         ImageRef.parse_repository(f"{registry.host}/bsi-saved-{uuid.uuid4().hex[:8]}/img"),
         credentials=Credentials(registry.user, registry.password, "test"),
@@ -161,6 +169,10 @@ def assembly(labels: dict[str, str], tag: str, apt_layer: bool = False) -> Assem
     return Assembly("amd64", "/app/deps-extra", labels, "2026-01-01T00:00:00Z", tag, apt_layer)
 
 
+def _extras(layer: Layer) -> ExtrasLayer:
+    return ExtrasLayer("distribution", ("m",), "m", layer)
+
+
 def _no_save(*args: object, **kwargs: object) -> None:
     raise AssertionError("docker save must not run: the config and the apt layer are cached")
 
@@ -186,7 +198,13 @@ def test_a_failed_save_leaves_no_provisional_image(
 
     monkeypatch.setattr(assemble_module, "read_save", failing)
     with pytest.raises(UserError, match="gave no config"):
-        assemble(docker_client, system_image, deps, assembly({}, "bsi-saved-unused:test"), cache)
+        assemble(
+            docker_client,
+            system_image,
+            (_extras(deps),),
+            assembly({}, "bsi-saved-unused:test"),
+            cache,
+        )
     below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
     assert _holding(docker_client, [*below, deps.diff_id]) == []  # no 1 GB leftover
 
@@ -211,7 +229,11 @@ def test_two_runs_assembling_one_layer_at_once_both_succeed(
             others.append(None)
             assert preloaded.wait(60)
             others[0] = assemble(
-                client, system_image, deps, assembly({"run": "a"}, tags[0]), Cache(tmp_path / "a")
+                client,
+                system_image,
+                (_extras(deps),),
+                assembly({"run": "a"}, tags[0]),
+                Cache(tmp_path / "a"),
             )
         return real_read_save(client, image_id, cache, **kwargs)
 
@@ -222,7 +244,7 @@ def test_two_runs_assembling_one_layer_at_once_both_succeed(
         b = assemble(
             docker_client,
             system_image,
-            deps,
+            (_extras(deps),),
             assembly({"run": "b"}, tags[1]),
             Cache(tmp_path / "b"),
         )

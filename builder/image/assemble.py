@@ -1,12 +1,12 @@
 """Full builds end the way rebases do: the tool, not BuildKit, puts /app/deps-extra on top.
 
 BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer: small, and
-dependent on the base anyway). The deps-extra layer is builder.image.layer's reproducible blob,
-and the final config (env, user, labels, history) is written by builder.oci.mutate, the same
-code the rebase path uses. The result is `docker load`ed (only the new layer travels: the
-engine already has every layer below it) so it can be verified, and pushed later from exactly
-these blobs: the same lock gives the same diff ID in the engine and the same digest in any
-registry, whatever the day, the machine or the base.
+dependent on the base anyway). The extras layers are builder.image.extras' reproducible blobs
+(one per distribution), and the final config (env, user, labels, history) is written by
+builder.oci.mutate, the same code the rebase path uses. The result is `docker load`ed (only the
+new layers travel: the engine already has every layer below them) so it can be verified, and
+pushed later from exactly these blobs: the same wheel gives the same diff ID in the engine and
+the same digest in any registry, whatever the day, the machine, the set or the base.
 """
 
 from __future__ import annotations
@@ -26,8 +26,15 @@ from builder import contract
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.layer import Layer, deps_layer, lock_hash, source_date_epoch
-from builder.image.render import DEPS_LAYER, lock_of, lock_text
+from builder.image.extras import (
+    EXTRAS_LAYERS,
+    ExtrasLayer,
+    check_layer_count,
+    created_by,
+    distribution_layers,
+)
+from builder.image.layer import lock_hash, source_date_epoch
+from builder.image.render import lock_of
 from builder.image.saved import cached_config, read_save
 from builder.oci.mutate import ConfigChange, NewLayer, extend_config
 from builder.oci.v1 import canonical, digest_of
@@ -44,20 +51,23 @@ class Assembled:
     image_id: str  # the digest of `config`: the engine's id for it after docker load
     config: bytes
     system_id: str  # the BuildKit-built system stage: every layer below deps-extra
-    deps: Layer
+    extras: tuple[ExtrasLayer, ...]  # bottom to top
 
 
 def plan_layers(
     plan: Plan, cache: Cache, wheels: Mapping[str, Path] | None = None
-) -> dict[str, Layer]:
-    """Each arch's deps-extra layer (built once per lock, in parallel; then a cache lookup).
+) -> dict[str, tuple[ExtrasLayer, ...]]:
+    """Each arch's extras layers (built once per lock, in parallel; then a cache lookup).
 
     `wheels` maps sha256 -> file; without it the wheels are looked up in the cache.
     """
 
-    def one(arch: str) -> Layer:
+    def one(arch: str) -> tuple[ExtrasLayer, ...]:
+        chosen = next(a.wheels for a in plan.arches if a.arch == arch)
         paths = _wheel_paths(plan, arch, cache, wheels)
-        return deps_layer(lock_text(plan, arch), paths, plan.pythonpath_entry, cache)
+        pins = [(w.name, w.version, w.sha256) for w in chosen]
+        by_sha = {w.sha256: path for w, path in zip(chosen, paths, strict=True)}
+        return distribution_layers(pins, by_sha, plan.pythonpath_entry, cache, EXTRAS_LAYERS)
 
     arches = [a.arch for a in plan.arches]
     with ThreadPoolExecutor(max_workers=len(arches)) as pool:
@@ -70,8 +80,8 @@ def start_layers(
     wheels: Mapping[str, Path],
     cache: Cache,
     reuse_locks: Mapping[str, str] | None = None,
-) -> dict[str, Future[Layer]]:
-    """Start each arch's layer from its (name, version, sha256) pins, before the plan exists.
+) -> dict[str, Future[tuple[ExtrasLayer, ...]]]:
+    """Start each arch's extras layers from its (name, version, sha256) pins, before the plan.
 
     None is started when every arch's lock hash equals `reuse_locks`: a rebase reuses them.
     """
@@ -79,10 +89,8 @@ def start_layers(
     if reuse_locks is not None and {a: lock_hash(t) for a, t in locks.items()} == reuse_locks:
         return {}
     return {
-        arch: pool.submit(
-            deps_layer, text, [wheels[sha] for _, _, sha in pins[arch]], EXTRA_DEPS, cache
-        )
-        for arch, text in locks.items()
+        arch: pool.submit(distribution_layers, pins[arch], wheels, EXTRA_DEPS, cache, EXTRAS_LAYERS)
+        for arch in locks
     }
 
 
@@ -107,11 +115,6 @@ def _wheel_paths(
     return paths
 
 
-def created_by(arch: str, root: str) -> str:
-    """The deps-extra layer's history line; the rebase path finds the layer by `root` in it."""
-    return f"ADD {DEPS_LAYER.format(arch=arch)} / # the locked wheels in {root}"
-
-
 @dataclass(frozen=True)
 class Assembly:
     """How a system stage becomes one arch's image: where the deps-extra layer goes, the config
@@ -127,12 +130,17 @@ class Assembly:
 
 
 def assemble(
-    client: docker.DockerClient, system_id: str, deps: Layer, assembly: Assembly, cache: Cache
+    client: docker.DockerClient,
+    system_id: str,
+    extras: Sequence[ExtrasLayer],
+    assembly: Assembly,
+    cache: Cache,
 ) -> Assembled:
-    """The system image plus `deps`, loaded into the engine (unless it has it) and tagged.
+    """The system image plus the `extras` layers, loaded into the engine (unless it has
+    it) and tagged.
 
     The exact config needs the system image's, which only its save gives, after a few seconds;
-    so the first time, the deps-extra layer is loaded meanwhile under a provisional config
+    so the first time, the extras layers are loaded meanwhile under a provisional config
     (the same layers), and the final config follows with no layer to send.
     """
     arch, root = assembly.arch, assembly.root
@@ -140,18 +148,24 @@ def assemble(
     if found.get("Architecture") != arch:
         raise UserError(f"image {system_id}: built as {found.get('Architecture')}, not {arch}")
     below: list[str] = list((found.get("RootFS") or {}).get("Layers") or [])
+    check_layer_count(len(below), len(extras), f"the {arch} image")
+    tars = [one.layer.path for one in extras]
+    diff_ids = [one.layer.diff_id for one in extras]
     base = cached_config(system_id, cache)
     preloading: Future[str] | None = None
     try:
         if base is None:
             with ThreadPoolExecutor(max_workers=1) as pool:
-                preloading = pool.submit(_preload, client, arch, [*below, deps.diff_id], deps.path)
+                preloading = pool.submit(_preload, client, arch, [*below, *diff_ids], tars)
                 keep = below[-1] if assembly.apt_layer and below else None
                 base = read_save(client, system_id, cache, keep_layer=keep).config
             preloading.result()
         config = extend_config(
             base,
-            [NewLayer("", deps.diff_id, deps.size, created_by(arch, root))],  # digest: when pushed
+            [  # digests: when pushed
+                NewLayer("", one.layer.diff_id, one.layer.size, created_by(arch, i, one, root))
+                for i, one in enumerate(extras, 1)
+            ],
             ConfigChange(
                 {"PYTHONPATH": f"$PYTHONPATH:{root}"},
                 contract.SANDBOX_USER,
@@ -160,34 +174,36 @@ def assemble(
             ),
         )
         data = canonical(config)
-        image_id = load(client, data, None if preloading else deps.path)
+        image_id = load(client, data, [] if preloading else tars)
     finally:  # the final image holds the layers now (or nothing does): the save may have failed
         if preloading and preloading.done() and not preloading.exception():
             client.api.remove_image(preloading.result(), noprune=False)
     tag = assembly.tag
     repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
     client.api.tag(image_id, repository, name or "latest")
-    return Assembled(arch, image_id, data, system_id, deps)
+    return Assembled(arch, image_id, data, system_id, tuple(extras))
 
 
-def load(client: docker.DockerClient, config: bytes, top: Path | None) -> str:
+def load(client: docker.DockerClient, config: bytes, tops: Sequence[Path]) -> str:
     """Load the image `config` describes into the engine (unless it has it); its image id.
 
-    Only the top layer's tar travels (none when `top` is None: the engine has that layer
-    too): the engine must already hold every layer below it (an image it has built or pulled
-    on exactly those diff IDs), else docker load fails.
+    Only the top layers' tars travel (`tops`, bottom to top; none when the engine has them
+    too): the engine must already hold every layer below them (an image it has built or
+    pulled on exactly those diff IDs), else docker load fails.
     """
     image_id = digest_of(config)
     if not _present(client, image_id):
         diff_ids: Sequence[str] = json.loads(config)["rootfs"]["diff_ids"]
-        for line in client.api.load_image(_load_stream(image_id, config, diff_ids, top)):
+        for line in client.api.load_image(_load_stream(image_id, config, diff_ids, tops)):
             if "error" in line:
                 raise UserError(f"docker load of {image_id}: {line['error']}")
     return image_id
 
 
-def _preload(client: docker.DockerClient, arch: str, diff_ids: Sequence[str], top: Path) -> str:
-    """Load `top` on the layers below it under a config that names only them; its image id.
+def _preload(
+    client: docker.DockerClient, arch: str, diff_ids: Sequence[str], tops: Sequence[Path]
+) -> str:
+    """Load `tops` on the layers below them under a config that names only them; its id.
 
     The config is this run's own (a random label): another run assembling the same layer at
     once must not find it loaded, rely on it, and see this run remove it.
@@ -198,7 +214,7 @@ def _preload(client: docker.DockerClient, arch: str, diff_ids: Sequence[str], to
         "config": {"Labels": {"bsi.provisional": uuid.uuid4().hex}},
         "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
     }
-    return load(client, canonical(provisional), top)
+    return load(client, canonical(provisional), tops)
 
 
 def _present(client: docker.DockerClient, image_id: str) -> bool:
@@ -210,19 +226,19 @@ def _present(client: docker.DockerClient, image_id: str) -> bool:
 
 
 def _load_stream(
-    image_id: str, config: bytes, diff_ids: Sequence[str], top: Path | None
+    image_id: str, config: bytes, diff_ids: Sequence[str], tops: Sequence[Path]
 ) -> Iterator[bytes]:
-    """A `docker save`-format tar holding the config and at most the top layer (plain tar).
+    """A `docker save`-format tar holding the config and at most the top layers (plain tars).
 
-    The engine skips reading the layers it has (the system image's, and the top one when it
-    was preloaded): the manifest names files the archive need not hold.
+    The engine skips reading the layers it has (the system image's, and the top ones when they
+    were preloaded): the manifest names files the archive need not hold.
     """
     hex_id = image_id.removeprefix("sha256:")
-    layers = [f"{index}/layer.tar" for index in range(len(diff_ids) - 1)] + ["top.tar"]
+    layers = [f"{index}/layer.tar" for index in range(len(diff_ids))]
     manifest = json.dumps([{"Config": f"{hex_id}.json", "RepoTags": None, "Layers": layers}])
     yield from _member(f"{hex_id}.json", len(config), iter([config]))
-    if top is not None:
-        yield from _member("top.tar", top.stat().st_size, _chunks(top))
+    for index, top in enumerate(tops, len(diff_ids) - len(tops)):
+        yield from _member(layers[index], top.stat().st_size, _chunks(top))
     yield from _member("manifest.json", len(manifest), iter([manifest.encode()]))
     yield b"\0" * (2 * BLOCK)
 

@@ -2,8 +2,8 @@
 
 An image the engine holds (one `assemble` wrote, or any image id) becomes an `oci.v1.Image`
 plus its `oci.remote.Blobs`: layers it shares with the base are the base's own blobs when the
-base lives on the push target's registry (mounted there, never uploaded); the deps-extra layer
-is builder.image.gzipped's cached blob (its digest is the lock's); the apt layer is the tar
+base lives on the push target's registry (mounted there, never uploaded); each extras layer
+is builder.image.gzipped's cached blob (its digest is its wheels'); the apt layer is the tar
 the system image's save kept, gzipped the same way; any other layer comes from a `docker save`
 of the image, gzipped with mtime 0. Writing them is `oci.remote.write`'s job, so the bytes
 pushed are the values made here: the engine cannot do this itself (`docker push` needs a tag
@@ -97,17 +97,18 @@ def assembled_image(
     must outlive the write.
     """
     diff_ids: list[str] = json.loads(assembled.config)["rootfs"]["diff_ids"]
-    below = diff_ids[:-1]
+    below = diff_ids[: len(diff_ids) - len(assembled.extras)]
     sources: dict[str, BlobSource] = {}
     layers = [
         _reused(diff_id, base, sources) or _kept(diff_id, cache, sources) for diff_id in below
     ]
     if any(layer is None for layer in layers):
         _save(client, assembled.system_id, below, layers, scratch, sources)
-    deps = gzipped(assembled.deps.path, assembled.deps.diff_id, cache)
-    sources[deps.digest] = LocalFile(deps.path)
     found = [layer for layer in layers if layer is not None]
-    found.append(Descriptor(DOCKER_LAYER, deps.digest, deps.size))
+    for one in assembled.extras:
+        blob = gzipped(one.layer.path, one.layer.diff_id, cache)
+        sources[blob.digest] = LocalFile(blob.path)
+        found.append(Descriptor(DOCKER_LAYER, blob.digest, blob.size))
     return Image.build(assembled.config, found), _blobs(sources, base)
 
 

@@ -111,16 +111,30 @@ def shadowed_files(wheels: Sequence[Path]) -> dict[Path, frozenset[str]]:
     Directories are merged, never shadowed: a namespace package such as `google/` stays in
     every layer that has modules under it.
     """
-    installed: list[tuple[Path, set[str]]] = []
+    by_group = shadowed_by_group(wheels, range(len(wheels)))
+    return {wheel: by_group[index] for index, wheel in enumerate(wheels)}
+
+
+def shadowed_by_group(wheels: Sequence[Path], group_of: Sequence[int]) -> dict[int, frozenset[str]]:
+    """For each layer (wheel i goes to layer `group_of[i]`), the files it must leave out.
+
+    A file belongs to the layer of the last wheel (lock order) installing it, pip's winner;
+    every other layer holding a wheel that installs it leaves it out. Within one layer the
+    writer already lets the later wheel win.
+    """
+    installed: list[set[str]] = []
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
-            installed.append((wheel, {e.path for e in install_entries(archive, 0, wheel.name)}))
-    shadowed: dict[Path, frozenset[str]] = {}
-    later: set[str] = set()
-    for wheel, paths in reversed(installed):
-        shadowed[wheel] = frozenset(paths & later)
-        later |= paths
-    return shadowed
+            installed.append({e.path for e in install_entries(archive, 0, wheel.name)})
+    winner: dict[str, int] = {}
+    for index in reversed(range(len(wheels))):
+        for path in installed[index]:
+            winner.setdefault(path, group_of[index])
+    shadowed: dict[int, set[str]] = {group: set() for group in group_of}
+    for index, paths in enumerate(installed):
+        group = group_of[index]
+        shadowed[group] |= {path for path in paths if winner[path] != group}
+    return {group: frozenset(paths) for group, paths in shadowed.items()}
 
 
 def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
