@@ -122,8 +122,10 @@ class ImageFactsRequest:
     base_digest: str
     environment: Mapping[str, str]  # the target's PEP 508 markers, for the METADATA
     entries: tuple[str, ...]  # the PYTHONPATH entries to read
-    wheels: Mapping[str, WheelOrigin] = field(default_factory=dict)  # the extras' locks
-    base_wheels: Mapping[str, WheelOrigin] = field(default_factory=dict)  # /app/deps' locks
+    wheels: Mapping[str, WheelOrigin] = field(default_factory=dict)  # what this build installed
+    base_wheels: Mapping[str, WheelOrigin] = field(
+        default_factory=dict
+    )  # where /app/deps came from
     base_packages: frozenset[str] | None = None  # the base's dpkg names; None: not probed
     apt_packages: frozenset[str] = frozenset()  # what the apt layer was asked to install
     extras_layers: Mapping[str, str] = field(default_factory=dict)  # dist name -> diff ID
@@ -135,7 +137,10 @@ def plan_facts(
     repository: str,
     extras_layers: Mapping[str, str],
 ) -> ImageFactsRequest:
-    """What an extension image's facts need from its plan; `produced`: arch, name, config."""
+    """What an extension image's facts need from its plan; `produced`: arch, name, config.
+
+    The base's /app/deps wheels come from the SBOM attached to the base, where it has one.
+    """
     arch, engine_name, config = produced
     planned = next(a for a in plan.arches if a.arch == arch)
     return ImageFactsRequest(
@@ -148,6 +153,7 @@ def plan_facts(
         environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
         entries=tuple(e for e in dict.fromkeys((BASE_DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
         wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
+        base_wheels=base_wheels(plan.base_image, arch),
         base_packages=plan.base.packages.get(arch),
         apt_packages=frozenset(planned.apt_packages),
         extras_layers=extras_layers,
@@ -203,7 +209,7 @@ def attestable(
         arch=arch,
         base_reference=request.base_reference,
         base_digest=request.base_digest,
-        wheels=(*request.wheels.values(), *request.base_wheels.values()),
+        wheels=tuple(request.wheels.values()),
         apt=tuple(p for p in debian if p not in in_base),
         source_date_epoch=epoch,
         tool_version=contents.tool_version,
@@ -249,6 +255,19 @@ def read_attached(reference: str, artifact_type: str, arch: str | None = None) -
         document = attached_document(registry, kinds[-1]) if kinds else None
         result.append(Attached(name, digest, document))
     return result
+
+
+def base_wheels(base_image: str, arch: str) -> Mapping[str, WheelOrigin]:
+    """The wheels the base's /app/deps came from, as the base's own SBOM names them; none when
+    the base names no registry or carries no SBOM."""
+    try:
+        if ImageRef.parse(base_image).is_hub:
+            return {}
+        found = read_attached(base_image, sbom.MEDIA_TYPE, arch)
+    except (RegistryError, UserError):
+        return {}
+    document = found[0].document if found else None
+    return sbom.wheel_origins(document, BASE_DEPS) if document else {}
 
 
 def attached_sbom(image: str) -> bytes | None:

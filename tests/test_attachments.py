@@ -1,11 +1,12 @@
 """Every pushed image carries its SBOM and provenance (issue 21), on the real engine and registry.
 
-The reference base is pushed to the local registry (one arch), and a build on it of a
-synthetic wheel whose extension links libgomp (so the apt layer installs the real `libgomp1`)
-is pushed. The attachments are then found through the referrers tag schema fallback (the
-registry here has no referrers API), read back, checked against the CycloneDX 1.6 schema and
-against the image itself; verify is shown to fail an SBOM that omits an installed
-distribution; `sbom` prints what is attached, and names an image that has none.
+The reference base is pushed to the local registry by `base`'s own path (one arch, with its
+own SBOM), and a build on it of a synthetic wheel whose extension links libgomp (so the apt
+layer installs the real `libgomp1`) is pushed. The attachments are then found through the
+referrers tag schema fallback (the registry here has no referrers API), read back, checked
+against the CycloneDX 1.6 schema and against the image itself; verify is shown to fail an
+SBOM that omits an installed distribution; `sbom` prints what is attached, and names an
+image that has none.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from wheelindex import serve_wheel
 
 from builder.attachments import read_attached
 from builder.cache import Cache
-from builder.image.push_images import push
 from builder.image.reference_base import build_base_index, chosen_wheels, locked_packages
 from builder.oci.auth import Credentials
 from builder.oci.client import Registry
@@ -79,21 +79,22 @@ class Pushed:
 
 
 @pytest.fixture(scope="module")
-def base(registry: LocalRegistry, reference_image: str, docker_client: Any) -> str:
-    """The reference base in the local registry, as an index of its amd64 image."""
-    reference = f"{registry.host}/bsi-attach-{RUN}/runtime:1.0"
+def base(registry: LocalRegistry, test_env: dict, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The reference base (amd64) pushed as an index by `base`'s own path, with its SBOM."""
+    tag = f"{registry.host}/bsi-attach-{RUN}/runtime:1.0"
     env = {"BSI_REGISTRY_USER": registry.user, "BSI_REGISTRY_PASSWORD": registry.password}
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        push(docker_client, ImageRef.parse(reference), {"amd64": reference_image})
+        cache = Cache(tmp_path_factory.mktemp("base-cache"))
+        build_base_index(tag, ["amd64"], base_image=test_env["multiarch_base"], cache=cache)
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return reference
+    return tag
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,10 @@ def test_the_sbom_is_valid_and_lists_the_wheel_and_the_apt_package(
     assert gomp["version"] == installed
     assert gomp["purl"].startswith(f"pkg:deb/debian/libgomp1@{installed}?arch=amd64")
     assert {"name": "build-sandbox-image:layer", "value": "apt"} in gomp["properties"]
-    assert "pandas" in by_name  # the base's /app/deps
+    pandas = by_name["pandas"]  # the base's /app/deps, its wheel as the base's own SBOM says
+    (wheel,) = [w for w in chosen_wheels("amd64") if w.name == "pandas"]
+    assert pandas["hashes"] == [{"alg": "SHA-256", "content": wheel.file.sha256}]
+    assert {"name": "build-sandbox-image:location", "value": "/app/deps"} in pandas["properties"]
 
 
 def test_the_delivery_verified_the_image_against_its_sbom(pushed: Pushed) -> None:
@@ -209,11 +213,12 @@ def test_sbom_prints_what_an_earlier_run_attached(registry: LocalRegistry, pushe
     assert json.loads(statement.stdout)["predicateType"] == "https://slsa.dev/provenance/v1"
 
 
-def test_sbom_names_an_image_with_nothing_attached(registry: LocalRegistry, base: str) -> None:
-    result = tool(registry, "sbom", base)
+def test_sbom_names_an_image_with_nothing_attached(registry: LocalRegistry, test_env: dict) -> None:
+    bare = test_env["multiarch_base"]  # the stand-in, pushed by the setup without attachments
+    result = tool(registry, "sbom", bare, "--arch", "amd64")
     assert result.returncode == 1
     (line,) = result.stderr.splitlines()
-    assert line.startswith(f"error: no SBOM is attached to {base} (amd64, sha256:")
+    assert line.startswith(f"error: no SBOM is attached to {bare} (amd64, sha256:")
 
 
 def test_verify_of_a_pushed_image_compares_it_with_its_attached_sbom(
@@ -225,15 +230,11 @@ def test_verify_of_a_pushed_image_compares_it_with_its_attached_sbom(
 
 
 def test_the_reference_base_pushed_as_an_index_carries_its_own(
-    registry: LocalRegistry, test_env: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    registry: LocalRegistry, base: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
     monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
-    tag = f"{registry.host}/bsi-attach-{RUN}/base-index:1.0"
-    pushed = build_base_index(
-        tag, ["amd64"], base_image=test_env["multiarch_base"], cache=Cache(tmp_path / "cache")
-    )
-    (found,) = read_attached(pushed.reference, SBOM)
+    (found,) = read_attached(base, SBOM)
     assert found.arch == "amd64" and found.document is not None
     data = json.loads(found.document)
     assert data["metadata"]["component"]["version"] == found.digest
@@ -243,7 +244,7 @@ def test_the_reference_base_pushed_as_an_index_carries_its_own(
     (wheel,) = [w for w in chosen_wheels("amd64") if w.name == "pandas"]
     assert by_name["pandas"]["hashes"] == [{"alg": "SHA-256", "content": wheel.file.sha256}]
     assert by_name["libc6"]["purl"].startswith("pkg:deb/debian/libc6@")
-    (statement,) = read_attached(pushed.reference, INTOTO, "amd64")
+    (statement,) = read_attached(base, INTOTO, "amd64")
     assert statement.document is not None
     resolved = json.loads(statement.document)["predicate"]["buildDefinition"]
     assert wheel.file.filename in {d["name"] for d in resolved["resolvedDependencies"]}

@@ -38,7 +38,12 @@ from cyclonedx.schema import OutputFormat, SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
-from builder.attest.contents import DebianPackage, PythonDistribution, without_credentials
+from builder.attest.contents import (
+    DebianPackage,
+    PythonDistribution,
+    WheelOrigin,
+    without_credentials,
+)
 from builder.errors import UserError
 
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
@@ -204,6 +209,41 @@ def listed(document: bytes | str) -> tuple[str, frozenset[Listed]]:
             parsed = PackageURL.from_string(purl)
             found.add(Listed(parsed.type, parsed.name, str(parsed.version or "")))
     return subject, frozenset(found)
+
+
+def wheel_origins(document: bytes | str, location: str) -> dict[str, WheelOrigin]:
+    """The wheel (file, URL, sha256) an SBOM names for each distribution in `location`.
+
+    An image built on a base reads its base's SBOM so: the base's /app/deps came from wheels
+    only the base's own build knew.
+    """
+    try:
+        components = json.loads(document).get("components") or ()
+    except (ValueError, AttributeError):
+        return {}
+    found = {}
+    for component in components:
+        if not isinstance(component, dict):
+            continue
+        properties = {
+            p.get("name"): p.get("value")
+            for p in component.get("properties") or ()
+            if isinstance(p, dict)
+        }
+        references = component.get("externalReferences") or ()
+        hashes = component.get("hashes") or ()
+        if properties.get(f"{PROPERTY}:location") != location or not references or not hashes:
+            continue
+        try:
+            origin = WheelOrigin(
+                str(properties[f"{PROPERTY}:wheel"]),
+                str(references[0]["url"]),
+                str(hashes[0]["content"]),
+            )
+        except (KeyError, TypeError, IndexError):
+            continue
+        found[str(component.get("name"))] = origin
+    return found
 
 
 def timestamp(epoch: int) -> datetime:

@@ -229,6 +229,7 @@ def _attachments(
         base_digest=source.digest or "",
         environment=target.marker_environment(arch_named(arch)),
         entries=(BASE_DEPS,),
+        wheels=wheels,
         base_wheels=wheels,
     )
     parameters = BuildParameters(
