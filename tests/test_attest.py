@@ -21,7 +21,14 @@ from builder.attest.provenance import (
     InputFile,
     provenance_document,
 )
-from builder.attest.sbom import ImageContents, Listed, listed, sbom_document, timestamp
+from builder.attest.sbom import (
+    ImageContents,
+    Listed,
+    listed,
+    sbom_document,
+    timestamp,
+    wheel_origins,
+)
 from builder.errors import UserError
 
 STATUS = """\
@@ -203,3 +210,17 @@ def test_provenance_names_inputs_and_no_secret() -> None:
     assert resolved[wheel.filename]["digest"] == {"sha256": "ab" * 32}
     assert resolved["libgomp1"]["annotations"]["version"] == "14.2.0-19"
     assert statement["predicate"]["runDetails"]["metadata"]["startedOn"] == "2026-12-01T06:00:00Z"
+
+
+def test_an_image_built_on_a_base_reads_the_base_s_wheels_from_its_sbom() -> None:
+    document = sbom_document(_contents())
+    origins = wheel_origins(document, "/app/deps-extra")
+    assert origins == {
+        "lightgbm": WheelOrigin(
+            "lightgbm-4.6.0-py3-none-manylinux_2_28_x86_64.whl",
+            "https://index.example/packages/lightgbm-4.6.0.whl",  # as attached: no credentials
+            "ab" * 32,
+        )
+    }
+    assert wheel_origins(document, "/app/deps") == {}  # numpy: no wheel known
+    assert wheel_origins(b"not json", "/app/deps") == {}

@@ -20,7 +20,14 @@ from builder.errors import RegistryError
 from builder.oci.auth import Credentials
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
-from builder.oci.referrers import Attachment, attached_document, fallback_tag, referrers
+from builder.oci.referrers import (
+    Attachment,
+    Referrer,
+    attached_document,
+    fallback_tag,
+    referrers,
+    referrers_index,
+)
 from builder.oci.remote import Blobs, InMemory, attach, write
 from builder.oci.v1 import Descriptor, Image, digest_of
 
@@ -121,3 +128,12 @@ def test_a_failed_attachment_moves_no_tag(registry: LocalRegistry, repository: s
             attachments={image.digest: [Attachment(SBOM, b"x")]},
         )
     assert registry_tags(registry, repository, referrers=True) == []
+
+
+def test_the_fallback_index_is_extended_never_rewritten() -> None:
+    kept = [Referrer("sha256:" + "1" * 64, 10, SBOM)]
+    new = [Referrer("sha256:" + "1" * 64, 10, SBOM), Referrer("sha256:" + "2" * 64, 20, INTOTO)]
+    index = json.loads(referrers_index(kept, new))
+    assert [entry["digest"] for entry in index["manifests"]] == [r.digest for r in new]
+    assert index["manifests"][1]["artifactType"] == INTOTO
+    assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
