@@ -23,6 +23,7 @@ import docker
 
 from builder import credentials
 from builder.analysis.plan import EXTRA_DEPS, Plan
+from builder.analysis.requirements import read_requirements
 from builder.analysis.target import ARCHES, Target
 from builder.attest import provenance, sbom
 from builder.attest.contents import (
@@ -30,6 +31,7 @@ from builder.attest.contents import (
     WheelOrigin,
     debian_packages,
     distribution,
+    without_credentials,
 )
 from builder.attest.provenance import BuildParameters, BuildRun, InputFile
 from builder.engine import engine_client
@@ -59,9 +61,11 @@ def input_files(paths: tuple[Path, ...]) -> tuple[InputFile, ...]:
 
 
 def build_parameters(plan: Plan, request: Request) -> BuildParameters:
-    """What the operator asked for, as the provenance names it: files by hash, apt secrets
-    by the id BuildKit mounts them under (never their contents)."""
+    """What the operator asked for, as the provenance names it: files by hash, the package
+    indexes without their credentials, apt secrets by the id BuildKit mounts them under (never
+    their contents)."""
     secrets = request.secrets
+    indexes = read_requirements(request.requirement_files, request.constraint_files).indexes()
     return BuildParameters(
         requirements=input_files(request.requirement_files),
         constraints=input_files(request.constraint_files),
@@ -71,6 +75,7 @@ def build_parameters(plan: Plan, request: Request) -> BuildParameters:
         base_image=plan.base_image,
         flags={
             "with_optional": request.with_optional,
+            "indexes": " ".join(without_credentials(url) for url in indexes),
             "apt_secrets": ",".join(
                 name
                 for name, used in (("apt-ca", secrets.apt_ca), ("apt-auth", secrets.apt_auth))

@@ -44,6 +44,7 @@ RUN = uuid.uuid4().hex[:8]
 TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"
 SBOM = "application/vnd.cyclonedx+json"
 INTOTO = "application/vnd.in-toto+json"
+INDEX_LOGIN = "bsi-index:index-s3cret"  # the wheel's index wants it: no document may carry it
 
 
 def tool(registry: LocalRegistry, *args: str) -> subprocess.CompletedProcess[str]:
@@ -114,9 +115,10 @@ def pushed(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry, ba
     )
     repository = f"{registry.host}/bsi-attach-{RUN}/gompy"
     local_tag = f"bsi-attach-{RUN}/gompy:test"
-    with serve_wheel(wheel, "gompy") as port:
+    with serve_wheel(wheel, "gompy", credentials=INDEX_LOGIN) as port:
         requirements = tmp_path / "requirements.txt"
-        requirements.write_text(f"--extra-index-url http://127.0.0.1:{port}/simple\ngompy\n")
+        index = f"http://{INDEX_LOGIN}@127.0.0.1:{port}/simple"
+        requirements.write_text(f"--extra-index-url {index}\ngompy\n")
         result = tool(
             registry, "-r", str(requirements), "--base-image", base, "--arch", "amd64",
             "--tag", local_tag, "--push", repository,
@@ -148,7 +150,10 @@ def test_the_sbom_and_provenance_are_found_through_the_fallback_tag(
     assert documents[SBOM] == (pushed.context / "sbom-amd64.cdx.json").read_bytes()
     assert documents[INTOTO] == (pushed.context / "provenance-amd64.intoto.json").read_bytes()
     assert pushed.report["attachments"] == ["provenance-amd64.intoto.json", "sbom-amd64.cdx.json"]
+    assert not any(b"index-s3cret" in document for document in documents.values())
     statement = json.loads(documents[INTOTO])
+    flags = statement["predicate"]["buildDefinition"]["externalParameters"]["flags"]
+    assert "http://127.0.0.1:" in flags["indexes"] and "bsi-index" not in flags["indexes"]
     assert statement["subject"][0]["digest"] == {"sha256": pushed.digest.removeprefix("sha256:")}
     resolved = {
         d["name"]: d for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
