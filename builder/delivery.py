@@ -31,7 +31,7 @@ from builder.attachments import Attestable, attestable, plan_facts
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.render import update_report
+from builder.image.render import add_to_output, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
@@ -250,7 +250,7 @@ def _record_attachments(one: Produced, output: Path) -> None:
     if one.attestable is None:
         return
     for name, document in one.attestable.documents.items():
-        (output / name).write_bytes(document)
+        add_to_output(output, name, document)
     one.record["attachments"] = sorted(one.attestable.documents)
 
 

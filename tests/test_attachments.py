@@ -31,6 +31,7 @@ from wheelindex import serve_wheel
 from builder.attachments import read_attached
 from builder.cache import Cache
 from builder.image.reference_base import build_base_index, chosen_wheels, locked_packages
+from builder.image.render import check_output
 from builder.oci.auth import Credentials
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
@@ -150,6 +151,7 @@ def test_the_sbom_and_provenance_are_found_through_the_fallback_tag(
     assert documents[SBOM] == (pushed.context / "sbom-amd64.cdx.json").read_bytes()
     assert documents[INTOTO] == (pushed.context / "provenance-amd64.intoto.json").read_bytes()
     assert pushed.report["attachments"] == ["provenance-amd64.intoto.json", "sbom-amd64.cdx.json"]
+    assert check_output(pushed.context) == pushed.context  # the next run may replace it
     assert not any(b"index-s3cret" in document for document in documents.values())
     statement = json.loads(documents[INTOTO])
     flags = statement["predicate"]["buildDefinition"]["externalParameters"]["flags"]

@@ -335,6 +335,16 @@ def _swap(staging: Path, output: Path) -> None:
         shutil.rmtree(retired)
 
 
+def add_to_output(output: Path, name: str, data: bytes) -> None:
+    """Write a file the run made after rendering (an attached SBOM, say) beside report.json and
+    list it in the marker, so that the next run may replace the directory as its own."""
+    (output / name).write_bytes(data)
+    listed = _written_by_us(output)
+    if listed is not None and name not in listed:
+        with (output / MARKER).open("a") as marker:
+            marker.write(f"{name}\n")
+
+
 def update_report(
     output: Path,
     additions: dict,
