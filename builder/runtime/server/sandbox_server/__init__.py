@@ -25,6 +25,7 @@ Modules, protocol apart from the application (as in ``http.server``):
   forms       multipart/form-data and header parameters
   limits      concurrent executes, in all and per source
   config      limits and defaults fixed at start-up
+  stopping    stop signals, honoured only from outside the server's own process tree
   main        flags and ``SANDBOX_*`` variables, signals, the reaper thread
 
 Hardening (the commands run as the same user as the server and may race it):

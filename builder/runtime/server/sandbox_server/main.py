@@ -6,12 +6,12 @@ import argparse
 import contextlib
 import os
 import resource
-import signal
 import threading
 import time
 
 from .app import SandboxServer
 from .config import MIB, Config
+from .stopping import block_stop_signals, wait_for_stop
 
 REAP_SECONDS = 1.0
 
@@ -26,6 +26,13 @@ def reap_forever(server: SandboxServer) -> None:
 def env_default(name: str, fallback: str) -> str:
     """Flags default to SANDBOX_* environment variables, so images can configure without argv."""
     return os.environ.get(name, fallback)
+
+
+def stop_when_told(server: SandboxServer) -> None:
+    """Background thread: shut down on the first stop signal from outside (``stopping``);
+    ``shutdown()`` waits for ``serve_forever()``, so it cannot run in the main thread."""
+    wait_for_stop(server.supervisor.sent_from_below)
+    server.shutdown()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -128,14 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(ValueError, OSError):  # deep trees are deleted one fd per level
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    block_stop_signals()
     server = SandboxServer((args.host, args.port), config)
-
-    def stop(signum: int, _frame: object) -> None:
-        # shutdown() waits for serve_forever(), which runs in this very thread: hand it off.
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    threading.Thread(target=stop_when_told, args=(server,), daemon=True).start()
     # As PID 1 or as subreaper the server inherits every orphan: reap their zombies.
     threading.Thread(target=reap_forever, args=(server,), daemon=True).start()
     # getsockname() gives the bound address with the host as str (server_address is typed as

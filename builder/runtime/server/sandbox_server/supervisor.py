@@ -25,6 +25,8 @@ import subprocess
 import threading
 import time
 
+from .stopping import unblock_stop_signals
+
 MARKER_VAR = "SANDBOX_EXEC_ID"
 PR_SET_CHILD_SUBREAPER = 36
 COMMAND_OOM_SCORE_ADJ = b"1000"
@@ -40,6 +42,7 @@ def prepare_child(cwd_fd: int) -> None:
     make it, and so everything it starts (the score is inherited), the OOM killer's first
     choice: 1000 is the maximum, and raising it needs no privilege. The server keeps its own."""
     os.fchdir(cwd_fd)
+    unblock_stop_signals()
     with contextlib.suppress(OSError):  # no /proc: the command just keeps the server's score
         fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -191,6 +194,24 @@ class Supervisor:
             self.reap_orphans()
             time.sleep(min(0.001 * attempt, 0.02))
         return killed
+
+    def sent_from_below(self, sender: int) -> bool:
+        """Whether ``sender`` is one of the server's descendants, as every process a command
+        starts stays (``stopping``). 0 (outside the pid namespace, or the kernel) is not; a
+        sender already gone is one only where the server is PID 1, whose namespace holds
+        nothing else."""
+        if sender == 0:
+            return False
+        table = process_table()
+        if sender not in table:
+            return self.pid == 1
+        seen: set[int] = set()
+        while sender in table and sender not in seen:
+            seen.add(sender)
+            sender = table[sender][0]
+            if sender == self.pid:
+                return True
+        return False
 
     def kill_everything(self) -> None:
         """Server shutdown: kill every descendant."""
