@@ -9,7 +9,11 @@ container runtime, the operator) it still stops the server.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -51,3 +55,63 @@ def test_a_stop_signal_from_outside_still_stops_the_server(base: Path) -> None:
     server.proc.send_signal(signal.SIGINT)
     assert server.proc.wait(timeout=10) == 0
     assert server.stop() == 0
+
+
+HOG_UID = 65529  # a user of its own: RLIMIT_NPROC counts every process of the user
+NPROC = 24
+# Forks until the user's process limit refuses, holds the children for a while, then reports.
+HOG = """
+import os, sys, time
+children = []
+try:
+    while len(children) < 200:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        children.append(pid)
+except OSError:
+    pass
+open(sys.argv[1], "w").close()
+time.sleep(4)
+print(len(children))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setpriv to a user of its own needs root")
+def test_with_no_thread_to_be_had_health_still_answers_and_says_why() -> None:
+    """The sandbox's code forks until the user's process limit is reached: the server can start
+    no thread for a connection, and the accept path answers it, GET / with an honest 503."""
+    parent = Path(tempfile.mkdtemp(prefix="sbx-hog-", dir="/tmp"))  # pytest's are root-only
+    parent.chmod(0o755)
+    workspace = parent / "workspace"
+    workspace.mkdir()
+    os.chown(workspace, HOG_UID, HOG_UID)
+    ids = str(HOG_UID)
+    python = os.environ.get("SANDBOX_HARDENED_PYTHON", "/usr/bin/python3")
+    prefix = ("prlimit", f"--nproc={NPROC}:{NPROC}", "setpriv", "--reuid", ids, "--regid", ids)
+    env = dict(os.environ, PATH=f"{os.path.dirname(python)}:/usr/bin:/bin")
+    server = ServerProcess(workspace, prefix=(*prefix, "--clear-groups"), python=python, env=env)
+    flag = workspace / "holding"
+    replies: list[tuple[int, bytes]] = []
+    command = json.dumps({"command": ["python3", "-c", HOG, str(flag)]}).encode()
+    hog = threading.Thread(
+        target=lambda: replies.append(server.request("POST", "/execute", command)[::2])
+    )
+    try:
+        hog.start()
+        deadline = time.monotonic() + 20
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), "the command did not reach the process limit"
+        answer = server.raw(b"GET / HTTP/1.1\r\nHost: sandbox\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+        assert b"no thread" in answer and b"Retry-After: 1" in answer, answer
+        hog.join(30)
+        status, body = replies[0]
+        assert status == 200 and 0 < int(json.loads(body)["stdout"]) < NPROC, body
+        assert server.request("GET", "/")[:3:2] == (200, b'{"status": "ok"}')
+    finally:
+        hog.join(30)
+        assert server.stop() == 0
+        shutil.rmtree(parent)

@@ -4,7 +4,10 @@ At most ``--max-connections`` connections are served at once, and at most
 ``--max-connections-per-source`` from one source (``sources``: this host's own addresses are
 one source, so code in the sandbox cannot take the platform's share). A connection over either
 bound gets no thread: it goes to the ``gate``, which answers ``GET /`` with the server's health
-and anything else with an immediate 503.
+and anything else with an immediate 503. So does a connection for which no thread can be
+started (the sandbox's code has used up the user's or the container's process limit, which
+threads count against); health then says so for ``THREADLESS_SECONDS``, or until a thread
+starts again.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import ThreadingHTTPServer
 from socketserver import BaseRequestHandler
 from typing import Any
@@ -22,6 +26,7 @@ from .sources import Shares, Sources
 
 ALL = ""  # the one source of the global connection count
 OK_BODY = b'{"status": "ok"}'
+THREADLESS_SECONDS = 1.0  # health is not ok this long after a thread could not be started
 
 
 class Listener(ThreadingHTTPServer):
@@ -41,6 +46,7 @@ class Listener(ThreadingHTTPServer):
         self._connections = Shares(config.max_connections)
         self._per_source = Shares(config.max_connections_per_source)
         self.gate = Gate(self.health)
+        self._threadless_until = 0.0
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A thread for the connection if both bounds allow it, else the gate."""
@@ -61,10 +67,15 @@ class Listener(ThreadingHTTPServer):
         )
         try:
             thread.start()
-        except BaseException:
+        except BaseException as exc:
             self._per_source.give_back(source)
             self._connections.give_back(ALL)
-            raise
+            if not isinstance(exc, RuntimeError):
+                raise
+            self._threadless_until = time.monotonic() + THREADLESS_SECONDS
+            self.gate.admit(request, source)  # "can't start new thread": the gate answers
+            return
+        self._threadless_until = 0.0
 
     def serve_connection(self, request: Any, client_address: Any, source: str) -> None:
         """The connection's thread (``ThreadingMixIn.process_request_thread``, plus the
@@ -84,6 +95,8 @@ class Listener(ThreadingHTTPServer):
         the asker holds itself. The application adds its own reasons to the listener's."""
         if self._connections.held(ALL) - holding >= self._connections.limit:
             return "every connection slot is taken"
+        if time.monotonic() < self._threadless_until:
+            return "no thread can be started (the process limit is reached)"
         return None
 
     def health(self) -> Answer:
