@@ -10,13 +10,15 @@ catch. It runs in its own network namespace, so the checks' requests come from o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import pytest
 import sandboxserver
-from test_verify_checks import sandbox_of, start_namespaced
+from sandboxserver import NamespacedServer
+from test_verify_checks import SERVER_PYTHONPATH, sandbox_of, start_namespaced
 
 from builder.verify.checks import CONTRACT
 from builder.verify.client import Sandbox
@@ -63,3 +65,26 @@ def test_the_unhardened_server_serves_the_contract_the_checks_rely_on(
     """Else the hardening checks could fail it for a reason other than the one they name."""
     result = run_check(name, partial(dict(CONTRACT)[name], unhardened))
     assert result.passed, result.detail
+
+
+def test_starve_fails_a_server_that_bounds_no_source_however_many_it_serves(
+    tmp_path: Path,
+) -> None:
+    """A server with no per-source share and room for more connections than the attack holds
+    (say, unbounded threads) serves the outside during the attack, yet the sandbox's code
+    could still take everything with a few more connections (or threads, up to the process
+    limit): the check fails it because the attack was never refused."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = {**os.environ, "PYTHONPATH": SERVER_PYTHONPATH}
+    original, sandboxserver.SERVER = sandboxserver.SERVER, UNHARDENED
+    try:
+        process = NamespacedServer(workspace, "--max-connections", "100000", env=env)
+    finally:
+        sandboxserver.SERVER = original
+    try:
+        result = run_check("starve", partial(dict(CONTRACT)["starve"], sandbox_of(process)))
+    finally:
+        process.stop()
+    assert not result.passed
+    assert "the server never refused one of the attack's connections" in result.detail, result

@@ -191,13 +191,14 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], root: str) -> None:
+    def __init__(self, address: tuple[str, int], root: str, max_connections: int) -> None:
         super().__init__(address, Handler)
         self.root = os.path.realpath(root)
-        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.connections = threading.BoundedSemaphore(max_connections)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """One thread per connection, 256 at most, from any source; beyond: 503 at once."""
+        """One thread per connection, ``--max-connections`` at most, from any source; beyond:
+        503 at once."""
         if not self.connections.acquire(blocking=False):
             with contextlib.suppress(OSError):
                 request.sendall(BUSY)
@@ -217,11 +218,13 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8888)
     parser.add_argument("--workspace", required=True)
+    # so many that the starve check's attack fits: bounded by nothing but the process limit
+    parser.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS)
     args = parser.parse_args()
     os.makedirs(args.workspace, exist_ok=True)
     # PID 1 of a pid namespace ignores a SIGTERM it has no handler for; the tests stop it so
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
-    server = Server((args.host, args.port), args.workspace)
+    server = Server((args.host, args.port), args.workspace, args.max_connections)
     print(f"listening on {args.host}:{server.server_address[1]}", flush=True)
     server.serve_forever()
 

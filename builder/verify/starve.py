@@ -8,7 +8,9 @@ outside, `GET /` must answer 200 within a second (stretched, like the flood's de
 slowly the sandbox starts a Python) and an `/execute` must succeed. Afterwards the server may
 hold none of the attack's connections, accepted or still queued (read from /proc/net/tcp
 inside), and a request from inside is served again (both within a few seconds): the attack left
-no slot taken.
+no slot taken. The server must also have refused some of the attack's connections: one that
+merely had room for all of them (unbounded threads, say) bounds nothing the sandbox's code
+holds, and a few more connections would starve it.
 
 The server's port inside is the listening socket among its (the command's parent's)
 descriptors, so the check works whether the port is published under another number (an image)
@@ -174,6 +176,11 @@ def check_starve(sandbox: Sandbox) -> str:
     expect(  # else nothing was attacked: e.g. the server is not on 127.0.0.1 at that port
         found["opened"] >= ATTACK_CONNECTIONS,
         f"the attack opened only {found['opened']} connections to port {found['port']}",
+    )
+    expect(  # else the attack merely fit: a few more connections could take everything
+        found["refused"] > 0,
+        f"the server never refused one of the attack's connections ({found['opened']} opened):"
+        " nothing bounds what the sandbox's own code holds",
     )
     refused = Counter(traffic.refusals)
     expect(
