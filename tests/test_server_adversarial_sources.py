@@ -1,9 +1,13 @@
 """Adversarial pass over issue 23's defences: what the sandbox's own code, as the server's uid,
 can still do to its control plane.
 
-The server and its commands share a uid, so a command may signal the server. A stop signal
-(SIGTERM, SIGINT) from one of the server's own descendants is ignored; from anyone else (the
-container runtime, the operator) it still stops the server.
+- The server and its commands share a uid, so a command may signal the server: a stop signal
+  (SIGTERM, SIGINT) from one of the server's own descendants is ignored; from anyone else (the
+  container runtime, the operator) it still stops the server.
+- A command that uses up the user's process limit leaves the server no thread for a connection:
+  the accept path answers it instead, GET / with an honest 503.
+- Accepted or not fixed (strict xfail, so a change shows): the same uid lets a command set the
+  server's rlimits, e.g. take its descriptors away, and raise the server's oom_score_adj.
 """
 
 from __future__ import annotations
@@ -12,13 +16,14 @@ import json
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from sandboxserver import ServerProcess
+from sandboxserver import ServerProcess, as_sandbox_user, sandbox_dir
 
 
 @pytest.fixture
@@ -115,3 +120,47 @@ def test_with_no_thread_to_be_had_health_still_answers_and_says_why() -> None:
         hog.join(30)
         assert server.stop() == 0
         shutil.rmtree(parent)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="commands as the server's uid need root")
+@pytest.mark.xfail(
+    strict=True,
+    reason="accepted: the kernel lets a process of the same uid set another's rlimits"
+    " (prlimit needs no capability then), so a command can take its server's descriptors;"
+    " only commands under a uid of their own would stop it",
+)
+def test_a_command_cannot_take_its_servers_descriptors_away() -> None:
+    workspace = sandbox_dir()
+    server = ServerProcess(workspace, **as_sandbox_user())  # type: ignore[arg-type]
+    try:
+        script = "prlimit --pid $PPID --nofile=3:3"
+        command = json.dumps({"command": ["sh", "-c", script]}).encode()
+        server.request("POST", "/execute", command)  # its own reply may already fail
+        with socket.create_connection((server.address, server.port), timeout=3) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: sandbox\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+    finally:
+        server.proc.kill()  # a crippled server may not manage to stop
+        server.stop()
+        shutil.rmtree(workspace)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="commands as the server's uid need root")
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed: the server is dumpable, so /proc/<server>/oom_score_adj belongs to the"
+    " command's uid too; a command can raise the server's score and lower its own back to the"
+    " server's (the kernel's floor for it), and the server becomes the OOM killer's choice",
+)
+def test_a_command_cannot_make_its_server_the_oom_killers_choice() -> None:
+    workspace = sandbox_dir()
+    server = ServerProcess(workspace, **as_sandbox_user())  # type: ignore[arg-type]
+    own = Path(f"/proc/{server.proc.pid}/oom_score_adj").read_text()
+    try:
+        script = "echo 1000 > /proc/$PPID/oom_score_adj; echo 0 > /proc/self/oom_score_adj"
+        command = json.dumps({"command": ["sh", "-c", script]}).encode()
+        server.request("POST", "/execute", command)
+        assert Path(f"/proc/{server.proc.pid}/oom_score_adj").read_text() == own
+    finally:
+        assert server.stop() == 0
+        shutil.rmtree(workspace)
