@@ -133,6 +133,8 @@ def rebuild(
             secrets=Secrets.of(config.apt_secrets),
             refresh=True,  # an upgrade must see what the index offers now
             platform_version=new_version,
+            bytecode=config.bytecode,
+            engine=client,
         )
         ahead = None
         if previous is not None and rebasing:

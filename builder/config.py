@@ -9,6 +9,7 @@
     template = "sandbox-template.yaml"
     apt-ca-bundle = "corp-ca.pem"   # optional, as --apt-ca-bundle: a BuildKit secret only
     apt-auth = "apt-auth.conf"      # optional, as --apt-auth
+    bytecode = false                # optional, as --no-bytecode: ship no .pyc (default true)
 
 Relative paths are relative to the config file. `state` (default: the config's name with
 `.state.json`) records what was last built and pushed, so a rebuild can say what changed.
@@ -41,6 +42,7 @@ KNOWN_KEYS = frozenset(
         "state",
         "apt-ca-bundle",
         "apt-auth",
+        "bytecode",
     }
 )
 # setting -> BuildKit secret id
@@ -63,6 +65,7 @@ class PipelineConfig:
     output: Path
     state: Path
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
+    bytecode: bool = True  # compile the extras' .pyc into bytecode layers
 
     @property
     def base_image(self) -> str:
@@ -104,6 +107,9 @@ def load_config(path: Path) -> PipelineConfig:
         raise UserError(f"{path}: 'architectures' must be a list of names")
     template = text("template")
     repository = text("repository")
+    bytecode = data.get("bytecode", True)
+    if not isinstance(bytecode, bool):
+        raise UserError(f"{path}: 'bytecode' must be true or false")
     return PipelineConfig(
         path=path,
         requirements=paths("requirements"),
@@ -122,6 +128,7 @@ def load_config(path: Path) -> PipelineConfig:
         apt_secrets={
             secret: here / value for key, secret in APT_SECRETS.items() if (value := text(key))
         },
+        bytecode=bytecode,
     )
 
 
@@ -159,6 +166,7 @@ class RunSettings:
     container: str | None = None
     warm_pools: tuple[Path, ...] = ()
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
+    bytecode: bool = True  # compile the extras' .pyc into bytecode layers
 
 
 def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool) -> RunSettings:

@@ -17,6 +17,8 @@ WORKSPACE = "/workspace"  # writable, the root of every file route and the defau
 DEPS = "/app/deps"  # the base image's libraries
 DEPS_EXTRA = "/app/deps-extra"  # the extension's libraries, appended after the base's
 PYTHONPATH = (DEPS, DEPS_EXTRA)  # the order: the base first, so it is never shadowed
+# the image label naming the interpreter build that compiled DEPS_EXTRA's .pyc, or "none"
+BYTECODE_LABEL = "org.build-sandbox-image.bytecode"
 TIMEOUT_EXIT_CODE = 124  # a command killed for running past timeout_seconds
 
 # Routes. File routes take a workspace-relative path, percent-encoded with `/` as %2F.

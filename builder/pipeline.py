@@ -8,18 +8,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import docker
+
 from builder.analysis.index import start_downloads
-from builder.analysis.plan import Plan, choose_wheel, import_modules, plan_arch, runtime_checks
+from builder.analysis.plan import (
+    EXTRA_DEPS,
+    Plan,
+    choose_wheel,
+    import_modules,
+    plan_arch,
+    runtime_checks,
+)
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
 from builder.analysis.target import BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
 from builder.cache import Cache
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
-from builder.image.extras import ExtrasLayer
+from builder.image.extras import (
+    BytecodeFacts,
+    ExtrasLayer,
+    group_budget,
+    known_interpreter,
+    remember_interpreter,
+    with_bytecode,
+)
+from builder.image.interpreter import base_compiler
 from builder.image.labels import created, image_labels
 from builder.image.render import Secrets, check_output, lock_text, render
 from builder.image.tags import extras_hash
@@ -41,6 +59,13 @@ class Request:
     overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
     with_optional: bool = False  # also install what only on-demand plugins need
     platform_version: str | None = None  # for labels and tags; default: the base image's tag
+    bytecode: bool = True  # compile the extras' .pyc (with an engine to run the base's python3)
+    engine: docker.DockerClient | None = None  # runs the compile; None: no bytecode
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the extras get bytecode layers: asked for, and an engine to compile with."""
+        return self.bytecode and self.engine is not None
 
 
 def base_reference(base: BaseProfile) -> str:
@@ -61,7 +86,9 @@ def prepare(
     only the chosen wheels) are written meanwhile. `planned` gets the plan as soon as it exists,
     while the layers may still be written (produce_build.SystemStages starts the apt builds). When
     every arch's lock hash equals `reuse_locks` (the previous build's: a rebase reuses its
-    layers) no layer is written.
+    layers) no layer is written, unless the extras get bytecode: the base's interpreter decides
+    then whether the previous bytecode layers still fit. The base's python3 compiles every
+    arch's wheels once, natively, beside the layer writing (builder.image.extras).
     """
     requirements = read_requirements(request.requirement_files, request.constraint_files)
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
@@ -91,16 +118,32 @@ def prepare(
         ]
         for r in resolutions
     }
-    with (
+    with (  # the compiler's container goes last, once no thread can use it
+        ExitStack() as stack,
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
-        ThreadPoolExecutor(max_workers=1 + len(pins)) as pool,
+        ThreadPoolExecutor(max_workers=2 + len(pins)) as pool,
     ):
+        compiler = None
+        if request.engine is not None and request.compiles:
+            compiler = base_compiler(
+                request.engine,
+                base_reference(request.base),
+                tuple(a.name for a in target.arches),
+                request.cache,
+                EXTRA_DEPS,
+            )
+            starting = pool.submit(stack.enter_context, compiler)
         downloads = start_downloads(files, request.cache, indexes, fetch)
         arrived = {future: sha for sha, future in downloads.items()}  # inspected as they come:
         ready = ((future.result(), arrived[future]) for future in as_completed(arrived))
         inspecting = pool.submit(inspect_as_ready, ready, request.cache)
         paths = {sha: future.result() for sha, future in downloads.items()}
-        writing = start_layers(pool, pins, paths, request.cache, reuse_locks)
+        budget = group_budget(request.compiles)
+        reuse = None if request.compiles else reuse_locks
+        writing = start_layers(pool, pins, paths, request.cache, reuse, budget)
+        if compiler is not None:
+            distinct = list({sha: paths[sha] for per in pins.values() for _, _, sha in per}.items())
+            compiling = pool.submit(lambda: starting.result().compile_all(distinct))
         inspections = inspecting.result()
         arch_plans = tuple(
             plan_arch(
@@ -123,6 +166,13 @@ def prepare(
         if planned is not None:
             planned(plan)
         layers = {arch: future.result() for arch, future in writing.items()}
+        facts: dict[str, BytecodeFacts] = {}
+        if compiler is not None:
+            compiling.result()  # every part in the cache: with_bytecode only assembles layers
+            layers, facts = with_bytecode(layers, paths, compiler, EXTRA_DEPS, request.cache)
+            assert compiler.interpreter is not None
+            remember_interpreter(request.cache, plan.base_image, compiler.interpreter)
+            plan = replace(plan, bytecode=compiler.interpreter.build)
     render(
         plan,
         request.output,
@@ -130,6 +180,7 @@ def prepare(
         {r.arch.name: r.pylock for r in resolutions},
         request.secrets,
         finish(plan, request, layers).labels,
+        {arch: one.to_dict() for arch, one in facts.items()},
     )
     return plan
 
@@ -155,13 +206,19 @@ def finish(
 ) -> Finish:
     """The layers, labels and `created` each arch's image gets (the same in the Dockerfile).
 
-    `layers` None: each arch's layers are written (or found in the cache); empty: none is
-    needed (a rebase), and only the date the locks fix is read from the wheels.
+    `layers` None: each arch's layers are written (or found in the cache, with the bytecode
+    `prepare` compiled); empty: none is needed (a rebase), and only the date the locks fix is
+    read from the wheels.
     """
-    layers = plan_layers(plan, request.cache) if layers is None else layers
+    interpreter = known_interpreter(request.cache, plan.base_image) if plan.bytecode else None
+    if layers is None:
+        layers = plan_layers(plan, request.cache, interpreter, group_budget(bool(plan.bytecode)))
     epoch = plan_epoch(plan, request.cache)
     version = platform_version(plan.base_image, request.platform_version)
-    labels = image_labels(plan.base.image, plan.base.digest, epoch, version, extras_of(plan))
+    bytecode = interpreter.build if interpreter else "none"
+    labels = image_labels(
+        plan.base.image, plan.base.digest, epoch, version, extras_of(plan), bytecode
+    )
     return Finish(layers, labels, created(epoch), request.cache)
 
 

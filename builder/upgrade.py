@@ -31,6 +31,7 @@ class BuildState:
     image: str | None = None  # repository@sha256:... once pushed
     locks: Mapping[str, str] = field(default_factory=dict)  # arch -> lock hash (the resolution)
     path: str | None = None  # "rebase" or "build": how the recorded image was made
+    bytecode: str | None = None  # the interpreter build that compiled its .pyc; None: none
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +44,7 @@ class BuildState:
             "image": self.image,
             "locks": dict(sorted(self.locks.items())),
             "path": self.path,
+            "bytecode": self.bytecode,
         }
 
     @classmethod
@@ -57,6 +59,7 @@ class BuildState:
             image=data.get("image"),
             locks=dict(data.get("locks") or {}),
             path=data.get("path"),
+            bytecode=data.get("bytecode"),
         )
 
 
@@ -73,11 +76,17 @@ def state_of(
         image=image,
         locks={a.arch: lock_hash(lock_text(plan, a.arch)) for a in plan.arches},
         path=path,
+        bytecode=plan.bytecode,
     )
 
 
 def rebase_blocker(previous: BuildState | None, current: BuildState) -> str | None:
-    """Why an upgrade needs a full build, or None when the extras can be rebased as they are."""
+    """Why an upgrade needs a full build, or None when the extras can be rebased as they are.
+
+    The bytecode layers are reused only for a byte-identical interpreter (its build); another
+    compiles them again (natively, from cached parts) on the build path, which still reuses
+    every distribution layer by digest.
+    """
     if previous is None or not previous.image:
         return "no previous pushed image recorded"
     if not previous.locks:
@@ -86,6 +95,9 @@ def rebase_blocker(previous: BuildState | None, current: BuildState) -> str | No
         return "the resolution changed"
     if previous.python_version.rsplit(".", 1)[0] != current.python_version.rsplit(".", 1)[0]:
         return "the python minor version changed"
+    if previous.bytecode != current.bytecode:
+        before, after = previous.bytecode or "none", current.bytecode or "none"
+        return f"the extras' bytecode interpreter changed ({before[:12]} -> {after[:12]})"
     return None
 
 

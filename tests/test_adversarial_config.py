@@ -31,11 +31,17 @@ def _config(tmp_path: Path, extra: str = "") -> Path:
         ('repository = {a = "b"}\n', "'repository' must be a string"),
         ('architectures = "amd64"\n', "'architectures' must be a list of names"),
         ("apt-ca-bundle = 1\n", "'apt-ca-bundle' must be a string"),
+        ('bytecode = "no"\n', "'bytecode' must be true or false"),
     ],
 )
 def test_settings_of_the_wrong_type_name_the_setting(tmp_path, extra, culprit):
     with pytest.raises(UserError, match=culprit):
         load_config(_config(tmp_path, extra))
+
+
+def test_bytecode_is_on_unless_the_config_turns_it_off(tmp_path):
+    assert load_config(_config(tmp_path)).bytecode is True
+    assert load_config(_config(tmp_path, "bytecode = false\n")).bytecode is False
 
 
 def test_platform_version_is_never_written_as_toml_syntax(tmp_path):

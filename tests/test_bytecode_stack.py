@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 
 from builder.cache import Cache, sha256_of
+from builder.contract import BYTECODE_LABEL
 from builder.image import bytecode
 from builder.image.assemble import Assembly, assemble
 from builder.image.bytecode import Compiler
 from builder.image.extras import BYTECODE, DISTRIBUTION, distribution_layers, with_bytecode
+from builder.verify import verify_image
 from tests.wheelfactory import make_wheel
 
 pytestmark = pytest.mark.engine
@@ -133,3 +135,26 @@ def test_an_arm64_image_imports_from_the_native_compile_without_writing(
         cached = f"{ROOT}/{head + '/' if head else ''}__pycache__/{name}.{TAG}.pyc"
         assert f"code object from '{cached}'" in output, output[-2000:]
     assert "could not create" not in output and "wrote '" not in output
+
+
+def test_verify_fails_an_image_whose_extras_lack_the_bytecode_its_label_promises(
+    tmp_path: Path, sets: Any, docker_client: Any, reference_image: str
+) -> None:
+    """The label names an interpreter, so the `bytecode` line is required: without the bytecode
+    layers the imports come from source and verify fails; with them it passes."""
+    cache = Cache(tmp_path / "cache")
+    stacks, facts = _stacks(sets, docker_client, reference_image, cache)
+    system = docker_client.images.get(reference_image).id
+    labels = {BYTECODE_LABEL: facts["amd64"].interpreter.build}
+    lines = {}
+    for name, stack in (("without", stacks["amd64"][:2]), ("with", stacks["amd64"])):
+        tag = f"bsi-bytecode-{uuid.uuid4().hex[:8]}:{name}"
+        assembly = Assembly("amd64", ROOT, labels, "2026-01-01T00:00:00Z", tag)
+        assemble(docker_client, system, stack, assembly, cache)
+        try:
+            report = verify_image(tag, modules=["shared_pkg", "only_amd64"], client=docker_client)
+        finally:
+            docker_client.images.remove(tag, force=True)
+        lines[name] = next(check for check in report.checks if check.name == "bytecode")
+    assert not lines["without"].passed and "compiled from source" in lines["without"].detail
+    assert lines["with"].passed, lines["with"].detail

@@ -193,7 +193,9 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     adds = [f"ADD deps-extra-amd64-{i:02d}.tar /" for i in range(1, len(stack) + 1)]
     assert [line for line in extras if line.startswith("ADD")] == adds
     assert "ENV PYTHONPATH=${PYTHONPATH:+${PYTHONPATH}:}/app/deps-extra" in final
-    assert any(line.startswith("LABEL org.build-sandbox-image.version=") for line in final)
+    assert any(line.startswith("LABEL ") for line in final)
+    assert any("org.build-sandbox-image.version=" in line for line in final)
+    assert any('org.build-sandbox-image.bytecode="none"' in line for line in final)  # no compile
     assert all((out / add.split()[1]).is_file() for add in adds)
     assert not (out / "wheels").exists()  # no wheel is copied into a context or a layer
     hadolint = subprocess.run(  # in the context, with the config the context carries

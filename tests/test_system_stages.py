@@ -14,6 +14,7 @@ import pytest
 from builder import produce_build
 from builder.base.probe import probe_base
 from builder.cache import Cache
+from builder.contract import BYTECODE_LABEL
 from builder.errors import UserError
 from builder.image.build import BuildSpec
 from builder.pipeline import Request, finish, prepare
@@ -44,7 +45,7 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
-    request = request_for(tmp_path, base, "python-magic==0.4.27\n")
+    request = replace(request_for(tmp_path, base, "python-magic==0.4.27\n"), engine=docker_client)
     targets: list[str | None] = []
     real_build = produce_build.build_image
 
@@ -79,6 +80,10 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     assert built.extras_layers, "no extras layer reported"
     extras = [one["diff_id"] for one in built.extras_layers]
     assert image == [*system, *extras]
+    kinds = [one["kind"] for one in built.extras_layers]  # distributions first, then bytecode
+    assert kinds == ["distribution"] * (len(kinds) // 2) + ["bytecode"] * (len(kinds) // 2)
+    labels = docker_client.images.get(built.engine_name).attrs["Config"]["Labels"]
+    assert labels[BYTECODE_LABEL] not in ("", "none")
     docker_client.images.remove(tag, force=True)
 
 

@@ -128,6 +128,19 @@ def test_rebase_only_when_the_locks_are_unchanged() -> None:
     assert BuildState.from_dict(old.to_dict()) == old  # locks and path survive the file
 
 
+def test_a_new_bytecode_interpreter_takes_the_build_path_and_says_why() -> None:
+    old = state(image="r/s@sha256:" + "a" * 64, locks={"amd64": "h1"}, bytecode="b" * 64)
+    same = state(base_digest="sha256:" + "b" * 64, locks={"amd64": "h1"}, bytecode="b" * 64)
+    assert rebase_blocker(old, same) is None  # the bytecode layers are reused by digest
+    other = state(locks={"amd64": "h1"}, bytecode="c" * 64)
+    assert rebase_blocker(old, other) == (
+        f"the extras' bytecode interpreter changed ({'b' * 12} -> {'c' * 12})"
+    )
+    before = state(image="r/s@sha256:" + "a" * 64, locks={"amd64": "h1"})  # no bytecode
+    assert "(none -> " in (rebase_blocker(before, same) or "")
+    assert BuildState.from_dict(old.to_dict()) == old
+
+
 def test_a_delivery_records_the_state_only_when_asked_and_pushed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

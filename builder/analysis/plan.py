@@ -67,6 +67,7 @@ class Plan:
     import_modules: tuple[str, ...]  # top-level modules of the direct requirements
     runtime_checks: tuple[str, ...]  # python snippets proving run-time loaded libraries work
     pythonpath_entry: str = EXTRA_DEPS
+    bytecode: str | None = None  # the build of the interpreter that compiled the extras' .pyc
 
     @property
     def warnings(self) -> tuple[str, ...]:

@@ -26,9 +26,11 @@ from builder import contract
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.image.bytecode import Interpreter
 from builder.image.extras import (
     EXTRAS_LAYERS,
     ExtrasLayer,
+    cached_bytecode,
     check_layer_count,
     created_by,
     distribution_layers,
@@ -55,19 +57,18 @@ class Assembled:
 
 
 def plan_layers(
-    plan: Plan, cache: Cache, wheels: Mapping[str, Path] | None = None
+    plan: Plan, cache: Cache, interpreter: Interpreter | None, budget: int
 ) -> dict[str, tuple[ExtrasLayer, ...]]:
-    """Each arch's extras layers (built once per lock, in parallel; then a cache lookup).
-
-    `wheels` maps sha256 -> file; without it the wheels are looked up in the cache.
-    """
+    """Each arch's extras layers (built once per lock, in parallel; then a cache lookup), with
+    the bytecode layers `interpreter` compiled for them (found in the cache) unless None."""
 
     def one(arch: str) -> tuple[ExtrasLayer, ...]:
         chosen = next(a.wheels for a in plan.arches if a.arch == arch)
-        paths = _wheel_paths(plan, arch, cache, wheels)
+        paths = _wheel_paths(plan, arch, cache)
         pins = [(w.name, w.version, w.sha256) for w in chosen]
         by_sha = {w.sha256: path for w, path in zip(chosen, paths, strict=True)}
-        return distribution_layers(pins, by_sha, plan.pythonpath_entry, cache, EXTRAS_LAYERS)
+        stack = distribution_layers(pins, by_sha, plan.pythonpath_entry, cache, budget)
+        return cached_bytecode(stack, interpreter, cache)[0] if interpreter else stack
 
     arches = [a.arch for a in plan.arches]
     with ThreadPoolExecutor(max_workers=len(arches)) as pool:
@@ -80,6 +81,7 @@ def start_layers(
     wheels: Mapping[str, Path],
     cache: Cache,
     reuse_locks: Mapping[str, str] | None = None,
+    budget: int = EXTRAS_LAYERS,
 ) -> dict[str, Future[tuple[ExtrasLayer, ...]]]:
     """Start each arch's extras layers from its (name, version, sha256) pins, before the plan.
 
@@ -89,7 +91,7 @@ def start_layers(
     if reuse_locks is not None and {a: lock_hash(t) for a, t in locks.items()} == reuse_locks:
         return {}
     return {
-        arch: pool.submit(distribution_layers, pins[arch], wheels, EXTRA_DEPS, cache, EXTRAS_LAYERS)
+        arch: pool.submit(distribution_layers, pins[arch], wheels, EXTRA_DEPS, cache, budget)
         for arch in locks
     }
 
@@ -102,13 +104,11 @@ def plan_epoch(plan: Plan, cache: Cache) -> int:
     return max(source_date_epoch(_wheel_paths(plan, a.arch, cache)) for a in plan.arches)
 
 
-def _wheel_paths(
-    plan: Plan, arch: str, cache: Cache, wheels: Mapping[str, Path] | None = None
-) -> list[Path]:
+def _wheel_paths(plan: Plan, arch: str, cache: Cache) -> list[Path]:
     chosen = next(a.wheels for a in plan.arches if a.arch == arch)
     paths = []
     for wheel in chosen:
-        path = (wheels or {}).get(wheel.sha256) or cache.find_blob(wheel.sha256, wheel.filename)
+        path = cache.find_blob(wheel.sha256, wheel.filename)
         if path is None:
             raise UserError(f"{wheel.filename}: not in the cache; run the build again")
         paths.append(path)

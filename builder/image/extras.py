@@ -226,4 +226,39 @@ def with_bytecode(
         skipped = tuple(sorted({path for part in used for path in part.skipped}))
         size = sum(one.layer.size for one in added)
         facts[arch] = BytecodeFacts(interpreter, sum(p.compiled for p in used), skipped, size)
+        record = {"layers": [_record(one) for one in added], "facts": facts[arch].to_dict()}
+        cache.put_record("bytecode-stack", _bytecode_key(stack, interpreter.build), record)
     return result, facts
+
+
+def cached_bytecode(
+    stack: tuple[ExtrasLayer, ...], interpreter: Interpreter, cache: Cache
+) -> tuple[tuple[ExtrasLayer, ...], BytecodeFacts]:
+    """The distribution layers followed by the bytecode layers `with_bytecode` recorded for
+    them and this interpreter (what the run's own compile left in the cache), and their facts."""
+    record = cache.get_record("bytecode-stack", _bytecode_key(stack, interpreter.build))
+    added = _cached(record, cache) if record else None
+    if record is None or added is None:
+        raise UserError("the extras' bytecode is not in the cache; run the build again")
+    facts = record["facts"]
+    found = BytecodeFacts(interpreter, facts["compiled"], tuple(facts["skipped"]), facts["size"])
+    return (*stack, *added), found
+
+
+def remember_interpreter(cache: Cache, base_image: str, interpreter: Interpreter) -> None:
+    """Record which interpreter `base_image` (pinned) holds, for labels and later steps."""
+    key = hashlib.sha256(base_image.encode()).hexdigest()
+    cache.put_record("interpreter", key, interpreter.to_dict() | {"image": interpreter.image})
+
+
+def known_interpreter(cache: Cache, base_image: str) -> Interpreter | None:
+    """The interpreter `remember_interpreter` recorded for `base_image`, if any."""
+    record = cache.get_record("interpreter", hashlib.sha256(base_image.encode()).hexdigest())
+    if not record:
+        return None
+    return Interpreter(record["image"], record["version"], record["cache_tag"], record["build"])
+
+
+def _bytecode_key(stack: Sequence[ExtrasLayer], build: str) -> str:
+    text = "\n".join([STACK_FORMAT, build, *(one.layer.diff_id for one in stack)])
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -9,11 +9,14 @@ from __future__ import annotations
 import datetime
 from importlib import metadata
 
+from builder.contract import BYTECODE_LABEL
+
 BASE_NAME = "org.opencontainers.image.base.name"
 BASE_DIGEST = "org.opencontainers.image.base.digest"
 CREATED = "org.opencontainers.image.created"
 VERSION = "org.opencontainers.image.version"
 TOOL_VERSION = "org.build-sandbox-image.version"
+BYTECODE = BYTECODE_LABEL  # verify reads it too: its home is the contract
 DISTRIBUTION = "build-sandbox-image"
 
 
@@ -32,9 +35,17 @@ def created(epoch: int) -> str:
 
 
 def image_labels(
-    base_name: str, base_digest: str | None, epoch: int, platform_version: str, extras: str
+    base_name: str,
+    base_digest: str | None,
+    epoch: int,
+    platform_version: str,
+    extras: str,
+    bytecode: str | None = None,
 ) -> dict[str, str]:
-    """Labels for an image or index built on `base_name` (a tag, without the digest)."""
+    """Labels for an image or index built on `base_name` (a tag, without the digest).
+
+    `bytecode`: the BYTECODE label's value, when the image has extras.
+    """
     labels = {
         BASE_NAME: base_name.split("@", 1)[0],
         CREATED: created(epoch),
@@ -43,4 +54,6 @@ def image_labels(
     }
     if base_digest:
         labels[BASE_DIGEST] = base_digest
+    if bytecode is not None:
+        labels[BYTECODE] = bytecode
     return dict(sorted(labels.items()))

@@ -217,8 +217,12 @@ def render(
     pylocks: Mapping[str, str],
     secrets: Secrets = Secrets(),
     labels: Mapping[str, str] | None = None,
+    bytecode: Mapping[str, Mapping[str, object]] | None = None,
 ) -> None:
     """Write the build context to `output`, replacing it only once it is complete.
+
+    `bytecode`: each arch's bytecode facts (interpreter, modules compiled, sources skipped, the
+    bytes it adds), for report.json.
 
     Each arch's extras layers are hard-linked from the cache: no wheel is copied, and a
     rerun gives BuildKit nothing new to hash (it reads the layer files only for a hand build).
@@ -241,6 +245,8 @@ def render(
                 place(one.layer.path, staging / LAYER_FILE.format(arch=arch.arch, index=index))
             if stack:
                 report["architectures"][arch.arch]["extras_layers"] = [o.to_dict() for o in stack]
+            if arch.arch in (bytecode or {}):
+                report["architectures"][arch.arch]["bytecode"] = dict((bytecode or {})[arch.arch])
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         # hadolint finds it when run in the context; it justifies each ignored rule.
         (staging / ".hadolint.yaml").write_text(

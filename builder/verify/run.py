@@ -9,6 +9,7 @@ from functools import partial
 
 import docker
 
+from builder.contract import BYTECODE_LABEL
 from builder.engine import engine_client, local_image
 from builder.errors import UserError
 from builder.verify.checks import contract_checks
@@ -46,6 +47,9 @@ def verify_image(
     engine's, so every caller gets the emulated bound without knowing the arch.
     `sdk`: run the upstream SDK's round trip too; None runs it when the SDK is installed, True
     fails the report when it is not, False leaves it out.
+    The `bytecode` line (every module imported from /app/deps-extra loaded from a valid .pyc)
+    follows the image's bytecode label: required when it names an interpreter, left out when it
+    says "none", reported only when it is absent (an image of another tool, or of before it).
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
     holds (every distribution on PYTHONPATH and every dpkg package, both ways).
     """
@@ -57,9 +61,13 @@ def verify_image(
     try:
         found = local_image(image, client)
         report.checks.append(image_user_check(found.attrs.get("Config", {}).get("User") or ""))
+        labels = found.attrs.get("Config", {}).get("Labels") or {}
+        required = bytecode_required(labels.get(BYTECODE_LABEL))
         with hardened(client, image, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
-            report.checks += served_checks(running.sandbox, modules, checks, distributions, sdk)
+            report.checks += served_checks(
+                running.sandbox, modules, checks, distributions, sdk, bytecode=required
+            )
             if sbom is not None:
                 report.checks.append(sbom_check(running.sandbox, sbom))
             report.checks.append(run_check("still-serving", running.still_serving))
@@ -78,6 +86,7 @@ def served_checks(
     distributions: Sequence[str],
     sdk: bool | None,
     process_mode: bool = False,
+    bytecode: bool | None = None,
 ) -> list[Check]:
     """Everything checked through a serving image's port, in report order.
 
@@ -93,7 +102,7 @@ def served_checks(
     """
     contract = contract_checks(process_mode)
     jobs: dict[str, Job] = {
-        "imports": partial(wanted_imports, sandbox, modules, distributions),
+        "imports": partial(wanted_imports, sandbox, modules, distributions, bytecode),
         "lifetimes": partial(contract_run, sandbox, [c for c in contract if c[0] in LIFETIMES]),
         "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
     }
@@ -127,10 +136,21 @@ def snippet_run(sandbox: Sandbox, number: int, snippet: str) -> list[Check]:
     return [run_check(f"check {number}", partial(check_snippet, sandbox, snippet))]
 
 
+def bytecode_required(label: str | None) -> bool | None:
+    """Whether the `bytecode` line fails an import from source (None: no such line)."""
+    if label is None:
+        return False  # an image of another tool, or of before bytecode: reported only
+    return None if label == "none" else True
+
+
 def wanted_imports(
-    sandbox: Sandbox, modules: Sequence[str], distributions: Sequence[str]
+    sandbox: Sandbox,
+    modules: Sequence[str],
+    distributions: Sequence[str],
+    bytecode: bool | None = None,
 ) -> list[Check]:
-    """The distributions' mapping problems, then one import check per module."""
+    """The distributions' mapping problems, then one import check per module (and the
+    `bytecode` line: see `import_checks`)."""
     wanted = list(dict.fromkeys(modules))
     problems: list[Check] = []
     if distributions:
@@ -139,4 +159,4 @@ def wanted_imports(
         except (ContractViolation, OSError, http.client.HTTPException) as error:
             derived, problems = [], [Check("requirements", False, f"cannot map: {error}")]
         wanted += [module for module in derived if module not in wanted]
-    return problems + import_checks(sandbox, wanted)
+    return problems + import_checks(sandbox, wanted, bytecode)

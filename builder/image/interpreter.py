@@ -1,0 +1,57 @@
+"""The engine image whose `python3` compiles the extras' bytecode: the base itself, natively.
+
+The base's interpreter is the target's (the apt step adds libraries, never another CPython), so
+the base serves every arch; it runs on the engine's own arch, since bytecode is the same for
+every machine. The engine may not hold the base (BuildKit pulls into its own store), so it is
+pulled for that one platform, with the credentials `docker pull` would use.
+"""
+
+from __future__ import annotations
+
+import docker
+import docker.errors
+
+from builder.cache import Cache
+from builder.credentials import engine_auth
+from builder.errors import UserError
+from builder.image.bytecode import Compiler
+from builder.oci.name import ImageRef
+from builder.oci.v1 import Platform
+
+
+def compile_arch(client: docker.DockerClient, arches: tuple[str, ...]) -> str:
+    """The arch to compile on: the engine's own when it is built, else the first arch, under
+    emulation (no image of the engine's own arch holds the target's interpreter then)."""
+    native = Platform.of_machine(str(client.info().get("Architecture") or ""))
+    if native is not None and native.architecture in arches:
+        return native.architecture
+    return arches[0]
+
+
+def interpreter_image(client: docker.DockerClient, base_image: str, arch: str) -> str:
+    """The engine's id of `base_image` for `arch`, pulled for that platform unless present."""
+    try:
+        found = client.images.get(base_image)
+        if found.attrs.get("Architecture") == arch:
+            return str(found.id)
+    except docker.errors.DockerException:
+        pass  # not held, or a name@digest the engine cannot look up: pull it
+    ref = ImageRef.parse(base_image, "base image")
+    try:
+        client.api.pull(
+            ref.name,
+            tag=ref.reference,
+            platform=f"linux/{arch}",
+            auth_config=engine_auth(ref.registry),
+        )
+        return str(client.images.get(f"{ref.name}@{ref.digest}" if ref.digest else str(ref)).id)
+    except docker.errors.DockerException as error:
+        raise UserError(f"bytecode: cannot pull {base_image} for linux/{arch}: {error}") from None
+
+
+def base_compiler(
+    client: docker.DockerClient, base_image: str, arches: tuple[str, ...], cache: Cache, root: str
+) -> Compiler:
+    """The (unstarted) Compiler of the base's interpreter on the arch `compile_arch` picks."""
+    arch = compile_arch(client, arches)
+    return Compiler(client, interpreter_image(client, base_image, arch), cache, root)
