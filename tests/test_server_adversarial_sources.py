@@ -6,8 +6,9 @@ can still do to its control plane.
   container runtime, the operator) it still stops the server.
 - A command that uses up the user's process limit leaves the server no thread for a connection:
   the accept path answers it instead, GET / with an honest 503.
-- Accepted or not fixed (strict xfail, so a change shows): the same uid lets a command set the
-  server's rlimits, e.g. take its descriptors away, and raise the server's oom_score_adj.
+- The server is not dumpable, so a command cannot ptrace it, nor raise its oom_score_adj.
+- Accepted (strict xfail, so a change shows): the same uid lets a command set the server's
+  rlimits, e.g. take its descriptors away.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def test_a_stop_signal_from_outside_still_stops_the_server(base: Path) -> None:
     assert server.stop() == 0
 
 
+PTRACE_PARENT = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+done = libc.ptrace(16, os.getppid(), 0, 0) == 0  # PTRACE_ATTACH
+print("attached" if done else errno.errorcode[ctypes.get_errno()])
+"""
 HOG_UID = 65529  # a user of its own: RLIMIT_NPROC counts every process of the user
 NPROC = 24
 # Forks until the user's process limit refuses, holds the children for a while, then reports.
@@ -146,21 +153,23 @@ def test_a_command_cannot_take_its_servers_descriptors_away() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="commands as the server's uid need root")
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: the server is dumpable, so /proc/<server>/oom_score_adj belongs to the"
-    " command's uid too; a command can raise the server's score and lower its own back to the"
-    " server's (the kernel's floor for it), and the server becomes the OOM killer's choice",
-)
-def test_a_command_cannot_make_its_server_the_oom_killers_choice() -> None:
+def test_a_command_cannot_make_its_server_the_oom_killers_choice_nor_trace_it() -> None:
+    """The server is not dumpable: its /proc files are root's, ptrace needs CAP_SYS_PTRACE."""
     workspace = sandbox_dir()
     server = ServerProcess(workspace, **as_sandbox_user())  # type: ignore[arg-type]
     own = Path(f"/proc/{server.proc.pid}/oom_score_adj").read_text()
     try:
         script = "echo 1000 > /proc/$PPID/oom_score_adj; echo 0 > /proc/self/oom_score_adj"
         command = json.dumps({"command": ["sh", "-c", script]}).encode()
-        server.request("POST", "/execute", command)
+        status, _, body = server.request("POST", "/execute", command)
+        assert status == 200 and b"Permission denied" in body, body
         assert Path(f"/proc/{server.proc.pid}/oom_score_adj").read_text() == own
+        command = json.dumps({"command": ["python3", "-c", PTRACE_PARENT]}).encode()
+        status, _, body = server.request("POST", "/execute", command)
+        assert status == 200 and json.loads(body)["stdout"] == "EPERM\n", body
+        script = "cat /proc/self/oom_score_adj"  # the commands' own score is still theirs
+        command = json.dumps({"command": ["sh", "-c", script]}).encode()
+        assert json.loads(server.request("POST", "/execute", command)[2])["stdout"] == "1000\n"
     finally:
         assert server.stop() == 0
         shutil.rmtree(workspace)

@@ -14,7 +14,9 @@ holds, and a few more connections would starve it.
 
 The server's port inside is the listening socket among its (the command's parent's)
 descriptors, so the check works whether the port is published under another number (an image)
-or the server runs as a process on any port (tests); the contract's port when /proc says nothing.
+or the server runs as a process on any port (tests). Where /proc does not show the server's
+descriptors (a server that is not dumpable keeps them from its commands), it is the first of the
+contract's port and the port the check reaches the server on that accepts on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ RELEASE_WAIT = 3.0  # natively, for the server to let go of the closed connectio
 
 ATTACK = """
 import json, os, select, socket, sys, time
-count, hold, release, default_port, started = sys.argv[1:6]
+count, hold, release, candidates, started = sys.argv[1:6]
 count, hold, release = int(count), float(hold), float(release)
 
 def server_port():
@@ -65,7 +67,13 @@ def server_port():
         for row in rows:
             if row[3] == "0A" and row[9] in inodes:
                 return int(row[1].rsplit(":", 1)[1], 16)
-    return int(default_port)
+    for candidate in candidates.split(","):  # the server's /proc is not ours: one that answers
+        try:
+            socket.create_connection(("127.0.0.1", int(candidate)), timeout=1).close()
+            return int(candidate)
+        except OSError:
+            continue
+    return int(candidates.split(",")[0])
 
 port = server_port()
 LOOPBACK = ("0100007F", "0000000000000000FFFF00000100007F")  # 127.0.0.1 in /proc/net/tcp{,6}
@@ -153,7 +161,7 @@ def check_starve(sandbox: Sandbox) -> str:
         str(ATTACK_CONNECTIONS),
         str(ATTACK_SECONDS),
         str(RELEASE_WAIT * slow),
-        str(contract.PORT),
+        f"{contract.PORT},{sandbox.port}",
         started,
     ]
     with ThreadPoolExecutor(1) as pool:

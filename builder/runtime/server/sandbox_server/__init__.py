@@ -35,6 +35,9 @@ Hardening (the commands run as the same user as the server and may race it):
   or times out; ``setsid``, double forks and new sessions do not escape. Each starts with
   ``oom_score_adj`` 1000, so under a memory limit the kernel kills a command, not the server
   (which keeps its own score).
+* The server is not dumpable, so its commands, though they share its uid, cannot ptrace it nor
+  write its /proc files (its ``oom_score_adj``, its memory); a stop signal from a command is
+  ignored (``stopping``).
 * Memory (``output``, ``commands``): command output is spooled to unnamed temporary files
   (``--spool-dir``, default ``$TMPDIR`` or /tmp, never the workspace; a memfd when no directory
   is writable), each stream capped at ``--max-output`` raw bytes, and the JSON reply is encoded

@@ -24,11 +24,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 from .stopping import unblock_stop_signals
 
 MARKER_VAR = "SANDBOX_EXEC_ID"
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 COMMAND_OOM_SCORE_ADJ = b"1000"
 # (limit, count) of the cgroup's processes: cgroup v2, then v1's pids controller
 PIDS_FILES = (
@@ -43,6 +45,7 @@ def prepare_child(cwd_fd: int) -> None:
     choice: 1000 is the maximum, and raising it needs no privilege. The server keeps its own."""
     os.fchdir(cwd_fd)
     unblock_stop_signals()
+    call_prctl(PR_SET_DUMPABLE, 1)  # /proc/self is root's while not (guard_server_process)
     with contextlib.suppress(OSError):  # no /proc: the command just keeps the server's score
         fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -65,14 +68,36 @@ def process_limit_reached() -> bool:
     return False
 
 
+@functools.cache
+def prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once in the server: a forked child must not take the loader's
+    lock another thread may have held at the fork. None where libc lacks it."""
+    try:
+        function: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return function
+    except (OSError, AttributeError):
+        return None
+
+
+def call_prctl(option: int, value: int) -> bool:
+    """prctl(option, value); False where it failed or libc lacks it."""
+    function = prctl()
+    return function is not None and function(option, value, 0, 0, 0) == 0
+
+
 def set_child_subreaper() -> bool:
     """prctl(PR_SET_CHILD_SUBREAPER): orphans below the server are re-parented to it rather
     than to init. Needs no capability; False where the kernel or libc lacks it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
+    return call_prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def guard_server_process() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0): the commands run as the server's uid, and a dumpable server
+    would be theirs to ptrace, to read and write through /proc/<pid>/mem, and to make the OOM
+    killer's choice through /proc/<pid>/oom_score_adj. Not dumpable, its /proc files belong to
+    root and ptrace needs CAP_SYS_PTRACE. Each command becomes dumpable again before its score
+    is written (``prepare_child``), and exec resets it anyway."""
+    return call_prctl(PR_SET_DUMPABLE, 0)
 
 
 def process_table() -> dict[int, tuple[int, str]]:
@@ -138,6 +163,7 @@ class Supervisor:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.subreaper = set_child_subreaper()
+        guard_server_process()
         self._lock = threading.Lock()
         self._leaders: dict[int, str] = {}  # running commands' main pids -> marker
 
