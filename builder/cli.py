@@ -13,14 +13,13 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from builder.analysis.plan import Plan
 from builder.analysis.requirements import distribution_names, redact_credentials
-from builder.analysis.sizes import human, size_figures
 from builder.analysis.target import ARCHES
 from builder.attachments import attached_sbom
 from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
 from builder.cli_sbom import sbom_command
+from builder.cli_summary import summary
 from builder.commands import build_delivery, build_images
 from builder.commands import rebuild as run_rebuild
 from builder.config import RunSettings, load_config, merge
@@ -77,47 +76,6 @@ def reports_errors(function: F) -> F:
         sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
-
-
-def summary(plan: Plan) -> str:
-    """The human table: distribution, version, wheel tag, sizes, native needs -> Debian package."""
-    lines = [f"base: {plan.base_image} (python {plan.base.python_version}, {plan.base.source})"]
-    for arch in plan.arches:
-        rows = [("distribution", "version", "wheel tag", "download", "installed", "native needs")]
-        for wheel in arch.wheels:
-            needs = [
-                f"{lib.soname or '(run time)'} -> {lib.package}{' (optional)' * lib.optional}"
-                for lib in arch.libraries
-                if any(by.startswith(f"{wheel.name}=={wheel.version}") for by in lib.needed_by)
-            ]
-            size, installed = human(wheel.size), human(wheel.installed_size)
-            needed = ", ".join(needs) or "-"
-            rows.append((wheel.name, wheel.version, wheel.tag, size, installed, needed))
-        total = size_figures(arch.wheels)
-        rows.append(("total", "", "", human(total["download"]), human(total["installed"]), ""))
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        lines.append(f"\n{arch.arch}:")
-        lines += [
-            "  "
-            + "  ".join(
-                cell.rjust(width) if i in (3, 4) else cell.ljust(width)
-                for i, (cell, width) in enumerate(zip(row[:5], widths, strict=True))
-            )
-            + "  "
-            + row[5]
-            for row in rows
-        ]
-        if arch.provided_by_base:
-            lines.append(
-                f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
-            )
-        lines.append(f"  apt packages: {' '.join(arch.apt_packages) or 'none'}")
-        if arch.optional_packages:
-            lines.append(
-                "  optional (on-demand plugins, or loads the code can do without;"
-                f" --with-optional installs them): {' '.join(arch.optional_packages)}"
-            )
-    return "\n".join(lines)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -208,6 +166,11 @@ def summary(plan: Plan) -> str:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Pipeline config (TOML) supplying the options above; flags given here win.",
 )
+@click.option(
+    "--no-bytecode",
+    is_flag=True,
+    help="Ship no .pyc for the extras (smaller image; every sandbox start compiles them).",
+)
 @click.pass_context
 @reports_errors
 def main(
@@ -232,6 +195,7 @@ def main(
     overrides: tuple[Path, ...],
     with_optional: bool,
     config_path: Path | None,
+    no_bytecode: bool,
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
     if context.invoked_subcommand is not None:
@@ -279,12 +243,14 @@ def main(
         overrides=overrides,
         with_optional=with_optional,
         platform_version=settings.platform_version,
+        bytecode=settings.bytecode and not no_bytecode,
+        engine=client,
     )
     with SystemStages(settings.apt_secrets) as stages:
         plan = prepare(request, planned=stages.start if client is not None else None)
         for line in plan.warnings:
             click.echo(line, err=True)
-        click.echo(summary(plan))
+        click.echo(summary(plan, json.loads((settings.output / "report.json").read_text())))
         click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
         if client is None:
             why = "--no-build" if no_build else "no Docker engine reachable"

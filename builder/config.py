@@ -186,4 +186,5 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
         container=flags.container or config.container,
         warm_pools=flags.warm_pools or config.warm_pools,
         apt_secrets=flags.apt_secrets or config.apt_secrets,
+        bytecode=flags.bytecode and config.bytecode,
     )

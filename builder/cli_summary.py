@@ -1,0 +1,75 @@
+"""The main command's summary of a plan: what it installs, what it costs, what it needs.
+
+Formatting only, apart from builder/cli.py (which prints it) so that module stays small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from builder.analysis.plan import Plan
+from builder.analysis.sizes import human, size_figures
+
+
+def summary(plan: Plan, report: Mapping[str, Any] | None = None) -> str:
+    """The human table: distribution, version, wheel tag, sizes, native needs -> Debian package;
+    then the extras' layers and bytecode, from the context's report.json."""
+    lines = [f"base: {plan.base_image} (python {plan.base.python_version}, {plan.base.source})"]
+    for arch in plan.arches:
+        rows = [("distribution", "version", "wheel tag", "download", "installed", "native needs")]
+        for wheel in arch.wheels:
+            needs = [
+                f"{lib.soname or '(run time)'} -> {lib.package}{' (optional)' * lib.optional}"
+                for lib in arch.libraries
+                if any(by.startswith(f"{wheel.name}=={wheel.version}") for by in lib.needed_by)
+            ]
+            size, installed = human(wheel.size), human(wheel.installed_size)
+            needed = ", ".join(needs) or "-"
+            rows.append((wheel.name, wheel.version, wheel.tag, size, installed, needed))
+        total = size_figures(arch.wheels)
+        rows.append(("total", "", "", human(total["download"]), human(total["installed"]), ""))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines.append(f"\n{arch.arch}:")
+        lines += [
+            "  "
+            + "  ".join(
+                cell.rjust(width) if i in (3, 4) else cell.ljust(width)
+                for i, (cell, width) in enumerate(zip(row[:5], widths, strict=True))
+            )
+            + "  "
+            + row[5]
+            for row in rows
+        ]
+        if arch.provided_by_base:
+            lines.append(
+                f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
+            )
+        lines.append(f"  apt packages: {' '.join(arch.apt_packages) or 'none'}")
+        if arch.optional_packages:
+            lines.append(
+                "  optional (on-demand plugins, or loads the code can do without;"
+                f" --with-optional installs them): {' '.join(arch.optional_packages)}"
+            )
+        lines += _extras_lines(arch.arch, report or {})
+    return "\n".join(lines)
+
+
+def _extras_lines(arch: str, report: Mapping[str, Any]) -> list[str]:
+    """How the extras are laid out in layers, and what bytecode adds, as report.json has it."""
+    record = (report.get("architectures") or {}).get(arch) or {}
+    layers = record.get("extras_layers") or []
+    if not layers:
+        return []
+    kinds = [layer.get("kind") for layer in layers]
+    line = f"  extras layers: {kinds.count('distribution')} distribution"
+    bytecode = record.get("bytecode") or {}
+    if kinds.count("bytecode"):
+        size = human(int(bytecode.get("size") or 0))
+        line += (
+            f" + {kinds.count('bytecode')} bytecode ({bytecode.get('compiled', 0)} modules"
+            f" compiled, {size})"
+        )
+    else:
+        line += "; no bytecode (modules compile at every sandbox start)"
+    return [line]
