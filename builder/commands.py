@@ -10,6 +10,7 @@ report.json and the state; `rebuild` then names the new version in the user's co
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 import docker
 
 from builder.analysis.plan import Plan
+from builder.analysis.target import BaseProfile
 from builder.attachments import build_parameters
 from builder.base.discover import base_profile
 from builder.cache import Cache
@@ -91,6 +93,15 @@ def build_images(
         return deliver(producer, plan, delivery, run)
 
 
+BaseLookup = Callable[[str, Callable[[], BaseProfile]], BaseProfile]
+"""How `rebuild` gets the new base's profile: (reference, the probe) -> profile. Alone it
+probes; a fleet (builder.fleet) probes each distinct reference once for all its templates."""
+
+
+def _probe(image: str, probe: Callable[[], BaseProfile]) -> BaseProfile:
+    return probe()
+
+
 @dataclass
 class Rebuild:
     """What a platform-upgrade rebuild found, and what it did about it."""
@@ -108,6 +119,7 @@ def rebuild(
     cache: Cache,
     reporter: Reporter,
     check_only: bool = False,
+    bases: BaseLookup = _probe,
 ) -> Rebuild:
     """Re-plan against the new platform version; deliver it if anything changed.
 
@@ -115,7 +127,8 @@ def rebuild(
     successful delivery records the state (builder.delivery) and then the new version in the
     user's config; a failed one changes neither.
     """
-    base = base_profile(config.base_image_for(new_version), client, cache, reporter)
+    image = config.base_image_for(new_version)
+    base = bases(image, lambda: base_profile(image, client, cache, reporter))
     previous = load_state(config.state)
     arches = target_arches(config.architectures, base, client)
     rebasing = previous is not None and previous.image is not None and not check_only

@@ -26,5 +26,10 @@ class Reporter:
     def warn(self, line: str) -> None:
         self.sink(f"warning: {line}")
 
+    def prefixed(self, name: str) -> Reporter:
+        """A reporter whose lines start with `[name]`: templates rebuilt at once (builder.fleet)
+        interleave their lines, and each must still say whose it is."""
+        return Reporter(lambda line: self.sink(f"[{name}] {line}"))
+
 
 QUIET = Reporter(lambda line: None)
