@@ -54,7 +54,15 @@ import docker
 from builder.cache import Cache, sha256_of
 from builder.image import bytecode
 from builder.image.bytecode import Compiled, Compiler, Interpreter, bytecode_layer
-from builder.image.layer import Layer, deps_layer, keep, source_date_epoch, written
+from builder.image.layer import (
+    Layer,
+    LayerWheels,
+    keep,
+    shadowed_files,
+    source_date_epoch,
+    wheels_layer,
+    written,
+)
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -228,12 +236,10 @@ def write_layers(
     """Every layer of the comparison, into a fresh cache, the cold writes and compiles timed."""
     cache = Cache(work / "cache")
     shas = {wheel: sha256_of(wheel) for wheel in wheels}
-    lock_text = "".join(f"{w.name} {shas[w]}\n" for w in wheels)
-    single, single_seconds = timed(lambda: deps_layer(lock_text, wheels, ROOT, cache))
+    every = LayerWheels(tuple((shas[w], w) for w in wheels))
+    single, single_seconds = timed(lambda: wheels_layer(every, ROOT, cache))
     order = sorted(wheels, key=lambda w: (-w.stat().st_size, w.name))  # largest lowest
-    per, per_seconds = timed(
-        lambda: tuple(deps_layer(f"{w.name} {shas[w]}\n", [w], ROOT, cache) for w in order)
-    )
+    per, per_seconds = timed(lambda: per_distribution(order, wheels, shas, cache))
     seconds: dict[int, float] = {}
     (parts, interpreter), seconds[2] = timed(lambda: compile_all(client, base, shas, cache, 2))
     once = Cache(work / "cache-serial")
@@ -246,6 +252,17 @@ def write_layers(
     merged = tuple(merged_layer(d, b, cache) for d, b in zip(per, own, strict=True))
     timings = Timings(single_seconds, per_seconds, seconds)
     return Layers(single, per, everything, own, merged, timings)
+
+
+def per_distribution(
+    order: Sequence[Path], wheels: Sequence[Path], shas: dict[Path, str], cache: Cache
+) -> tuple[Layer, ...]:
+    """One layer per wheel in `order`, each leaving out what a later wheel (lock order) installs,
+    as builder.image.extras writes them."""
+    shadowed = shadowed_files(wheels)
+    return tuple(
+        wheels_layer(LayerWheels(((shas[w], w),), shadowed[w]), ROOT, cache) for w in order
+    )
 
 
 def compile_all(

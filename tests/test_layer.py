@@ -1,4 +1,4 @@
-"""The deps-extra layer the tool writes itself: same lock, same bytes; laid out as pip --target."""
+"""An extras layer the tool writes itself: same wheels, same bytes; laid out as pip --target."""
 
 from __future__ import annotations
 
@@ -14,14 +14,26 @@ from pathlib import Path
 import pytest
 from wheelfactory import make_wheel
 
-from builder.cache import Cache
+from builder.cache import Cache, sha256_of
 from builder.errors import UserError
 from builder.image import gzipped as gzipped_module
 from builder.image import layer as layer_module
 from builder.image.gzipped import gzipped
-from builder.image.layer import ZIP_EPOCH, deps_layer, lock_hash, source_date_epoch
+from builder.image.layer import (
+    ZIP_EPOCH,
+    Layer,
+    LayerWheels,
+    lock_hash,
+    source_date_epoch,
+    wheels_layer,
+)
 
 ROOT = "/app/deps-extra"
+
+
+def layer_of(files: list[Path], cache: Cache) -> Layer:
+    """The layer of `files` as builder.image.extras writes one group: its wheels by sha256."""
+    return wheels_layer(LayerWheels(tuple((sha256_of(f), f) for f in files)), ROOT, cache)
 
 
 def wheels(tmp_path: Path) -> list[Path]:
@@ -53,8 +65,7 @@ def members(layer_path: Path) -> list[tarfile.TarInfo]:
 
 def test_two_cold_builds_with_separate_caches_are_byte_identical(tmp_path: Path) -> None:
     files = wheels(tmp_path)
-    lock = "alpha==1.0 --hash=sha256:aa\nbeta==2.0 --hash=sha256:bb\n"
-    first = deps_layer(lock, files, ROOT, Cache(tmp_path / "c1"))
+    first = layer_of(files, Cache(tmp_path / "c1"))
     # Other day, other order on disk: copies with fresh mtimes in a different directory.
     elsewhere = tmp_path / "other"
     elsewhere.mkdir()
@@ -63,7 +74,7 @@ def test_two_cold_builds_with_separate_caches_are_byte_identical(tmp_path: Path)
         copy = elsewhere / wheel.name
         copy.write_bytes(wheel.read_bytes())
         copies.append(copy)
-    second = deps_layer(lock, copies, ROOT, Cache(tmp_path / "c2"))
+    second = layer_of(copies, Cache(tmp_path / "c2"))
     assert first.diff_id == second.diff_id
     assert first.path.read_bytes() == second.path.read_bytes()
     assert first.diff_id == "sha256:" + hashlib.sha256(first.path.read_bytes()).hexdigest()
@@ -74,14 +85,16 @@ def test_two_cold_builds_with_separate_caches_are_byte_identical(tmp_path: Path)
     assert blob.digest == gzipped(second.path, second.diff_id, Cache(tmp_path / "c2")).digest
     assert blob.digest == "sha256:" + hashlib.sha256(blob.path.read_bytes()).hexdigest()
     assert gzip.decompress(blob.path.read_bytes()) == first.path.read_bytes()
-    # Cached by the lock: a third call with no wheels at hand returns the cached blob.
-    assert deps_layer(lock, [], ROOT, Cache(tmp_path / "c1")) == first
+    # Cached by the wheels' sha256: a third call with no wheel at hand returns the cached tar.
+    gone = LayerWheels(tuple((sha256_of(f), tmp_path / "gone" / f.name) for f in files))
+    assert wheels_layer(gone, ROOT, Cache(tmp_path / "c1")) == first
+    lock = "alpha==1.0 --hash=sha256:aa\nbeta==2.0 --hash=sha256:bb\n"
     assert lock_hash(lock) != lock_hash(lock + "gamma==1\n")
 
 
 def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
     files = wheels(tmp_path)
-    layer = deps_layer("lock\n", files, ROOT, Cache(tmp_path / "c"))
+    layer = layer_of(files, Cache(tmp_path / "c"))
     entries = members(layer.path)
     names = [entry.name for entry in entries]
     assert names == sorted(names)
@@ -114,7 +127,7 @@ def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
 
 
 def test_the_unpacked_layer_imports(tmp_path: Path) -> None:
-    layer = deps_layer("lock\n", wheels(tmp_path), ROOT, Cache(tmp_path / "c"))
+    layer = layer_of(wheels(tmp_path), Cache(tmp_path / "c"))
     with tarfile.open(layer.path, "r:") as tar:
         tar.extractall(tmp_path / "root", filter="tar")
     site = tmp_path / "root" / "app" / "deps-extra"
@@ -133,7 +146,7 @@ def test_gzip_members_carry_no_name_or_time_and_concatenate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(gzipped_module, "MEMBER", 1000)  # several members from a small tar
-    layer = deps_layer("lock\n", wheels(tmp_path), ROOT, Cache(tmp_path / "c"))
+    layer = layer_of(wheels(tmp_path), Cache(tmp_path / "c"))
     blob = gzipped(layer.path, layer.diff_id, Cache(tmp_path / "c"))
     data = blob.path.read_bytes()
     assert data[:10] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, mtime 0
@@ -173,7 +186,7 @@ def test_a_member_inflating_to_another_size_than_declared_is_refused(
     wheel = lying_wheel(tmp_path, 200)
     expected = "alpha-1.0-py3-none-any.whl: alpha/blob.bin inflates to 100 bytes, not the 200"
     with pytest.raises(UserError, match=expected):
-        deps_layer("alpha==1.0\n", [wheel], ROOT, cache)
+        layer_of([wheel], cache)
     assert not list(cache.root.glob(".layer-*")), "a refused layer left its temporary file"
 
 
@@ -181,11 +194,10 @@ def test_large_members_stream_into_the_same_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = wheels(tmp_path)
-    lock = "alpha==1.0 --hash=sha256:aa\nbeta==2.0 --hash=sha256:bb\n"
-    whole = deps_layer(lock, files, ROOT, Cache(tmp_path / "c1"))
+    whole = layer_of(files, Cache(tmp_path / "c1"))
     monkeypatch.setattr(layer_module, "STREAMED", 1)  # every member above one byte streams,
     monkeypatch.setattr(layer_module, "CHUNK", 3)  # three bytes at a time
     monkeypatch.setattr(layer_module, "QUEUED", 1)  # through a queue of one chunk
-    streamed = deps_layer(lock, files, ROOT, Cache(tmp_path / "c2"))
+    streamed = layer_of(files, Cache(tmp_path / "c2"))
     assert streamed.diff_id == whole.diff_id
     assert streamed.path.read_bytes() == whole.path.read_bytes()

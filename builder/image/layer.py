@@ -1,22 +1,19 @@
-"""The /app/deps-extra layer, written by the tool itself so the same lock gives the same bytes.
+"""The layers of /app/deps-extra, written by the tool so the same wheels give the same bytes.
 
 A BuildKit `COPY`/`RUN pip install` records the day's mtimes and the base's /app, so its diff ID
-changes with every build and every platform upgrade. Here the locked wheels are unpacked the way
-`pip install --target --no-deps` lays them out (purelib and platlib at the root, `.data/scripts`
-and console scripts in `bin/`, `.dist-info` with INSTALLER and a rewritten RECORD; headers and
-data files are dropped as `--target` drops them) straight into a tar: entries sorted, every mtime
-the lock's SOURCE_DATE_EPOCH, owner 0:0, modes normalized. The tar stays uncompressed in the
-cache (a plan, `docker load` and a hand build's `ADD` take it as it is); builder.image.gzipped
-compresses it only when it is pushed. Members are inflated on threads ahead of the writer (zlib
-releases the GIL), a large one in chunks while the writer hashes and writes the one before, so
-writing is not bound by one core and memory stays bounded by a large library's size.
+changes with every build and every platform upgrade. Here a group of locked wheels (one layer of
+builder.image.extras' stack) is unpacked the way `pip install --target --no-deps` lays them out
+(purelib and platlib at the root, `.data/scripts` and console scripts in `bin/`, `.dist-info`
+with INSTALLER and a rewritten RECORD; headers and data files are dropped as `--target` drops
+them) straight into a tar: entries sorted, every mtime the wheels' SOURCE_DATE_EPOCH, owner 0:0,
+modes normalized. The tar stays uncompressed in the cache (a plan, `docker load` and a hand
+build's `ADD` take it as it is); builder.image.gzipped compresses it only when it is pushed.
+Members are inflated on threads ahead of the writer (zlib releases the GIL), a large one in
+chunks while the writer hashes and writes the one before, so writing is not bound by one core
+and memory stays bounded by a large library's size.
 
-No `.pyc` is shipped yet: compiling needs the target's CPython 3.13 (the host's may differ, and
-the base's would tie the layer to the base), and the image is read-only, so bytecode is compiled
-in memory at every import. Measured on the hardened read-only image (lightgbm + bs4 +
-scipy.stats, amd64): 2.1-2.7 s to import without .pyc, 1.07-1.3 s with `compileall
---invalidation-mode unchecked-hash` (no mtime in them, so still reproducible), for 26 % more
-bytes (123 -> 155 MB): compiling with a pinned 3.13 is worth it and is the next step.
+No `.pyc` goes in these layers: builder.image.bytecode compiles them with the base's own
+interpreter into layers of their own, so these stay base-independent.
 """
 
 from __future__ import annotations
@@ -71,24 +68,12 @@ class Layer:
 
 
 def lock_hash(lock_text: str) -> str:
-    """The layer's cache key: the lock pins every wheel by sha256, and the layout version."""
+    """A lock's fingerprint, with the layout version.
+
+    Equal fingerprints mean the same extras layers: the build state records it, and a rebase
+    whose lock has not changed reuses the layers the image has.
+    """
     return hashlib.sha256(f"{LAYER_FORMAT}\n{lock_text}".encode()).hexdigest()
-
-
-def deps_layer(lock_text: str, wheels: Sequence[Path], root: str, cache: Cache) -> Layer:
-    """The layer installing `wheels` under `root` (e.g. /app/deps-extra), built once per lock."""
-    key = lock_hash(lock_text)
-    record = cache.get_record("deps-layer", key)
-    if record:
-        path = cache.find_blob(record["diff_id"].split(":", 1)[1], "layer.tar")
-        if path:
-            return Layer(path, record["diff_id"], record["size"], record["sde"])
-    epoch = source_date_epoch(wheels)
-    layer = _store(cache, epoch, lambda out: write_tar(out, wheels, root, epoch))
-    cache.put_record(
-        "deps-layer", key, {"diff_id": layer.diff_id, "size": layer.size, "sde": epoch}
-    )
-    return layer
 
 
 @dataclass(frozen=True)
