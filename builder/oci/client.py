@@ -63,6 +63,8 @@ class Registry:
         # round trip; a registry that wants tokens answers with its Bearer challenge instead.
         usable = self.credentials and not self.credentials.identity_token
         self.authorization = self.credentials.basic() if usable and self.credentials else None
+        self.token_service: tuple[str, str] | None = None  # (realm, service) of a Bearer login
+        self.granted: frozenset[str] = frozenset()  # the scopes the current token was asked for
 
     # -- plumbing -----------------------------------------------------------------------------
     def url(self, kind: str, reference: str = "") -> str:
@@ -164,10 +166,18 @@ class Registry:
             )
         action = "pull" if method in ("GET", "HEAD") else "pull,push"
         wanted = [fields.get("scope") or f"repository:{self.ref.repository}:{action}", *scopes]
-        token = self._token(realm, fields.get("service", ""), wanted)
+        self.token_service = (realm, fields.get("service", ""))
+        return self._bearer(wanted)
+
+    def _bearer(self, scopes: list[str]) -> bool:
+        """Authorize with a token for `scopes` from the token service met before."""
+        if self.token_service is None:
+            return False
+        token = self._token(*self.token_service, scopes)
         if not token:
             return False
         self.authorization = f"Bearer {token}"
+        self.granted = frozenset(part for scope in scopes for part in scope.split())
         return True
 
     def _token(self, realm: str, service: str, scopes: list[str]) -> str | None:
@@ -245,13 +255,22 @@ class Registry:
         return True
 
     def mount(self, digest: str, source_repository: str) -> bool:
-        """Link a blob from another repository of this registry; False if it cannot."""
+        """Link a blob from another repository of this registry; False if it cannot.
+
+        A mount needs pull on the source as well as push here: with token auth the token is
+        asked for both scopes at once before the POST (a token for this repository alone gets
+        a 202 upload session, or a 401, from most registries instead of the mount). A 202 is
+        the registry declining the mount: its session is cancelled and the caller uploads.
+        """
+        source_scope = f"repository:{source_repository}:pull"
+        if self.token_service is not None and source_scope not in self.granted:
+            self._bearer([f"repository:{self.ref.repository}:pull,push", source_scope])
         query = urllib.parse.urlencode({"mount": digest, "from": source_repository})
         response = self.open(
             self.url("blobs", f"uploads/?{query}"),
             "POST",
             data=b"",
-            scopes=(f"repository:{source_repository}:pull",),
+            scopes=(source_scope,),
         )
         with response:
             if response.status == 201:

@@ -3,23 +3,29 @@
 `resolve(registry, platform)` is the one way from a reference to a platform's image: an index
 is narrowed with `Index.pick` (the one variant rule), a plain manifest is taken when its config
 is of the platform (or names none). `write` is the one way images reach a registry: every blob
-is made present (HEAD, else a cross-repository mount from a known repository of the same
-registry, else an upload from where `Blobs` says it is: a file, bytes, or another registry's
-repository streamed across and verified on both ends), each manifest is PUT by digest, then the
-images' attachments (builder.oci.referrers), an index after its images, and only then are tags
-moved: until the last PUT no tag has changed, so a failure part-way leaves the old tags as
-they were.
+is made present (HEAD, else a cross-repository mount from a repository of the same registry
+that a `BlobMemory` remembers holding it or that `Blobs` names, else an upload from where
+`Blobs` says it is: a file, bytes, or another registry's repository streamed across and
+verified on both ends), each manifest is PUT by digest, then the images' attachments
+(builder.oci.referrers), an index after its images, and only then are tags moved: until the
+last PUT no tag has changed, so a failure part-way leaves the old tags as they were.
+
+The memory is the caller's (a file in the tool's cache, builder.blob_memory): the core asks it
+where a blob may be mounted from and tells it, after a write succeeded, which blobs the target
+now holds. A mount that fails for any reason (the other repository deleted it, no pull right
+on it, a registry without mounts) falls back to the upload, so a stale memory costs a request,
+never a push.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from builder.errors import RegistryError, UserError
+from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.oci.client import Registry
 from builder.oci.name import TAG_RE
 from builder.oci.referrers import (
@@ -84,6 +90,41 @@ class Blobs:
         return Blobs({**self.sources, **other.sources}, (*self.mountable, *other.mountable))
 
 
+MOUNT_TRIES = 3  # remembered repositories asked for one blob before it is uploaded
+
+
+class BlobMemory(Protocol):
+    """Which repositories of a registry hold which blobs, as this machine last saw them."""
+
+    def holders(self, registry: str, digest: str) -> Sequence[str]:
+        """Repositories of `registry` remembered holding `digest`, the most recent first."""
+        ...
+
+    def remember(self, registry: str, repository: str, digests: Iterable[str]) -> None:
+        """`repository` holds `digests` now (a write there succeeded)."""
+        ...
+
+    def forget(self, registry: str, repository: str, digest: str) -> None:
+        """A mount of `digest` from `repository` failed: do not offer it again."""
+        ...
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """How a write's blobs got there: uploaded (and manifests), mounted, or already there."""
+
+    uploaded: int = 0
+    mounted: int = 0
+    present: int = 0
+
+    def __add__(self, other: Transfer) -> Transfer:
+        return Transfer(
+            self.uploaded + other.uploaded,
+            self.mounted + other.mounted,
+            self.present + other.present,
+        )
+
+
 @dataclass(frozen=True)
 class Written:
     """What `write` left in the registry: the tagged manifest's digest, the tags, the cost."""
@@ -91,7 +132,9 @@ class Written:
     repository: str
     digest: str
     tags: tuple[str, ...]  # full references, repository:tag
-    bytes_uploaded: int
+    bytes_uploaded: int  # blobs and manifests sent
+    bytes_mounted: int = 0  # blobs linked from another repository of the registry
+    bytes_present: int = 0  # blobs the repository already had
 
     @property
     def reference(self) -> str:
@@ -158,25 +201,38 @@ def _parsed(registry: Registry, digest: str, parse: Callable[[], T]) -> T:
         ) from None
 
 
-def upload_blobs(target: Registry, image: Image, blobs: Blobs) -> int:
-    """Make every blob of `image` present in `target`; returns the bytes uploaded.
+def upload_blobs(
+    target: Registry,
+    image: Image,
+    blobs: Blobs,
+    memory: BlobMemory | None = None,
+    done: set[str] | None = None,
+) -> Transfer:
+    """Make every blob of `image` present in `target`; returns how each got there.
 
-    The one place blobs are uploaded: HEAD first, then a mount from a same-registry repository,
-    then the blob's source.
+    The one place blobs are uploaded: HEAD first, then a mount from a same-registry repository
+    (remembered ones first), then the blob's source. Digests in `done` (an earlier image of
+    the same write) are skipped and not counted twice; those handled here are added to it.
     """
-    mounts = sorted(
-        {
-            source.ref.repository
-            for source in blobs.mountable
-            if source.ref.registry == target.ref.registry
-            and source.ref.repository != target.ref.repository
-        }
-    )
+    mountable = [
+        source.ref.repository
+        for source in blobs.mountable
+        if source.ref.registry == target.ref.registry
+        and source.ref.repository != target.ref.repository
+    ]
     config = image.config_descriptor
-    uploaded = 0
+    done = set() if done is None else done
+    moved = Transfer()
     for descriptor in (*image.layers, config):
         digest = descriptor.digest
-        if target.blob_exists(digest) or any(target.mount(digest, repo) for repo in mounts):
+        if digest in done:
+            continue
+        done.add(digest)
+        if target.blob_exists(digest):
+            moved += Transfer(present=descriptor.size)
+            continue
+        if _mounted(target, digest, memory, mountable):
+            moved += Transfer(mounted=descriptor.size)
             continue
         source = InMemory(image.config_bytes) if descriptor is config else blobs.sources.get(digest)
         if isinstance(source, InMemory):
@@ -188,8 +244,32 @@ def upload_blobs(target: Registry, image: Image, blobs: Blobs) -> int:
                 target.upload_blob(blob, digest)  # type: ignore[arg-type]
         else:
             raise UserError(f"{target.label}: no source for blob {digest} of {image.digest}")
-        uploaded += descriptor.size
-    return uploaded
+        moved += Transfer(uploaded=descriptor.size)
+    return moved
+
+
+def _mounted(
+    target: Registry, digest: str, memory: BlobMemory | None, mountable: Sequence[str]
+) -> bool:
+    """Mount `digest` into `target` from a repository that may hold it; False: upload it.
+
+    Any refusal (a 202 upload session, cancelled; no pull right on the source; a registry
+    without mounts) only means the next candidate, then the upload. A remembered repository
+    that could not mount the blob is forgotten for it.
+    """
+    registry, own = target.ref.registry, target.ref.repository
+    remembered = [r for r in (memory.holders(registry, digest) if memory else ()) if r != own]
+    remembered = remembered[:MOUNT_TRIES]
+    for repository in dict.fromkeys([*remembered, *mountable]):
+        try:
+            if target.mount(digest, repository):
+                return True
+        except RegistryError as error:
+            if isinstance(error, RegistryUnreachable):
+                raise  # the upload would not get through either
+        if memory and repository in remembered:
+            memory.forget(registry, repository, digest)
+    return False
 
 
 def write(
@@ -200,29 +280,34 @@ def write(
     index: Index | None = None,
     tags: Sequence[str] = (),
     attachments: Mapping[str, Sequence[Attachment]] | None = None,
+    memory: BlobMemory | None = None,
 ) -> Written:
     """Write `images` (and the `index` naming them) by digest, then move `tags` to it.
 
     The tags name the index, or the one image when there is no index. `attachments` (by image
     digest: its SBOM, its provenance) are attached once the images are in and before the index
     and the tags. All or nothing: no tag moves before every blob, manifest and attachment is in
-    the registry.
+    the registry. `memory` offers repositories to mount from, and learns what `target` holds
+    once everything is written.
     """
     if index is None and len(images) != 1 and tags:
         raise ValueError("tags name one image or an index")
-    uploaded = 0
+    moved, done = Transfer(), set[str]()
     for image in images:
-        uploaded += upload_blobs(target, image, blobs)
+        moved += upload_blobs(target, image, blobs, memory, done)
         target.put_manifest(image.digest, image.manifest_bytes, image.media_type)
-        uploaded += len(image.manifest_bytes)
+        moved += Transfer(uploaded=len(image.manifest_bytes))
     for image in images:
-        uploaded += attach(target, image.descriptor(), (attachments or {}).get(image.digest, ()))
+        attached = attach(target, image.descriptor(), (attachments or {}).get(image.digest, ()))
+        moved += Transfer(uploaded=attached)
     top: Image | Index = index if index is not None else images[0]
     if index is not None:
         target.put_manifest(index.digest, index.manifest_bytes, index.media_type)
-        uploaded += len(index.manifest_bytes)
+        moved += Transfer(uploaded=len(index.manifest_bytes))
     names = move_tags(target, top, tags)
-    return Written(target.label, top.digest, names, uploaded)
+    if memory is not None:
+        memory.remember(target.ref.registry, target.ref.repository, sorted(done))
+    return Written(target.label, top.digest, names, moved.uploaded, moved.mounted, moved.present)
 
 
 def attach(target: Registry, subject: Descriptor, attachments: Sequence[Attachment]) -> int:

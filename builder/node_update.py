@@ -1,0 +1,104 @@
+"""What a node already holding the previous image must do to run the new one.
+
+The push's own figures (bytes uploaded, mounted, already there) are the registry's side; a
+platform operator also pays on every node that runs the template. A node that holds the image
+the tag named before this push must:
+
+- download every layer whose blob the previous image does not have (compressed bytes);
+- unpack every layer whose chain ID the previous image does not have. containerd and Docker key
+  unpacked layers (snapshots) by chain ID, the digest of the layer's diff ID together with every
+  layer below it, so a layer changed low in the stack makes every layer above it unpack again,
+  even one whose blob the node has and did not download. Counted as the layers' compressed
+  sizes: what is decompressed and applied (the tars are larger).
+
+The previous image is the one the tag being moved names, read just before the write: it is there
+for a build and a rebuild alike, and it is exactly what a node that pulled the tag holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from builder.errors import RegistryError
+from builder.oci.client import Registry
+from builder.oci.remote import read
+from builder.oci.v1 import Image, Platform
+
+
+@dataclass(frozen=True)
+class NodeUpdate:
+    """One arch's cost on a node holding `previous` (None: the tag named no such image)."""
+
+    previous: str | None  # the previous arch image's manifest digest
+    download: int  # compressed bytes of the layers whose blob the previous image lacks
+    download_layers: int
+    unpack: int  # compressed bytes of the layers whose chain ID the previous image lacks
+    unpack_layers: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def chain_ids(diff_ids: Sequence[str]) -> list[str]:
+    """Each layer's chain ID (the OCI image spec's ChainID of the layers up to it)."""
+    chain: list[str] = []
+    for diff_id in diff_ids:
+        if not chain:
+            chain.append(diff_id)
+            continue
+        joined = f"{chain[-1]} {diff_id}".encode()
+        chain.append("sha256:" + hashlib.sha256(joined).hexdigest())
+    return chain
+
+
+def node_update(image: Image, previous: Image | None) -> NodeUpdate:
+    """What a node holding `previous` downloads and unpacks to run `image`."""
+    had_blobs = {layer.digest for layer in previous.layers} if previous else set()
+    had_chains = set(chain_ids(previous.diff_ids)) if previous else set()
+    fetched = [layer for layer in image.layers if layer.digest not in had_blobs]
+    unpacked = [
+        layer
+        for layer, chain in zip(image.layers, chain_ids(image.diff_ids), strict=False)
+        if chain not in had_chains
+    ]
+    return NodeUpdate(
+        previous.digest if previous else None,
+        sum(layer.size for layer in fetched),
+        len(fetched),
+        sum(layer.size for layer in unpacked),
+        len(unpacked),
+    )
+
+
+def previous_images(
+    registry: Registry, tag: str, arches: Sequence[str]
+) -> tuple[str | None, dict[str, Image]]:
+    """What the tag names now (its digest), and each arch's image in it (none for an arch it
+    lacks). A figure never fails a push: an unreadable tag is as good as none."""
+    try:
+        found = read(registry, tag)
+        if isinstance(found, Image):
+            return found.digest, {a: found for a in arches if found.architecture in ("", a)}
+        images = {}
+        for arch in arches:
+            entry = found.pick(Platform.linux(arch))
+            child = read(registry, entry.digest) if entry else None
+            if isinstance(child, Image):
+                images[arch] = child
+        return found.digest, images
+    except RegistryError:
+        return None, {}
+
+
+def total(previous: str | None, updates: Sequence[NodeUpdate]) -> dict[str, Any]:
+    """Every arch's figures added up (a node runs one arch; an operator pays for each)."""
+    return {
+        "previous": previous,
+        "download": sum(u.download for u in updates),
+        "download_layers": sum(u.download_layers for u in updates),
+        "unpack": sum(u.unpack for u in updates),
+        "unpack_layers": sum(u.unpack_layers for u in updates),
+    }

@@ -1,0 +1,252 @@
+"""Cross-repository mounts (issue 20 item 3): what another repository holds is not uploaded.
+
+Against the local registry (docker's distribution, which mounts): images of gzipped tar layers
+written with `remote.write` and the file-backed blob memory; every request the client sends is
+logged, so "no shared blob uploaded" is read off the wire, not off the tool's own counters.
+Then, against a loopback token registry, the mount asks one token for both repositories and a
+source the token service refuses falls back to the upload.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Registry as TestRegistry
+from registryhelp import layer_tar
+
+from builder.blob_memory import FileBlobMemory
+from builder.credentials import Credentials
+from builder.node_update import chain_ids, node_update
+from builder.oci.client import Registry
+from builder.oci.name import ImageRef
+from builder.oci.remote import Blobs, LocalFile, write
+from builder.oci.v1 import Descriptor, Image, digest_of
+
+LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+
+class Logged(Registry):
+    """The real client, with every request it sends recorded as (method, url)."""
+
+    def __init__(self, ref: ImageRef, credentials: Credentials) -> None:
+        super().__init__(ref, credentials=credentials)
+        self.sent: list[tuple[str, str]] = []
+
+    def open(self, url: str, method: str = "GET", **kwargs: Any) -> Any:
+        self.sent.append((method, url))
+        return super().open(url, method, **kwargs)
+
+    def uploaded(self) -> set[str]:
+        """Digests of the blobs whose upload was completed (the closing PUT names them)."""
+        return {
+            urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["digest"][0]
+            for method, url in self.sent
+            if method == "PUT" and "/blobs/uploads/" in url
+        }
+
+    def mounted_from(self) -> list[str]:
+        return [
+            urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["from"][0]
+            for method, url in self.sent
+            if method == "POST" and "mount=" in url
+        ]
+
+
+def layer(directory: Path, name: str) -> tuple[Descriptor, str, Path]:
+    """A gzipped one-file layer: its descriptor, diff ID, and the file holding the blob."""
+    tar = layer_tar([(f"app/{name}", f"{name} {uuid.uuid4().hex}\n".encode() * 50)])
+    blob = gzip.compress(tar, mtime=0)
+    path = directory / name
+    path.write_bytes(blob)
+    return Descriptor(LAYER, digest_of(blob), len(blob)), digest_of(tar), path
+
+
+def image(layers: list[tuple[Descriptor, str, Path]]) -> tuple[Image, Blobs]:
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [diff_id for _, diff_id, _ in layers]},
+    }
+    built = Image.build(json.dumps(config).encode(), [d for d, _, _ in layers])
+    return built, Blobs({d.digest: LocalFile(path) for d, _, path in layers})
+
+
+@pytest.fixture
+def world(registry: TestRegistry, tmp_path: Path) -> Iterator[tuple[str, Credentials]]:
+    yield f"bsi-h3-mount-{uuid.uuid4().hex[:8]}", Credentials(
+        registry.user, registry.password, "test"
+    )
+
+
+def test_a_second_repository_mounts_every_shared_blob_and_uploads_only_the_new(
+    registry: TestRegistry, world: tuple[str, Credentials], tmp_path: Path
+) -> None:
+    namespace, login = world
+    base, numpy, scipy, own = (layer(tmp_path, n) for n in ("base", "numpy", "scipy", "own"))
+    memory_file = tmp_path / "cache" / "registry-blobs.json"
+    first, first_blobs = image([base, numpy, scipy])
+    one = Logged(ImageRef.parse(f"{registry.host}/{namespace}/one"), login)
+    written = write(one, [first], first_blobs, tags=["t"], memory=FileBlobMemory(memory_file))
+    assert written.bytes_mounted == written.bytes_present == 0
+    assert one.uploaded() == {d.digest for d in (*first.layers, first.config_descriptor)}
+
+    # another run: the memory comes back from the file
+    memory = FileBlobMemory(memory_file)
+    assert memory.holders(registry.host, numpy[0].digest) == [f"{namespace}/one"]
+    second, second_blobs = image([base, numpy, scipy, own])
+    two = Logged(ImageRef.parse(f"{registry.host}/{namespace}/two"), login)
+    written = write(two, [second], second_blobs, tags=["t"], memory=memory)
+    shared = [base[0], numpy[0], scipy[0]]
+    assert two.uploaded() == {own[0].digest, second.config_descriptor.digest}  # on the wire
+    assert two.mounted_from() == [f"{namespace}/one"] * 3
+    assert written.bytes_mounted == sum(d.size for d in shared)
+    assert written.bytes_present == 0
+    assert written.bytes_uploaded == (
+        own[0].size + len(second.config_bytes) + len(second.manifest_bytes)
+    )
+    for descriptor in second.layers:  # the registry's side: all of them there
+        assert two.blob_exists(descriptor.digest)
+
+    # the file was updated after the write: both repositories, the newest first
+    again = json.loads(memory_file.read_text())[registry.host]
+    assert again[numpy[0].digest] == [f"{namespace}/two", f"{namespace}/one"]
+    assert again[own[0].digest] == [f"{namespace}/two"]
+
+
+def test_a_stale_memory_falls_back_to_the_upload_and_is_corrected(
+    registry: TestRegistry, world: tuple[str, Credentials], tmp_path: Path
+) -> None:
+    namespace, login = world
+    kept, lost = layer(tmp_path, "kept"), layer(tmp_path, "lost")
+    memory = FileBlobMemory(tmp_path / "registry-blobs.json")
+    # remembered in a repository that never got it (as if it was deleted since)
+    memory.remember(registry.host, f"{namespace}/gone", [lost[0].digest])
+    built, blobs = image([kept, lost])
+    target = Logged(ImageRef.parse(f"{registry.host}/{namespace}/target"), login)
+    written = write(target, [built], blobs, tags=["t"], memory=memory)
+    assert target.mounted_from() == [f"{namespace}/gone"]  # tried, refused by the registry
+    assert lost[0].digest in target.uploaded()
+    assert written.bytes_mounted == 0 and target.blob_exists(lost[0].digest)
+    assert FileBlobMemory(memory.path).holders(registry.host, lost[0].digest) == [
+        f"{namespace}/target"
+    ]
+
+
+def test_node_update_counts_new_blobs_and_every_layer_above_the_first_change(
+    tmp_path: Path,
+) -> None:
+    base, numpy, scipy, own = (layer(tmp_path, n) for n in ("base", "numpy", "scipy", "own"))
+    previous, _ = image([base, numpy, scipy])
+    changed, _ = image([base, own, scipy])  # scipy's blob is on the node, its chain ID is not
+    update = node_update(changed, previous)
+    assert (update.download, update.download_layers) == (own[0].size, 1)
+    assert (update.unpack, update.unpack_layers) == (own[0].size + scipy[0].size, 2)
+    assert chain_ids([base[1]]) == [base[1]]
+    same = node_update(previous, previous)
+    assert (same.download, same.unpack_layers) == (0, 0)
+    assert node_update(previous, None).download_layers == 3
+
+
+# -- token auth: one token for both repositories ------------------------------------------------
+class TokenRegistry:
+    """A loopback registry with Bearer auth: a token names the scopes it was granted; a mount
+    is made only with a token holding pull on its source; `secret` is never granted."""
+
+    def __init__(self) -> None:
+        self.token_scopes: list[list[str]] = []
+        self.uploads = 0
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status, headers, body = owner.route(
+                    self.command, self.path, self.headers.get("Authorization", "")
+                )
+                self.send_response(status)
+                for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = answer
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def route(self, method: str, path: str, authorization: str) -> tuple[int, dict, bytes]:
+        parts = urllib.parse.urlsplit(path)
+        query = urllib.parse.parse_qs(parts.query)
+        if parts.path == "/token":
+            scopes = query.get("scope", [])
+            self.token_scopes.append(scopes)
+            if any("repository:secret:" in s for s in scopes):
+                return 403, {}, b""
+            return 200, {}, json.dumps({"token": " ".join(scopes)}).encode()
+        if not authorization.startswith("Bearer "):
+            realm = f"http://{self.host}/token"
+            scope = 'scope="repository:target:pull,push"'
+            return 401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="t",{scope}'}, b""
+        granted = authorization.removeprefix("Bearer ").split()
+        if method == "HEAD":
+            return 404, {}, b""
+        if method == "POST" and "mount" in query:
+            if f"repository:{query['from'][0]}:pull" in granted:
+                return 201, {}, b""
+            return 202, {"Location": "/v2/target/blobs/uploads/declined"}, b""
+        if method == "POST":
+            return 202, {"Location": f"/v2/target/blobs/uploads/{uuid.uuid4().hex}"}, b""
+        if method == "PUT" and "/blobs/uploads/" in parts.path:
+            self.uploads += 1
+        return 201, {}, b""
+
+
+@pytest.fixture
+def token_registry() -> Iterator[TokenRegistry]:
+    server = TokenRegistry()
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()
+
+
+def test_a_mount_asks_one_token_for_both_repositories(
+    token_registry: TokenRegistry, tmp_path: Path
+) -> None:
+    login = Credentials("bsi", "pw", "test")
+    target = Registry(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
+    assert not target.blob_exists(digest_of(b"x"))  # logs in for the target alone
+    assert token_registry.token_scopes == [["repository:target:pull,push"]]
+    assert target.mount(digest_of(b"x"), "other")
+    assert token_registry.token_scopes[-1] == [
+        "repository:target:pull,push",
+        "repository:other:pull",
+    ]
+
+
+def test_a_source_the_token_service_refuses_falls_back_to_the_upload(
+    token_registry: TokenRegistry, tmp_path: Path
+) -> None:
+    login = Credentials("bsi", "pw", "test")
+    target = Registry(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
+    memory = FileBlobMemory(tmp_path / "registry-blobs.json")
+    only = layer(tmp_path, "only")
+    memory.remember(token_registry.host, "secret", [only[0].digest])
+    built, blobs = image([only])
+    written = write(target, [built], blobs, tags=["t"], memory=memory)
+    assert written.bytes_mounted == 0
+    assert token_registry.uploads == 2  # the layer and the config
+    assert memory.holders(token_registry.host, only[0].digest) == ["target"]
