@@ -19,7 +19,7 @@ from builder.attachments import attached_sbom
 from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
 from builder.cli_sbom import sbom_command
-from builder.cli_summary import summary
+from builder.cli_summary import pushed_lines, summary
 from builder.commands import build_delivery, build_images
 from builder.commands import rebuild as run_rebuild
 from builder.config import RunSettings, load_config, merge
@@ -317,7 +317,7 @@ def show_outcome(outcome: Outcome) -> None:
             failed = ", ".join(check.name for check in outcome.verification.failed)
             raise UserError(f"verification of {outcome.label} failed: {failed}")
     if outcome.pushed:
-        click.echo(f"pushed: {outcome.pushed.reference}")
+        click.echo(pushed_lines(outcome.pushed, outcome.node_update))
     if outcome.template_change:
         change = outcome.template_change
         click.echo(f"template {change.template_name}: {change.old_image} -> {change.new_image}")

@@ -1,4 +1,5 @@
-"""The main command's summary of a plan: what it installs, what it costs, what it needs.
+"""The main command's summary of a plan (what it installs, what it costs, what it needs) and
+of a push (what moved, and what a node holding the previous image fetches again).
 
 Formatting only, apart from builder/cli.py (which prints it) so that module stays small.
 """
@@ -10,6 +11,7 @@ from typing import Any
 
 from builder.analysis.plan import Plan
 from builder.analysis.sizes import human, size_figures
+from builder.oci.remote import Written
 
 
 def summary(plan: Plan, report: Mapping[str, Any] | None = None) -> str:
@@ -73,3 +75,22 @@ def _extras_lines(arch: str, report: Mapping[str, Any]) -> list[str]:
     else:
         line += "; no bytecode (modules compile at every sandbox start)"
     return [line]
+
+
+def pushed_lines(pushed: Written, node: Mapping[str, Any] | None) -> str:
+    """What was pushed, and one line of what it moved.
+
+    Uploaded, mounted from another repository of the registry, already there; then what a node
+    holding the image the tag named before downloads and unpacks (builder.node_update).
+    """
+    moved = (
+        f"push: {human(pushed.bytes_uploaded)} uploaded, {human(pushed.bytes_mounted)} mounted,"
+        f" {human(pushed.bytes_present)} already there"
+    )
+    if not node or not node.get("previous"):
+        return f"pushed: {pushed.reference}\n{moved}; the tag named no image before"
+    return (
+        f"pushed: {pushed.reference}\n{moved}; a node with the previous image downloads"
+        f" {human(node['download'])} ({node['download_layers']} layers), unpacks"
+        f" {node['unpack_layers']} layers ({human(node['unpack'])})"
+    )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,10 +29,12 @@ from builder import credentials
 from builder.analysis.plan import Plan
 from builder.attachments import Attestable, attestable, plan_facts
 from builder.attest.provenance import BuildParameters
+from builder.blob_memory import blob_memory
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.render import add_to_output, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
+from builder.node_update import node_update, previous_images, total
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, Written, write
@@ -133,6 +135,7 @@ class Outcome:
     pushed: Written | None = None  # with several arches: the index
     template_change: TemplateChange | None = None
     notes: list[str] = field(default_factory=list)
+    node_update: dict[str, Any] | None = None  # a node holding the tag's previous image: cost
 
     @property
     def succeeded(self) -> bool:
@@ -152,7 +155,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
         producer.label, [(p.arch, p.verification) for p in produced if p.verification]
     )
     if outcome.succeeded and delivery.push is not None:
-        outcome.pushed = _write(producer, produced, delivery.push, run)
+        outcome.pushed, outcome.node_update = _write(producer, produced, delivery.push, run)
         if delivery.template:
             _point_template(outcome, delivery)
     _report(outcome, delivery, run.output)
@@ -202,12 +205,18 @@ def _produce_and_verify(
     return [found[arch] for arch in arches]
 
 
-def _write(producer: Producer, produced: list[Produced], target: Target, run: Run) -> Written:
-    """Every arch's image by digest, then the tag names it (one arch) or an index of them.
+def _write(
+    producer: Producer, produced: list[Produced], target: Target, run: Run
+) -> tuple[Written, dict[str, Any]]:
+    """Every arch's image by digest, then the tag names it (one arch) or an index of them;
+    and what a node holding the image the tag named before fetches and unpacks.
 
-    The bytes written are checked to carry the config verified, byte for byte.
+    The bytes written are checked to carry the config verified, byte for byte. Blobs other
+    repositories of the registry hold are mounted from them (builder.blob_memory); what a node
+    holding the tag's previous image must fetch and unpack goes in each arch's record.
     """
     registry = credentials.registry(target.repository, str(target.repository))
+    previous, before = previous_images(registry, target.tag, [one.arch for one in produced])
     run.reporter.say(f"pushing {target.repository}:{target.tag} ...")
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
         images, blobs = [], Blobs()
@@ -229,9 +238,17 @@ def _write(producer: Producer, produced: list[Produced], target: Target, run: Ru
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
+        memory = blob_memory(run.cache)
         written = write(
-            registry, images, blobs, index=index, tags=[target.tag], attachments=attached
+            registry,
+            images,
+            blobs,
+            index=index,
+            tags=[target.tag],
+            attachments=attached,
+            memory=memory,
         )
+    updates = []
     for one, image in zip(produced, images, strict=True):
         _record_attachments(one, run.output)
         one.digest = image.digest
@@ -241,8 +258,10 @@ def _write(producer: Producer, produced: list[Produced], target: Target, run: Ru
             for fields, blob in zip(one.extras_layers, pushed, strict=True):
                 fields |= {"digest": blob.digest, "size": blob.size}
         one.record["image_size"] = image.size
+        updates.append(node_update(image, before.get(one.arch)))
+        one.record["node_update"] = updates[-1].to_dict()
     early = sum(one.early_bytes for one in produced)
-    return Written(written.repository, written.digest, written.tags, written.bytes_uploaded + early)
+    return replace(written, bytes_uploaded=written.bytes_uploaded + early), total(previous, updates)
 
 
 def _record_attachments(one: Produced, output: Path) -> None:
@@ -285,6 +304,9 @@ def _report(outcome: Outcome, delivery: Delivery, output: Path) -> None:
     if pushed := outcome.pushed:
         record |= {"pushed": pushed.reference, "tags": list(pushed.tags)}
         record["bytes_pushed"] = pushed.bytes_uploaded
+        record["bytes_mounted"] = pushed.bytes_mounted
+        record["bytes_present"] = pushed.bytes_present
+        record["node_update"] = outcome.node_update
         record["image_size"] = sum(one.record.get("image_size", 0) for one in produced)
         if len(produced) > 1:
             record["index"] = pushed.digest
