@@ -1,11 +1,14 @@
 """A content-addressed cache: wheels and analysis results, keyed by sha256.
 
 Everything is written to a temporary name and renamed into place, so a crash or a parallel
-run never leaves a half-written entry that a later run would trust.
+run never leaves a half-written entry that a later run would trust. An entry that is slow to
+make (a download) is made under `exclusive`, so a fleet's templates (threads) or parallel runs
+(processes) that need the same one wait for the first instead of making it again.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -96,6 +99,32 @@ class Cache:
             for chunk in iter(lambda: src.read(CHUNK), b""):
                 handle.write(chunk)
         return self.blob_path(sha256, filename), sha256
+
+    @contextmanager
+    def exclusive(self, kind: str, key: str) -> Iterator[None]:
+        """Held while one caller makes the entry `key` of `kind` (a sha256, checked by the caller).
+
+        Each open is its own flock, so threads exclude one another as processes do; the lock
+        goes with the file's closing, or with a process that dies holding it. The holder
+        removes the lock file as it leaves (no file per entry stays behind), so a waiter that
+        gets a lock on a removed file tries again on the path's new one.
+        """
+        lock = self.root / "locks" / kind / key[:2] / f"{key}.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            held = lock.open("a")
+            fcntl.flock(held, fcntl.LOCK_EX)
+            try:
+                if os.stat(lock).st_ino == os.fstat(held.fileno()).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            held.close()
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+            held.close()
 
     def _record_path(self, kind: str, key: str) -> Path:
         return self.root / kind / key[:2] / f"{key}.json"

@@ -18,6 +18,7 @@ from builder.analysis.target import ARCHES
 from builder.attachments import attached_sbom
 from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
+from builder.cli_fleet import show_fleet
 from builder.cli_sbom import sbom_command
 from builder.cli_summary import pushed_lines, summary
 from builder.commands import build_delivery, build_images
@@ -26,6 +27,7 @@ from builder.config import RunSettings, load_config, merge
 from builder.delivery import Outcome, Run
 from builder.engine import engine_client
 from builder.errors import UserError
+from builder.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
 from builder.image.reference_base import build_base, build_base_index
 from builder.image.render import Secrets
 from builder.oci.name import ImageRef
@@ -272,11 +274,12 @@ def main(
 @main.command("rebuild")
 @click.option(
     "--config",
-    "config_path",
+    "config_paths",
+    multiple=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=Path("build-sandbox-image.toml"),
+    default=(Path("build-sandbox-image.toml"),),
     show_default=True,
-    help="Pipeline config (TOML).",
+    help="Pipeline config (TOML); repeat it to rebuild a fleet of templates in one run.",
 )
 @click.option("--platform-version", required=True, help="The new platform version (base tag).")
 @click.option(
@@ -285,14 +288,35 @@ def main(
     help=f"Only report: exit 0 if up to date, {EXIT_REBUILD_NEEDED} if a rebuild is needed.",
 )
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=DEFAULT_JOBS,
+    show_default=True,
+    help="With several --config: how many templates are rebuilt at a time.",
+)
 @reports_errors
-def rebuild(config_path: Path, platform_version: str, check: bool, cache_dir: Path | None) -> None:
-    """Re-resolve against a new platform version; build, verify, push and point the template."""
-    config = load_config(config_path)
+def rebuild(
+    config_paths: tuple[Path, ...],
+    platform_version: str,
+    check: bool,
+    cache_dir: Path | None,
+    jobs: int,
+) -> None:
+    """Re-resolve against a new platform version; build, verify, push and point the template.
+
+    With several --config, each is one template of a fleet (builder.fleet), ending in a table.
+    """
+    config = load_config(config_paths[0]) if len(config_paths) == 1 else None
     client = engine_client()
     if client is None:
         raise UserError("rebuild: no Docker engine reachable to probe the new base")
     cache = Cache(cache_dir or default_root())
+    if config is None:
+        fleet = Fleet(config_paths, platform_version, jobs, check)
+        if show_fleet(rebuild_fleet(fleet, Shared(client, cache, REPORTER)), fleet):
+            sys.exit(EXIT_REBUILD_NEEDED)
+        return
     found = run_rebuild(config, platform_version, client, cache, REPORTER, check_only=check)
     click.echo(summary(found.plan))
     click.echo("\nchanges since the last build:" if found.changes else "\nno changes: up to date")

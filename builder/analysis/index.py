@@ -94,6 +94,12 @@ def download(file: RemoteFile, cache: Cache, indexes: Sequence[str] = ()) -> Pat
     found = cache.find_blob(file.sha256, file.filename)
     if found:
         return found
+    with cache.exclusive("download", file.sha256):
+        return cache.find_blob(file.sha256, file.filename) or _fetch(file, cache, indexes)
+
+
+def _fetch(file: RemoteFile, cache: Cache, indexes: Sequence[str]) -> Path:
+    """Stream `file` into the cache, checking its hash; one line naming it when that fails."""
     try:
         if file.url.startswith("file://"):
             source = Path(urllib.parse.unquote(urllib.parse.urlsplit(file.url).path))
