@@ -4,9 +4,10 @@ The facts are read out of the engine image that is verified (builder.image.inven
 status, every METADATA on PYTHONPATH) and joined with what the plan knows and the image
 cannot say: each extra's wheel (URL, sha256), the base by digest, which Debian packages the
 base brought, the target's marker environment. They are read once, before verification, so
-verify can compare the running image with the SBOM; the documents are rendered again with
-the manifest digest once the image value to write exists (only the root's name depends on
-it), and pushed with it by builder.oci.remote.write.
+verify can compare the running image with the SBOM. The SBOM is rendered and schema-checked
+once, named by the image id; once the image value to write exists it is restamped with the
+manifest digest (only the root's name depends on it), the provenance is rendered, and both are
+pushed with the image by builder.oci.remote.write.
 """
 
 from __future__ import annotations
@@ -93,17 +94,20 @@ class Attestable:
     run: BuildRun
     parameters: BuildParameters
     documents: dict[str, bytes] = field(default_factory=dict)  # file name -> bytes, once written
+    rendered: bytes | None = None  # the SBOM named by the image id, once rendered
 
-    def sbom(self, digest: str | None = None) -> bytes:
-        """The SBOM; without a digest, named by the image id (what verify compares is the same)."""
-        return sbom.sbom_document(replace(self.contents, digest=digest or self.contents.digest))
+    def sbom(self) -> bytes:
+        """The SBOM named by the image id (what verify compares lists the same parts), rendered
+        and schema-checked once: the attached one is this one restamped with the digest."""
+        if self.rendered is None:
+            self.rendered = sbom.sbom_document(self.contents)
+        return self.rendered
 
     def attachments(self, repository: str, digest: str) -> tuple[Attachment, ...]:
         """The SBOM and the provenance of the image written as `repository@digest`."""
-        contents = replace(self.contents, repository=repository, digest=digest)
         run = replace(self.run, repository=repository, digest=digest, finished=datetime.now(UTC))
         arch = self.contents.arch
-        document = sbom.sbom_document(contents)
+        document = sbom.restamped(self.sbom(), repository, digest)
         statement = provenance.provenance_document(self.parameters, run)
         self.documents = {
             SBOM_FILE.format(arch=arch): document,

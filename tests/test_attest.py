@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
 from builder.attest.contents import (
     DebianPackage,
-    PythonDistribution,
     WheelOrigin,
     debian_packages,
     distribution,
@@ -25,6 +25,7 @@ from builder.attest.sbom import (
     ImageContents,
     Listed,
     listed,
+    restamped,
     sbom_document,
     timestamp,
     wheel_origins,
@@ -115,12 +116,10 @@ def _contents() -> ImageContents:
         base_debian=base_debs,
         python=(
             distribution(NUMPY, "/app/deps", TARGET),
-            PythonDistribution(
-                **{
-                    **distribution(LIGHTGBM, "/app/deps-extra", TARGET).__dict__,
-                    "layer": "sha256:" + "3" * 64,
-                    "wheel": wheel,
-                }
+            replace(
+                distribution(LIGHTGBM, "/app/deps-extra", TARGET),
+                layer="sha256:" + "3" * 64,
+                wheel=wheel,
             ),
         ),
         created=timestamp(1_700_000_000),
@@ -224,3 +223,16 @@ def test_an_image_built_on_a_base_reads_the_base_s_wheels_from_its_sbom() -> Non
     }
     assert wheel_origins(document, "/app/deps") == {}  # numpy: no wheel known
     assert wheel_origins(b"not json", "/app/deps") == {}
+
+
+@pytest.mark.parametrize(
+    "repository", ["127.0.0.1:5000/platform/sandbox", "aa.example/first", "zz.example/last"]
+)
+def test_an_sbom_restamped_with_the_manifest_digest_is_the_one_rendered_for_it(
+    repository: str,
+) -> None:
+    by_id = sbom_document(_contents())  # what verify compares, named by the image id
+    digest = "sha256:" + "9" * 64
+    direct = sbom_document(replace(_contents(), repository=repository, digest=digest))
+    assert restamped(by_id, repository, digest) == direct
+    assert listed(restamped(by_id, repository, digest))[0] == digest != listed(by_id)[0]

@@ -78,6 +78,32 @@ def sbom_document(contents: ImageContents) -> bytes:
     return text.encode()
 
 
+def restamped(document: bytes, repository: str, digest: str) -> bytes:
+    """`document` (an sbom_document) about the image `repository@digest` instead.
+
+    Only the root's name, version and bom-ref and the serial number depend on them, so the
+    document rendered and schema-checked for verify (named by the image id) is reused once the
+    manifest digest exists, rather than rendered and checked again: the result is the bytes
+    sbom_document gives for those contents with that repository and digest.
+    """
+    data = json.loads(document)
+    root = data["metadata"]["component"]
+    old, new = root["bom-ref"], f"{repository}@{digest}"
+    root |= {"name": repository, "version": digest, "bom-ref": new}
+    data["serialNumber"] = _serial(repository, digest).urn
+    dependencies = data.get("dependencies") or []
+    for entry in dependencies:
+        if entry.get("ref") == old:
+            entry["ref"] = new
+    dependencies.sort(key=lambda entry: entry["ref"])  # CycloneDX's order: by ref
+    return json.dumps(data, indent=2).encode()
+
+
+def _serial(repository: str, digest: str) -> uuid.UUID:
+    """The same image, the same serial number."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"{repository}@{digest}")
+
+
 def _bom(contents: ImageContents) -> Bom:
     root = Component(
         type=ComponentType.CONTAINER,
@@ -96,7 +122,7 @@ def _bom(contents: ImageContents) -> Bom:
     debs = {package: _deb(package, contents.arch, in_base) for package in contents.debian}
     dists = {dist.name: _pypi(dist) for dist in contents.python}
     bom = Bom(
-        serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"{contents.repository}@{contents.digest}"),
+        serial_number=_serial(contents.repository, contents.digest),
         metadata=BomMetaData(
             timestamp=contents.created,
             component=root,
