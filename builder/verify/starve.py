@@ -46,6 +46,16 @@ import json, os, select, socket, sys, time
 count, hold, release, candidates, started = sys.argv[1:6]
 count, hold, release = int(count), float(hold), float(release)
 
+def sockets():  # every TCP socket's row of /proc/net/tcp and tcp6, split into fields
+    rows = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                rows += [line.split() for line in handle.read().splitlines()[1:]]
+        except OSError:
+            continue
+    return rows
+
 def server_port():
     inodes, server = set(), os.getppid()
     try:
@@ -58,15 +68,9 @@ def server_port():
                 inodes.add(link[8:-1])
     except OSError:
         pass
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                rows = [line.split() for line in handle.read().splitlines()[1:]]
-        except OSError:
-            continue
-        for row in rows:
-            if row[3] == "0A" and row[9] in inodes:
-                return int(row[1].rsplit(":", 1)[1], 16)
+    for row in sockets():
+        if row[3] == "0A" and row[9] in inodes:
+            return int(row[1].rsplit(":", 1)[1], 16)
     for candidate in candidates.split(","):  # the server's /proc is not ours: one that answers
         try:
             socket.create_connection(("127.0.0.1", int(candidate)), timeout=1).close()
@@ -117,16 +121,10 @@ for sock in held:
 
 def still_held():
     found = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                rows = [line.split() for line in handle.read().splitlines()[1:]]
-        except OSError:
-            continue
-        for row in rows:
-            local, (address, remote), state = row[1], row[2].split(":"), row[3]
-            if int(local.rsplit(":", 1)[1], 16) == port and state in PENDING:
-                found += address in LOOPBACK and int(remote, 16) in used
+    for row in sockets():
+        local, (address, remote), state = row[1], row[2].split(":"), row[3]
+        if int(local.rsplit(":", 1)[1], 16) == port and state in PENDING:
+            found += address in LOOPBACK and int(remote, 16) in used
     return found
 
 deadline = time.monotonic() + release
