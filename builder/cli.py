@@ -3,29 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 from click.core import ParameterSource
 
-from builder.analysis.requirements import distribution_names, redact_credentials
+from builder.analysis.requirements import distribution_names
 from builder.analysis.target import ARCHES
 from builder.attachments import attached_sbom
 from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
+from builder.cli_errors import reports_errors
 from builder.cli_fleet import show_fleet
 from builder.cli_sbom import sbom_command
 from builder.cli_summary import pushed_lines, summary
 from builder.commands import build_delivery, build_images
 from builder.commands import rebuild as run_rebuild
-from builder.config import RunSettings, load_config, merge
+from builder.config import RunSettings, load_config, merge, with_engines
 from builder.delivery import Outcome, Run
 from builder.engine import engine_client
+from builder.engines import connect, engine_flags
 from builder.errors import UserError
 from builder.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
 from builder.image.reference_base import build_base, build_base_index
@@ -36,48 +34,18 @@ from builder.produce_build import SystemStages, target_arches
 from builder.reporter import Reporter
 from builder.verify import verify_image
 
-F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
-DEBUG_VARIABLE = "BSI_DEBUG"  # set: unexpected errors raise with their traceback
-ERROR_CHARS = 600  # an error line longer than this is cut
 
 
-def error_line(message: str) -> str:
-    """The one stderr line for a failure: newlines folded, URL credentials masked, bounded."""
-    line = redact_credentials(" ".join(message.split()))
-    return f"error: {line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS] + '…'}"
-
-
-def reports_errors(function: F) -> F:
-    """Turn any failure into one `error:` line on stderr and exit 1; click's own errors pass.
-
-    A UserError names the culprit; an OSError is about a path the user gave; anything else is
-    a bug, shown as `error: internal: ...`, with the traceback when BSI_DEBUG=1 is set.
-    """
-
-    @wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except UserError as error:
-            message = str(error)
-        except Exception as error:
-            if os.environ.get(DEBUG_VARIABLE):
-                raise
-            if isinstance(error, OSError) and error.filename and error.strerror:
-                message = f"{error.filename}: {error.strerror}"
-            else:
-                message = (
-                    f"internal: {type(error).__name__}: {error}"
-                    f" (rerun with {DEBUG_VARIABLE}=1 for the traceback)"
-                )
-        click.echo(error_line(message), err=True)
-        sys.exit(1)
-
-    return wrapper  # type: ignore[return-value]
+ENGINE_OPTION = click.option(
+    "--engine",
+    "engine_urls",
+    multiple=True,
+    metavar="ARCH=URL",
+    help="Build, load, verify ARCH's image on this Docker engine (repeatable; over the config's"
+    " [engines]): unix:///PATH, tcp://HOST:PORT[?certs=DIR], ssh://[USER@]HOST[:PORT].",
+)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -173,6 +141,7 @@ def reports_errors(function: F) -> F:
     is_flag=True,
     help="Ship no .pyc for the extras (smaller image; every sandbox start compiles them).",
 )
+@ENGINE_OPTION
 @click.pass_context
 @reports_errors
 def main(
@@ -198,6 +167,7 @@ def main(
     with_optional: bool,
     config_path: Path | None,
     no_bytecode: bool,
+    engine_urls: tuple[str, ...],
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
     if context.invoked_subcommand is not None:
@@ -222,6 +192,7 @@ def main(
                 for key, path in (("apt-ca", apt_ca_bundle), ("apt-auth", apt_auth))
                 if path is not None
             },
+            engines=engine_flags(engine_urls),
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -232,11 +203,13 @@ def main(
         raise click.UsageError("--template needs --push: the template names the pushed digest")
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
+    engines = connect(settings.engines, client) if client is not None else None
     base = base_profile(settings.base_image, client, cache, REPORTER)
+    arches = target_arches(settings.arches, base, client)
     request = Request(
         requirement_files=settings.requirements,
         constraint_files=settings.constraints,
-        arches=target_arches(settings.arches, base, client),
+        arches=arches,
         base=base,
         output=settings.output,
         cache=cache,
@@ -246,15 +219,15 @@ def main(
         with_optional=with_optional,
         platform_version=settings.platform_version,
         bytecode=settings.bytecode and not no_bytecode,
-        engine=client,
+        engine=engines.compiler(arches) if engines is not None else None,
     )
-    with SystemStages(settings.apt_secrets) as stages:
-        plan = prepare(request, planned=stages.start if client is not None else None)
+    with SystemStages(settings.apt_secrets, engines) as stages:
+        plan = prepare(request, planned=stages.start if engines is not None else None)
         for line in plan.warnings:
             click.echo(line, err=True)
         click.echo(summary(plan, json.loads((settings.output / "report.json").read_text())))
         click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
-        if client is None:
+        if engines is None:
             why = "--no-build" if no_build else "no Docker engine reachable"
             click.echo(f"not building ({why}); build each arch with BuildKit:")
             for arch in plan.arches:
@@ -264,7 +237,7 @@ def main(
                 )
             return
         delivery = build_delivery(plan, request, settings, config, verify=not no_verify)
-        run = Run(client, cache, settings.output, REPORTER)
+        run = Run(engines, cache, settings.output, REPORTER)
         outcome = build_images(plan, request, delivery, stages, run, tag)
     show_outcome(outcome)
     if delivery.state is not None and outcome.pushed:
@@ -295,6 +268,7 @@ def main(
     show_default=True,
     help="With several --config: how many templates are rebuilt at a time.",
 )
+@ENGINE_OPTION
 @reports_errors
 def rebuild(
     config_paths: tuple[Path, ...],
@@ -302,12 +276,16 @@ def rebuild(
     check: bool,
     cache_dir: Path | None,
     jobs: int,
+    engine_urls: tuple[str, ...],
 ) -> None:
     """Re-resolve against a new platform version; build, verify, push and point the template.
 
     With several --config, each is one template of a fleet (builder.fleet), ending in a table.
     """
     config = load_config(config_paths[0]) if len(config_paths) == 1 else None
+    if engine_urls and config is None:
+        raise click.UsageError("--engine takes one --config: a fleet's configs name [engines]")
+    config = config and with_engines(config, engine_flags(engine_urls))
     client = engine_client()
     if client is None:
         raise UserError("rebuild: no Docker engine reachable to probe the new base")

@@ -25,6 +25,7 @@ from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.config import PipelineConfig, RunSettings, set_platform_version
 from builder.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
+from builder.engines import Engines, connect
 from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.render import Secrets
 from builder.image.tags import image_tag
@@ -85,7 +86,7 @@ def build_images(
     """
     finished = finish(plan, request)
     local_tag = tag or f"sandbox-extension:x{extras_of(plan)}"
-    producer = BuildProducer(plan, request.output, finished, local_tag, run.client, stages)
+    producer = BuildProducer(plan, request.output, finished, local_tag, run.engines, stages)
     pushing = [
         (one.layer.path, one.layer.diff_id) for stack in finished.layers.values() for one in stack
     ]
@@ -125,8 +126,10 @@ def rebuild(
 
     With `check_only` the context goes to a scratch directory and nothing is built. A
     successful delivery records the state (builder.delivery) and then the new version in the
-    user's config; a failed one changes neither.
+    user's config; a failed one changes neither. The config's [engines] are reached first
+    (builder.engines): one that does not answer fails the rebuild before anything is built.
     """
+    engines = Engines.local(client) if check_only else connect(config.engines, client)
     image = config.base_image_for(new_version)
     base = bases(image, lambda: base_profile(image, client, cache, reporter))
     previous = load_state(config.state)
@@ -135,7 +138,7 @@ def rebuild(
     with ExitStack() as stack:
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bsi-check-"))
         early = stack.enter_context(ThreadPoolExecutor(max_workers=len(arches)))
-        stages = stack.enter_context(SystemStages(config.apt_secrets))
+        stages = stack.enter_context(SystemStages(config.apt_secrets, engines))
         request = Request(
             requirement_files=config.requirements,
             constraint_files=config.constraints,
@@ -147,12 +150,12 @@ def rebuild(
             refresh=True,  # an upgrade must see what the index offers now
             platform_version=new_version,
             bytecode=config.bytecode,
-            engine=client,
+            engine=engines.compiler(arches),
         )
         ahead = None
         if previous is not None and rebasing:
             wanted = {arch: previous.apt_packages.get(arch, ()) for arch in arches}
-            ahead = AptAhead(early, wanted, base_reference(base), client, config.apt_secrets)
+            ahead = AptAhead(early, wanted, base_reference(base), engines, config.apt_secrets)
         building = not rebasing and not check_only  # the full path: start the apt builds early
         plan = prepare(
             request,
@@ -162,7 +165,7 @@ def rebuild(
         found = Rebuild(plan, changes(previous, state_of(plan, new_version)))
         if check_only or not found.changes:
             return found
-        run = Run(client, cache, request.output, reporter)
+        run = Run(engines, cache, request.output, reporter)
         started = (ahead, stages)
         found.path, found.outcome = _upgrade(
             config, new_version, previous, plan, request, run, started

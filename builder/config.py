@@ -11,6 +11,9 @@
     apt-auth = "apt-auth.conf"      # optional, as --apt-auth
     bytecode = false                # optional, as --no-bytecode: ship no .pyc (default true)
 
+    [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
+    arm64 = "ssh://builder@arm64-host"
+
 Relative paths are relative to the config file. `state` (default: the config's name with
 `.state.json`) records what was last built and pushed, so a rebuild can say what changed.
 """
@@ -24,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
+from builder.engine import EngineURL
+from builder.engines import known_arch
 from builder.errors import UserError
 from builder.oci.name import TAG_RE, ImageRef
 
@@ -43,6 +48,7 @@ KNOWN_KEYS = frozenset(
         "apt-ca-bundle",
         "apt-auth",
         "bytecode",
+        "engines",
     }
 )
 # setting -> BuildKit secret id
@@ -66,6 +72,7 @@ class PipelineConfig:
     state: Path
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
     bytecode: bool = True  # compile the extras' .pyc into bytecode layers
+    engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
 
     @property
     def base_image(self) -> str:
@@ -110,6 +117,9 @@ def load_config(path: Path) -> PipelineConfig:
     bytecode = data.get("bytecode", True)
     if not isinstance(bytecode, bool):
         raise UserError(f"{path}: 'bytecode' must be true or false")
+    engines = data.get("engines", {})
+    if not isinstance(engines, dict) or not all(isinstance(v, str) for v in engines.values()):
+        raise UserError(f"{path}: [engines] must map arches to engine URLs")
     return PipelineConfig(
         path=path,
         requirements=paths("requirements"),
@@ -129,6 +139,12 @@ def load_config(path: Path) -> PipelineConfig:
             secret: here / value for key, secret in APT_SECRETS.items() if (value := text(key))
         },
         bytecode=bytecode,
+        engines={
+            known_arch(arch, f"{path}: [engines]"): EngineURL.parse(
+                url, f"{path}: [engines] {arch}", here
+            )
+            for arch, url in engines.items()
+        },
     )
 
 
@@ -167,6 +183,7 @@ class RunSettings:
     warm_pools: tuple[Path, ...] = ()
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
     bytecode: bool = True  # compile the extras' .pyc into bytecode layers
+    engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
 
 
 def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool) -> RunSettings:
@@ -187,4 +204,10 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
         warm_pools=flags.warm_pools or config.warm_pools,
         apt_secrets=flags.apt_secrets or config.apt_secrets,
         bytecode=flags.bytecode and config.bytecode,
+        engines={**config.engines, **flags.engines},  # per arch: the flag wins
     )
+
+
+def with_engines(config: PipelineConfig, flags: Mapping[str, EngineURL]) -> PipelineConfig:
+    """The config with --engine flags over its [engines]: per arch, the flag wins."""
+    return replace(config, engines={**config.engines, **flags}) if flags else config

@@ -5,8 +5,9 @@ system stage, the tool assembles the extras layers on it) and builder.produce_re
 previous image's extras layers put on the new base). Each hands over `Produced` values: the
 engine's name for the image to verify, the config verified, and how to get the OCI value
 written (an `oci.v1.Image` and where its blobs are). `deliver` is the only place that sequences
-producers, verification and writes: every arch is started at once (the engine's own first, so
-a native image never waits on emulation) and verified as it arrives; only when every arch
+producers, verification and writes: every arch is started at once (those native on their
+engine first, so a native image never waits on emulation) and verified as it arrives, on the
+engine that made it (`run.engines.for_arch(arch)`: builder.engines); only when every arch
 passed is anything written (builder.oci.remote.write: each image by digest, then the index,
 the tags last), so a failure leaves every tag and the template as they were. Then the
 template is pointed at the digest (with the warm-pool warnings), and report.json and the
@@ -23,14 +24,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-import docker
-
 from builder import credentials
 from builder.analysis.plan import Plan
 from builder.attachments import Attestable, attestable, plan_facts
 from builder.attest.provenance import BuildParameters
 from builder.blob_memory import blob_memory
 from builder.cache import Cache
+from builder.engines import Engines
 from builder.errors import UserError
 from builder.image.render import add_to_output, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
@@ -115,9 +115,9 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Run:
-    """What every step of one run shares: the engine, the cache, the output, the reporter."""
+    """What every step of one run shares: the engines, the cache, the output, the reporter."""
 
-    client: docker.DockerClient
+    engines: Engines  # each arch's engine: `run.engines.for_arch(arch)`
     cache: Cache
     output: Path  # the build context directory, where report.json is
     reporter: Reporter
@@ -166,39 +166,36 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     return outcome
 
 
-def native_arch(client: docker.DockerClient) -> str | None:
-    """The engine's own arch (amd64, arm64): it builds and verifies without emulation."""
-    native = Platform.of_machine(str(client.info().get("Architecture") or ""))
-    return native.architecture if native else None
-
-
 def _produce_and_verify(
     producer: Producer, plan: Plan, delivery: Delivery, run: Run
 ) -> list[Produced]:
-    """Every arch at once; each read for its SBOM as it arrives, then verified against it."""
-    native = native_arch(run.client)
+    """Every arch at once; each read for its SBOM as it arrives, then verified against it,
+    on its own engine."""
     started = datetime.now(UTC)
     repository = str(delivery.push.repository) if delivery.push else producer.label
-    arches = sorted((a.arch for a in plan.arches), key=lambda arch: arch != native)
+    emulated = {a.arch: a.arch != run.engines.for_arch(a.arch).native for a in plan.arches}
+    arches = sorted(emulated, key=lambda arch: emulated[arch])
     found: dict[str, Produced] = {}
     with ThreadPoolExecutor(max_workers=len(arches)) as pool:
         futures = {}
         for arch in arches:
-            run.reporter.say(producer.announce(arch, emulated=arch != native))
+            run.reporter.say(producer.announce(arch, emulated=emulated[arch]))
             futures[pool.submit(producer.produce, arch)] = arch
         for future in as_completed(futures):
             one = future.result()
+            engine = run.engines.for_arch(one.arch)
             if delivery.verify or delivery.push:  # its SBOM is verified, or attached
                 made = (one.arch, one.engine_name, one.config)
                 facts = plan_facts(plan, made, repository, one.holding_layers)
-                one.attestable = attestable(run.client, facts, delivery.parameters, started)
+                one.attestable = attestable(engine.client, facts, delivery.parameters, started)
             if delivery.verify:
-                run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened ...")
+                on = f" on {engine}" if engine.url else ""
+                run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened{on} ...")
                 one.verification = verify_image(
                     one.engine_name,
                     modules=plan.import_modules,
                     checks=plan.runtime_checks,
-                    client=run.client,
+                    client=engine,
                     sbom=one.attestable.sbom() if one.attestable else None,
                 )
             found[one.arch] = one

@@ -1,16 +1,33 @@
-"""The local container engine: one client, found quickly or not at all, and image lookup."""
+"""Container engines: the local one found quickly or not at all, one an arch was given
+(`EngineURL`, `Engine`), and image lookup.
+
+An `Engine` is a client plus what the rest of the run needs to know about where it is: the
+environment that points the docker CLI (BuildKit) at it, and how a verification reaches a
+sandbox port it publishes. The local engine (DOCKER_HOST, or Docker's default socket) has an
+empty environment, so a run without per-arch engines is exactly what it always was.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import docker
 import docker.errors
+import docker.tls
 
 from builder.credentials import engine_auth
 from builder.errors import UserError
 from builder.oci.name import ImageRef
+from builder.oci.v1 import Platform
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 PING_TIMEOUT = 3  # seconds: an absent engine must not stall an offline plan
@@ -27,6 +44,173 @@ def engine_client() -> docker.DockerClient | None:
         return None
     client.api.timeout = API_TIMEOUT  # pulls and probe containers need longer than a ping
     return client
+
+
+SCHEMES = ("unix", "tcp", "ssh")  # DOCKER_HOST's forms the tool takes
+CERT_FILES = ("ca.pem", "cert.pem", "key.pem")  # DOCKER_CERT_PATH's names
+LOOPBACK = "127.0.0.1"  # where a sandbox's port is published, unless the engine is elsewhere
+FORWARD_TIMEOUT = 15.0  # seconds for an ssh forward to a sandbox port to accept
+
+
+@dataclass(frozen=True)
+class EngineURL:
+    """An engine as DOCKER_HOST names it; for tcp://, TLS client certificates from `certs`.
+
+    `certs` is a directory holding ca.pem, cert.pem and key.pem, as DOCKER_CERT_PATH does; with
+    it the engine's certificate is verified against ca.pem (DOCKER_TLS_VERIFY=1). Written as
+    `tcp://HOST:PORT?certs=DIR`, the one form that fits both a flag and a config value.
+    """
+
+    url: str  # what docker-py and the docker CLI are given: no query
+    certs: Path | None = None
+
+    @classmethod
+    def parse(cls, text: str, where: str, relative_to: Path = Path()) -> EngineURL:
+        """Check `text`'s form; a relative certs= directory is relative to `relative_to`."""
+        parts = urlsplit(text.strip())
+        if parts.scheme not in SCHEMES:
+            raise UserError(f"{where}: {text!r} is not a unix://, tcp:// or ssh:// URL")
+        if parts.scheme == "unix" and (parts.netloc or not parts.path):
+            raise UserError(f"{where}: {text!r} must be unix:///PATH (an absolute socket path)")
+        if parts.scheme != "unix":
+            try:
+                port = parts.port
+            except ValueError:
+                raise UserError(f"{where}: {text!r} has no valid port") from None
+            if not parts.hostname or (parts.path not in ("", "/")):
+                raise UserError(f"{where}: {text!r} must be {parts.scheme}://HOST[:PORT]")
+            if parts.scheme == "tcp" and port is None:
+                raise UserError(f"{where}: {text!r} names no port (tcp://HOST:PORT)")
+        certs = None
+        if parts.query:
+            key, _, value = parts.query.partition("=")
+            if parts.scheme != "tcp" or key != "certs" or not value or "&" in value:
+                raise UserError(f"{where}: {text!r}: only tcp:// takes a query, ?certs=DIR")
+            certs = relative_to / value
+            missing = [name for name in CERT_FILES if not (certs / name).is_file()]
+            if missing:
+                raise UserError(f"{where}: {certs} lacks {', '.join(missing)} for {text!r}")
+        return cls(parts._replace(query="").geturl(), certs)
+
+    @property
+    def scheme(self) -> str:
+        return self.url.split("://", 1)[0]
+
+    def tls(self) -> docker.tls.TLSConfig | None:
+        """docker-py's TLS settings: the client certificate, the engine's CA verified."""
+        if self.certs is None:
+            return None
+        return docker.tls.TLSConfig(
+            client_cert=(str(self.certs / "cert.pem"), str(self.certs / "key.pem")),
+            ca_cert=str(self.certs / "ca.pem"),
+            verify=True,
+        )
+
+    def environment(self) -> dict[str, str]:
+        """What points the docker CLI at this engine, as a user would export it."""
+        found = {"DOCKER_HOST": self.url}
+        if self.certs is not None:
+            found |= {"DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(self.certs)}
+        return found
+
+    def client(self, timeout: float) -> docker.DockerClient:
+        """A client (not yet asked anything); ssh:// runs the ssh binary, as the CLI does."""
+        return docker.DockerClient(
+            base_url=self.url,
+            timeout=int(timeout),
+            tls=self.tls() or False,
+            use_ssh_client=self.scheme == "ssh",
+        )
+
+    def __str__(self) -> str:
+        return self.url + (f"?certs={self.certs}" if self.certs else "")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine the run uses: its client, its own arch, and where it is (None: local)."""
+
+    client: docker.DockerClient
+    native: str | None  # amd64, arm64: what it runs without emulation
+    url: EngineURL | None = None
+
+    @classmethod
+    def local(cls, client: docker.DockerClient) -> Engine:
+        return cls(client, native_arch(client))
+
+    @property
+    def environment(self) -> Mapping[str, str]:
+        """Added to the docker CLI's environment: none for the local engine."""
+        return self.url.environment() if self.url else {}
+
+    @property
+    def publish_address(self) -> str:
+        """The engine host's address a sandbox port is published on for this machine to reach.
+
+        Loopback for a local socket and behind an ssh forward; for tcp:// the URL's host (its
+        address as this machine resolves it): an engine on another host publishes it there.
+        """
+        if self.url is None or self.url.scheme != "tcp":
+            return LOOPBACK
+        return socket.gethostbyname(urlsplit(self.url.url).hostname or LOOPBACK)
+
+    @contextlib.contextmanager
+    def reach(self, port: int) -> Iterator[tuple[str, int]]:
+        """Where this machine connects to a port published on `publish_address`: directly,
+        or for ssh:// through an `ssh -N -L` forward held open for the block."""
+        if self.url is None or self.url.scheme != "ssh":
+            yield self.publish_address, port
+            return
+        with ssh_forward(self.url.url, port) as local:
+            yield LOOPBACK, local
+
+    def __str__(self) -> str:
+        return str(self.url) if self.url else "the local engine"
+
+
+@contextlib.contextmanager
+def ssh_forward(url: str, port: int) -> Iterator[int]:
+    """`ssh -N -L` from a free local port to the engine host's 127.0.0.1:`port`."""
+    parts = urlsplit(url)
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        local = int(probe.getsockname()[1])
+    destination = f"{parts.username}@{parts.hostname}" if parts.username else str(parts.hostname)
+    command = ["ssh", "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes"]
+    command += ["-L", f"{LOOPBACK}:{local}:{LOOPBACK}:{port}"]
+    command += ["-p", str(parts.port)] if parts.port else []
+    process = subprocess.Popen([*command, "--", destination], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + FORWARD_TIMEOUT
+        while not _accepts(local):
+            if process.poll() is not None or time.monotonic() > deadline:
+                ended = process.poll() is not None
+                why = process.stderr.read().strip() if ended and process.stderr else "timeout"
+                raise UserError(f"ssh forward to {url} port {port} failed: {why}")
+            time.sleep(0.1)
+        yield local
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection((LOOPBACK, port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def native_arch(client: docker.DockerClient) -> str | None:
+    """The engine's own arch (amd64, arm64): it builds and verifies without emulation."""
+    native = Platform.of_machine(str(client.info().get("Architecture") or ""))
+    return native.architecture if native else None
+
+
+def as_engine(engine: Engine | docker.DockerClient) -> Engine:
+    """An Engine, from a plain client too: callers that know only one engine pass its client."""
+    return engine if isinstance(engine, Engine) else Engine.local(engine)
 
 
 def local_image(image: str, client: docker.DockerClient) -> Any:

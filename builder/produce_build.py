@@ -2,7 +2,9 @@
 
 ko-style: BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer),
 started while the deps-extra layers are still being written (`SystemStages`); then
-builder.image.assemble puts the extras layers on it and loads the result into the engine.
+builder.image.assemble puts the extras layers on it and loads the result into the engine. Each
+arch's stage is built, and its image loaded, on that arch's engine (builder.engines); the
+layers are written here, on the host, whichever engine takes them.
 `BuildProducer.produce` makes one arch's image; builder.delivery runs every arch at once,
 verifies and writes them. The OCI value written is made from exactly the blobs the engine was
 given (builder.image.from_engine), only when a push asks for it.
@@ -25,6 +27,7 @@ from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
 from builder.credentials import Credentials
 from builder.delivery import Produced
+from builder.engines import Engines
 from builder.image.assemble import Assembled, Assembly, assemble
 from builder.image.build import BuildSpec, Log, base_logins, build_image
 from builder.image.extras import DISTRIBUTION
@@ -56,8 +59,9 @@ class SystemStages:
     end (planning failed, or nothing needed building) is stopped, not waited for.
     """
 
-    def __init__(self, secret_files: Mapping[str, Path]) -> None:
+    def __init__(self, secret_files: Mapping[str, Path], engines: Engines | None = None) -> None:
         self.secret_files = secret_files  # BuildKit secret id -> file, as the build mounts them
+        self.engines = engines  # each arch's stage is built on its engine; None: the local one
         self.pool = ThreadPoolExecutor(max_workers=len(ARCHES))
         self.temp = tempfile.TemporaryDirectory(prefix="bsi-system-")
         self.started: dict[str, Future[str]] = {}
@@ -78,6 +82,7 @@ class SystemStages:
                 target=SYSTEM_STAGE,
                 secrets=self.secret_files,
                 logins=logins,
+                engine=self.engines.for_arch(arch) if self.engines else None,
             )
             return build_image(
                 context, spec, log, lambda process: self.processes.__setitem__(arch, process)
@@ -120,11 +125,11 @@ class BuildProducer:
         context: Path,
         finish: Finish,
         tag: str,
-        client: docker.DockerClient,
+        engines: Engines,
         stages: SystemStages,
     ) -> None:
         self.plan, self.context, self.finish, self.tag = plan, context, finish, tag
-        self.client, self.stages = client, stages
+        self.engines, self.stages = engines, stages
         self.base = ImageRef.parse(plan.base_image, "base image")
         self.logins = base_logins(self.base)  # BuildKit pulls the base itself, as docker would
         self.multi = len(plan.arches) > 1
@@ -141,13 +146,16 @@ class BuildProducer:
         return f"building {arch} image {self.local_tag(arch)} with BuildKit{how} ..."
 
     def produce(self, arch: str) -> Produced:
-        """BuildKit's system stage (started early, or built now) plus the extras layers."""
+        """BuildKit's system stage (started early, or built now) plus the extras layers, on
+        the arch's engine."""
         log = _Prefixed(sys.stdout, f"[{arch}] " if self.multi else "")
+        engine = self.engines.for_arch(arch)
         spec = BuildSpec(
             platform=f"linux/{arch}",
             target=SYSTEM_STAGE,
             secrets=self.stages.secret_files,
             logins=self.logins,
+            engine=engine,
         )
         system = self.stages.built(arch, log) or build_image(self.context, spec, log)
         tag = self.local_tag(arch)
@@ -159,7 +167,9 @@ class BuildProducer:
             tag,
             apt_layer=bool(next(a.apt_packages for a in self.plan.arches if a.arch == arch)),
         )
-        built = assemble(self.client, system, self.finish.layers[arch], assembly, self.finish.cache)
+        built = assemble(
+            engine.client, system, self.finish.layers[arch], assembly, self.finish.cache
+        )
         return Produced(
             arch,
             built.image_id,
@@ -178,7 +188,8 @@ class BuildProducer:
 
     def _value(self, built: Assembled, target: Registry, scratch: Path) -> tuple[Image, Blobs]:
         base = base_layers(self.base, built.arch, target)
-        return assembled_image(self.client, built, base, self.finish.cache, scratch)
+        client = self.engines.for_arch(built.arch).client  # its layers are saved from there
+        return assembled_image(client, built, base, self.finish.cache, scratch)
 
 
 def arch_tag(tag: str, arch: str) -> str:

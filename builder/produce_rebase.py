@@ -26,9 +26,11 @@ from builder import contract, credentials
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.credentials import engine_auth
 from builder.delivery import Produced, Run
+from builder.engines import Engines
 from builder.errors import UserError
 from builder.image.apt import AptImage, build_apt_image, saved_layer
 from builder.image.assemble import load
+from builder.image.extras import holding_layers
 from builder.image.gzipped import gzipped
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config, top
 from builder.oci.name import ImageRef
@@ -101,13 +103,14 @@ class RebaseProducer:
         }
         sources |= {layer.digest: InRepository(self.olds) for layer in extras}
         blobs = Blobs(sources, (self.bases, self.olds))
-        value = self.pool.submit(self._value, new_base, apt, extras, blobs)
+        value = self.pool.submit(self._value, new_base, arch, apt, extras, blobs)
 
         def written() -> Written:
             return write(self.target, [value.result()[0]], value.result()[1])
 
         diff_ids = [layer.diff_id for layer in extras]
-        engine_name, early = into_engine(self.run, config, diff_ids, written)
+        engine_name, early = into_engine(self.run, arch, config, diff_ids, written)
+        wheels = next(a.wheels for a in self.plan.arches if a.arch == arch)
         return Produced(
             arch,
             engine_name,
@@ -115,6 +118,9 @@ class RebaseProducer:
             lambda target, scratch: value.result(),
             {"extras_layers": [layer.digest for layer in extras]},
             early_bytes=early,
+            holding_layers=holding_layers(
+                [(layer.diff_id, layer.created_by) for layer in extras], [w.name for w in wheels]
+            ),
         )
 
     def _apt(self, arch: str) -> AptImage | None:
@@ -126,18 +132,24 @@ class RebaseProducer:
             self.run.reporter.say(
                 f"rebuilding the apt layer ({' '.join(packages)}) on {self.plan.base_image} ..."
             )
-            apt = build_apt_image(
-                self.plan.base_image, packages, arch, self.run.client, self.apt_secrets
-            )
+            engine = self.run.engines.for_arch(arch)
+            apt = build_apt_image(self.plan.base_image, packages, arch, engine, self.apt_secrets)
         return apt
 
     def _value(
-        self, base: Image, apt: AptImage | None, extras: Sequence[NewLayer], blobs: Blobs
+        self,
+        base: Image,
+        arch: str,
+        apt: AptImage | None,
+        extras: Sequence[NewLayer],
+        blobs: Blobs,
     ) -> tuple[Image, Blobs]:
-        """Gzip the apt layer out of its image and put the layers on the base: the image."""
+        """Gzip the apt layer out of its image (on its arch's engine) and put the layers on
+        the base: the image."""
         layers = []
         if apt is not None:
-            tar = saved_layer(apt, self.run.cache, self.run.client)
+            client = self.run.engines.for_arch(arch).client
+            tar = saved_layer(apt, self.run.cache, client)
             blob = gzipped(tar.path, tar.diff_id, self.run.cache)
             layers.append(NewLayer(blob.digest, apt.diff_id, blob.size, apt.created_by))
             blobs = blobs | Blobs({blob.digest: LocalFile(blob.path)})
@@ -167,18 +179,23 @@ def extras_of(added: Sequence[NewLayer], image: ImageRef) -> list[NewLayer]:
 
 
 def into_engine(
-    run: Run, config: bytes, diff_ids: Sequence[str], written: Callable[[], Written]
+    run: Run,
+    arch: str,
+    config: bytes,
+    diff_ids: Sequence[str],
+    written: Callable[[], Written],
 ) -> tuple[str, int]:
     """The engine's name for the rebased image, and the bytes written to get it there.
 
-    The engine holds the new base and apt layers (it built them); when every extras tar is in
+    `arch`'s engine holds the new base and apt layers (it built them); when every extras tar is in
     the cache (this machine wrote them) the image is docker-loaded: its id is the config's
     digest. Otherwise the image is written by digest (no tag) and pulled by digest.
     """
+    client = run.engines.for_arch(arch).client
     tars = [run.cache.find_blob(d.removeprefix("sha256:"), "layer.tar") for d in diff_ids]
     if all(tar is not None for tar in tars):
         try:
-            image_id = load(run.client, config, [tar for tar in tars if tar is not None])
+            image_id = load(client, config, [tar for tar in tars if tar is not None])
         except (UserError, docker.errors.APIError, OSError) as error:
             run.reporter.note(f"loading the rebased image locally failed ({error}); pulling it")
         else:
@@ -187,7 +204,7 @@ def into_engine(
     pushed = written()
     run.reporter.say(f"pulling {pushed.reference} to verify it ...")
     registry = ImageRef.parse_repository(pushed.repository).registry
-    run.client.api.pull(
+    client.api.pull(
         pushed.repository, tag=pushed.digest, auth_config=engine_auth(registry), stream=False
     )
     return pushed.reference, pushed.bytes_uploaded
@@ -205,13 +222,20 @@ class AptAhead:
         pool: ThreadPoolExecutor,
         packages: Mapping[str, Sequence[str]],
         base_image: str,
-        client: docker.DockerClient,
+        engines: Engines,
         secret_files: Mapping[str, Path] | None = None,
     ) -> None:
         self.started = {
             arch: (
                 tuple(wanted),
-                pool.submit(build_apt_image, base_image, wanted, arch, client, secret_files),
+                pool.submit(
+                    build_apt_image,
+                    base_image,
+                    wanted,
+                    arch,
+                    engines.for_arch(arch),
+                    secret_files,
+                ),
             )
             for arch, wanted in packages.items()
             if wanted

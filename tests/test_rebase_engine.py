@@ -11,6 +11,8 @@ import pytest
 
 from builder.cache import Cache
 from builder.delivery import Run
+from builder.engine import Engine as RunEngine
+from builder.engines import Engines
 from builder.oci.remote import Written
 from builder.oci.v1 import Image, canonical, digest_of
 from builder.produce_rebase import into_engine
@@ -64,8 +66,8 @@ def cache_with_layer(tmp_path: Path) -> Cache:
 
 def into(engine: Engine, cache: Cache, said: list[str]) -> str:
     client: Any = engine
-    run = Run(client, cache, Path("unused"), Reporter(said.append))
-    name, written = into_engine(run, IMAGE.config_bytes, [DIFF_ID], pushed)
+    run = Run(Engines(RunEngine(client, "amd64")), cache, Path("unused"), Reporter(said.append))
+    name, written = into_engine(run, "amd64", IMAGE.config_bytes, [DIFF_ID], pushed)
     assert written == (0 if name == digest_of(IMAGE.config_bytes) else 123)
     return name
 

@@ -32,6 +32,7 @@ from builder import credentials
 from builder.attest import provenance, sbom
 from builder.cache import Cache
 from builder.delivery import Delivery, Outcome, Run, Target, deliver
+from builder.engines import Engines
 from builder.errors import UserError
 from builder.image.gzipped import gzipped
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config
@@ -249,7 +250,7 @@ def rebase_onto_same_base(previous: Previous, target: str, client: docker.Docker
         pythonpath_entry="/app/deps-extra",
     )
     finished = Finish({}, previous.labels, CREATED, previous.cache)
-    run = Run(client, previous.cache, previous.output, QUIET)
+    run = Run(Engines.local(client), previous.cache, previous.output, QUIET)
     repository = ImageRef.parse_repository(target)
     start = Start(ImageRef.parse(previous.image), previous.base_digest)
     with RebaseProducer(start, plan, finished, repository, run) as producer:

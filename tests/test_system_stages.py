@@ -15,6 +15,7 @@ from builder import produce_build
 from builder.base.probe import probe_base
 from builder.cache import Cache
 from builder.contract import BYTECODE_LABEL
+from builder.engines import Engines
 from builder.errors import UserError
 from builder.image.build import BuildSpec
 from builder.pipeline import Request, finish, prepare
@@ -68,7 +69,7 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
         plan = prepare(request, planned=planned)
         assert plan.arches[0].apt_packages == ("libmagic1t64",)
         producer = BuildProducer(
-            plan, request.output, finish(plan, request), tag, docker_client, stages
+            plan, request.output, finish(plan, request), tag, Engines.local(docker_client), stages
         )
         built = producer.produce("amd64")
     assert context_when_planned == [False], "the apt build waited for the context"

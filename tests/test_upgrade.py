@@ -15,6 +15,7 @@ from builder import delivery
 from builder.cache import Cache
 from builder.config import load_config, set_platform_version
 from builder.delivery import Produced
+from builder.engines import Engines
 from builder.errors import UserError
 from builder.reporter import QUIET
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state
@@ -162,7 +163,7 @@ def test_a_delivery_records_the_state_only_when_asked_and_pushed(
     plan: Any = SimpleNamespace(arches=(SimpleNamespace(arch="amd64"),))
     client: Any = SimpleNamespace(info=lambda: {"Architecture": "x86_64"})
     (tmp_path / "report.json").write_text("{}")
-    run = delivery.Run(client, Cache(tmp_path / "cache"), tmp_path, QUIET)
+    run = delivery.Run(Engines.local(client), Cache(tmp_path / "cache"), tmp_path, QUIET)
     where = tmp_path / "state.json"
     asked = delivery.Delivery(verify=False, state=delivery.StateRecord(where, "2.0"))
     outcome = delivery.deliver(Producer(), plan, asked, run)

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
+
 from builder.cache import Cache
+from builder.engine import Engine, as_engine
 from builder.image.build import BuildSpec, build_image
 from builder.image.layer import Layer
 from builder.image.render import Secrets, apt_steps
@@ -34,15 +37,17 @@ def build_apt_image(
     base_image: str,
     packages: Sequence[str],
     arch: str,
-    client: Any,
+    engine: Engine | docker.DockerClient,
     secret_files: Mapping[str, Path] | None = None,
 ) -> AptImage:
     """`base_image` plus the apt packages, from a one-step BuildKit build.
 
     This layer depends on the base's package state, so an upgrade rebuilds it; it is small.
     `secret_files` (BuildKit secret id -> file: an apt CA bundle or auth.conf) are mounted as
-    the full build's system stage mounts them, never written into the layer.
+    the full build's system stage mounts them, never written into the layer. It is built on
+    `engine` (an arch's own, or the local one) and stays there.
     """
+    engine = as_engine(engine)
     mounts, commands = apt_steps(Secrets.of(secret_files or {}))
     run = f"{mounts.lstrip()} {' && '.join(commands)} {' '.join(packages)}"
     with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:
@@ -51,9 +56,9 @@ def build_apt_image(
         dockerfile = f"FROM {base_image}\nUSER 0:0\nRUN {run}\n"
         (context / "Dockerfile").write_text(dockerfile)
         with open(Path(temp) / "build.log", "w") as log:
-            spec = BuildSpec(platform=f"linux/{arch}", secrets=secret_files or {})
+            spec = BuildSpec(platform=f"linux/{arch}", secrets=secret_files or {}, engine=engine)
             image_id = build_image(context, spec, log)
-    diff_id = client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
+    diff_id = engine.client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
     return AptImage(image_id, diff_id, f"RUN {run}")
 
 

@@ -1,4 +1,4 @@
-"""Build a rendered context with BuildKit on the local engine.
+"""Build a rendered context with BuildKit, on the local engine or an arch's own.
 
 Uses the docker CLI because the engine API's build endpoint is the legacy builder, which
 has no secrets and no RUN --mount. Progress streams to the terminal as it happens; on
@@ -21,12 +21,15 @@ from pathlib import Path
 from typing import Protocol
 
 from builder.credentials import Credentials, config_path, from_environment, server_url
+from builder.engine import Engine
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 
 # Debian's docker.io CLI builds with BuildKit via DOCKER_BUILDKIT=1; a newer standalone
 # CLI earlier on PATH may insist on buildx instead, so prefer the engine's own.
 PREFERRED_CLI = Path("/usr/bin/docker")
+# What selects the CLI's engine: replaced as a whole when a build runs on an arch's engine.
+ENGINE_VARIABLES = ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
 
 
 class Log(Protocol):
@@ -69,6 +72,7 @@ class BuildSpec:
     build_args: Mapping[str, str] = field(default_factory=dict)
     secrets: Mapping[str, Path] = field(default_factory=dict)
     logins: Mapping[str, Credentials] | None = None
+    engine: Engine | None = None  # the engine that builds; None: the local one (DOCKER_HOST)
 
 
 def build_image(
@@ -102,6 +106,10 @@ def build_image(
         iidfile = Path(temp) / "iid"
         command += ["--iidfile", str(iidfile), str(context)]
         env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+        if spec.engine is not None and spec.engine.environment:
+            for name in ENGINE_VARIABLES:  # the local engine's settings must not leak into it
+                env.pop(name, None)
+            env |= spec.engine.environment
         if spec.logins:
             env["DOCKER_CONFIG"] = str(_docker_config_with(Path(temp) / "config", spec.logins))
         tail: deque[str] = deque(maxlen=15)

@@ -1,7 +1,8 @@
 """Run an image the way the platform runs it, for as long as the checks need it.
 
 Read-only root filesystem, all capabilities dropped, no-new-privileges, uid/gid 65532, tmpfs
-/workspace (owned by 65532) and /tmp, the contract's port published on 127.0.0.1 only. The
+/workspace (owned by 65532) and /tmp, the contract's port published on 127.0.0.1 only (on an
+engine reached over tcp://, on the address this machine reaches it by: builder.engine). The
 container is always removed, whatever happens. Whether it runs emulated follows from its image's
 architecture and the engine's (both in Docker's terms: amd64, arm64), never from timing.
 """
@@ -19,6 +20,7 @@ import docker
 import docker.errors
 
 from builder import contract
+from builder.engine import LOOPBACK, Engine, as_engine
 from builder.oci.v1 import MACHINES
 from builder.verify.client import Machine, Sandbox
 from builder.verify.report import Check, CheckFailed, short
@@ -29,8 +31,11 @@ LABEL = "org.build-sandbox-image.verify"  # on every verify container, to find s
 TMPFS_OPTIONS = "rw,nosuid,nodev,size=256m"
 
 
-def create_container(client: docker.DockerClient, image: str) -> Any:
-    """Create `image` hardened, like the platform's pods: the caller starts and removes it."""
+def create_container(client: docker.DockerClient, image: str, address: str = LOOPBACK) -> Any:
+    """Create `image` hardened, like the platform's pods: the caller starts and removes it.
+
+    Its port is published on `address` of the engine's host only: loopback, unless the engine
+    is on another host that this machine reaches over tcp://."""
     owner = f"uid={contract.SANDBOX_UID},gid={contract.SANDBOX_GID}"
     return client.containers.create(
         image,
@@ -44,7 +49,7 @@ def create_container(client: docker.DockerClient, image: str) -> Any:
         },
         # Loopback, any free host port: docker-py sends HostPort "" for a None port, but its
         # stubs allow only (address, int) tuples.
-        ports={f"{contract.PORT}/tcp": ("127.0.0.1", None)},  # type: ignore[dict-item]
+        ports={f"{contract.PORT}/tcp": (address, None)},  # type: ignore[dict-item]
         pids_limit=1024,
         labels={LABEL: "1"},
     )
@@ -136,16 +141,19 @@ class Running:
 
 @contextlib.contextmanager
 def hardened(
-    client: docker.DockerClient, image: str, startup_timeout: float | None = None
+    engine: Engine | docker.DockerClient, image: str, startup_timeout: float | None = None
 ) -> Iterator[Running]:
-    """Start `image` hardened and wait until it serves; CheckFailed says why it did not.
+    """Start `image` hardened on `engine` and wait until it serves; CheckFailed says why not.
 
-    Without `startup_timeout` the wait follows the machine: longer for an emulated image.
+    Without `startup_timeout` the wait follows the machine: longer for an emulated image. The
+    sandbox is reached where the engine publishes its port (`Engine.reach`).
     """
+    engine = as_engine(engine)
+    client = engine.client
     container = None
     try:
         try:
-            container = create_container(client, image)
+            container = create_container(client, image, engine.publish_address)
             container.start()
         except docker.errors.APIError as error:
             explanation = getattr(error, "explanation", None) or str(error)
@@ -153,11 +161,12 @@ def hardened(
         machine = machine_of(client, str(container.image.attrs.get("Architecture") or ""))
         timeout = startup_timeout_for(machine, startup_timeout)
         port = published_port(container, time.monotonic() + timeout)
-        sandbox = Sandbox(port, machine=machine)
-        health = wait_healthy(container, sandbox, timeout)
-        sandbox.machine = confirmed(client, sandbox)
-        health = f"{health} (limit {timeout:g}s; {sandbox.machine})"
-        yield Running(container, sandbox, health)
+        with engine.reach(port) as (host, reached):
+            sandbox = Sandbox(reached, host=host, machine=machine)
+            health = wait_healthy(container, sandbox, timeout)
+            sandbox.machine = confirmed(client, sandbox)
+            health = f"{health} (limit {timeout:g}s; {sandbox.machine})"
+            yield Running(container, sandbox, health)
     finally:
         if container is not None:
             with contextlib.suppress(docker.errors.NotFound):

@@ -10,7 +10,7 @@ from functools import partial
 import docker
 
 from builder.contract import BYTECODE_LABEL
-from builder.engine import engine_client, local_image
+from builder.engine import Engine, as_engine, engine_client, local_image
 from builder.errors import UserError
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
@@ -34,7 +34,7 @@ def verify_image(
     modules: Sequence[str] = (),
     checks: Sequence[str] = (),
     distributions: Sequence[str] = (),
-    client: docker.DockerClient | None = None,
+    client: Engine | docker.DockerClient | None = None,
     startup_timeout: float | None = None,
     sdk: bool | None = None,
     sbom: bytes | None = None,
@@ -42,6 +42,8 @@ def verify_image(
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
     `distributions`: import every top-level module these installed distributions provide.
+    `client`: the engine that runs it (an arch's own, builder.engine.Engine: the sandbox is
+    reached where that engine publishes its port); None: the local engine.
     `startup_timeout`: how long the server may take to answer GET /; None allows
     STARTUP_TIMEOUT natively and EMULATED_STARTUP_TIMEOUT when the image's arch is not the
     engine's, so every caller gets the emulated bound without knowing the arch.
@@ -54,16 +56,17 @@ def verify_image(
     holds (every distribution on PYTHONPATH and every dpkg package, both ways).
     """
     own_client = client is None
-    client = client or engine_client()
-    if client is None:
+    given = client or engine_client()
+    if given is None:
         raise UserError("Docker engine not reachable: verify runs the image on it")
+    engine = as_engine(given)
     report = VerifyReport(image)
     try:
-        found = local_image(image, client)
+        found = local_image(image, engine.client)
         report.checks.append(image_user_check(found.attrs.get("Config", {}).get("User") or ""))
         labels = found.attrs.get("Config", {}).get("Labels") or {}
         required = bytecode_required(labels.get(BYTECODE_LABEL))
-        with hardened(client, image, startup_timeout) as running:
+        with hardened(engine, image, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
             report.checks += served_checks(
                 running.sandbox, modules, checks, distributions, sdk, bytecode=required
@@ -75,7 +78,7 @@ def verify_image(
         report.checks.append(Check("health", False, str(failure)))
     finally:
         if own_client:
-            client.close()
+            engine.client.close()
     return report
 
 
