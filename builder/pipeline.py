@@ -6,8 +6,8 @@ What happens next (each arch's image made, verified, pushed) is builder.commands
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +29,7 @@ from builder.analysis.target import BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
 from builder.cache import Cache
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
+from builder.image.bytecode import COMPILERS, CompileQueue, Compiler
 from builder.image.extras import (
     BytecodeFacts,
     ExtrasLayer,
@@ -94,7 +95,16 @@ def prepare(
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
     indexes = requirements.indexes()
-    with ThreadPoolExecutor(max_workers=len(target.arches)) as pool:
+    with (  # exits in reverse: downloads, jobs, compiles; the compiler's container goes last
+        ExitStack() as stack,
+        ThreadPoolExecutor(max_workers=COMPILERS) as compile_pool,
+        ThreadPoolExecutor(max_workers=3 + len(target.arches)) as pool,
+        ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
+    ):
+        queue = None
+        if request.engine is not None and request.compiles:  # starts while resolving
+            starting = pool.submit(_start_compiler, request, target, stack)
+            queue = CompileQueue(starting.result, compile_pool)
         resolutions: list[Resolution] = list(
             pool.map(
                 lambda arch: resolve(
@@ -103,47 +113,29 @@ def prepare(
                 target.arches,
             )
         )
-    chosen = {
-        resolution.arch.name: {
-            package.name: choose_wheel(package, target, resolution.arch)
-            for package in resolution.packages
+        chosen = {
+            resolution.arch.name: {
+                package.name: choose_wheel(package, target, resolution.arch)
+                for package in resolution.packages
+            }
+            for resolution in resolutions
         }
-        for resolution in resolutions
-    }
-    files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
-    requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
-    pins = {
-        r.arch.name: [
-            (p.name, p.version, chosen[r.arch.name][p.name][0].sha256) for p in r.packages
-        ]
-        for r in resolutions
-    }
-    with (  # the compiler's container goes last, once no thread can use it
-        ExitStack() as stack,
-        ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
-        ThreadPoolExecutor(max_workers=2 + len(pins)) as pool,
-    ):
-        compiler = None
-        if request.engine is not None and request.compiles:
-            compiler = base_compiler(
-                request.engine,
-                base_reference(request.base),
-                tuple(a.name for a in target.arches),
-                request.cache,
-                EXTRA_DEPS,
-            )
-            starting = pool.submit(stack.enter_context, compiler)
+        files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
+        requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
+        pins = {
+            r.arch.name: [
+                (p.name, p.version, chosen[r.arch.name][p.name][0].sha256) for p in r.packages
+            ]
+            for r in resolutions
+        }
         downloads = start_downloads(files, request.cache, indexes, fetch)
-        arrived = {future: sha for sha, future in downloads.items()}  # inspected as they come:
-        ready = ((future.result(), arrived[future]) for future in as_completed(arrived))
-        inspecting = pool.submit(inspect_as_ready, ready, request.cache)
+        inspecting = pool.submit(inspect_as_ready, _as_ready(downloads), request.cache)
+        if queue is not None:  # each wheel compiled as soon as it is here (every arch's once)
+            feeding = pool.submit(queue.add_as_ready, _as_ready(downloads))
         paths = {sha: future.result() for sha, future in downloads.items()}
         budget = group_budget(request.compiles)
         reuse = None if request.compiles else reuse_locks
         writing = start_layers(pool, pins, paths, request.cache, reuse, budget)
-        if compiler is not None:
-            distinct = list({sha: paths[sha] for per in pins.values() for _, _, sha in per}.items())
-            compiling = pool.submit(lambda: starting.result().compile_all(distinct))
         inspections = inspecting.result()
         arch_plans = tuple(
             plan_arch(
@@ -167,12 +159,14 @@ def prepare(
             planned(plan)
         layers = {arch: future.result() for arch, future in writing.items()}
         facts: dict[str, BytecodeFacts] = {}
-        if compiler is not None:
-            compiling.result()  # every part in the cache: with_bytecode only assembles layers
-            layers, facts = with_bytecode(layers, paths, compiler, EXTRA_DEPS, request.cache)
-            assert compiler.interpreter is not None
-            remember_interpreter(request.cache, plan.base_image, compiler.interpreter)
-            plan = replace(plan, bytecode=compiler.interpreter.build)
+        if queue is not None:
+            feeding.result()  # every wheel queued
+            parts = queue.results()
+            interpreter = starting.result().interpreter
+            assert interpreter is not None, "the Compiler identifies its interpreter on entry"
+            layers, facts = with_bytecode(layers, parts, interpreter, EXTRA_DEPS, request.cache)
+            remember_interpreter(request.cache, plan.base_image, interpreter)
+            plan = replace(plan, bytecode=interpreter.build)
     render(
         plan,
         request.output,
@@ -183,6 +177,23 @@ def prepare(
         {arch: one.to_dict() for arch, one in facts.items()},
     )
     return plan
+
+
+def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str]]:
+    """(path, sha256) of each download as it ends: what is worked on before the last one."""
+    arrived = {future: sha for sha, future in downloads.items()}
+    for future in as_completed(arrived):
+        yield future.result(), arrived[future]
+
+
+def _start_compiler(request: Request, target: Target, stack: ExitStack) -> Compiler:
+    """The base's interpreter, started (pulled first if need be) while the set resolves."""
+    assert request.engine is not None
+    arches = tuple(a.name for a in target.arches)
+    compiler = base_compiler(
+        request.engine, base_reference(request.base), arches, request.cache, EXTRA_DEPS
+    )
+    return stack.enter_context(compiler)
 
 
 @dataclass(frozen=True)

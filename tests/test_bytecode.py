@@ -8,13 +8,18 @@ output is stable could fail if it stopped guarding against them.
 from __future__ import annotations
 
 import tarfile
+import threading
 import zipfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builder.cache import Cache, sha256_of
-from builder.image.bytecode import Compiler, bytecode_layer
+from builder.image import bytecode
+from builder.image.bytecode import CompileQueue, Compiler, bytecode_layer
 from tests.wheelfactory import make_wheel
 
 pytestmark = pytest.mark.engine
@@ -189,3 +194,76 @@ def test_pyc_files_import_in_a_read_only_sandbox(tmp_path: Path, docker_client, 
         cached = f"{ROOT}/{head}/__pycache__/{name}.cpython-313.pyc"
         assert f"code object from '{cached}'" in output, output[-2000:]
     assert "could not create" not in output and "wrote '" not in output
+
+
+def _sized(tmp_path: Path) -> list[tuple[str, Path]]:
+    """Three wheels holding 1, 30 and 10 lines of Python: their compile order is known."""
+    wheels = [
+        make_wheel(tmp_path / "q", name, "1.0", "py3-none-any", {f"{name}.py": b"x = 1\n" * lines})
+        for name, lines in (("small", 1), ("large", 30), ("middle", 10))
+    ]
+    return [(sha256_of(wheel), wheel) for wheel in wheels]
+
+
+def _recording(
+    monkeypatch: pytest.MonkeyPatch, compiled: threading.Event | None = None
+) -> list[str]:
+    """The distributions compiled, in order; `compiled` is set after the first one ends."""
+    order: list[str] = []
+    real = bytecode.Compiler.compile
+
+    def recorded(self: Compiler, sha: str, wheel: Path) -> Any:
+        order.append(wheel.name.split("-")[0])
+        part = real(self, sha, wheel)
+        if compiled is not None:
+            compiled.set()
+        return part
+
+    monkeypatch.setattr(bytecode.Compiler, "compile", recorded)
+    return order
+
+
+def test_the_queue_compiles_the_largest_waiting_wheel_first(
+    tmp_path: Path, docker_client, standin, monkeypatch: pytest.MonkeyPatch
+):
+    """The biggest distributions decide when the last compile ends: they go first."""
+    order = _recording(monkeypatch)
+    wheels = _sized(tmp_path)
+    queued = threading.Event()
+    with (
+        Compiler(docker_client, standin, Cache(tmp_path / "cache"), ROOT) as compiler,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        queue = CompileQueue(lambda: (queued.wait(), compiler)[1], pool)
+        for sha, wheel in wheels + wheels[:1]:  # the same wheel twice: compiled once
+            queue.add(sha, wheel)
+        queued.set()
+        done = queue.results()
+    assert order == ["large", "middle", "small"]
+    assert sorted(done) == sorted(sha for sha, _ in wheels)
+    assert all(done[sha].compiled == 1 for sha, _ in wheels)
+
+
+def test_a_wheel_compiles_while_later_ones_are_still_coming(
+    tmp_path: Path, docker_client, standin, monkeypatch: pytest.MonkeyPatch
+):
+    """add_as_ready compiles each wheel as it arrives: the second is only handed over once the
+    first was compiled, which a queue waiting for the last download would never do."""
+    compiled_first = threading.Event()
+    order = _recording(monkeypatch, compiled_first)
+    (first_sha, first), (second_sha, second) = _sized(tmp_path)[:2]
+
+    def arriving() -> Iterator[tuple[Path, str]]:
+        yield first, first_sha
+        assert compiled_first.wait(timeout=120), "nothing compiled before the last arrival"
+        yield second, second_sha
+
+    with (
+        Compiler(docker_client, standin, Cache(tmp_path / "cache"), ROOT) as compiler,
+        ThreadPoolExecutor(max_workers=bytecode.COMPILERS) as pool,
+    ):
+        queue = CompileQueue(lambda: compiler, pool)
+        queue.add_as_ready(arriving())
+        done = queue.results()
+    assert order == ["small", "large"]
+    assert sorted(done) == sorted([first_sha, second_sha])

@@ -60,8 +60,12 @@ def sets(tmp_path: Path) -> tuple[dict[str, list[tuple[str, str, str]]], dict[st
 def _stacks(sets: Any, docker_client: Any, image: str, cache: Cache) -> Any:
     pins, wheels = sets
     stacks = {arch: distribution_layers(p, wheels, ROOT, cache, 24) for arch, p in pins.items()}
+    distinct = {sha: wheels[sha] for stack in stacks.values() for o in stack for sha in o.wheels}
     with Compiler(docker_client, image, cache, ROOT) as compiler:
-        return with_bytecode(stacks, wheels, compiler, ROOT, cache)
+        parts = compiler.compile_all(list(distinct.items()))
+        assert compiler.interpreter is not None
+        by_sha = {part.wheel_sha256: part for part in parts}
+        return with_bytecode(stacks, by_sha, compiler.interpreter, ROOT, cache)
 
 
 def test_one_native_compile_serves_both_arches_and_two_cold_caches_agree(

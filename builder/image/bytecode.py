@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import io
 import json
 import posixpath
@@ -38,8 +39,8 @@ import socket
 import tarfile
 import threading
 import zipfile
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -99,11 +100,11 @@ with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as sources:
         path = (head + "/" if head else "") + "__pycache__/" + name[:-3] + "." + tag + ".pyc"
         pycs.append((path, _code_to_hash_pyc(code, importlib.util.source_hash(data), False)))
 with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as out:
-    for path, pyc in pycs + [(SUMMARY, json.dumps({"skipped": skipped}).encode())]:
+    for path, pyc in pycs + [("summary.json", json.dumps({"skipped": skipped}).encode())]:
         info = tarfile.TarInfo(path)
         info.size = len(pyc)
         out.addfile(info, io.BytesIO(pyc))
-""".replace("SUMMARY", repr("summary.json"))
+"""
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,11 @@ class Compiler:
     def compile_all(self, wheels: Sequence[tuple[str, Path]]) -> list[Compiled]:
         """Each (sha256, wheel) compiled or found in the cache, in the order given."""
         with ThreadPoolExecutor(max_workers=COMPILERS) as pool:
-            return list(pool.map(lambda pair: self.compile(*pair), wheels))
+            queue = CompileQueue(lambda: self, pool)
+            for sha, wheel in wheels:
+                queue.add(sha, wheel)
+            done = queue.results()
+        return [done[sha] for sha, _ in wheels]
 
     def compile(self, wheel_sha256: str, wheel: Path) -> Compiled:
         """One wheel's bytecode, from the cache when this interpreter made it before."""
@@ -242,6 +247,49 @@ class Compiler:
             "bytecode", key, {"tar": digest, "compiled": len(pycs), "skipped": skipped}
         )
         return Compiled(wheel_sha256, tar, len(pycs), skipped)
+
+
+class CompileQueue:
+    """Wheels compiled as they arrive (a cold build's downloads), the largest waiting one first.
+
+    A distribution's bytecode depends only on its own sources (each gets a fresh interpreter),
+    so the order across distributions changes no byte: compiling one as soon as its download
+    ended hides the compile behind the downloads still running, and taking the one with the
+    most source first keeps the biggest (scipy, sympy: seconds each) from ending last, alone
+    on one core. `compiler` is called by each job: it waits for a Compiler still starting.
+    """
+
+    def __init__(self, compiler: Callable[[], Compiler], pool: Executor) -> None:
+        self.compiler, self.pool = compiler, pool
+        self.waiting: list[tuple[int, str, Path]] = []  # a heap: (-source bytes, sha256, wheel)
+        self.jobs: dict[str, Future[Compiled]] = {}
+        self.lock = threading.Lock()
+
+    def add(self, wheel_sha256: str, wheel: Path) -> None:
+        """Queue one wheel (once per sha256); a free job takes the largest waiting."""
+        size = _source_bytes(wheel)
+        with self.lock:
+            if wheel_sha256 in self.jobs:
+                return
+            heapq.heappush(self.waiting, (-size, wheel_sha256, wheel))
+            self.jobs[wheel_sha256] = self.pool.submit(self._next)
+
+    def add_as_ready(self, ready: Iterable[tuple[Path, str]]) -> None:
+        """Queue each (wheel, sha256) `ready` yields, e.g. as its download ends."""
+        for wheel, wheel_sha256 in ready:
+            self.add(wheel_sha256, wheel)
+
+    def _next(self) -> Compiled:
+        compiler = self.compiler()
+        with self.lock:
+            _, sha, wheel = heapq.heappop(self.waiting)
+        return compiler.compile(sha, wheel)
+
+    def results(self) -> dict[str, Compiled]:
+        """Every queued wheel's bytecode by sha256, once all are compiled (add no more)."""
+        with self.lock:
+            jobs = list(self.jobs.values())
+        return {part.wheel_sha256: part for part in (job.result() for job in jobs)}
 
 
 def bytecode_layer(
@@ -307,6 +355,12 @@ def _demultiplexed(raw: Any) -> tuple[bytes, bytes]:
         streams.get(kind, streams[2]).extend(received[start : start + size])
         position = start + size
     return bytes(streams[1]), bytes(streams[2])
+
+
+def _source_bytes(wheel: Path) -> int:
+    """How much Python a wheel holds: what its compile time follows (read from the zip index)."""
+    with zipfile.ZipFile(wheel) as archive:
+        return sum(info.file_size for info in archive.infolist() if info.filename.endswith(".py"))
 
 
 def _sources_tar(wheel: Path) -> bytes:

@@ -22,18 +22,19 @@ finds the extras by it.
 from __future__ import annotations
 
 import hashlib
+import re
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from builder.analysis.layering import LayerGroup, Member, group_layers
+from builder.analysis.layering import LayerGroup, Member, bucket_of, group_layers
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.bytecode import Compiler, Interpreter, bytecode_layer
+from builder.image.bytecode import Compiled, Interpreter, bytecode_layer
 from builder.image.layer import LAYER_FORMAT, Layer, LayerWheels, shadowed_by_group, wheels_layer
 
 EXTRAS_LAYERS = 48  # layers for /app/deps-extra
@@ -42,6 +43,7 @@ DISTRIBUTION = "distribution"  # a layer of installed wheels
 BYTECODE = "bytecode"  # a layer of their .pyc
 LAYER_FILE = "deps-extra-{arch}-{index:02d}.tar"  # in the context, ADDed in this order
 STACK_FORMAT = "extras-layers/2"  # bump when the grouping or the record changes
+HISTORY = re.compile(r" # (\S+) (.+) in /\S*$")  # the kind and label created_by writes
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,28 @@ def created_by(arch: str, index: int, extras: ExtrasLayer, root: str) -> str:
     """An extras layer's history line; the rebase path finds the extras by `root` in it."""
     what = f"{extras.kind} {extras.label}"
     return f"ADD {LAYER_FILE.format(arch=arch, index=index)} / # {what} in {root}"
+
+
+def holding_layers(added: Sequence[tuple[str, str]], names: Iterable[str]) -> dict[str, str]:
+    """Which extras layer (diff ID) holds each of `names`, read back from the layers' (diff ID,
+    history line) as created_by wrote them: a distribution's own layer names it, a bucket holds
+    the names bucket_of sends to it. Bytecode layers hold none. An image of before layers by
+    distribution has one extras layer, whose line names no kind: it holds them all."""
+    wanted = [canonicalize_name(name) for name in names]
+    lines = [(diff_id, HISTORY.search(line)) for diff_id, line in added]
+    if added and not any(found for _, found in lines):
+        return {name: added[0][0] for name in wanted}
+    own, buckets = {}, {}
+    for diff_id, found in lines:
+        if found is None or found.group(1) != DISTRIBUTION:
+            continue
+        label = found.group(2)
+        if label.startswith("bucket ") and label[7:].isdigit():
+            buckets[int(label[7:])] = diff_id
+        else:
+            own[label] = diff_id
+    holding = {name: own.get(name) or buckets.get(bucket_of(name)) for name in wanted}
+    return {name: layer for name, layer in holding.items() if layer}
 
 
 def group_budget(bytecode: bool) -> int:
@@ -185,23 +209,18 @@ class BytecodeFacts:
 
 def with_bytecode(
     stacks: Mapping[str, tuple[ExtrasLayer, ...]],
-    wheels: Mapping[str, Path],
-    compiler: Compiler,
+    parts: Mapping[str, Compiled],
+    interpreter: Interpreter,
     root: str,
     cache: Cache,
 ) -> tuple[dict[str, tuple[ExtrasLayer, ...]], dict[str, BytecodeFacts]]:
     """Every arch's distribution layers followed by their bytecode layers, same group order.
 
-    Every distinct wheel of every arch is compiled once by `compiler` (sha256 -> file in
-    `wheels`); each group's bytecode layer leaves out the sources its distribution layer
-    leaves to a later one, and takes that layer's date, so it is as reproducible as it is.
+    `parts` holds each distinct wheel's bytecode by sha256, compiled once by `interpreter` for
+    every arch (builder.image.bytecode.CompileQueue, fed as the downloads end); each group's
+    bytecode layer leaves out the sources its distribution layer leaves to a later one, and
+    takes that layer's date, so it is as reproducible as it is.
     """
-    distinct = {
-        sha: wheels[sha] for stack in stacks.values() for one in stack for sha in one.wheels
-    }
-    parts = {part.wheel_sha256: part for part in compiler.compile_all(list(distinct.items()))}
-    assert compiler.interpreter is not None, "the Compiler identifies its interpreter on entry"
-    interpreter = compiler.interpreter
     result, facts = {}, {}
     for arch, stack in stacks.items():
         added = []
