@@ -106,15 +106,19 @@ def test_state_round_trip_and_bad_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["github-actions.yml", "gitlab-ci.yml"])
-def test_ci_examples_run_the_rebuild_on_the_example_config(name: str) -> None:
+def test_ci_examples_run_the_fleet_rebuild_on_the_example_config(name: str) -> None:
     path = REPO / "examples" / "ci" / name
     document = YAML(typ="safe").load(path.read_text())
     assert isinstance(document, dict)
     text = path.read_text()
-    assert 'rebuild --config "$CONFIG" --platform-version' in text
-    assert "--check" in text
+    assert 'rebuild $FLEET --platform-version "$' in text
+    assert "--jobs 2" in text and "--check" in text
     assert (REPO / "examples" / "build-sandbox-image.toml").exists()
     assert "CONFIG: examples/build-sandbox-image.toml" in text
+    fleet = document["variables" if "variables" in document else "jobs"]
+    fleet = fleet["FLEET"] if "FLEET" in fleet else fleet["rebuild"]["env"]["FLEET"]
+    assert fleet.split()[:2] == ["--config", "examples/build-sandbox-image.toml"]
+    assert fleet.split().count("--config") >= 2  # a fleet: several templates in one run
 
 
 def test_rebase_only_when_the_locks_are_unchanged() -> None:
