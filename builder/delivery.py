@@ -34,7 +34,7 @@ from builder.engines import Engines
 from builder.errors import UserError
 from builder.image.render import add_to_output, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
-from builder.node_update import node_update, previous_images, total
+from builder.node_update import baseline, node_update, previous_images, total
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, Written, write
@@ -155,7 +155,9 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
         producer.label, [(p.arch, p.verification) for p in produced if p.verification]
     )
     if outcome.succeeded and delivery.push is not None:
-        outcome.pushed, outcome.node_update = _write(producer, produced, delivery.push, run)
+        recorded = delivery.state.path if delivery.state else None
+        written = _write(producer, produced, delivery.push, run, recorded)
+        outcome.pushed, outcome.node_update = written
         if delivery.template:
             _point_template(outcome, delivery)
     _report(outcome, delivery, run.output)
@@ -203,17 +205,20 @@ def _produce_and_verify(
 
 
 def _write(
-    producer: Producer, produced: list[Produced], target: Target, run: Run
+    producer: Producer, produced: list[Produced], target: Target, run: Run, state: Path | None
 ) -> tuple[Written, dict[str, Any]]:
     """Every arch's image by digest, then the tag names it (one arch) or an index of them;
-    and what a node holding the image the tag named before fetches and unpacks.
+    and what a node holding the previous image (the `state`'s, else the tag's) fetches and
+    unpacks.
 
     The bytes written are checked to carry the config verified, byte for byte. Blobs other
     repositories of the registry hold are mounted from them (builder.blob_memory); what a node
     holding the tag's previous image must fetch and unpack goes in each arch's record.
     """
     registry = credentials.registry(target.repository, str(target.repository))
-    previous, before = previous_images(registry, target.tag, [one.arch for one in produced])
+    previous, before = previous_images(
+        *baseline(state, registry, target.tag), [one.arch for one in produced]
+    )
     run.reporter.say(f"pushing {target.repository}:{target.tag} ...")
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
         images, blobs = [], Blobs()

@@ -11,8 +11,11 @@ the tag named before this push must:
   even one whose blob the node has and did not download. Counted as the layers' compressed
   sizes: what is decompressed and applied (the tars are larger).
 
-The previous image is the one the tag being moved names, read just before the write: it is there
-for a build and a rebuild alike, and it is exactly what a node that pulled the tag holds.
+The previous image is the one the state file records as last pushed (`rebuild`, and a build run
+from a pipeline config, record one): the tag itself changes with the extras and the platform
+version, so a node that runs the template holds the state's image, not the new tag's. Without a
+state (a plain build) it is what the tag being pushed named before, read just before the write:
+the same tag means the same extras, pushed again.
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from builder.errors import RegistryError
+from builder import credentials
+from builder.errors import RegistryError, UserError
 from builder.oci.client import Registry
+from builder.oci.name import ImageRef
 from builder.oci.remote import read
 from builder.oci.v1 import Image, Platform
+from builder.upgrade import load_state
 
 
 @dataclass(frozen=True)
@@ -73,13 +80,26 @@ def node_update(image: Image, previous: Image | None) -> NodeUpdate:
     )
 
 
-def previous_images(
-    registry: Registry, tag: str, arches: Sequence[str]
-) -> tuple[str | None, dict[str, Image]]:
-    """What the tag names now (its digest), and each arch's image in it (none for an arch it
-    lacks). A figure never fails a push: an unreadable tag is as good as none."""
+def baseline(state: Path | None, target: Registry, tag: str) -> tuple[Registry, str]:
+    """Where the image a node holds now is: the state's last pushed image, else `tag` in the
+    target (see the module docstring)."""
     try:
-        found = read(registry, tag)
+        recorded = load_state(state) if state else None
+        if recorded and recorded.image:
+            ref = ImageRef.parse(recorded.image, "the state's image")
+            return credentials.registry(ref, recorded.image), ref.reference
+    except UserError:
+        pass  # an unreadable state is the rebuild's error to report, not a figure's
+    return target, tag
+
+
+def previous_images(
+    registry: Registry, reference: str, arches: Sequence[str]
+) -> tuple[str | None, dict[str, Image]]:
+    """What `reference` names now (its digest), and each arch's image in it (none for an arch
+    it lacks). A figure never fails a push: an unreadable reference is as good as none."""
+    try:
+        found = read(registry, reference)
         if isinstance(found, Image):
             return found.digest, {a: found for a in arches if found.architecture in ("", a)}
         images = {}

@@ -25,11 +25,12 @@ from registryhelp import layer_tar
 
 from builder.blob_memory import FileBlobMemory
 from builder.credentials import Credentials
-from builder.node_update import chain_ids, node_update
+from builder.node_update import baseline, chain_ids, node_update, previous_images
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, write
 from builder.oci.v1 import Descriptor, Image, digest_of
+from builder.upgrade import BuildState
 
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
@@ -82,8 +83,9 @@ def image(layers: list[tuple[Descriptor, str, Path]]) -> tuple[Image, Blobs]:
 
 @pytest.fixture
 def world(registry: TestRegistry, tmp_path: Path) -> Iterator[tuple[str, Credentials]]:
-    yield f"bsi-h3-mount-{uuid.uuid4().hex[:8]}", Credentials(
-        registry.user, registry.password, "test"
+    yield (
+        f"bsi-h3-mount-{uuid.uuid4().hex[:8]}",
+        Credentials(registry.user, registry.password, "test"),
     )
 
 
@@ -154,6 +156,37 @@ def test_node_update_counts_new_blobs_and_every_layer_above_the_first_change(
     same = node_update(previous, previous)
     assert (same.download, same.unpack_layers) == (0, 0)
     assert node_update(previous, None).download_layers == 3
+
+
+def test_the_previous_image_is_the_states_else_the_tags(
+    registry: TestRegistry,
+    world: tuple[str, Credentials],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pipeline's tag changes with its extras: the state's last image is what nodes hold."""
+    namespace, login = world
+    monkeypatch.setenv("BSI_REGISTRY_USER", login.username)
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", login.secret)
+    base, numpy, scipy, own = (layer(tmp_path, n) for n in ("base", "numpy", "scipy", "own"))
+    old, old_blobs = image([base, numpy, scipy])
+    app = Registry(ImageRef.parse(f"{registry.host}/{namespace}/app"), credentials=login)
+    write(app, [old], old_blobs, tags=["1.0-xaaaa"])
+    state = tmp_path / "state.json"
+    recorded = BuildState("1.0", "base", None, "3.13", {}, {}, f"{app.label}@{old.digest}")
+    state.write_text(json.dumps(recorded.to_dict()))
+
+    where, reference = baseline(state, app, "1.0-xbbbb")
+    assert reference == old.digest
+    previous, found = previous_images(where, reference, ["amd64", "arm64"])
+    assert previous == old.digest and list(found) == ["amd64"]
+    new, _ = image([base, numpy, own])
+    update = node_update(new, found["amd64"])
+    assert (update.previous, update.download, update.unpack_layers) == (old.digest, own[0].size, 1)
+
+    assert baseline(None, app, "1.0-xbbbb") == (app, "1.0-xbbbb")
+    assert previous_images(app, "1.0-xbbbb", ["amd64"]) == (None, {})  # no such tag: no figure
+    assert previous_images(*baseline(None, app, "1.0-xaaaa"), ["amd64"])[0] == old.digest
 
 
 # -- token auth: one token for both repositories ------------------------------------------------
