@@ -1,9 +1,14 @@
 """Requirements to a built image: build-sandbox-image beside a hand-written Dockerfile.
 
-Both run on the same engine in one run, cold (BuildKit cache pruned, empty wheel and uv
-caches) and warm (the same build again). The hand-written Dockerfile is what an operator
-writes today: a builder stage doing a plain `pip install --target` from the index, and the
-apt packages typed in by hand (we give it the list our tool found, which it would not know).
+Both run on the same engine in one run, cold (each on a base made for this run, so BuildKit
+holds no snapshot it could reuse; empty wheel and uv caches) and warm (the same build again).
+The hand-written Dockerfile is what an operator writes today: a builder stage doing a plain
+`pip install --target` from the index, and the apt packages typed in by hand (we give it the
+list our tool found, which it would not know).
+
+BuildKit's cache is not pruned: a `docker builder prune` while another build pulls crashed the
+engine (dockerd 20.10, a nil dereference in the cache's GetByBlob) on the shared test machine,
+and a base no image was built on before already leaves nothing to reuse.
 
     .venv/bin/python benchmarks/build_vs_handwritten.py --base-image bsi-reference:test
 
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,8 +58,16 @@ def timed(command: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
-def prune() -> None:
-    subprocess.run([DOCKER, "builder", "prune", "-af"], check=True, stdout=subprocess.DEVNULL)
+def derived_base(parent: str, tag: str, stamp: str, work: Path) -> None:
+    """`parent` plus one small layer naming this run: a base no existing image was built on."""
+    context = work / f"base-{uuid.uuid4().hex[:6]}"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {parent}\nUSER 0:0\nRUN echo {stamp} > /etc/bsi-bench\nUSER 65532:65532\n"
+    )
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    subprocess.run([DOCKER, "build", "-q", "-t", tag, str(context)], check=True, env=env,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
 
 
 def main() -> None:
@@ -61,13 +75,16 @@ def main() -> None:
     parser.add_argument("--base-image", required=True)
     parser.add_argument("-r", type=Path, default=REPO / "examples" / "requirements.txt")
     args = parser.parse_args()
+    run = uuid.uuid4().hex[:8]
+    own_base, hand_base = f"bsi-bench-{run}/own:1", f"bsi-bench-{run}/hand:1"
     with tempfile.TemporaryDirectory(prefix="bsi-bench-") as temp:
         work = Path(temp)
+        derived_base(args.base_image, own_base, f"{run}-own", work)
+        derived_base(args.base_image, hand_base, f"{run}-hand", work)
         env = {**os.environ, "UV_CACHE_DIR": str(work / "uv"), "DOCKER_BUILDKIT": "1"}
-        ours = [sys.executable, "-m", "builder", "-r", str(args.r), "--base-image", args.base_image,
-                "--tag", "bsi-bench/ours", "--no-verify", "--output", str(work / "context"),
-                "--cache-dir", str(work / "cache")]  # fmt: skip
-        prune()
+        ours = [sys.executable, "-m", "builder", "-r", str(args.r), "--base-image", own_base,
+                "--tag", f"bsi-bench-{run}/ours", "--no-verify", "--output",
+                str(work / "context"), "--cache-dir", str(work / "cache")]  # fmt: skip
         ours_cold = timed(ours, env)
         ours_warm = timed(ours, env)
         report = json.loads((work / "context" / "report.json").read_text())
@@ -76,10 +93,9 @@ def main() -> None:
         hand.mkdir()
         (hand / "Dockerfile").write_text(HANDWRITTEN.replace("{apt}", apt))
         (hand / "requirements.txt").write_text(args.r.read_text())
-        theirs = [DOCKER, "build", "-t", "bsi-bench/handwritten",
-                  "--build-arg", f"BASE_IMAGE={args.base_image}",
+        theirs = [DOCKER, "build", "-t", f"bsi-bench-{run}/handwritten",
+                  "--build-arg", f"BASE_IMAGE={hand_base}",
                   "--secret", f"id=ca,src={CA_BUNDLE}", str(hand)]  # fmt: skip
-        prune()
         hand_cold = timed(theirs, env)
         hand_warm = timed(theirs, env)
     print(f"requirements: {args.r}  base: {args.base_image}  apt: {apt}")

@@ -8,10 +8,10 @@
 (iii) plan only (`--no-build`), cold, against uv's own resolve + unpack of the same set: the
       median of --repeat interleaved runs of each (the index's speed varies within minutes).
 
-Cold: empty tool and uv caches, the BuildKit cache pruned, and every build on a base made for
-this run (the reference plus a layer naming the run), so no image in the engine holds a
-snapshot BuildKit could reuse. Needs the engine, the local test registry (.test-env.json) and
-the index.
+Cold: empty tool and uv caches, and every build on a base made for this run (the reference plus
+a layer naming the run), so no image in the engine holds a snapshot BuildKit could reuse.
+BuildKit's cache is not pruned (see build_vs_handwritten: a prune beside another build crashed
+the shared engine). Needs the engine, the local test registry (.test-env.json) and the index.
 
     .venv/bin/python benchmarks/upgrade.py [--base-image bsi-reference:test] [-r FILE]
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from build_vs_handwritten import CA_BUNDLE, DOCKER, HANDWRITTEN  # noqa: E402
+from build_vs_handwritten import CA_BUNDLE, DOCKER, HANDWRITTEN, derived_base  # noqa: E402
 
 ISSUE_SET = (
     "beautifulsoup4\nlightgbm\nscikit-learn\nxgboost\nopencv-python-headless\nlxml\npyarrow\n"
@@ -49,18 +49,6 @@ def timed(command: list[str], env: dict[str, str], cwd: Path | None = None) -> f
     return elapsed
 
 
-def derived_base(parent: str, tag: str, stamp: str, work: Path) -> None:
-    """`parent` plus one small layer naming this run: a base no existing image was built on."""
-    context = work / f"base-{uuid.uuid4().hex[:6]}"
-    context.mkdir()
-    (context / "Dockerfile").write_text(
-        f"FROM {parent}\nUSER 0:0\nRUN echo {stamp} > /etc/bsi-bench\nUSER 65532:65532\n"
-    )
-    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-    subprocess.run([DOCKER, "build", "-q", "-t", tag, str(context)], check=True, env=env,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
-
-
 def push(tag: str, user: str, password: str) -> None:
     import docker
 
@@ -70,10 +58,6 @@ def push(tag: str, user: str, password: str) -> None:
     for event in client.api.push(repository, tag=name, auth_config=auth, stream=True, decode=True):
         if "error" in event:
             sys.exit(f"error: pushing {tag}: {event['error']}")
-
-
-def prune() -> None:
-    subprocess.run([DOCKER, "builder", "prune", "-af"], check=True, stdout=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -119,7 +103,6 @@ def main() -> None:
             f'platform-version = "1.0"\nrepository = "{host}/bsi-bench-{run}/sandbox"\n'
         )
         env_i, cache_i = fresh("i")
-        prune()
         rebuild = [*tool, "rebuild", "--config", str(config), "--cache-dir", str(cache_i)]
         cold_delivery = timed([*rebuild, "--platform-version", "1.0"], env_i)
         upgrade = timed([*rebuild, "--platform-version", "1.1"], env_i)
@@ -133,7 +116,6 @@ def main() -> None:
         ours = [*tool, "-r", str(requirements), "--base-image", own_base, "--tag",
                 f"bsi-bench-{run}/ours", "--no-verify", "--output", str(work / "ii" / "context"),
                 "--cache-dir", str(cache_ii)]  # fmt: skip
-        prune()
         ours_cold = timed(ours, env_ii)
         rerun = timed(ours, env_ii)
         report = json.loads((work / "ii" / "context" / "report.json").read_text())
@@ -142,7 +124,6 @@ def main() -> None:
         hand.mkdir()
         (hand / "Dockerfile").write_text(HANDWRITTEN.replace("{apt}", apt))
         (hand / "requirements.txt").write_text(requirements.read_text())
-        prune()
         hand_cold = timed([DOCKER, "build", "-t", f"bsi-bench-{run}/hand", "--build-arg",
                            f"BASE_IMAGE={hand_base}", "--secret", f"id=ca,src={CA_BUNDLE}",
                            str(hand)], env)  # fmt: skip
