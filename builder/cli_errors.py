@@ -15,10 +15,9 @@ from typing import Any, TypeVar
 import click
 
 from builder.analysis.requirements import redact_credentials
-from builder.errors import UserError
+from builder.errors import DEBUG_VARIABLE, UserError, failure_message
 
 F = TypeVar("F", bound=Callable[..., Any])
-DEBUG_VARIABLE = "BSI_DEBUG"  # set: unexpected errors raise with their traceback
 ERROR_CHARS = 600  # an error line longer than this is cut
 
 
@@ -42,17 +41,11 @@ def reports_errors(function: F) -> F:
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except UserError as error:
-            message = str(error)
+            message = failure_message(error)
         except Exception as error:
             if os.environ.get(DEBUG_VARIABLE):
                 raise
-            if isinstance(error, OSError) and error.filename and error.strerror:
-                message = f"{error.filename}: {error.strerror}"
-            else:
-                message = (
-                    f"internal: {type(error).__name__}: {error}"
-                    f" (rerun with {DEBUG_VARIABLE}=1 for the traceback)"
-                )
+            message = failure_message(error)
         click.echo(error_line(message), err=True)
         sys.exit(1)
 

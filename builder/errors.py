@@ -11,6 +11,8 @@ failure it was, so a caller can decide without reading messages:
     └── IntegrityError        content that does not hash to its digest; never fallen back from
 """
 
+DEBUG_VARIABLE = "BSI_DEBUG"  # set: unexpected errors show their traceback
+
 
 class UserError(Exception):
     """The input cannot work on the target; the message names the culprit."""
@@ -33,3 +35,20 @@ class IntegrityError(UserError):
 
     def __init__(self, what: str, expected: str, actual: str) -> None:
         super().__init__(f"{what} does not match its digest: expected {expected}, got {actual}")
+
+
+def failure_message(error: Exception) -> str:
+    """What a failure tells the user: a UserError its message (it names the culprit), an
+    OSError the path it is about, anything else `internal: Type: text` (a bug, with the hint).
+
+    One home for the CLI's error line (builder.cli_errors) and a fleet template's reason
+    (builder.fleet), so a failure reads the same in either.
+    """
+    if isinstance(error, UserError):
+        return str(error)
+    if isinstance(error, OSError) and error.filename and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return (
+        f"internal: {type(error).__name__}: {error}"
+        f" (rerun with {DEBUG_VARIABLE}=1 for the traceback)"
+    )

@@ -12,7 +12,9 @@ table (template, path taken, new digest or the reason) and one verdict.
 
 from __future__ import annotations
 
+import os
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from builder.analysis.target import BaseProfile
 from builder.cache import Cache
 from builder.commands import rebuild
 from builder.config import PipelineConfig, load_config
-from builder.errors import UserError
+from builder.errors import DEBUG_VARIABLE, UserError, failure_message
 from builder.reporter import Reporter
 from builder.upgrade import load_state
 
@@ -134,13 +136,13 @@ def rebuild_fleet(fleet: Fleet, shared: Shared) -> FleetResult:
     if len(set(names)) != len(names):
         twice = sorted({name for name in names if names.count(name) > 1})
         raise UserError(f"rebuild: config {twice[0]} given twice")
-    loaded: dict[str, PipelineConfig | Exception] = {}
+    configs: dict[str, PipelineConfig] = {}
+    unloaded: dict[str, TemplateResult] = {}
     for name, path in zip(names, fleet.configs, strict=True):
         try:
-            loaded[name] = load_config(path)
+            configs[name] = load_config(path)
         except Exception as error:  # that template fails; the others go on
-            loaded[name] = error
-    configs = {name: c for name, c in loaded.items() if isinstance(c, PipelineConfig)}
+            unloaded[name] = _failed(name, error)
     _refuse_overlaps(configs)
     users: dict[str, int] = {}
     for config in configs.values():
@@ -152,10 +154,7 @@ def rebuild_fleet(fleet: Fleet, shared: Shared) -> FleetResult:
             name: pool.submit(_one, name, config, fleet, shared, bases)
             for name, config in configs.items()
         }
-        rows = [
-            started[name].result() if name in started else _failed(name, loaded[name])
-            for name in names
-        ]
+        rows = [started[name].result() if name in started else unloaded[name] for name in names]
     return FleetResult(rows)
 
 
@@ -192,6 +191,9 @@ def _one(
             bases=bases,
         )
     except Exception as error:
+        if os.environ.get(DEBUG_VARIABLE) and not isinstance(error, UserError):
+            for line in traceback.format_exc().splitlines():
+                reporter.say(line)
         row = _failed(name, error)
         reporter.say(f"failed: {row.detail}")
         return row
@@ -221,19 +223,13 @@ def _one(
     return TemplateResult(name, found.path or "build", outcome.pushed.reference, changes)
 
 
-def _failed(name: str, error: object) -> TemplateResult:
+def _failed(name: str, error: Exception) -> TemplateResult:
     return TemplateResult(name, "failed", _reason(error))
 
 
-def _reason(error: object) -> str:
+def _reason(error: Exception) -> str:
     """A failure as one bounded line, as the CLI's error line says it; credentials masked."""
-    if isinstance(error, UserError):
-        text = str(error)
-    elif isinstance(error, OSError) and error.filename and error.strerror:
-        text = f"{error.filename}: {error.strerror}"
-    else:
-        text = f"internal: {type(error).__name__}: {error}"
-    line = redact_credentials(" ".join(text.split()))
+    line = redact_credentials(" ".join(failure_message(error).split()))
     return line if len(line) <= REASON_CHARS else line[:REASON_CHARS] + "…"
 
 

@@ -175,7 +175,10 @@ def test_each_templates_failure_stays_in_its_row(
         "failed",
         "b/requirements.txt: no-such-dist has no wheel",
     )
-    assert (got["c"].path, got["c"].detail) == ("failed", "internal: RuntimeError: boom")
+    assert (got["c"].path, got["c"].detail) == (
+        "failed",
+        "internal: RuntimeError: boom (rerun with BSI_DEBUG=1 for the traceback)",
+    )
     assert (got["d"].path, got["d"].detail) == ("unchanged", "up to date")
     assert got["e"].path == "failed" and "not valid TOML" in got["e"].detail
     assert result.failed == [str(paths[1]), str(paths[2]), str(tmp_path / "e.toml")]
