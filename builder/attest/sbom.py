@@ -35,7 +35,6 @@ from cyclonedx.model.license import DisjunctiveLicense, LicenseExpression
 from cyclonedx.model.tool import ToolRepository
 from cyclonedx.output import make_outputter
 from cyclonedx.schema import OutputFormat, SchemaVersion
-from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
 from builder.attest.contents import (
@@ -71,6 +70,11 @@ class ImageContents:
 
 def sbom_document(contents: ImageContents) -> bytes:
     """The SBOM as CycloneDX 1.6 JSON, checked against the schema before it is returned."""
+    # Imported here, not at the top: jsonschema's format checkers compile some 40 grammars when
+    # imported (2-7 s on the test machine), which every command (the CLI imports this module)
+    # would pay, a no-change rerun included.
+    from cyclonedx.validation.json import JsonStrictValidator
+
     text = make_outputter(_bom(contents), OutputFormat.JSON, SCHEMA).output_as_string(indent=2)
     errors = JsonStrictValidator(SCHEMA).validate_str(text)
     if errors is not None:
