@@ -90,7 +90,7 @@ class EngineURL:
             missing = [name for name in CERT_FILES if not (certs / name).is_file()]
             if missing:
                 raise UserError(f"{where}: {certs} lacks {', '.join(missing)} for {text!r}")
-        return cls(parts._replace(query="").geturl(), certs)
+        return cls(text.strip().split("?", 1)[0], certs)  # urlunsplit would drop unix's //
 
     @property
     def scheme(self) -> str:

@@ -1,0 +1,170 @@
+"""Per-arch engines for real: arm64 built, loaded and verified on a second Docker engine.
+
+The second engine (tests/secondengine.py) runs on this amd64 machine, so its arm64 work runs
+under its qemu, as on the local engine; what is shown is where each step happens: the arm64
+image is in the second engine's image store and not in the default one's (by image id), the
+amd64 image the other way round, and the index pushed names both. An engine that cannot be
+reached fails the run with one line naming the arch and the URL, before anything is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+from conftest import Registry
+from registryhelp import registry_get, registry_tags
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUN = uuid.uuid4().hex[:8]
+PREFIX = f"bsi-h1-engines-{RUN}"
+
+
+def tool(registry: Registry, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "BSI_REGISTRY_USER": registry.user,
+        "BSI_REGISTRY_PASSWORD": registry.password,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "builder", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def present(client: Any, image_id: str) -> bool:
+    try:
+        client.images.get(image_id)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def two_arch_base(test_env: dict, registry: Registry, cache_dir: Path) -> str:
+    """The reference base for amd64 and arm64, pushed as an index (as test_multiarch builds it:
+    BuildKit's cache makes the second of the two builds cheap)."""
+    tag = f"{registry.host}/{PREFIX}/runtime:1.0"
+    result = tool(
+        registry, "base", "--tag", tag, "--from", test_env["multiarch_base"],
+        "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(cache_dir),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return tag
+
+
+class Built:
+    def __init__(self, result: subprocess.CompletedProcess[str], context: Path, repo: str) -> None:
+        self.result = result
+        self.repository = repo
+        self.report = json.loads((context / "report.json").read_text())["image"]
+
+
+@pytest.fixture(scope="module")
+def on_two_engines(
+    tmp_path_factory: pytest.TempPathFactory,
+    registry: Registry,
+    cache_dir: Path,
+    two_arch_base: str,
+    second_engine: Any,
+    docker_client: Any,
+) -> Iterator[Built]:
+    """A small pure-Python extension for both arches, arm64 on the second engine, pushed."""
+    tmp_path = tmp_path_factory.mktemp("engines")
+    (tmp_path / "requirements.txt").write_text("six\n")
+    repository = f"{registry.host}/{PREFIX}/six"
+    result = tool(
+        registry, "-r", str(tmp_path / "requirements.txt"), "--base-image", two_arch_base,
+        "--output", str(tmp_path / "context"), "--cache-dir", str(cache_dir),
+        "--tag", f"{PREFIX}/six:test", "--push", repository,
+        "--engine", f"arm64={second_engine.url}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    built = Built(result, tmp_path / "context", repository)
+    yield built
+    second = second_engine.client()
+    try:
+        for client in (docker_client, second):
+            for one in built.report["arches"].values():
+                if present(client, one["id"]):
+                    client.images.remove(one["id"], force=True)
+    finally:
+        second.close()
+
+
+def test_the_arm64_image_is_made_on_its_engine_and_only_there(
+    on_two_engines: Built, second_engine: Any, docker_client: Any
+) -> None:
+    arches = on_two_engines.report["arches"]
+    second = second_engine.client()
+    try:
+        assert present(second, arches["arm64"]["id"])
+        assert not present(docker_client, arches["arm64"]["id"])
+        assert present(docker_client, arches["amd64"]["id"])
+        assert not present(second, arches["amd64"]["id"])
+        assert second.images.get(arches["arm64"]["id"]).attrs["Architecture"] == "arm64"
+    finally:
+        second.close()
+
+
+def test_each_arch_is_verified_where_it_was_made(on_two_engines: Built, second_engine: Any) -> None:
+    out = on_two_engines.result.stdout
+    arm64_id = on_two_engines.report["arches"]["arm64"]["id"]
+    assert f"verifying arm64 image {arm64_id} hardened on {second_engine.url} ..." in out
+    assert "verifying amd64 image sha256:" in out and "hardened ..." in out
+    assert "PASS  [arm64] import six" in out and "PASS  [amd64] import six" in out
+    for arch in ("amd64", "arm64"):
+        assert on_two_engines.report["arches"][arch]["verification"]["passed"] is True
+
+
+def test_the_index_pushed_holds_both_arches(on_two_engines: Built, registry: Registry) -> None:
+    report = on_two_engines.report
+    path = on_two_engines.repository.split("/", 1)[1]
+    with registry_get(registry, f"/v2/{path}/manifests/{report['index']}") as response:
+        index = json.loads(response.read())
+    by_arch = {m["platform"]["architecture"]: m["digest"] for m in index["manifests"]}
+    assert by_arch == {arch: report["arches"][arch]["digest"] for arch in ("amd64", "arm64")}
+    for arch, digest in by_arch.items():  # each image by digest is the one made (its config)
+        with registry_get(registry, f"/v2/{path}/manifests/{digest}") as response:
+            config = json.loads(response.read())["config"]["digest"]
+        assert config == report["arches"][arch]["id"]
+
+
+@pytest.mark.parametrize("url", ["unix:///nonexistent.sock", "tcp://127.0.0.1:1"])
+def test_an_unreachable_engine_fails_first_naming_arch_and_url(
+    url: str, tmp_path: Path, registry: Registry, test_env: dict
+) -> None:
+    (tmp_path / "requirements.txt").write_text("six\n")
+    repository = f"{registry.host}/{PREFIX}/unreachable"
+    result = tool(
+        registry, "-r", str(tmp_path / "requirements.txt"),
+        "--base-image", test_env["multiarch_base"], "--output", str(tmp_path / "context"),
+        "--push", repository, "--engine", f"arm64={url}",
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: engine for arm64 at {url} not reachable: "), lines[0]
+    assert result.stdout == "", "something was planned or built before the engine was asked"
+    assert not (tmp_path / "context").exists()
+    assert registry_tags(registry, repository.split("/", 1)[1]) == []
