@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import docker
+import docker.constants
 import docker.errors
 import docker.tls
 
@@ -114,13 +115,29 @@ class EngineURL:
         return found
 
     def client(self, timeout: float) -> docker.DockerClient:
-        """A client (not yet asked anything); ssh:// runs the ssh binary, as the CLI does."""
-        return docker.DockerClient(
+        """A client on the API version the engine speaks; ssh:// runs the ssh binary, as the
+        CLI does.
+
+        The environment's proxies and CA bundle are not used: requests lets REQUESTS_CA_BUNDLE
+        replace the engine's ca.pem (psf/requests#3829), and an engine is no web site.
+        """
+        asking = self._client(docker.constants.MINIMUM_DOCKER_API_VERSION, timeout)
+        try:
+            version = str(asking.version(api_version=False)["ApiVersion"])
+        finally:
+            asking.close()
+        return self._client(version, timeout)
+
+    def _client(self, version: str, timeout: float) -> docker.DockerClient:
+        client = docker.DockerClient(
             base_url=self.url,
+            version=version,
             timeout=int(timeout),
             tls=self.tls() or False,
             use_ssh_client=self.scheme == "ssh",
         )
+        client.api.trust_env = False
+        return client
 
     def __str__(self) -> str:
         return self.url + (f"?certs={self.certs}" if self.certs else "")
