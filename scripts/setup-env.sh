@@ -2,7 +2,8 @@
 # Prepare this machine for the real tests and the example build. Idempotent: a second run
 # changes nothing and takes a few seconds.
 #
-#   1. Debian packages: docker.io, debootstrap, mmdebstrap, docker-registry, apache2-utils, curl
+#   1. Debian packages: docker.io, debootstrap, mmdebstrap, docker-registry, apache2-utils, curl,
+#      openssh-server (for the ssh:// engine test's own sshd; never started as a service)
 #      (apt, only if missing)
 #   2. .venv with `pip install -e '.[test]'` (redone only when pyproject.toml changes)
 #   3. a Docker engine answering on unix:///var/run/docker.sock (started in the background if not)
@@ -34,6 +35,9 @@ DOCKER_SOCK=unix:///var/run/docker.sock
 export DOCKER_HOST="$DOCKER_SOCK" DOCKER_BUILDKIT=1
 
 APT_PACKAGES=(docker.io debootstrap docker-registry apache2-utils curl)
+# Without recommends (libpam-systemd would bring systemd): its sshd serves only the ssh:// engine
+# test (tests/sshengine.py starts its own on a free port), never as a service.
+SSH_PACKAGES=(openssh-server)
 # Installed without recommends: qemu-user-static's (systemd | binfmt-support) would register
 # handlers of their own, and mmdebstrap's are not needed in root mode.
 EMULATION_PACKAGES=(qemu-user-static mmdebstrap)
@@ -114,7 +118,8 @@ apt_ensure() {
 
 step_packages() {
 	apt_ensure "${APT_PACKAGES[@]}"
-	say "packages: ok (${APT_PACKAGES[*]})"
+	apt_ensure --no-install-recommends "${SSH_PACKAGES[@]}"
+	say "packages: ok (${APT_PACKAGES[*]} ${SSH_PACKAGES[*]})"
 }
 
 # ---------------------------------------------------------------------------------------------
