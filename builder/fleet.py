@@ -209,6 +209,8 @@ def _one(
         recorded = previous.image if previous is not None else None
         return TemplateResult(name, "unchanged", recorded or "up to date")
     if outcome.verification is not None and not outcome.verification.passed:
+        for line in outcome.verification.table().splitlines():  # as a lone rebuild shows it
+            reporter.say(line)
         checks = ", ".join(check.name for check in outcome.verification.failed)
         reason = f"verification of {outcome.label} failed: {checks}"
         reporter.say(f"failed: {reason}")

@@ -246,3 +246,26 @@ def test_the_fleets_exit_code(
     assert "fleet: 2 templates" in result.stdout
     if last is not None:
         assert result.output.strip().splitlines()[-1] == last
+
+
+def test_a_failed_verification_is_the_templates_failure_with_its_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = write_configs(tmp_path, ["a"])
+    report = SimpleNamespace(
+        passed=False,
+        failed=[SimpleNamespace(name="imports"), SimpleNamespace(name="hardening")],
+        table=lambda: "imports   FAIL  numpy\nhardening FAIL  uid 0",
+    )
+    outcome = SimpleNamespace(verification=report, label="reg/a", pushed=None, notes=[])
+    made = Rebuild(plan=Any, changes=["base digest: x -> y"], outcome=outcome, path="rebase")  # type: ignore[arg-type]
+    said: list[str] = []
+    monkeypatch.setattr(builder.fleet, "rebuild", fake_rebuild({"a": made}, said))
+    result = rebuild_fleet(
+        Fleet(paths, "2"),
+        Shared(Any, Cache(tmp_path), Reporter(said.append)),  # type: ignore[arg-type]
+    )
+    (row,) = result.rows
+    assert (row.path, row.detail) == ("failed", "verification of reg/a failed: imports, hardening")
+    assert f"[{paths[0]}] hardening FAIL  uid 0" in said
+    assert result.failed == [str(paths[0])]
