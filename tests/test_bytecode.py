@@ -267,3 +267,25 @@ def test_a_wheel_compiles_while_later_ones_are_still_coming(
         done = queue.results()
     assert order == ["small", "large"]
     assert sorted(done) == sorted([first_sha, second_sha])
+
+
+def test_an_image_by_id_starts_no_container_until_a_wheel_is_new(
+    tmp_path: Path, docker_client, standin
+):
+    """An engine image id cannot change its python3: a rerun takes the interpreter identified
+    before from the cache and starts a container only for a wheel not compiled yet."""
+    image = docker_client.images.get(standin).id
+    wheels = _wheels(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    with Compiler(docker_client, image, cache, ROOT) as compiler:
+        first = compiler.compile_all(wheels[:1])
+        assert compiler.container is not None
+        identified = compiler.interpreter
+    with Compiler(docker_client, image, cache, ROOT) as compiler:
+        assert compiler.container is None and compiler.interpreter == identified
+        assert [c.tar for c in compiler.compile_all(wheels[:1])] == [c.tar for c in first]
+        assert compiler.container is None, "everything was in the cache"
+        compiler.compile_all(wheels[1:])
+        assert compiler.container is not None and compiler.interpreter == identified
+    with Compiler(docker_client, standin, cache, ROOT) as compiler:  # a tag may move: identify
+        assert compiler.container is not None

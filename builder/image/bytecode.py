@@ -152,16 +152,41 @@ class Compiler:
 
     Use as a context manager: the container (no network, uid 65532, the image's entrypoint
     replaced by a sleep) is removed on exit. Results come from the cache when this interpreter
-    compiled the same wheel for the same root before.
+    compiled the same wheel for the same root before. An image given by its engine id (what
+    builder.image.interpreter passes) cannot change its python3, so the interpreter identified
+    in it before is taken from the cache, and the container starts only when a wheel is not
+    compiled yet: a no-change rerun starts none.
     """
 
     def __init__(self, client: docker.DockerClient, image: str, cache: Cache, root: str) -> None:
         self.client, self.image, self.cache, self.root = client, image, cache, root.rstrip("/")
         self.container: Any = None
         self.interpreter: Interpreter | None = None
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one start, whichever compile needs the container first
 
     def __enter__(self) -> Compiler:
+        key = self._image_key()
+        record = self.cache.get_record("interpreter-of-image", key) if key else None
+        if record:
+            self.interpreter = Interpreter(
+                self.image, record["version"], record["cache_tag"], record["build"]
+            )
+        else:
+            self._start()
+        return self
+
+    def _image_key(self) -> str:
+        """The record key of a content-addressed image; a tag's python3 may change: none."""
+        if not self.image.startswith("sha256:"):
+            return ""
+        return hashlib.sha256(f"{BYTECODE_FORMAT}\n{self.image}".encode()).hexdigest()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.container is not None:
+            with contextlib.suppress(docker.errors.DockerException):  # already gone
+                self.container.remove(force=True)
+
+    def _start(self) -> None:
         try:
             self.container = self.client.containers.run(
                 self.image,
@@ -175,13 +200,12 @@ class Compiler:
             )
         except docker.errors.DockerException as error:
             raise UserError(f"bytecode: cannot start {self.image}: {error}") from None
-        self.interpreter = self._identify()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.container is not None:
-            with contextlib.suppress(docker.errors.DockerException):  # already gone
-                self.container.remove(force=True)
+        found = self._identify()
+        if self.interpreter is not None and found.build != self.interpreter.build:
+            raise UserError(f"bytecode: the python3 of {self.image} changed; run the build again")
+        self.interpreter = found
+        if key := self._image_key():
+            self.cache.put_record("interpreter-of-image", key, found.to_dict())
 
     def _exec(self, argv: Sequence[str], what: str, stdin: bytes = b"") -> bytes:
         """stdout of `python3 argv` in the container, `stdin` sent first; a failure names `what`.
@@ -233,6 +257,9 @@ class Compiler:
         record = self.cache.get_record("bytecode", key)
         if record and (tar := self.cache.find_blob(record["tar"], "bytecode.tar")):
             return Compiled(wheel_sha256, tar, record["compiled"], tuple(record["skipped"]))
+        with self.lock:
+            if self.container is None:
+                self._start()
         output = self._exec(
             ["-c", COMPILE_SCRIPT, self.root], f"compiling {wheel.name}", _sources_tar(wheel)
         )
