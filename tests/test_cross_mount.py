@@ -23,7 +23,7 @@ import pytest
 from conftest import Registry as TestRegistry
 from registryhelp import layer_tar
 
-from builder.blob_memory import FileBlobMemory
+from builder.blob_memory import MAX_HOLDERS, FileBlobMemory
 from builder.credentials import Credentials
 from builder.node_update import baseline, chain_ids, node_update, previous_images
 from builder.oci.client import Registry
@@ -141,6 +141,19 @@ def test_a_stale_memory_falls_back_to_the_upload_and_is_corrected(
     assert FileBlobMemory(memory.path).holders(registry.host, lost[0].digest) == [
         f"{namespace}/target"
     ]
+
+
+def test_the_memory_is_a_hint_a_corrupt_file_is_an_empty_one(tmp_path: Path) -> None:
+    path = tmp_path / "registry-blobs.json"
+    path.write_text("{not json")
+    memory = FileBlobMemory(path)
+    assert memory.holders("r:5000", "sha256:a") == []
+    for number in range(MAX_HOLDERS + 2):
+        memory.remember("r:5000", f"repo{number}", ["sha256:a"])
+    holders = FileBlobMemory(path).holders("r:5000", "sha256:a")
+    assert holders[0] == f"repo{MAX_HOLDERS + 1}" and len(holders) == MAX_HOLDERS
+    memory.forget("r:5000", holders[0], "sha256:a")
+    assert FileBlobMemory(path).holders("r:5000", "sha256:a") == holders[1:]
 
 
 def test_node_update_counts_new_blobs_and_every_layer_above_the_first_change(
