@@ -82,7 +82,7 @@ class SystemStages:
                 target=SYSTEM_STAGE,
                 secrets=self.secret_files,
                 logins=logins,
-                engine=self.engines.for_arch(arch) if self.engines else None,
+                engine=self.engines.for_arch(arch) if self.engines is not None else None,
             )
             return build_image(
                 context, spec, log, lambda process: self.processes.__setitem__(arch, process)

@@ -79,6 +79,15 @@ class Built:
         self.report = json.loads((context / "report.json").read_text())["image"]
 
 
+def remove_ours(client: Any) -> None:
+    """Every tag this module made (the base command's and the build's): by tag, as an image
+    another test tagged too (the same base, built by test_multiarch) must stay."""
+    for image in client.images.list():
+        for tag in image.tags:
+            if PREFIX in tag:
+                client.images.remove(tag)
+
+
 @pytest.fixture(scope="module")
 def on_two_engines(
     tmp_path_factory: pytest.TempPathFactory,
@@ -92,22 +101,19 @@ def on_two_engines(
     tmp_path = tmp_path_factory.mktemp("engines")
     (tmp_path / "requirements.txt").write_text("six\n")
     repository = f"{registry.host}/{PREFIX}/six"
-    result = tool(
-        registry, "-r", str(tmp_path / "requirements.txt"), "--base-image", two_arch_base,
-        "--output", str(tmp_path / "context"), "--cache-dir", str(cache_dir),
-        "--tag", f"{PREFIX}/six:test", "--push", repository,
-        "--engine", f"arm64={second_engine.url}",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    built = Built(result, tmp_path / "context", repository)
-    yield built
     second = second_engine.client()
     try:
-        for client in (docker_client, second):
-            for one in built.report["arches"].values():
-                if present(client, one["id"]):
-                    client.images.remove(one["id"], force=True)
+        result = tool(
+            registry, "-r", str(tmp_path / "requirements.txt"), "--base-image", two_arch_base,
+            "--output", str(tmp_path / "context"), "--cache-dir", str(cache_dir),
+            "--tag", f"{PREFIX}/six:test", "--push", repository,
+            "--engine", f"arm64={second_engine.url}",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+        yield Built(result, tmp_path / "context", repository)
     finally:
+        for client in (docker_client, second):
+            remove_ours(client)
         second.close()
 
 
@@ -168,3 +174,54 @@ def test_an_unreachable_engine_fails_first_naming_arch_and_url(
     assert result.stdout == "", "something was planned or built before the engine was asked"
     assert not (tmp_path / "context").exists()
     assert registry_tags(registry, repository.split("/", 1)[1]) == []
+
+
+REBUILD_CONFIG = """\
+requirements = ["requirements.txt"]
+base-repository = "{base}"
+platform-version = "{version}"
+architectures = ["amd64", "arm64"]
+repository = "{repository}"
+
+[engines]
+arm64 = "tcp://127.0.0.1:1"
+"""
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ((), "tcp://127.0.0.1:1"),
+        (("--engine", "arm64=unix:///nonexistent.sock"), "unix:///nonexistent.sock"),
+    ],
+)
+def test_rebuild_reaches_the_configs_engines_first_and_a_flag_wins(
+    flags: tuple[str, ...], named: str, tmp_path: Path, registry: Registry, test_env: dict
+) -> None:
+    base, version = test_env["multiarch_base"].rsplit(":", 1)
+    repository = f"{registry.host}/{PREFIX}/rebuild"
+    config = tmp_path / "bsi.toml"
+    config.write_text(REBUILD_CONFIG.format(base=base, version="0.9", repository=repository))
+    (tmp_path / "requirements.txt").write_text("six\n")
+    before = config.read_text()
+    result = tool(
+        registry, "rebuild", "--config", str(config), "--platform-version", version, *flags,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: engine for arm64 at {named} not reachable: ")
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+    assert config.read_text() == before and not (tmp_path / "bsi.state.json").exists()
+    assert registry_tags(registry, repository.split("/", 1)[1]) == []
+
+
+def test_rebuild_takes_engine_flags_for_one_config_only(tmp_path: Path, registry: Registry) -> None:
+    for name in ("a.toml", "b.toml"):
+        (tmp_path / name).write_text("")
+    result = tool(
+        registry, "rebuild", "--config", str(tmp_path / "a.toml"), "--config",
+        str(tmp_path / "b.toml"), "--platform-version", "2", "--engine", "arm64=ssh://h",
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--engine takes one --config: a fleet's configs name [engines]" in result.stderr
