@@ -68,12 +68,19 @@ class FileBlobMemory:
         self._change(drop)
 
     def _change(self, change: Callable[[Registries], None]) -> None:
-        """Apply `change` to the file as it is now (another run may have written it)."""
-        with _locked(self.path):
-            known = _load(self.path)
-            change(known)
-            _save(self.path, known)
-            self.known = known
+        """Apply `change` to the file as it is now (another run may have written it).
+
+        A file that cannot be written (a read-only cache) only loses the hint: the push that
+        asked has succeeded, and must not fail for it.
+        """
+        try:
+            with _locked(self.path):
+                known = _load(self.path)
+                change(known)
+                _save(self.path, known)
+        except OSError:
+            return
+        self.known = known
 
 
 def blob_memory(cache: Cache) -> FileBlobMemory:

@@ -154,6 +154,9 @@ def test_the_memory_is_a_hint_a_corrupt_file_is_an_empty_one(tmp_path: Path) -> 
     assert holders[0] == f"repo{MAX_HOLDERS + 1}" and len(holders) == MAX_HOLDERS
     memory.forget("r:5000", holders[0], "sha256:a")
     assert FileBlobMemory(path).holders("r:5000", "sha256:a") == holders[1:]
+    unwritable = FileBlobMemory(path / "under-a-file.json")  # its directory is a file
+    unwritable.remember("r:5000", "repo", ["sha256:a"])  # a lost hint, not a failed push
+    assert unwritable.holders("r:5000", "sha256:a") == []
 
 
 def test_node_update_counts_new_blobs_and_every_layer_above_the_first_change(
