@@ -238,10 +238,10 @@ class Attached:
     document: bytes | None  # None: nothing of that type is attached
 
 
-def read_attached(reference: str, artifact_type: str, arch: str | None = None) -> list[Attached]:
-    """The `artifact_type` document attached to each arch image `reference` names (an index:
-    the arch asked, or every one it lists; an image: that image)."""
-    ref = ImageRef.parse(reference)
+def read_attached(ref: ImageRef, artifact_type: str, arch: str | None = None) -> list[Attached]:
+    """The `artifact_type` document attached to each arch image `ref` names (an index: the
+    arch asked, or every one it lists; an image: that image)."""
+    reference = str(ref)
     registry = credentials.registry(ref, reference)
     found = read(registry)
     if isinstance(found, Index):
@@ -270,9 +270,10 @@ def base_wheels(base_image: str, arch: str) -> Mapping[str, WheelOrigin]:
     """The wheels the base's /app/deps came from, as the base's own SBOM names them; none when
     the base names no registry or carries no SBOM."""
     try:
-        if ImageRef.parse(base_image).is_hub:
+        ref = ImageRef.parse(base_image)
+        if ref.is_hub:
             return {}
-        found = read_attached(base_image, sbom.MEDIA_TYPE, arch)
+        found = read_attached(ref, sbom.MEDIA_TYPE, arch)
     except (RegistryError, UserError):
         return {}
     document = found[0].document if found else None
@@ -294,7 +295,7 @@ def attached_sbom(image: str) -> bytes | None:
     native = Platform.of_machine(machine)
     arch = native.architecture if native else None
     try:
-        found = read_attached(image, sbom.MEDIA_TYPE, arch)
+        found = read_attached(ref, sbom.MEDIA_TYPE, arch)
     except (RegistryError, UserError):
         return None
     return found[0].document if found else None

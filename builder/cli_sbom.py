@@ -12,6 +12,7 @@ from builder.analysis.target import ARCHES
 from builder.attachments import read_attached
 from builder.attest import provenance, sbom
 from builder.errors import UserError
+from builder.oci.name import ImageRef
 
 
 @click.command("sbom")
@@ -38,7 +39,7 @@ def _print_attached(reference: str, arch: str | None, want_provenance: bool) -> 
     kind, media_type = (
         ("provenance", provenance.MEDIA_TYPE) if want_provenance else ("SBOM", sbom.MEDIA_TYPE)
     )
-    found = read_attached(reference, media_type, arch)
+    found = read_attached(ImageRef.parse(reference), media_type, arch)
     missing = [one for one in found if one.document is None]
     if missing:
         names = ", ".join(f"{reference} ({one.arch}, {one.digest})" for one in missing)

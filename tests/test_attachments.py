@@ -241,7 +241,7 @@ def test_the_reference_base_pushed_as_an_index_carries_its_own(
 ) -> None:
     monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
     monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
-    (found,) = read_attached(base, SBOM)
+    (found,) = read_attached(ImageRef.parse(base), SBOM)
     assert found.arch == "amd64" and found.document is not None
     data = json.loads(found.document)
     assert data["metadata"]["component"]["version"] == found.digest
@@ -251,7 +251,7 @@ def test_the_reference_base_pushed_as_an_index_carries_its_own(
     (wheel,) = [w for w in chosen_wheels("amd64") if w.name == "pandas"]
     assert by_name["pandas"]["hashes"] == [{"alg": "SHA-256", "content": wheel.file.sha256}]
     assert by_name["libc6"]["purl"].startswith("pkg:deb/debian/libc6@")
-    (statement,) = read_attached(base, INTOTO, "amd64")
+    (statement,) = read_attached(ImageRef.parse(base), INTOTO, "amd64")
     assert statement.document is not None
     resolved = json.loads(statement.document)["predicate"]["buildDefinition"]
     assert wheel.file.filename in {d["name"] for d in resolved["resolvedDependencies"]}

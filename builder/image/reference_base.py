@@ -200,13 +200,14 @@ def build_base_index(
     print(f"pushing {', '.join(images)} to {repository} by digest ...", file=sys.stderr)
     target = credentials.registry(repository, str(repository))
     source = ImageRef.parse(base_image, "base image")
-    attach = partial(_attachments, client, base_image, images, str(repository))
+    attach = partial(_attachments, client, source, base_image, images, str(repository))
     pushed, _ = push_engine_images(client, images, target, [ref.tag], source, attach)
     return pushed
 
 
 def _attachments(
     client: docker.DockerClient,
+    source: ImageRef,
     base_image: str,
     images: Mapping[str, str],
     repository: str,
@@ -214,12 +215,12 @@ def _attachments(
     image: Image,
 ) -> tuple[Attachment, ...]:
     """The SBOM and provenance of the reference base's `arch` image: /app/deps with each
-    wheel the lock fixed, the Debian packages all the `--from` image's."""
+    wheel the lock fixed, the Debian packages all the `--from` image's (`source`, parsed from
+    `base_image`, the text the SBOM names it by)."""
     target = Target(shipped_profile(), (arch_named(arch),))
     wheels = {
         w.name: WheelOrigin(w.file.filename, w.file.url, w.file.sha256) for w in chosen_wheels(arch)
     }
-    source = ImageRef.parse(base_image, "base image")
     request = ImageFactsRequest(
         arch=arch,
         engine_name=images[arch],
