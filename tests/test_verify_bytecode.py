@@ -8,6 +8,7 @@ modules uploaded there import, and the workspace stands in for the extras' root.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import pytest
 from sandboxserver import ServerProcess
 
 from builder.verify.client import Sandbox
-from builder.verify.discovery import bytecode_check, imported
+from builder.verify.discovery import bytecode_check, import_checks, imported
+from builder.verify.run import bytecode_required
 
 COMPILE = (
     "import py_compile, sys;"
@@ -88,3 +90,16 @@ def test_every_module_from_bytecode_passes_and_names_the_time(sandbox: Sandbox) 
 def test_no_summary_fails_only_when_bytecode_is_required() -> None:
     assert not bytecode_check(None, required=True).passed
     assert bytecode_check(None, required=False).passed
+
+
+def test_the_set_import_time_is_in_the_table_whatever_the_label(sandbox: Sandbox) -> None:
+    """An image built with --no-bytecode (label "none") or by another tool gets the bytecode
+    line too, reported only, so the table always says what importing the set costs a command;
+    only a label naming an interpreter makes a module compiled from source fail it."""
+    assert bytecode_required("0" * 64) is True
+    assert bytecode_required("none") is False and bytecode_required(None) is False
+    _upload(sandbox, {"slow_bsi/__init__.py": "VALUE = 2\n"})
+    checks = import_checks(sandbox, ["slow_bsi", "json"], bytecode=bytecode_required("none"))
+    assert [check.name for check in checks] == ["import slow_bsi", "import json", "bytecode"]
+    line = checks[-1]
+    assert line.passed and re.search(r"; the set imported in \d+(\.\d+)? s$", line.detail), line

@@ -49,9 +49,9 @@ def verify_image(
     engine's, so every caller gets the emulated bound without knowing the arch.
     `sdk`: run the upstream SDK's round trip too; None runs it when the SDK is installed, True
     fails the report when it is not, False leaves it out.
-    The `bytecode` line (every module imported from /app/deps-extra loaded from a valid .pyc)
-    follows the image's bytecode label: required when it names an interpreter, left out when it
-    says "none", reported only when it is absent (an image of another tool, or of before it).
+    The `bytecode` line (every module imported from /app/deps-extra loaded from a valid .pyc,
+    and the set's import time) follows the image's bytecode label: required when it names an
+    interpreter, reported otherwise ("none": built without; absent: another tool's image).
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
     holds (every distribution on PYTHONPATH and every dpkg package, both ways).
     """
@@ -139,11 +139,10 @@ def snippet_run(sandbox: Sandbox, number: int, snippet: str) -> list[Check]:
     return [run_check(f"check {number}", partial(check_snippet, sandbox, snippet))]
 
 
-def bytecode_required(label: str | None) -> bool | None:
-    """Whether the `bytecode` line fails an import from source (None: no such line)."""
-    if label is None:
-        return False  # an image of another tool, or of before bytecode: reported only
-    return None if label == "none" else True
+def bytecode_required(label: str | None) -> bool:
+    """Whether the `bytecode` line fails an import from source. Always there: an image built
+    without bytecode still shows what the set's import costs every command."""
+    return label is not None and label != "none"
 
 
 def wanted_imports(
