@@ -132,19 +132,12 @@ class Compiled:
 
 @dataclass(frozen=True)
 class BytecodeLayer:
-    """The bytecode of a set, as one layer, and what the report says about it."""
+    """The bytecode of a set, as one layer: what it holds, and which sources did not compile."""
 
     layer: Layer
     interpreter: Interpreter
     compiled: int
     skipped: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.layer.to_dict() | {
-            "interpreter": self.interpreter.to_dict(),
-            "compiled": self.compiled,
-            "skipped": list(self.skipped),
-        }
 
 
 class Compiler:
