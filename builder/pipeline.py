@@ -88,8 +88,10 @@ def prepare(
     while the layers may still be written (produce_build.SystemStages starts the apt builds). When
     every arch's lock hash equals `reuse_locks` (the previous build's: a rebase reuses its
     layers) no layer is written, unless the extras get bytecode: the base's interpreter decides
-    then whether the previous bytecode layers still fit. The base's python3 compiles every
-    arch's wheels once, natively, beside the layer writing (builder.image.extras).
+    then whether the previous bytecode layers still fit. The base's python3 (its container
+    started while the set resolves) compiles every arch's wheels once, natively, each as soon
+    as its download ends (builder.image.bytecode.CompileQueue): the compile is the longest
+    step of a cold build, so it starts as early as it can.
     """
     requirements = read_requirements(request.requirement_files, request.constraint_files)
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
