@@ -9,6 +9,7 @@ reached fails the run with one line naming the arch and the URL, before anything
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -82,10 +83,11 @@ class Built:
 def remove_ours(client: Any) -> None:
     """Every tag this module made (the base command's and the build's): by tag, as an image
     another test tagged too (the same base, built by test_multiarch) must stay."""
-    for image in client.images.list():
-        for tag in image.tags:
+    for image in client.api.images():  # one listing: other tests remove images meanwhile
+        for tag in image.get("RepoTags") or ():
             if PREFIX in tag:
-                client.images.remove(tag)
+                with contextlib.suppress(docker.errors.ImageNotFound):
+                    client.images.remove(tag)
 
 
 @pytest.fixture(scope="module")
