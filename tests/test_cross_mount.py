@@ -299,3 +299,19 @@ def test_a_source_the_token_service_refuses_falls_back_to_the_upload(
     assert written.bytes_mounted == 0
     assert token_registry.uploads == 2  # the layer and the config
     assert memory.holders(token_registry.host, only[0].digest) == ["target"]
+
+
+def test_a_refused_source_is_asked_for_once_per_write(
+    token_registry: TokenRegistry, tmp_path: Path
+) -> None:
+    login = Credentials("bsi", "pw", "test")
+    target = Registry(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
+    secret = Registry(ImageRef.parse(f"{token_registry.host}/secret"), credentials=login)
+    built, blobs = image([layer(tmp_path, "one"), layer(tmp_path, "two")])
+    mountable = Blobs(blobs.sources, (secret,))
+    written = write(target, [built], mountable, tags=["t"])
+    assert written.bytes_mounted == 0
+    assert token_registry.uploads == 3  # two layers and the config, none mounted
+    asked = [s for s in token_registry.token_scopes if "repository:secret:pull" in s]
+    assert len(asked) == 1  # not again for the second layer, nor the config
+    assert target.refused_sources == {"secret"}

@@ -64,7 +64,8 @@ class Registry:
         usable = self.credentials and not self.credentials.identity_token
         self.authorization = self.credentials.basic() if usable and self.credentials else None
         self.token_service: tuple[str, str] | None = None  # (realm, service) of a Bearer login
-        self.granted: frozenset[str] = frozenset()  # the scopes the current token was asked for
+        self.token_scopes: frozenset[str] = frozenset()  # asked for with the current token
+        self.refused_sources: set[str] = set()  # repositories the token service denied a pull of
 
     # -- plumbing -----------------------------------------------------------------------------
     def url(self, kind: str, reference: str = "") -> str:
@@ -177,7 +178,7 @@ class Registry:
         if not token:
             return False
         self.authorization = f"Bearer {token}"
-        self.granted = frozenset(part for scope in scopes for part in scope.split())
+        self.token_scopes = frozenset(part for scope in scopes for part in scope.split())
         return True
 
     def _token(self, realm: str, service: str, scopes: list[str]) -> str | None:
@@ -260,11 +261,22 @@ class Registry:
         A mount needs pull on the source as well as push here: with token auth the token is
         asked for both scopes at once before the POST (a token for this repository alone gets
         a 202 upload session, or a 401, from most registries instead of the mount). A 202 is
-        the registry declining the mount: its session is cancelled and the caller uploads.
+        the registry declining the mount: its session is cancelled and the caller uploads. A
+        source the token service refuses is remembered, so that the other blobs of the write
+        do not ask for the token (and try the mount) again.
         """
+        if source_repository in self.refused_sources:
+            return False
         source_scope = f"repository:{source_repository}:pull"
-        if self.token_service is not None and source_scope not in self.granted:
-            self._bearer([f"repository:{self.ref.repository}:pull,push", source_scope])
+        if self.token_service is not None and source_scope not in self.token_scopes:
+            wanted = [f"repository:{self.ref.repository}:pull,push", source_scope]
+            try:
+                asked = self._bearer(wanted)
+            except RegistryAuthError:  # no pull on the source for us
+                asked = False
+            if not asked:
+                self.refused_sources.add(source_repository)
+                return False
         query = urllib.parse.urlencode({"mount": digest, "from": source_repository})
         response = self.open(
             self.url("blobs", f"uploads/?{query}"),
