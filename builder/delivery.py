@@ -19,7 +19,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,7 +55,7 @@ class Produced:
     record: dict[str, Any]  # this arch's report.json fields
     local_tag: str | None = None  # the build path tags each image in the engine
     extras_layers: list[dict[str, Any]] | None = None  # the extras tars' facts, for report.json
-    early_bytes: int = 0  # what the producer had to write itself (a rebase that pulls)
+    early: Written | None = None  # what the producer wrote itself (a rebase that pulls)
     verification: VerifyReport | None = None
     digest: str | None = None  # its manifest, as written
     holding_layers: Mapping[str, str] = field(default_factory=dict)  # dist -> its layer's diff ID
@@ -249,6 +249,7 @@ def _write(
             tags=[target.tag],
             attachments=attached,
             memory=memory,
+            written=_early_blobs(produced, images),
         )
     updates = []
     for one, image in zip(produced, images, strict=True):
@@ -262,8 +263,20 @@ def _write(
         one.record["image_size"] = image.size
         updates.append(node_update(image, before.get(one.arch)))
         one.record["node_update"] = updates[-1].to_dict()
-    early = sum(one.early_bytes for one in produced)
-    return replace(written, bytes_uploaded=written.bytes_uploaded + early), total(previous, updates)
+    for one in produced:
+        if one.early is not None:
+            written = written.after(one.early)
+    return written, total(previous, updates)
+
+
+def _early_blobs(produced: list[Produced], images: list[Image]) -> set[str]:
+    """The blobs of the images a producer already wrote to the target (to pull them)."""
+    return {
+        descriptor.digest
+        for one, image in zip(produced, images, strict=True)
+        if one.early is not None
+        for descriptor in (*image.layers, image.config_descriptor)
+    }
 
 
 def _record_attachments(one: Produced, output: Path) -> None:

@@ -24,6 +24,7 @@ import docker.errors
 
 from builder import contract, credentials
 from builder.analysis.plan import EXTRA_DEPS, Plan
+from builder.blob_memory import blob_memory
 from builder.credentials import engine_auth
 from builder.delivery import Produced, Run
 from builder.engines import Engines
@@ -106,7 +107,8 @@ class RebaseProducer:
         value = self.pool.submit(self._value, new_base, arch, apt, extras, blobs)
 
         def written() -> Written:
-            return write(self.target, [value.result()[0]], value.result()[1])
+            image, blobs = value.result()
+            return write(self.target, [image], blobs, memory=blob_memory(self.run.cache))
 
         diff_ids = [layer.diff_id for layer in extras]
         engine_name, early = into_engine(self.run, arch, config, diff_ids, written)
@@ -117,7 +119,7 @@ class RebaseProducer:
             config,
             lambda target, scratch: value.result(),
             {"extras_layers": [layer.digest for layer in extras]},
-            early_bytes=early,
+            early=early,
             holding_layers=holding_layers(
                 [(layer.diff_id, layer.created_by) for layer in extras], [w.name for w in wheels]
             ),
@@ -184,8 +186,8 @@ def into_engine(
     config: bytes,
     diff_ids: Sequence[str],
     written: Callable[[], Written],
-) -> tuple[str, int]:
-    """The engine's name for the rebased image, and the bytes written to get it there.
+) -> tuple[str, Written | None]:
+    """The engine's name for the rebased image, and the write that got it there (if any).
 
     `arch`'s engine holds the new base and apt layers (it built them); when every extras tar is in
     the cache (this machine wrote them) the image is docker-loaded: its id is the config's
@@ -200,14 +202,14 @@ def into_engine(
             run.reporter.note(f"loading the rebased image locally failed ({error}); pulling it")
         else:
             run.reporter.say(f"rebased image {image_id} loaded from local blobs")
-            return image_id, 0
+            return image_id, None
     pushed = written()
     run.reporter.say(f"pulling {pushed.reference} to verify it ...")
     registry = ImageRef.parse_repository(pushed.repository).registry
     client.api.pull(
         pushed.repository, tag=pushed.digest, auth_config=engine_auth(registry), stream=False
     )
-    return pushed.reference, pushed.bytes_uploaded
+    return pushed.reference, pushed
 
 
 class AptAhead:

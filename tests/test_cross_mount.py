@@ -315,3 +315,26 @@ def test_a_refused_source_is_asked_for_once_per_write(
     asked = [s for s in token_registry.token_scopes if "repository:secret:pull" in s]
     assert len(asked) == 1  # not again for the second layer, nor the config
     assert target.refused_sources == {"secret"}
+
+
+def test_a_rebase_that_pushes_early_counts_each_blob_once(
+    registry: TestRegistry, world: tuple[str, Credentials], tmp_path: Path
+) -> None:
+    """The rebase's early write (by digest, to pull it) and the final one add up to the image."""
+    namespace, login = world
+    base, own = layer(tmp_path, "base"), layer(tmp_path, "own")
+    target = Registry(ImageRef.parse(f"{registry.host}/{namespace}/app"), credentials=login)
+    before, before_blobs = image([base])
+    write(target, [before], before_blobs, tags=["old"])  # the base's layer is there already
+    rebased, blobs = image([base, own])
+    early = write(target, [rebased], blobs)
+    assert early.bytes_present == base[0].size
+    digests = {d.digest for d in (*rebased.layers, rebased.config_descriptor)}
+    final = write(target, [rebased], blobs, tags=["t"], written=digests).after(early)
+    manifests = 2 * len(rebased.manifest_bytes)  # sent by each write
+    blob_bytes = sum(d.size for d in (*rebased.layers, rebased.config_descriptor))
+    assert final.bytes_uploaded == own[0].size + len(rebased.config_bytes) + manifests
+    assert final.bytes_present == base[0].size and final.bytes_mounted == 0
+    assert final.bytes_uploaded + final.bytes_mounted + final.bytes_present == (
+        blob_bytes + manifests
+    )

@@ -20,8 +20,8 @@ never a push.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -140,6 +140,19 @@ class Written:
     def reference(self) -> str:
         """What a SandboxTemplate should name: immutable, unlike a tag."""
         return f"{self.repository}@{self.digest}"
+
+    def after(self, earlier: Written) -> Written:
+        """This write's figures with an `earlier` write's of the same push added.
+
+        Each blob is counted once only if this write was told the earlier one's blobs
+        (`write(..., written=...)`): those it neither checked nor counted as present.
+        """
+        return replace(
+            self,
+            bytes_uploaded=self.bytes_uploaded + earlier.bytes_uploaded,
+            bytes_mounted=self.bytes_mounted + earlier.bytes_mounted,
+            bytes_present=self.bytes_present + earlier.bytes_present,
+        )
 
 
 def read(
@@ -281,6 +294,7 @@ def write(
     tags: Sequence[str] = (),
     attachments: Mapping[str, Sequence[Attachment]] | None = None,
     memory: BlobMemory | None = None,
+    written: Collection[str] = (),
 ) -> Written:
     """Write `images` (and the `index` naming them) by digest, then move `tags` to it.
 
@@ -288,11 +302,12 @@ def write(
     digest: its SBOM, its provenance) are attached once the images are in and before the index
     and the tags. All or nothing: no tag moves before every blob, manifest and attachment is in
     the registry. `memory` offers repositories to mount from, and learns what `target` holds
-    once everything is written.
+    once everything is written. `written`: digests of blobs an earlier write of this push put
+    in `target` (Written.after counts them): neither checked again nor counted again.
     """
     if index is None and len(images) != 1 and tags:
         raise ValueError("tags name one image or an index")
-    moved, done = Transfer(), set[str]()
+    moved, done = Transfer(), set(written)
     for image in images:
         moved += upload_blobs(target, image, blobs, memory, done)
         target.put_manifest(image.digest, image.manifest_bytes, image.media_type)
