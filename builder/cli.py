@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import click
@@ -23,7 +24,7 @@ from builder.commands import rebuild as run_rebuild
 from builder.config import RunSettings, load_config, merge, with_engines
 from builder.delivery import Outcome, Run
 from builder.engine import engine_client
-from builder.engines import connect, engine_flags
+from builder.engines import connect, engine_flags, unheeded
 from builder.errors import UserError
 from builder.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
 from builder.image.reference_base import build_base, build_base_index
@@ -203,25 +204,31 @@ def main(
         raise click.UsageError("--template needs --push: the template names the pushed digest")
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
-    engines = connect(settings.engines, client) if client is not None else None
-    base = base_profile(settings.base_image, client, cache, REPORTER)
-    arches = target_arches(settings.arches, base, client)
-    request = Request(
-        requirement_files=settings.requirements,
-        constraint_files=settings.constraints,
-        arches=arches,
-        base=base,
-        output=settings.output,
-        cache=cache,
-        secrets=Secrets.of(settings.apt_secrets),
-        refresh=refresh,
-        overrides=overrides,
-        with_optional=with_optional,
-        platform_version=settings.platform_version,
-        bytecode=settings.bytecode and not no_bytecode,
-        engine=engines.compiler(arches) if engines is not None else None,
-    )
-    with SystemStages(settings.apt_secrets, engines) as stages:
+    ignored = unheeded(settings.engines, no_build, client is not None)
+    if ignored:
+        click.echo(ignored, err=True)
+    with ExitStack() as stack:  # the named engines' clients are closed at the end
+        engines = None
+        if client is not None:
+            engines = stack.enter_context(connect(settings.engines, client))
+        base = base_profile(settings.base_image, client, cache, REPORTER)
+        arches = target_arches(settings.arches, base, client)
+        request = Request(
+            requirement_files=settings.requirements,
+            constraint_files=settings.constraints,
+            arches=arches,
+            base=base,
+            output=settings.output,
+            cache=cache,
+            secrets=Secrets.of(settings.apt_secrets),
+            refresh=refresh,
+            overrides=overrides,
+            with_optional=with_optional,
+            platform_version=settings.platform_version,
+            bytecode=settings.bytecode and not no_bytecode,
+            engine=engines.compiling_client(arches) if engines is not None else None,
+        )
+        stages = stack.enter_context(SystemStages(settings.apt_secrets, engines))
         plan = prepare(request, planned=stages.start if engines is not None else None)
         for line in plan.warnings:
             click.echo(line, err=True)

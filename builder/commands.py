@@ -129,13 +129,14 @@ def rebuild(
     user's config; a failed one changes neither. The config's [engines] are reached first
     (builder.engines): one that does not answer fails the rebuild before anything is built.
     """
-    engines = Engines.local(client) if check_only else connect(config.engines, client)
-    image = config.base_image_for(new_version)
-    base = bases(image, lambda: base_profile(image, client, cache, reporter))
-    previous = load_state(config.state)
-    arches = target_arches(config.architectures, base, client)
-    rebasing = previous is not None and previous.image is not None and not check_only
-    with ExitStack() as stack:
+    with ExitStack() as stack:  # the named engines' clients are closed at the end
+        named = Engines.local(client) if check_only else connect(config.engines, client)
+        engines = stack.enter_context(named)
+        image = config.base_image_for(new_version)
+        base = bases(image, lambda: base_profile(image, client, cache, reporter))
+        previous = load_state(config.state)
+        arches = target_arches(config.architectures, base, client)
+        rebasing = previous is not None and previous.image is not None and not check_only
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bsi-check-"))
         early = stack.enter_context(ThreadPoolExecutor(max_workers=len(arches)))
         stages = stack.enter_context(SystemStages(config.apt_secrets, engines))
@@ -150,7 +151,7 @@ def rebuild(
             refresh=True,  # an upgrade must see what the index offers now
             platform_version=new_version,
             bytecode=config.bytecode,
-            engine=engines.compiler(arches),
+            engine=engines.compiling_client(arches),
         )
         ahead = None
         if previous is not None and rebasing:

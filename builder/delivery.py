@@ -197,7 +197,7 @@ def _produce_and_verify(
                     one.engine_name,
                     modules=plan.import_modules,
                     checks=plan.runtime_checks,
-                    client=engine,
+                    engine=engine,
                     sbom=one.attestable.sbom() if one.attestable else None,
                 )
             found[one.arch] = one

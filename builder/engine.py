@@ -13,6 +13,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ def engine_client() -> docker.DockerClient | None:
 
 SCHEMES = ("unix", "tcp", "ssh")  # DOCKER_HOST's forms the tool takes
 CERT_FILES = ("ca.pem", "cert.pem", "key.pem")  # DOCKER_CERT_PATH's names
+QUERY = ("certs", "publish")  # what a tcp:// URL's query may name
+SSH_TIMEOUT = 5  # seconds for `ssh HOST true` to answer
 LOOPBACK = "127.0.0.1"  # where a sandbox's port is published, unless the engine is elsewhere
 FORWARD_TIMEOUT = 15.0  # seconds for an ssh forward to a sandbox port to accept
 
@@ -58,12 +61,16 @@ class EngineURL:
     """An engine as DOCKER_HOST names it; for tcp://, TLS client certificates from `certs`.
 
     `certs` is a directory holding ca.pem, cert.pem and key.pem, as DOCKER_CERT_PATH does; with
-    it the engine's certificate is verified against ca.pem (DOCKER_TLS_VERIFY=1). Written as
-    `tcp://HOST:PORT?certs=DIR`, the one form that fits both a flag and a config value.
+    it the engine's certificate is verified against ca.pem (DOCKER_TLS_VERIFY=1). `publish` is
+    the engine host's address a verification publishes the sandbox's port on, given by the
+    operator because anyone who reaches it meanwhile can run commands in the sandbox (only a
+    tcp:// engine on another host needs it: builder.engines). Written as
+    `tcp://HOST:PORT?certs=DIR&publish=ADDRESS`, the one form that fits a flag and a config value.
     """
 
     url: str  # what docker-py and the docker CLI are given: no query
     certs: Path | None = None
+    publish: str | None = None  # tcp:// to another host: where verification publishes its port
 
     @classmethod
     def parse(cls, text: str, where: str, relative_to: Path = Path()) -> EngineURL:
@@ -82,16 +89,26 @@ class EngineURL:
                 raise UserError(f"{where}: {text!r} must be {parts.scheme}://HOST[:PORT]")
             if parts.scheme == "tcp" and port is None:
                 raise UserError(f"{where}: {text!r} names no port (tcp://HOST:PORT)")
-        certs = None
-        if parts.query:
-            key, _, value = parts.query.partition("=")
-            if parts.scheme != "tcp" or key != "certs" or not value or "&" in value:
-                raise UserError(f"{where}: {text!r}: only tcp:// takes a query, ?certs=DIR")
-            certs = relative_to / value
+        pairs = (part.partition("=") for part in parts.query.split("&") if parts.query)
+        found = {key: value for key, _, value in pairs}
+        if found and (
+            parts.scheme != "tcp" or not set(found) <= set(QUERY) or "" in found.values()
+        ):
+            raise UserError(
+                f"{where}: {text!r}: only tcp:// takes a query, ?certs=DIR&publish=ADDRESS"
+            )
+        certs = relative_to / found["certs"] if "certs" in found else None
+        if certs is not None:
             missing = [name for name in CERT_FILES if not (certs / name).is_file()]
             if missing:
                 raise UserError(f"{where}: {certs} lacks {', '.join(missing)} for {text!r}")
-        return cls(text.strip().split("?", 1)[0], certs)  # urlunsplit would drop unix's //
+        url = text.strip().split("?", 1)[0]  # urlunsplit would drop unix's //
+        return cls(url, certs, found.get("publish"))
+
+    @property
+    def host(self) -> str:
+        """The engine's host name or address ('' for unix://)."""
+        return urlsplit(self.url).hostname or ""
 
     @property
     def scheme(self) -> str:
@@ -119,8 +136,12 @@ class EngineURL:
         CLI does.
 
         The environment's proxies and CA bundle are not used: requests lets REQUESTS_CA_BUNDLE
-        replace the engine's ca.pem (psf/requests#3829), and an engine is no web site.
+        replace the engine's ca.pem (psf/requests#3829), and an engine is no web site. An ssh://
+        host is first asked to run `true` in batch mode: a host key to confirm or a password to
+        type fails at once with ssh's own line, where docker-py's ssh would wait or prompt.
         """
+        if self.scheme == "ssh":
+            ssh_answers(self.url, min(timeout, SSH_TIMEOUT))
         asking = self._client(docker.constants.MINIMUM_DOCKER_API_VERSION, timeout)
         try:
             version = str(asking.version(api_version=False)["ApiVersion"])
@@ -140,7 +161,9 @@ class EngineURL:
         return client
 
     def __str__(self) -> str:
-        return self.url + (f"?certs={self.certs}" if self.certs else "")
+        query = [f"certs={self.certs}"] if self.certs else []
+        query += [f"publish={self.publish}"] if self.publish else []
+        return self.url + ("?" + "&".join(query) if query else "")
 
 
 @dataclass(frozen=True)
@@ -150,6 +173,10 @@ class Engine:
     client: docker.DockerClient
     native: str | None  # amd64, arm64: what it runs without emulation
     url: EngineURL | None = None
+    # The engine host's address a sandbox port is published on for this machine to reach:
+    # loopback for a local socket and behind an ssh forward; for tcp:// the URL's host when it is
+    # loopback, else the operator's publish= (both resolved once, by builder.engines.connect).
+    publish_address: str = LOOPBACK
 
     @classmethod
     def local(cls, client: docker.DockerClient) -> Engine:
@@ -159,17 +186,6 @@ class Engine:
     def environment(self) -> Mapping[str, str]:
         """Added to the docker CLI's environment: none for the local engine."""
         return self.url.environment() if self.url else {}
-
-    @property
-    def publish_address(self) -> str:
-        """The engine host's address a sandbox port is published on for this machine to reach.
-
-        Loopback for a local socket and behind an ssh forward; for tcp:// the URL's host (its
-        address as this machine resolves it): an engine on another host publishes it there.
-        """
-        if self.url is None or self.url.scheme != "tcp":
-            return LOOPBACK
-        return socket.gethostbyname(urlsplit(self.url.url).hostname or LOOPBACK)
 
     @contextlib.contextmanager
     def reach(self, port: int) -> Iterator[tuple[str, int]]:
@@ -185,30 +201,60 @@ class Engine:
         return str(self.url) if self.url else "the local engine"
 
 
+def ssh_destination(url: str) -> list[str]:
+    """ssh's arguments naming an ssh:// URL's host: its port, then `--` and [user@]host."""
+    parts = urlsplit(url)
+    destination = f"{parts.username}@{parts.hostname}" if parts.username else str(parts.hostname)
+    return [*(["-p", str(parts.port)] if parts.port else []), "--", destination]
+
+
+def ssh_answers(url: str, timeout: float) -> None:
+    """`ssh HOST true` in batch mode: UserError with ssh's last line when it does not."""
+    command = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(timeout))}"]
+    try:
+        done = subprocess.run(
+            [*command, *ssh_destination(url), "true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout + 1,
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(f"ssh: no answer within {timeout:g}s") from None
+    except FileNotFoundError:
+        raise UserError("ssh:// needs the ssh client on PATH") from None
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise UserError(f"ssh: {lines[-1] if lines else f'exit status {done.returncode}'}")
+
+
 @contextlib.contextmanager
 def ssh_forward(url: str, port: int) -> Iterator[int]:
-    """`ssh -N -L` from a free local port to the engine host's 127.0.0.1:`port`."""
-    parts = urlsplit(url)
+    """`ssh -N -L` from a free local port to the engine host's 127.0.0.1:`port`.
+
+    Its stderr goes to a file, read only for the error line: a pipe nobody reads while the
+    forward is open could fill and stall ssh."""
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
         local = int(probe.getsockname()[1])
-    destination = f"{parts.username}@{parts.hostname}" if parts.username else str(parts.hostname)
     command = ["ssh", "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes"]
     command += ["-L", f"{LOOPBACK}:{local}:{LOOPBACK}:{port}"]
-    command += ["-p", str(parts.port)] if parts.port else []
-    process = subprocess.Popen([*command, "--", destination], stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + FORWARD_TIMEOUT
-        while not _accepts(local):
-            if process.poll() is not None or time.monotonic() > deadline:
-                ended = process.poll() is not None
-                why = process.stderr.read().strip() if ended and process.stderr else "timeout"
-                raise UserError(f"ssh forward to {url} port {port} failed: {why}")
-            time.sleep(0.1)
-        yield local
-    finally:
-        process.terminate()
-        process.wait()
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen([*command, *ssh_destination(url)], stderr=errors, text=True)
+        try:
+            deadline = time.monotonic() + FORWARD_TIMEOUT
+            while not _accepts(local):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    errors.seek(0)
+                    why = errors.read().strip() if process.poll() is not None else "timeout"
+                    raise UserError(
+                        f"ssh forward to {url} port {port} failed: {why or 'no output'}"
+                    )
+                time.sleep(0.1)
+            yield local
+        finally:
+            process.terminate()
+            process.wait()
 
 
 def _accepts(port: int) -> bool:
@@ -223,11 +269,6 @@ def native_arch(client: docker.DockerClient) -> str | None:
     """The engine's own arch (amd64, arm64): it builds and verifies without emulation."""
     native = Platform.of_machine(str(client.info().get("Architecture") or ""))
     return native.architecture if native else None
-
-
-def as_engine(engine: Engine | docker.DockerClient) -> Engine:
-    """An Engine, from a plain client too: callers that know only one engine pass its client."""
-    return engine if isinstance(engine, Engine) else Engine.local(engine)
 
 
 def local_image(image: str, client: docker.DockerClient) -> Any:

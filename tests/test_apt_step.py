@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from builder.cache import Cache
+from builder.engine import Engine
 from builder.image.apt import build_apt_image, saved_layer
 from builder.image.build import BuildSpec, build_image
 from builder.image.render import APT_CONFIG, APT_SETUP
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.engine
 def test_the_apt_layer_holds_the_package_and_none_of_apt_s_scratch(
     docker_client: Any, test_env: dict, tmp_path: Path
 ) -> None:
-    built = build_apt_image(test_env["base_image"], ["libgomp1"], "amd64", docker_client)
+    built = build_apt_image(
+        test_env["base_image"], ["libgomp1"], "amd64", Engine.local(docker_client)
+    )
     try:
         assert APT_SETUP in built.created_by
         layer = saved_layer(built, Cache(tmp_path / "cache"), docker_client)
@@ -68,7 +71,7 @@ def test_a_base_s_own_pre_install_hook_still_runs(
     base = _derived_base(
         docker_client, test_env, tmp_path, f"echo '{hook}' > /etc/apt/apt.conf.d/50bsi-hook"
     )
-    built = build_apt_image(base, ["libgomp1"], "amd64", docker_client)
+    built = build_apt_image(base, ["libgomp1"], "amd64", Engine.local(docker_client))
     try:
         files = _layer_files(built, Cache(tmp_path / "cache"), docker_client)
         assert "etc/bsi-hook-saw" in files  # the hook ran, and was given the .debs
@@ -81,7 +84,7 @@ def test_a_base_without_docker_clean_keeps_apt_s_scratch_out_too(
     docker_client: Any, test_env: dict, tmp_path: Path
 ) -> None:
     base = _derived_base(docker_client, test_env, tmp_path, "rm /etc/apt/apt.conf.d/docker-clean")
-    built = build_apt_image(base, ["libgomp1"], "amd64", docker_client)
+    built = build_apt_image(base, ["libgomp1"], "amd64", Engine.local(docker_client))
     try:
         files = _layer_files(built, Cache(tmp_path / "cache"), docker_client)
         assert any(name.endswith("libgomp.so.1") for name in files)

@@ -30,6 +30,7 @@ from wheelindex import serve_wheel
 
 from builder.attachments import read_attached
 from builder.cache import Cache
+from builder.engine import Engine
 from builder.image.reference_base import build_base_index, chosen_wheels, locked_packages
 from builder.image.render import check_output
 from builder.oci.auth import Credentials
@@ -204,7 +205,9 @@ def test_verify_fails_an_sbom_that_omits_an_installed_distribution(
     data = json.loads(attached(registry, pushed)[SBOM])
     data["components"] = [c for c in data["components"] if c["name"] != "gompy"]
     omitting = json.dumps(data).encode()
-    report = verify_image(pushed.local_tag, client=docker_client, sdk=False, sbom=omitting)
+    report = verify_image(
+        pushed.local_tag, engine=Engine.local(docker_client), sdk=False, sbom=omitting
+    )
     (line,) = [c for c in report.checks if c.name == "sbom"]
     assert not line.passed and not report.passed
     assert "1 installed but not in the SBOM (pypi:gompy==1.0)" in line.detail

@@ -12,11 +12,13 @@ import pytest
 
 from builder.cache import Cache, sha256_of
 from builder.contract import BYTECODE_LABEL
+from builder.engine import Engine
 from builder.image import bytecode
 from builder.image.assemble import Assembly, assemble
 from builder.image.bytecode import Compiler
 from builder.image.extras import BYTECODE, DISTRIBUTION, distribution_layers, with_bytecode
 from builder.verify import verify_image
+from tests.compilehelp import compile_all
 from tests.wheelfactory import make_wheel
 
 pytestmark = pytest.mark.engine
@@ -62,7 +64,7 @@ def _stacks(sets: Any, docker_client: Any, image: str, cache: Cache) -> Any:
     stacks = {arch: distribution_layers(p, wheels, ROOT, cache, 24) for arch, p in pins.items()}
     distinct = {sha: wheels[sha] for stack in stacks.values() for o in stack for sha in o.wheels}
     with Compiler(docker_client, image, cache, ROOT) as compiler:
-        parts = compiler.compile_all(list(distinct.items()))
+        parts = compile_all(compiler, list(distinct.items()))
         assert compiler.interpreter is not None
         by_sha = {part.wheel_sha256: part for part in parts}
         return with_bytecode(stacks, by_sha, compiler.interpreter, ROOT, cache)
@@ -156,7 +158,9 @@ def test_verify_fails_an_image_whose_extras_lack_the_bytecode_its_label_promises
         assembly = Assembly("amd64", ROOT, labels, "2026-01-01T00:00:00Z", tag)
         assemble(docker_client, system, stack, assembly, cache)
         try:
-            report = verify_image(tag, modules=["shared_pkg", "only_amd64"], client=docker_client)
+            report = verify_image(
+                tag, modules=["shared_pkg", "only_amd64"], engine=Engine.local(docker_client)
+            )
         finally:
             docker_client.images.remove(tag, force=True)
         lines[name] = next(check for check in report.checks if check.name == "bytecode")

@@ -164,12 +164,20 @@ def test_an_arch_not_named_runs_on_the_local_engine() -> None:
 
 def test_the_bytecode_compiles_on_an_engine_native_to_a_target_arch() -> None:
     local, arm = fake_client("x86_64"), fake_client("aarch64")
-    named = {"arm64": Engine(arm, "arm64", EngineURL("ssh://arm"))}
+    named = {"arm64": Engine(arm, "arm64", EngineURL("unix:///run/arm.sock"))}
     engines = Engines(Engine.local(local), named)
-    assert engines.compiler(["amd64", "arm64"]) is local  # the local engine first
-    assert engines.compiler(["arm64"]) is arm  # only arm64 built: its own engine runs it
+    assert engines.compiling_client(["amd64", "arm64"]) is local  # the local engine first
+    assert engines.compiling_client(["arm64"]) is arm  # only arm64 built: its own engine runs it
     emulating = Engines(Engine.local(local), {"arm64": Engine(arm, "amd64", named["arm64"].url)})
-    assert emulating.compiler(["arm64"]) is local  # none native: the local one
+    assert emulating.compiling_client(["arm64"]) is local  # none native: the local one
+
+
+@pytest.mark.parametrize("url", ["ssh://arm", "tcp://127.0.0.1:2376"])
+def test_the_bytecode_never_compiles_over_ssh_or_tcp(url: str) -> None:
+    """The compile half-closes its exec socket (SHUT_WR): only a unix socket takes that."""
+    local, arm = fake_client("x86_64"), fake_client("aarch64")
+    engines = Engines(Engine.local(local), {"arm64": Engine(arm, "arm64", EngineURL(url))})
+    assert engines.compiling_client(["arm64"]) is local
 
 
 def test_an_engine_that_never_answers_fails_at_the_deadline(

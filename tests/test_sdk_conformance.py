@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from test_verify_checks import start_server, stop_server
 
+from builder.engine import Engine
 from builder.verify import sdk as sdk_group
 from builder.verify.client import Sandbox
 from builder.verify.container import hardened
@@ -165,7 +166,7 @@ def test_sdk_round_trip_against_the_reference_image(
     object is streamed (a chunked body) into the image too."""
     source = tmp_path / "stream.bin"
     source.write_bytes(os.urandom(MIB))
-    with hardened(docker_client, reference_image) as running:
+    with hardened(Engine.local(docker_client), reference_image) as running:
         checks = sdk_checks(running.sandbox)
         client = sdk_client(f"http://127.0.0.1:{running.sandbox.port}")
         try:

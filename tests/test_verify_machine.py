@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from test_verify_checks import start_server, stop_server
 
+from builder.engine import Engine as RunEngine
 from builder.verify import hardening
 from builder.verify.client import LOCAL_PROCESS, Machine, Response, Sandbox
 from builder.verify.container import confirmed, hardened, machine_of
@@ -81,7 +82,7 @@ def test_a_hardened_native_container_is_flooded_and_held_to_the_rss_bound(
     reference_image: str, docker_client: Any
 ) -> None:
     """The Sandbox `hardened` yields carries the machine, and the flood names it and bounds it."""
-    with hardened(docker_client, reference_image) as running:
+    with hardened(RunEngine.local(docker_client), reference_image) as running:
         assert running.sandbox.machine == Machine(False, "amd64 image on an amd64 engine")
         result = run_check("flood", partial(hardening.check_flood, running.sandbox))
     assert result.passed, result.detail

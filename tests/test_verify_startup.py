@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from builder.engine import Engine
 from builder.runtime import copy_server
 from builder.verify import verify_image
 from builder.verify.client import Machine
@@ -73,7 +74,11 @@ def test_an_emulated_image_is_verified_with_the_emulated_startup_timeout(
     """No timeout given: the arm64 image gets 240 s and every check passes under qemu."""
     snippet = f"import {PROBE}; assert {PROBE}.MACHINE == 'aarch64', {PROBE}.MACHINE"
     report = verify_image(
-        arm64_sandbox, modules=[PROBE], checks=[snippet], client=docker_client, sdk=False
+        arm64_sandbox,
+        modules=[PROBE],
+        checks=[snippet],
+        engine=Engine.local(docker_client),
+        sdk=False,
     )
     assert report.passed, report.table()
     health = next(check for check in report.checks if check.name == "health")
@@ -89,7 +94,9 @@ def test_an_explicit_startup_timeout_still_bounds_an_emulated_image(
     arm64_sandbox: str, docker_client: Any
 ) -> None:
     """Half a second is less than an emulated server needs to start: health fails naming it."""
-    report = verify_image(arm64_sandbox, client=docker_client, startup_timeout=0.5, sdk=False)
+    report = verify_image(
+        arm64_sandbox, engine=Engine.local(docker_client), startup_timeout=0.5, sdk=False
+    )
     assert not report.passed
     assert [check.name for check in report.checks] == ["image-user", "health"]
     health = report.checks[1]
@@ -101,7 +108,7 @@ def test_an_explicit_startup_timeout_still_bounds_an_emulated_image(
 def test_a_native_image_keeps_the_native_startup_timeout(
     reference_image: str, docker_client: Any
 ) -> None:
-    with hardened(docker_client, reference_image) as running:
+    with hardened(Engine.local(docker_client), reference_image) as running:
         assert running.sandbox.machine == NATIVE
         assert running.health.endswith(
             f"(limit {STARTUP_TIMEOUT:g}s; native: amd64 image on an amd64 engine)"

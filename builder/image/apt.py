@@ -14,10 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker
-
 from builder.cache import Cache
-from builder.engine import Engine, as_engine
+from builder.engine import Engine
 from builder.image.build import BuildSpec, build_image
 from builder.image.layer import Layer
 from builder.image.render import Secrets, apt_steps
@@ -37,7 +35,7 @@ def build_apt_image(
     base_image: str,
     packages: Sequence[str],
     arch: str,
-    engine: Engine | docker.DockerClient,
+    engine: Engine,
     secret_files: Mapping[str, Path] | None = None,
 ) -> AptImage:
     """`base_image` plus the apt packages, from a one-step BuildKit build.
@@ -47,7 +45,6 @@ def build_apt_image(
     the full build's system stage mounts them, never written into the layer. It is built on
     `engine` (an arch's own, or the local one) and stays there.
     """
-    engine = as_engine(engine)
     mounts, commands = apt_steps(Secrets.of(secret_files or {}))
     run = f"{mounts.lstrip()} {' && '.join(commands)} {' '.join(packages)}"
     with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:

@@ -20,7 +20,7 @@ import docker
 import docker.errors
 
 from builder import contract
-from builder.engine import LOOPBACK, Engine, as_engine
+from builder.engine import LOOPBACK, Engine
 from builder.oci.v1 import MACHINES
 from builder.verify.client import Machine, Sandbox
 from builder.verify.report import Check, CheckFailed, short
@@ -140,15 +140,12 @@ class Running:
 
 
 @contextlib.contextmanager
-def hardened(
-    engine: Engine | docker.DockerClient, image: str, startup_timeout: float | None = None
-) -> Iterator[Running]:
+def hardened(engine: Engine, image: str, startup_timeout: float | None = None) -> Iterator[Running]:
     """Start `image` hardened on `engine` and wait until it serves; CheckFailed says why not.
 
     Without `startup_timeout` the wait follows the machine: longer for an emulated image. The
     sandbox is reached where the engine publishes its port (`Engine.reach`).
     """
-    engine = as_engine(engine)
     client = engine.client
     container = None
     try:

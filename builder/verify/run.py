@@ -7,10 +7,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-import docker
-
 from builder.contract import BYTECODE_LABEL
-from builder.engine import Engine, as_engine, engine_client, local_image
+from builder.engine import Engine, engine_client, local_image
 from builder.errors import UserError
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
@@ -34,7 +32,7 @@ def verify_image(
     modules: Sequence[str] = (),
     checks: Sequence[str] = (),
     distributions: Sequence[str] = (),
-    client: Engine | docker.DockerClient | None = None,
+    engine: Engine | None = None,
     startup_timeout: float | None = None,
     sdk: bool | None = None,
     sbom: bytes | None = None,
@@ -42,8 +40,8 @@ def verify_image(
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
     `distributions`: import every top-level module these installed distributions provide.
-    `client`: the engine that runs it (an arch's own, builder.engine.Engine: the sandbox is
-    reached where that engine publishes its port); None: the local engine.
+    `engine`: the engine that runs it (an arch's own: the sandbox is reached where that engine
+    publishes its port); None: the local engine, whose client is closed at the end.
     `startup_timeout`: how long the server may take to answer GET /; None allows
     STARTUP_TIMEOUT natively and EMULATED_STARTUP_TIMEOUT when the image's arch is not the
     engine's, so every caller gets the emulated bound without knowing the arch.
@@ -55,11 +53,12 @@ def verify_image(
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
     holds (every distribution on PYTHONPATH and every dpkg package, both ways).
     """
-    own_client = client is None
-    given = client or engine_client()
-    if given is None:
-        raise UserError("Docker engine not reachable: verify runs the image on it")
-    engine = as_engine(given)
+    own_client = engine is None
+    if engine is None:
+        client = engine_client()
+        if client is None:
+            raise UserError("Docker engine not reachable: verify runs the image on it")
+        engine = Engine.local(client)
     report = VerifyReport(image)
     try:
         found = local_image(image, engine.client)
