@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from upgrade import derived_base, timed  # noqa: E402
 
 from builder.cache import Cache  # noqa: E402
 from builder.contract import DEPS_EXTRA  # noqa: E402
-from builder.image.bytecode import Compiler  # noqa: E402
+from builder.image.bytecode import COMPILERS, CompileQueue, Compiler  # noqa: E402
 
 DEFAULT_SET = "scikit-learn\nmatplotlib\nsympy\n"
 ROLE = "org.build-sandbox-image.role=bytecode"  # the compile container's label
@@ -136,7 +137,10 @@ def compile_alone(
     """Wall seconds of compiling `wheels` from an empty cache, and the container's CPU seconds."""
     with Compiler(client, base, Cache(temp / "compile-alone"), DEPS_EXTRA) as compiler:
         start = time.perf_counter()
-        compiler.compile_all(wheels)
+        with ThreadPoolExecutor(max_workers=COMPILERS) as pool:  # as a build compiles
+            queue = CompileQueue(lambda: compiler, pool)
+            queue.add_as_ready((wheel, sha) for sha, wheel in wheels)
+            queue.results()
         wall = time.perf_counter() - start
         stats = compiler.container.stats(stream=False)
     return wall, stats["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9

@@ -45,6 +45,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,8 +53,7 @@ from typing import Any, TypeVar
 import docker
 
 from builder.cache import Cache, sha256_of
-from builder.image import bytecode
-from builder.image.bytecode import Compiled, Compiler, Interpreter, bytecode_layer
+from builder.image.bytecode import Compiled, CompileQueue, Compiler, Interpreter, bytecode_layer
 from builder.image.layer import (
     Layer,
     LayerWheels,
@@ -269,10 +269,12 @@ def compile_all(
     client: docker.DockerClient, base: str, shas: dict[Path, str], cache: Cache, workers: int
 ) -> tuple[list[Compiled], Interpreter]:
     """The set's bytecode with `workers` distributions at once, in the order of `shas`."""
-    bytecode.COMPILERS = workers  # compile_all reads it at call time
-    with Compiler(client, base, cache, ROOT) as compiler:
+    with Compiler(client, base, cache, ROOT) as compiler, ThreadPoolExecutor(workers) as pool:
         assert compiler.interpreter is not None
-        return compiler.compile_all([(sha, w) for w, sha in shas.items()]), compiler.interpreter
+        queue = CompileQueue(lambda: compiler, pool)  # as a build compiles
+        queue.add_as_ready(shas.items())
+        done = queue.results()
+        return [done[sha] for sha in shas.values()], compiler.interpreter
 
 
 def merged_layer(distribution: Layer, its_bytecode: Layer, cache: Cache) -> Layer:

@@ -29,7 +29,7 @@ from builder.analysis.target import BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
 from builder.cache import Cache
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
-from builder.image.bytecode import COMPILERS, CompileQueue, Compiler
+from builder.image.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.image.extras import (
     BytecodeFacts,
     ExtrasLayer,
@@ -99,7 +99,8 @@ def prepare(
     indexes = requirements.indexes()
     with (  # exits in reverse: downloads, jobs, compiles; the compiler's container goes last
         ExitStack() as stack,
-        ThreadPoolExecutor(max_workers=COMPILERS) as compile_pool,
+        ThreadPoolExecutor(max_workers=COMPILERS) as compiling,
+        cancelled_on_error(compiling) as compile_pool,  # a failure waits for no queued compile
         ThreadPoolExecutor(max_workers=3 + len(target.arches)) as pool,
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
     ):

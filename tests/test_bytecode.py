@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 
 from builder.cache import Cache, sha256_of
+from builder.errors import UserError
 from builder.image import bytecode
 from builder.image.bytecode import CompileQueue, Compiler, bytecode_layer
+from tests.compilehelp import compile_all
 from tests.wheelfactory import make_wheel
 
 pytestmark = pytest.mark.engine
@@ -76,7 +78,7 @@ def test_two_cold_compiles_give_the_same_layer(tmp_path: Path, docker_client, st
     for run in ("a", "b"):
         cache = Cache(tmp_path / f"cache-{run}")
         with Compiler(docker_client, standin, cache, ROOT) as compiler:
-            parts = compiler.compile_all(wheels)
+            parts = compile_all(compiler, wheels)
             assert compiler.interpreter is not None
             layers.append(bytecode_layer(parts, compiler.interpreter, ROOT, 1_700_000_000, cache))
     assert layers[0].layer.diff_id == layers[1].layer.diff_id
@@ -111,9 +113,9 @@ def test_a_distribution_compiles_the_same_alone_or_beside_others(
     """Each distribution gets a fresh interpreter: what else is compiled cannot change it."""
     wheels = _wheels(tmp_path)
     with Compiler(docker_client, standin, Cache(tmp_path / "both"), ROOT) as compiler:
-        together = compiler.compile_all(wheels)
+        together = compile_all(compiler, wheels)
     with Compiler(docker_client, standin, Cache(tmp_path / "alone"), ROOT) as compiler:
-        alone = compiler.compile_all(wheels[1:])
+        alone = compile_all(compiler, wheels[1:])
     assert _members(together[1].tar) == _members(alone[0].tar)
 
 
@@ -146,10 +148,10 @@ def test_the_cache_answers_for_the_same_interpreter(tmp_path: Path, docker_clien
     wheels = _wheels(tmp_path)
     cache = Cache(tmp_path / "cache")
     with Compiler(docker_client, standin, cache, ROOT) as compiler:
-        first = compiler.compile_all(wheels)
+        first = compile_all(compiler, wheels)
     with Compiler(docker_client, standin, cache, ROOT) as compiler:
         compiler.container.remove(force=True)  # a second compile would now fail
-        again = compiler.compile_all(wheels)
+        again = compile_all(compiler, wheels)
     assert [c.tar for c in again] == [c.tar for c in first]
 
 
@@ -160,7 +162,7 @@ def test_pyc_files_import_in_a_read_only_sandbox(tmp_path: Path, docker_client, 
     with Compiler(docker_client, standin, cache, ROOT) as compiler:
         assert compiler.interpreter is not None
         layer = bytecode_layer(
-            compiler.compile_all(wheels), compiler.interpreter, ROOT, 1_700_000_000, cache
+            compile_all(compiler, wheels), compiler.interpreter, ROOT, 1_700_000_000, cache
         )
     sources = tmp_path / "src"
     for _, wheel in wheels:
@@ -278,14 +280,47 @@ def test_an_image_by_id_starts_no_container_until_a_wheel_is_new(
     wheels = _wheels(tmp_path)
     cache = Cache(tmp_path / "cache")
     with Compiler(docker_client, image, cache, ROOT) as compiler:
-        first = compiler.compile_all(wheels[:1])
+        first = compile_all(compiler, wheels[:1])
         assert compiler.container is not None
         identified = compiler.interpreter
     with Compiler(docker_client, image, cache, ROOT) as compiler:
         assert compiler.container is None and compiler.interpreter == identified
-        assert [c.tar for c in compiler.compile_all(wheels[:1])] == [c.tar for c in first]
+        assert [c.tar for c in compile_all(compiler, wheels[:1])] == [c.tar for c in first]
         assert compiler.container is None, "everything was in the cache"
-        compiler.compile_all(wheels[1:])
+        compile_all(compiler, wheels[1:])
         assert compiler.container is not None and compiler.interpreter == identified
     with Compiler(docker_client, standin, cache, ROOT) as compiler:  # a tag may move: identify
         assert compiler.container is not None
+
+
+def test_a_failure_after_compiles_were_queued_drops_those_not_started(tmp_path: Path):
+    """prepare's compile pool (bytecode.cancelled_on_error): a step failing while wheels wait
+    for a compile raises once the running compile ends, not after compiling every queued one.
+    The stand-in compiler holds its first compile until the pool is shut down."""
+    shut_down, ran = threading.Event(), list[str]()
+
+    class Pool(ThreadPoolExecutor):
+        def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+            if cancel_futures:
+                super().shutdown(wait=False, cancel_futures=True)
+            shut_down.set()  # lets the running compile end
+            super().shutdown(wait, cancel_futures=cancel_futures)
+
+    class Holding:
+        def compile(self, wheel_sha256: str, wheel: Path) -> Any:
+            ran.append(wheel_sha256)
+            shut_down.wait()
+            return None
+
+    wheels = _wheels(tmp_path) * 3  # the same two, queued once each
+    more = [(f"{n}{sha[1:]}", wheel) for n, (sha, wheel) in enumerate(wheels)]
+    with (
+        pytest.raises(UserError, match="the step after"),
+        Pool(max_workers=1) as pool,
+        bytecode.cancelled_on_error(pool),
+    ):
+        queue = CompileQueue(lambda: Holding(), pool)  # type: ignore[arg-type, return-value]
+        queue.add_as_ready((wheel, sha) for sha, wheel in more)
+        assert len(queue.jobs) == len(more) > 1
+        raise UserError("the step after the compiles were queued failed")
+    assert len(ran) == 1  # the one running; none of the queued ones started

@@ -39,7 +39,7 @@ import socket
 import tarfile
 import threading
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,15 +232,6 @@ class Compiler:
         build = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
         return Interpreter(self.image, facts["version"], facts["cache_tag"], build)
 
-    def compile_all(self, wheels: Sequence[tuple[str, Path]]) -> list[Compiled]:
-        """Each (sha256, wheel) compiled or found in the cache, in the order given."""
-        with ThreadPoolExecutor(max_workers=COMPILERS) as pool:
-            queue = CompileQueue(lambda: self, pool)
-            for sha, wheel in wheels:
-                queue.add(sha, wheel)
-            done = queue.results()
-        return [done[sha] for sha, _ in wheels]
-
     def compile(self, wheel_sha256: str, wheel: Path) -> Compiled:
         """One wheel's bytecode, from the cache when this interpreter made it before."""
         assert self.interpreter is not None, "use the Compiler as a context manager"
@@ -310,6 +301,18 @@ class CompileQueue:
         with self.lock:
             jobs = list(self.jobs.values())
         return {part.wheel_sha256: part for part in (job.result() for job in jobs)}
+
+
+@contextlib.contextmanager
+def cancelled_on_error(pool: ThreadPoolExecutor) -> Iterator[ThreadPoolExecutor]:
+    """`pool`, whose queued jobs are dropped if the block fails: the error is not held back
+    until every wheel queued (a cold build's hundreds) is compiled for nothing. The jobs
+    already running finish: the pool's own exit waits for them."""
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
 
 
 def bytecode_layer(
