@@ -86,7 +86,9 @@ def build_images(
     """
     finished = finish(plan, request)
     local_tag = tag or f"sandbox-extension:x{extras_of(plan)}"
-    producer = BuildProducer(plan, request.output, finished, local_tag, run.engines, stages)
+    producer = BuildProducer(
+        plan, request.output, finished, local_tag, run.engines, stages, run.reporter
+    )
     pushing = [
         (one.layer.path, one.layer.diff_id) for stack in finished.layers.values() for one in stack
     ]

@@ -13,7 +13,6 @@ given (builder.image.from_engine), only when a push asks for it.
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +37,7 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs
 from builder.oci.v1 import Image
 from builder.pipeline import Finish
+from builder.reporter import Reporter
 
 SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
 
@@ -127,9 +127,10 @@ class BuildProducer:
         tag: str,
         engines: Engines,
         stages: SystemStages,
+        reporter: Reporter,
     ) -> None:
         self.plan, self.context, self.finish, self.tag = plan, context, finish, tag
-        self.engines, self.stages = engines, stages
+        self.engines, self.stages, self.reporter = engines, stages, reporter
         self.base = ImageRef.parse(plan.base_image, "base image")
         self.logins = base_logins(self.base)  # BuildKit pulls the base itself, as docker would
         self.multi = len(plan.arches) > 1
@@ -148,7 +149,7 @@ class BuildProducer:
     def produce(self, arch: str) -> Produced:
         """BuildKit's system stage (started early, or built now) plus the extras layers, on
         the arch's engine."""
-        log = _Prefixed(sys.stdout, f"[{arch}] " if self.multi else "")
+        log = _Said(self.reporter, f"[{arch}] " if self.multi else "")
         engine = self.engines.for_arch(arch)
         spec = BuildSpec(
             platform=f"linux/{arch}",
@@ -199,11 +200,13 @@ def arch_tag(tag: str, arch: str) -> str:
     return f"{tag}:{arch}"
 
 
-class _Prefixed:
-    """A log that leads each line with its arch, so concurrent builds stay readable."""
+class _Said:
+    """BuildKit's log, one line at a time, through the run's reporter (a fleet's leads each
+    line with its template) and led by its arch: concurrent builds stay readable."""
 
-    def __init__(self, stream: Log, prefix: str) -> None:
-        self.stream, self.prefix = stream, prefix
+    def __init__(self, reporter: Reporter, prefix: str) -> None:
+        self.reporter, self.prefix = reporter, prefix
 
-    def write(self, text: str) -> int:
-        return self.stream.write(self.prefix + text)
+    def write(self, text: str) -> int:  # builder.image.build writes whole lines
+        self.reporter.say(self.prefix + text.rstrip("\n"))
+        return len(text)

@@ -20,6 +20,7 @@ from builder.errors import UserError
 from builder.image.build import BuildSpec
 from builder.pipeline import Request, finish, prepare
 from builder.produce_build import BuildProducer, SystemStages
+from builder.reporter import Reporter
 
 pytestmark = [pytest.mark.engine, pytest.mark.network]
 
@@ -43,7 +44,6 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     docker_client: Any,
     reference_image: str,
     monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
 ) -> None:
     base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
     request = replace(request_for(tmp_path, base, "python-magic==0.4.27\n"), engine=docker_client)
@@ -68,14 +68,18 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
 
         plan = prepare(request, planned=planned)
         assert plan.arches[0].apt_packages == ("libmagic1t64",)
+        said: list[str] = []
+        fleet = Reporter(said.append).prefixed("tmpl")  # one template of a fleet
+        engines = Engines.local(docker_client)
         producer = BuildProducer(
-            plan, request.output, finish(plan, request), tag, Engines.local(docker_client), stages
+            plan, request.output, finish(plan, request), tag, engines, stages, fleet
         )
         built = producer.produce("amd64")
     assert context_when_planned == [False], "the apt build waited for the context"
     assert targets == ["system"], "the producer built the system stage a second time"
-    shown = capsys.readouterr().out
+    shown = "\n".join(said)
     assert "apt-get" in shown and "libmagic1t64" in shown, "the early build's log is not shown"
+    assert said and all(line.startswith("[tmpl] ") for line in said), "a line without its template"
     system = docker_client.images.get(systems[0]).attrs["RootFS"]["Layers"]
     image = docker_client.images.get(built.engine_name).attrs["RootFS"]["Layers"]
     assert built.extras_layers, "no extras layer reported"
