@@ -61,7 +61,6 @@ class TemplateResult:
     name: str  # the config path as given
     path: str  # rebase, build, unchanged, failed; with --check: needs rebuild, up to date
     detail: str  # the pushed reference, the recorded one (unchanged), or the one-line reason
-    changes: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -202,7 +201,7 @@ def _one(
         reporter.say(f"change: {line}")
     if fleet.check_only:
         path = "needs rebuild" if changes else "up to date"
-        return TemplateResult(name, path, _changes_summary(changes), changes)
+        return TemplateResult(name, path, _changes_summary(changes))  # each said above
     outcome = found.outcome
     if outcome is None:
         previous = load_state(config.state)
@@ -214,7 +213,7 @@ def _one(
         checks = ", ".join(check.name for check in outcome.verification.failed)
         reason = f"verification of {outcome.label} failed: {checks}"
         reporter.say(f"failed: {reason}")
-        return TemplateResult(name, "failed", reason, changes)
+        return TemplateResult(name, "failed", reason)
     for line in outcome.notes:
         reporter.say(line)
     if outcome.pushed is None:
@@ -222,7 +221,7 @@ def _one(
     reporter.say(f"pushed: {outcome.pushed.reference}")
     if change := outcome.template_change:
         reporter.say(f"template {change.template_name}: {change.old_image} -> {change.new_image}")
-    return TemplateResult(name, found.path or "build", outcome.pushed.reference, changes)
+    return TemplateResult(name, found.path or "build", outcome.pushed.reference)
 
 
 def _failed(name: str, error: Exception) -> TemplateResult:
