@@ -5,8 +5,11 @@ engines a run cannot use, and the clients connect() opens."""
 
 from __future__ import annotations
 
+import os
 import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -173,3 +176,25 @@ def test_the_named_clients_are_closed_and_those_that_answered_when_another_faile
     with pytest.raises(UserError, match=r"^engine for amd64 at unix:///run/broken.sock not reach"):
         connect(broken, local)  # type: ignore[arg-type]
     assert opened["unix:///run/arm.sock"].closed
+
+
+def test_engines_named_without_a_local_engine_are_refused_by_the_cli(tmp_path: Path) -> None:
+    """The local engine probes the base: without it nothing would be built on the named one,
+    so the run stops with one line instead of writing a context and ignoring --engine."""
+    (tmp_path / "requirements.txt").write_text("six\n")
+    args = ["-r", str(tmp_path / "requirements.txt"), "--output", str(tmp_path / "context")]
+    args += ["--cache-dir", str(tmp_path / "cache"), "--engine", "arm64=ssh://arm64-host"]
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", *args],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path / 'no-engine.sock'}"},
+        timeout=60,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "error: engines named (arm64=ssh://arm64-host) but no local Docker engine answers: it"
+        " probes the base before anything is built there (start it, or plan only with --no-build)"
+    ]
+    assert not (tmp_path / "context").exists()
