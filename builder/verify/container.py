@@ -1,8 +1,8 @@
 """Run an image the way the platform runs it, for as long as the checks need it.
 
 Read-only root filesystem, all capabilities dropped, no-new-privileges, uid/gid 65532, tmpfs
-/workspace (owned by 65532) and /tmp, the contract's port published on 127.0.0.1 only (on an
-engine reached over tcp://, on the address this machine reaches it by: builder.engine). The
+/workspace (owned by 65532) and /tmp, the contract's port published on 127.0.0.1 only (on a
+tcp:// engine on another host, on the address its URL's publish= accepts: builder.engines). The
 container is always removed, whatever happens. Whether it runs emulated follows from its image's
 architecture and the engine's (both in Docker's terms: amd64, arm64), never from timing.
 """
@@ -35,7 +35,7 @@ def create_container(client: docker.DockerClient, image: str, address: str = LOO
     """Create `image` hardened, like the platform's pods: the caller starts and removes it.
 
     Its port is published on `address` of the engine's host only: loopback, unless the engine
-    is on another host that this machine reaches over tcp://."""
+    is a tcp:// one on another host whose URL accepts an address with publish=."""
     owner = f"uid={contract.SANDBOX_UID},gid={contract.SANDBOX_GID}"
     return client.containers.create(
         image,
