@@ -306,3 +306,24 @@ def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
     assert [r.artifact_type for r in attached] == [sbom.MEDIA_TYPE, provenance.MEDIA_TYPE]
     statement = json.loads(attached_document(target_registry, attached[1]))
     assert statement["subject"][0]["digest"]["sha256"] == result.pushed.digest.split(":")[1]
+
+
+@pytest.mark.engine
+@pytest.mark.registry
+def test_a_rebase_pulled_for_verification_counts_each_blob_once(
+    previous: Previous, registry: Any, docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """Without the deps tar here the rebase writes the image by digest to pull and verify it;
+    the final write then finds its blobs there. Each blob is counted once, as the early write
+    moved it: every layer mounted from the previous image's repository, none `present`."""
+    target = f"{registry.host}/{previous.image.split('/')[1]}/pulled"
+    cold = replace(previous, cache=Cache(tmp_path / "cold"))  # no deps tar: no docker load
+    result = rebase_onto_same_base(cold, target, docker_client)
+    assert result.verification is not None and result.verification.passed
+    assert result.pushed is not None
+    target_registry = credentials.registry(ImageRef.parse(f"{target}@{result.pushed.digest}"))
+    image = resolve(target_registry, Platform.linux("amd64"), result.pushed.digest)
+    assert result.pushed.bytes_mounted == sum(layer.size for layer in image.layers)
+    assert result.pushed.bytes_present == 0  # not the early write's blobs a second time
+    manifests = 2 * len(image.manifest_bytes)  # each write sent it
+    assert result.pushed.bytes_uploaded >= image.config_descriptor.size + manifests
