@@ -35,7 +35,7 @@ from builder.attest.contents import (
     without_credentials,
 )
 from builder.attest.provenance import BuildParameters, BuildRun, InputFile
-from builder.engine import engine_client
+from builder.engine import engine_client, native_arch
 from builder.errors import RegistryError, UserError
 from builder.image.inventory import image_facts
 from builder.oci.name import ImageRef
@@ -291,9 +291,7 @@ def attached_sbom(image: str) -> bytes | None:
     if ref.is_hub:  # a local name, or Docker Hub: not where this tool pushes
         return None
     client = engine_client()
-    machine = str(client.info().get("Architecture") or "") if client else ""
-    native = Platform.of_machine(machine)
-    arch = native.architecture if native else None
+    arch = native_arch(client) if client else None
     try:
         found = read_attached(ref, sbom.MEDIA_TYPE, arch)
     except (RegistryError, UserError):

@@ -30,7 +30,7 @@ from builder import credentials
 from builder.errors import RegistryError, UserError
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
-from builder.oci.remote import read
+from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Platform
 from builder.upgrade import load_state
 
@@ -104,10 +104,10 @@ def previous_images(
             return found.digest, {a: found for a in arches if found.architecture in ("", a)}
         images = {}
         for arch in arches:
-            entry = found.pick(Platform.linux(arch))
-            child = read(registry, entry.digest) if entry else None
-            if isinstance(child, Image):
-                images[arch] = child
+            try:
+                images[arch] = platform_image(registry, found, Platform.linux(arch))
+            except (UserError, RegistryError):
+                continue  # the previous index lacks this arch: a node of it has nothing
         return found.digest, images
     except RegistryError:
         return None, {}

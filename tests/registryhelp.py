@@ -5,7 +5,10 @@ from __future__ import annotations
 import http.client
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -97,3 +100,33 @@ def layer_tar(entries: Iterable[tuple[str, bytes | str | None]]) -> bytes:
                 info.size = len(value)
                 archive.addfile(info, io.BytesIO(value))
     return raw.getvalue()
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LoginLike(Protocol):
+    """What `tool` needs of a registry fixture: the test registry's login."""
+
+    @property
+    def user(self) -> str: ...
+
+    @property
+    def password(self) -> str: ...
+
+
+def tool(registry: LoginLike, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it, logged in to the test registry through the environment."""
+    env = {
+        **os.environ,
+        "BSI_REGISTRY_USER": registry.user,
+        "BSI_REGISTRY_PASSWORD": registry.password,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "builder", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=timeout,
+    )

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from conftest import Registry as LocalRegistry
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
+from registryhelp import tool
 from wheelfactory import compile_so, make_wheel
 from wheelindex import serve_wheel
 
@@ -41,28 +41,11 @@ from builder.verify import verify_image
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN = uuid.uuid4().hex[:8]
 TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"
 SBOM = "application/vnd.cyclonedx+json"
 INTOTO = "application/vnd.in-toto+json"
 INDEX_LOGIN = "bsi-index:index-s3cret"  # the wheel's index wants it: no document may carry it
-
-
-def tool(registry: LocalRegistry, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "BSI_REGISTRY_USER": registry.user,
-        "BSI_REGISTRY_PASSWORD": registry.password,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "builder", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env=env,
-        timeout=1800,
-    )
 
 
 def client_of(registry: LocalRegistry, repository: str) -> Registry:

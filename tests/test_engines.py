@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,29 +20,12 @@ from typing import Any
 import docker.errors
 import pytest
 from conftest import Registry
-from registryhelp import registry_get, registry_tags
+from registryhelp import registry_get, registry_tags, tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN = uuid.uuid4().hex[:8]
 PREFIX = f"bsi-h1-engines-{RUN}"
-
-
-def tool(registry: Registry, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "BSI_REGISTRY_USER": registry.user,
-        "BSI_REGISTRY_PASSWORD": registry.password,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "builder", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        env=env,
-        timeout=timeout,
-    )
 
 
 def present(client: Any, image_id: str) -> bool:

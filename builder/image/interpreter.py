@@ -13,19 +13,17 @@ import docker.errors
 
 from builder.cache import Cache
 from builder.credentials import engine_auth
+from builder.engine import native_arch
 from builder.errors import UserError
 from builder.image.bytecode import Compiler
 from builder.oci.name import ImageRef
-from builder.oci.v1 import Platform
 
 
 def compile_arch(client: docker.DockerClient, arches: tuple[str, ...]) -> str:
     """The arch to compile on: the engine's own when it is built, else the first arch, under
     emulation (no image of the engine's own arch holds the target's interpreter then)."""
-    native = Platform.of_machine(str(client.info().get("Architecture") or ""))
-    if native is not None and native.architecture in arches:
-        return native.architecture
-    return arches[0]
+    native = native_arch(client)
+    return native if native in arches else arches[0]
 
 
 def interpreter_image(client: docker.DockerClient, base_image: str, arch: str) -> str:

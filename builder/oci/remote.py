@@ -172,7 +172,12 @@ def resolve(registry: Registry, platform: Platform, reference: str | None = None
     Documents of another shape (an index naming an index, layers that are not descriptors, no
     diff IDs) are a RegistryError naming the image, not a traceback from deep in a caller.
     """
-    found = read(registry, reference)
+    return platform_image(registry, read(registry, reference), platform)
+
+
+def platform_image(registry: Registry, found: Image | Index, platform: Platform) -> Image:
+    """The `platform` image of a document already read from `registry`: itself, or the index's
+    entry for it (the one rule every caller narrows an index by)."""
     if isinstance(found, Index):
         entry = found.pick(platform)
         if entry is None:
