@@ -1,7 +1,9 @@
 # build-sandbox-image — developer and CI entry points.
-#   make test     set up the machine (scripts/setup-env.sh), then run the test suite.
-#                 PYTEST_ARGS passes arguments through, e.g. make test PYTEST_ARGS=tests/test_infra.py
-#   make example  build the example extension image into ./sandbox-image
+#   make test       set up the machine (scripts/setup-env.sh), then run the whole test suite.
+#                   PYTEST_ARGS passes arguments through, e.g. make test PYTEST_ARGS=tests/test_infra.py
+#   make test-fast  only .venv, then the tests that need no engine, registry or network (isolated)
+#   make example    set up what the example needs (no registry, no arm64), then build it into
+#                   ./sandbox-image
 #   make lint     ruff check, ruff format --check, mypy, hadolint on Dockerfile.base, shellcheck
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -11,7 +13,7 @@ PYTEST_ARGS ?=
 STANDIN     ?= python:3.13-slim-trixie
 RUNTIME     ?= sandbox-runtime:3.13-trixie
 
-.PHONY: test example lint venv setup
+.PHONY: test test-fast example lint venv setup
 
 setup:
 	scripts/setup-env.sh
@@ -22,14 +24,23 @@ venv:
 # pytest's own exit code is printed; any non-zero one fails the target (make itself then exits 2).
 # Exit 5 ("no tests collected") is a failure too: a run that tests nothing must not pass.
 test: setup
-	@rc=0; $(VENV)/bin/pytest -q -ra $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(VENV)/bin/pytest -q -ra --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; fi; \
 	if [ "$$rc" -ne 0 ]; then echo "make test: pytest exited with $$rc" >&2; fi; \
 	exit "$$rc"
 
+# The fast tier: every test that requests no part of the machine, isolated from all of it
+# (scripts/test-fast.sh); no set-up beyond .venv. Same exit-code rules as `make test`.
+test-fast: venv
+	@rc=0; scripts/test-fast.sh $(PYTEST_ARGS) || rc=$$?; \
+	if [ "$$rc" -eq 5 ]; then echo "make test-fast: pytest collected no tests (exit 5): failing" >&2; fi; \
+	if [ "$$rc" -ne 0 ]; then echo "make test-fast: pytest exited with $$rc" >&2; fi; \
+	exit "$$rc"
+
 # The reference runtime base (Dockerfile.base on the stand-in), then the extension image on it:
 # planned, built with BuildKit and verified hardened; the context lands in ./sandbox-image.
-example: setup
+example:
+	scripts/setup-env.sh --example
 	$(VENV)/bin/build-sandbox-image base --tag $(RUNTIME) --from $(STANDIN)
 	$(VENV)/bin/build-sandbox-image -r examples/requirements.txt --base-image $(RUNTIME) \
 		--tag sandbox-example:latest --output sandbox-image

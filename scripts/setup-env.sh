@@ -17,7 +17,10 @@
 #      127.0.0.1:5000/library/python:3.13-slim-trixie (skipped when it already names both)
 #   then writes .test-env.json (repo root, git-ignored) for the tests to read.
 #
-# Usage: scripts/setup-env.sh [--venv-only]      (run as root; CI runs it through `make test`)
+# Usage: scripts/setup-env.sh [--all | --example | --venv-only]   (run as root)
+#   --all (default)  every step: what the whole test suite needs (`make test`, CI)
+#   --example        steps 1-3 and the amd64 stand-in only: what `make example` needs
+#   --venv-only      step 2 only (`make lint`, `make test-fast`)
 # Environment overrides (for testing this script itself):
 #   BSI_STANDIN_IMAGE    tag of the stand-in image        (default python:3.13-slim-trixie;
 #                        the arm64 one is tagged <it>-arm64; the index is <registry>/library/<it>)
@@ -360,8 +363,11 @@ ensure_standin() {
 	say "stand-in: loaded $image: $facts"
 }
 
-step_standin() {
+step_standin_amd64() {
 	ensure_standin amd64 "$STANDIN_IMAGE" "$STANDIN_VERSION"
+}
+
+step_standin_arm64() {
 	ensure_standin arm64 "$STANDIN_ARM64_IMAGE" "$STANDIN_ARM64_VERSION"
 }
 
@@ -498,16 +504,30 @@ timed() {
 }
 
 main() {
-	local start=$SECONDS
-	if [[ "${1:-}" == --venv-only ]]; then
+	local start=$SECONDS mode="${1:-}"
+	case "$mode" in
+	--venv-only)
 		step_venv
 		return 0
-	fi
+		;;
+	--example)
+		# What `make example` needs: no registry, no emulation, no arm64 stand-in.
+		timed step_packages
+		timed step_venv
+		timed step_engine
+		timed step_standin_amd64
+		say "ready for the example in $((SECONDS - start)) s"
+		return 0
+		;;
+	"" | --all) ;;
+	*) die "unknown option $mode (usage: setup-env.sh [--all | --example | --venv-only])" ;;
+	esac
 	timed step_packages
 	timed step_venv
 	timed step_engine
 	timed step_emulation
-	timed step_standin
+	timed step_standin_amd64
+	timed step_standin_arm64
 	timed step_registry
 	timed step_multiarch
 	write_test_env

@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
@@ -103,13 +104,35 @@ def _registry_problem() -> str | None:
     return f"test registry at {url} does not ask for credentials"
 
 
+# Tiers come from what a test uses, never from a hand-set marker: each fixture below stands for a
+# part of the machine, and a test that requests it (directly, through another fixture, or with
+# `pytest.mark.usefixtures`) gets that part's marker. A test that requests none is `fast`:
+# `make test-fast` runs exactly those, in a network namespace with no engine socket.
+MACHINE_PARTS = {
+    "test_env": "machine",  # .test-env.json, written by scripts/setup-env.sh
+    "docker_client": "engine",
+    "registry": "registry",
+    "second_engine": "second_engine",
+    "two_arch_base": "emulation",
+    "package_index": "network",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        requested = getattr(item, "fixturenames", ())
+        parts = {MACHINE_PARTS[name] for name in requested if name in MACHINE_PARTS}
+        for part in sorted(parts) or ["fast"]:
+            item.add_marker(part)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     fixtures = getattr(item, "fixturenames", ())
-    if item.get_closest_marker("engine") or "docker_client" in fixtures:
+    if "docker_client" in fixtures:
         problem = _engine_problem()
         if problem:
             unavailable(problem)
-    if item.get_closest_marker("registry") or "registry" in fixtures:
+    if "registry" in fixtures:
         problem = _registry_problem()
         if problem:
             unavailable(problem)
@@ -190,3 +213,26 @@ def second_engine(docker_client):
         unavailable(f"second engine: {error}")
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="session")
+def package_index() -> str:
+    """The Python package index's simple API, checked once: the tests that resolve or download.
+
+    Requesting it is what puts a test in the `network` tier (and out of `make test-fast`).
+    """
+    url = "https://pypi.org/simple/pip/"
+    try:
+        with urllib.request.urlopen(url, timeout=20) as response:
+            response.read(1)
+    except OSError as exc:
+        unavailable(f"the package index does not answer at {url}: {exc}")
+    return "https://pypi.org/simple/"
+
+
+@pytest.fixture(scope="session")
+def two_arch_base(test_env: dict, registry: Registry) -> str:
+    """`host/library/python:3.13-slim-trixie` in the test registry: the amd64 and arm64 stand-ins
+    under one index, pushed by scripts/setup-env.sh (whose arm64 half is built under emulation).
+    """
+    return test_env["multiarch_base"]

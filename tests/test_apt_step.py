@@ -19,7 +19,7 @@ from builder.image.apt import build_apt_image, saved_layer
 from builder.image.build import BuildSpec, build_image
 from builder.image.render import APT_CONFIG, APT_SETUP
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 
 def test_the_apt_layer_holds_the_package_and_none_of_apt_s_scratch(

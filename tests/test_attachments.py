@@ -39,7 +39,7 @@ from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
 from builder.verify import verify_image
 
-pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
 RUN = uuid.uuid4().hex[:8]
 TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"

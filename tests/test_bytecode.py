@@ -24,7 +24,7 @@ from builder.image.bytecode import CompileQueue, Compiler, bytecode_layer
 from tests.compilehelp import compile_all
 from tests.wheelfactory import make_wheel
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 ROOT = "/app/deps-extra"
 # CPython gh-129724: SEEDED's bytecode differs when an interpreter compiled IMPORTER before it.

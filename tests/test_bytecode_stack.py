@@ -21,7 +21,7 @@ from builder.verify import verify_image
 from tests.compilehelp import compile_all
 from tests.wheelfactory import make_wheel
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 ROOT = "/app/deps-extra"
 TAG = "cpython-313"

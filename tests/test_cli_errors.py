@@ -137,7 +137,7 @@ def test_debug_shows_the_traceback_and_usage_errors_pass() -> None:
     assert usage.exit_code == 2 and "give -r" in usage.stderr
 
 
-@pytest.mark.network
+@pytest.mark.usefixtures("package_index")
 def test_given_hashes_are_honoured(tmp_path: Path) -> None:
     wrong = "0" * 64
     name = requirements(tmp_path, f"soupsieve==2.6 --hash=sha256:{wrong}\n".encode())

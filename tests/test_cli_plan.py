@@ -18,7 +18,7 @@ import pytest
 from builder.analysis.target import shipped_profile
 from builder.image.render import APT_LISTS, APT_SCRATCH, APT_UPDATE
 
-pytestmark = pytest.mark.network
+pytestmark = pytest.mark.usefixtures("package_index")
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 from wheelfactory import make_wheel
 from wheelindex import serve_wheel
 
-pytestmark = [pytest.mark.engine, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 
 HARDENED = [
     "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",

@@ -18,7 +18,7 @@ from builder.engines import connect
 from builder.image.build import BuildSpec, build_image
 from builder.verify.container import hardened
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 RUN = uuid.uuid4().hex[:8]
 

@@ -20,7 +20,7 @@ from builder.engines import connect
 from builder.errors import UserError
 from builder.image.build import BuildSpec, build_image
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 RUN = uuid.uuid4().hex[:8]
 

@@ -37,7 +37,7 @@ from test_upgrade_e2e import patched_base, push, remove_images, template_image
 import builder.base.discover
 from builder.cli import main
 
-pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TEMPLATES = {"a": "idna", "b": "attrs", "c": "iniconfig"}  # each with six, shared

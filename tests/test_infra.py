@@ -40,7 +40,7 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_engine_answers(docker_client, test_env):
     assert docker_client.ping() is True
     # The CLI the project uses is Debian's, which builds with BuildKit without buildx.
@@ -49,7 +49,7 @@ def test_engine_answers(docker_client, test_env):
     assert out.stdout.strip()
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_standin_base_runs_python_313_hardened(test_env):
     cmd = [test_env["docker"], "run", "--rm", *HARDENED, test_env["base_image"]]
     out = run([*cmd, "python3", "-c", "import sys; print(sys.version)"])
@@ -71,7 +71,7 @@ def _catalog(host: str, user: str | None = None, password: str = "") -> urllib.r
     return req
 
 
-@pytest.mark.registry
+@pytest.mark.usefixtures("registry")
 def test_registry_requires_credentials(registry):
     assert registry[0].startswith("127.0.0.1:")
     host, user, password = registry
@@ -89,8 +89,8 @@ def test_registry_requires_credentials(registry):
         assert "repositories" in json.load(resp)
 
 
-@pytest.mark.engine
-@pytest.mark.registry
+@pytest.mark.usefixtures("docker_client")
+@pytest.mark.usefixtures("registry")
 def test_engine_pushes_to_local_registry(test_env, registry, tmp_path):
     """docker login + push over plain http to the loopback registry, the publish step's path."""
     docker = test_env["docker"]
@@ -158,7 +158,7 @@ def test_aarch64_emulator_registered_with_fix_binary():
         assert "qemu-aarch64" in Path(entry["interpreter"]).resolve().name, entry
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_arm64_standin_is_arm64_and_runs_python_hardened(docker_client, test_env):
     image = docker_client.images.get(test_env["base_image_arm64"])
     assert (image.attrs["Os"], image.attrs["Architecture"]) == ("linux", "arm64")
@@ -181,7 +181,7 @@ def _registry_json(registry, path: str) -> tuple[dict, str]:
         return json.load(response), response.headers["Docker-Content-Digest"]
 
 
-@pytest.mark.registry
+@pytest.mark.usefixtures("registry")
 def test_registry_index_names_amd64_and_arm64(registry, test_env):
     host, _, rest = test_env["multiarch_base"].partition("/")
     assert host == registry.host

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_end_to_end import build, docker, run_hardened
 
-pytestmark = [pytest.mark.engine, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 
 
 def test_psycopg_image_loads_libpq(tmp_path: Path, reference_image: str, test_env: dict) -> None:

@@ -12,7 +12,7 @@ from builder.analysis.target import shipped_profile
 from builder.cache import Cache
 from builder.pipeline import Request, prepare
 
-pytestmark = pytest.mark.network
+pytestmark = pytest.mark.usefixtures("package_index")
 
 
 def plan(tmp_path: Path, requirements: str) -> tuple[Plan, dict]:

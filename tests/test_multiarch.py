@@ -23,7 +23,7 @@ from registryhelp import registry_get, registry_tags
 from wheelfactory import make_wheel
 from wheelindex import serve_wheel
 
-pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN = uuid.uuid4().hex[:8]

@@ -16,7 +16,7 @@ from test_end_to_end import build, docker, run_hardened
 
 from builder.analysis.sizes import is_gpu_only
 
-pytestmark = [pytest.mark.engine, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 
 GPU_DEPENDENCY = "nvidia-nccl-cu13"  # what xgboost 3.x's manylinux wheels require
 TRAIN = (

@@ -12,7 +12,7 @@ from builder.analysis.sizes import is_gpu_only
 from builder.analysis.target import ARCHES, Target, shipped_profile
 from builder.cache import Cache
 
-pytestmark = pytest.mark.network
+pytestmark = pytest.mark.usefixtures("package_index")
 
 
 def test_override_drops_the_nccl_dependency(tmp_path: Path) -> None:

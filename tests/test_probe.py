@@ -72,7 +72,7 @@ def derived_image(docker_client, test_env, tmp_path_factory):
     docker_client.images.remove(image.id, force=True)
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_standin_facts(standin):
     profile = standin.profile
     assert profile.python_version.startswith("3.13.")
@@ -94,13 +94,13 @@ def test_standin_facts(standin):
     assert "/app/deps is not on PYTHONPATH" in problems[1]
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_shipped_profile_has_the_standin_libraries(standin):
     """The reference base is built on the stand-in, so its profile lists all of these."""
     assert standin.profile.sonames["amd64"] <= shipped_profile().sonames["amd64"]
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_arm64_is_derived_the_way_amd64_is_observed(standin):
     profile = standin.profile
     arm64 = profile.sonames["arm64"]
@@ -112,7 +112,7 @@ def test_arm64_is_derived_the_way_amd64_is_observed(standin):
     assert profile.sonames["amd64"] <= explained
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_second_probe_uses_the_cache(standin, docker_client, test_env, monkeypatch):
     profile, cache, key = standin
     assert cache.get_record("probe", key)["image_id"] == f"sha256:{key}"
@@ -126,19 +126,19 @@ def test_second_probe_uses_the_cache(standin, docker_client, test_env, monkeypat
     assert probe_base(test_env["base_image"], docker_client, cache) == profile
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_probe_container_is_removed(standin, docker_client):
     assert docker_client.containers.list(all=True, filters={"label": PROBE_LABEL}) == []
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_missing_image_is_a_user_error(docker_client, tmp_path):
     name = f"bsi-probe-missing-{uuid.uuid4().hex[:8]}:none"
     with pytest.raises(UserError, match=name):
         probe_base(name, docker_client, Cache(tmp_path))
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_derived_image_config_and_unpackaged_library(derived_image, docker_client, tmp_path):
     profile = probe_base(derived_image, docker_client, Cache(tmp_path))
     assert profile.user == "65532:65532"
@@ -151,8 +151,8 @@ def test_derived_image_config_and_unpackaged_library(derived_image, docker_clien
     assert base_problems(profile) == []
 
 
-@pytest.mark.engine
-@pytest.mark.registry
+@pytest.mark.usefixtures("docker_client")
+@pytest.mark.usefixtures("registry")
 def test_pushed_image_is_pinned_by_its_registry_digest(
     derived_image, docker_client, registry, tmp_path
 ):
@@ -177,7 +177,7 @@ def test_pushed_image_is_pinned_by_its_registry_digest(
         docker_client.images.remove(f"{repository}:1")
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_reference_base_matches_the_shipped_profile(reference_image, docker_client, tmp_path):
     shipped = shipped_profile()
     profile = probe_base(reference_image, docker_client, Cache(tmp_path))

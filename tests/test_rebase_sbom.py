@@ -194,8 +194,8 @@ def stacked(
             docker_client.images.remove(str(image.id))
 
 
-@pytest.mark.engine
-@pytest.mark.registry
+@pytest.mark.usefixtures("docker_client")
+@pytest.mark.usefixtures("registry")
 def test_a_rebased_image_s_sbom_names_each_extra_s_own_layer(
     stacked: Stacked, registry: Any, docker_client: docker.DockerClient
 ) -> None:

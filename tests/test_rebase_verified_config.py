@@ -258,8 +258,8 @@ def rebase_onto_same_base(previous: Previous, target: str, client: docker.Docker
         return deliver(producer, plan, Delivery(push=push), run)
 
 
-@pytest.mark.engine
-@pytest.mark.registry
+@pytest.mark.usefixtures("docker_client")
+@pytest.mark.usefixtures("registry")
 def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
     previous: Previous,
     registry: Any,
@@ -308,8 +308,8 @@ def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
     assert statement["subject"][0]["digest"]["sha256"] == result.pushed.digest.split(":")[1]
 
 
-@pytest.mark.engine
-@pytest.mark.registry
+@pytest.mark.usefixtures("docker_client")
+@pytest.mark.usefixtures("registry")
 def test_a_rebase_pulled_for_verification_counts_each_blob_once(
     previous: Previous, registry: Any, docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:

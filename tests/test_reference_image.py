@@ -197,7 +197,7 @@ def no_verify_containers_left(docker_client, image: str) -> bool:
     return not [c for c in containers if c.attrs["Image"] == image_id]
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_reference_image_config(reference_image, docker_client):
     config = docker_client.images.get(reference_image).attrs["Config"]
     assert config["User"] == "65532:65532"
@@ -208,7 +208,7 @@ def test_reference_image_config(reference_image, docker_client):
     assert config["WorkingDir"] == "/workspace"
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_reference_image_files_are_root_owned(reference_image, docker_client):
     script = (
         "import os, json; server = '/opt/sandbox/server'\n"
@@ -240,7 +240,7 @@ def test_reference_image_files_are_root_owned(reference_image, docker_client):
         assert owner_mode == [0, "0o40755" if path in directories else "0o100444"], path
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_verify_passes_on_the_reference_image(reference_image, docker_client, tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("requests\npandas\npydantic\npython-dateutil\n")
@@ -300,7 +300,7 @@ def test_verify_client_sdk_makes_the_sdk_round_trip_required(monkeypatch):
     assert result.exit_code == 2 and "'curl' is not 'sdk'" in result.output
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_verify_client_sdk_and_the_hardening_checks_pass_on_the_reference_image(
     reference_image, docker_client
 ):
@@ -318,7 +318,7 @@ def test_verify_client_sdk_and_the_hardening_checks_pass_on_the_reference_image(
     assert no_verify_containers_left(docker_client, reference_image)
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_verify_fails_on_a_server_whose_timeout_exits_1(derived_images, docker_client):
     result = run_verify("bsi-reference-timeout1:test")
     assert result.returncode == 1, result.stdout
@@ -329,7 +329,7 @@ def test_verify_fails_on_a_server_whose_timeout_exits_1(derived_images, docker_c
     assert no_verify_containers_left(docker_client, "bsi-reference-timeout1:test")
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_verify_fails_on_an_image_that_runs_as_root(derived_images, docker_client):
     result = run_verify("bsi-reference-root:test")
     assert result.returncode == 1, result.stdout
@@ -339,7 +339,7 @@ def test_verify_fails_on_an_image_that_runs_as_root(derived_images, docker_clien
     assert no_verify_containers_left(docker_client, "bsi-reference-root:test")
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_verify_fails_on_an_image_without_a_server(test_env, docker_client):
     result = run_verify(test_env["base_image"], "--json")
     assert result.returncode == 1
@@ -348,7 +348,7 @@ def test_verify_fails_on_an_image_without_a_server(test_env, docker_client):
     assert no_verify_containers_left(docker_client, test_env["base_image"])
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_verify_names_a_failing_import_and_snippet(reference_image, docker_client):
     result = run_verify(
         reference_image,
@@ -405,7 +405,7 @@ def execute_request(command: list[str]) -> bytes:
     return head.encode() + body
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_under_a_memory_limit_the_kernel_kills_the_command_and_the_server_keeps_serving(
     reference_image, docker_client
 ):
@@ -472,7 +472,7 @@ time.sleep(4)
 """
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_in_the_image_a_source_over_its_share_gets_503_another_is_served_children_oom_1000(
     reference_image, docker_client
 ):

@@ -31,7 +31,7 @@ from builder.oci.referrers import (
 from builder.oci.remote import Blobs, InMemory, attach, write
 from builder.oci.v1 import Descriptor, Image, digest_of
 
-pytestmark = [pytest.mark.registry]
+pytestmark = pytest.mark.usefixtures("registry")
 
 SBOM = "application/vnd.cyclonedx+json"
 INTOTO = "application/vnd.in-toto+json"

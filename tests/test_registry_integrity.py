@@ -171,7 +171,7 @@ def test_unreachable_registry_falls_back_with_a_note(tampering_registry, tmp_pat
         assert f"planning against the {profile.source}" in notes[0]
 
 
-@pytest.mark.registry
+@pytest.mark.usefixtures("registry")
 def test_refused_access_does_not_fall_back(registry, monkeypatch, tmp_path):
     for name in ("BSI_REGISTRY_USER", "BSI_REGISTRY_PASSWORD", "REGISTRY_USERNAME",
                  "REGISTRY_PASSWORD"):  # fmt: skip
@@ -184,7 +184,7 @@ def test_refused_access_does_not_fall_back(registry, monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # The write side, against the local registry
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.registry
+@pytest.mark.usefixtures("registry")
 def test_write_side_upload_mount_and_manifest(registry, tmp_path):
     login = Credentials(registry.user, registry.password, "test")
     namespace = f"bsi-oci-{uuid.uuid4().hex[:8]}"
@@ -228,7 +228,7 @@ def test_write_side_upload_mount_and_manifest(registry, tmp_path):
     assert fetched == digest and json.loads(body)["layers"][0]["digest"] == small_digest
 
 
-@pytest.mark.registry
+@pytest.mark.usefixtures("registry")
 def test_write_mounts_uploads_and_moves_tags_only_at_the_end(registry, tmp_path):
     """`remote.write`: a shared blob is mounted (not uploaded), a local one uploaded; a blob
     with no source fails the write before any tag moves; then the index, and only it, is

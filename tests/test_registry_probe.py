@@ -33,7 +33,7 @@ from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryAuthError, RegistryUnreachable, UserError
 
-pytestmark = [pytest.mark.engine, pytest.mark.registry]
+pytestmark = pytest.mark.usefixtures("docker_client", "registry")
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -470,9 +470,9 @@ def test_bearer_token_authentication(token_front, synthetic_index, registry, cre
     assert "scope=repository:anything:pull" in seen["token_queries"][0]
 
 
-@pytest.mark.engine
-@pytest.mark.registry
-@pytest.mark.network
+@pytest.mark.usefixtures("docker_client")
+@pytest.mark.usefixtures("registry")
+@pytest.mark.usefixtures("package_index")
 def test_no_build_plans_against_the_registry_base(
     pushed_reference, registry, no_credentials, monkeypatch, tmp_path
 ):

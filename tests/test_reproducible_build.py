@@ -19,7 +19,7 @@ import pytest
 from conftest import Registry
 from registryhelp import registry_get
 
-pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
 RUN = uuid.uuid4().hex[:8]
 

@@ -35,7 +35,7 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import write
 from builder.oci.v1 import digest_of
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,7 @@ def test_a_built_wheel_is_checked_by_its_sdist(tmp_path: Path) -> None:
         assert f"sha256:{sdist_sha}" in message and f"sha256:{wrong}" in message
 
 
-@pytest.mark.network  # uv fetches the sdist's build backend (flit_core)
+@pytest.mark.usefixtures("package_index")  # uv fetches the sdist's build backend (flit_core)
 def test_sdist_hash_through_the_cli(tmp_path: Path) -> None:
     sdist = make_sdist(tmp_path)
     sdist_sha, wrong = _sha256(sdist), "0" * 64

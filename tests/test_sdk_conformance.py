@@ -158,7 +158,7 @@ def test_the_sdk_group_says_when_the_sdk_is_missing(
     assert "pip install k8s-agent-sandbox" in check.detail
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_sdk_round_trip_against_the_reference_image(
     reference_image: str, docker_client, tmp_path: Path
 ) -> None:

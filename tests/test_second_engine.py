@@ -5,7 +5,7 @@ from __future__ import annotations
 import docker.errors
 import pytest
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.usefixtures("docker_client")
 
 ONLY_HERE = "bsi-engine2-only:test"
 

@@ -13,7 +13,7 @@ from builder.analysis.target import shipped_profile
 from builder.cache import Cache
 from builder.pipeline import Request, prepare
 
-pytestmark = pytest.mark.network
+pytestmark = pytest.mark.usefixtures("package_index")
 
 
 def test_second_run_is_served_from_the_cache(

@@ -22,7 +22,7 @@ from builder.pipeline import Request, finish, prepare
 from builder.produce_build import BuildProducer, SystemStages
 from builder.reporter import Reporter
 
-pytestmark = [pytest.mark.engine, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 
 RUN = uuid.uuid4().hex[:8]
 

@@ -43,7 +43,7 @@ from builder.analysis.index import download, index_files
 from builder.cache import Cache
 from builder.image.build import BuildSpec, build_image
 
-pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.network]
+pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"

@@ -62,7 +62,7 @@ def test_a_sandbox_is_a_native_local_process_unless_told_otherwise() -> None:
     assert str(Machine(True, "arm64 image on an amd64 engine")).startswith("emulated: ")
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_the_stand_ins_are_native_and_emulated_on_this_engine(
     docker_client: Any, test_env: dict[str, str]
 ) -> None:
@@ -77,7 +77,7 @@ def test_the_stand_ins_are_native_and_emulated_on_this_engine(
     )
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_a_hardened_native_container_is_flooded_and_held_to_the_rss_bound(
     reference_image: str, docker_client: Any
 ) -> None:

@@ -67,7 +67,7 @@ def arm64_sandbox(
         docker_client.images.remove(tag, force=True)
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_an_emulated_image_is_verified_with_the_emulated_startup_timeout(
     arm64_sandbox: str, docker_client: Any
 ) -> None:
@@ -89,7 +89,7 @@ def test_an_emulated_image_is_verified_with_the_emulated_startup_timeout(
     assert flood.detail.endswith("; emulated: arm64 image on an amd64 engine")
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_an_explicit_startup_timeout_still_bounds_an_emulated_image(
     arm64_sandbox: str, docker_client: Any
 ) -> None:
@@ -104,7 +104,7 @@ def test_an_explicit_startup_timeout_still_bounds_an_emulated_image(
     assert "within 0.5s" in health.detail or "was not published" in health.detail, health.detail
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("docker_client")
 def test_a_native_image_keeps_the_native_startup_timeout(
     reference_image: str, docker_client: Any
 ) -> None:
