@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from registryhelp import NO_PROXY_OPENER
+from support.registryhelp import NO_PROXY_OPENER
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKER_SOCK = "unix:///var/run/docker.sock"  # default when the test-env file names none
@@ -113,7 +113,7 @@ MACHINE_PARTS = {
     "docker_client": "engine",
     "registry": "registry",
     "second_engine": "second_engine",
-    "two_arch_base": "emulation",
+    "arm64_emulation": "emulation",
     "package_index": "network",
 }
 
@@ -199,12 +199,12 @@ def reference_image(test_env: dict, docker_client) -> str:
 
 @pytest.fixture(scope="session")
 def second_engine(docker_client):
-    """A second Docker engine on this machine (tests/secondengine.py), stopped after the session.
+    """A second Docker engine on this machine (support/secondengine.py), stopped after the session.
 
     Needs the first engine's setup (binfmt, the registry) but none of its images: what the second
     engine builds from comes from the local registry, as a remote build host's would.
     """
-    from secondengine import SecondEngine
+    from support.secondengine import SecondEngine
 
     engine = SecondEngine()
     try:
@@ -231,7 +231,14 @@ def package_index() -> str:
 
 
 @pytest.fixture(scope="session")
-def two_arch_base(test_env: dict, registry: Registry) -> str:
+def arm64_emulation() -> None:
+    """binfmt_misc runs arm64 binaries (scripts/setup-env.sh registers qemu-aarch64-static)."""
+    if not Path("/proc/sys/fs/binfmt_misc/status").exists():
+        unavailable("binfmt_misc is not mounted: no arm64 emulation")
+
+
+@pytest.fixture(scope="session")
+def two_arch_base(test_env: dict, registry: Registry, arm64_emulation: None) -> str:
     """`host/library/python:3.13-slim-trixie` in the test registry: the amd64 and arm64 stand-ins
     under one index, pushed by scripts/setup-env.sh (whose arm64 half is built under emulation).
     """

@@ -24,9 +24,9 @@ import pytest
 from conftest import Registry as LocalRegistry
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
-from registryhelp import tool
-from wheelfactory import compile_so, make_wheel
-from wheelindex import serve_wheel
+from support.registryhelp import tool
+from support.wheelfactory import compile_so, make_wheel
+from support.wheelindex import serve_wheel
 
 from builder.attachments import read_attached
 from builder.cache import Cache

@@ -9,58 +9,22 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from wheelfactory import make_wheel
-from wheelindex import serve_wheel
+from support.images import build, docker, inspect, run_hardened
+from support.wheelfactory import make_wheel
+from support.wheelindex import serve_wheel
 
 pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
-
-HARDENED = [
-    "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-    "--user", "65532:65532", "--network", "none", "--tmpfs", "/tmp",
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cache")
-
-
-def build(
-    tmp_path: Path, cache_dir: Path, base: str, requirements: str, tag: str, *extra: str
-) -> subprocess.CompletedProcess[str]:
-    req = tmp_path / "requirements.txt"
-    req.write_text(requirements)
-    return subprocess.run(
-        [sys.executable, "-m", "builder", "-r", str(req), "--base-image", base, "--tag", tag,
-         "--output", str(tmp_path / "context"), "--cache-dir", str(cache_dir), *extra],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )  # fmt: skip
-
-
-def docker(test_env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [test_env["docker"], *args], capture_output=True, text=True, check=check, timeout=600
-    )
-
-
-def run_hardened(test_env: dict, image: str, code: str) -> subprocess.CompletedProcess[str]:
-    return docker(
-        test_env, "run", "--rm", *HARDENED, "--entrypoint", "python3", image, "-c", code,
-        check=False,
-    )  # fmt: skip
-
-
-def inspect(test_env: dict, image: str) -> dict:
-    return json.loads(docker(test_env, "image", "inspect", image).stdout)[0]
 
 
 @pytest.fixture(scope="module")

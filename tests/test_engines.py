@@ -1,6 +1,6 @@
 """Per-arch engines for real: arm64 built, loaded and verified on a second Docker engine.
 
-The second engine (tests/secondengine.py) runs on this amd64 machine, so its arm64 work runs
+The second engine (tests/support/secondengine.py) runs on this amd64 machine, so its arm64 work runs
 under its qemu, as on the local engine; what is shown is where each step happens: the arm64
 image is in the second engine's image store and not in the default one's (by image id), the
 amd64 image the other way round, and the index pushed names both. An engine that cannot be
@@ -20,7 +20,7 @@ from typing import Any
 import docker.errors
 import pytest
 from conftest import Registry
-from registryhelp import registry_get, registry_tags, tool
+from support.registryhelp import registry_get, registry_tags, tool
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 

@@ -1,5 +1,5 @@
 """An ssh:// engine for real: the tool's client, the docker CLI's BuildKit build and a hardened
-verification through an `ssh -N -L` forward, all over real ssh (tests/sshengine.py) to this
+verification through an `ssh -N -L` forward, all over real ssh (tests/support/sshengine.py) to this
 machine's engine, as to an arm64 build host."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from conftest import unavailable
-from sshengine import SshEngine
+from support.sshengine import SshEngine
 
 from builder.engine import EngineURL
 from builder.engines import connect

@@ -1,6 +1,6 @@
 """A tcp:// engine with TLS client certificates (DOCKER_CERT_PATH's layout), for real.
 
-The engine is the local one behind a verifying TLS front (tests/tlsengine.py): the tool's
+The engine is the local one behind a verifying TLS front (tests/support/tlsengine.py): the tool's
 client and the docker CLI it runs for BuildKit both reach it with the certificates named by
 `?certs=DIR`, and a client certificate of another CA is refused as one line.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tlsengine import make_certs, tls_engine
+from support.tlsengine import make_certs, tls_engine
 
 from builder.engine import EngineURL
 from builder.engines import connect

@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from registryhelp import CREDENTIAL_VARS, registry_tags
-from test_upgrade_e2e import patched_base, push, remove_images, template_image
+from support.bases import patched_base
+from support.images import remove_images, template_image
+from support.registryhelp import CREDENTIAL_VARS, push, registry_tags
 
 import builder.base.discover
 from builder.cli import main

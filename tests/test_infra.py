@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from registryhelp import registry_get, registry_tags
+from support.registryhelp import registry_get, registry_tags
 
 # Loopback only: never through an HTTP(S)_PROXY from the environment.
 NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -147,7 +147,7 @@ def _binfmt_entries() -> list[dict[str, str]]:
     return entries
 
 
-def test_aarch64_emulator_registered_with_fix_binary():
+def test_aarch64_emulator_registered_with_fix_binary(arm64_emulation: None) -> None:
     """Containers see no host paths: only an F handler runs arm64 binaries inside the engine."""
     assert (BINFMT_DIR / "status").read_text().strip() == "enabled"
     aarch64 = [e for e in _binfmt_entries() if e.get("magic") == AARCH64_MAGIC]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_end_to_end import build, docker, run_hardened
+from support.images import build, docker, run_hardened
 
 pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 

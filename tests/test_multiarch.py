@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from conftest import Registry
-from registryhelp import registry_get, registry_tags
-from wheelfactory import make_wheel
-from wheelindex import serve_wheel
+from support.registryhelp import registry_get, registry_tags
+from support.wheelfactory import make_wheel
+from support.wheelindex import serve_wheel
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 

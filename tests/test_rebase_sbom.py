@@ -23,7 +23,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from wheelfactory import make_wheel
+from support.wheelfactory import make_wheel
 
 from builder import credentials
 from builder.analysis.layering import bucket_of

@@ -25,7 +25,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from registryhelp import registry_get, registry_tags
+from support.registryhelp import registry_get, registry_tags
 
 import builder.produce_rebase
 from builder import credentials

@@ -24,9 +24,9 @@ import uuid
 from typing import NamedTuple
 
 import pytest
-from credhelp import install_helper, write_docker_config
-from registryhelp import NO_PROXY_OPENER, forget_credentials, layer_tar
-from wheelfactory import compile_so
+from support.credhelp import install_helper, write_docker_config
+from support.registryhelp import NO_PROXY_OPENER, forget_credentials, layer_tar
+from support.wheelfactory import compile_so
 
 from builder.base.probe import probe_base
 from builder.base.registry import probe_registry

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_verify_checks import start_server, stop_server
+from support.sandboxserver import start_server, stop_server
 
 from builder.engine import Engine as RunEngine
 from builder.verify import hardening
