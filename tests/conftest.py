@@ -23,6 +23,7 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import NamedTuple
 
@@ -114,16 +115,24 @@ MACHINE_PARTS = {
     "registry": "registry",
     "second_engine": "second_engine",
     "arm64_emulation": "emulation",
+    "arm64_standin": "emulation",
     "package_index": "network",
 }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    waiting: set[str] = set()
     for item in items:
         requested = getattr(item, "fixturenames", ())
         parts = {MACHINE_PARTS[name] for name in requested if name in MACHINE_PARTS}
         for part in sorted(parts) or ["fast"]:
             item.add_marker(part)
+        if "arm64_standin" in requested:
+            waiting.add(item.nodeid.split("::", 1)[0])
+    # Whole modules that need the arm64 stand-in run last: on a fresh machine it is still being
+    # built in the background (scripts/setup-env.sh) while the others run. Module by module, so
+    # that no module fixture is set up twice.
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] in waiting)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -238,8 +247,62 @@ def arm64_emulation() -> None:
 
 
 @pytest.fixture(scope="session")
-def two_arch_base(test_env: dict, registry: Registry, arm64_emulation: None) -> str:
+def arm64_standin(test_env: dict, arm64_emulation: None) -> str:
+    """The arm64 stand-in image (python:3.13-slim-trixie-arm64) and the two-arch index of both
+    stand-ins in the test registry. On a fresh machine scripts/setup-env.sh builds them in the
+    background (about 11 min under emulation); this waits for that run, under its lock, and then
+    reads the index's keys into `test_env`."""
+    if "multiarch_base" not in test_env:
+        setup = subprocess.run(
+            [str(REPO_ROOT / "scripts" / "setup-env.sh"), "--arm64"],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        if setup.returncode != 0:
+            unavailable(f"scripts/setup-env.sh --arm64 failed:\n{setup.stderr[-2000:]}")
+        test_env.update(json.loads(_test_env_path().read_text()))
+    return test_env["base_image_arm64"]
+
+
+@pytest.fixture(scope="session")
+def standin_index(test_env: dict, registry: Registry, arm64_standin: str) -> str:
     """`host/library/python:3.13-slim-trixie` in the test registry: the amd64 and arm64 stand-ins
-    under one index, pushed by scripts/setup-env.sh (whose arm64 half is built under emulation).
-    """
+    under one index (each arch also tagged `-amd64`, `-arm64`)."""
     return test_env["multiarch_base"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Expensive set-up shared by the whole session. A test that is about cold caches, isolation or
+# reproducibility from scratch makes its own instead.
+# ---------------------------------------------------------------------------------------------
+SESSION = uuid.uuid4().hex[:8]  # names this session's repositories in the shared registry
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One wheel, probe and bytecode cache for every build that is not about a cold cache: a
+    distribution is downloaded, inspected and compiled once a session, as on a CI runner that
+    keeps its cache (downloads take a per-key lock, so concurrent CLI runs share it safely)."""
+    return tmp_path_factory.mktemp("shared-cache")
+
+
+@pytest.fixture(scope="session")
+def two_arch_base(standin_index: str, registry: Registry, shared_cache: Path) -> str:
+    """The reference base built for amd64 and arm64 (arm64 under emulation) on the stand-in
+    index by `build-sandbox-image base`, pushed as one index: built once a session."""
+    from support.registryhelp import tool
+
+    tag = f"{registry.host}/bsi-shared-{SESSION}/runtime:1.0"
+    result = tool(
+        registry, "base", "--tag", tag, "--from", standin_index,
+        "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(shared_cache),
+    )  # fmt: skip
+    if result.returncode != 0:
+        pytest.fail(
+            f"building the two-arch base failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+        )
+    assert result.stdout.split()[-1].startswith(
+        f"{registry.host}/bsi-shared-{SESSION}/runtime@sha256:"
+    )
+    return tag

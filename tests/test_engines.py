@@ -41,19 +41,6 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
-@pytest.fixture(scope="module")
-def two_arch_base(test_env: dict, registry: Registry, cache_dir: Path) -> str:
-    """The reference base for amd64 and arm64, pushed as an index (as test_multiarch builds it:
-    BuildKit's cache makes the second of the two builds cheap)."""
-    tag = f"{registry.host}/{PREFIX}/runtime:1.0"
-    result = tool(
-        registry, "base", "--tag", tag, "--from", test_env["multiarch_base"],
-        "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(cache_dir),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return tag
-
-
 class Built:
     def __init__(self, result: subprocess.CompletedProcess[str], context: Path, repo: str) -> None:
         self.result = result
@@ -140,13 +127,13 @@ def test_the_index_pushed_holds_both_arches(on_two_engines: Built, registry: Reg
 
 @pytest.mark.parametrize("url", ["unix:///nonexistent.sock", "tcp://127.0.0.1:1"])
 def test_an_unreachable_engine_fails_first_naming_arch_and_url(
-    url: str, tmp_path: Path, registry: Registry, test_env: dict
+    url: str, tmp_path: Path, registry: Registry, standin_index: str
 ) -> None:
     (tmp_path / "requirements.txt").write_text("six\n")
     repository = f"{registry.host}/{PREFIX}/unreachable"
     result = tool(
         registry, "-r", str(tmp_path / "requirements.txt"),
-        "--base-image", test_env["multiarch_base"], "--output", str(tmp_path / "context"),
+        "--base-image", standin_index, "--output", str(tmp_path / "context"),
         "--push", repository, "--engine", f"arm64={url}",
         timeout=120,
     )  # fmt: skip
@@ -179,9 +166,9 @@ arm64 = "tcp://127.0.0.1:1"
     ],
 )
 def test_rebuild_reaches_the_configs_engines_first_and_a_flag_wins(
-    flags: tuple[str, ...], named: str, tmp_path: Path, registry: Registry, test_env: dict
+    flags: tuple[str, ...], named: str, tmp_path: Path, registry: Registry, standin_index: str
 ) -> None:
-    base, version = test_env["multiarch_base"].rsplit(":", 1)
+    base, version = standin_index.rsplit(":", 1)
     repository = f"{registry.host}/{PREFIX}/rebuild"
     config = tmp_path / "bsi.toml"
     config.write_text(REBUILD_CONFIG.format(base=base, version="0.9", repository=repository))

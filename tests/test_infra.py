@@ -159,7 +159,7 @@ def test_aarch64_emulator_registered_with_fix_binary(arm64_emulation: None) -> N
 
 
 @pytest.mark.usefixtures("docker_client")
-def test_arm64_standin_is_arm64_and_runs_python_hardened(docker_client, test_env):
+def test_arm64_standin_is_arm64_and_runs_python_hardened(docker_client, test_env, arm64_standin):
     image = docker_client.images.get(test_env["base_image_arm64"])
     assert (image.attrs["Os"], image.attrs["Architecture"]) == ("linux", "arm64")
     # The same image config as the amd64 stand-in, so either can stand for the official index.
@@ -182,7 +182,7 @@ def _registry_json(registry, path: str) -> tuple[dict, str]:
 
 
 @pytest.mark.usefixtures("registry")
-def test_registry_index_names_amd64_and_arm64(registry, test_env):
+def test_registry_index_names_amd64_and_arm64(registry, test_env, standin_index):
     host, _, rest = test_env["multiarch_base"].partition("/")
     assert host == registry.host
     name, tag = rest.rsplit(":", 1)
