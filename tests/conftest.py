@@ -24,10 +24,12 @@ import subprocess
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from support.images import Built
 from support.registryhelp import NO_PROXY_OPENER
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -306,3 +308,25 @@ def two_arch_base(standin_index: str, registry: Registry, shared_cache: Path) ->
         f"{registry.host}/bsi-shared-{SESSION}/runtime@sha256:"
     )
     return tag
+
+
+@pytest.fixture(scope="session")
+def union_image(
+    reference_image: str, shared_cache: Path, test_env: dict, package_index: str, tmp_path_factory
+) -> Iterator[Built]:
+    """One image for the tests that only look at a built image: beautifulsoup4 (pure Python),
+    lightgbm (libgomp1, found in its ELF needs), python-magic (libmagic, loaded through ctypes)
+    and psycopg (libpq, found through find_library) — planned, built and verified hardened by
+    one CLI run on the reference base, instead of one build each."""
+    from support.images import build, docker
+
+    tmp_path = tmp_path_factory.mktemp("union")
+    tag = f"bsi-e2e/union-{SESSION}:test"
+    result = build(
+        tmp_path, shared_cache, reference_image,
+        "beautifulsoup4\nlightgbm\npython-magic\npsycopg\n", tag,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    report = json.loads((tmp_path / "context" / "report.json").read_text())
+    yield Built(tag, result, report)
+    docker(test_env, "rmi", "-f", tag, check=False)

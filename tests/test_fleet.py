@@ -101,17 +101,25 @@ def snapshot(paths: list[Path]) -> dict[Path, bytes]:
 
 
 @pytest.fixture(scope="module")
-def fleet(reference_image, docker_client, registry, test_env, tmp_path_factory):
+def fleet(reference_image, docker_client, registry, test_env, tmp_path_factory, shared_cache):
     namespace = f"bsi-h2-fleet-{uuid.uuid4().hex[:8]}"
     try:
         yield make_fleet(
-            namespace, reference_image, docker_client, registry, test_env, tmp_path_factory
+            namespace,
+            reference_image,
+            docker_client,
+            registry,
+            test_env,
+            tmp_path_factory,
+            shared_cache,
         )
     finally:
         remove_images(docker_client, namespace)
 
 
-def make_fleet(namespace, reference_image, docker_client, registry, test_env, tmp_path_factory):
+def make_fleet(
+    namespace, reference_image, docker_client, registry, test_env, tmp_path_factory, cache
+):
     runtime = f"{registry.host}/{namespace}/runtime"
     scratch = tmp_path_factory.mktemp("fleet-bases")
     docker_client.api.tag(reference_image, runtime, "v1")
@@ -154,7 +162,7 @@ def make_fleet(namespace, reference_image, docker_client, registry, test_env, tm
         runtime,
         lambda name: f"{registry.host}/{namespace}/sandbox-{name}",
         env,
-        tmp_path_factory.mktemp("fleet-cache"),
+        cache,
     )
 
 

@@ -72,8 +72,9 @@ def docker(test_env: dict, *args: str, check: bool = True) -> subprocess.Complet
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+def cache_dir(shared_cache: Path) -> Path:
+    """The session's warm cache (conftest): no test here is about a cold one."""
+    return shared_cache
 
 
 def build(

@@ -135,22 +135,27 @@ def pushed_reference(stdout: str, repository: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def world(reference_image, docker_client, registry, test_env, tmp_path_factory):
+def world(reference_image, docker_client, registry, test_env, tmp_path_factory, shared_cache):
     """The three platform versions in the registry, a pipeline directory and the Docker configs."""
     namespace = f"bsi-e2e-{uuid.uuid4().hex[:8]}"
     try:
         yield make_world(
-            namespace, reference_image, docker_client, registry, test_env, tmp_path_factory
+            namespace,
+            reference_image,
+            docker_client,
+            registry,
+            test_env,
+            tmp_path_factory,
+            shared_cache,
         )
     finally:
         remove_images(docker_client, namespace)
 
 
 def make_world(
-    namespace, reference_image, docker_client, registry, test_env, tmp_path_factory
+    namespace, reference_image, docker_client, registry, test_env, tmp_path_factory, cache_dir
 ) -> World:
     runtime = f"{registry.host}/{namespace}/runtime"
-    cache_dir = tmp_path_factory.mktemp("e2e-cache")
     cache = Cache(cache_dir)
     scratch = tmp_path_factory.mktemp("e2e-bases")
 

@@ -11,9 +11,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import docker.errors
 from ruamel.yaml import YAML
+
+
+class Built(NamedTuple):
+    """An image the real CLI built and verified, with what it printed and its report.json."""
+
+    tag: str
+    result: subprocess.CompletedProcess[str]
+    report: dict
+
 
 HARDENED = [
     "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
