@@ -330,3 +330,17 @@ def union_image(
     report = json.loads((tmp_path / "context" / "report.json").read_text())
     yield Built(tag, result, report)
     docker(test_env, "rmi", "-f", tag, check=False)
+
+
+@pytest.fixture(scope="session")
+def pushed_reference(reference_image: str, registry: Registry, docker_client) -> str:
+    """The reference base pushed once a session to `host/bsi-shared-<session>/reference:base`
+    (host/repo@digest). A test that needs it in a repository of its own mounts it from there
+    (support.registryhelp.mount_image) instead of pushing it again."""
+    from support.registryhelp import push
+
+    repository = f"{registry.host}/bsi-shared-{SESSION}/reference"
+    docker_client.api.tag(reference_image, repository, "base")
+    digest = push(docker_client, registry, f"{repository}:base")
+    docker_client.images.remove(f"{repository}:base")
+    return f"{repository}@{digest}"

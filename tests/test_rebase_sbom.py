@@ -23,6 +23,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
+from support.registryhelp import mount_image
 from support.wheelfactory import make_wheel
 
 from builder import credentials
@@ -126,7 +127,7 @@ class Stacked:
 def stacked(
     tmp_path: Path,
     registry: Any,
-    reference_image: str,
+    pushed_reference: str,
     docker_client: docker.DockerClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Stacked]:
@@ -136,13 +137,7 @@ def stacked(
     run = uuid.uuid4().hex[:8]
     runtime = f"{registry.host}/bsi-h5-sbom-{run}/runtime"
     labels = {**CHANGE.labels, "org.example.test-run": run}
-    docker_client.api.tag(reference_image, runtime, "v1")
-    auth = {"username": registry.user, "password": registry.password}
-    for event in docker_client.api.push(
-        runtime, tag="v1", auth_config=auth, stream=True, decode=True
-    ):
-        assert "error" not in event, event
-    docker_client.images.remove(f"{runtime}:v1")
+    mount_image(registry, pushed_reference, f"{runtime}:v1")
     bases = credentials.registry(ImageRef.parse_repository(runtime))
     base_digest = bases.manifest("v1")[1]
     base = resolve(bases, Platform.linux("amd64"), base_digest)

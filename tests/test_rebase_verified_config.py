@@ -25,7 +25,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from support.registryhelp import registry_get, registry_tags
+from support.registryhelp import mount_image, registry_get, registry_tags
 
 import builder.produce_rebase
 from builder import credentials
@@ -190,7 +190,7 @@ class Previous:
 def previous(
     tmp_path: Path,
     registry: Any,
-    reference_image: str,
+    pushed_reference: str,
     docker_client: docker.DockerClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Previous]:
@@ -205,13 +205,7 @@ def previous(
     run = uuid.uuid4().hex[:8]
     runtime = f"{registry.host}/bsi-guard-{run}/runtime"
     labels = {**CHANGE.labels, "org.example.test-run": run}
-    docker_client.api.tag(reference_image, runtime, "v1")
-    auth = {"username": registry.user, "password": registry.password}
-    for event in docker_client.api.push(
-        runtime, tag="v1", auth_config=auth, stream=True, decode=True
-    ):
-        assert "error" not in event, event
-    docker_client.images.remove(f"{runtime}:v1")
+    mount_image(registry, pushed_reference, f"{runtime}:v1")
     bases = credentials.registry(ImageRef.parse_repository(runtime))
     base_digest = bases.manifest("v1")[1]
     base = resolve(bases, Platform.linux("amd64"), base_digest)

@@ -160,3 +160,21 @@ def push(client: Any, registry: Any, ref: str) -> str:
         digest = (event.get("aux") or {}).get("Digest") or digest
     assert digest, f"no digest pushing {ref}"
     return digest
+
+
+def mount_image(registry: Any, source: str, target: str) -> str:
+    """`source` (host/repo:tag or @digest) put under `target` (host/repo:tag) of the same
+    registry, logged in as the test registry's user, by the tool's own cross-repository mount
+    of each blob: no layer is uploaded again. The manifest's digest."""
+    from builder.oci.auth import Credentials
+    from builder.oci.client import Registry as RepositoryClient
+    from builder.oci.name import ImageRef
+
+    login = Credentials(registry.user, registry.password, "the test registry")
+    origin, destination = ImageRef.parse(source), ImageRef.parse(target)
+    body, _ = RepositoryClient(origin, None, login).manifest(origin.digest or origin.tag or "")
+    manifest = json.loads(body)
+    writing = RepositoryClient(destination, None, login)
+    for blob in [manifest["config"], *manifest["layers"]]:
+        assert writing.mount(blob["digest"], origin.repository), f"{blob['digest']} not mounted"
+    return writing.put_manifest(destination.tag or "latest", body, manifest["mediaType"])
