@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from support.bases import patched_base
-from support.images import remove_images, template_image
+from support.images import docker_login, remove_images, template_image
 from support.registryhelp import CREDENTIAL_VARS, push, registry_tags
 
 import builder.base.discover
@@ -128,16 +128,7 @@ def make_fleet(
     for version in ("v1", "v2", "v3"):
         push(docker_client, registry, f"{runtime}:{version}")
 
-    logged_in = tmp_path_factory.mktemp("fleet-docker-config")
-    login = subprocess.run(
-        [test_env["docker"], "login", registry.host, "-u", registry.user, "--password-stdin"],
-        input=registry.password,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_CONFIG": str(logged_in)},
-        timeout=60,
-    )
-    assert login.returncode == 0, login.stderr
+    logged_in = docker_login(test_env, registry, tmp_path_factory.mktemp("fleet-docker-config"))
     env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
     env |= {"DOCKER_CONFIG": str(logged_in), "DOCKER_HOST": test_env["docker_host"]}
 

@@ -32,7 +32,7 @@ import docker
 import docker.errors
 import pytest
 from support.bases import derived_base, newest_pure_wheel, patched_base
-from support.images import remove_images, template_image
+from support.images import docker_login, remove_images, template_image
 from support.registryhelp import (
     CREDENTIAL_VARS,
     blob_status,
@@ -159,16 +159,7 @@ def make_world(
     cache = Cache(cache_dir)
     scratch = tmp_path_factory.mktemp("e2e-bases")
 
-    logged_in = tmp_path_factory.mktemp("docker-config-login")
-    login = subprocess.run(
-        [test_env["docker"], "login", registry.host, "-u", registry.user, "--password-stdin"],
-        input=registry.password,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_CONFIG": str(logged_in)},
-        timeout=60,
-    )
-    assert login.returncode == 0, login.stderr
+    logged_in = docker_login(test_env, registry, tmp_path_factory.mktemp("docker-config-login"))
 
     docker_client.api.tag(reference_image, runtime, "v1")
     derived_base(reference_image, newest_pure_wheel(cache, "soupsieve"), f"{runtime}:v2", scratch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
@@ -52,3 +53,13 @@ def patched_base(reference: str, tag: str, workdir: Path) -> None:
     )
     with open(workdir / f"{context.name}.log", "w") as log:
         build_image(context, BuildSpec(tag=tag), log)
+
+
+def labelled_scratch(engine: Any, label: str, value: str, workdir: Path) -> str:
+    """A `FROM scratch` image carrying one label, built by BuildKit on `engine`: the cheapest
+    build that proves an engine builds. Its image id."""
+    context = workdir / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM scratch\nLABEL {label}={value}\n")
+    with (workdir / "build.log").open("w") as log:
+        return build_image(context, BuildSpec(engine=engine), log)

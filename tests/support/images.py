@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import docker.errors
 from ruamel.yaml import YAML
@@ -79,3 +80,18 @@ def remove_images(client: docker.DockerClient, namespace: str) -> None:
         if not others:
             with contextlib.suppress(docker.errors.APIError):  # incl. ImageNotFound
                 client.images.remove(image.id, force=True)
+
+
+def docker_login(test_env: dict, registry: Any, config_dir: Path) -> Path:
+    """`docker login` to the test registry into a Docker config of its own (never ~/.docker),
+    as an operator's runner would hold it; the config directory."""
+    login = subprocess.run(
+        [test_env["docker"], "login", registry.host, "-u", registry.user, "--password-stdin"],
+        input=registry.password,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DOCKER_CONFIG": str(config_dir)},
+        timeout=60,
+    )
+    assert login.returncode == 0, login.stderr
+    return config_dir
