@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from builder.engine import EngineURL
-from builder.engines import known_arch
+from builder.engines.connection import EngineURL
+from builder.engines.per_arch import known_arch
 from builder.errors import UserError
 from builder.oci.name import TAG_RE, ImageRef
 

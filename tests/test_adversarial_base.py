@@ -16,9 +16,9 @@ from registryhelp import layer_tar
 from test_adversarial_registry import Reply, Server
 
 from builder.analysis.target import ARCHES
+from builder.base.from_registry import probe_registry
 from builder.base.layers import LD_CACHE_MAGIC, Layers, ld_cache_entries
 from builder.base.platforms import offered_arches
-from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryError
 

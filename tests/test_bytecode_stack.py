@@ -12,7 +12,7 @@ import pytest
 
 from builder.cache import Cache, sha256_of
 from builder.contract import BYTECODE_LABEL
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.image import bytecode
 from builder.image.assemble import Assembly, assemble
 from builder.image.bytecode import Compiler

@@ -15,7 +15,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from builder.cli import reports_errors
+from builder.cli.app import reports_errors
 from builder.errors import UserError
 
 SECRET = "s3cr3t-Value-0f-The-CI"

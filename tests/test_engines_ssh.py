@@ -13,8 +13,8 @@ import pytest
 from conftest import unavailable
 from sshengine import SshEngine
 
-from builder.engine import EngineURL
-from builder.engines import connect
+from builder.engines.connection import EngineURL
+from builder.engines.per_arch import connect
 from builder.image.build import BuildSpec, build_image
 from builder.verify.container import hardened
 

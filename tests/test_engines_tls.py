@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from tlsengine import make_certs, tls_engine
 
-from builder.engine import EngineURL
-from builder.engines import connect
+from builder.engines.connection import EngineURL
+from builder.engines.per_arch import connect
 from builder.errors import UserError
 from builder.image.build import BuildSpec, build_image
 

@@ -35,7 +35,7 @@ from registryhelp import CREDENTIAL_VARS, registry_tags
 from test_upgrade_e2e import patched_base, push, remove_images, template_image
 
 import builder.base.discover
-from builder.cli import main
+from builder.cli.app import main
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 

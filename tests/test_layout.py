@@ -21,22 +21,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "builder"
 MAX_LINES = 450
-# The orchestration: the only modules that sequence producers, verification and writes.
-ORCHESTRATION = (
-    "builder.pipeline",
-    "builder.commands",
-    "builder.delivery",
-    "builder.produce_build",
-    "builder.produce_rebase",
-    "builder.cli",
-)
+# The orchestration (the only code that sequences producers, verification and writes) and the
+# command line above it.
+ORCHESTRATION = ("builder.orchestration", "builder.cli")
 # layer -> the builder packages/modules it must never import
 FORBIDDEN = {
     "analysis": (
         "builder.base",
         "builder.image",
         "builder.verify",
-        "builder.engine",
+        "builder.engines",
         "builder.oci",
         "docker",
         *ORCHESTRATION,
@@ -126,7 +120,7 @@ def test_no_function_outside_the_cli_takes_more_than_eight_parameters() -> None:
     long = [
         f"{path.relative_to(PACKAGE.parent)}: {node.name} ({parameter_count(node)})"
         for path in builder_modules()
-        if path != PACKAGE / "cli.py"
+        if PACKAGE / "cli" not in path.parents
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and parameter_count(node) > MAX_PARAMETERS
@@ -165,18 +159,20 @@ def test_module_level_constants_are_immutable() -> None:
 
 
 def test_only_the_orchestration_sequences_producers_verification_and_writes() -> None:
-    """`deliver` is called by builder.commands alone; images are verified only in the delivery
-    (and by the `verify` command); only the delivery writes a producer's images (a rebase that
-    must pull its image writes it by digest first, and `base --tag` / push_images write engine
+    """`deliver` is called by builder.orchestration.commands alone; images are verified only in
+    the delivery (and by the `verify` command); only the delivery writes a producer's images (a
+    rebase that must pull its image writes it by digest first, and `base --tag` writes engine
     images that no producer made)."""
     allowed = {
-        "builder.delivery.deliver": {"builder/commands.py"},
-        "builder.verify.verify_image": {"builder/delivery.py", "builder/cli.py"},
+        "builder.orchestration.delivery.deliver": {"builder/orchestration/commands.py"},
+        "builder.verify.verify_image": {
+            "builder/orchestration/delivery.py",
+            "builder/cli/app.py",
+        },
         "builder.oci.remote.write": {
-            "builder/delivery.py",
-            "builder/produce_rebase.py",
+            "builder/orchestration/delivery.py",
+            "builder/orchestration/produce_rebase.py",
             "builder/image/from_engine.py",
-            "builder/image/push_images.py",
         },
     }
     offences = [
@@ -293,3 +289,37 @@ def test_the_arch_names_map_in_one_place() -> None:
                 if {"x86_64", "aarch64"} & keys or "v8" in values:
                     offences.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert not offences, f"arch tables outside builder/oci/v1.py: {offences}"
+
+
+# -- a top level that shows the architecture --------------------------------------------------
+MAX_TOP_LEVEL_MODULES = 10
+
+
+def test_the_top_level_holds_only_shared_concepts() -> None:
+    """Layers are packages; what stays directly in builder/ is what every layer shares."""
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules directly in builder/: {top}"
+
+
+def test_every_package_says_its_job() -> None:
+    packages = [path.parent for path in PACKAGE.rglob("__init__.py")]
+    silent = [
+        str(package.relative_to(PACKAGE.parent))
+        for package in packages
+        if not ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
+    ]
+    assert not silent, f"packages without a docstring saying their job: {silent}"
+
+
+def test_no_developer_tool_ships_in_the_package() -> None:
+    """A module run as a script (`if __name__ == "__main__":`) is a developer tool: scripts/.
+    `python -m builder` and the runtime server's entry point are the exceptions."""
+    entry_points = {PACKAGE / "__main__.py"}
+    scripts = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if path not in entry_points and PACKAGE / "runtime" not in path.parents
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+    ]
+    assert not scripts, f"scripts inside the package: {scripts}"

@@ -28,8 +28,8 @@ from credhelp import install_helper, write_docker_config
 from registryhelp import NO_PROXY_OPENER, forget_credentials, layer_tar
 from wheelfactory import compile_so
 
+from builder.base.from_registry import probe_registry
 from builder.base.probe import probe_base
-from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryAuthError, RegistryUnreachable, UserError
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.runtime import copy_server
 from builder.verify import verify_image
 from builder.verify.client import Machine

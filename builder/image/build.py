@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from builder.credentials import Credentials, config_path, from_environment, server_url
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 

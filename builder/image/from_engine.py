@@ -30,7 +30,7 @@ from builder.cache import Cache
 from builder.errors import IntegrityError, UserError
 from builder.image.assemble import Assembled
 from builder.image.gzipped import gzipped
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
@@ -53,11 +53,11 @@ SAVE_CHUNK = 1 << 20
 class BaseLayers:
     """The base's gzip layers for one arch, by diff ID, and the repository that holds them."""
 
-    registry: Registry
+    registry: RepositoryClient
     by_diff_id: Mapping[str, Descriptor]
 
 
-def base_layers(base: ImageRef | None, arch: str, target: Registry) -> BaseLayers | None:
+def base_layers(base: ImageRef | None, arch: str, target: RepositoryClient) -> BaseLayers | None:
     """The base's compressed layer descriptors, when it lives on the target's registry.
 
     Unreadable or malformed: None, and the layers are uploaded instead (a tampered base is
@@ -216,7 +216,7 @@ def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
 def push_engine_images(
     client: docker.DockerClient,
     images: Mapping[str, str],
-    target: Registry,
+    target: RepositoryClient,
     tags: Sequence[str],
     base: ImageRef | None = None,
     attach: Callable[[str, Image], Sequence[Attachment]] | None = None,

@@ -30,12 +30,12 @@ from builder.analysis.index import RemoteFile, builder_pip, download_all
 from builder.analysis.plan import choose_wheel
 from builder.analysis.resolve import LockedPackage
 from builder.analysis.target import Target, arch_named, shipped_profile
-from builder.attachments import BASE_DEPS, ImageFactsRequest, attestable, input_files
 from builder.attest.contents import WheelOrigin
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache, default_root
-from builder.engine import engine_client
+from builder.engines.connection import engine_client
 from builder.errors import UserError
+from builder.image.attachments import BASE_DEPS, ImageFactsRequest, attestable, input_files
 from builder.image.build import BuildSpec, Log, base_logins, build_image
 from builder.image.from_engine import push_engine_images
 from builder.image.render import place

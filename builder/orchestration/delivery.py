@@ -1,17 +1,17 @@
 """One delivery: verify every arch's image, write them and their index, point the template.
 
-Two producers make the per-arch images: builder.produce_build (BuildKit builds each arch's
-system stage, the tool assembles the extras layers on it) and builder.produce_rebase (the
-previous image's extras layers put on the new base). Each hands over `Produced` values: the
-engine's name for the image to verify, the config verified, and how to get the OCI value
-written (an `oci.v1.Image` and where its blobs are). `deliver` is the only place that sequences
-producers, verification and writes: every arch is started at once (those native on their
-engine first, so a native image never waits on emulation) and verified as it arrives, on the
-engine that made it (`run.engines.for_arch(arch)`: builder.engines); only when every arch
-passed is anything written (builder.oci.remote.write: each image by digest, then the index,
-the tags last), so a failure leaves every tag and the template as they were. Then the
-template is pointed at the digest (with the warm-pool warnings), and report.json and the
-state are written.
+Two producers make the per-arch images: builder.orchestration.produce_build (BuildKit builds
+each arch's system stage, the tool assembles the extras layers on it) and
+builder.orchestration.produce_rebase (the previous image's extras layers put on the new base).
+Each hands over `Produced` values: the engine's name for the image to verify, the config
+verified, and how to get the OCI value written (an `oci.v1.Image` and where its blobs are).
+`deliver` is the only place that sequences producers, verification and writes: every arch is
+started at once (those native on their engine first, so a native image never waits on emulation)
+and verified as it arrives, on the engine that made it (`run.engines.for_arch(arch)`:
+builder.engines.per_arch); only when every arch passed is anything written
+(builder.oci.remote.write: each image by digest, then the index, the tags last), so a failure
+leaves every tag and the template as they were. Then the template is pointed at the digest (with
+the warm-pool warnings), and report.json and the state are written.
 """
 
 from __future__ import annotations
@@ -26,21 +26,21 @@ from typing import Any, Protocol
 
 from builder import credentials
 from builder.analysis.plan import Plan
-from builder.attachments import Attestable, attestable, plan_facts
 from builder.attest.provenance import BuildParameters
 from builder.blob_memory import blob_memory
 from builder.cache import Cache
-from builder.engines import Engines
+from builder.engines.per_arch import Engines
 from builder.errors import UserError
+from builder.image.attachments import Attestable, attestable, plan_facts
 from builder.image.render import add_to_output, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
-from builder.node_update import baseline, node_update, previous_images, total
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, Written, write
 from builder.oci.v1 import Image, Index, Platform
+from builder.orchestration.node_update import baseline, node_update, previous_images, total
+from builder.orchestration.rebuild_state import save_state, state_of
 from builder.reporter import Reporter
-from builder.upgrade import save_state, state_of
 from builder.verify import VerifyReport, verify_image
 
 
@@ -51,7 +51,9 @@ class Produced:
     arch: str
     engine_name: str  # what the verification runs: an image id, or repository@digest
     config: bytes  # the config verified: the image written must carry exactly these bytes
-    value: Callable[[Registry, Path], tuple[Image, Blobs]]  # the image to write, when pushed
+    value: Callable[
+        [RepositoryClient, Path], tuple[Image, Blobs]
+    ]  # the image to write, when pushed
     record: dict[str, Any]  # this arch's report.json fields
     local_tag: str | None = None  # the build path tags each image in the engine
     extras_layers: list[dict[str, Any]] | None = None  # the extras tars' facts, for report.json

@@ -1,6 +1,6 @@
 """What delivery attaches to each arch image: its SBOM and its provenance, from its facts.
 
-The facts are read out of the engine image that is verified (builder.image.inventory: dpkg's
+The facts are read out of the engine image that is verified (builder.image.read_contents: dpkg's
 status, every METADATA on PYTHONPATH) and joined with what the plan knows and the image
 cannot say: each extra's wheel (URL, sha256), the base by digest, which Debian packages the
 base brought, the target's marker environment. They are read once, before verification, so
@@ -24,7 +24,6 @@ import docker
 
 from builder import credentials
 from builder.analysis.plan import EXTRA_DEPS, Plan
-from builder.analysis.requirements import read_requirements
 from builder.analysis.target import ARCHES, Target
 from builder.attest import provenance, sbom
 from builder.attest.contents import (
@@ -32,17 +31,15 @@ from builder.attest.contents import (
     WheelOrigin,
     debian_packages,
     distribution,
-    without_credentials,
 )
 from builder.attest.provenance import BuildParameters, BuildRun, InputFile
-from builder.engine import engine_client, native_arch
+from builder.engines.connection import engine_client, native_arch
 from builder.errors import RegistryError, UserError
-from builder.image.inventory import image_facts
+from builder.image.read_contents import image_facts
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import read
 from builder.oci.v1 import Index, Platform, digest_of
-from builder.pipeline import Request, platform_version
 
 BASE_DEPS = "/app/deps"
 SBOM_FILE = "sbom-{arch}.cdx.json"
@@ -59,31 +56,6 @@ def tool_version() -> str:
 def input_files(paths: tuple[Path, ...]) -> tuple[InputFile, ...]:
     """Files the operator gave, by name and content hash (what provenance names them by)."""
     return tuple(InputFile(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in paths)
-
-
-def build_parameters(plan: Plan, request: Request) -> BuildParameters:
-    """What the operator asked for, as the provenance names it: files by hash, the package
-    indexes without their credentials, apt secrets by the id BuildKit mounts them under (never
-    their contents)."""
-    secrets = request.secrets
-    indexes = read_requirements(request.requirement_files, request.constraint_files).indexes()
-    return BuildParameters(
-        requirements=input_files(request.requirement_files),
-        constraints=input_files(request.constraint_files),
-        overrides=input_files(request.overrides),
-        arches=tuple(a.arch for a in plan.arches),
-        platform_version=platform_version(plan.base_image, request.platform_version),
-        base_image=plan.base_image,
-        flags={
-            "with_optional": request.with_optional,
-            "indexes": " ".join(without_credentials(url) for url in indexes),
-            "apt_secrets": ",".join(
-                name
-                for name, used in (("apt-ca", secrets.apt_ca), ("apt-auth", secrets.apt_auth))
-                if used
-            ),
-        },
-    )
 
 
 @dataclass

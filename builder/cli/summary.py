@@ -1,7 +1,7 @@
 """The main command's summary of a plan (what it installs, what it costs, what it needs) and
 of a push (what moved, and what a node holding the previous image fetches again).
 
-Formatting only, apart from builder/cli.py (which prints it) so that module stays small.
+Formatting only, apart from builder/cli/app.py (which prints it) so that module stays small.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def pushed_lines(pushed: Written, node: Mapping[str, Any] | None) -> str:
     """What was pushed, and one line of what it moved.
 
     Uploaded, mounted from another repository of the registry, already there; then what a node
-    holding the image the tag named before downloads and unpacks (builder.node_update).
+    holding the image the tag named before downloads and unpacks
+    (builder.orchestration.node_update).
     """
     moved = (
         f"push: {human(pushed.bytes_uploaded)} uploaded, {human(pushed.bytes_mounted)} mounted,"

@@ -1,10 +1,11 @@
 """What `build` and `rebuild` do after parsing: the plan, then a producer, then one delivery.
 
-`build_images` makes every arch with BuildKit and the tool's assembly (builder.produce_build);
-`rebuild` re-plans against a new platform version and, when something changed, takes the
-rebase path (builder.produce_rebase: the same extras on the new base) or the build path. Both
-end in builder.delivery.deliver, which verifies, writes, points the template, and records
-report.json and the state; `rebuild` then names the new version in the user's config.
+`build_images` makes every arch with BuildKit and the tool's assembly
+(builder.orchestration.produce_build); `rebuild` re-plans against a new platform version and,
+when something changed, takes the rebase path (builder.orchestration.produce_rebase: the same
+extras on the new base) or the build path. Both end in builder.orchestration.delivery.deliver,
+which verifies, writes, points the template, and records report.json and the state; `rebuild`
+then names the new version in the user's config.
 """
 
 from __future__ import annotations
@@ -20,21 +21,34 @@ import docker
 
 from builder.analysis.plan import Plan
 from builder.analysis.target import BaseProfile
-from builder.attachments import build_parameters
 from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.config import PipelineConfig, RunSettings, set_platform_version
-from builder.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
-from builder.engines import Engines, connect
+from builder.engines.per_arch import Engines, connect
 from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.render import Secrets
 from builder.image.tags import image_tag
 from builder.oci.name import ImageRef
-from builder.pipeline import Request, base_reference, extras_of, finish, platform_version, prepare
-from builder.produce_build import BuildProducer, SystemStages, target_arches
-from builder.produce_rebase import AptAhead, Previous, RebaseProducer
+from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
+from builder.orchestration.prepare import (
+    Request,
+    base_reference,
+    build_parameters,
+    extras_hash_of,
+    finish,
+    platform_version,
+    prepare,
+)
+from builder.orchestration.produce_build import BuildProducer, SystemStages, target_arches
+from builder.orchestration.produce_rebase import AptAhead, Previous, RebaseProducer
+from builder.orchestration.rebuild_state import (
+    BuildState,
+    changes,
+    load_state,
+    rebase_blocker,
+    state_of,
+)
 from builder.reporter import Reporter
-from builder.upgrade import BuildState, changes, load_state, rebase_blocker, state_of
 
 
 def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Target | None:
@@ -43,7 +57,7 @@ def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Ta
         return None
     version = platform_version(plan.base_image, request.platform_version)
     labels = finish(plan, request, {}).labels
-    return Target(repository, image_tag(version, extras_of(plan)), labels)
+    return Target(repository, image_tag(version, extras_hash_of(plan)), labels)
 
 
 def build_delivery(
@@ -85,7 +99,7 @@ def build_images(
     gzipped in the background while the images build and verify.
     """
     finished = finish(plan, request)
-    local_tag = tag or f"sandbox-extension:x{extras_of(plan)}"
+    local_tag = tag or f"sandbox-extension:x{extras_hash_of(plan)}"
     producer = BuildProducer(
         plan, request.output, finished, local_tag, run.engines, stages, run.reporter
     )
@@ -98,7 +112,8 @@ def build_images(
 
 BaseLookup = Callable[[str, Callable[[], BaseProfile]], BaseProfile]
 """How `rebuild` gets the new base's profile: (reference, the probe) -> profile. Alone it
-probes; a fleet (builder.fleet) probes each distinct reference once for all its templates."""
+probes; a fleet (builder.orchestration.fleet) probes each distinct reference once for all its
+templates."""
 
 
 def _probe(image: str, probe: Callable[[], BaseProfile]) -> BaseProfile:
@@ -127,9 +142,10 @@ def rebuild(
     """Re-plan against the new platform version; deliver it if anything changed.
 
     With `check_only` the context goes to a scratch directory and nothing is built. A
-    successful delivery records the state (builder.delivery) and then the new version in the
-    user's config; a failed one changes neither. The config's [engines] are reached first
-    (builder.engines): one that does not answer fails the rebuild before anything is built.
+    successful delivery records the state (builder.orchestration.delivery) and then the new
+    version in the user's config; a failed one changes neither. The config's [engines] are
+    reached first (builder.engines.per_arch): one that does not answer fails the rebuild before
+    anything is built.
     """
     with ExitStack() as stack:  # the named engines' clients are closed at the end
         named = Engines.local(client) if check_only else connect(config.engines, client)

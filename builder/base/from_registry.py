@@ -23,7 +23,7 @@ from builder.base.profile import DEBIAN_VERSION, profile_from_facts, pythonpath_
 from builder.cache import Cache
 from builder.credentials import registry
 from builder.errors import RegistryError, UserError
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import read
 from builder.oci.v1 import Image, Index, Platform
@@ -82,7 +82,7 @@ def _cached(cache: Cache, digest: str) -> dict[str, Any] | None:
     return record
 
 
-def _platform_images(client: Registry, top: Image | Index) -> Iterator[tuple[Arch, Image]]:
+def _platform_images(client: RepositoryClient, top: Image | Index) -> Iterator[tuple[Arch, Image]]:
     """(arch, image) for amd64 and arm64: from an index, or the one image's config."""
     if isinstance(top, Index):
         for arch in ARCHES.values():
@@ -102,7 +102,7 @@ def _platform_images(client: Registry, top: Image | Index) -> Iterator[tuple[Arc
     yield config_arch, top
 
 
-def _probe_image(client: Registry, image: Image, arch: Arch) -> dict[str, Any]:
+def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> dict[str, Any]:
     """Config facts and layer facts of one image."""
     config = image.config.get("config") or {}
     env = dict(e.partition("=")[::2] for e in config.get("Env") or [])

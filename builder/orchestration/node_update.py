@@ -28,11 +28,11 @@ from typing import Any
 
 from builder import credentials
 from builder.errors import RegistryError, UserError
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Platform
-from builder.upgrade import load_state
+from builder.orchestration.rebuild_state import load_state
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,9 @@ def node_update(image: Image, previous: Image | None) -> NodeUpdate:
     )
 
 
-def baseline(state: Path | None, target: Registry, tag: str) -> tuple[Registry, str]:
+def baseline(
+    state: Path | None, target: RepositoryClient, tag: str
+) -> tuple[RepositoryClient, str]:
     """Where the image a node holds now is: the state's last pushed image, else `tag` in the
     target (see the module docstring)."""
     try:
@@ -94,7 +96,7 @@ def baseline(state: Path | None, target: Registry, tag: str) -> tuple[Registry, 
 
 
 def previous_images(
-    registry: Registry, reference: str, arches: Sequence[str]
+    registry: RepositoryClient, reference: str, arches: Sequence[str]
 ) -> tuple[str | None, dict[str, Image]]:
     """What `reference` names now (its digest), and each arch's image in it (none for an arch
     it lacks). A figure never fails a push: an unreadable reference is as good as none."""

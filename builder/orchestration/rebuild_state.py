@@ -3,7 +3,8 @@
 The state file is the record a pipeline commits next to its config: the platform version,
 the base digest and python patch it was built on, the resolved extras, lock hash and apt set
 per arch, and the pushed image. Comparing it with a fresh plan tells whether a rebuild is
-needed, and whether it can be a rebase (`builder.rebase`: same locks, new base).
+needed, and whether it can be a rebase (builder.orchestration.produce_rebase: same locks, new
+base).
 """
 
 from __future__ import annotations

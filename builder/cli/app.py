@@ -1,4 +1,4 @@
-"""Command line: parse options, call the pipeline, print. No logic lives here."""
+"""The click group and its commands: parse options, call the orchestration, print. No logic."""
 
 from __future__ import annotations
 
@@ -12,26 +12,26 @@ from click.core import ParameterSource
 
 from builder.analysis.requirements import distribution_names
 from builder.analysis.target import ARCHES
-from builder.attachments import attached_sbom
 from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
-from builder.cli_errors import reports_errors
-from builder.cli_fleet import show_fleet
-from builder.cli_sbom import sbom_command
-from builder.cli_summary import pushed_lines, summary
-from builder.commands import build_delivery, build_images
-from builder.commands import rebuild as run_rebuild
+from builder.cli.errors import reports_errors
+from builder.cli.fleet import show_fleet
+from builder.cli.sbom import sbom_command
+from builder.cli.summary import pushed_lines, summary
 from builder.config import RunSettings, load_config, merge, with_engines
-from builder.delivery import Outcome, Run
-from builder.engine import engine_client
-from builder.engines import connect, engine_flags, unheeded
+from builder.engines.connection import engine_client
+from builder.engines.per_arch import connect, engine_flags, unheeded
 from builder.errors import UserError
-from builder.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
+from builder.image.attachments import attached_sbom
 from builder.image.reference_base import build_base, build_base_index
 from builder.image.render import Secrets
 from builder.oci.name import ImageRef
-from builder.pipeline import Request, prepare
-from builder.produce_build import SystemStages, target_arches
+from builder.orchestration.commands import build_delivery, build_images
+from builder.orchestration.commands import rebuild as run_rebuild
+from builder.orchestration.delivery import Outcome, Run
+from builder.orchestration.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
+from builder.orchestration.prepare import Request, prepare
+from builder.orchestration.produce_build import SystemStages, target_arches
 from builder.reporter import Reporter
 from builder.verify import verify_image
 
@@ -287,7 +287,8 @@ def rebuild(
 ) -> None:
     """Re-resolve against a new platform version; build, verify, push and point the template.
 
-    With several --config, each is one template of a fleet (builder.fleet), ending in a table.
+    With several --config, each is one template of a fleet (builder.orchestration.fleet),
+    ending in a table.
     """
     config = load_config(config_paths[0]) if len(config_paths) == 1 else None
     if engine_urls and config is None:
