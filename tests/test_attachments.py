@@ -37,7 +37,7 @@ from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
-from builder.verify import verify_image
+from builder.verify.run import verify_image
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 

@@ -17,7 +17,7 @@ from builder.image import bytecode
 from builder.image.assemble import Assembly, assemble
 from builder.image.bytecode import Compiler
 from builder.image.extras import BYTECODE, DISTRIBUTION, distribution_layers, with_bytecode
-from builder.verify import verify_image
+from builder.verify.run import verify_image
 from tests.compilehelp import compile_all
 from tests.wheelfactory import make_wheel
 

@@ -9,12 +9,14 @@
   8 parameters, module-level constants immutable.
 
 Imports are read with `ast` (module level and inside functions alike), so a lazy import does
-not slip past the rule.
+not slip past the rule, and followed transitively: a layer must not reach what it may not
+import through another module, and no module of builder/ imports itself through others.
 """
 
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,27 @@ FORBIDDEN = {
     "base": ("builder.image", "builder.verify", *ORCHESTRATION),
     "image": ("builder.verify", *ORCHESTRATION),
     "verify": ("builder.analysis", "builder.image", *ORCHESTRATION),
+    "attest": (
+        "builder.analysis",
+        "builder.base",
+        "builder.image",
+        "builder.verify",
+        "builder.engines",
+        "builder.oci",
+        "docker",
+        *ORCHESTRATION,
+    ),
+    "engines": ("builder.base", "builder.image", "builder.verify", *ORCHESTRATION),
+    "oci": (
+        "builder.analysis",
+        "builder.base",
+        "builder.image",
+        "builder.verify",
+        "builder.engines",
+        "builder.attest",
+        "docker",
+        *ORCHESTRATION,
+    ),
 }
 
 
@@ -76,6 +99,73 @@ def test_layer_imports_only_what_it_may(layer: str) -> None:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[layer])
     ]
     assert not offences, "\n".join(offences)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# The runtime server runs inside the image as its own top-level package (sandbox_server).
+SERVER = PACKAGE / "runtime" / "server"
+
+
+@cache
+def import_graph() -> dict[str, frozenset[str]]:
+    """builder module -> every name it imports (modules of builder/ as modules, with the
+    packages Python runs on the way, and third-party names as written)."""
+    paths = {
+        module_name(path): path for path in PACKAGE.rglob("*.py") if SERVER not in path.parents
+    }
+
+    def module_of(name: str) -> str:
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else package_of(path)
+        edges = set()
+        for imported in imported_names(path.read_text(), package):
+            target = module_of(imported) if imported.startswith("builder") else imported
+            parts = target.split(".")
+            edges.update(".".join(parts[:n]) for n in range(1, len(parts) + 1))
+        edges.discard(name)
+        graph[name] = frozenset(edges)
+    return graph
+
+
+def reachable(module: str) -> set[str]:
+    """Every name `module` imports, directly or through the builder modules it imports."""
+    graph = import_graph()
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for name in graph.get(todo.pop(), ()):
+            if name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return seen
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_no_layer_reaches_what_it_may_not_through_another_module(layer: str) -> None:
+    """A lower layer must not reach the orchestration (or any layer it may not import) by way
+    of a module it may import: that is the same dependency, only hidden."""
+    offences = [
+        f"{module_name(path)} reaches {name}"
+        for path in modules(layer)
+        for name in sorted(reachable(module_name(path)))
+        if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[layer])
+    ]
+    assert not offences, "\n".join(offences)
+
+
+def test_no_import_cycle() -> None:
+    """Every module of builder/ can be understood before the modules that import it."""
+    cycles = sorted(module for module in import_graph() if module in reachable(module))
+    assert not cycles, f"modules that import themselves through others: {cycles}"
 
 
 def test_every_layer_says_its_job_and_its_imports() -> None:
@@ -165,7 +255,7 @@ def test_only_the_orchestration_sequences_producers_verification_and_writes() ->
     images that no producer made)."""
     allowed = {
         "builder.orchestration.delivery.deliver": {"builder/orchestration/commands.py"},
-        "builder.verify.verify_image": {
+        "builder.verify.run.verify_image": {
             "builder/orchestration/delivery.py",
             "builder/cli/app.py",
         },
@@ -323,3 +413,29 @@ def test_no_developer_tool_ships_in_the_package() -> None:
         if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
     ]
     assert not scripts, f"scripts inside the package: {scripts}"
+
+
+def test_output_goes_through_the_cli_or_the_reporter() -> None:
+    """No `print(...)` and no `sys.stdout`/`sys.stderr` outside the CLI, the reporter and the
+    runtime server: a layer says things through the reporter or the log it was given, so a
+    library caller decides where lines go. (Scripts run inside containers are strings, not
+    calls, and are not counted.)"""
+    speakers = {PACKAGE / "reporter.py"}
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in builder_modules()
+        if path not in speakers and not {PACKAGE / "cli", SERVER} & set(path.parents)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "print"
+        )
+        or (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("stdout", "stderr")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        )
+    ]
+    assert not offences, f"output outside the CLI and the reporter: {offences}"

@@ -28,10 +28,10 @@ from builder.cli import app as cli
 from builder.image import reference_base as reference
 from builder.image.build import BuildSpec, build_image
 from builder.runtime import SERVER, SERVER_PACKAGE
-from builder.verify import Check, VerifyReport
 from builder.verify.checks import CONTRACT
 from builder.verify.container import LABEL, image_user_check
 from builder.verify.discovery import importable
+from builder.verify.report import Check, VerifyReport
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Where the server's timeout exit code is set, in the image.

@@ -33,7 +33,7 @@ from builder.orchestration.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fle
 from builder.orchestration.prepare import Request, prepare
 from builder.orchestration.produce_build import SystemStages, target_arches
 from builder.reporter import Reporter
-from builder.verify import verify_image
+from builder.verify.run import verify_image
 
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
@@ -419,8 +419,10 @@ def base_command(
     cache = Cache(cache_dir or default_root())
     wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
     if len(wanted) == 1:
-        image_id = build_base(tag, base_image=base_image, arch=wanted[0], cache=cache)
+        image_id = build_base(
+            tag, base_image=base_image, arch=wanted[0], cache=cache, log=sys.stderr
+        )
         click.echo(f"{tag} {image_id}")
         return
-    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache)
+    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache, log=sys.stderr)
     click.echo(f"{tag} {pushed.reference}")

@@ -10,6 +10,7 @@ import click
 
 from builder.analysis.target import ARCHES
 from builder.attest import provenance, sbom
+from builder.cli.errors import reports_errors
 from builder.errors import UserError
 from builder.image.attachments import read_attached
 from builder.oci.name import ImageRef
@@ -30,8 +31,6 @@ from builder.oci.name import ImageRef
 )
 def sbom_command(reference: str, arch: str | None, want_provenance: bool) -> None:
     """Print the SBOM (or provenance) attached to REFERENCE; exit 1 when none is attached."""
-    from builder.cli.app import reports_errors  # the one error printer; builder.cli.app imports us
-
     reports_errors(_print_attached)(reference, arch, want_provenance)
 
 

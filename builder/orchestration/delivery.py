@@ -41,7 +41,8 @@ from builder.oci.v1 import Image, Index, Platform
 from builder.orchestration.node_update import baseline, node_update, previous_images, total
 from builder.orchestration.rebuild_state import save_state, state_of
 from builder.reporter import Reporter
-from builder.verify import VerifyReport, verify_image
+from builder.verify.report import VerifyReport
+from builder.verify.run import verify_image
 
 
 @dataclass
