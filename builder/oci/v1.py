@@ -28,7 +28,6 @@ DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_INDEX})
-IMAGE_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
 MANIFEST_TYPES = (OCI_INDEX, DOCKER_INDEX, OCI_MANIFEST, DOCKER_MANIFEST)  # Accept, in order
 GZIP_LAYERS = frozenset({DOCKER_LAYER, OCI_LAYER})
 OCI_EMPTY = "application/vnd.oci.empty.v1+json"  # an artifact's config: the 2-byte `{}` blob
