@@ -134,7 +134,7 @@ def plan_facts(
         environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
         entries=tuple(e for e in dict.fromkeys((BASE_DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
         wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
-        base_wheels=base_wheels(plan.base_image, arch),
+        base_wheels=base_wheels(plan.base_reference, arch),
         base_packages=plan.base.packages.get(arch),
         apt_packages=frozenset(planned.apt_packages),
         extras_layers=extras_layers,
@@ -238,13 +238,12 @@ def read_attached(ref: ImageRef, artifact_type: str, arch: str | None = None) ->
     return result
 
 
-def base_wheels(base_image: str, arch: str) -> Mapping[str, WheelOrigin]:
+def base_wheels(ref: ImageRef, arch: str) -> Mapping[str, WheelOrigin]:
     """The wheels the base's /app/deps came from, as the base's own SBOM names them; none when
     the base names no registry or carries no SBOM."""
+    if ref.is_hub:
+        return {}
     try:
-        ref = ImageRef.parse(base_image)
-        if ref.is_hub:
-            return {}
         found = read_attached(ref, sbom.MEDIA_TYPE, arch)
     except (RegistryError, UserError):
         return {}

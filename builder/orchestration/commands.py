@@ -55,7 +55,7 @@ def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Ta
     """The repository, tag and index annotations of a push; None when nothing is pushed."""
     if repository is None:
         return None
-    version = platform_version(plan.base_image, request.platform_version)
+    version = platform_version(plan.base_reference, request.platform_version)
     labels = finish(plan, request, {}).labels
     return Target(repository, image_tag(version, extras_hash_of(plan)), labels)
 

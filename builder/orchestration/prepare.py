@@ -232,7 +232,7 @@ def finish(
     if layers is None:
         layers = plan_layers(plan, request.cache, interpreter, group_budget(bool(plan.bytecode)))
     epoch = plan_epoch(plan, request.cache)
-    version = platform_version(plan.base_image, request.platform_version)
+    version = platform_version(plan.base_reference, request.platform_version)
     bytecode = interpreter.build if interpreter else "none"
     labels = image_labels(
         plan.base.image, plan.base.digest, epoch, version, extras_hash_of(plan), bytecode
@@ -240,11 +240,11 @@ def finish(
     return Finish(layers, labels, created(epoch), request.cache)
 
 
-def platform_version(base_image: str, explicit: str | None) -> str:
+def platform_version(base: ImageRef, explicit: str | None) -> str:
     """The platform version an image is built for: given, or the base image's tag."""
     if explicit:
         return explicit
-    return ImageRef.parse(base_image, "base image").tag or "latest"
+    return base.tag or "latest"
 
 
 def build_parameters(plan: Plan, request: Request) -> BuildParameters:
@@ -258,7 +258,7 @@ def build_parameters(plan: Plan, request: Request) -> BuildParameters:
         constraints=input_files(request.constraint_files),
         overrides=input_files(request.overrides),
         arches=tuple(a.arch for a in plan.arches),
-        platform_version=platform_version(plan.base_image, request.platform_version),
+        platform_version=platform_version(plan.base_reference, request.platform_version),
         base_image=plan.base_image,
         flags={
             "with_optional": request.with_optional,

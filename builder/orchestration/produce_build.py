@@ -32,7 +32,6 @@ from builder.image.extras import DISTRIBUTION
 from builder.image.from_engine import assembled_image, base_layers
 from builder.image.render import Secrets, dockerfile
 from builder.oci.client import RepositoryClient
-from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs
 from builder.oci.v1 import Image
 from builder.orchestration.delivery import Produced
@@ -71,7 +70,7 @@ class SystemStages:
         context = Path(self.temp.name) / "context"
         context.mkdir()
         (context / "Dockerfile").write_text(dockerfile(plan, Secrets.of(self.secret_files)))
-        logins = base_logins(ImageRef.parse(plan.base_image, "base image"))
+        logins = base_logins(plan.base_reference)
         for arch in (a.arch for a in plan.arches):
             self.started[arch] = self.pool.submit(self._build, context, arch, logins)
 
@@ -131,7 +130,7 @@ class BuildProducer:
     ) -> None:
         self.plan, self.context, self.finish, self.tag = plan, context, finish, tag
         self.engines, self.stages, self.reporter = engines, stages, reporter
-        self.base = ImageRef.parse(plan.base_image, "base image")
+        self.base = plan.base_reference
         self.logins = base_logins(self.base)  # BuildKit pulls the base itself, as docker would
         self.multi = len(plan.arches) > 1
 
