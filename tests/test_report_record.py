@@ -13,7 +13,7 @@ from builder.verify.report import Check, VerifyReport
 
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 UPDATE = NodeUpdate("sha256:" + "0" * 64, 10, 1, 20, 2)
-TOTAL = {"previous": None, "download": 10}
+TOTAL = NodeUpdate(None, 10, 1, 20, 2)
 FACTS = ({"kind": "distribution", "distributions": ["a"], "diff_id": "sha256:d", "tar_size": 5},)
 
 
@@ -41,7 +41,7 @@ def test_one_pushed_arch_is_also_at_the_top_in_the_old_order() -> None:
     assert record["tag"] == "app:amd64"  # the arch's local tag over the label, as before
     assert record["verification"] == verification("all").to_dict()
     assert record["extras_layers"] == layers
-    assert record["node_update"] == TOTAL and record["image_size"] == 99
+    assert record["node_update"] == TOTAL.to_dict() and record["image_size"] == 99
     assert record["arches"] == {
         "amd64": {
             "id": "sha256:amd64",

@@ -104,8 +104,7 @@ def _platform_images(client: RepositoryClient, top: Image | Index) -> Iterator[t
 
 def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> dict[str, Any]:
     """Config facts and layer facts of one image."""
-    config = image.config.get("config") or {}
-    env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
+    env = image.config_file.environment
     pythonpath = env.get("PYTHONPATH", "")
     layers = Layers(arch, [d.strip("/") for d in pythonpath_dirs(pythonpath)])
     for layer in image.layers:
@@ -124,7 +123,7 @@ def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> dict[str
     found = facts["distributions"]  # keyed as the engine's facts are: as PYTHONPATH says
     facts["distributions"] = {d: found[d.strip("/")] for d in pythonpath_dirs(pythonpath)}
     facts["python"] = env.get("PYTHON_VERSION") or _python_from_packages(facts)
-    facts["user"] = config.get("User") or ""
+    facts["user"] = image.config_file.user
     facts["pythonpath"] = pythonpath
     return facts
 

@@ -13,7 +13,6 @@ pushed with the image by builder.oci.remote.write.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -39,7 +38,7 @@ from builder.image.read_contents import image_facts
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import read
-from builder.oci.v1 import Index, Platform, digest_of
+from builder.oci.v1 import ConfigFile, Index, Platform, digest_of
 
 BASE_DEPS = "/app/deps"
 SBOM_FILE = "sbom-{arch}.cdx.json"
@@ -157,10 +156,10 @@ def attestable(
         for p in debian
         if (p.name in names if names is not None else p.name not in request.apt_packages)
     )
-    config = json.loads(request.config)
-    epoch = int(datetime.fromisoformat(str(config.get("created"))).timestamp())
+    config = ConfigFile.parse(request.config)
+    epoch = int(datetime.fromisoformat(config.created).timestamp())
     environment = request.environment
-    top = (config.get("rootfs") or {}).get("diff_ids") or [""]
+    top = config.diff_ids or ("",)
     python: list[PythonDistribution] = []
     for location, text in facts.metadata:
         found = distribution(text, location, environment)

@@ -37,6 +37,7 @@ from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Writt
 from builder.oci.v1 import (
     DOCKER_LAYER,
     GZIP_LAYERS,
+    ConfigFile,
     Descriptor,
     Image,
     Index,
@@ -96,7 +97,7 @@ def assembled_image(
     Layers neither the base nor the cache has are saved from the engine into `scratch`, which
     must outlive the write.
     """
-    diff_ids: list[str] = json.loads(assembled.config)["rootfs"]["diff_ids"]
+    diff_ids = ConfigFile.parse(assembled.config).diff_ids
     below = diff_ids[: len(diff_ids) - len(assembled.extras)]
     sources: dict[str, BlobSource] = {}
     layers = [

@@ -38,7 +38,13 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, Written, write
 from builder.oci.v1 import Image, Index, Platform
-from builder.orchestration.node_update import baseline, node_update, previous_images, total
+from builder.orchestration.node_update import (
+    NodeUpdate,
+    baseline,
+    node_update,
+    previous_images,
+    total,
+)
 from builder.orchestration.rebuild_state import save_state, state_of
 from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
 from builder.reporter import Reporter
@@ -138,7 +144,7 @@ class Outcome:
     pushed: Written | None = None  # with several arches: the index
     template_change: TemplateChange | None = None
     notes: list[str] = field(default_factory=list)
-    node_update: Mapping[str, object] | None = None  # a node holding the tag's previous image
+    node_update: NodeUpdate | None = None  # a node holding the tag's previous image: cost
     written: Mapping[str, ArchWritten] = field(default_factory=dict)  # arch -> what writing it did
 
     @property
@@ -211,7 +217,7 @@ def _produce_and_verify(
 
 def _write(
     producer: Producer, produced: list[Produced], target: Target, run: Run, state: Path | None
-) -> tuple[Written, Mapping[str, object], dict[str, ArchWritten]]:
+) -> tuple[Written, NodeUpdate, dict[str, ArchWritten]]:
     """Every arch's image by digest, then the tag names it (one arch) or an index of them;
     what a node holding the previous image (the `state`'s, else the tag's) fetches and
     unpacks, in all; and what writing each arch recorded.

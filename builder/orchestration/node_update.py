@@ -115,12 +115,13 @@ def previous_images(
         return None, {}
 
 
-def total(previous: str | None, updates: Sequence[NodeUpdate]) -> dict[str, Any]:
-    """Every arch's figures added up (a node runs one arch; an operator pays for each)."""
-    return {
-        "previous": previous,
-        "download": sum(u.download for u in updates),
-        "download_layers": sum(u.download_layers for u in updates),
-        "unpack": sum(u.unpack for u in updates),
-        "unpack_layers": sum(u.unpack_layers for u in updates),
-    }
+def total(previous: str | None, updates: Sequence[NodeUpdate]) -> NodeUpdate:
+    """Every arch's figures added up (a node runs one arch; an operator pays for each);
+    `previous` is what the tag named: the previous index, or image."""
+    return NodeUpdate(
+        previous,
+        sum(u.download for u in updates),
+        sum(u.download_layers for u in updates),
+        sum(u.unpack for u in updates),
+        sum(u.unpack_layers for u in updates),
+    )

@@ -78,7 +78,7 @@ class ImageRecord:
     arches: tuple[ArchRecord, ...]
     verification: VerifyReport | None  # every arch's checks, merged
     pushed: Written | None  # with several arches: the index
-    node_update: Mapping[str, object] | None  # every arch's node figures added up
+    node_update: NodeUpdate | None  # every arch's node figures added up
     template: Path | None  # the template pointed at the pushed digest
 
     def to_dict(self) -> dict[str, object]:
@@ -93,7 +93,7 @@ class ImageRecord:
             record["bytes_pushed"] = pushed.bytes_uploaded
             record["bytes_mounted"] = pushed.bytes_mounted
             record["bytes_present"] = pushed.bytes_present
-            record["node_update"] = self.node_update
+            record["node_update"] = self.node_update.to_dict() if self.node_update else None
             record["image_size"] = sum(one.written.image_size for one in self.arches if one.written)
             if len(self.arches) > 1:
                 record["index"] = pushed.digest
