@@ -490,3 +490,81 @@ def attribute_calls(path: Path, owner: str, attribute: str) -> list[int]:
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id == owner
     ]
+
+
+# -- one home for each concept ----------------------------------------------------------------
+def defined_functions(path: Path) -> set[str]:
+    return {
+        node.name
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+
+def code_constants(path: Path) -> list[tuple[int, object]]:
+    """Every constant of `path` but docstrings: what the code spells, not what it explains."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and id(node) not in docstrings
+    ]
+
+
+def test_the_tool_version_has_one_home() -> None:
+    homes = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if "tool_version" in defined_functions(path)
+    ]
+    assert homes == ["builder/image/labels.py"], homes
+
+
+def test_the_contract_constants_are_spelled_only_in_the_contract() -> None:
+    """The sandbox uid and the library directories are builder.contract's; the in-image server
+    keeps its own copies (it imports nothing of the tool)."""
+    spelled = {65532, "65532", "65532:65532", "/app/deps", "/app/deps-extra"}
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} {value!r}"
+        for path in builder_modules()
+        if path != PACKAGE / "contract.py" and SERVER not in path.parents
+        for line, value in code_constants(path)
+        if isinstance(value, int | str) and not isinstance(value, bool) and value in spelled
+    ]
+    assert not offences, f"contract constants spelled outside builder/contract.py: {offences}"
+
+
+def test_an_index_is_narrowed_to_a_platform_in_the_core() -> None:
+    """`Index.pick` is the one platform rule and `remote.platform_image` the one way to read a
+    platform's image out of an index; outside the core an index is only asked which entry it
+    has (the registry probe: which arches to probe; the attachments: which entry's referrers)."""
+    allowed = {"builder/base/from_registry.py", "builder/image/attachments.py"}
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in builder_modules()
+        if CORE not in path.parents and str(path.relative_to(PACKAGE.parent)) not in allowed
+        for line in calls(path, "pick")
+    ]
+    assert not offences, f"index entries picked outside builder/oci: {offences}"
+
+
+def test_one_stream_over_chunks() -> None:
+    """A raw stream over an iterator of byte chunks is image.layer.ChunkStream; the only other
+    raw stream of the tool caps what a layer may inflate to (base.layers)."""
+    streams = sorted(
+        f"{path.relative_to(PACKAGE.parent)}:{node.name}"
+        for path in builder_modules()
+        if SERVER not in path.parents
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any("RawIOBase" in ast.unparse(base) for base in node.bases)
+    )
+    assert streams == ["builder/base/layers.py:_Capped", "builder/image/layer.py:ChunkStream"]

@@ -25,7 +25,7 @@ from builder.credentials import registry
 from builder.errors import RegistryError, UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
-from builder.oci.remote import read
+from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Index, Platform
 
 RECORD_KIND = "registry-probe"
@@ -86,14 +86,9 @@ def _platform_images(client: RepositoryClient, top: Image | Index) -> Iterator[t
     """(arch, image) for amd64 and arm64: from an index, or the one image's config."""
     if isinstance(top, Index):
         for arch in ARCHES.values():
-            entry = top.pick(Platform.linux(arch.name))
-            if entry is not None:
-                image = read(client, entry.digest)
-                if isinstance(image, Index):
-                    raise RegistryError(
-                        f"{client.label}: its index names another index for linux/{arch.name}"
-                    )
-                yield arch, image
+            platform = Platform.linux(arch.name)
+            if top.pick(platform) is not None:  # an arch the index lacks is not probed
+                yield arch, platform_image(client, top, platform)
         return
     config_arch = ARCHES.get(top.architecture)
     if config_arch is None:

@@ -16,7 +16,6 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import docker
@@ -32,24 +31,18 @@ from builder.attest.contents import (
     distribution,
 )
 from builder.attest.provenance import BuildParameters, BuildRun, InputFile
+from builder.contract import DEPS
 from builder.engines.connection import engine_client, native_arch
 from builder.errors import RegistryError, UserError
+from builder.image.labels import tool_version
 from builder.image.read_contents import image_facts
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import read
 from builder.oci.v1 import ConfigFile, Index, Platform, digest_of
 
-BASE_DEPS = "/app/deps"
 SBOM_FILE = "sbom-{arch}.cdx.json"
 PROVENANCE_FILE = "provenance-{arch}.intoto.json"
-
-
-def tool_version() -> str:
-    try:
-        return version("build-sandbox-image")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def input_files(paths: tuple[Path, ...]) -> tuple[InputFile, ...]:
@@ -131,7 +124,7 @@ def plan_facts(
         base_reference=plan.base.image,
         base_digest=plan.base.digest or "",
         environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
-        entries=tuple(e for e in dict.fromkeys((BASE_DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
+        entries=tuple(e for e in dict.fromkeys((DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
         wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
         base_wheels=base_wheels(plan.base_reference, arch),
         base_packages=plan.base.packages.get(arch),
@@ -163,7 +156,7 @@ def attestable(
     python: list[PythonDistribution] = []
     for location, text in facts.metadata:
         found = distribution(text, location, environment)
-        if location == BASE_DEPS:
+        if location == DEPS:
             found = replace(found, wheel=request.base_wheels.get(found.name))
         else:
             layer = request.extras_layers.get(found.name, top[-1])
@@ -247,7 +240,7 @@ def base_wheels(ref: ImageRef, arch: str) -> Mapping[str, WheelOrigin]:
     except (RegistryError, UserError):
         return {}
     document = found[0].document if found else None
-    return sbom.wheel_origins(document, BASE_DEPS) if document else {}
+    return sbom.wheel_origins(document, DEPS) if document else {}
 
 
 def attached_sbom(image: str) -> bytes | None:

@@ -32,9 +32,10 @@ from builder.analysis.target import Target, arch_named, shipped_profile
 from builder.attest.contents import WheelOrigin
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache, default_root
+from builder.contract import DEPS
 from builder.engines.connection import engine_client
 from builder.errors import UserError
-from builder.image.attachments import BASE_DEPS, ImageFactsRequest, attestable, input_files
+from builder.image.attachments import ImageFactsRequest, attestable, input_files
 from builder.image.build import BuildSpec, Discard, Log, base_logins, build_image
 from builder.image.from_engine import push_engine_images
 from builder.image.render import place
@@ -228,7 +229,7 @@ def _attachments(
         base_reference=base_image,
         base_digest=source.digest or "",
         environment=target.marker_environment(arch_named(arch)),
-        entries=(BASE_DEPS,),
+        entries=(DEPS,),
         wheels=wheels,
         base_wheels=wheels,
     )
