@@ -84,6 +84,73 @@ def build_delivery(
     )
 
 
+@dataclass(frozen=True)
+class BuildOptions:
+    """What `build` is asked beyond the merged settings: what only the command line gives."""
+
+    refresh: bool = False  # ask the index again instead of trusting the cached answers
+    overrides: tuple[Path, ...] = ()
+    with_optional: bool = False  # install what only on-demand plugins need
+    no_bytecode: bool = False
+    verify: bool = True
+    tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
+
+
+@dataclass(frozen=True)
+class Built:
+    """What `build` did: the plan, and without an engine nothing more."""
+
+    plan: Plan
+    delivery: Delivery | None = None
+    outcome: Outcome | None = None
+
+
+def build(
+    settings: RunSettings,
+    options: BuildOptions,
+    config: PipelineConfig | None,
+    client: docker.DockerClient | None,
+    cache: Cache,
+    reporter: Reporter,
+    planned: Callable[[Plan], None],
+) -> Built:
+    """The main command after parsing: the base's facts, the plan and its context, then (with
+    an engine) every arch's image and the one delivery. `planned` shows the plan as soon as it
+    exists, before anything is built. The named engines are reached first and closed at the
+    end."""
+    with ExitStack() as stack:
+        engines = None
+        if client is not None:
+            engines = stack.enter_context(connect(settings.engines, client))
+        base = base_profile(settings.base_image, client, cache, reporter)
+        arches = target_arches(settings.arches, base, client)
+        request = Request(
+            requirement_files=settings.requirements,
+            constraint_files=settings.constraints,
+            arches=arches,
+            base=base,
+            output=settings.output,
+            cache=cache,
+            secrets=Secrets.of(settings.apt_secrets),
+            refresh=options.refresh,
+            overrides=options.overrides,
+            with_optional=options.with_optional,
+            platform_version=settings.platform_version,
+            bytecode=settings.bytecode and not options.no_bytecode,
+            engine=engines.compiling_client(arches) if engines is not None else None,
+        )
+        stages = stack.enter_context(SystemStages(settings.apt_secrets, engines))
+        plan = prepare(request, planned=stages.start if engines is not None else None)
+        planned(plan)
+        if engines is None:
+            return Built(plan)
+        delivery = build_delivery(plan, request, settings, config, verify=options.verify)
+        run = Run(engines, cache, settings.output, reporter)
+        return Built(
+            plan, delivery, build_images(plan, request, delivery, stages, run, options.tag)
+        )
+
+
 def build_images(
     plan: Plan,
     request: Request,
