@@ -23,7 +23,7 @@ from builder.analysis.plan import Plan
 from builder.analysis.target import BaseProfile
 from builder.base.discover import base_profile
 from builder.cache import Cache
-from builder.config import PipelineConfig, RunSettings, set_platform_version
+from builder.config import PipelineConfig, RunSettings, merge, set_platform_version
 from builder.engines.per_arch import Engines, connect
 from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.render import Secrets
@@ -60,19 +60,15 @@ def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Ta
     return Target(repository, image_tag(version, extras_hash_of(plan)), labels)
 
 
-def build_delivery(
+def delivery_for(
     plan: Plan,
     request: Request,
     settings: RunSettings,
-    config: PipelineConfig | None,
+    state: StateRecord | None,
     verify: bool = True,
 ) -> Delivery:
-    """What a `build` run does with its images, from its settings; a config run records what
-    it pushed, for `rebuild` to diff against."""
-    state = None
-    if config is not None:
-        version = settings.platform_version or config.platform_version
-        state = StateRecord(config.state, version)
+    """What a run does with its images, from its settings (a `rebuild`'s: its config's); a
+    run from a config records what it pushed in `state`, for `rebuild` to diff against."""
     return Delivery(
         verify=verify,
         push=push_target(plan, request, settings.push_repository),
@@ -144,7 +140,10 @@ def build(
         planned(plan)
         if engines is None:
             return Built(plan)
-        delivery = build_delivery(plan, request, settings, config, verify=options.verify)
+        state = None
+        if config is not None:  # merged: the flag's platform version, else the config's
+            state = StateRecord(config.state, settings.platform_version or config.platform_version)
+        delivery = delivery_for(plan, request, settings, state, verify=options.verify)
         run = Run(engines, cache, settings.output, reporter)
         return Built(
             plan, delivery, build_images(plan, request, delivery, stages, run, options.tag)
@@ -275,14 +274,9 @@ def _upgrade(
     blocker = rebase_blocker(previous, state_of(plan, new_version))
     path = "build" if blocker or previous is None else "rebase"
     run.reporter.say(f"upgrade path: {path} ({blocker or 'the resolution is unchanged'})")
-    delivery = Delivery(
-        push=push_target(plan, request, config.repository),
-        template=config.template,
-        container=config.container,
-        warm_pools=config.warm_pools,
-        state=StateRecord(config.state, new_version, unpushed_too=True),
-        parameters=build_parameters(plan, request),
-    )
+    settings = merge(RunSettings(config.requirements), config, output_given=False)
+    state = StateRecord(config.state, new_version, unpushed_too=True)
+    delivery = delivery_for(plan, request, settings, state)
     ahead, stages = started
     if path == "build" or previous is None or previous.image is None:
         return path, build_images(plan, request, delivery, stages, run)
