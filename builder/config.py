@@ -208,6 +208,11 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
     )
 
 
+def settings_of(config: PipelineConfig) -> RunSettings:
+    """A run's settings from the config alone (a `rebuild`'s): what `merge` fills in."""
+    return merge(RunSettings(config.requirements), config, output_given=False)
+
+
 def with_engines(config: PipelineConfig, flags: Mapping[str, EngineURL]) -> PipelineConfig:
     """The config with --engine flags over its [engines]: per arch, the flag wins."""
     return replace(config, engines={**config.engines, **flags}) if flags else config

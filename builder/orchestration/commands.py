@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import docker
@@ -23,7 +23,7 @@ from builder.analysis.plan import Plan
 from builder.analysis.target import BaseProfile
 from builder.base.discover import base_profile
 from builder.cache import Cache
-from builder.config import PipelineConfig, RunSettings, merge, set_platform_version
+from builder.config import PipelineConfig, RunSettings, set_platform_version, settings_of
 from builder.engines.per_arch import Engines, connect
 from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.render import Secrets
@@ -120,21 +120,8 @@ def build(
             engines = stack.enter_context(connect(settings.engines, client))
         base = base_profile(settings.base_image, client, cache, reporter)
         arches = target_arches(settings.arches, base, client)
-        request = Request(
-            requirement_files=settings.requirements,
-            constraint_files=settings.constraints,
-            arches=arches,
-            base=base,
-            output=settings.output,
-            cache=cache,
-            secrets=Secrets.of(settings.apt_secrets),
-            refresh=options.refresh,
-            overrides=options.overrides,
-            with_optional=options.with_optional,
-            platform_version=settings.platform_version,
-            bytecode=settings.bytecode and not options.no_bytecode,
-            engine=engines.compiling_client(arches) if engines is not None else None,
-        )
+        compiling = engines.compiling_client(arches) if engines is not None else None
+        request = request_for(settings, options, base, arches, cache, compiling)
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines))
         plan = prepare(request, planned=stages.start if engines is not None else None)
         planned(plan)
@@ -148,6 +135,33 @@ def build(
         return Built(
             plan, delivery, build_images(plan, request, delivery, stages, run, options.tag)
         )
+
+
+def request_for(
+    settings: RunSettings,
+    options: BuildOptions,
+    base: BaseProfile,
+    arches: tuple[str, ...],
+    cache: Cache,
+    compiling: docker.DockerClient | None,
+) -> Request:
+    """What `prepare` is asked, from a run's settings and options: the base and the arches it
+    targets, and the engine that compiles the bytecode (None: no bytecode)."""
+    return Request(
+        requirement_files=settings.requirements,
+        constraint_files=settings.constraints,
+        arches=arches,
+        base=base,
+        output=settings.output,
+        cache=cache,
+        secrets=Secrets.of(settings.apt_secrets),
+        refresh=options.refresh,
+        overrides=options.overrides,
+        with_optional=options.with_optional,
+        platform_version=settings.platform_version,
+        bytecode=settings.bytecode and not options.no_bytecode,
+        engine=compiling,
+    )
 
 
 def build_images(
@@ -224,19 +238,14 @@ def rebuild(
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bsi-check-"))
         early = stack.enter_context(ThreadPoolExecutor(max_workers=len(arches)))
         stages = stack.enter_context(SystemStages(config.apt_secrets, engines))
-        request = Request(
-            requirement_files=config.requirements,
-            constraint_files=config.constraints,
-            arches=arches,
-            base=base,
+        settings = replace(
+            settings_of(config),
             output=Path(scratch) / "context" if check_only else config.output,
-            cache=cache,
-            secrets=Secrets.of(config.apt_secrets),
-            refresh=True,  # an upgrade must see what the index offers now
             platform_version=new_version,
-            bytecode=config.bytecode,
-            engine=engines.compiling_client(arches),
         )
+        options = BuildOptions(refresh=True)  # an upgrade must see what the index offers now
+        compiling = engines.compiling_client(arches)
+        request = request_for(settings, options, base, arches, cache, compiling)
         ahead = None
         if previous is not None and rebasing:
             wanted = {arch: previous.apt_packages.get(arch, ()) for arch in arches}
@@ -274,7 +283,7 @@ def _upgrade(
     blocker = rebase_blocker(previous, state_of(plan, new_version))
     path = "build" if blocker or previous is None else "rebase"
     run.reporter.say(f"upgrade path: {path} ({blocker or 'the resolution is unchanged'})")
-    settings = merge(RunSettings(config.requirements), config, output_given=False)
+    settings = settings_of(config)
     state = StateRecord(config.state, new_version, unpushed_too=True)
     delivery = delivery_for(plan, request, settings, state)
     ahead, stages = started
