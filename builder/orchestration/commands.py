@@ -287,11 +287,11 @@ def _upgrade(
     state = StateRecord(config.state, new_version, unpushed_too=True)
     delivery = delivery_for(plan, request, settings, state)
     ahead, stages = started
-    if path == "build" or previous is None or previous.image is None:
+    if path == "build" or previous is None or previous.image_reference is None:
         return path, build_images(plan, request, delivery, stages, run)
     if delivery.push is None or not previous.base_digest:
         raise AssertionError("rebase_blocker lets a rebase through only with both recorded")
-    start = Previous(ImageRef.parse(previous.image, "previous image"), previous.base_digest)
+    start = Previous(previous.image_reference, previous.base_digest)
     finished = finish(plan, request, {})
     with RebaseProducer(
         start, plan, finished, delivery.push.repository, run, ahead, config.apt_secrets

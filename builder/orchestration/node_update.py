@@ -29,7 +29,6 @@ from typing import Any
 from builder import credentials
 from builder.errors import RegistryError, UserError
 from builder.oci.client import RepositoryClient
-from builder.oci.name import ImageRef
 from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Platform
 from builder.orchestration.rebuild_state import load_state
@@ -87,8 +86,8 @@ def baseline(
     target (see the module docstring)."""
     try:
         recorded = load_state(state) if state else None
-        if recorded and recorded.image:
-            ref = ImageRef.parse(recorded.image, "the state's image")
+        ref = recorded.image_reference if recorded else None
+        if recorded and recorded.image and ref:
             return credentials.registry(ref, recorded.image), ref.reference
     except UserError:
         pass  # an unreadable state is the rebuild's error to report, not a figure's
