@@ -568,3 +568,15 @@ def test_one_stream_over_chunks() -> None:
         and any("RawIOBase" in ast.unparse(base) for base in node.bases)
     )
     assert streams == ["builder/base/layers.py:_Capped", "builder/image/layer.py:ChunkStream"]
+
+
+def test_a_docker_save_is_read_in_one_place() -> None:
+    """The engine's `docker save` (`get_image`) is read by builder/image/saved.py alone: as a
+    stream for the config and one layer, or on disk by its manifest for every layer."""
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in builder_modules()
+        if path != PACKAGE / "image" / "saved.py"
+        for line in calls(path, "get_image")
+    ]
+    assert not offences, f"docker save read outside builder/image/saved.py: {offences}"

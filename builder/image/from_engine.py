@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
-import tarfile
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from builder.cache import Cache
 from builder.errors import IntegrityError, UserError
 from builder.image.assemble import Assembled
 from builder.image.gzipped import gzipped
+from builder.image.saved import saved_to_disk
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment
@@ -42,7 +41,6 @@ from builder.oci.v1 import (
     Image,
     Index,
     Platform,
-    digest_of,
     file_digest,
 )
 
@@ -167,16 +165,8 @@ def _save(
     sources: dict[str, BlobSource],
 ) -> bytes:
     """`docker save` the image; gzip the layers not yet placed into `scratch`; the config."""
-    saved = scratch / f"{image_id.removeprefix('sha256:')}.tar"
-    with saved.open("wb") as out:
-        for chunk in client.api.get_image(image_id, chunk_size=SAVE_CHUNK):
-            out.write(chunk)
-    with tarfile.open(saved) as archive:
-        manifest = json.load(_member(archive, "manifest.json"))[0]
-        config = _member(archive, manifest["Config"]).read()
-        if digest_of(config) != image_id:
-            raise UserError(f"image {image_id}: docker save gave a config of another digest")
-        paths = manifest["Layers"]
+    with saved_to_disk(client, image_id, scratch) as save:
+        paths = save.layer_paths
         if len(paths) != len(diff_ids):
             raise UserError(
                 f"image {image_id}: docker save gave {len(paths)} layers, not {len(diff_ids)}"
@@ -184,12 +174,11 @@ def _save(
         for position, (path, diff_id) in enumerate(zip(paths, diff_ids, strict=True)):
             if layers[position] is None:
                 compressed = scratch / f"{diff_id.removeprefix('sha256:')}.tar.gz"
-                _gzip(_member(archive, path), compressed, diff_id, f"image {image_id}: {path}")
+                _gzip(save.layer(position), compressed, diff_id, f"image {image_id}: {path}")
                 digest = file_digest(compressed)
                 sources[digest] = LocalFile(compressed)
                 layers[position] = Descriptor(DOCKER_LAYER, digest, compressed.stat().st_size)
-    saved.unlink()
-    return config
+        return save.config
 
 
 def _gzip(source: IO[bytes], compressed: Path, diff_id: str, what: str) -> None:
@@ -205,13 +194,6 @@ def _gzip(source: IO[bytes], compressed: Path, diff_id: str, what: str) -> None:
             packed.write(data)
     if f"sha256:{hasher.hexdigest()}" != diff_id:
         raise UserError(f"{what} is not {diff_id}")
-
-
-def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
-    extracted = archive.extractfile(name)
-    if extracted is None:
-        raise UserError(f"docker save: {name} is not a file")
-    return extracted
 
 
 def push_engine_images(
