@@ -4,8 +4,9 @@ turned into JSON in this one place (the schema: docs/report.md).
 A producer hands over its own fields with each arch's image (the build path: the engine's
 image id and local tag; the rebase path: the digests of the extras layers it reused) and, on
 the build path, the facts of the extras tars. The delivery adds the verification and, once the
-images are written, each arch's `ArchWritten`. Nothing here changes after it is made; the
-layout (with one arch, its fields also at the top) is report.json's since before the records.
+images are written, each arch's `ArchWritten`. Nothing here changes after it is made. The
+layout, key order included, is the one report.json has always had (with one arch, that arch's
+fields also at the top), so readers of earlier reports read these the same.
 """
 
 from __future__ import annotations
