@@ -580,3 +580,38 @@ def test_a_docker_save_is_read_in_one_place() -> None:
         for line in calls(path, "get_image")
     ]
     assert not offences, f"docker save read outside builder/image/saved.py: {offences}"
+
+
+def test_an_image_config_is_read_and_written_in_the_core() -> None:
+    """Its fields are `ConfigFile`'s to read and `mutate`'s to write; outside builder/oci no
+    code spells them."""
+    fields = {"rootfs", "diff_ids", "history"}
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} {value!r}"
+        for path in builder_modules()
+        if CORE not in path.parents and SERVER not in path.parents
+        for line, value in code_constants(path)
+        if isinstance(value, str) and value in fields
+    ]
+    assert not offences, f"image config fields spelled outside builder/oci: {offences}"
+
+
+def constructions(path: Path, name: str) -> list[int]:
+    """Lines of `path` that call `name(...)` by its bare name: a record being made."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+    ]
+
+
+@pytest.mark.parametrize("record", ["Request", "Delivery"])
+def test_a_run_is_asked_for_in_one_place(record: str) -> None:
+    """`build` and `rebuild` make their Request and Delivery through request_for and
+    delivery_for, so the two commands cannot drift apart."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in builder_modules()
+        for line in constructions(path, record)
+    ]
+    assert len(found) == 1 and found[0].startswith("builder/orchestration/commands.py"), found

@@ -38,7 +38,7 @@ from builder.image.extras import (
 from builder.image.layer import lock_hash, source_date_epoch
 from builder.image.render import lock_of
 from builder.image.saved import cached_config, read_save
-from builder.oci.mutate import ConfigChange, NewLayer, extend_config
+from builder.oci.mutate import ConfigChange, NewLayer, bare_config, extend_config
 from builder.oci.v1 import ConfigFile, canonical, digest_of
 
 CHUNK = 1 << 20
@@ -208,13 +208,8 @@ def _preload(
     The config is this run's own (a random label): another run assembling the same layer at
     once must not find it loaded, rely on it, and see this run remove it.
     """
-    provisional = {
-        "architecture": arch,
-        "os": "linux",
-        "config": {"Labels": {"bsi.provisional": uuid.uuid4().hex}},
-        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
-    }
-    return load(client, canonical(provisional), tops)
+    provisional = bare_config(arch, diff_ids, {"bsi.provisional": uuid.uuid4().hex})
+    return load(client, provisional, tops)
 
 
 def _present(client: docker.DockerClient, image_id: str) -> bool:

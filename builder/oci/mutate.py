@@ -87,6 +87,18 @@ def extend_config(
     return config
 
 
+def bare_config(architecture: str, diff_ids: Sequence[str], labels: Mapping[str, str]) -> bytes:
+    """A config naming only `diff_ids` and `labels`: what an engine loads layers under before
+    the image's own config exists."""
+    config = {
+        "architecture": architecture,
+        "os": "linux",
+        "config": {"Labels": dict(labels)},
+        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
+    }
+    return canonical(config)
+
+
 def top(image: Image, base: Image) -> list[NewLayer]:
     """The layers `image` adds over `base`, refusing an image that is not built on `base`."""
     count = len(base.layers)
