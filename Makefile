@@ -5,7 +5,8 @@
 #   make coverage   the whole suite under coverage.py; prints builder/'s line coverage
 #   make example    set up what the example needs (no registry, no arm64), then build it into
 #                   ./sandbox-image
-#   make lint     ruff check, ruff format --check, mypy, hadolint on Dockerfile.base, shellcheck
+#   make lint       ruff check, ruff format --check, mypy, vulture (dead code), hadolint on
+#                   Dockerfile.base, shellcheck
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
@@ -58,6 +59,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/vulture
 	@files=$$(find . \( -path ./.venv -o -path ./build \) -prune -o -name Dockerfile.base -print); \
 	if [ -z "$$files" ]; then echo "hadolint: no Dockerfile.base: skipped"; fi; \
 	for f in $$files; do echo "hadolint $$f"; $(VENV)/bin/hadolint "$$f"; done

@@ -45,11 +45,11 @@ from import_time import start_seconds  # noqa: E402
 
 from builder.cache import sha256_of  # noqa: E402
 from builder.credentials import Credentials  # noqa: E402
-from builder.node_update import NodeUpdate, node_update  # noqa: E402
-from builder.oci.client import Registry  # noqa: E402
+from builder.oci.client import RepositoryClient  # noqa: E402
 from builder.oci.name import ImageRef  # noqa: E402
 from builder.oci.remote import Blobs, LocalFile, resolve, write  # noqa: E402
 from builder.oci.v1 import Descriptor, Image, Platform, canonical  # noqa: E402
+from builder.orchestration.node_update import NodeUpdate, node_update  # noqa: E402
 
 # The reference base holds numpy and pandas (/app/deps): the extras are the rest.
 SET_A = "scikit-learn\nmatplotlib\njoblib==1.4.0\n"
@@ -91,7 +91,7 @@ def named(layers: list[dict[str, Any]]) -> list[set[str]]:
 def flattened(login: Credentials, pushed: str, count: int, work: Path) -> str:
     """`pushed` with its top `count` layers merged into one, written beside it; its reference."""
     repository, digest = pushed.split("@")
-    source = Registry(ImageRef.parse(repository), credentials=login)
+    source = RepositoryClient(ImageRef.parse(repository), credentials=login)
     image = resolve(source, Platform.linux("amd64"), digest)
     merged, seen = work / "flat.tar", set()
     with tarfile.open(merged, "w", format=tarfile.PAX_FORMAT) as out:
@@ -123,7 +123,7 @@ def flattened(login: Credentials, pushed: str, count: int, work: Path) -> str:
     layer = Descriptor(image.layers[-1].media_type, f"sha256:{sha256_of(packed)}",
                        packed.stat().st_size)  # fmt: skip
     flat = Image.build(canonical(config), [*image.layers[:-count], layer], docker=image.is_docker)
-    target = Registry(ImageRef.parse(f"{repository}-flat"), credentials=login)
+    target = RepositoryClient(ImageRef.parse(f"{repository}-flat"), credentials=login)
     write(target, [flat], Blobs({layer.digest: LocalFile(packed)}, (source,)), tags=["flat"])
     return f"{repository}-flat@{flat.digest}"
 
@@ -134,7 +134,7 @@ def node_figures(login: Credentials, before: str, after: str) -> NodeUpdate:
     images = []
     for pushed in (before, after):
         repository, digest = pushed.split("@")
-        source = Registry(ImageRef.parse(repository), credentials=login)
+        source = RepositoryClient(ImageRef.parse(repository), credentials=login)
         images.append(resolve(source, Platform.linux("amd64"), digest))
     return node_update(images[1], images[0])
 

@@ -1,5 +1,5 @@
 """`python -m builder` runs the command line."""
 
-from builder.cli import main
+from builder.cli.app import main
 
 main()

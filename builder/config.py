@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from builder.engine import EngineURL
-from builder.engines import known_arch
+from builder.engines.connection import EngineURL
+from builder.engines.per_arch import known_arch
 from builder.errors import UserError
 from builder.oci.name import TAG_RE, ImageRef
 
@@ -206,6 +206,11 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
         bytecode=flags.bytecode and config.bytecode,
         engines={**config.engines, **flags.engines},  # per arch: the flag wins
     )
+
+
+def settings_of(config: PipelineConfig) -> RunSettings:
+    """A run's settings from the config alone (a `rebuild`'s): what `merge` fills in."""
+    return merge(RunSettings(config.requirements), config, output_given=False)
 
 
 def with_engines(config: PipelineConfig, flags: Mapping[str, EngineURL]) -> PipelineConfig:

@@ -16,7 +16,6 @@ PORT = 8888
 WORKSPACE = "/workspace"  # writable, the root of every file route and the default cwd
 DEPS = "/app/deps"  # the base image's libraries
 DEPS_EXTRA = "/app/deps-extra"  # the extension's libraries, appended after the base's
-PYTHONPATH = (DEPS, DEPS_EXTRA)  # the order: the base first, so it is never shadowed
 # the image label naming the interpreter build that compiled DEPS_EXTRA's .pyc, or "none"
 BYTECODE_LABEL = "org.build-sandbox-image.bytecode"
 TIMEOUT_EXIT_CODE = 124  # a command killed for running past timeout_seconds

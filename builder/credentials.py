@@ -30,7 +30,7 @@ from typing import Any
 
 from builder.errors import UserError
 from builder.oci.auth import Credentials
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import DOCKER_HUB, DOCKER_HUB_API, HUB_ALIASES, ImageRef
 
 CREDENTIAL_ENV = (
@@ -45,9 +45,9 @@ HELPER_OUTPUT_LIMIT = 1 << 20  # bytes a helper may print; a login is a few KiB
 HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # no path: docker-credential-<word>
 
 
-def registry(ref: ImageRef, label: str | None = None) -> Registry:
+def registry(ref: ImageRef, label: str | None = None) -> RepositoryClient:
     """A registry client on `ref`'s repository, with the login docker would use there."""
-    return Registry(ref, label, lookup(ref.registry))
+    return RepositoryClient(ref, label, lookup(ref.registry))
 
 
 def engine_config(credentials: Credentials, registry: str) -> dict[str, str]:

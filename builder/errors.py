@@ -41,8 +41,8 @@ def failure_message(error: Exception) -> str:
     """What a failure tells the user: a UserError its message (it names the culprit), an
     OSError the path it is about, anything else `internal: Type: text` (a bug, with the hint).
 
-    One home for the CLI's error line (builder.cli_errors) and a fleet template's reason
-    (builder.fleet), so a failure reads the same in either.
+    One home for the CLI's error line (builder.cli.errors) and a fleet template's reason
+    (builder.orchestration.fleet), so a failure reads the same in either.
     """
     if isinstance(error, UserError):
         return str(error)

@@ -27,8 +27,9 @@ class Reporter:
         self.sink(f"warning: {line}")
 
     def prefixed(self, name: str) -> Reporter:
-        """A reporter whose lines start with `[name]`: templates rebuilt at once (builder.fleet)
-        interleave their lines, and each must still say whose it is."""
+        """A reporter whose lines start with `[name]`: templates rebuilt at once
+        (builder.orchestration.fleet) interleave their lines, and each must still say whose it
+        is."""
         return Reporter(lambda line: self.sink(f"[{name}] {line}"))
 
 

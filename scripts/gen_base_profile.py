@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))  # run as a plain script from a checkout
 from builder.base.probe import probe_base  # noqa: E402
 from builder.base.profile import base_problems  # noqa: E402
 from builder.cache import Cache, default_root  # noqa: E402
-from builder.engine import engine_client  # noqa: E402
+from builder.engines.connection import engine_client  # noqa: E402
 from builder.errors import UserError  # noqa: E402
 
 DEFAULT_NAME = "sandbox-runtime:3.13-trixie"

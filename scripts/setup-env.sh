@@ -456,14 +456,14 @@ step_registry() {
 # Set by step_multiarch for the test-env file: digests of the index and of each arch's manifest.
 INDEX_DIGEST="" AMD64_DIGEST="" ARM64_DIGEST=""
 
-# The tool's own publishing path (builder.image.push_images: each stand-in by digest, the index
+# The tool's own publishing path (scripts/push_images.py: each stand-in by digest, the index
 # under the tag, each arch also under <tag>-<arch>); it pushes nothing when the tag already names
 # exactly these two images. The test credentials go through the environment, never ~/.docker.
 step_multiarch() {
 	local digests
 	digests="$(BSI_REGISTRY="$REGISTRY_ADDR" BSI_REGISTRY_USER="$REGISTRY_USER" \
 		BSI_REGISTRY_PASSWORD="$REGISTRY_PASSWORD" \
-		"$VENV/bin/python" -m builder.image.push_images "$MULTIARCH_BASE" \
+		"$VENV/bin/python" scripts/push_images.py "$MULTIARCH_BASE" \
 		"amd64=$STANDIN_IMAGE" "arm64=$STANDIN_ARM64_IMAGE")" ||
 		die "pushing the index $MULTIARCH_BASE failed"
 	read -r INDEX_DIGEST AMD64_DIGEST ARM64_DIGEST <<<"$digests"

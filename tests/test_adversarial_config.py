@@ -11,7 +11,7 @@ from support.registryhelp import forget_credentials
 from builder.config import RunSettings, load_config, merge, set_platform_version
 from builder.credentials import lookup
 from builder.errors import UserError
-from builder.upgrade import load_state
+from builder.orchestration.rebuild_state import load_state
 
 BASE = 'requirements = ["r.txt"]\nbase-repository = "reg.example/rt"\nplatform-version = "1.0"\n'
 

@@ -21,7 +21,7 @@ from builder.credentials import SCOPE_ENV, Credentials, lookup
 from builder.errors import RegistryAuthError, RegistryError, UserError
 from builder.oci import auth
 from builder.oci import client as oci
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.v1 import Descriptor, Index, Platform, canonical
 
@@ -100,7 +100,7 @@ def test_upload_location_on_another_host_gets_no_authorization(serve):
     elsewhere = serve(lambda method, path: (202 if method == "PATCH" else 201, {}, b""))
     other = f"http://localhost:{elsewhere.port}/upload/1"
     registry = serve(lambda method, path: (202, {"Location": other}, b""))
-    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"), credentials=LOGIN)
+    client = RepositoryClient(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"), credentials=LOGIN)
     client.upload_blob(b"data")
     assert [m for m, _, _ in elsewhere.seen] == ["PUT"]
     assert all(auth == "" for _, _, auth in elsewhere.seen)
@@ -112,14 +112,16 @@ def test_token_realm_must_be_https(serve, realm):
     """A Bearer challenge pointing at plain HTTP elsewhere (or a file) gets no password."""
     challenge = {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}
     registry = serve(lambda method, path: (401, challenge, b""))
-    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo:1"), credentials=LOGIN)
+    client = RepositoryClient(
+        ImageRef.parse(f"127.0.0.1:{registry.port}/repo:1"), credentials=LOGIN
+    )
     with pytest.raises(RegistryAuthError, match="only an https token service"):
         client.manifest("1")
 
 
 def test_malformed_digest_from_a_manifest_is_not_requested(serve):
     registry = serve(lambda method, path: (404, {}, b""))
-    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"), credentials=LOGIN)
+    client = RepositoryClient(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"), credentials=LOGIN)
     for digest in ("sha256:../../../v2/other/manifests/x", "sha256:abc?x=1", "latest"):
         with pytest.raises(RegistryError, match="malformed"):
             client.blob(digest)
@@ -135,7 +137,7 @@ def test_oversized_manifest_and_config_are_refused_by_size(serve, monkeypatch):
     monkeypatch.setattr(oci, "MAX_JSON_BLOB", 1000)
     big = json.dumps({"pad": "x" * 5000}).encode()
     registry = serve(lambda method, path: (200, {}, big))
-    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"))
+    client = RepositoryClient(ImageRef.parse(f"127.0.0.1:{registry.port}/repo"))
     with pytest.raises(RegistryError, match="larger than"):
         client.manifest("1")
     with pytest.raises(RegistryError, match="larger than"):
@@ -153,7 +155,9 @@ def test_token_service_answer_is_bounded(serve):
         return 401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="x"'}, b""
 
     registry = serve(route)
-    client = Registry(ImageRef.parse(f"127.0.0.1:{registry.port}/repo:1"), credentials=LOGIN)
+    client = RepositoryClient(
+        ImageRef.parse(f"127.0.0.1:{registry.port}/repo:1"), credentials=LOGIN
+    )
     with pytest.raises(RegistryError, match="answered no JSON"):
         client.manifest("1")
 

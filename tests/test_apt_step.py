@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from builder.cache import Cache
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.image.apt import build_apt_image, saved_layer
 from builder.image.build import BuildSpec, build_image
 from builder.image.render import APT_CONFIG, APT_SETUP

@@ -28,16 +28,16 @@ from support.registryhelp import tool
 from support.wheelfactory import compile_so, make_wheel
 from support.wheelindex import serve_wheel
 
-from builder.attachments import read_attached
 from builder.cache import Cache
-from builder.engine import Engine
+from builder.engines.connection import Engine
+from builder.image.attachments import read_attached
 from builder.image.reference_base import build_base_index, chosen_wheels, locked_packages
 from builder.image.render import check_output
 from builder.oci.auth import Credentials
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
-from builder.verify import verify_image
+from builder.verify.run import verify_image
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
@@ -48,9 +48,9 @@ INTOTO = "application/vnd.in-toto+json"
 INDEX_LOGIN = "bsi-index:index-s3cret"  # the wheel's index wants it: no document may carry it
 
 
-def client_of(registry: LocalRegistry, repository: str) -> Registry:
+def client_of(registry: LocalRegistry, repository: str) -> RepositoryClient:
     ref = ImageRef.parse(f"{registry.host}/{repository}:x")
-    return Registry(ref, credentials=Credentials(registry.user, registry.password, "test"))
+    return RepositoryClient(ref, credentials=Credentials(registry.user, registry.password, "test"))
 
 
 @dataclass

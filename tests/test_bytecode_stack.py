@@ -14,12 +14,12 @@ from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
 from builder.contract import BYTECODE_LABEL
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.image import bytecode
 from builder.image.assemble import Assembly, assemble
 from builder.image.bytecode import Compiler
 from builder.image.extras import BYTECODE, DISTRIBUTION, distribution_layers, with_bytecode
-from builder.verify import verify_image
+from builder.verify.run import verify_image
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from support.clirun import SECRET, assert_one_error_line, requirements, run
 
-from builder.cli import reports_errors
+from builder.cli.app import reports_errors
 from builder.errors import UserError
 
 

@@ -25,17 +25,17 @@ from support.registryhelp import layer_tar
 
 from builder.blob_memory import MAX_HOLDERS, FileBlobMemory
 from builder.credentials import Credentials
-from builder.node_update import baseline, chain_ids, node_update, previous_images
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, write
 from builder.oci.v1 import Descriptor, Image, digest_of
-from builder.upgrade import BuildState
+from builder.orchestration.node_update import baseline, chain_ids, node_update, previous_images
+from builder.orchestration.rebuild_state import BuildState
 
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 
-class Logged(Registry):
+class Logged(RepositoryClient):
     """The real client, with every request it sends recorded as (method, url)."""
 
     def __init__(self, ref: ImageRef, credentials: Credentials) -> None:
@@ -186,7 +186,7 @@ def test_the_previous_image_is_the_states_else_the_tags(
     monkeypatch.setenv("BSI_REGISTRY_PASSWORD", login.secret)
     base, numpy, scipy, own = (layer(tmp_path, n) for n in ("base", "numpy", "scipy", "own"))
     old, old_blobs = image([base, numpy, scipy])
-    app = Registry(ImageRef.parse(f"{registry.host}/{namespace}/app"), credentials=login)
+    app = RepositoryClient(ImageRef.parse(f"{registry.host}/{namespace}/app"), credentials=login)
     write(app, [old], old_blobs, tags=["1.0-xaaaa"])
     state = tmp_path / "state.json"
     recorded = BuildState("1.0", "base", None, "3.13", {}, {}, f"{app.label}@{old.digest}")
@@ -276,7 +276,7 @@ def test_a_mount_asks_one_token_for_both_repositories(
     token_registry: TokenRegistry, tmp_path: Path
 ) -> None:
     login = Credentials("bsi", "pw", "test")
-    target = Registry(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
+    target = RepositoryClient(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
     assert not target.blob_exists(digest_of(b"x"))  # logs in for the target alone
     assert token_registry.token_scopes == [["repository:target:pull,push"]]
     assert target.mount(digest_of(b"x"), "other")
@@ -290,7 +290,7 @@ def test_a_source_the_token_service_refuses_falls_back_to_the_upload(
     token_registry: TokenRegistry, tmp_path: Path
 ) -> None:
     login = Credentials("bsi", "pw", "test")
-    target = Registry(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
+    target = RepositoryClient(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
     memory = FileBlobMemory(tmp_path / "registry-blobs.json")
     only = layer(tmp_path, "only")
     memory.remember(token_registry.host, "secret", [only[0].digest])
@@ -305,8 +305,8 @@ def test_a_refused_source_is_asked_for_once_per_write(
     token_registry: TokenRegistry, tmp_path: Path
 ) -> None:
     login = Credentials("bsi", "pw", "test")
-    target = Registry(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
-    secret = Registry(ImageRef.parse(f"{token_registry.host}/secret"), credentials=login)
+    target = RepositoryClient(ImageRef.parse(f"{token_registry.host}/target"), credentials=login)
+    secret = RepositoryClient(ImageRef.parse(f"{token_registry.host}/secret"), credentials=login)
     built, blobs = image([layer(tmp_path, "one"), layer(tmp_path, "two")])
     mountable = Blobs(blobs.sources, (secret,))
     written = write(target, [built], mountable, tags=["t"])
@@ -323,7 +323,7 @@ def test_a_rebase_that_pushes_early_counts_each_blob_once(
     """The rebase's early write (by digest, to pull it) and the final one add up to the image."""
     namespace, login = world
     base, own = layer(tmp_path, "base"), layer(tmp_path, "own")
-    target = Registry(ImageRef.parse(f"{registry.host}/{namespace}/app"), credentials=login)
+    target = RepositoryClient(ImageRef.parse(f"{registry.host}/{namespace}/app"), credentials=login)
     before, before_blobs = image([base])
     write(target, [before], before_blobs, tags=["old"])  # the base's layer is there already
     rebased, blobs = image([base, own])

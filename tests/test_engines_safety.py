@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder import engine as engine_module
-from builder.engine import EngineURL, ssh_forward
-from builder.engines import connect, publish_address, unheeded
+from builder.engines import connection as engine_module
+from builder.engines.connection import EngineURL, ssh_forward
+from builder.engines.per_arch import connect, publish_address, unheeded
 from builder.errors import UserError
 
 

@@ -14,8 +14,8 @@ from conftest import unavailable
 from support.bases import labelled_scratch
 from support.sshengine import SshEngine
 
-from builder.engine import EngineURL
-from builder.engines import connect
+from builder.engines.connection import EngineURL
+from builder.engines.per_arch import connect
 from builder.verify.container import hardened
 
 pytestmark = pytest.mark.usefixtures("docker_client")

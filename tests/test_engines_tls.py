@@ -16,8 +16,8 @@ import pytest
 from support.bases import labelled_scratch
 from support.tlsengine import make_certs, tls_engine
 
-from builder.engine import EngineURL
-from builder.engines import connect
+from builder.engines.connection import EngineURL
+from builder.engines.per_arch import connect
 from builder.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("docker_client")

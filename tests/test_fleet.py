@@ -36,7 +36,7 @@ from support.images import docker_login, remove_images, template_image
 from support.registryhelp import CREDENTIAL_VARS, push, registry_tags
 
 import builder.base.discover
-from builder.cli import main
+from builder.cli.app import main
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 

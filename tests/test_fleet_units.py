@@ -18,14 +18,14 @@ import pytest
 from click.testing import CliRunner
 
 import builder.analysis.index as index
-import builder.cli
-import builder.fleet
+import builder.cli.app
+import builder.orchestration.fleet
 from builder.analysis.index import RemoteFile, download
 from builder.cache import Cache
-from builder.cli import main
-from builder.commands import Rebuild
+from builder.cli.app import main
 from builder.errors import UserError
-from builder.fleet import Fleet, Shared, SharedBases, rebuild_fleet
+from builder.orchestration.commands import Rebuild
+from builder.orchestration.fleet import Fleet, Shared, SharedBases, rebuild_fleet
 from builder.reporter import Reporter
 
 WAIT = 30  # seconds a thread may take to get where the test waits for it (never reached)
@@ -162,7 +162,7 @@ def test_each_templates_failure_stays_in_its_row(
         "c": RuntimeError("boom"),
         "d": Rebuild(plan=Any, changes=[]),  # type: ignore[arg-type]
     }
-    monkeypatch.setattr(builder.fleet, "rebuild", fake_rebuild(outcomes, said))
+    monkeypatch.setattr(builder.orchestration.fleet, "rebuild", fake_rebuild(outcomes, said))
     fleet = Fleet([*paths, tmp_path / "e.toml"], "2", jobs=2)
     result = rebuild_fleet(fleet, Shared(Any, Cache(tmp_path), Reporter(said.append)))  # type: ignore[arg-type]
     got = {
@@ -226,9 +226,11 @@ def test_the_fleets_exit_code(
         "none": Rebuild(plan=Any, changes=[]),  # type: ignore[arg-type]
     }
     monkeypatch.setattr(
-        builder.fleet, "rebuild", fake_rebuild({k: made[v] for k, v in outcomes.items()}, [])
+        builder.orchestration.fleet,
+        "rebuild",
+        fake_rebuild({k: made[v] for k, v in outcomes.items()}, []),
     )
-    monkeypatch.setattr(builder.cli, "engine_client", lambda: object())
+    monkeypatch.setattr(builder.cli.app, "engine_client", lambda: object())
     monkeypatch.chdir(tmp_path)
     args = [
         "rebuild",
@@ -260,7 +262,7 @@ def test_a_failed_verification_is_the_templates_failure_with_its_table(
     outcome = SimpleNamespace(verification=report, label="reg/a", pushed=None, notes=[])
     made = Rebuild(plan=Any, changes=["base digest: x -> y"], outcome=outcome, path="rebase")  # type: ignore[arg-type]
     said: list[str] = []
-    monkeypatch.setattr(builder.fleet, "rebuild", fake_rebuild({"a": made}, said))
+    monkeypatch.setattr(builder.orchestration.fleet, "rebuild", fake_rebuild({"a": made}, said))
     result = rebuild_fleet(
         Fleet(paths, "2"),
         Shared(Any, Cache(tmp_path), Reporter(said.append)),  # type: ignore[arg-type]

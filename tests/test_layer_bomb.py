@@ -15,8 +15,8 @@ from support.registryhelp import forget_credentials, layer_tar
 
 from builder.analysis.target import ARCHES
 from builder.base import layers as layers_module
+from builder.base.from_registry import probe_registry
 from builder.base.layers import Layers, Oversized
-from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import UserError
 

@@ -10,7 +10,7 @@ import pytest
 from builder.analysis.plan import Plan
 from builder.analysis.target import shipped_profile
 from builder.cache import Cache
-from builder.pipeline import Request, prepare
+from builder.orchestration.prepare import Request, prepare
 
 pytestmark = pytest.mark.usefixtures("package_index")
 

@@ -123,7 +123,7 @@ def test_well_formed_base_layers_are_mountable(monkeypatch: pytest.MonkeyPatch) 
 def test_a_rebase_takes_the_plain_variant_the_probe_and_buildkit_take() -> None:
     """An index listing linux/amd64/v3 first: the rebase must not put the extras on that one.
 
-    The probe (builder.base.registry) and BuildKit's pull take the plain linux/amd64 image; a
+    The probe (builder.base.from_registry) and BuildKit's pull take the plain linux/amd64 image; a
     rebase onto the v3 build would give baseline CPUs an image that cannot run there.
     """
     v3 = AMD64 | {"digest": f"sha256:{'3' * 64}", "platform": AMD64["platform"] | {"variant": "v3"}}

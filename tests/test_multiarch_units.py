@@ -9,7 +9,7 @@ import pytest
 from builder.base.platforms import select_arches
 from builder.errors import UserError
 from builder.oci.v1 import Descriptor, Image, Index, Platform
-from builder.produce_build import arch_tag
+from builder.orchestration.produce_build import arch_tag
 
 
 def test_arches_default_to_what_the_base_offers() -> None:

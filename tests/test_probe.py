@@ -22,7 +22,7 @@ from builder.analysis.target import ARCHES, BaseProfile, shipped_profile
 from builder.base.probe import PROBE_LABEL, _repo_digest, probe_base
 from builder.base.profile import base_problems, profile_differences
 from builder.cache import Cache
-from builder.engine import engine_client
+from builder.engines.connection import engine_client
 from builder.errors import UserError
 
 AMD64, ARM64 = ARCHES["amd64"], ARCHES["arm64"]

@@ -10,12 +10,12 @@ import docker.errors
 import pytest
 
 from builder.cache import Cache
-from builder.delivery import Run
-from builder.engine import Engine as RunEngine
-from builder.engines import Engines
+from builder.engines.connection import Engine as RunEngine
+from builder.engines.per_arch import Engines
 from builder.oci.remote import Written
 from builder.oci.v1 import Image, canonical, digest_of
-from builder.produce_rebase import into_engine
+from builder.orchestration.delivery import Run
+from builder.orchestration.produce_rebase import into_engine
 from builder.reporter import Reporter
 
 TAR = b"the deps-extra tar"

@@ -29,8 +29,7 @@ from builder import credentials
 from builder.analysis.layering import bucket_of
 from builder.attest import sbom
 from builder.cache import Cache, sha256_of
-from builder.delivery import Delivery, Run, Target, deliver
-from builder.engines import Engines
+from builder.engines.per_arch import Engines
 from builder.image.extras import (
     BYTECODE,
     DISTRIBUTION,
@@ -45,8 +44,9 @@ from builder.oci.mutate import ConfigChange, NewLayer, append
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
 from builder.oci.remote import Blobs, write
-from builder.pipeline import Finish
-from builder.produce_rebase import Previous, RebaseProducer
+from builder.orchestration.delivery import Delivery, Run, Target, deliver
+from builder.orchestration.prepare import Finish
+from builder.orchestration.produce_rebase import Previous, RebaseProducer
 from builder.reporter import QUIET
 
 ROOT = "/app/deps-extra"

@@ -1,7 +1,8 @@
 """A rebase verifies one config and pushes another document: they must be the same bytes.
 
-`builder.produce_rebase` docker-loads `canonical(extend_config(base, [apt without a blob, deps]))`
-(the apt layer's blob is still being gzipped: digest "", size 0) for builder.delivery to verify,
+`builder.orchestration.produce_rebase` docker-loads
+`canonical(extend_config(base, [apt without a blob, deps]))` (the apt layer's blob is still
+being gzipped: digest "", size 0) for builder.orchestration.delivery to verify,
 which then pushes `append(base, [apt with its blob, deps])`. The config may depend only on
 what both know (diff IDs, history), never on a blob's digest or size or the manifest's schema:
 else the image id verified is not the config the cluster pulls, and the rebase refuses to tag.
@@ -27,12 +28,11 @@ import pytest
 from support.rebasing import own_base
 from support.registryhelp import registry_get, registry_tags
 
-import builder.produce_rebase
+import builder.orchestration.produce_rebase
 from builder import credentials
 from builder.attest import provenance, sbom
 from builder.cache import Cache
-from builder.delivery import Delivery, Outcome, Run, Target, deliver
-from builder.engines import Engines
+from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.image.gzipped import gzipped
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config
@@ -50,9 +50,10 @@ from builder.oci.v1 import (
     canonical,
     digest_of,
 )
-from builder.pipeline import Finish
-from builder.produce_rebase import Previous as Start
-from builder.produce_rebase import RebaseProducer
+from builder.orchestration.delivery import Delivery, Outcome, Run, Target, deliver
+from builder.orchestration.prepare import Finish
+from builder.orchestration.produce_rebase import Previous as Start
+from builder.orchestration.produce_rebase import RebaseProducer
 from builder.reporter import QUIET
 
 
@@ -266,7 +267,7 @@ def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
         pushed.append(image)
         return image
 
-    monkeypatch.setattr(builder.produce_rebase, "append", diverging)
+    monkeypatch.setattr(builder.orchestration.produce_rebase, "append", diverging)
     with pytest.raises(UserError, match="the pushed config is not the one verified") as raised:
         rebase_onto_same_base(previous, target, docker_client)
     assert str(raised.value).startswith(f"rebase of {target}: ")
@@ -277,7 +278,7 @@ def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
     assert registry_tags(registry, repo) == []
     assert registry_tags(registry, previous.base_tag.split("/", 1)[1].rsplit(":", 1)[0]) == ["v1"]
 
-    monkeypatch.setattr(builder.produce_rebase, "append", append)
+    monkeypatch.setattr(builder.orchestration.produce_rebase, "append", append)
     result = rebase_onto_same_base(previous, target, docker_client)
     assert result.verification is not None and result.verification.passed
     assert any(c.name == f"import {MODULE}" and c.passed for c in result.verification.checks)

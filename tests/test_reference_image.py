@@ -23,15 +23,15 @@ import pytest
 from click.testing import CliRunner
 from packaging.utils import parse_wheel_filename
 
-from builder import cli
 from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.cli import app as cli
 from builder.image import reference_base as reference
 from builder.image.build import BuildSpec, build_image
 from builder.runtime import SERVER, SERVER_PACKAGE
-from builder.verify import Check, VerifyReport
 from builder.verify.checks import CONTRACT
 from builder.verify.container import LABEL, image_user_check
 from builder.verify.discovery import importable
+from builder.verify.report import Check, VerifyReport
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Where the server's timeout exit code is set, in the image.
@@ -152,7 +152,7 @@ def test_verify_command_exit_codes(monkeypatch):
         "bad": VerifyReport("bad", [Check("health", True, "ok"), Check("uid", False, "uid 0")]),
     }
     monkeypatch.setattr(
-        "builder.cli.verify_image", lambda image, **kwargs: reports[image], raising=True
+        "builder.cli.app.verify_image", lambda image, **kwargs: reports[image], raising=True
     )
     runner = CliRunner()
     result = runner.invoke(cli.main, ["verify", "good"])
@@ -296,7 +296,7 @@ def test_verify_client_sdk_makes_the_sdk_round_trip_required(monkeypatch):
         seen.append(kwargs["sdk"])
         return VerifyReport(image, [Check("health", True, "ok")])
 
-    monkeypatch.setattr("builder.cli.verify_image", fake_verify, raising=True)
+    monkeypatch.setattr("builder.cli.app.verify_image", fake_verify, raising=True)
     runner = CliRunner()
     assert runner.invoke(cli.main, ["verify", "img", "--client", "sdk"]).exit_code == 0
     assert runner.invoke(cli.main, ["verify", "img"]).exit_code == 0

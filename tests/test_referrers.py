@@ -18,7 +18,7 @@ from support.registryhelp import registry_get, registry_tags
 
 from builder.errors import RegistryError
 from builder.oci.auth import Credentials
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import (
     Attachment,
@@ -37,9 +37,9 @@ SBOM = "application/vnd.cyclonedx+json"
 INTOTO = "application/vnd.in-toto+json"
 
 
-def _client(registry: LocalRegistry, repository: str) -> Registry:
+def _client(registry: LocalRegistry, repository: str) -> RepositoryClient:
     ref = ImageRef.parse(f"{registry.host}/{repository}:x")
-    return Registry(ref, credentials=Credentials(registry.user, registry.password, "test"))
+    return RepositoryClient(ref, credentials=Credentials(registry.user, registry.password, "test"))
 
 
 def _image(marker: str) -> tuple[Image, Blobs]:
@@ -106,7 +106,7 @@ def test_an_image_without_attachments_has_no_referrers(
     assert referrers(target, image.digest) == ()
 
 
-class RefusesAttachments(Registry):
+class RefusesAttachments(RepositoryClient):
     """The real registry, but a manifest with a `subject` is refused (a quota, a policy)."""
 
     def put_manifest(self, reference: str, body: bytes, media_type: str) -> str:

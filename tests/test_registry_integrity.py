@@ -28,7 +28,7 @@ from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.credentials import Credentials
 from builder.errors import IntegrityError, RegistryAuthError, RegistryError, UserError
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, resolve, write
 from builder.oci.v1 import Descriptor, Image, Index, Platform, file_digest
@@ -188,8 +188,8 @@ def test_refused_access_does_not_fall_back(registry, monkeypatch, tmp_path):
 def test_write_side_upload_mount_and_manifest(registry, tmp_path):
     login = Credentials(registry.user, registry.password, "test")
     namespace = f"bsi-oci-{uuid.uuid4().hex[:8]}"
-    one = Registry(ImageRef.parse(f"{registry.host}/{namespace}/one"), credentials=login)
-    two = Registry(ImageRef.parse(f"{registry.host}/{namespace}/two"), credentials=login)
+    one = RepositoryClient(ImageRef.parse(f"{registry.host}/{namespace}/one"), credentials=login)
+    two = RepositoryClient(ImageRef.parse(f"{registry.host}/{namespace}/two"), credentials=login)
     small = uuid.uuid4().bytes * 10
     big_file = tmp_path / "big"
     big_file.write_bytes(os.urandom(300_000))
@@ -235,8 +235,12 @@ def test_write_mounts_uploads_and_moves_tags_only_at_the_end(registry, tmp_path)
     tagged, and `resolve` reads each arch back through it."""
     login = Credentials(registry.user, registry.password, "test")
     namespace = f"bsi-write-{uuid.uuid4().hex[:8]}"
-    source = Registry(ImageRef.parse(f"{registry.host}/{namespace}/source"), credentials=login)
-    target = Registry(ImageRef.parse(f"{registry.host}/{namespace}/target"), credentials=login)
+    source = RepositoryClient(
+        ImageRef.parse(f"{registry.host}/{namespace}/source"), credentials=login
+    )
+    target = RepositoryClient(
+        ImageRef.parse(f"{registry.host}/{namespace}/target"), credentials=login
+    )
     shared = os.urandom(1000)
     shared_digest = source.upload_blob(shared)
     local = tmp_path / "layer"

@@ -28,8 +28,8 @@ from support.credhelp import install_helper, write_docker_config
 from support.registryhelp import NO_PROXY_OPENER, forget_credentials, layer_tar, mount_image
 from support.wheelfactory import compile_so
 
+from builder.base.from_registry import probe_registry
 from builder.base.probe import probe_base
-from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryAuthError, RegistryUnreachable, UserError
 

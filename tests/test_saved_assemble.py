@@ -30,7 +30,7 @@ from builder.image.from_engine import assembled_image
 from builder.image.gzipped import gzipped
 from builder.image.layer import Layer
 from builder.image.saved import cached_config, read_save
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import write
 from builder.oci.v1 import digest_of
@@ -134,7 +134,7 @@ def test_the_push_takes_the_kept_apt_layer_not_another_save(
     tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
     stack = (_extras(deps),)
     built = assemble(docker_client, system_image, stack, assembly({}, tag, apt_layer=True), cache)
-    target = Registry(
+    target = RepositoryClient(
         ImageRef.parse_repository(f"{registry.host}/bsi-saved-{uuid.uuid4().hex[:8]}/img"),
         credentials=Credentials(registry.user, registry.password, "test"),
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support.sandboxserver import start_server, stop_server
 
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.verify import sdk as sdk_group
 from builder.verify.client import Sandbox
 from builder.verify.container import hardened

@@ -11,7 +11,7 @@ from builder.analysis import resolve
 from builder.analysis import wheels as inspect
 from builder.analysis.target import shipped_profile
 from builder.cache import Cache
-from builder.pipeline import Request, prepare
+from builder.orchestration.prepare import Request, prepare
 
 pytestmark = pytest.mark.usefixtures("package_index")
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from builder import produce_build
 from builder.base.probe import probe_base
 from builder.cache import Cache
 from builder.contract import BYTECODE_LABEL
-from builder.engines import Engines
+from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.image.build import BuildSpec
-from builder.pipeline import Request, finish, prepare
-from builder.produce_build import BuildProducer, SystemStages
+from builder.orchestration import produce_build
+from builder.orchestration.prepare import Request, finish, prepare
+from builder.orchestration.produce_build import BuildProducer, SystemStages
 from builder.reporter import Reporter
 
 pytestmark = pytest.mark.usefixtures("docker_client", "package_index")

@@ -11,14 +11,20 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from builder import delivery
 from builder.cache import Cache
 from builder.config import load_config, set_platform_version
-from builder.delivery import Produced
-from builder.engines import Engines
+from builder.engines.per_arch import Engines
 from builder.errors import UserError
+from builder.orchestration import delivery
+from builder.orchestration.delivery import Produced
+from builder.orchestration.rebuild_state import (
+    BuildState,
+    changes,
+    load_state,
+    rebase_blocker,
+    save_state,
+)
 from builder.reporter import QUIET
-from builder.upgrade import BuildState, changes, load_state, rebase_blocker, save_state
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.sandboxserver import start_server, stop_server
 
-from builder.engine import Engine as RunEngine
+from builder.engines.connection import Engine as RunEngine
 from builder.verify import hardening
 from builder.verify.client import LOCAL_PROCESS, Machine, Response, Sandbox
 from builder.verify.container import confirmed, hardened, machine_of

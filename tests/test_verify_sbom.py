@@ -19,7 +19,7 @@ from support.sandboxserver import ServerProcess
 from builder.attest.contents import debian_packages, distribution
 from builder.attest.sbom import ImageContents, sbom_document, timestamp
 from builder.verify.client import Sandbox
-from builder.verify.inventory import sbom_check
+from builder.verify.sbom_check import sbom_check
 
 TARGET = {"python_version": "3.13", "sys_platform": "linux", "platform_machine": "x86_64"}
 DISTS = {"Alpha_Pkg": "1.0", "beta.pkg": "2.0.1"}

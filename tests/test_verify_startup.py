@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.runtime import copy_server
-from builder.verify import verify_image
 from builder.verify.client import Machine
 from builder.verify.container import (
     EMULATED_STARTUP_TIMEOUT,
@@ -26,6 +25,7 @@ from builder.verify.container import (
     hardened,
     startup_timeout_for,
 )
+from builder.verify.run import verify_image
 
 EMULATED = Machine(True, "arm64 image on an amd64 engine")
 NATIVE = Machine(False, "amd64 image on an amd64 engine")

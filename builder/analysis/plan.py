@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 from packaging.utils import parse_wheel_filename
 
@@ -21,6 +22,7 @@ from builder.analysis.target import Arch, BaseProfile, Target
 from builder.analysis.wheels import WheelInspection
 from builder.contract import DEPS_EXTRA
 from builder.errors import UserError
+from builder.oci.name import ImageRef
 
 EXTRA_DEPS = DEPS_EXTRA  # what the extension installs into, appended to PYTHONPATH
 
@@ -68,6 +70,12 @@ class Plan:
     runtime_checks: tuple[str, ...]  # python snippets proving run-time loaded libraries work
     pythonpath_entry: str = EXTRA_DEPS
     bytecode: str | None = None  # the build of the interpreter that compiled the extras' .pyc
+
+    @cached_property
+    def base_reference(self) -> ImageRef:
+        """`base_image` as a reference, parsed once for every step that asks the registry or
+        the engine for it (its text stays what the Dockerfile, the labels and report.json say)."""
+        return ImageRef.parse(self.base_image, "base image")
 
     @property
     def warnings(self) -> tuple[str, ...]:

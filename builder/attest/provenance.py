@@ -12,7 +12,7 @@ without their credentials, and apt secrets only by the id BuildKit mounts them u
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -136,10 +136,3 @@ def _resolved(run: BuildRun) -> list[dict[str, Any]]:
 
 def _time(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
-
-
-def statement_subject(document: bytes | str) -> Sequence[Mapping[str, Any]]:
-    """The subjects an in-toto statement names (for reading an attachment back)."""
-    data = json.loads(document)
-    subjects = data.get("subject") if isinstance(data, dict) else None
-    return subjects if isinstance(subjects, list) else []

@@ -5,9 +5,9 @@ from __future__ import annotations
 import docker
 
 from builder.analysis.target import BaseProfile, shipped_profile
+from builder.base.from_registry import probe_registry
 from builder.base.probe import probe_base
 from builder.base.profile import base_problems, profile_differences
-from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryUnreachable
 from builder.oci.name import ImageRef

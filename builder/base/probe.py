@@ -22,7 +22,7 @@ import requests
 from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.profile import installed_packages, profile_from_facts, pythonpath_dirs
 from builder.cache import Cache
-from builder.engine import failure_reason, local_image
+from builder.engines.connection import failure_reason, local_image
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 

@@ -1,6 +1,8 @@
 """Turning a plan into an image and putting it where the cluster pulls from.
 
-Render the build context, build it with BuildKit, push by digest, point the SandboxTemplate,
-and the reference base's own context. May import `builder.analysis` (the plan it renders) and
-the registry client; never `builder.verify` (the pipeline decides whether to push).
+Render the build context, build it with BuildKit, assemble and rebase the extras layers, push by
+digest, point the SandboxTemplate, read what an image holds and what is attached to it (its
+SBOM and provenance: `attachments`), and the reference base's own context. May import
+`builder.analysis` (the plan it renders), the OCI core, the engines and `builder.attest`; never
+`builder.verify` or the orchestration (the orchestration decides whether to push).
 """

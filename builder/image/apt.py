@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.cache import Cache
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.image.build import BuildSpec, build_image
 from builder.image.layer import Layer
 from builder.image.render import Secrets, apt_steps

@@ -38,8 +38,8 @@ from builder.image.extras import (
 from builder.image.layer import lock_hash, source_date_epoch
 from builder.image.render import lock_of
 from builder.image.saved import cached_config, read_save
-from builder.oci.mutate import ConfigChange, NewLayer, extend_config
-from builder.oci.v1 import canonical, digest_of
+from builder.oci.mutate import ConfigChange, NewLayer, bare_config, extend_config
+from builder.oci.v1 import ConfigFile, canonical, digest_of
 
 CHUNK = 1 << 20
 BLOCK = 512
@@ -193,7 +193,7 @@ def load(client: docker.DockerClient, config: bytes, tops: Sequence[Path]) -> st
     """
     image_id = digest_of(config)
     if not _present(client, image_id):
-        diff_ids: Sequence[str] = json.loads(config)["rootfs"]["diff_ids"]
+        diff_ids = ConfigFile.parse(config).diff_ids
         for line in client.api.load_image(_load_stream(image_id, config, diff_ids, tops)):
             if "error" in line:
                 raise UserError(f"docker load of {image_id}: {line['error']}")
@@ -208,13 +208,8 @@ def _preload(
     The config is this run's own (a random label): another run assembling the same layer at
     once must not find it loaded, rely on it, and see this run remove it.
     """
-    provisional = {
-        "architecture": arch,
-        "os": "linux",
-        "config": {"Labels": {"bsi.provisional": uuid.uuid4().hex}},
-        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
-    }
-    return load(client, canonical(provisional), tops)
+    provisional = bare_config(arch, diff_ids, {"bsi.provisional": uuid.uuid4().hex})
+    return load(client, provisional, tops)
 
 
 def _present(client: docker.DockerClient, image_id: str) -> bool:

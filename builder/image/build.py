@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from builder.credentials import Credentials, config_path, from_environment, server_url
-from builder.engine import Engine
+from builder.engines.connection import Engine
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 
@@ -33,9 +32,17 @@ ENGINE_VARIABLES = ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_TLS_VERIFY", "DOCKE
 
 
 class Log(Protocol):
-    """Where build progress goes: a text stream, or anything with `write`."""
+    """Where build progress goes: a text stream, or anything with `write`. The CLI passes its
+    stderr; nothing below it picks a stream itself."""
 
     def write(self, text: str, /) -> int: ...
+
+
+class Discard:
+    """A `Log` that keeps nothing: for a library caller that gave no log."""
+
+    def write(self, text: str, /) -> int:
+        return len(text)
 
 
 def docker_cli() -> str:
@@ -78,7 +85,7 @@ class BuildSpec:
 def build_image(
     context: Path,
     spec: BuildSpec,
-    log: Log = sys.stderr,
+    log: Log,
     started: Callable[[subprocess.Popen[str]], object] | None = None,
 ) -> str:
     """Build `context` as `spec` says and return the image id.

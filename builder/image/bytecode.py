@@ -49,6 +49,7 @@ import docker
 import docker.errors
 
 from builder.cache import Cache
+from builder.contract import SANDBOX_USER
 from builder.errors import UserError
 from builder.image.install_layout import installed_python_sources
 from builder.image.layer import Layer, keep, written
@@ -188,7 +189,7 @@ class Compiler:
                 detach=True,
                 network_disabled=True,
                 read_only=True,  # the compile reads stdin and writes stdout, nothing else
-                user="65532:65532",
+                user=SANDBOX_USER,
                 labels={"org.build-sandbox-image.role": "bytecode"},
             )
         except docker.errors.DockerException as error:
@@ -211,7 +212,7 @@ class Compiler:
             self.container.id,
             ["python3", "-s", "-P", *argv],
             stdin=True,
-            user="65532:65532",
+            user=SANDBOX_USER,
             environment={"PYTHONPATH": "", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"},
         )
         connection = api.exec_start(started["Id"], socket=True)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
-import tarfile
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,18 +28,19 @@ from builder.cache import Cache
 from builder.errors import IntegrityError, UserError
 from builder.image.assemble import Assembled
 from builder.image.gzipped import gzipped
-from builder.oci.client import Registry
+from builder.image.saved import saved_to_disk
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
 from builder.oci.v1 import (
     DOCKER_LAYER,
     GZIP_LAYERS,
+    ConfigFile,
     Descriptor,
     Image,
     Index,
     Platform,
-    digest_of,
     file_digest,
 )
 
@@ -53,11 +52,11 @@ SAVE_CHUNK = 1 << 20
 class BaseLayers:
     """The base's gzip layers for one arch, by diff ID, and the repository that holds them."""
 
-    registry: Registry
+    registry: RepositoryClient
     by_diff_id: Mapping[str, Descriptor]
 
 
-def base_layers(base: ImageRef | None, arch: str, target: Registry) -> BaseLayers | None:
+def base_layers(base: ImageRef | None, arch: str, target: RepositoryClient) -> BaseLayers | None:
     """The base's compressed layer descriptors, when it lives on the target's registry.
 
     Unreadable or malformed: None, and the layers are uploaded instead (a tampered base is
@@ -96,7 +95,7 @@ def assembled_image(
     Layers neither the base nor the cache has are saved from the engine into `scratch`, which
     must outlive the write.
     """
-    diff_ids: list[str] = json.loads(assembled.config)["rootfs"]["diff_ids"]
+    diff_ids = ConfigFile.parse(assembled.config).diff_ids
     below = diff_ids[: len(diff_ids) - len(assembled.extras)]
     sources: dict[str, BlobSource] = {}
     layers = [
@@ -166,16 +165,8 @@ def _save(
     sources: dict[str, BlobSource],
 ) -> bytes:
     """`docker save` the image; gzip the layers not yet placed into `scratch`; the config."""
-    saved = scratch / f"{image_id.removeprefix('sha256:')}.tar"
-    with saved.open("wb") as out:
-        for chunk in client.api.get_image(image_id, chunk_size=SAVE_CHUNK):
-            out.write(chunk)
-    with tarfile.open(saved) as archive:
-        manifest = json.load(_member(archive, "manifest.json"))[0]
-        config = _member(archive, manifest["Config"]).read()
-        if digest_of(config) != image_id:
-            raise UserError(f"image {image_id}: docker save gave a config of another digest")
-        paths = manifest["Layers"]
+    with saved_to_disk(client, image_id, scratch) as save:
+        paths = save.layer_paths
         if len(paths) != len(diff_ids):
             raise UserError(
                 f"image {image_id}: docker save gave {len(paths)} layers, not {len(diff_ids)}"
@@ -183,12 +174,11 @@ def _save(
         for position, (path, diff_id) in enumerate(zip(paths, diff_ids, strict=True)):
             if layers[position] is None:
                 compressed = scratch / f"{diff_id.removeprefix('sha256:')}.tar.gz"
-                _gzip(_member(archive, path), compressed, diff_id, f"image {image_id}: {path}")
+                _gzip(save.layer(position), compressed, diff_id, f"image {image_id}: {path}")
                 digest = file_digest(compressed)
                 sources[digest] = LocalFile(compressed)
                 layers[position] = Descriptor(DOCKER_LAYER, digest, compressed.stat().st_size)
-    saved.unlink()
-    return config
+        return save.config
 
 
 def _gzip(source: IO[bytes], compressed: Path, diff_id: str, what: str) -> None:
@@ -206,17 +196,10 @@ def _gzip(source: IO[bytes], compressed: Path, diff_id: str, what: str) -> None:
         raise UserError(f"{what} is not {diff_id}")
 
 
-def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
-    extracted = archive.extractfile(name)
-    if extracted is None:
-        raise UserError(f"docker save: {name} is not a file")
-    return extracted
-
-
 def push_engine_images(
     client: docker.DockerClient,
     images: Mapping[str, str],
-    target: Registry,
+    target: RepositoryClient,
     tags: Sequence[str],
     base: ImageRef | None = None,
     attach: Callable[[str, Image], Sequence[Attachment]] | None = None,

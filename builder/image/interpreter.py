@@ -13,7 +13,7 @@ import docker.errors
 
 from builder.cache import Cache
 from builder.credentials import engine_auth
-from builder.engine import native_arch
+from builder.engines.connection import native_arch
 from builder.errors import UserError
 from builder.image.bytecode import Compiler
 from builder.oci.name import ImageRef

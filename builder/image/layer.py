@@ -356,10 +356,11 @@ class ChunkStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while self.offset >= len(self.current):
-            self.current, self.offset = next(self.chunks, b""), 0
-            if not self.current:
+        while self.offset >= len(self.current):  # an empty chunk is skipped, not the end
+            chunk = next(self.chunks, None)
+            if chunk is None:
                 return 0
+            self.current, self.offset = chunk, 0
         count = min(len(buffer), len(self.current) - self.offset)
         buffer[:count] = self.current[self.offset : self.offset + count]
         self.offset += count

@@ -11,7 +11,6 @@ hash-checked, and put into a temporary build context with a pip requirements loc
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import tomllib
 import urllib.parse
@@ -30,13 +29,14 @@ from builder.analysis.index import RemoteFile, builder_pip, download_all
 from builder.analysis.plan import choose_wheel
 from builder.analysis.resolve import LockedPackage
 from builder.analysis.target import Target, arch_named, shipped_profile
-from builder.attachments import BASE_DEPS, ImageFactsRequest, attestable, input_files
 from builder.attest.contents import WheelOrigin
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache, default_root
-from builder.engine import engine_client
+from builder.contract import DEPS
+from builder.engines.connection import engine_client
 from builder.errors import UserError
-from builder.image.build import BuildSpec, Log, base_logins, build_image
+from builder.image.attachments import ImageFactsRequest, attestable, input_files
+from builder.image.build import BuildSpec, Discard, Log, base_logins, build_image
 from builder.image.from_engine import push_engine_images
 from builder.image.render import place
 from builder.oci.name import ImageRef
@@ -166,7 +166,7 @@ def build_base(
             },
             logins=logins,
         )
-        return build_image(context, spec, log or sys.stderr)
+        return build_image(context, spec, log or Discard())
 
 
 def build_base_index(
@@ -197,7 +197,7 @@ def build_base_index(
         for arch in arches
     }
     repository = ref.with_tag(None)
-    print(f"pushing {', '.join(images)} to {repository} by digest ...", file=sys.stderr)
+    (log or Discard()).write(f"pushing {', '.join(images)} to {repository} by digest ...\n")
     target = credentials.registry(repository, str(repository))
     source = ImageRef.parse(base_image, "base image")
     attach = partial(_attachments, client, source, base_image, images, str(repository))
@@ -229,7 +229,7 @@ def _attachments(
         base_reference=base_image,
         base_digest=source.digest or "",
         environment=target.marker_environment(arch_named(arch)),
-        entries=(BASE_DEPS,),
+        entries=(DEPS,),
         wheels=wheels,
         base_wheels=wheels,
     )

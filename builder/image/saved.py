@@ -1,10 +1,12 @@
-"""What a `docker save` stream gives the tool: an image's exact config, and one layer's tar.
+"""What a `docker save` gives the tool: an image's exact config, and its layers' tars.
 
 The engine hands out an image's config document, byte for byte, only inside a save, after the
 tar of every layer (it re-tars them from disk: a few seconds for a base). So one pass keeps
 both things any step needs from it: the config (assembling the final image) and the apt
 layer's tar (pushing it: the base's layers are in a registry already). Each is cached, by
-image id and by diff ID, so an image is saved once, not once per need.
+image id and by diff ID, so an image is saved once, not once per need (`read_save`). An image
+whose every layer may be needed is saved to disk instead and read by its manifest
+(`SaveArchive`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import io
 import json
 import tarfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 import docker
@@ -21,6 +25,7 @@ import docker
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.layer import CHUNK, ChunkStream, Layer, keep, written
+from builder.oci.v1 import digest_of
 
 CONFIG_RECORD = "image-config"
 
@@ -92,3 +97,42 @@ def _json_object(handle: IO[bytes], image_id: str) -> dict[str, Any]:
 def _copy(source: IO[bytes], out: IO[bytes]) -> None:
     while data := source.read(CHUNK):
         out.write(data)
+
+
+@dataclass(frozen=True)
+class SaveArchive:
+    """A `docker save` on disk: the image's config (checked against its id) and its layers' tars
+    in the order its manifest lists them."""
+
+    image_id: str
+    config: bytes
+    layer_paths: tuple[str, ...]  # the archive's path of each layer tar, bottom to top
+    archive: tarfile.TarFile
+
+    def layer(self, position: int) -> IO[bytes]:
+        return _member(self.archive, self.layer_paths[position])
+
+
+@contextmanager
+def saved_to_disk(
+    client: docker.DockerClient, image_id: str, scratch: Path
+) -> Iterator[SaveArchive]:
+    """`docker save` of `image_id` written into `scratch`, open; removed when done."""
+    saved = scratch / f"{image_id.removeprefix('sha256:')}.tar"
+    with saved.open("wb") as out:
+        for chunk in client.api.get_image(image_id, chunk_size=CHUNK):
+            out.write(chunk)
+    with tarfile.open(saved) as archive:
+        manifest = json.load(_member(archive, "manifest.json"))[0]
+        config = _member(archive, manifest["Config"]).read()
+        if digest_of(config) != image_id:
+            raise UserError(f"image {image_id}: docker save gave a config of another digest")
+        yield SaveArchive(image_id, config, tuple(manifest["Layers"]), archive)
+    saved.unlink()
+
+
+def _member(archive: tarfile.TarFile, name: str) -> IO[bytes]:
+    extracted = archive.extractfile(name)
+    if extracted is None:
+        raise UserError(f"docker save: {name} is not a file")
+    return extracted

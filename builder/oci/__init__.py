@@ -10,7 +10,7 @@ In the spirit of go-containerregistry's `name` / `v1` / `mutate` / `remote`:
   layers one image adds over another);
 - `auth`: `Credentials` as a value and where a login may be sent (builder.credentials looks
   them up; the core never reads a Docker config);
-- `client`: `Registry`, the distribution API's primitives for one repository, verified and
+- `client`: `RepositoryClient`, the distribution API's primitives for one repository, verified and
   bounded reads, typed errors;
 - `remote`: `resolve(registry, platform)` and `write(registry, images, blobs, index, tags)`,
   the only reader of a platform's image and the only writer of blobs, manifests and tags.

@@ -45,7 +45,7 @@ CHUNK = 16 << 20  # bytes per PATCH of a chunked upload
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
 
 
-class Registry:
+class RepositoryClient:
     """Requests on one repository of one registry, authenticated on the first 401."""
 
     def __init__(
@@ -378,7 +378,7 @@ class VerifiedBlob:
     and checks, so a tampered layer is reported as an integrity failure, not as unreadable.
     """
 
-    def __init__(self, response: Any, digest: str, registry: Registry) -> None:
+    def __init__(self, response: Any, digest: str, registry: RepositoryClient) -> None:
         self.response = response
         self.digest = digest
         self.registry = registry

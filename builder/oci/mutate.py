@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.errors import UserError
-from builder.oci.v1 import Descriptor, Image, canonical
+from builder.oci.v1 import ConfigFile, Descriptor, Image, canonical
 
 TOOL = "build-sandbox-image"
 
@@ -57,17 +57,18 @@ def extend_config(
     Env values may name `${VAR}`'s base value as `$VAR`: PYTHONPATH=`$PYTHONPATH:/app/deps-extra`
     extends the base's path the way the Dockerfile's ENV does, without a stray `:` when unset.
     """
+    read = ConfigFile.of(base)
     config: dict[str, Any] = copy.deepcopy(dict(base))
     for stale in ("container", "container_config", "docker_version"):
         config.pop(stale, None)  # they describe the base's own last build step
     settings = config.setdefault("config", {})
-    settings["Env"] = _environment(settings.get("Env") or [], change.env)
+    settings["Env"] = _environment(read.env, change.env)
     settings["User"] = change.user
-    settings["Labels"] = dict(sorted({**(settings.get("Labels") or {}), **change.labels}.items()))
+    settings["Labels"] = dict(sorted({**read.labels, **change.labels}.items()))
     config["created"] = change.created
     config["rootfs"] = {
         "type": "layers",
-        "diff_ids": [*base["rootfs"]["diff_ids"], *(layer.diff_id for layer in layers)],
+        "diff_ids": [*read.diff_ids, *(layer.diff_id for layer in layers)],
     }
     env = " ".join(f"{key}={value}" for key, value in change.env.items())
     config["history"] = [
@@ -86,6 +87,18 @@ def extend_config(
     return config
 
 
+def bare_config(architecture: str, diff_ids: Sequence[str], labels: Mapping[str, str]) -> bytes:
+    """A config naming only `diff_ids` and `labels`: what an engine loads layers under before
+    the image's own config exists."""
+    config = {
+        "architecture": architecture,
+        "os": "linux",
+        "config": {"Labels": dict(labels)},
+        "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
+    }
+    return canonical(config)
+
+
 def top(image: Image, base: Image) -> list[NewLayer]:
     """The layers `image` adds over `base`, refusing an image that is not built on `base`."""
     count = len(base.layers)
@@ -94,13 +107,13 @@ def top(image: Image, base: Image) -> list[NewLayer]:
         image.diff_ids[:count] != base.diff_ids
     ):
         raise UserError(f"image {image.digest} is not built on base {base.digest}")
-    history = [h for h in image.config.get("history", []) if not h.get("empty_layer")][count:]
+    history = [h for h in image.config_file.history if not h.empty_layer][count:]
     return [
         NewLayer(
             layer.digest,
             diff_id,
             layer.size,
-            history[index].get("created_by", "") if index < len(history) else "",
+            history[index].created_by if index < len(history) else "",
         )
         for index, (layer, diff_id) in enumerate(
             zip(image.layers[count:], image.diff_ids[count:], strict=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.errors import RegistryError
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.v1 import (
     EMPTY_CONFIG,
     OCI_EMPTY,
@@ -101,13 +101,13 @@ def referrers_index(kept: Sequence[Referrer], new: Sequence[Referrer]) -> bytes:
     )
 
 
-def referrers(registry: Registry, subject_digest: str) -> tuple[Referrer, ...]:
+def referrers(registry: RepositoryClient, subject_digest: str) -> tuple[Referrer, ...]:
     """Every artifact attached to `subject_digest`: from the API, else from the fallback tag."""
     listing = api_listing(registry, subject_digest)
     return listing if listing is not None else fallback_listing(registry, subject_digest)
 
 
-def attached_document(registry: Registry, referrer: Referrer) -> bytes:
+def attached_document(registry: RepositoryClient, referrer: Referrer) -> bytes:
     """The document an attachment holds (its one layer), verified against its digest."""
     body, _ = registry.manifest(referrer.digest)
     try:
@@ -120,7 +120,7 @@ def attached_document(registry: Registry, referrer: Referrer) -> bytes:
     return registry.small_blob(layer.digest)
 
 
-def api_listing(registry: Registry, subject_digest: str) -> tuple[Referrer, ...] | None:
+def api_listing(registry: RepositoryClient, subject_digest: str) -> tuple[Referrer, ...] | None:
     """The referrers API's answer; None where the registry has no such API (404)."""
     url = registry.url("referrers", subject_digest)
     response = registry.open(url, accept=OCI_INDEX, missing_ok=True)
@@ -132,7 +132,7 @@ def api_listing(registry: Registry, subject_digest: str) -> tuple[Referrer, ...]
         return _parsed(registry, response.read(MAX_DOCUMENT))
 
 
-def fallback_listing(registry: Registry, subject_digest: str) -> tuple[Referrer, ...]:
+def fallback_listing(registry: RepositoryClient, subject_digest: str) -> tuple[Referrer, ...]:
     tag = fallback_tag(subject_digest)
     head = registry.open(registry.url("manifests", tag), "HEAD", accept=OCI_INDEX, missing_ok=True)
     if head is None:
@@ -142,7 +142,7 @@ def fallback_listing(registry: Registry, subject_digest: str) -> tuple[Referrer,
     return _parsed(registry, body)
 
 
-def _parsed(registry: Registry, body: bytes) -> tuple[Referrer, ...]:
+def _parsed(registry: RepositoryClient, body: bytes) -> tuple[Referrer, ...]:
     try:
         entries = json.loads(body)["manifests"]
         return tuple(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from builder.errors import RegistryError, RegistryUnreachable, UserError
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import TAG_RE
 from builder.oci.referrers import (
     Attachment,
@@ -68,7 +68,7 @@ class InMemory:
 class InRepository:
     """A blob another repository holds: mounted on the same registry, else streamed across."""
 
-    registry: Registry
+    registry: RepositoryClient
 
 
 BlobSource = LocalFile | InMemory | InRepository
@@ -83,7 +83,7 @@ class Blobs:
     """
 
     sources: Mapping[str, BlobSource] = field(default_factory=dict)
-    mountable: tuple[Registry, ...] = ()
+    mountable: tuple[RepositoryClient, ...] = ()
 
     def __or__(self, other: Blobs) -> Blobs:
         """Both images' sources: what writing them together needs."""
@@ -156,7 +156,7 @@ class Written:
 
 
 def read(
-    registry: Registry, reference: str | None = None, expected: str | None = None
+    registry: RepositoryClient, reference: str | None = None, expected: str | None = None
 ) -> Image | Index:
     """The image or index `reference` (default: the registry's own reference) names.
 
@@ -166,7 +166,7 @@ def read(
     return _parsed(registry, digest, lambda: _document(registry, body))
 
 
-def resolve(registry: Registry, platform: Platform, reference: str | None = None) -> Image:
+def resolve(registry: RepositoryClient, platform: Platform, reference: str | None = None) -> Image:
     """The `platform` image `reference` names (through an index when it is one).
 
     Documents of another shape (an index naming an index, layers that are not descriptors, no
@@ -175,7 +175,7 @@ def resolve(registry: Registry, platform: Platform, reference: str | None = None
     return platform_image(registry, read(registry, reference), platform)
 
 
-def platform_image(registry: Registry, found: Image | Index, platform: Platform) -> Image:
+def platform_image(registry: RepositoryClient, found: Image | Index, platform: Platform) -> Image:
     """The `platform` image of a document already read from `registry`: itself, or the index's
     entry for it (the one rule every caller narrows an index by)."""
     if isinstance(found, Index):
@@ -193,7 +193,7 @@ def platform_image(registry: Registry, found: Image | Index, platform: Platform)
     return found
 
 
-def _document(registry: Registry, body: bytes) -> Image | Index:
+def _document(registry: RepositoryClient, body: bytes) -> Image | Index:
     if is_index(body):
         return Index.parse(body)
     return Image.parse(body, registry.small_blob(_config_digest(body)))
@@ -210,7 +210,7 @@ def _config_digest(body: bytes) -> str:
 T = TypeVar("T")
 
 
-def _parsed(registry: Registry, digest: str, parse: Callable[[], T]) -> T:
+def _parsed(registry: RepositoryClient, digest: str, parse: Callable[[], T]) -> T:
     try:
         return parse()
     except (ValueError, KeyError, TypeError, AttributeError) as error:
@@ -220,7 +220,7 @@ def _parsed(registry: Registry, digest: str, parse: Callable[[], T]) -> T:
 
 
 def upload_blobs(
-    target: Registry,
+    target: RepositoryClient,
     image: Image,
     blobs: Blobs,
     memory: BlobMemory | None = None,
@@ -267,7 +267,7 @@ def upload_blobs(
 
 
 def _mounted(
-    target: Registry, digest: str, memory: BlobMemory | None, mountable: Sequence[str]
+    target: RepositoryClient, digest: str, memory: BlobMemory | None, mountable: Sequence[str]
 ) -> bool:
     """Mount `digest` into `target` from a repository that may hold it; False: upload it.
 
@@ -291,7 +291,7 @@ def _mounted(
 
 
 def write(
-    target: Registry,
+    target: RepositoryClient,
     images: Sequence[Image],
     blobs: Blobs,
     *,
@@ -330,7 +330,7 @@ def write(
     return Written(target.label, top.digest, names, moved.uploaded, moved.mounted, moved.present)
 
 
-def attach(target: Registry, subject: Descriptor, attachments: Sequence[Attachment]) -> int:
+def attach(target: RepositoryClient, subject: Descriptor, attachments: Sequence[Attachment]) -> int:
     """Push each attachment of `subject` and list it where clients look; returns bytes sent.
 
     The subject's manifest must already be in `target`. Without a referrers API the fallback
@@ -354,7 +354,7 @@ def attach(target: Registry, subject: Descriptor, attachments: Sequence[Attachme
     return sent
 
 
-def move_tags(target: Registry, top: Image | Index, tags: Sequence[str]) -> tuple[str, ...]:
+def move_tags(target: RepositoryClient, top: Image | Index, tags: Sequence[str]) -> tuple[str, ...]:
     """PUT the manifest under each tag (`name` or `repository:name`): the one tag writer."""
     names = []
     for tag in tags:
@@ -366,7 +366,7 @@ def move_tags(target: Registry, top: Image | Index, tags: Sequence[str]) -> tupl
     return tuple(names)
 
 
-def offered(registry: Registry, platforms: Sequence[Platform]) -> tuple[Platform, ...]:
+def offered(registry: RepositoryClient, platforms: Sequence[Platform]) -> tuple[Platform, ...]:
     """Which of `platforms` the reference has an image for (from its index, or its config)."""
     found = read(registry)
     if isinstance(found, Index):

@@ -15,6 +15,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -28,7 +29,6 @@ DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_INDEX})
-IMAGE_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
 MANIFEST_TYPES = (OCI_INDEX, DOCKER_INDEX, OCI_MANIFEST, DOCKER_MANIFEST)  # Accept, in order
 GZIP_LAYERS = frozenset({DOCKER_LAYER, OCI_LAYER})
 OCI_EMPTY = "application/vnd.oci.empty.v1+json"  # an artifact's config: the 2-byte `{}` blob
@@ -143,6 +143,61 @@ class Descriptor:
 
 
 @dataclass(frozen=True)
+class History:
+    """One entry of an image config's history: the step that made a layer (or an empty one)."""
+
+    created_by: str
+    empty_layer: bool
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """The fields of an image config the tool reads, typed (go-containerregistry's
+    `ConfigFile`). The document itself stays as read (`Image.config`), so that writing it back
+    keeps every field the tool does not know; `mutate` makes new documents."""
+
+    env: tuple[str, ...]  # `KEY=value` entries, in order
+    user: str
+    labels: Mapping[str, str]
+    history: tuple[History, ...]
+    diff_ids: tuple[str, ...]
+    architecture: str
+    created: str  # RFC 3339; empty when the config has no date
+
+    @classmethod
+    def parse(cls, body: bytes) -> ConfigFile:
+        """The config these bytes are; ValueError naming the field when one has the wrong shape."""
+        return cls.of(_json_object(body, "image config"))
+
+    @classmethod
+    def of(cls, document: Mapping[str, Any]) -> ConfigFile:
+        """The fields of this config document; ValueError naming one of the wrong shape."""
+        rootfs = document.get("rootfs", {"diff_ids": []})  # a probe needs none; a rebase checks
+        diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, Mapping) else None
+        if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
+            raise ValueError("rootfs.diff_ids is not a list of digests")
+        history = document.get("history") or []
+        if not all(isinstance(h, Mapping) for h in history):
+            raise ValueError("history is not a list of objects")
+        settings = document.get("config") or {}
+        return cls(
+            env=tuple(settings.get("Env") or ()),
+            user=str(settings.get("User") or ""),
+            labels=MappingProxyType(dict(settings.get("Labels") or {})),
+            history=tuple(
+                History(str(h.get("created_by", "")), bool(h.get("empty_layer"))) for h in history
+            ),
+            diff_ids=tuple(diff_ids),
+            architecture=str(document.get("architecture") or ""),
+            created=str(document.get("created") or ""),
+        )
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return dict(entry.partition("=")[::2] for entry in self.env)
+
+
+@dataclass(frozen=True)
 class Image:
     """A single-platform image: its manifest bytes and config bytes, and their parsed fields."""
 
@@ -151,7 +206,7 @@ class Image:
     media_type: str
     config_descriptor: Descriptor
     layers: tuple[Descriptor, ...]
-    config: Mapping[str, Any] = field(repr=False)
+    config: Mapping[str, Any] = field(repr=False)  # the document; typed: `config_file`
     annotations: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -202,19 +257,14 @@ class Image:
         manifest = _json_object(manifest_bytes, "manifest")
         if "manifests" in manifest:
             raise ValueError("an index where an image manifest was expected")
-        config = _json_object(config_bytes, "image config")
+        document = _json_object(config_bytes, "image config")
         descriptor = Descriptor.from_dict(manifest.get("config"))
         if descriptor.digest != digest_of(config_bytes):
             raise ValueError("the config is not the one the manifest names")
         layers = manifest.get("layers")
         if not isinstance(layers, list):
             raise ValueError("layers is not a list")
-        rootfs = config.get("rootfs", {"diff_ids": []})  # a probe needs none; a rebase checks
-        diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, Mapping) else None
-        if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
-            raise ValueError("rootfs.diff_ids is not a list of digests")
-        if not all(isinstance(h, Mapping) for h in config.get("history") or []):
-            raise ValueError("history is not a list of objects")
+        ConfigFile.of(document)  # a field of the wrong shape is a ValueError
         annotations = manifest.get("annotations") or {}
         return cls(
             manifest_bytes,
@@ -222,7 +272,7 @@ class Image:
             str(manifest.get("mediaType") or DOCKER_MANIFEST),
             descriptor,
             tuple(Descriptor.from_dict(layer) for layer in layers),
-            config,
+            document,
             MappingProxyType(dict(annotations)) if isinstance(annotations, dict) else {},
         )
 
@@ -234,13 +284,18 @@ class Image:
     def is_docker(self) -> bool:
         return self.media_type == DOCKER_MANIFEST
 
+    @cached_property
+    def config_file(self) -> ConfigFile:
+        """The config's fields the tool reads, typed."""
+        return ConfigFile.of(self.config)
+
     @property
     def diff_ids(self) -> tuple[str, ...]:
-        return tuple((self.config.get("rootfs") or {}).get("diff_ids") or ())
+        return self.config_file.diff_ids
 
     @property
     def architecture(self) -> str:
-        return str(self.config.get("architecture") or "")
+        return self.config_file.architecture
 
     @property
     def size(self) -> int:

@@ -9,8 +9,3 @@ runnable against any host:port, so the tests run them against the server process
 a requirements file and hands verify the distribution names), `builder.image`, `builder.base`
 or the orchestration modules (tests/test_layout.py holds it to that).
 """
-
-from builder.verify.report import Check, VerifyReport
-from builder.verify.run import verify_image
-
-__all__ = ["Check", "VerifyReport", "verify_image"]

@@ -2,9 +2,10 @@
 
 Read-only root filesystem, all capabilities dropped, no-new-privileges, uid/gid 65532, tmpfs
 /workspace (owned by 65532) and /tmp, the contract's port published on 127.0.0.1 only (on a
-tcp:// engine on another host, on the address its URL's publish= accepts: builder.engines). The
-container is always removed, whatever happens. Whether it runs emulated follows from its image's
-architecture and the engine's (both in Docker's terms: amd64, arm64), never from timing.
+tcp:// engine on another host, on the address its URL's publish= accepts:
+builder.engines.per_arch). The container is always removed, whatever happens. Whether it runs
+emulated follows from its image's architecture and the engine's (both in Docker's terms: amd64,
+arm64), never from timing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import docker
 import docker.errors
 
 from builder import contract
-from builder.engine import LOOPBACK, Engine
+from builder.engines.connection import LOOPBACK, Engine
 from builder.oci.v1 import MACHINES
 from builder.verify.client import Machine, Sandbox
 from builder.verify.report import Check, CheckFailed, short

@@ -8,14 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from builder.contract import BYTECODE_LABEL
-from builder.engine import Engine, engine_client, local_image
+from builder.engines.connection import Engine, engine_client, local_image
 from builder.errors import UserError
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import hardened, image_user_check
 from builder.verify.discovery import check_snippet, import_checks, modules_of
-from builder.verify.inventory import sbom_check
 from builder.verify.report import Check, CheckFailed, ContractViolation, VerifyReport, run_check
+from builder.verify.sbom_check import sbom_check
 from builder.verify.sdk import sdk_checks
 
 WORKERS = 4  # checks at once: most wait on the server or on a command, the imports use a core

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from builder import credentials
-from builder.oci.client import Registry as RepositoryClient
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import resolve
 from builder.oci.v1 import Image, Platform

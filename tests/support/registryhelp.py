@@ -167,7 +167,7 @@ def mount_image(registry: Any, source: str, target: str) -> str:
     registry, logged in as the test registry's user, by the tool's own cross-repository mount
     of each blob: no layer is uploaded again. The manifest's digest."""
     from builder.oci.auth import Credentials
-    from builder.oci.client import Registry as RepositoryClient
+    from builder.oci.client import RepositoryClient
     from builder.oci.name import ImageRef
 
     login = Credentials(registry.user, registry.password, "the test registry")

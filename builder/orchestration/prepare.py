@@ -1,7 +1,8 @@
 """Requirements in, plan and build context out: the steps before any image exists.
 
 Each step is its own module; this file only sequences them and fans out per architecture.
-What happens next (each arch's image made, verified, pushed) is builder.commands' to sequence.
+What happens next (each arch's image made, verified, pushed) is builder.orchestration.commands'
+to sequence.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
 from builder.analysis.target import BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
+from builder.attest.contents import without_credentials
+from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
+from builder.image.attachments import input_files
 from builder.image.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.image.extras import (
     BytecodeFacts,
@@ -209,7 +213,7 @@ class Finish:
     cache: Cache
 
 
-def extras_of(plan: Plan) -> str:
+def extras_hash_of(plan: Plan) -> str:
     """The extras hash: what the tag and the `.version` label name besides the platform."""
     digest_input = [lock_text(plan, a.arch) + " ".join(a.apt_packages) for a in plan.arches]
     return extras_hash([plan.base_image, *digest_input])
@@ -228,16 +232,41 @@ def finish(
     if layers is None:
         layers = plan_layers(plan, request.cache, interpreter, group_budget(bool(plan.bytecode)))
     epoch = plan_epoch(plan, request.cache)
-    version = platform_version(plan.base_image, request.platform_version)
+    version = platform_version(plan.base_reference, request.platform_version)
     bytecode = interpreter.build if interpreter else "none"
     labels = image_labels(
-        plan.base.image, plan.base.digest, epoch, version, extras_of(plan), bytecode
+        plan.base.image, plan.base.digest, epoch, version, extras_hash_of(plan), bytecode
     )
     return Finish(layers, labels, created(epoch), request.cache)
 
 
-def platform_version(base_image: str, explicit: str | None) -> str:
+def platform_version(base: ImageRef, explicit: str | None) -> str:
     """The platform version an image is built for: given, or the base image's tag."""
     if explicit:
         return explicit
-    return ImageRef.parse(base_image, "base image").tag or "latest"
+    return base.tag or "latest"
+
+
+def build_parameters(plan: Plan, request: Request) -> BuildParameters:
+    """What the operator asked for, as the provenance names it: files by hash, the package
+    indexes without their credentials, apt secrets by the id BuildKit mounts them under (never
+    their contents)."""
+    secrets = request.secrets
+    indexes = read_requirements(request.requirement_files, request.constraint_files).indexes()
+    return BuildParameters(
+        requirements=input_files(request.requirement_files),
+        constraints=input_files(request.constraint_files),
+        overrides=input_files(request.overrides),
+        arches=tuple(a.arch for a in plan.arches),
+        platform_version=platform_version(plan.base_reference, request.platform_version),
+        base_image=plan.base_image,
+        flags={
+            "with_optional": request.with_optional,
+            "indexes": " ".join(without_credentials(url) for url in indexes),
+            "apt_secrets": ",".join(
+                name
+                for name, used in (("apt-ca", secrets.apt_ca), ("apt-auth", secrets.apt_auth))
+                if used
+            ),
+        },
+    )

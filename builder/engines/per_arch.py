@@ -27,7 +27,7 @@ from types import MappingProxyType
 import docker
 
 from builder.analysis.target import ARCHES
-from builder.engine import (
+from builder.engines.connection import (
     API_TIMEOUT,
     LOOPBACK,
     Engine,

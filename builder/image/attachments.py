@@ -1,6 +1,6 @@
 """What delivery attaches to each arch image: its SBOM and its provenance, from its facts.
 
-The facts are read out of the engine image that is verified (builder.image.inventory: dpkg's
+The facts are read out of the engine image that is verified (builder.image.read_contents: dpkg's
 status, every METADATA on PYTHONPATH) and joined with what the plan knows and the image
 cannot say: each extra's wheel (URL, sha256), the base by digest, which Debian packages the
 base brought, the target's marker environment. They are read once, before verification, so
@@ -13,18 +13,15 @@ pushed with the image by builder.oci.remote.write.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import docker
 
 from builder import credentials
 from builder.analysis.plan import EXTRA_DEPS, Plan
-from builder.analysis.requirements import read_requirements
 from builder.analysis.target import ARCHES, Target
 from builder.attest import provenance, sbom
 from builder.attest.contents import (
@@ -32,58 +29,25 @@ from builder.attest.contents import (
     WheelOrigin,
     debian_packages,
     distribution,
-    without_credentials,
 )
 from builder.attest.provenance import BuildParameters, BuildRun, InputFile
-from builder.engine import engine_client, native_arch
+from builder.contract import DEPS
+from builder.engines.connection import engine_client, native_arch
 from builder.errors import RegistryError, UserError
-from builder.image.inventory import image_facts
+from builder.image.labels import tool_version
+from builder.image.read_contents import image_facts
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import read
-from builder.oci.v1 import Index, Platform, digest_of
-from builder.pipeline import Request, platform_version
+from builder.oci.v1 import ConfigFile, Index, Platform, digest_of
 
-BASE_DEPS = "/app/deps"
 SBOM_FILE = "sbom-{arch}.cdx.json"
 PROVENANCE_FILE = "provenance-{arch}.intoto.json"
-
-
-def tool_version() -> str:
-    try:
-        return version("build-sandbox-image")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def input_files(paths: tuple[Path, ...]) -> tuple[InputFile, ...]:
     """Files the operator gave, by name and content hash (what provenance names them by)."""
     return tuple(InputFile(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in paths)
-
-
-def build_parameters(plan: Plan, request: Request) -> BuildParameters:
-    """What the operator asked for, as the provenance names it: files by hash, the package
-    indexes without their credentials, apt secrets by the id BuildKit mounts them under (never
-    their contents)."""
-    secrets = request.secrets
-    indexes = read_requirements(request.requirement_files, request.constraint_files).indexes()
-    return BuildParameters(
-        requirements=input_files(request.requirement_files),
-        constraints=input_files(request.constraint_files),
-        overrides=input_files(request.overrides),
-        arches=tuple(a.arch for a in plan.arches),
-        platform_version=platform_version(plan.base_image, request.platform_version),
-        base_image=plan.base_image,
-        flags={
-            "with_optional": request.with_optional,
-            "indexes": " ".join(without_credentials(url) for url in indexes),
-            "apt_secrets": ",".join(
-                name
-                for name, used in (("apt-ca", secrets.apt_ca), ("apt-auth", secrets.apt_auth))
-                if used
-            ),
-        },
-    )
 
 
 @dataclass
@@ -160,9 +124,9 @@ def plan_facts(
         base_reference=plan.base.image,
         base_digest=plan.base.digest or "",
         environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
-        entries=tuple(e for e in dict.fromkeys((BASE_DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
+        entries=tuple(e for e in dict.fromkeys((DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
         wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
-        base_wheels=base_wheels(plan.base_image, arch),
+        base_wheels=base_wheels(plan.base_reference, arch),
         base_packages=plan.base.packages.get(arch),
         apt_packages=frozenset(planned.apt_packages),
         extras_layers=extras_layers,
@@ -185,14 +149,14 @@ def attestable(
         for p in debian
         if (p.name in names if names is not None else p.name not in request.apt_packages)
     )
-    config = json.loads(request.config)
-    epoch = int(datetime.fromisoformat(str(config.get("created"))).timestamp())
+    config = ConfigFile.parse(request.config)
+    epoch = int(datetime.fromisoformat(config.created).timestamp())
     environment = request.environment
-    top = (config.get("rootfs") or {}).get("diff_ids") or [""]
+    top = config.diff_ids or ("",)
     python: list[PythonDistribution] = []
     for location, text in facts.metadata:
         found = distribution(text, location, environment)
-        if location == BASE_DEPS:
+        if location == DEPS:
             found = replace(found, wheel=request.base_wheels.get(found.name))
         else:
             layer = request.extras_layers.get(found.name, top[-1])
@@ -266,18 +230,17 @@ def read_attached(ref: ImageRef, artifact_type: str, arch: str | None = None) ->
     return result
 
 
-def base_wheels(base_image: str, arch: str) -> Mapping[str, WheelOrigin]:
+def base_wheels(ref: ImageRef, arch: str) -> Mapping[str, WheelOrigin]:
     """The wheels the base's /app/deps came from, as the base's own SBOM names them; none when
     the base names no registry or carries no SBOM."""
+    if ref.is_hub:
+        return {}
     try:
-        ref = ImageRef.parse(base_image)
-        if ref.is_hub:
-            return {}
         found = read_attached(ref, sbom.MEDIA_TYPE, arch)
     except (RegistryError, UserError):
         return {}
     document = found[0].document if found else None
-    return sbom.wheel_origins(document, BASE_DEPS) if document else {}
+    return sbom.wheel_origins(document, DEPS) if document else {}
 
 
 def attached_sbom(image: str) -> bytes | None:

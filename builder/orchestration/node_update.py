@@ -28,11 +28,10 @@ from typing import Any
 
 from builder import credentials
 from builder.errors import RegistryError, UserError
-from builder.oci.client import Registry
-from builder.oci.name import ImageRef
+from builder.oci.client import RepositoryClient
 from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Platform
-from builder.upgrade import load_state
+from builder.orchestration.rebuild_state import load_state
 
 
 @dataclass(frozen=True)
@@ -80,13 +79,15 @@ def node_update(image: Image, previous: Image | None) -> NodeUpdate:
     )
 
 
-def baseline(state: Path | None, target: Registry, tag: str) -> tuple[Registry, str]:
+def baseline(
+    state: Path | None, target: RepositoryClient, tag: str
+) -> tuple[RepositoryClient, str]:
     """Where the image a node holds now is: the state's last pushed image, else `tag` in the
     target (see the module docstring)."""
     try:
         recorded = load_state(state) if state else None
-        if recorded and recorded.image:
-            ref = ImageRef.parse(recorded.image, "the state's image")
+        ref = recorded.image_reference if recorded else None
+        if recorded and recorded.image and ref:
             return credentials.registry(ref, recorded.image), ref.reference
     except UserError:
         pass  # an unreadable state is the rebuild's error to report, not a figure's
@@ -94,7 +95,7 @@ def baseline(state: Path | None, target: Registry, tag: str) -> tuple[Registry, 
 
 
 def previous_images(
-    registry: Registry, reference: str, arches: Sequence[str]
+    registry: RepositoryClient, reference: str, arches: Sequence[str]
 ) -> tuple[str | None, dict[str, Image]]:
     """What `reference` names now (its digest), and each arch's image in it (none for an arch
     it lacks). A figure never fails a push: an unreadable reference is as good as none."""
@@ -113,12 +114,13 @@ def previous_images(
         return None, {}
 
 
-def total(previous: str | None, updates: Sequence[NodeUpdate]) -> dict[str, Any]:
-    """Every arch's figures added up (a node runs one arch; an operator pays for each)."""
-    return {
-        "previous": previous,
-        "download": sum(u.download for u in updates),
-        "download_layers": sum(u.download_layers for u in updates),
-        "unpack": sum(u.unpack for u in updates),
-        "unpack_layers": sum(u.unpack_layers for u in updates),
-    }
+def total(previous: str | None, updates: Sequence[NodeUpdate]) -> NodeUpdate:
+    """Every arch's figures added up (a node runs one arch; an operator pays for each);
+    `previous` is what the tag named: the previous index, or image."""
+    return NodeUpdate(
+        previous,
+        sum(u.download for u in updates),
+        sum(u.download_layers for u in updates),
+        sum(u.unpack for u in updates),
+        sum(u.unpack_layers for u in updates),
+    )

@@ -1,6 +1,6 @@
 """The CLI's one error line: every command's failure ends as one `error:` line on stderr.
 
-Apart from builder.cli so that every command module (cli_sbom, cli_fleet) can use it without
+Apart from builder.cli.app so that every command module (sbom, fleet) can use it without
 importing the command line itself.
 """
 

@@ -1,39 +1,35 @@
-"""Command line: parse options, call the pipeline, print. No logic lives here."""
+"""The click group and its commands: parse options, call the orchestration, print. No logic."""
 
 from __future__ import annotations
 
 import json
 import sys
-from contextlib import ExitStack
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
+from builder.analysis.plan import Plan
 from builder.analysis.requirements import distribution_names
 from builder.analysis.target import ARCHES
-from builder.attachments import attached_sbom
-from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
-from builder.cli_errors import reports_errors
-from builder.cli_fleet import show_fleet
-from builder.cli_sbom import sbom_command
-from builder.cli_summary import pushed_lines, summary
-from builder.commands import build_delivery, build_images
-from builder.commands import rebuild as run_rebuild
+from builder.cli.errors import reports_errors
+from builder.cli.fleet import show_fleet
+from builder.cli.sbom import sbom_command
+from builder.cli.summary import pushed_lines, summary
 from builder.config import RunSettings, load_config, merge, with_engines
-from builder.delivery import Outcome, Run
-from builder.engine import engine_client
-from builder.engines import connect, engine_flags, unheeded
+from builder.engines.connection import engine_client
+from builder.engines.per_arch import engine_flags, unheeded
 from builder.errors import UserError
-from builder.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
+from builder.image.attachments import attached_sbom
 from builder.image.reference_base import build_base, build_base_index
-from builder.image.render import Secrets
 from builder.oci.name import ImageRef
-from builder.pipeline import Request, prepare
-from builder.produce_build import SystemStages, target_arches
+from builder.orchestration.commands import BuildOptions, build
+from builder.orchestration.commands import rebuild as run_rebuild
+from builder.orchestration.delivery import Outcome
+from builder.orchestration.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
 from builder.reporter import Reporter
-from builder.verify import verify_image
+from builder.verify.run import verify_image
 
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
@@ -207,48 +203,27 @@ def main(
     ignored = unheeded(settings.engines, no_build, client is not None)
     if ignored:
         click.echo(ignored, err=True)
-    with ExitStack() as stack:  # the named engines' clients are closed at the end
-        engines = None
-        if client is not None:
-            engines = stack.enter_context(connect(settings.engines, client))
-        base = base_profile(settings.base_image, client, cache, REPORTER)
-        arches = target_arches(settings.arches, base, client)
-        request = Request(
-            requirement_files=settings.requirements,
-            constraint_files=settings.constraints,
-            arches=arches,
-            base=base,
-            output=settings.output,
-            cache=cache,
-            secrets=Secrets.of(settings.apt_secrets),
-            refresh=refresh,
-            overrides=overrides,
-            with_optional=with_optional,
-            platform_version=settings.platform_version,
-            bytecode=settings.bytecode and not no_bytecode,
-            engine=engines.compiling_client(arches) if engines is not None else None,
-        )
-        stages = stack.enter_context(SystemStages(settings.apt_secrets, engines))
-        plan = prepare(request, planned=stages.start if engines is not None else None)
+
+    def show_plan(plan: Plan) -> None:
         for line in plan.warnings:
             click.echo(line, err=True)
         click.echo(summary(plan, json.loads((settings.output / "report.json").read_text())))
         click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
-        if engines is None:
-            why = "--no-build" if no_build else "no Docker engine reachable"
-            click.echo(f"not building ({why}); build each arch with BuildKit:")
-            for arch in plan.arches:
-                click.echo(
-                    f"  DOCKER_BUILDKIT=1 docker build --platform linux/{arch.arch}"
-                    f" -t IMAGE-{arch.arch} {settings.output}"
-                )
-            return
-        delivery = build_delivery(plan, request, settings, config, verify=not no_verify)
-        run = Run(engines, cache, settings.output, REPORTER)
-        outcome = build_images(plan, request, delivery, stages, run, tag)
-    show_outcome(outcome)
-    if delivery.state is not None and outcome.pushed:
-        click.echo(f"state recorded in {delivery.state.path}")
+
+    options = BuildOptions(refresh, overrides, with_optional, no_bytecode, not no_verify, tag)
+    built = build(settings, options, config, client, cache, REPORTER, show_plan)
+    if built.outcome is None or built.delivery is None:
+        why = "--no-build" if no_build else "no Docker engine reachable"
+        click.echo(f"not building ({why}); build each arch with BuildKit:")
+        for arch in built.plan.arches:
+            click.echo(
+                f"  DOCKER_BUILDKIT=1 docker build --platform linux/{arch.arch}"
+                f" -t IMAGE-{arch.arch} {settings.output}"
+            )
+        return
+    show_outcome(built.outcome)
+    if built.delivery.state is not None and built.outcome.pushed:
+        click.echo(f"state recorded in {built.delivery.state.path}")
 
 
 @main.command("rebuild")
@@ -287,7 +262,8 @@ def rebuild(
 ) -> None:
     """Re-resolve against a new platform version; build, verify, push and point the template.
 
-    With several --config, each is one template of a fleet (builder.fleet), ending in a table.
+    With several --config, each is one template of a fleet (builder.orchestration.fleet),
+    ending in a table.
     """
     config = load_config(config_paths[0]) if len(config_paths) == 1 else None
     if engine_urls and config is None:
@@ -418,8 +394,10 @@ def base_command(
     cache = Cache(cache_dir or default_root())
     wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
     if len(wanted) == 1:
-        image_id = build_base(tag, base_image=base_image, arch=wanted[0], cache=cache)
+        image_id = build_base(
+            tag, base_image=base_image, arch=wanted[0], cache=cache, log=sys.stderr
+        )
         click.echo(f"{tag} {image_id}")
         return
-    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache)
+    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache, log=sys.stderr)
     click.echo(f"{tag} {pushed.reference}")

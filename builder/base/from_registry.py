@@ -23,9 +23,9 @@ from builder.base.profile import DEBIAN_VERSION, profile_from_facts, pythonpath_
 from builder.cache import Cache
 from builder.credentials import registry
 from builder.errors import RegistryError, UserError
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
-from builder.oci.remote import read
+from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Index, Platform
 
 RECORD_KIND = "registry-probe"
@@ -82,18 +82,13 @@ def _cached(cache: Cache, digest: str) -> dict[str, Any] | None:
     return record
 
 
-def _platform_images(client: Registry, top: Image | Index) -> Iterator[tuple[Arch, Image]]:
+def _platform_images(client: RepositoryClient, top: Image | Index) -> Iterator[tuple[Arch, Image]]:
     """(arch, image) for amd64 and arm64: from an index, or the one image's config."""
     if isinstance(top, Index):
         for arch in ARCHES.values():
-            entry = top.pick(Platform.linux(arch.name))
-            if entry is not None:
-                image = read(client, entry.digest)
-                if isinstance(image, Index):
-                    raise RegistryError(
-                        f"{client.label}: its index names another index for linux/{arch.name}"
-                    )
-                yield arch, image
+            platform = Platform.linux(arch.name)
+            if top.pick(platform) is not None:  # an arch the index lacks is not probed
+                yield arch, platform_image(client, top, platform)
         return
     config_arch = ARCHES.get(top.architecture)
     if config_arch is None:
@@ -102,10 +97,9 @@ def _platform_images(client: Registry, top: Image | Index) -> Iterator[tuple[Arc
     yield config_arch, top
 
 
-def _probe_image(client: Registry, image: Image, arch: Arch) -> dict[str, Any]:
+def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> dict[str, Any]:
     """Config facts and layer facts of one image."""
-    config = image.config.get("config") or {}
-    env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
+    env = image.config_file.environment
     pythonpath = env.get("PYTHONPATH", "")
     layers = Layers(arch, [d.strip("/") for d in pythonpath_dirs(pythonpath)])
     for layer in image.layers:
@@ -124,7 +118,7 @@ def _probe_image(client: Registry, image: Image, arch: Arch) -> dict[str, Any]:
     found = facts["distributions"]  # keyed as the engine's facts are: as PYTHONPATH says
     facts["distributions"] = {d: found[d.strip("/")] for d in pythonpath_dirs(pythonpath)}
     facts["python"] = env.get("PYTHON_VERSION") or _python_from_packages(facts)
-    facts["user"] = config.get("User") or ""
+    facts["user"] = image.config_file.user
     facts["pythonpath"] = pythonpath
     return facts
 

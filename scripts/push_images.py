@@ -1,6 +1,6 @@
-"""Push engine images as one multi-arch index: `python -m builder.image.push_images`.
+"""Push engine images as one multi-arch index: `python scripts/push_images.py`.
 
-    python -m builder.image.push_images REGISTRY/REPO:TAG ARCH=IMAGE [ARCH=IMAGE ...]
+    python scripts/push_images.py REGISTRY/REPO:TAG ARCH=IMAGE [ARCH=IMAGE ...]
 
 Each image goes up by digest (the tool's own path: builder.image.from_engine and
 builder.oci.remote.write), the index names each with its platform under TAG, and each image is
@@ -15,22 +15,25 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import docker
 import docker.errors
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a plain script
+
 from builder import credentials
-from builder.engine import engine_client
+from builder.engines.connection import engine_client
 from builder.errors import UserError
 from builder.image.from_engine import push_engine_images
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, read, resolve, write
 from builder.oci.v1 import Index, Platform
 
 
 def present(
-    target: Registry, tag: str, images: Mapping[str, str]
+    target: RepositoryClient, tag: str, images: Mapping[str, str]
 ) -> tuple[str, dict[str, str]] | None:
     """The index digest and each arch's image digest, if `tag` already names these images."""
     try:

@@ -1,7 +1,7 @@
 """The main command's summary of a plan (what it installs, what it costs, what it needs) and
 of a push (what moved, and what a node holding the previous image fetches again).
 
-Formatting only, apart from builder/cli.py (which prints it) so that module stays small.
+Formatting only, apart from builder/cli/app.py (which prints it) so that module stays small.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 from builder.analysis.plan import Plan
 from builder.analysis.sizes import human, size_figures
 from builder.oci.remote import Written
+from builder.orchestration.node_update import NodeUpdate
 
 
 def summary(plan: Plan, report: Mapping[str, Any] | None = None) -> str:
@@ -77,20 +78,21 @@ def _extras_lines(arch: str, report: Mapping[str, Any]) -> list[str]:
     return [line]
 
 
-def pushed_lines(pushed: Written, node: Mapping[str, Any] | None) -> str:
+def pushed_lines(pushed: Written, node: NodeUpdate | None) -> str:
     """What was pushed, and one line of what it moved.
 
     Uploaded, mounted from another repository of the registry, already there; then what a node
-    holding the image the tag named before downloads and unpacks (builder.node_update).
+    holding the image the tag named before downloads and unpacks
+    (builder.orchestration.node_update).
     """
     moved = (
         f"push: {human(pushed.bytes_uploaded)} uploaded, {human(pushed.bytes_mounted)} mounted,"
         f" {human(pushed.bytes_present)} already there"
     )
-    if not node or not node.get("previous"):
+    if not node or not node.previous:
         return f"pushed: {pushed.reference}\n{moved}; the tag named no image before"
     return (
         f"pushed: {pushed.reference}\n{moved}; a node with the previous image downloads"
-        f" {human(node['download'])} ({node['download_layers']} layers), unpacks"
-        f" {node['unpack_layers']} layers ({human(node['unpack'])})"
+        f" {human(node.download)} ({node.download_layers} layers), unpacks"
+        f" {node.unpack_layers} layers ({human(node.unpack)})"
     )

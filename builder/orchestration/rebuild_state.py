@@ -3,7 +3,8 @@
 The state file is the record a pipeline commits next to its config: the platform version,
 the base digest and python patch it was built on, the resolved extras, lock hash and apt set
 per arch, and the pushed image. Comparing it with a fresh plan tells whether a rebuild is
-needed, and whether it can be a rebase (`builder.rebase`: same locks, new base).
+needed, and whether it can be a rebase (builder.orchestration.produce_rebase: same locks, new
+base).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from builder.analysis.plan import Plan
 from builder.errors import UserError
 from builder.image.layer import lock_hash
 from builder.image.render import lock_text
+from builder.oci.name import ImageRef
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class BuildState:
     locks: Mapping[str, str] = field(default_factory=dict)  # arch -> lock hash (the resolution)
     path: str | None = None  # "rebase" or "build": how the recorded image was made
     bytecode: str | None = None  # the interpreter build that compiled its .pyc; None: none
+
+    @cached_property
+    def image_reference(self) -> ImageRef | None:
+        """The recorded image as a reference, parsed once where the state is read back."""
+        return ImageRef.parse(self.image, "previous image") if self.image else None
 
     def to_dict(self) -> dict[str, Any]:
         return {

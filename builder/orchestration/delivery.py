@@ -1,47 +1,55 @@
 """One delivery: verify every arch's image, write them and their index, point the template.
 
-Two producers make the per-arch images: builder.produce_build (BuildKit builds each arch's
-system stage, the tool assembles the extras layers on it) and builder.produce_rebase (the
-previous image's extras layers put on the new base). Each hands over `Produced` values: the
-engine's name for the image to verify, the config verified, and how to get the OCI value
-written (an `oci.v1.Image` and where its blobs are). `deliver` is the only place that sequences
-producers, verification and writes: every arch is started at once (those native on their
-engine first, so a native image never waits on emulation) and verified as it arrives, on the
-engine that made it (`run.engines.for_arch(arch)`: builder.engines); only when every arch
-passed is anything written (builder.oci.remote.write: each image by digest, then the index,
-the tags last), so a failure leaves every tag and the template as they were. Then the
-template is pointed at the digest (with the warm-pool warnings), and report.json and the
-state are written.
+Two producers make the per-arch images: builder.orchestration.produce_build (BuildKit builds
+each arch's system stage, the tool assembles the extras layers on it) and
+builder.orchestration.produce_rebase (the previous image's extras layers put on the new base).
+Each hands over `Produced` values: the engine's name for the image to verify, the config
+verified, and how to get the OCI value written (an `oci.v1.Image` and where its blobs are).
+`deliver` is the only place that sequences producers, verification and writes: every arch is
+started at once (those native on their engine first, so a native image never waits on emulation)
+and verified as it arrives, on the engine that made it (`run.engines.for_arch(arch)`:
+builder.engines.per_arch); only when every arch passed is anything written
+(builder.oci.remote.write: each image by digest, then the index, the tags last), so a failure
+leaves every tag and the template as they were. Then the template is pointed at the digest (with
+the warm-pool warnings), and report.json and the state are written.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from builder import credentials
 from builder.analysis.plan import Plan
-from builder.attachments import Attestable, attestable, plan_facts
 from builder.attest.provenance import BuildParameters
 from builder.blob_memory import blob_memory
 from builder.cache import Cache
-from builder.engines import Engines
+from builder.engines.per_arch import Engines
 from builder.errors import UserError
+from builder.image.attachments import Attestable, attestable, plan_facts
 from builder.image.render import add_to_output, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
-from builder.node_update import baseline, node_update, previous_images, total
-from builder.oci.client import Registry
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, Written, write
 from builder.oci.v1 import Image, Index, Platform
+from builder.orchestration.node_update import (
+    NodeUpdate,
+    baseline,
+    node_update,
+    previous_images,
+    total,
+)
+from builder.orchestration.rebuild_state import save_state, state_of
+from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
 from builder.reporter import Reporter
-from builder.upgrade import save_state, state_of
-from builder.verify import VerifyReport, verify_image
+from builder.verify.report import VerifyReport
+from builder.verify.run import verify_image
 
 
 @dataclass
@@ -51,13 +59,14 @@ class Produced:
     arch: str
     engine_name: str  # what the verification runs: an image id, or repository@digest
     config: bytes  # the config verified: the image written must carry exactly these bytes
-    value: Callable[[Registry, Path], tuple[Image, Blobs]]  # the image to write, when pushed
-    record: dict[str, Any]  # this arch's report.json fields
+    value: Callable[
+        [RepositoryClient, Path], tuple[Image, Blobs]
+    ]  # the image to write, when pushed
+    record: Mapping[str, object]  # the producer's own report.json fields for this arch
     local_tag: str | None = None  # the build path tags each image in the engine
-    extras_layers: list[dict[str, Any]] | None = None  # the extras tars' facts, for report.json
+    extras_layers: Sequence[Mapping[str, object]] | None = None  # the tars' facts, for the report
     early: Written | None = None  # what the producer wrote itself (a rebase that pulls)
     verification: VerifyReport | None = None
-    digest: str | None = None  # its manifest, as written
     holding_layers: Mapping[str, str] = field(default_factory=dict)  # dist -> its layer's diff ID
     attestable: Attestable | None = None  # its SBOM and provenance facts, read before verifying
 
@@ -135,7 +144,8 @@ class Outcome:
     pushed: Written | None = None  # with several arches: the index
     template_change: TemplateChange | None = None
     notes: list[str] = field(default_factory=list)
-    node_update: dict[str, Any] | None = None  # a node holding the tag's previous image: cost
+    node_update: NodeUpdate | None = None  # a node holding the tag's previous image: cost
+    written: Mapping[str, ArchWritten] = field(default_factory=dict)  # arch -> what writing it did
 
     @property
     def succeeded(self) -> bool:
@@ -156,8 +166,9 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     )
     if outcome.succeeded and delivery.push is not None:
         recorded = delivery.state.path if delivery.state else None
-        written = _write(producer, produced, delivery.push, run, recorded)
-        outcome.pushed, outcome.node_update = written
+        outcome.pushed, outcome.node_update, outcome.written = _write(
+            producer, produced, delivery.push, run, recorded
+        )
         if delivery.template:
             _point_template(outcome, delivery)
     _report(outcome, delivery, run.output)
@@ -206,14 +217,13 @@ def _produce_and_verify(
 
 def _write(
     producer: Producer, produced: list[Produced], target: Target, run: Run, state: Path | None
-) -> tuple[Written, dict[str, Any]]:
+) -> tuple[Written, NodeUpdate, dict[str, ArchWritten]]:
     """Every arch's image by digest, then the tag names it (one arch) or an index of them;
-    and what a node holding the previous image (the `state`'s, else the tag's) fetches and
-    unpacks.
+    what a node holding the previous image (the `state`'s, else the tag's) fetches and
+    unpacks, in all; and what writing each arch recorded.
 
     The bytes written are checked to carry the config verified, byte for byte. Blobs other
-    repositories of the registry hold are mounted from them (builder.blob_memory); what a node
-    holding the tag's previous image must fetch and unpack goes in each arch's record.
+    repositories of the registry hold are mounted from them (builder.blob_memory).
     """
     registry = credentials.registry(target.repository, str(target.repository))
     previous, before = previous_images(
@@ -251,22 +261,20 @@ def _write(
             memory=memory,
             written=_early_blobs(produced, images),
         )
-    updates = []
-    for one, image in zip(produced, images, strict=True):
-        _record_attachments(one, run.output)
-        one.digest = image.digest
-        one.record["digest"] = image.digest
-        if one.extras_layers:  # the tars' facts, and now their blobs' digests and sizes
-            pushed = image.layers[-len(one.extras_layers) :]
-            for fields, blob in zip(one.extras_layers, pushed, strict=True):
-                fields |= {"digest": blob.digest, "size": blob.size}
-        one.record["image_size"] = image.size
-        updates.append(node_update(image, before.get(one.arch)))
-        one.record["node_update"] = updates[-1].to_dict()
+    recorded = {
+        one.arch: ArchWritten(
+            image.digest,
+            image.size,
+            node_update(image, before.get(one.arch)),
+            tuple(image.layers[-len(one.extras_layers) :]) if one.extras_layers else (),
+            _write_attachments(one, run.output),
+        )
+        for one, image in zip(produced, images, strict=True)
+    }
     for one in produced:
         if one.early is not None:
             written = written.after(one.early)
-    return written, total(previous, updates)
+    return written, total(previous, [r.node_update for r in recorded.values()]), recorded
 
 
 def _early_blobs(produced: list[Produced], images: list[Image]) -> set[str]:
@@ -279,13 +287,13 @@ def _early_blobs(produced: list[Produced], images: list[Image]) -> set[str]:
     }
 
 
-def _record_attachments(one: Produced, output: Path) -> None:
-    """The documents attached to `one`, written beside report.json and named in its record."""
+def _write_attachments(one: Produced, output: Path) -> tuple[str, ...] | None:
+    """The documents attached to `one`, written beside report.json; their names."""
     if one.attestable is None:
-        return
+        return None
     for name, document in one.attestable.documents.items():
         add_to_output(output, name, document)
-    one.record["attachments"] = sorted(one.attestable.documents)
+    return tuple(sorted(one.attestable.documents))
 
 
 def _point_template(outcome: Outcome, delivery: Delivery) -> None:
@@ -301,32 +309,24 @@ def _point_template(outcome: Outcome, delivery: Delivery) -> None:
 
 
 def _report(outcome: Outcome, delivery: Delivery, output: Path) -> None:
-    """report.json's `image`: the path, each arch, the merged verification, what was pushed.
-
-    With one arch its fields are also at the top, as a single image's report has them.
-    """
-    record: dict[str, Any] = {"path": outcome.path, "tag": outcome.label}
-    produced = outcome.produced
-    for one in produced:
-        if one.verification is not None:
-            one.record["verification"] = one.verification.to_dict()
-        if one.extras_layers is not None:
-            one.record["extras_layers"] = one.extras_layers
-    if len(produced) == 1:
-        record |= produced[0].record | {"arch": produced[0].arch}
-    if outcome.verification is not None:
-        record["verification"] = outcome.verification.to_dict()
-    if pushed := outcome.pushed:
-        record |= {"pushed": pushed.reference, "tags": list(pushed.tags)}
-        record["bytes_pushed"] = pushed.bytes_uploaded
-        record["bytes_mounted"] = pushed.bytes_mounted
-        record["bytes_present"] = pushed.bytes_present
-        record["node_update"] = outcome.node_update
-        record["image_size"] = sum(one.record.get("image_size", 0) for one in produced)
-        if len(produced) > 1:
-            record["index"] = pushed.digest
-        if delivery.template:
-            record["template"] = str(delivery.template)
-    record["arches"] = {one.arch: one.record for one in produced}
-    layers = {one.arch: one.extras_layers for one in produced if one.extras_layers and one.digest}
-    update_report(output, {"image": record}, layers)
+    """report.json's `image` (builder.orchestration.report), merged into the context's."""
+    arches = tuple(
+        ArchRecord(
+            one.arch,
+            one.record,
+            one.extras_layers,
+            one.verification,
+            outcome.written.get(one.arch),
+        )
+        for one in outcome.produced
+    )
+    record = ImageRecord(
+        outcome.path,
+        outcome.label,
+        arches,
+        outcome.verification,
+        outcome.pushed,
+        outcome.node_update,
+        delivery.template,
+    )
+    update_report(output, {"image": record.to_dict()}, record.pushed_layers())

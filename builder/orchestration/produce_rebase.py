@@ -5,10 +5,10 @@ whose history lines name /app/deps-extra) are reused by digest; the apt layer is
 against the new base's package state (a one-step BuildKit build, usually started ahead:
 `AptAhead`); a new config and manifest are written over
 the new base's layers (builder.oci.mutate). The config is docker-loaded from this machine's
-blobs for builder.delivery to verify, while the apt layer's blob is gzipped. Only when the
-extras tars are not all cached here is the image written by digest first (no tag) and pulled by
-digest to verify it. builder.delivery writes the image only after every arch passed, and
-checks that its config is byte for byte the one verified.
+blobs for builder.orchestration.delivery to verify, while the apt layer's blob is gzipped.
+Only when the extras tars are not all cached here is the image written by digest first (no
+tag) and pulled by digest to verify it. builder.orchestration.delivery writes the image only
+after every arch passed, and checks that its config is byte for byte the one verified.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from builder import contract, credentials
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.blob_memory import blob_memory
 from builder.credentials import engine_auth
-from builder.delivery import Produced, Run
-from builder.engines import Engines
+from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.image.apt import AptImage, build_apt_image, saved_layer
 from builder.image.assemble import load
@@ -37,7 +36,8 @@ from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config, to
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
 from builder.oci.v1 import Image, Platform, canonical
-from builder.pipeline import Finish
+from builder.orchestration.delivery import Produced, Run
+from builder.orchestration.prepare import Finish
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class RebaseProducer:
         platform = Platform.linux(arch)
         old_base = resolve(self.bases, platform, self.previous.base_digest)
         new_base = resolve(self.bases, platform, self.plan.base.digest)
-        extras = extras_of(top(resolve(self.olds, platform), old_base), self.previous.image)
+        extras = extras_layers_of(top(resolve(self.olds, platform), old_base), self.previous.image)
         apt = self._apt(arch)
         loaded = [NewLayer("", apt.diff_id, 0, apt.created_by)] if apt else []
         config = canonical(extend_config(new_base.config, [*loaded, *extras], self.change))
@@ -169,7 +169,7 @@ class RebaseProducer:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def extras_of(added: Sequence[NewLayer], image: ImageRef) -> list[NewLayer]:
+def extras_layers_of(added: Sequence[NewLayer], image: ImageRef) -> list[NewLayer]:
     """The extras layers among the layers an image added to its base: the top ones whose
     history lines name /app/deps-extra (one for images of before layers by distribution)."""
     count = 0

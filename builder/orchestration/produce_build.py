@@ -3,11 +3,11 @@
 ko-style: BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer),
 started while the deps-extra layers are still being written (`SystemStages`); then
 builder.image.assemble puts the extras layers on it and loads the result into the engine. Each
-arch's stage is built, and its image loaded, on that arch's engine (builder.engines); the
-layers are written here, on the host, whichever engine takes them.
-`BuildProducer.produce` makes one arch's image; builder.delivery runs every arch at once,
-verifies and writes them. The OCI value written is made from exactly the blobs the engine was
-given (builder.image.from_engine), only when a push asks for it.
+arch's stage is built, and its image loaded, on that arch's engine (builder.engines.per_arch);
+the layers are written here, on the host, whichever engine takes them.
+`BuildProducer.produce` makes one arch's image; builder.orchestration.delivery runs every arch
+at once, verifies and writes them. The OCI value written is made from exactly the blobs the
+engine was given (builder.image.from_engine), only when a push asks for it.
 """
 
 from __future__ import annotations
@@ -25,18 +25,17 @@ from builder.analysis.plan import Plan
 from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
 from builder.credentials import Credentials
-from builder.delivery import Produced
-from builder.engines import Engines
+from builder.engines.per_arch import Engines
 from builder.image.assemble import Assembled, Assembly, assemble
 from builder.image.build import BuildSpec, Log, base_logins, build_image
 from builder.image.extras import DISTRIBUTION
 from builder.image.from_engine import assembled_image, base_layers
 from builder.image.render import Secrets, dockerfile
-from builder.oci.client import Registry
-from builder.oci.name import ImageRef
+from builder.oci.client import RepositoryClient
 from builder.oci.remote import Blobs
 from builder.oci.v1 import Image
-from builder.pipeline import Finish
+from builder.orchestration.delivery import Produced
+from builder.orchestration.prepare import Finish
 from builder.reporter import Reporter
 
 SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
@@ -71,7 +70,7 @@ class SystemStages:
         context = Path(self.temp.name) / "context"
         context.mkdir()
         (context / "Dockerfile").write_text(dockerfile(plan, Secrets.of(self.secret_files)))
-        logins = base_logins(ImageRef.parse(plan.base_image, "base image"))
+        logins = base_logins(plan.base_reference)
         for arch in (a.arch for a in plan.arches):
             self.started[arch] = self.pool.submit(self._build, context, arch, logins)
 
@@ -131,7 +130,7 @@ class BuildProducer:
     ) -> None:
         self.plan, self.context, self.finish, self.tag = plan, context, finish, tag
         self.engines, self.stages, self.reporter = engines, stages, reporter
-        self.base = ImageRef.parse(plan.base_image, "base image")
+        self.base = plan.base_reference
         self.logins = base_logins(self.base)  # BuildKit pulls the base itself, as docker would
         self.multi = len(plan.arches) > 1
 
@@ -187,7 +186,9 @@ class BuildProducer:
             },
         )
 
-    def _value(self, built: Assembled, target: Registry, scratch: Path) -> tuple[Image, Blobs]:
+    def _value(
+        self, built: Assembled, target: RepositoryClient, scratch: Path
+    ) -> tuple[Image, Blobs]:
         base = base_layers(self.base, built.arch, target)
         client = self.engines.for_arch(built.arch).client  # its layers are saved from there
         return assembled_image(client, built, base, self.finish.cache, scratch)

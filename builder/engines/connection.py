@@ -64,7 +64,7 @@ class EngineURL:
     it the engine's certificate is verified against ca.pem (DOCKER_TLS_VERIFY=1). `publish` is
     the engine host's address a verification publishes the sandbox's port on, given by the
     operator because anyone who reaches it meanwhile can run commands in the sandbox (only a
-    tcp:// engine on another host needs it: builder.engines). Written as
+    tcp:// engine on another host needs it: builder.engines.per_arch). Written as
     `tcp://HOST:PORT?certs=DIR&publish=ADDRESS`, the one form that fits a flag and a config value.
     """
 
@@ -175,7 +175,8 @@ class Engine:
     url: EngineURL | None = None
     # The engine host's address a sandbox port is published on for this machine to reach:
     # loopback for a local socket and behind an ssh forward; for tcp:// the URL's host when it is
-    # loopback, else the operator's publish= (both resolved once, by builder.engines.connect).
+    # loopback, else the operator's publish= (both resolved once, by
+    # builder.engines.per_arch.connect).
     publish_address: str = LOOPBACK
 
     @classmethod

@@ -1,10 +1,11 @@
 """What `build` and `rebuild` do after parsing: the plan, then a producer, then one delivery.
 
-`build_images` makes every arch with BuildKit and the tool's assembly (builder.produce_build);
-`rebuild` re-plans against a new platform version and, when something changed, takes the
-rebase path (builder.produce_rebase: the same extras on the new base) or the build path. Both
-end in builder.delivery.deliver, which verifies, writes, points the template, and records
-report.json and the state; `rebuild` then names the new version in the user's config.
+`build_images` makes every arch with BuildKit and the tool's assembly
+(builder.orchestration.produce_build); `rebuild` re-plans against a new platform version and,
+when something changed, takes the rebase path (builder.orchestration.produce_rebase: the same
+extras on the new base) or the build path. Both end in builder.orchestration.delivery.deliver,
+which verifies, writes, points the template, and records report.json and the state; `rebuild`
+then names the new version in the user's config.
 """
 
 from __future__ import annotations
@@ -13,52 +14,61 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import docker
 
 from builder.analysis.plan import Plan
 from builder.analysis.target import BaseProfile
-from builder.attachments import build_parameters
 from builder.base.discover import base_profile
 from builder.cache import Cache
-from builder.config import PipelineConfig, RunSettings, set_platform_version
-from builder.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
-from builder.engines import Engines, connect
+from builder.config import PipelineConfig, RunSettings, set_platform_version, settings_of
+from builder.engines.per_arch import Engines, connect
 from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.render import Secrets
 from builder.image.tags import image_tag
 from builder.oci.name import ImageRef
-from builder.pipeline import Request, base_reference, extras_of, finish, platform_version, prepare
-from builder.produce_build import BuildProducer, SystemStages, target_arches
-from builder.produce_rebase import AptAhead, Previous, RebaseProducer
+from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
+from builder.orchestration.prepare import (
+    Request,
+    base_reference,
+    build_parameters,
+    extras_hash_of,
+    finish,
+    platform_version,
+    prepare,
+)
+from builder.orchestration.produce_build import BuildProducer, SystemStages, target_arches
+from builder.orchestration.produce_rebase import AptAhead, Previous, RebaseProducer
+from builder.orchestration.rebuild_state import (
+    BuildState,
+    changes,
+    load_state,
+    rebase_blocker,
+    state_of,
+)
 from builder.reporter import Reporter
-from builder.upgrade import BuildState, changes, load_state, rebase_blocker, state_of
 
 
 def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Target | None:
     """The repository, tag and index annotations of a push; None when nothing is pushed."""
     if repository is None:
         return None
-    version = platform_version(plan.base_image, request.platform_version)
+    version = platform_version(plan.base_reference, request.platform_version)
     labels = finish(plan, request, {}).labels
-    return Target(repository, image_tag(version, extras_of(plan)), labels)
+    return Target(repository, image_tag(version, extras_hash_of(plan)), labels)
 
 
-def build_delivery(
+def delivery_for(
     plan: Plan,
     request: Request,
     settings: RunSettings,
-    config: PipelineConfig | None,
+    state: StateRecord | None,
     verify: bool = True,
 ) -> Delivery:
-    """What a `build` run does with its images, from its settings; a config run records what
-    it pushed, for `rebuild` to diff against."""
-    state = None
-    if config is not None:
-        version = settings.platform_version or config.platform_version
-        state = StateRecord(config.state, version)
+    """What a run does with its images, from its settings (a `rebuild`'s: its config's); a
+    run from a config records what it pushed in `state`, for `rebuild` to diff against."""
     return Delivery(
         verify=verify,
         push=push_target(plan, request, settings.push_repository),
@@ -67,6 +77,90 @@ def build_delivery(
         warm_pools=settings.warm_pools,
         state=state,
         parameters=build_parameters(plan, request),
+    )
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What `build` is asked beyond the merged settings: what only the command line gives."""
+
+    refresh: bool = False  # ask the index again instead of trusting the cached answers
+    overrides: tuple[Path, ...] = ()
+    with_optional: bool = False  # install what only on-demand plugins need
+    no_bytecode: bool = False
+    verify: bool = True
+    tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
+
+
+@dataclass(frozen=True)
+class Built:
+    """What `build` did: the plan, and without an engine nothing more."""
+
+    plan: Plan
+    delivery: Delivery | None = None
+    outcome: Outcome | None = None
+
+
+def build(
+    settings: RunSettings,
+    options: BuildOptions,
+    config: PipelineConfig | None,
+    client: docker.DockerClient | None,
+    cache: Cache,
+    reporter: Reporter,
+    planned: Callable[[Plan], None],
+) -> Built:
+    """The main command after parsing: the base's facts, the plan and its context, then (with
+    an engine) every arch's image and the one delivery. `planned` shows the plan as soon as it
+    exists, before anything is built. The named engines are reached first and closed at the
+    end."""
+    with ExitStack() as stack:
+        engines = None
+        if client is not None:
+            engines = stack.enter_context(connect(settings.engines, client))
+        base = base_profile(settings.base_image, client, cache, reporter)
+        arches = target_arches(settings.arches, base, client)
+        compiling = engines.compiling_client(arches) if engines is not None else None
+        request = request_for(settings, options, base, arches, cache, compiling)
+        stages = stack.enter_context(SystemStages(settings.apt_secrets, engines))
+        plan = prepare(request, planned=stages.start if engines is not None else None)
+        planned(plan)
+        if engines is None:
+            return Built(plan)
+        state = None
+        if config is not None:  # merged: the flag's platform version, else the config's
+            state = StateRecord(config.state, settings.platform_version or config.platform_version)
+        delivery = delivery_for(plan, request, settings, state, verify=options.verify)
+        run = Run(engines, cache, settings.output, reporter)
+        return Built(
+            plan, delivery, build_images(plan, request, delivery, stages, run, options.tag)
+        )
+
+
+def request_for(
+    settings: RunSettings,
+    options: BuildOptions,
+    base: BaseProfile,
+    arches: tuple[str, ...],
+    cache: Cache,
+    compiling: docker.DockerClient | None,
+) -> Request:
+    """What `prepare` is asked, from a run's settings and options: the base and the arches it
+    targets, and the engine that compiles the bytecode (None: no bytecode)."""
+    return Request(
+        requirement_files=settings.requirements,
+        constraint_files=settings.constraints,
+        arches=arches,
+        base=base,
+        output=settings.output,
+        cache=cache,
+        secrets=Secrets.of(settings.apt_secrets),
+        refresh=options.refresh,
+        overrides=options.overrides,
+        with_optional=options.with_optional,
+        platform_version=settings.platform_version,
+        bytecode=settings.bytecode and not options.no_bytecode,
+        engine=compiling,
     )
 
 
@@ -85,7 +179,7 @@ def build_images(
     gzipped in the background while the images build and verify.
     """
     finished = finish(plan, request)
-    local_tag = tag or f"sandbox-extension:x{extras_of(plan)}"
+    local_tag = tag or f"sandbox-extension:x{extras_hash_of(plan)}"
     producer = BuildProducer(
         plan, request.output, finished, local_tag, run.engines, stages, run.reporter
     )
@@ -98,7 +192,8 @@ def build_images(
 
 BaseLookup = Callable[[str, Callable[[], BaseProfile]], BaseProfile]
 """How `rebuild` gets the new base's profile: (reference, the probe) -> profile. Alone it
-probes; a fleet (builder.fleet) probes each distinct reference once for all its templates."""
+probes; a fleet (builder.orchestration.fleet) probes each distinct reference once for all its
+templates."""
 
 
 def _probe(image: str, probe: Callable[[], BaseProfile]) -> BaseProfile:
@@ -127,9 +222,10 @@ def rebuild(
     """Re-plan against the new platform version; deliver it if anything changed.
 
     With `check_only` the context goes to a scratch directory and nothing is built. A
-    successful delivery records the state (builder.delivery) and then the new version in the
-    user's config; a failed one changes neither. The config's [engines] are reached first
-    (builder.engines): one that does not answer fails the rebuild before anything is built.
+    successful delivery records the state (builder.orchestration.delivery) and then the new
+    version in the user's config; a failed one changes neither. The config's [engines] are
+    reached first (builder.engines.per_arch): one that does not answer fails the rebuild before
+    anything is built.
     """
     with ExitStack() as stack:  # the named engines' clients are closed at the end
         named = Engines.local(client) if check_only else connect(config.engines, client)
@@ -142,19 +238,14 @@ def rebuild(
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bsi-check-"))
         early = stack.enter_context(ThreadPoolExecutor(max_workers=len(arches)))
         stages = stack.enter_context(SystemStages(config.apt_secrets, engines))
-        request = Request(
-            requirement_files=config.requirements,
-            constraint_files=config.constraints,
-            arches=arches,
-            base=base,
+        settings = replace(
+            settings_of(config),
             output=Path(scratch) / "context" if check_only else config.output,
-            cache=cache,
-            secrets=Secrets.of(config.apt_secrets),
-            refresh=True,  # an upgrade must see what the index offers now
             platform_version=new_version,
-            bytecode=config.bytecode,
-            engine=engines.compiling_client(arches),
         )
+        options = BuildOptions(refresh=True)  # an upgrade must see what the index offers now
+        compiling = engines.compiling_client(arches)
+        request = request_for(settings, options, base, arches, cache, compiling)
         ahead = None
         if previous is not None and rebasing:
             wanted = {arch: previous.apt_packages.get(arch, ()) for arch in arches}
@@ -192,20 +283,15 @@ def _upgrade(
     blocker = rebase_blocker(previous, state_of(plan, new_version))
     path = "build" if blocker or previous is None else "rebase"
     run.reporter.say(f"upgrade path: {path} ({blocker or 'the resolution is unchanged'})")
-    delivery = Delivery(
-        push=push_target(plan, request, config.repository),
-        template=config.template,
-        container=config.container,
-        warm_pools=config.warm_pools,
-        state=StateRecord(config.state, new_version, unpushed_too=True),
-        parameters=build_parameters(plan, request),
-    )
+    settings = settings_of(config)
+    state = StateRecord(config.state, new_version, unpushed_too=True)
+    delivery = delivery_for(plan, request, settings, state)
     ahead, stages = started
-    if path == "build" or previous is None or previous.image is None:
+    if path == "build" or previous is None or previous.image_reference is None:
         return path, build_images(plan, request, delivery, stages, run)
     if delivery.push is None or not previous.base_digest:
         raise AssertionError("rebase_blocker lets a rebase through only with both recorded")
-    start = Previous(ImageRef.parse(previous.image, "previous image"), previous.base_digest)
+    start = Previous(previous.image_reference, previous.base_digest)
     finished = finish(plan, request, {})
     with RebaseProducer(
         start, plan, finished, delivery.push.repository, run, ahead, config.apt_secrets

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ import docker
 import docker.errors
 
 from builder.errors import UserError
+from builder.image.layer import ChunkStream
 
 DPKG_STATUS = "/var/lib/dpkg/status"
 MAX_METADATA = 8 << 20  # one METADATA file; real ones are a few KiB to a few hundred
@@ -64,32 +65,12 @@ def _members(container: Any, path: str, wanted: Any) -> dict[str, str]:
     except docker.errors.NotFound:
         return {}
     found = {}
-    with tarfile.open(fileobj=io.BufferedReader(_Chunks(stream), 1 << 20), mode="r|") as archive:
+    with tarfile.open(
+        fileobj=io.BufferedReader(ChunkStream(stream), 1 << 20), mode="r|"
+    ) as archive:
         for member in archive:
             if member.isfile() and member.size <= MAX_METADATA and wanted(member.name):
                 data = archive.extractfile(member)
                 if data is not None:
                     found[member.name] = data.read().decode("utf-8", errors="replace")
     return found
-
-
-class _Chunks(io.RawIOBase):
-    """The engine's archive stream (an iterator of byte chunks) as a file tarfile can read."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self.chunks = iter(chunks)
-        self.pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self.pending:
-            try:
-                self.pending = next(self.chunks)
-            except StopIteration:
-                return 0
-        size = min(len(buffer), len(self.pending))
-        buffer[:size] = self.pending[:size]
-        self.pending = self.pending[size:]
-        return size

@@ -1,7 +1,7 @@
 """Command line `sbom REF`: print what is attached to a pushed image. Parses and prints only.
 
-Apart from builder/cli.py (which registers it) so that module stays within its size; the
-reading is builder.attachments.read_attached.
+Apart from builder/cli/app.py (which registers it) so that module stays within its size; the
+reading is builder.image.attachments.read_attached.
 """
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from __future__ import annotations
 import click
 
 from builder.analysis.target import ARCHES
-from builder.attachments import read_attached
 from builder.attest import provenance, sbom
+from builder.cli.errors import reports_errors
 from builder.errors import UserError
+from builder.image.attachments import read_attached
 from builder.oci.name import ImageRef
 
 
@@ -30,8 +31,6 @@ from builder.oci.name import ImageRef
 )
 def sbom_command(reference: str, arch: str | None, want_provenance: bool) -> None:
     """Print the SBOM (or provenance) attached to REFERENCE; exit 1 when none is attached."""
-    from builder.cli import reports_errors  # the one error printer; builder.cli imports us
-
     reports_errors(_print_attached)(reference, arch, want_provenance)
 
 

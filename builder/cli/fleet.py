@@ -1,7 +1,7 @@
 """What `rebuild` with several --config prints: the fleet's table and its verdict. Prints only.
 
-Apart from builder/cli.py so that module stays within its size; the fleet itself is
-builder.fleet.
+Apart from builder/cli/app.py so that module stays within its size; the fleet itself is
+builder.orchestration.fleet.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from builder.errors import UserError
-from builder.fleet import Fleet, FleetResult
+from builder.orchestration.fleet import Fleet, FleetResult
 
 
 def show_fleet(result: FleetResult, fleet: Fleet) -> bool:

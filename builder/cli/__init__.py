@@ -1,0 +1,7 @@
+"""The command line: parse options, call the orchestration, print. No logic lives here.
+
+`app` is the click group and its commands (`main` is the entry point); `summary` formats a plan
+and a push, `fleet` a fleet's table, `sbom` the `sbom REF` command, and `errors` turns every
+command's failure into one `error:` line. Only this package and the reporter print. May import
+anything; nothing but `python -m builder` imports it.
+"""

@@ -1,0 +1,9 @@
+"""The orchestration: the only code that sequences producers, verification and writes.
+
+`prepare` (requirements in, plan and build context out), the two producers of per-arch images
+(`produce_build`: BuildKit and the tool's assembly; `produce_rebase`: the previous extras on a
+new base), the one `delivery` (verify every arch, write, point the template, record), `commands`
+(what `build` and `rebuild` do: prepare, produce, deliver), the `fleet` of rebuilds, the
+`rebuild_state` a pipeline commits and `node_update` (what a node holding the previous image
+fetches). May import every layer below it; no layer below imports it (tests/test_layout.py).
+"""

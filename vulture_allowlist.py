@@ -1,0 +1,27 @@
+"""What `vulture` (make lint's dead-code check) cannot see being used: keep this list short.
+
+Each entry names its user. Anything else vulture reports is dead code: delete it. Names the
+standard library calls on a subclass (`readinto`, `do_GET`, ...) are `ignore_names` in
+pyproject.toml's [tool.vulture].
+"""
+
+from builder.analysis.loads import scan_source
+from builder.analysis.wheels import WheelInspection
+from builder.cli import app
+from builder.image.layer import shadowed_files
+from builder.oci.name import ImageRef
+from builder.reporter import QUIET
+from builder.runtime import SERVER_ENTRY, SERVER_PACKAGE
+
+# Used by the tests only: small pieces they pin behaviour down through.
+QUIET  # a reporter that says nothing (tests/test_upgrade.py, tests/test_rebase_*.py)
+ImageRef.familiar  # Docker's short form of a reference (tests/test_imageref.py)
+ImageRef.with_digest  # (tests/test_imageref.py)
+WheelInspection.is_pure  # (tests/test_elf_natives.py)
+shadowed_files  # which files a later distribution overwrites (test_layers_by_distribution.py)
+scan_source  # one file's loads, as the wheel scan sees them (tests/test_loads.py)
+SERVER_ENTRY, SERVER_PACKAGE  # the server directory's layout (tests/test_server_package.py)
+
+# Entry points: click registers a command by its decorator, never by name.
+app.verify_command
+app.base_command
