@@ -33,6 +33,7 @@ from builder.oci.name import ImageRef
 from builder.pipeline import Request, prepare
 from builder.produce_build import SystemStages, target_arches
 from builder.reporter import Reporter
+from builder.sign.keys import load_signing_key
 from builder.verify import verify_image
 
 DEFAULT_OUTPUT = Path("sandbox-image")
@@ -142,6 +143,12 @@ ENGINE_OPTION = click.option(
     is_flag=True,
     help="Ship no .pyc for the extras (smaller image; every sandbox start compiles them).",
 )
+@click.option(
+    "--sign-key",
+    type=click.Path(path_type=Path),
+    help="Sign what is pushed with this cosign key or PKCS#8 P-256 PEM (passphrase:"
+    " BSI_SIGN_PASSWORD, else COSIGN_PASSWORD).",
+)
 @ENGINE_OPTION
 @click.pass_context
 @reports_errors
@@ -168,6 +175,7 @@ def main(
     with_optional: bool,
     config_path: Path | None,
     no_bytecode: bool,
+    sign_key: Path | None,
     engine_urls: tuple[str, ...],
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
@@ -194,6 +202,7 @@ def main(
                 if path is not None
             },
             engines=engine_flags(engine_urls),
+            sign_key=sign_key,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -202,6 +211,9 @@ def main(
         raise click.UsageError("give at least one -r/--requirement file (or --config)")
     if settings.template and not settings.push_repository:
         raise click.UsageError("--template needs --push: the template names the pushed digest")
+    if settings.sign_key and not settings.push_repository:
+        raise click.UsageError("--sign-key needs --push: what is signed is what is pushed")
+    key = load_signing_key(settings.sign_key) if settings.sign_key else None
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
     ignored = unheeded(settings.engines, no_build, client is not None)
@@ -243,7 +255,7 @@ def main(
                     f" -t IMAGE-{arch.arch} {settings.output}"
                 )
             return
-        delivery = build_delivery(plan, request, settings, config, verify=not no_verify)
+        delivery = build_delivery(plan, request, settings, config, not no_verify, key)
         run = Run(engines, cache, settings.output, REPORTER)
         outcome = build_images(plan, request, delivery, stages, run, tag)
     show_outcome(outcome)

@@ -34,6 +34,7 @@ from builder.pipeline import Request, base_reference, extras_of, finish, platfor
 from builder.produce_build import BuildProducer, SystemStages, target_arches
 from builder.produce_rebase import AptAhead, Previous, RebaseProducer
 from builder.reporter import Reporter
+from builder.sign.keys import SigningKey, load_signing_key
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, state_of
 
 
@@ -52,6 +53,7 @@ def build_delivery(
     settings: RunSettings,
     config: PipelineConfig | None,
     verify: bool = True,
+    sign: SigningKey | None = None,
 ) -> Delivery:
     """What a `build` run does with its images, from its settings; a config run records what
     it pushed, for `rebuild` to diff against."""
@@ -67,6 +69,7 @@ def build_delivery(
         warm_pools=settings.warm_pools,
         state=state,
         parameters=build_parameters(plan, request),
+        sign=sign,
     )
 
 
@@ -130,7 +133,9 @@ def rebuild(
     successful delivery records the state (builder.delivery) and then the new version in the
     user's config; a failed one changes neither. The config's [engines] are reached first
     (builder.engines): one that does not answer fails the rebuild before anything is built.
+    The config's `sign-key` is read first: a key that cannot sign fails before any probe.
     """
+    key = load_signing_key(config.sign_key) if config.sign_key and not check_only else None
     with ExitStack() as stack:  # the named engines' clients are closed at the end
         named = Engines.local(client) if check_only else connect(config.engines, client)
         engines = stack.enter_context(named)
@@ -171,7 +176,7 @@ def rebuild(
         run = Run(engines, cache, request.output, reporter)
         started = (ahead, stages)
         found.path, found.outcome = _upgrade(
-            config, new_version, previous, plan, request, run, started
+            config, new_version, previous, plan, request, run, started, key
         )
         if found.outcome.succeeded:
             set_platform_version(config, new_version)
@@ -186,6 +191,7 @@ def _upgrade(
     request: Request,
     run: Run,
     started: tuple[AptAhead | None, SystemStages],
+    key: SigningKey | None,
 ) -> tuple[str, Outcome]:
     """The rebase path when the resolution is unchanged and a pushed image is recorded; else
     the build path. Either ends in the one delivery."""
@@ -199,6 +205,7 @@ def _upgrade(
         warm_pools=config.warm_pools,
         state=StateRecord(config.state, new_version, unpushed_too=True),
         parameters=build_parameters(plan, request),
+        sign=key,
     )
     ahead, stages = started
     if path == "build" or previous is None or previous.image is None:

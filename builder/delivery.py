@@ -40,6 +40,8 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, Written, write
 from builder.oci.v1 import Image, Index, Platform
 from builder.reporter import Reporter
+from builder.sign.cosign import signed_push
+from builder.sign.keys import SigningKey
 from builder.upgrade import save_state, state_of
 from builder.verify import VerifyReport, verify_image
 
@@ -111,6 +113,7 @@ class Delivery:
     warm_pools: tuple[Path, ...] = ()
     state: StateRecord | None = None
     parameters: BuildParameters = field(default_factory=lambda: BuildParameters(()))  # asked
+    sign: SigningKey | None = None  # cosign signatures and attestations of what is pushed
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     )
     if outcome.succeeded and delivery.push is not None:
         recorded = delivery.state.path if delivery.state else None
-        written = _write(producer, produced, delivery.push, run, recorded)
+        written = _write(producer, produced, delivery.push, run, recorded, delivery.sign)
         outcome.pushed, outcome.node_update = written
         if delivery.template:
             _point_template(outcome, delivery)
@@ -205,7 +208,12 @@ def _produce_and_verify(
 
 
 def _write(
-    producer: Producer, produced: list[Produced], target: Target, run: Run, state: Path | None
+    producer: Producer,
+    produced: list[Produced],
+    target: Target,
+    run: Run,
+    state: Path | None,
+    key: SigningKey | None = None,
 ) -> tuple[Written, dict[str, Any]]:
     """Every arch's image by digest, then the tag names it (one arch) or an index of them;
     and what a node holding the previous image (the `state`'s, else the tag's) fetches and
@@ -214,6 +222,8 @@ def _write(
     The bytes written are checked to carry the config verified, byte for byte. Blobs other
     repositories of the registry hold are mounted from them (builder.blob_memory); what a node
     holding the tag's previous image must fetch and unpack goes in each arch's record.
+    With a signing key, each image and the index are signed (and each image's SBOM and
+    provenance attested) after the manifests and before the tag moves (builder.sign).
     """
     registry = credentials.registry(target.repository, str(target.repository))
     previous, before = previous_images(
@@ -240,6 +250,12 @@ def _write(
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
+        signed = []
+        if key is not None:
+            run.reporter.say(f"signing with {key.source} (cosign format, no transparency log)")
+            digests = [image.digest for image in images]
+            top = index.digest if index else None
+            signed = signed_push(registry, key, str(target.repository), digests, top, attached)
         memory = blob_memory(run.cache)
         written = write(
             registry,
@@ -250,6 +266,7 @@ def _write(
             attachments=attached,
             memory=memory,
             written=_early_blobs(produced, images),
+            signatures=signed,
         )
     updates = []
     for one, image in zip(produced, images, strict=True):

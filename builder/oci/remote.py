@@ -75,6 +75,18 @@ BlobSource = LocalFile | InMemory | InRepository
 
 
 @dataclass(frozen=True)
+class Tagged:
+    """A small manifest under a tag of its own, with the blobs it names: a cosign signature or
+    attestation manifest (`sha256-<hex>.sig`, `.att`), written after the manifests it is about
+    and before any tag of the write moves."""
+
+    tag: str
+    manifest: bytes
+    media_type: str
+    blobs: Mapping[str, bytes]  # digest -> bytes, uploaded unless the repository has them
+
+
+@dataclass(frozen=True)
 class Blobs:
     """Where an image's blobs come from, by digest; a config is always its image's own bytes.
 
@@ -300,6 +312,7 @@ def write(
     attachments: Mapping[str, Sequence[Attachment]] | None = None,
     memory: BlobMemory | None = None,
     written: Collection[str] = (),
+    signatures: Sequence[Tagged] = (),
 ) -> Written:
     """Write `images` (and the `index` naming them) by digest, then move `tags` to it.
 
@@ -309,6 +322,8 @@ def write(
     the registry. `memory` offers repositories to mount from, and learns what `target` holds
     once everything is written. `written`: digests of blobs an earlier write of this push put
     in `target` (Written.after counts them): neither checked again nor counted again.
+    `signatures` (builder.sign) go in after the index, before the tags: a failure leaves the
+    tags as they were.
     """
     if index is None and len(images) != 1 and tags:
         raise ValueError("tags name one image or an index")
@@ -324,6 +339,8 @@ def write(
     if index is not None:
         target.put_manifest(index.digest, index.manifest_bytes, index.media_type)
         moved += Transfer(uploaded=len(index.manifest_bytes))
+    for signature in signatures:
+        moved += Transfer(uploaded=put_tagged(target, signature))
     names = move_tags(target, top, tags)
     if memory is not None:
         memory.remember(target.ref.registry, target.ref.repository, sorted(done))
@@ -352,6 +369,17 @@ def attach(target: Registry, subject: Descriptor, attachments: Sequence[Attachme
         target.put_manifest(fallback_tag(subject.digest), index, OCI_INDEX)
         sent += len(index)
     return sent
+
+
+def put_tagged(target: Registry, tagged: Tagged) -> int:
+    """Its blobs (those `target` lacks), then the manifest under its tag; returns bytes sent."""
+    sent = 0
+    for digest, blob in tagged.blobs.items():
+        if not target.blob_exists(digest):
+            target.upload_blob(blob, digest)
+            sent += len(blob)
+    target.put_manifest(tagged.tag, tagged.manifest, tagged.media_type)
+    return sent + len(tagged.manifest)
 
 
 def move_tags(target: Registry, top: Image | Index, tags: Sequence[str]) -> tuple[str, ...]:
