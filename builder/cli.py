@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from builder import credentials
 from builder.analysis.requirements import distribution_names
 from builder.analysis.target import ARCHES
 from builder.attachments import attached_sbom
@@ -33,7 +34,8 @@ from builder.oci.name import ImageRef
 from builder.pipeline import Request, prepare
 from builder.produce_build import SystemStages, target_arches
 from builder.reporter import Reporter
-from builder.sign.keys import load_signing_key
+from builder.sign.check import check_signed
+from builder.sign.keys import load_public_key, load_signing_key
 from builder.verify import verify_image
 
 DEFAULT_OUTPUT = Path("sandbox-image")
@@ -370,6 +372,11 @@ main.add_command(sbom_command)
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
+    "--key",
+    type=click.Path(path_type=Path),
+    help="cosign public key: IMAGE (pushed) must be signed and attested with it, checked first.",
+)
+@click.option(
     "--client",
     "clients",
     type=click.Choice(["sdk"]),
@@ -384,9 +391,15 @@ def verify_command(
     modules: tuple[str, ...],
     snippets: tuple[str, ...],
     as_json: bool,
+    key: Path | None,
     clients: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
+    if key is not None:  # the signatures first: nothing unsigned is run
+        public = load_public_key(key)
+        lines = check_signed(credentials.registry(ImageRef.parse(image), image), public)
+        if not as_json:  # --json prints the report alone
+            click.echo("\n".join(lines))
     report = verify_image(
         image,
         modules=modules,
