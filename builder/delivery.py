@@ -37,7 +37,7 @@ from builder.image.template import TemplateChange, apply_hint, set_image, warm_p
 from builder.node_update import baseline, node_update, previous_images, total
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
-from builder.oci.remote import Blobs, Written, write
+from builder.oci.remote import Blobs, Written, sign_and_tag, write
 from builder.oci.v1 import Image, Index, Platform
 from builder.reporter import Reporter
 from builder.sign.cosign import signed_push
@@ -250,24 +250,23 @@ def _write(
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
-        signed = []
-        if key is not None:
-            run.reporter.say(f"signing with {key.source} (cosign format, no transparency log)")
-            digests = [image.digest for image in images]
-            top = index.digest if index else None
-            signed = signed_push(registry, key, str(target.repository), digests, top, attached)
         memory = blob_memory(run.cache)
         written = write(
             registry,
             images,
             blobs,
             index=index,
-            tags=[target.tag],
+            tags=[] if key else [target.tag],  # signed: the tag moves after the signatures
             attachments=attached,
             memory=memory,
             written=_early_blobs(produced, images),
-            signatures=signed,
         )
+        if key is not None:  # every manifest is in: sign them, then move the tag
+            run.reporter.say(f"signing with {key.source} (cosign format, no transparency log)")
+            repository, digests = str(target.repository), [image.digest for image in images]
+            top = index.digest if index is not None else None
+            signed = signed_push(registry, key, repository, digests, top, attached)
+            written = sign_and_tag(registry, written, index or images[0], signed, [target.tag])
     updates = []
     for one, image in zip(produced, images, strict=True):
         _record_attachments(one, run.output)

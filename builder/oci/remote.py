@@ -312,7 +312,6 @@ def write(
     attachments: Mapping[str, Sequence[Attachment]] | None = None,
     memory: BlobMemory | None = None,
     written: Collection[str] = (),
-    signatures: Sequence[Tagged] = (),
 ) -> Written:
     """Write `images` (and the `index` naming them) by digest, then move `tags` to it.
 
@@ -322,8 +321,7 @@ def write(
     the registry. `memory` offers repositories to mount from, and learns what `target` holds
     once everything is written. `written`: digests of blobs an earlier write of this push put
     in `target` (Written.after counts them): neither checked again nor counted again.
-    `signatures` (builder.sign) go in after the index, before the tags: a failure leaves the
-    tags as they were.
+    A signed push writes with no tags, then `sign_and_tag`.
     """
     if index is None and len(images) != 1 and tags:
         raise ValueError("tags name one image or an index")
@@ -339,8 +337,6 @@ def write(
     if index is not None:
         target.put_manifest(index.digest, index.manifest_bytes, index.media_type)
         moved += Transfer(uploaded=len(index.manifest_bytes))
-    for signature in signatures:
-        moved += Transfer(uploaded=put_tagged(target, signature))
     names = move_tags(target, top, tags)
     if memory is not None:
         memory.remember(target.ref.registry, target.ref.repository, sorted(done))
@@ -369,6 +365,22 @@ def attach(target: Registry, subject: Descriptor, attachments: Sequence[Attachme
         target.put_manifest(fallback_tag(subject.digest), index, OCI_INDEX)
         sent += len(index)
     return sent
+
+
+def sign_and_tag(
+    target: Registry,
+    written: Written,
+    top: Image | Index,
+    signatures: Sequence[Tagged],
+    tags: Sequence[str],
+) -> Written:
+    """After an untagged `write` of `top`: its signatures (builder.sign), then the tags.
+
+    The tags still move last: a signature the registry refuses leaves them as they were.
+    """
+    sent = sum(put_tagged(target, signature) for signature in signatures)
+    names = move_tags(target, top, tags)
+    return replace(written, tags=names, bytes_uploaded=written.bytes_uploaded + sent)
 
 
 def put_tagged(target: Registry, tagged: Tagged) -> int:

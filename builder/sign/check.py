@@ -55,7 +55,7 @@ def check_signed(
         missing = [predicate for predicate in predicates if predicate not in kinds]
         if missing:
             raise UserError(
-                f"{registry.label}@{image.digest}{_of(arch)}: no attestation of {missing[0]}"
+                f"{registry.ref.name}@{image.digest}{_of(arch)}: no attestation of {missing[0]}"
                 f" signed by {key.source}"
             )
         lines.append(f"attested: {image.digest}{_of(arch)} ({', '.join(sorted(kinds))})")
@@ -73,7 +73,7 @@ def _signed(registry: Registry, key: PublicKey, digest: str, what: str) -> str:
         payload = registry.small_blob(layer["digest"])
         if key.verifies(signature, payload) and _names(payload, digest):
             return f"signed: {digest}{_of(what)} by {key.source}"
-    raise UserError(f"{registry.label}@{digest}{_of(what)}: not signed by {key.source}")
+    raise UserError(f"{registry.ref.name}@{digest}{_of(what)}: not signed by {key.source}")
 
 
 def _names(payload: bytes, digest: str) -> bool:

@@ -169,7 +169,7 @@ def existing_layers(registry: Registry, tag: str) -> list[dict[str, Any]]:
             if not isinstance(layer["digest"], str) or not isinstance(layer["mediaType"], str):
                 raise ValueError(tag)
     except (ValueError, KeyError, TypeError):
-        raise RegistryError(f"{registry.label}:{tag} is not a signature manifest") from None
+        raise RegistryError(f"{registry.ref.name}:{tag} is not a signature manifest") from None
     return layers
 
 
