@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from builder import commands, fleet
+from builder.config import RunSettings, load_config, merge
 from builder.errors import UserError
 from builder.oci.referrers import Attachment
 from builder.reporter import QUIET
@@ -225,3 +226,27 @@ def test_a_fleet_template_whose_key_fails_fails_alone_before_its_probe(
     result = fleet.rebuild_fleet(fleet.Fleet((config,), "2", 1, False), shared)
     (row,) = result.rows
     assert row.path == "failed" and "cosign.key: wrong passphrase" in row.detail
+
+
+def test_the_config_s_sign_key_is_relative_to_it_and_a_flag_wins(tmp_path: Path) -> None:
+    config = tmp_path / "bsi.toml"
+    config.write_text(
+        'requirements = ["r.txt"]\nbase-repository = "r.example/b"\nplatform-version = "1"\n'
+        'sign-key = "keys/cosign.key"\n'
+    )
+    loaded = load_config(config)
+    assert loaded.sign_key == tmp_path / "keys" / "cosign.key"
+    assert merge(RunSettings(()), loaded, output_given=False).sign_key == loaded.sign_key
+    flag = RunSettings((), sign_key=Path("other.key"))
+    assert merge(flag, loaded, output_given=False).sign_key == Path("other.key")
+
+
+def test_sign_key_without_push_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("six==1.16.0\n")
+    found = run_cli(
+        tmp_path,
+        *("-r", str(tmp_path / "requirements.txt"), "--output", str(tmp_path / "out")),
+        *("--sign-key", str(KEYS / "cosign.key")),
+    )
+    assert found.returncode == 2 and "--sign-key needs --push" in found.stderr
+    assert not (tmp_path / "out").exists()
