@@ -250,3 +250,11 @@ def test_sign_key_without_push_is_refused(tmp_path: Path) -> None:
     )
     assert found.returncode == 2 and "--sign-key needs --push" in found.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_cosign_1_s_label_for_the_same_envelope_is_read(tmp_path: Path, passphrase: None) -> None:
+    """cosign 1.x wrote the same envelope as `ENCRYPTED COSIGN PRIVATE KEY`; keys made then
+    still sign."""
+    text = (KEYS / "cosign.key").read_text().replace("SIGSTORE", "COSIGN")
+    (tmp_path / "old.key").write_text(text)
+    assert load_signing_key(tmp_path / "old.key").public.pem() == (KEYS / "cosign.pub").read_bytes()
