@@ -2,6 +2,7 @@
 #   make test       set up the machine (scripts/setup-env.sh), then run the whole test suite.
 #                   PYTEST_ARGS passes arguments through, e.g. make test PYTEST_ARGS=tests/test_infra.py
 #   make test-fast  only .venv, then the tests that need no engine, registry or network (isolated)
+#   make coverage   the whole suite under coverage.py; prints builder/'s line coverage
 #   make example    set up what the example needs (no registry, no arm64), then build it into
 #                   ./sandbox-image
 #   make lint     ruff check, ruff format --check, mypy, hadolint on Dockerfile.base, shellcheck
@@ -13,7 +14,7 @@ PYTEST_ARGS ?=
 STANDIN     ?= python:3.13-slim-trixie
 RUNTIME     ?= sandbox-runtime:3.13-trixie
 
-.PHONY: test test-fast example lint venv setup
+.PHONY: test test-fast coverage example lint venv setup
 
 setup:
 	scripts/setup-env.sh
@@ -27,6 +28,14 @@ test: setup
 	@rc=0; $(VENV)/bin/pytest -q -ra --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; fi; \
 	if [ "$$rc" -ne 0 ]; then echo "make test: pytest exited with $$rc" >&2; fi; \
+	exit "$$rc"
+
+# The whole suite under coverage.py (CLI subprocesses included): line coverage of builder/.
+coverage: setup
+	rm -f .coverage .coverage.*
+	@rc=0; COVERAGE_FILE=$(CURDIR)/.coverage $(VENV)/bin/coverage run -m pytest -q -ra \
+		$(PYTEST_ARGS) || rc=$$?; \
+	$(VENV)/bin/coverage combine -q && $(VENV)/bin/coverage report | tail -n 1; \
 	exit "$$rc"
 
 # The fast tier: every test that requests no part of the machine, isolated from all of it

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import sandboxserver
-from sandboxserver import (
+from support import sandboxserver
+from support.sandboxserver import (
     MIB,
     NamespacedServer,
     RaceLayout,

@@ -21,8 +21,11 @@
 #   then writes .test-env.json (repo root, git-ignored) for the tests to read.
 #
 # Usage: scripts/setup-env.sh [--all | --example | --venv-only]   (run as root)
-#   --all (default)  every step: what the whole test suite needs (`make test`, CI)
+#   --all (default)  every step: what the whole test suite needs (`make test`, CI); when the
+#                    arm64 stand-in is missing, steps 5 (arm64) and 7 run in the background
+#                    (--arm64), and the tests that need them wait for it
 #   --example        steps 1-3 and the amd64 stand-in only: what `make example` needs
+#   --arm64          emulation, the arm64 stand-in, the registry and step 7, under a lock
 #   --venv-only      step 2 only (`make lint`, `make test-fast`)
 # Environment overrides (for testing this script itself):
 #   BSI_STANDIN_IMAGE    tag of the stand-in image        (default python:3.13-slim-trixie;
@@ -514,17 +517,22 @@ step_cosign() {
 # ---------------------------------------------------------------------------------------------
 write_test_env() {
 	mkdir -p "$(dirname "$TEST_ENV_FILE")"
-	local tmp="$TEST_ENV_FILE.tmp.$$"
+	local tmp="$TEST_ENV_FILE.tmp.$$" multiarch=""
+	# The index's keys only once it is pushed (--arm64): until then the tests that need it wait
+	# for that step (tests/conftest.py's arm64_standin).
+	if [[ -n "$INDEX_DIGEST" ]]; then
+		multiarch="
+  \"multiarch_base\": \"$MULTIARCH_BASE\",
+  \"multiarch_base_index\": \"$MULTIARCH_REPO@$INDEX_DIGEST\",
+  \"multiarch_base_amd64\": \"$MULTIARCH_REPO@$AMD64_DIGEST\",
+  \"multiarch_base_arm64\": \"$MULTIARCH_REPO@$ARM64_DIGEST\","
+	fi
 	cat >"$tmp" <<EOF
 {
   "docker": "$DOCKER",
   "docker_host": "$DOCKER_SOCK",
   "base_image": "$STANDIN_IMAGE",
-  "base_image_arm64": "$STANDIN_ARM64_IMAGE",
-  "multiarch_base": "$MULTIARCH_BASE",
-  "multiarch_base_index": "$MULTIARCH_REPO@$INDEX_DIGEST",
-  "multiarch_base_amd64": "$MULTIARCH_REPO@$AMD64_DIGEST",
-  "multiarch_base_arm64": "$MULTIARCH_REPO@$ARM64_DIGEST",
+  "base_image_arm64": "$STANDIN_ARM64_IMAGE",$multiarch
   "registry": "$REGISTRY_ADDR",
   "registry_user": "$REGISTRY_USER",
   "registry_password": "$REGISTRY_PASSWORD",
@@ -534,6 +542,26 @@ write_test_env() {
 EOF
 	mv "$tmp" "$TEST_ENV_FILE"
 	say "test env: $TEST_ENV_FILE"
+}
+
+# The arm64 half: its stand-in (about 11 min under emulation on a fresh machine, then cached)
+# and the two-arch index, serialized by a lock so that a background run and a test that waits
+# for it never build twice.
+step_arm64() {
+	mkdir -p "$CACHE_DIR"
+	exec 9>"$CACHE_DIR/arm64.lock"
+	flock 9
+	timed step_emulation
+	timed step_standin_arm64
+	timed step_registry
+	timed step_multiarch
+	write_test_env
+	flock -u 9
+}
+
+# Whether the arm64 half has anything to do: its stand-in image is missing or of another recipe.
+arm64_pending() {
+	[[ "$(standin_label "$STANDIN_ARM64_IMAGE" || true)" != "$STANDIN_ARM64_VERSION" ]]
 }
 
 # timed STEP: runs STEP and says how long it took (the second run's budget is a few seconds).
@@ -560,19 +588,32 @@ main() {
 		say "ready for the example in $((SECONDS - start)) s"
 		return 0
 		;;
+	--arm64)
+		step_arm64
+		say "arm64 ready in $((SECONDS - start)) s"
+		return 0
+		;;
 	"" | --all) ;;
-	*) die "unknown option $mode (usage: setup-env.sh [--all | --example | --venv-only])" ;;
+	*) die "unknown option $mode (usage: setup-env.sh [--all | --example | --arm64 | --venv-only])" ;;
 	esac
 	timed step_packages
 	timed step_venv
 	timed step_engine
 	timed step_emulation
 	timed step_standin_amd64
-	timed step_standin_arm64
 	timed step_registry
-	timed step_multiarch
 	timed step_cosign
-	write_test_env
+	if arm64_pending; then
+		# Built in the background while the tests that need no arm64 run first; those that do
+		# run last and wait for it (tests/conftest.py).
+		mkdir -p "$STATE_LOG_DIR"
+		local log="$STATE_LOG_DIR/setup-arm64.log"
+		say "arm64: building the stand-in and the two-arch index in the background (log: $log)"
+		write_test_env
+		setsid "$REPO_ROOT/scripts/setup-env.sh" --arm64 >"$log" 2>&1 </dev/null &
+	else
+		step_arm64
+	fi
 	say "ready in $((SECONDS - start)) s"
 }
 

@@ -23,11 +23,14 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from registryhelp import NO_PROXY_OPENER
+from support.images import Built
+from support.registryhelp import NO_PROXY_OPENER
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKER_SOCK = "unix:///var/run/docker.sock"  # default when the test-env file names none
@@ -113,17 +116,25 @@ MACHINE_PARTS = {
     "docker_client": "engine",
     "registry": "registry",
     "second_engine": "second_engine",
-    "two_arch_base": "emulation",
+    "arm64_emulation": "emulation",
+    "arm64_standin": "emulation",
     "package_index": "network",
 }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    waiting: set[str] = set()
     for item in items:
         requested = getattr(item, "fixturenames", ())
         parts = {MACHINE_PARTS[name] for name in requested if name in MACHINE_PARTS}
         for part in sorted(parts) or ["fast"]:
             item.add_marker(part)
+        if "arm64_standin" in requested:
+            waiting.add(item.nodeid.split("::", 1)[0])
+    # Whole modules that need the arm64 stand-in run last: on a fresh machine it is still being
+    # built in the background (scripts/setup-env.sh) while the others run. Module by module, so
+    # that no module fixture is set up twice.
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] in waiting)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -199,12 +210,12 @@ def reference_image(test_env: dict, docker_client) -> str:
 
 @pytest.fixture(scope="session")
 def second_engine(docker_client):
-    """A second Docker engine on this machine (tests/secondengine.py), stopped after the session.
+    """A second Docker engine on this machine (support/secondengine.py), stopped after the session.
 
     Needs the first engine's setup (binfmt, the registry) but none of its images: what the second
     engine builds from comes from the local registry, as a remote build host's would.
     """
-    from secondengine import SecondEngine
+    from support.secondengine import SecondEngine
 
     engine = SecondEngine()
     try:
@@ -231,8 +242,105 @@ def package_index() -> str:
 
 
 @pytest.fixture(scope="session")
-def two_arch_base(test_env: dict, registry: Registry) -> str:
+def arm64_emulation() -> None:
+    """binfmt_misc runs arm64 binaries (scripts/setup-env.sh registers qemu-aarch64-static)."""
+    if not Path("/proc/sys/fs/binfmt_misc/status").exists():
+        unavailable("binfmt_misc is not mounted: no arm64 emulation")
+
+
+@pytest.fixture(scope="session")
+def arm64_standin(test_env: dict, arm64_emulation: None) -> str:
+    """The arm64 stand-in image (python:3.13-slim-trixie-arm64) and the two-arch index of both
+    stand-ins in the test registry. On a fresh machine scripts/setup-env.sh builds them in the
+    background (about 11 min under emulation); this waits for that run, under its lock, and then
+    reads the index's keys into `test_env`."""
+    if "multiarch_base" not in test_env:
+        setup = subprocess.run(
+            [str(REPO_ROOT / "scripts" / "setup-env.sh"), "--arm64"],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
+        if setup.returncode != 0:
+            unavailable(f"scripts/setup-env.sh --arm64 failed:\n{setup.stderr[-2000:]}")
+        test_env.update(json.loads(_test_env_path().read_text()))
+    return test_env["base_image_arm64"]
+
+
+@pytest.fixture(scope="session")
+def standin_index(test_env: dict, registry: Registry, arm64_standin: str) -> str:
     """`host/library/python:3.13-slim-trixie` in the test registry: the amd64 and arm64 stand-ins
-    under one index, pushed by scripts/setup-env.sh (whose arm64 half is built under emulation).
-    """
+    under one index (each arch also tagged `-amd64`, `-arm64`)."""
     return test_env["multiarch_base"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Expensive set-up shared by the whole session. A test that is about cold caches, isolation or
+# reproducibility from scratch makes its own instead.
+# ---------------------------------------------------------------------------------------------
+SESSION = uuid.uuid4().hex[:8]  # names this session's repositories in the shared registry
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One wheel, probe and bytecode cache for every build that is not about a cold cache: a
+    distribution is downloaded, inspected and compiled once a session, as on a CI runner that
+    keeps its cache (downloads take a per-key lock, so concurrent CLI runs share it safely)."""
+    return tmp_path_factory.mktemp("shared-cache")
+
+
+@pytest.fixture(scope="session")
+def two_arch_base(standin_index: str, registry: Registry, shared_cache: Path) -> str:
+    """The reference base built for amd64 and arm64 (arm64 under emulation) on the stand-in
+    index by `build-sandbox-image base`, pushed as one index: built once a session."""
+    from support.registryhelp import tool
+
+    tag = f"{registry.host}/bsi-shared-{SESSION}/runtime:1.0"
+    result = tool(
+        registry, "base", "--tag", tag, "--from", standin_index,
+        "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(shared_cache),
+    )  # fmt: skip
+    if result.returncode != 0:
+        pytest.fail(
+            f"building the two-arch base failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+        )
+    assert result.stdout.split()[-1].startswith(
+        f"{registry.host}/bsi-shared-{SESSION}/runtime@sha256:"
+    )
+    return tag
+
+
+@pytest.fixture(scope="session")
+def union_image(
+    reference_image: str, shared_cache: Path, test_env: dict, package_index: str, tmp_path_factory
+) -> Iterator[Built]:
+    """One image for the tests that only look at a built image: beautifulsoup4 (pure Python),
+    lightgbm (libgomp1, found in its ELF needs), python-magic (libmagic, loaded through ctypes)
+    and psycopg (libpq, found through find_library) — planned, built and verified hardened by
+    one CLI run on the reference base, instead of one build each."""
+    from support.images import build, docker
+
+    tmp_path = tmp_path_factory.mktemp("union")
+    tag = f"bsi-e2e/union-{SESSION}:test"
+    result = build(
+        tmp_path, shared_cache, reference_image,
+        "beautifulsoup4\nlightgbm\npython-magic\npsycopg\n", tag,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    report = json.loads((tmp_path / "context" / "report.json").read_text())
+    yield Built(tag, result, report)
+    docker(test_env, "rmi", "-f", tag, check=False)
+
+
+@pytest.fixture(scope="session")
+def pushed_reference(reference_image: str, registry: Registry, docker_client) -> str:
+    """The reference base pushed once a session to `host/bsi-shared-<session>/reference:base`
+    (host/repo@digest). A test that needs it in a repository of its own mounts it from there
+    (support.registryhelp.mount_image) instead of pushing it again."""
+    from support.registryhelp import push
+
+    repository = f"{registry.host}/bsi-shared-{SESSION}/reference"
+    docker_client.api.tag(reference_image, repository, "base")
+    digest = push(docker_client, registry, f"{repository}:base")
+    docker_client.images.remove(f"{repository}:base")
+    return f"{repository}@{digest}"

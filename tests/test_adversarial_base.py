@@ -6,14 +6,13 @@ traceback; layer tars can only ever describe the model's own tree, whatever thei
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import struct
 
 import pytest
-from registryhelp import layer_tar
-from test_adversarial_registry import Reply, Server
+from support.fakeregistry import INDEX, MANIFEST, Content, Server
+from support.registryhelp import layer_tar
 
 from builder.analysis.target import ARCHES
 from builder.base.layers import LD_CACHE_MAGIC, Layers, ld_cache_entries
@@ -21,42 +20,6 @@ from builder.base.platforms import offered_arches
 from builder.base.registry import probe_registry
 from builder.cache import Cache
 from builder.errors import RegistryError
-
-INDEX = "application/vnd.oci.image.index.v1+json"
-MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-class Content:
-    """Manifests (by tag `1` and by digest) and blobs a loopback registry serves."""
-
-    def __init__(self) -> None:
-        self.manifests: dict[str, tuple[str, bytes]] = {}
-        self.blobs: dict[str, bytes] = {}
-
-    def manifest(self, document: dict, tag: str | None = None) -> str:
-        body = json.dumps(document).encode()
-        media = document.get("mediaType", MANIFEST)
-        self.manifests[_digest(body)] = (media, body)
-        if tag:
-            self.manifests[tag] = (media, body)
-        return _digest(body)
-
-    def blob(self, data: bytes) -> str:
-        self.blobs[_digest(data)] = data
-        return _digest(data)
-
-    def route(self, method: str, path: str) -> Reply:
-        kind, _, reference = path.rpartition("/")
-        if kind.endswith("/manifests") and reference in self.manifests:
-            media, body = self.manifests[reference]
-            return 200, {"Content-Type": media, "Docker-Content-Digest": _digest(body)}, body
-        if kind.endswith("/blobs") and reference in self.blobs:
-            return 200, {}, self.blobs[reference]
-        return 404, {}, b""
 
 
 @pytest.fixture

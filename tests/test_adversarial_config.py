@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from credhelp import write_docker_config
-from registryhelp import forget_credentials
+from support.credhelp import write_docker_config
+from support.registryhelp import forget_credentials
 
 from builder.config import RunSettings, load_config, merge, set_platform_version
 from builder.credentials import lookup

@@ -8,15 +8,14 @@ whose handlers record what they were sent.
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from credhelp import write_docker_config
-from registryhelp import CREDENTIAL_VARS
+from support.credhelp import write_docker_config
+from support.fakeregistry import Reply, Server, sha256_digest
+from support.registryhelp import CREDENTIAL_VARS
 
 from builder.credentials import SCOPE_ENV, Credentials, lookup
 from builder.errors import RegistryAuthError, RegistryError, UserError
@@ -27,7 +26,6 @@ from builder.oci.name import ImageRef
 from builder.oci.v1 import Descriptor, Index, Platform, canonical
 
 LOGIN = Credentials("bsi", "the-password", "test")
-Reply = tuple[int, dict[str, str], bytes]
 
 
 @pytest.fixture(autouse=True)
@@ -36,40 +34,6 @@ def clean(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("DOCKER_CONFIG", raising=False)
-
-
-class Server:
-    """A loopback HTTP server answering with `route(method, path)`; it logs each request."""
-
-    def __init__(self, route: Callable[[str, str], Reply]) -> None:
-        self.seen: list[tuple[str, str, str]] = []  # (method, path, Authorization)
-        seen = self.seen
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                seen.append((self.command, self.path, self.headers.get("Authorization", "")))
-                status, headers, body = route(self.command, self.path)
-                self.send_response(status)
-                for name, value in {**headers, "Content-Length": str(len(body))}.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
-            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = answer
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture
@@ -83,10 +47,6 @@ def serve() -> Iterator[Callable[[Callable[[str, str], Reply]], Server]]:
     yield start
     for server in servers:
         server.close()
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 # -- credentials --------------------------------------------------------------------------------
@@ -179,7 +139,7 @@ def test_oversized_manifest_and_config_are_refused_by_size(serve, monkeypatch):
     with pytest.raises(RegistryError, match="larger than"):
         client.manifest("1")
     with pytest.raises(RegistryError, match="larger than"):
-        client.small_blob(_digest(big))
+        client.small_blob(sha256_digest(big))
 
 
 def test_token_service_answer_is_bounded(serve):

@@ -24,9 +24,9 @@ import pytest
 from conftest import Registry as LocalRegistry
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
-from registryhelp import tool
-from wheelfactory import compile_so, make_wheel
-from wheelindex import serve_wheel
+from support.registryhelp import tool
+from support.wheelfactory import compile_so, make_wheel
+from support.wheelindex import serve_wheel
 
 from builder.attachments import read_attached
 from builder.cache import Cache
@@ -65,7 +65,9 @@ class Pushed:
 
 
 @pytest.fixture(scope="module")
-def base(registry: LocalRegistry, test_env: dict, tmp_path_factory: pytest.TempPathFactory) -> str:
+def base(
+    registry: LocalRegistry, standin_index: str, tmp_path_factory: pytest.TempPathFactory
+) -> str:
     """The reference base (amd64) pushed as an index by `base`'s own path, with its SBOM."""
     tag = f"{registry.host}/bsi-attach-{RUN}/runtime:1.0"
     env = {"BSI_REGISTRY_USER": registry.user, "BSI_REGISTRY_PASSWORD": registry.password}
@@ -73,7 +75,7 @@ def base(registry: LocalRegistry, test_env: dict, tmp_path_factory: pytest.TempP
     os.environ.update(env)
     try:
         cache = Cache(tmp_path_factory.mktemp("base-cache"))
-        build_base_index(tag, ["amd64"], base_image=test_env["multiarch_base"], cache=cache)
+        build_base_index(tag, ["amd64"], base_image=standin_index, cache=cache)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -206,8 +208,10 @@ def test_sbom_prints_what_an_earlier_run_attached(registry: LocalRegistry, pushe
     assert json.loads(statement.stdout)["predicateType"] == "https://slsa.dev/provenance/v1"
 
 
-def test_sbom_names_an_image_with_nothing_attached(registry: LocalRegistry, test_env: dict) -> None:
-    bare = test_env["multiarch_base"]  # the stand-in, pushed by the setup without attachments
+def test_sbom_names_an_image_with_nothing_attached(
+    registry: LocalRegistry, standin_index: str
+) -> None:
+    bare = standin_index  # the stand-in, pushed by the setup without attachments
     result = tool(registry, "sbom", bare, "--arch", "amd64")
     assert result.returncode == 1
     (line,) = result.stderr.splitlines()

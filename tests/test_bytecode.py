@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.compilehelp import compile_all
+from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
 from builder.image import bytecode
 from builder.image.bytecode import CompileQueue, Compiler, bytecode_layer
-from tests.compilehelp import compile_all
-from tests.wheelfactory import make_wheel
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 

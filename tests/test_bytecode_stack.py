@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.compilehelp import compile_all
+from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
 from builder.contract import BYTECODE_LABEL
@@ -18,8 +20,6 @@ from builder.image.assemble import Assembly, assemble
 from builder.image.bytecode import Compiler
 from builder.image.extras import BYTECODE, DISTRIBUTION, distribution_layers, with_bytecode
 from builder.verify import verify_image
-from tests.compilehelp import compile_all
-from tests.wheelfactory import make_wheel
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 
@@ -107,7 +107,7 @@ def test_one_native_compile_serves_both_arches_and_two_cold_caches_agree(
 
 
 def test_an_arm64_image_imports_from_the_native_compile_without_writing(
-    tmp_path: Path, sets: Any, docker_client: Any, test_env: dict
+    tmp_path: Path, sets: Any, docker_client: Any, test_env: dict, arm64_standin: str
 ) -> None:
     cache = Cache(tmp_path / "cache")
     stacks, _ = _stacks(sets, docker_client, test_env["base_image"], cache)

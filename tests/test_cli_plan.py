@@ -22,9 +22,9 @@ pytestmark = pytest.mark.usefixtures("package_index")
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One wheel cache for the session: each big wheel is downloaded once."""
-    return tmp_path_factory.mktemp("cache")
+def cache_dir(shared_cache: Path) -> Path:
+    """The session's warm cache (conftest): each big wheel is downloaded once."""
+    return shared_cache
 
 
 def run(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from credhelp import write_docker_config
-from registryhelp import forget_credentials
+from support.credhelp import write_docker_config
+from support.registryhelp import forget_credentials
 
 from builder.credentials import HELPER_OUTPUT_LIMIT, lookup
 from builder.errors import UserError

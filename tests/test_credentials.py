@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 
 import pytest
-from credhelp import install_helper, write_docker_config
-from registryhelp import forget_credentials
+from support.credhelp import install_helper, write_docker_config
+from support.registryhelp import forget_credentials
 
 from builder.credentials import HUB_SERVER, Credentials, engine_auth, engine_config, lookup
 from builder.errors import UserError

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import Registry as TestRegistry
-from registryhelp import layer_tar
+from support.registryhelp import layer_tar
 
 from builder.blob_memory import MAX_HOLDERS, FileBlobMemory
 from builder.credentials import Credentials

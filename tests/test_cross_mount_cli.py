@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import Registry
-from registryhelp import registry_get
+from support.registryhelp import registry_get
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 

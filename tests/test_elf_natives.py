@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
+from support.wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
 
 from builder.analysis import wheels as inspection_module
 from builder.analysis.elf import ElfFile, is_elf, read_elf

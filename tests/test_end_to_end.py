@@ -7,24 +7,17 @@ build, hardened verify); the assertions then look at the image itself.
 from __future__ import annotations
 
 import io
-import json
 import subprocess
-import sys
 import tarfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from wheelfactory import make_wheel
-from wheelindex import serve_wheel
+from support.images import Built, build, docker, inspect, run_hardened
+from support.wheelfactory import make_wheel
+from support.wheelindex import serve_wheel
 
 pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
-
-HARDENED = [
-    "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-    "--user", "65532:65532", "--network", "none", "--tmpfs", "/tmp",
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,64 +25,29 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
-def build(
-    tmp_path: Path, cache_dir: Path, base: str, requirements: str, tag: str, *extra: str
-) -> subprocess.CompletedProcess[str]:
-    req = tmp_path / "requirements.txt"
-    req.write_text(requirements)
-    return subprocess.run(
-        [sys.executable, "-m", "builder", "-r", str(req), "--base-image", base, "--tag", tag,
-         "--output", str(tmp_path / "context"), "--cache-dir", str(cache_dir), *extra],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )  # fmt: skip
-
-
-def docker(test_env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [test_env["docker"], *args], capture_output=True, text=True, check=check, timeout=600
-    )
-
-
-def run_hardened(test_env: dict, image: str, code: str) -> subprocess.CompletedProcess[str]:
-    return docker(
-        test_env, "run", "--rm", *HARDENED, "--entrypoint", "python3", image, "-c", code,
-        check=False,
-    )  # fmt: skip
-
-
-def inspect(test_env: dict, image: str) -> dict:
-    return json.loads(docker(test_env, "image", "inspect", image).stdout)[0]
-
-
-@pytest.fixture(scope="module")
-def bs4_image(
-    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, reference_image: str, test_env: dict
-) -> Iterator[str]:
-    tmp_path = tmp_path_factory.mktemp("bs4")
-    result = build(tmp_path, cache_dir, reference_image, "beautifulsoup4\n", "bsi-e2e/bs4:test")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-    assert "PASS  import bs4" in result.stdout
-    assert "FAIL" not in result.stdout
-    image = json.loads((tmp_path / "context" / "report.json").read_text())["image"]
-    assert image["tag"] == "bsi-e2e/bs4:test"
+def test_the_union_build_verified_every_library_hardened(union_image: Built) -> None:
+    """One CLI run planned, built and verified the image the tests below look at."""
+    assert "FAIL" not in union_image.result.stdout
+    image = union_image.report["image"]
+    assert image["tag"] == union_image.tag
     assert image["verification"]["passed"] is True
-    assert {"import bs4", "timeout", "traversal"} <= {
-        c["name"] for c in image["verification"]["checks"]
-    }
-    yield "bsi-e2e/bs4:test"
-    docker(test_env, "rmi", "-f", "bsi-e2e/bs4:test", check=False)
+    names = {c["name"] for c in image["verification"]["checks"]}
+    assert {"import bs4", "import lightgbm", "import magic", "import psycopg"} <= names
+    assert {"timeout", "traversal"} <= names
+    for name in ("bs4", "lightgbm", "magic", "psycopg"):
+        assert f"PASS  import {name}" in union_image.result.stdout
 
 
-def test_beautifulsoup4_imports_hardened(bs4_image: str, test_env: dict) -> None:
-    result = run_hardened(test_env, bs4_image, "import bs4, os; print(bs4.__file__, os.getuid())")
+def test_beautifulsoup4_imports_hardened(union_image: Built, test_env: dict) -> None:
+    result = run_hardened(
+        test_env, union_image.tag, "import bs4, os; print(bs4.__file__, os.getuid())"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["/app/deps-extra/bs4/__init__.py", "65532"]
 
 
-def test_image_config_and_layers(bs4_image: str, reference_image: str, test_env: dict) -> None:
-    config = inspect(test_env, bs4_image)
+def test_image_config_and_layers(union_image: Built, reference_image: str, test_env: dict) -> None:
+    config = inspect(test_env, union_image.tag)
     assert config["Config"]["User"] == "65532:65532"
     env = dict(item.split("=", 1) for item in config["Config"]["Env"])
     assert env["PYTHONPATH"] == "/app/deps:/app/deps-extra"
@@ -106,24 +64,24 @@ def test_image_config_and_layers(bs4_image: str, reference_image: str, test_env:
         "            bad.append(name)\n"
         "print(len(bad), os.stat('/app/deps-extra').st_uid)\n"
     )
-    result = run_hardened(test_env, bs4_image, probe)
+    result = run_hardened(test_env, union_image.tag, probe)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "0"]
 
 
-@pytest.fixture(scope="module")
-def lightgbm_image(
-    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, reference_image: str, test_env: dict
-) -> Iterator[str]:
-    tmp_path = tmp_path_factory.mktemp("lightgbm")
-    result = build(tmp_path, cache_dir, reference_image, "lightgbm\n", "bsi-e2e/lightgbm:test")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-    assert "libgomp.so.1 -> libgomp1" in result.stdout
-    yield "bsi-e2e/lightgbm:test"
-    docker(test_env, "rmi", "-f", "bsi-e2e/lightgbm:test", "bsi-e2e/no-gomp:test", check=False)
+def runtime_check(built: Built, module: str) -> dict:
+    """The verification's run-time load check (builder/data/ctypes.toml) that imports `module`."""
+    checks = built.report["image"]["verification"]["checks"]
+    found = [
+        c for c in checks if c["name"].startswith("check ") and f"import {module}" in c["detail"]
+    ]
+    assert len(found) == 1, checks
+    return found[0]
 
 
-def test_lightgbm_gets_libgomp1_and_trains_hardened(lightgbm_image: str, test_env: dict) -> None:
+def test_lightgbm_gets_libgomp1_and_trains_hardened(union_image: Built, test_env: dict) -> None:
+    assert "libgomp.so.1 -> libgomp1" in union_image.result.stdout
+    lightgbm_image = union_image.tag
     dpkg = docker(test_env, "run", "--rm", "--entrypoint", "dpkg-query", lightgbm_image,
                   "-W", "-f", "${Status}", "libgomp1")  # fmt: skip
     assert dpkg.stdout == "install ok installed"
@@ -140,9 +98,10 @@ def test_lightgbm_gets_libgomp1_and_trains_hardened(lightgbm_image: str, test_en
 
 
 def test_without_libgomp1_the_same_extras_fail(
-    lightgbm_image: str, reference_image: str, test_env: dict, tmp_path: Path
+    union_image: Built, reference_image: str, test_env: dict, tmp_path: Path
 ) -> None:
     """The control: copy the very same /app/deps-extra onto the base without the apt step."""
+    lightgbm_image = union_image.tag
     (tmp_path / "Dockerfile").write_text(
         "ARG BASE\nARG EXTRAS\nFROM ${EXTRAS} AS extras\nFROM ${BASE}\n"
         "COPY --from=extras /app/deps-extra /app/deps-extra\n"
@@ -158,26 +117,28 @@ def test_without_libgomp1_the_same_extras_fail(
     assert "libgomp.so.1" in result.stderr
 
 
-def test_python_magic_identifies_a_file(
-    tmp_path: Path, cache_dir: Path, reference_image: str, test_env: dict
-) -> None:
-    tag = "bsi-e2e/magic:test"
-    result = build(tmp_path, cache_dir, reference_image, "python-magic\n", tag)
-    try:
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-        assert "libmagic.so.1 -> libmagic1t64" in result.stdout
-        assert "PASS  check 1" in result.stdout
-        code = (
-            "import gzip, magic\n"
-            "print(magic.from_buffer(b'%PDF-1.4\\n%\\xe2\\xe3\\xcf\\xd3\\n1 0 obj\\n'))\n"
-            "print(magic.from_buffer(gzip.compress(b'sandbox'), mime=True))\n"
-        )
-        run = run_hardened(test_env, tag, code)
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.splitlines()[0].startswith("PDF document")
-        assert run.stdout.splitlines()[1] == "application/gzip"
-    finally:
-        docker(test_env, "rmi", "-f", tag, check=False)
+def test_python_magic_identifies_a_file(union_image: Built, test_env: dict) -> None:
+    assert "libmagic.so.1 -> libmagic1t64" in union_image.result.stdout
+    assert runtime_check(union_image, "magic")["passed"] is True
+    code = (
+        "import gzip, magic\n"
+        "print(magic.from_buffer(b'%PDF-1.4\\n%\\xe2\\xe3\\xcf\\xd3\\n1 0 obj\\n'))\n"
+        "print(magic.from_buffer(gzip.compress(b'sandbox'), mime=True))\n"
+    )
+    run = run_hardened(test_env, union_image.tag, code)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0].startswith("PDF document")
+    assert run.stdout.splitlines()[1] == "application/gzip"
+
+
+def test_psycopg_image_loads_libpq(union_image: Built, test_env: dict) -> None:
+    """psycopg, pure Python, gets libpq5 from its find_library call, and the image passes verify
+    with a check that really loads libpq."""
+    assert "libpq.so.5 -> libpq5" in union_image.result.stdout
+    assert runtime_check(union_image, "psycopg")["passed"] is True
+    run = run_hardened(test_env, union_image.tag, "import psycopg; print(psycopg.pq.version())")
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout.strip()) >= 170000  # trixie's libpq 17
 
 
 def test_secrets_never_land_in_the_image_or_context(

@@ -1,6 +1,6 @@
 """Per-arch engines for real: arm64 built, loaded and verified on a second Docker engine.
 
-The second engine (tests/secondengine.py) runs on this amd64 machine, so its arm64 work runs
+The second engine (tests/support/secondengine.py) runs on this amd64 machine, so its arm64 work runs
 under its qemu, as on the local engine; what is shown is where each step happens: the arm64
 image is in the second engine's image store and not in the default one's (by image id), the
 amd64 image the other way round, and the index pushed names both. An engine that cannot be
@@ -20,7 +20,7 @@ from typing import Any
 import docker.errors
 import pytest
 from conftest import Registry
-from registryhelp import registry_get, registry_tags, tool
+from support.registryhelp import registry_get, registry_tags, tool
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
@@ -37,21 +37,9 @@ def present(client: Any, image_id: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
-def two_arch_base(test_env: dict, registry: Registry, cache_dir: Path) -> str:
-    """The reference base for amd64 and arm64, pushed as an index (as test_multiarch builds it:
-    BuildKit's cache makes the second of the two builds cheap)."""
-    tag = f"{registry.host}/{PREFIX}/runtime:1.0"
-    result = tool(
-        registry, "base", "--tag", tag, "--from", test_env["multiarch_base"],
-        "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(cache_dir),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return tag
+def cache_dir(shared_cache: Path) -> Path:
+    """The session's warm cache (conftest): no test here is about a cold one."""
+    return shared_cache
 
 
 class Built:
@@ -140,13 +128,13 @@ def test_the_index_pushed_holds_both_arches(on_two_engines: Built, registry: Reg
 
 @pytest.mark.parametrize("url", ["unix:///nonexistent.sock", "tcp://127.0.0.1:1"])
 def test_an_unreachable_engine_fails_first_naming_arch_and_url(
-    url: str, tmp_path: Path, registry: Registry, test_env: dict
+    url: str, tmp_path: Path, registry: Registry, standin_index: str
 ) -> None:
     (tmp_path / "requirements.txt").write_text("six\n")
     repository = f"{registry.host}/{PREFIX}/unreachable"
     result = tool(
         registry, "-r", str(tmp_path / "requirements.txt"),
-        "--base-image", test_env["multiarch_base"], "--output", str(tmp_path / "context"),
+        "--base-image", standin_index, "--output", str(tmp_path / "context"),
         "--push", repository, "--engine", f"arm64={url}",
         timeout=120,
     )  # fmt: skip
@@ -179,9 +167,9 @@ arm64 = "tcp://127.0.0.1:1"
     ],
 )
 def test_rebuild_reaches_the_configs_engines_first_and_a_flag_wins(
-    flags: tuple[str, ...], named: str, tmp_path: Path, registry: Registry, test_env: dict
+    flags: tuple[str, ...], named: str, tmp_path: Path, registry: Registry, standin_index: str
 ) -> None:
-    base, version = test_env["multiarch_base"].rsplit(":", 1)
+    base, version = standin_index.rsplit(":", 1)
     repository = f"{registry.host}/{PREFIX}/rebuild"
     config = tmp_path / "bsi.toml"
     config.write_text(REBUILD_CONFIG.format(base=base, version="0.9", repository=repository))

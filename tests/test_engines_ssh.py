@@ -1,5 +1,5 @@
 """An ssh:// engine for real: the tool's client, the docker CLI's BuildKit build and a hardened
-verification through an `ssh -N -L` forward, all over real ssh (tests/sshengine.py) to this
+verification through an `ssh -N -L` forward, all over real ssh (tests/support/sshengine.py) to this
 machine's engine, as to an arm64 build host."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from conftest import unavailable
-from sshengine import SshEngine
+from support.bases import labelled_scratch
+from support.sshengine import SshEngine
 
 from builder.engine import EngineURL
 from builder.engines import connect
-from builder.image.build import BuildSpec, build_image
 from builder.verify.container import hardened
 
 pytestmark = pytest.mark.usefixtures("docker_client")
@@ -47,11 +47,7 @@ def test_the_engine_answers_and_builds_over_ssh(
     on_ssh: Any, docker_client: Any, tmp_path: Path
 ) -> None:
     assert on_ssh.native == "amd64" and on_ssh.url.scheme == "ssh"
-    context = tmp_path / "context"
-    context.mkdir()
-    (context / "Dockerfile").write_text(f"FROM scratch\nLABEL org.bsi-h1.ssh={RUN}\n")
-    with (tmp_path / "build.log").open("w") as log:
-        image_id = build_image(context, BuildSpec(engine=on_ssh), log)
+    image_id = labelled_scratch(on_ssh, "org.bsi-h1.ssh", RUN, tmp_path)
     try:
         assert on_ssh.client.images.get(image_id).labels == {"org.bsi-h1.ssh": RUN}
     finally:

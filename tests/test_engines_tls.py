@@ -1,6 +1,6 @@
 """A tcp:// engine with TLS client certificates (DOCKER_CERT_PATH's layout), for real.
 
-The engine is the local one behind a verifying TLS front (tests/tlsengine.py): the tool's
+The engine is the local one behind a verifying TLS front (tests/support/tlsengine.py): the tool's
 client and the docker CLI it runs for BuildKit both reach it with the certificates named by
 `?certs=DIR`, and a client certificate of another CA is refused as one line.
 """
@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tlsengine import make_certs, tls_engine
+from support.bases import labelled_scratch
+from support.tlsengine import make_certs, tls_engine
 
 from builder.engine import EngineURL
 from builder.engines import connect
 from builder.errors import UserError
-from builder.image.build import BuildSpec, build_image
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 
@@ -43,11 +43,7 @@ def test_the_engine_is_reached_and_built_on_over_tls(
     engine = connect({"arm64": url}, docker_client).for_arch("arm64")
     assert engine.native == "amd64" and engine.url == url
     assert engine.publish_address == "127.0.0.1"  # the URL's host: where verify publishes
-    context = tmp_path / "context"
-    context.mkdir()
-    (context / "Dockerfile").write_text(f"FROM scratch\nLABEL org.bsi-h1.tls={RUN}\n")
-    with (tmp_path / "build.log").open("w") as log:
-        image_id = build_image(context, BuildSpec(engine=engine), log)
+    image_id = labelled_scratch(engine, "org.bsi-h1.tls", RUN, tmp_path)
     try:
         assert engine.client.images.get(image_id).labels == {"org.bsi-h1.tls": RUN}
     finally:

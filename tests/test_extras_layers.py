@@ -8,11 +8,12 @@ import io
 import tarfile
 from pathlib import Path
 
+from support.wheelfactory import make_wheel
+
 from builder.analysis.layering import BUCKETS
 from builder.cache import Cache, sha256_of
 from builder.image.extras import DISTRIBUTION, distribution_layers
 from builder.image.layer import write_tar
-from tests.wheelfactory import make_wheel
 
 ROOT = "/app/deps-extra"
 

@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from registryhelp import CREDENTIAL_VARS, registry_tags
-from test_upgrade_e2e import patched_base, push, remove_images, template_image
+from support.bases import patched_base
+from support.images import docker_login, remove_images, template_image
+from support.registryhelp import CREDENTIAL_VARS, push, registry_tags
 
 import builder.base.discover
 from builder.cli import main
@@ -100,17 +101,25 @@ def snapshot(paths: list[Path]) -> dict[Path, bytes]:
 
 
 @pytest.fixture(scope="module")
-def fleet(reference_image, docker_client, registry, test_env, tmp_path_factory):
+def fleet(reference_image, docker_client, registry, test_env, tmp_path_factory, shared_cache):
     namespace = f"bsi-h2-fleet-{uuid.uuid4().hex[:8]}"
     try:
         yield make_fleet(
-            namespace, reference_image, docker_client, registry, test_env, tmp_path_factory
+            namespace,
+            reference_image,
+            docker_client,
+            registry,
+            test_env,
+            tmp_path_factory,
+            shared_cache,
         )
     finally:
         remove_images(docker_client, namespace)
 
 
-def make_fleet(namespace, reference_image, docker_client, registry, test_env, tmp_path_factory):
+def make_fleet(
+    namespace, reference_image, docker_client, registry, test_env, tmp_path_factory, cache
+):
     runtime = f"{registry.host}/{namespace}/runtime"
     scratch = tmp_path_factory.mktemp("fleet-bases")
     docker_client.api.tag(reference_image, runtime, "v1")
@@ -119,16 +128,7 @@ def make_fleet(namespace, reference_image, docker_client, registry, test_env, tm
     for version in ("v1", "v2", "v3"):
         push(docker_client, registry, f"{runtime}:{version}")
 
-    logged_in = tmp_path_factory.mktemp("fleet-docker-config")
-    login = subprocess.run(
-        [test_env["docker"], "login", registry.host, "-u", registry.user, "--password-stdin"],
-        input=registry.password,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_CONFIG": str(logged_in)},
-        timeout=60,
-    )
-    assert login.returncode == 0, login.stderr
+    logged_in = docker_login(test_env, registry, tmp_path_factory.mktemp("fleet-docker-config"))
     env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
     env |= {"DOCKER_CONFIG": str(logged_in), "DOCKER_HOST": test_env["docker_host"]}
 
@@ -153,7 +153,7 @@ def make_fleet(namespace, reference_image, docker_client, registry, test_env, tm
         runtime,
         lambda name: f"{registry.host}/{namespace}/sandbox-{name}",
         env,
-        tmp_path_factory.mktemp("fleet-cache"),
+        cache,
     )
 
 

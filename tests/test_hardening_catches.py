@@ -1,6 +1,6 @@
 """The adversarial checks fail a server without the hardening, each for its own reason.
 
-The server is tests/unhardened_server.py: the contract served with the pre-hardening server's
+The server is support/unhardened_server.py: the contract served with the pre-hardening server's
 (0bd0c22) three weaknesses — resolve-then-open paths, a kill of the process group only, output
 captured whole — and the one issue 23 removed — connections bounded in all but not per source,
 with nothing to answer GET / beyond the bound — kept as a small fixture in the tree, so the test
@@ -16,15 +16,14 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import sandboxserver
-from sandboxserver import NamespacedServer
-from test_verify_checks import SERVER_PYTHONPATH, sandbox_of, start_namespaced
+from support import sandboxserver
+from support.sandboxserver import SERVER_PYTHONPATH, NamespacedServer, sandbox_of, start_namespaced
 
 from builder.verify.checks import CONTRACT
 from builder.verify.client import Sandbox
 from builder.verify.report import run_check
 
-UNHARDENED = Path(__file__).resolve().parent / "unhardened_server.py"
+UNHARDENED = Path(__file__).resolve().parent / "support" / "unhardened_server.py"
 
 
 @pytest.fixture(scope="module")

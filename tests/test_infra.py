@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from registryhelp import registry_get, registry_tags
+from support.registryhelp import registry_get, registry_tags
 
 # Loopback only: never through an HTTP(S)_PROXY from the environment.
 NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -147,7 +147,7 @@ def _binfmt_entries() -> list[dict[str, str]]:
     return entries
 
 
-def test_aarch64_emulator_registered_with_fix_binary():
+def test_aarch64_emulator_registered_with_fix_binary(arm64_emulation: None) -> None:
     """Containers see no host paths: only an F handler runs arm64 binaries inside the engine."""
     assert (BINFMT_DIR / "status").read_text().strip() == "enabled"
     aarch64 = [e for e in _binfmt_entries() if e.get("magic") == AARCH64_MAGIC]
@@ -159,7 +159,7 @@ def test_aarch64_emulator_registered_with_fix_binary():
 
 
 @pytest.mark.usefixtures("docker_client")
-def test_arm64_standin_is_arm64_and_runs_python_hardened(docker_client, test_env):
+def test_arm64_standin_is_arm64_and_runs_python_hardened(docker_client, test_env, arm64_standin):
     image = docker_client.images.get(test_env["base_image_arm64"])
     assert (image.attrs["Os"], image.attrs["Architecture"]) == ("linux", "arm64")
     # The same image config as the amd64 stand-in, so either can stand for the official index.
@@ -182,7 +182,7 @@ def _registry_json(registry, path: str) -> tuple[dict, str]:
 
 
 @pytest.mark.usefixtures("registry")
-def test_registry_index_names_amd64_and_arm64(registry, test_env):
+def test_registry_index_names_amd64_and_arm64(registry, test_env, standin_index):
     host, _, rest = test_env["multiarch_base"].partition("/")
     assert host == registry.host
     name, tag = rest.rsplit(":", 1)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from wheelfactory import make_wheel
+from support.wheelfactory import make_wheel
 
 from builder.analysis import wheels
 from builder.analysis.wheels import RECORD_KIND, inspect_as_ready, inspect_wheel

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from wheelfactory import make_wheel
+from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError

@@ -10,9 +10,8 @@ import io
 import json
 
 import pytest
-from registryhelp import forget_credentials, layer_tar
-from test_adversarial_base import MANIFEST, Content
-from test_adversarial_registry import Server
+from support.fakeregistry import MANIFEST, Content, Server
+from support.registryhelp import forget_credentials, layer_tar
 
 from builder.analysis.target import ARCHES
 from builder.base import layers as layers_module

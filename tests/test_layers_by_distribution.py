@@ -9,10 +9,11 @@ import itertools
 import tarfile
 from pathlib import Path
 
+from support.wheelfactory import make_wheel
+
 from builder.cache import Cache, sha256_of
 from builder.image.bytecode import source_of
 from builder.image.layer import LayerWheels, shadowed_files, wheels_layer, write_tar
-from tests.wheelfactory import make_wheel
 
 ROOT = "/app/deps-extra"
 

@@ -6,8 +6,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_plan import AMD64, plan_for
-from wheelfactory import make_wheel
+from support.plans import AMD64, plan_for
+from support.wheelfactory import make_wheel
 
 from builder.analysis.loads import LoadSite, scan_source, worth_reading
 from builder.analysis.wheels import inspect_wheel

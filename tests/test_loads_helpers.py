@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from test_plan import plan_for
-from wheelfactory import make_wheel
+from support.plans import plan_for
+from support.wheelfactory import make_wheel
 
 from builder.analysis.loads import LoadSite, scan_sources
 from builder.analysis.wheels import inspect_wheel

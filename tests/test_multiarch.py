@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from conftest import Registry
-from registryhelp import registry_get, registry_tags
-from wheelfactory import make_wheel
-from wheelindex import serve_wheel
+from support.registryhelp import registry_get, registry_tags
+from support.wheelfactory import make_wheel
+from support.wheelindex import serve_wheel
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
@@ -72,22 +72,9 @@ def docker(test_env: dict, *args: str, check: bool = True) -> subprocess.Complet
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
-def two_arch_base(test_env: dict, registry: Registry, cache_dir: Path) -> str:
-    """The reference base built for amd64 and arm64 on the two-arch stand-in, pushed as an index."""
-    tag = f"{registry.host}/bsi-multi-{RUN}/runtime:1.0"
-    result = tool(
-        registry, "base", "--tag", tag, "--from", test_env["multiarch_base"],
-        "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(cache_dir),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    reference = result.stdout.split()[-1]
-    assert reference.startswith(f"{registry.host}/bsi-multi-{RUN}/runtime@sha256:")
-    return tag
+def cache_dir(shared_cache: Path) -> Path:
+    """The session's warm cache (conftest): no test here is about a cold one."""
+    return shared_cache
 
 
 def build(
@@ -178,7 +165,7 @@ def test_libgomp1_in_both_apt_sets(lightgbm: Lightgbm) -> None:
 
 
 def test_each_arch_ends_with_its_own_reproducible_layer_and_carries_the_labels(
-    lightgbm: Lightgbm, registry: Registry
+    lightgbm: Lightgbm, registry: Registry, two_arch_base: str
 ) -> None:
     """The pushed top layers are the blobs the tool wrote, one per distribution; labels
     everywhere."""
@@ -188,7 +175,7 @@ def test_each_arch_ends_with_its_own_reproducible_layer_and_carries_the_labels(
     path = lightgbm.repository.split("/", 1)[1]
     with registry_get(registry, f"/v2/{path}/manifests/{image['index']}") as response:
         annotations = json.loads(response.read())["annotations"]
-    base_name = f"{registry.host}/bsi-multi-{RUN}/runtime"
+    base_name = two_arch_base.rsplit(":", 1)[0]
     assert annotations["org.opencontainers.image.base.name"].startswith(base_name)
     assert annotations["org.opencontainers.image.base.digest"].startswith("sha256:")
     assert annotations["org.opencontainers.image.version"] == image["tags"][0].rsplit(":", 1)[1]
@@ -248,11 +235,11 @@ def test_x86_64_only_wheels_asked_for_arm64_fail_naming_both(
     tmp_path: Path,
     registry: Registry,
     cache_dir: Path,
-    test_env: dict,
+    standin_index: str,
 ) -> None:
     repository = f"{registry.host}/bsi-multi-{RUN}/mkl"
     result = build(
-        registry, tmp_path, cache_dir, test_env["multiarch_base"], "mkl\n",
+        registry, tmp_path, cache_dir, standin_index, "mkl\n",
         "--arch", "amd64", "--arch", "arm64", "--push", repository,
     )  # fmt: skip
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr
@@ -262,9 +249,9 @@ def test_x86_64_only_wheels_asked_for_arm64_fail_naming_both(
 
 
 def test_an_arch_the_base_lacks_is_refused(
-    tmp_path: Path, registry: Registry, cache_dir: Path, test_env: dict
+    tmp_path: Path, registry: Registry, cache_dir: Path, standin_index: str
 ) -> None:
-    amd64_only = test_env["multiarch_base"] + "-amd64"
+    amd64_only = standin_index + "-amd64"
     result = build(
         registry, tmp_path, cache_dir, amd64_only, "six\n", "--arch", "arm64", "--no-build"
     )

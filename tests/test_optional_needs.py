@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_plan import SOURCE, TAG, plan_for
-from wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
+from support.plans import SOURCE, TAG, plan_for
+from support.wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
 
 
 def plugin_wheel(tmp_path: Path, extension_libs: list[str]) -> Path:

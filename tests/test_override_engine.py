@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_end_to_end import build, docker, run_hardened
+from support.images import build, docker, run_hardened
 
 from builder.analysis.sizes import is_gpu_only
 

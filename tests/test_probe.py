@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import docker.models.containers
 import pytest
-from wheelfactory import compile_so
+from support.wheelfactory import compile_so
 
 from builder.analysis.debian import packages_providing
 from builder.analysis.target import ARCHES, BaseProfile, shipped_profile

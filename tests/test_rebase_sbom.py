@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import tarfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +22,8 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from wheelfactory import make_wheel
+from support.rebasing import own_base
+from support.wheelfactory import make_wheel
 
 from builder import credentials
 from builder.analysis.layering import bucket_of
@@ -44,8 +44,7 @@ from builder.image.layer import Layer
 from builder.oci.mutate import ConfigChange, NewLayer, append
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
-from builder.oci.remote import Blobs, resolve, write
-from builder.oci.v1 import Platform
+from builder.oci.remote import Blobs, write
 from builder.pipeline import Finish
 from builder.produce_rebase import Previous, RebaseProducer
 from builder.reporter import QUIET
@@ -126,26 +125,13 @@ class Stacked:
 def stacked(
     tmp_path: Path,
     registry: Any,
-    reference_image: str,
+    pushed_reference: str,
     docker_client: docker.DockerClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Stacked]:
-    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
-    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
-    monkeypatch.delenv("BSI_REGISTRY", raising=False)
-    run = uuid.uuid4().hex[:8]
-    runtime = f"{registry.host}/bsi-h5-sbom-{run}/runtime"
+    own = own_base(registry, pushed_reference, "bsi-h5-sbom", monkeypatch)
+    run, runtime, bases, base_digest, base = own.run, own.runtime, own.client, own.digest, own.image
     labels = {**CHANGE.labels, "org.example.test-run": run}
-    docker_client.api.tag(reference_image, runtime, "v1")
-    auth = {"username": registry.user, "password": registry.password}
-    for event in docker_client.api.push(
-        runtime, tag="v1", auth_config=auth, stream=True, decode=True
-    ):
-        assert "error" not in event, event
-    docker_client.images.remove(f"{runtime}:v1")
-    bases = credentials.registry(ImageRef.parse_repository(runtime))
-    base_digest = bases.manifest("v1")[1]
-    base = resolve(bases, Platform.linux("amd64"), base_digest)
     cache = Cache(tmp_path / "cache")
     files = {}
     for name in NAMES:

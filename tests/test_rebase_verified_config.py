@@ -15,7 +15,6 @@ import io
 import json
 import tarfile
 import urllib.error
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from registryhelp import registry_get, registry_tags
+from support.rebasing import own_base
+from support.registryhelp import registry_get, registry_tags
 
 import builder.produce_rebase
 from builder import credentials
@@ -190,7 +190,7 @@ class Previous:
 def previous(
     tmp_path: Path,
     registry: Any,
-    reference_image: str,
+    pushed_reference: str,
     docker_client: docker.DockerClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Previous]:
@@ -199,22 +199,9 @@ def previous(
     The deps tar is in the cache, as on the machine that built it: the rebase docker-loads.
     Afterwards the images the rebases loaded (untagged) are removed from the engine.
     """
-    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
-    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
-    monkeypatch.delenv("BSI_REGISTRY", raising=False)
-    run = uuid.uuid4().hex[:8]
-    runtime = f"{registry.host}/bsi-guard-{run}/runtime"
+    own = own_base(registry, pushed_reference, "bsi-guard", monkeypatch)
+    run, runtime, bases, base_digest, base = own.run, own.runtime, own.client, own.digest, own.image
     labels = {**CHANGE.labels, "org.example.test-run": run}
-    docker_client.api.tag(reference_image, runtime, "v1")
-    auth = {"username": registry.user, "password": registry.password}
-    for event in docker_client.api.push(
-        runtime, tag="v1", auth_config=auth, stream=True, decode=True
-    ):
-        assert "error" not in event, event
-    docker_client.images.remove(f"{runtime}:v1")
-    bases = credentials.registry(ImageRef.parse_repository(runtime))
-    base_digest = bases.manifest("v1")[1]
-    base = resolve(bases, Platform.linux("amd64"), base_digest)
     cache = Cache(tmp_path / "cache")
     diff_id = deps_tar(tmp_path / "deps.tar")
     with cache.writing_blob(diff_id.removeprefix("sha256:"), "layer.tar") as out:

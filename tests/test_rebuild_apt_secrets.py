@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import Registry
-from registryhelp import registry_get
+from support.registryhelp import registry_get
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
@@ -50,7 +50,12 @@ def blobs_of(registry: Registry, reference: str) -> list[bytes]:
 
 
 def test_apt_secrets_from_the_config_reach_both_paths_and_no_blob(
-    tmp_path: Path, test_env: dict, registry: Registry, reference_image: str, docker_client: Any
+    tmp_path: Path,
+    test_env: dict,
+    registry: Registry,
+    reference_image: str,
+    docker_client: Any,
+    shared_cache: Path,
 ) -> None:
     runtime = f"{registry.host}/bsi-aptsec-{RUN}/runtime"
     for version in ("1.0", "1.1"):  # two platform versions: the second differs by one file
@@ -80,7 +85,7 @@ def test_apt_secrets_from_the_config_reach_both_paths_and_no_blob(
     for version, path in (("1.0", "build"), ("1.1", "rebase")):
         result = subprocess.run(
             [sys.executable, "-m", "builder", "rebuild", "--config", str(config),
-             "--platform-version", version, "--cache-dir", str(tmp_path / "cache")],
+             "--platform-version", version, "--cache-dir", str(shared_cache)],
             capture_output=True, text=True, env=env, timeout=900,
         )  # fmt: skip
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

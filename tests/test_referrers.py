@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 from conftest import Registry as LocalRegistry
-from registryhelp import registry_get, registry_tags
+from support.registryhelp import registry_get, registry_tags
 
 from builder.errors import RegistryError
 from builder.oci.auth import Credentials

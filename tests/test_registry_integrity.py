@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 import pytest
-from registryhelp import layer_tar
+from support.registryhelp import layer_tar
 
 from builder.analysis.target import shipped_profile
 from builder.base.discover import base_profile

@@ -24,9 +24,9 @@ import uuid
 from typing import NamedTuple
 
 import pytest
-from credhelp import install_helper, write_docker_config
-from registryhelp import NO_PROXY_OPENER, forget_credentials, layer_tar
-from wheelfactory import compile_so
+from support.credhelp import install_helper, write_docker_config
+from support.registryhelp import NO_PROXY_OPENER, forget_credentials, layer_tar, mount_image
+from support.wheelfactory import compile_so
 
 from builder.base.probe import probe_base
 from builder.base.registry import probe_registry
@@ -80,11 +80,10 @@ def namespace() -> str:
 
 
 @pytest.fixture(scope="module")
-def pushed_reference(docker_client, registry, reference_image, namespace):
-    repository = f"{registry.host}/{namespace}/runtime"
-    pushed = _push(docker_client, registry, reference_image, repository, "t1")
-    yield pushed
-    docker_client.images.remove(pushed.reference, noprune=True)
+def pushed_reference(pushed_reference, registry, namespace):
+    """The session's pushed reference base (conftest), tagged t1 in this module's repository."""
+    reference = f"{registry.host}/{namespace}/runtime:t1"
+    return Pushed(reference, mount_image(registry, pushed_reference, reference))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from registryhelp import layer_tar
+from support.registryhelp import layer_tar
 
 from builder.cache import Cache
 from builder.credentials import Credentials

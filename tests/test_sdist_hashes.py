@@ -15,8 +15,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from test_cli_errors import assert_one_error_line, requirements, run
-from wheelindex import serve_wheel
+from support.clirun import assert_one_error_line, requirements, run
+from support.wheelindex import serve_wheel
 
 from builder.analysis.index import RemoteFile
 from builder.analysis.requirements import read_requirements

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_verify_checks import start_server, stop_server
+from support.sandboxserver import start_server, stop_server
 
 from builder.engine import Engine
 from builder.verify import sdk as sdk_group

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from sandboxserver import ServerProcess, multipart, proc_stat, processes_with
+from support.sandboxserver import ServerProcess, multipart, proc_stat, processes_with
 
 
 class Sandbox(ServerProcess):

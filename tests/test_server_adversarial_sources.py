@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandboxserver import ServerProcess, as_sandbox_user, sandbox_dir
+from support.sandboxserver import ServerProcess, as_sandbox_user, sandbox_dir
 
 
 @pytest.fixture

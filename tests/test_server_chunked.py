@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandboxserver import ServerProcess, multipart
+from support.sandboxserver import ServerProcess, multipart
 
 LIMIT = 64 * 1024
 

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from sandboxserver import ServerProcess, multipart, processes_with
+from support.sandboxserver import ServerProcess, multipart, processes_with
 
 SEED = 20240611
 PATH_COUNT = 10_000

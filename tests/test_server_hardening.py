@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandboxserver import (
+from support.sandboxserver import (
     MIB,
     RaceLayout,
     ServerProcess,

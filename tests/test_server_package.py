@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandboxserver import SERVER_PYTHON
+from support.sandboxserver import SERVER_PYTHON
 
 from builder.runtime import SERVER, SERVER_ENTRY, SERVER_PACKAGE, copy_server
 

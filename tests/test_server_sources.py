@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandboxserver import NamespacedServer, ServerProcess
+from support.sandboxserver import NamespacedServer, ServerProcess
 
 from builder.verify.starve import ATTACK
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from registryhelp import registry_get, registry_tags
+from support.registryhelp import registry_get, registry_tags
 
 from builder import credentials, delivery
 from builder.attest import provenance, sbom

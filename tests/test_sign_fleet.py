@@ -25,7 +25,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from registryhelp import CREDENTIAL_VARS, registry_tags
+from support.registryhelp import CREDENTIAL_VARS, mount_image, registry_tags
 
 pytestmark = pytest.mark.usefixtures("package_index")
 
@@ -46,16 +46,8 @@ def generate(cosign: str, where: Path, passphrase: str) -> None:
     assert made.returncode == 0, made.stderr
 
 
-def push_reference(client: docker.DockerClient, registry: Any, image: str, ref: str) -> None:
-    repository, _, tag = ref.rpartition(":")
-    client.api.tag(image, repository, tag)
-    auth = {"username": registry.user, "password": registry.password}
-    for event in client.api.push(repository, tag=tag, auth_config=auth, stream=True, decode=True):
-        assert "error" not in event, event
-
-
 def test_a_fleet_signs_each_template_with_its_own_key(
-    reference_image: str,
+    pushed_reference: str,
     docker_client: docker.DockerClient,
     registry: Any,
     test_env: dict,
@@ -65,7 +57,7 @@ def test_a_fleet_signs_each_template_with_its_own_key(
     namespace = f"bsi-sign-fleet-{uuid.uuid4().hex[:8]}"
     runtime = f"{registry.host}/{namespace}/runtime"
     try:
-        push_reference(docker_client, registry, reference_image, f"{runtime}:v1")
+        mount_image(registry, pushed_reference, f"{runtime}:v1")
         for name, passphrase in (("good", PASSPHRASE), ("bad", "another-passphrase")):
             here = tmp_path / name
             generate(cosign, here, passphrase)

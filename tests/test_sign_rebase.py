@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import tarfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,17 +27,16 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from registryhelp import tool
+from support.rebasing import own_base
+from support.registryhelp import tool
 
-from builder import credentials
 from builder.cache import Cache
 from builder.delivery import Delivery, Outcome, Run, Target, deliver
 from builder.engines import Engines
 from builder.image.gzipped import gzipped
 from builder.oci.mutate import ConfigChange, NewLayer, append
 from builder.oci.name import ImageRef
-from builder.oci.remote import Blobs, LocalFile, resolve, write
-from builder.oci.v1 import Platform
+from builder.oci.remote import Blobs, LocalFile, write
 from builder.pipeline import Finish
 from builder.produce_rebase import Previous as Start
 from builder.produce_rebase import RebaseProducer
@@ -84,27 +82,15 @@ class Previous:
 def previous(
     tmp_path: Path,
     registry: Any,
-    reference_image: str,
+    pushed_reference: str,
     docker_client: docker.DockerClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Previous]:
-    """The reference base pushed, and an unsigned image on it whose top layer is deps-extra."""
-    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
-    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
-    monkeypatch.delenv("BSI_REGISTRY", raising=False)
-    run = uuid.uuid4().hex[:8]
-    runtime = f"{registry.host}/bsi-sign-{run}/runtime"
+    """The session's reference base mounted in a repository of the test's own, and an unsigned
+    image on it whose top layer is deps-extra."""
+    own = own_base(registry, pushed_reference, "bsi-sign", monkeypatch)
+    run, runtime, bases, base_digest, base = own.run, own.runtime, own.client, own.digest, own.image
     labels = {**CHANGE.labels, "org.example.test-run": run}
-    docker_client.api.tag(reference_image, runtime, "v1")
-    auth = {"username": registry.user, "password": registry.password}
-    for event in docker_client.api.push(
-        runtime, tag="v1", auth_config=auth, stream=True, decode=True
-    ):
-        assert "error" not in event, event
-    docker_client.images.remove(f"{runtime}:v1")
-    bases = credentials.registry(ImageRef.parse_repository(runtime))
-    base_digest = bases.manifest("v1")[1]
-    base = resolve(bases, Platform.linux("amd64"), base_digest)
     cache = Cache(tmp_path / "cache")
     diff_id = deps_tar(tmp_path / "deps.tar")
     with cache.writing_blob(diff_id.removeprefix("sha256:"), "layer.tar") as out:

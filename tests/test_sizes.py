@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_plan import TAG, plan_for
-from wheelfactory import make_wheel
+from support.plans import TAG, plan_for
+from support.wheelfactory import make_wheel
 
 from builder.analysis.plan import Plan
 from builder.analysis.target import shipped_profile

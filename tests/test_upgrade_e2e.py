@@ -18,15 +18,12 @@ no-credentials tests compare bytes before and after, so they hold at v1 or v2 al
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +31,18 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
-from packaging.utils import parse_wheel_filename
-from packaging.version import Version
-from registryhelp import CREDENTIAL_VARS, NO_PROXY_OPENER, registry_get, registry_tags
-from ruamel.yaml import YAML
+from support.bases import derived_base, newest_pure_wheel, patched_base
+from support.images import docker_login, remove_images, template_image
+from support.registryhelp import (
+    CREDENTIAL_VARS,
+    blob_status,
+    push,
+    registry_get,
+    registry_tags,
+    served_digest,
+)
 
-from builder.analysis.index import download, index_files
 from builder.cache import Cache
-from builder.image.build import BuildSpec, build_image
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
@@ -51,80 +52,6 @@ EXAMPLE_IMAGE = "registry.example.com/platform/python-sandbox:3.13-slim-trixie-x
 DIGEST = r"sha256:[0-9a-f]{64}"
 CLI_TIMEOUT = 600
 CONFLICT_PIN = "4.12.0"  # beautifulsoup4 in runtime:v3-conflict; the extras want >=4.13
-
-
-# --- registry and engine helpers ----------------------------------------------------------------
-
-
-def blob_status(registry, repo: str, digest: str) -> int:
-    request = urllib.request.Request(
-        f"http://{registry.host}/v2/{repo}/blobs/{digest}",
-        method="HEAD",
-        headers={"Authorization": registry.auth_header()},
-    )
-    try:
-        with NO_PROXY_OPENER.open(request, timeout=10) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-def served_digest(registry, repo: str, tag: str) -> str:
-    with registry_get(registry, f"/v2/{repo}/manifests/{tag}") as response:
-        return response.headers["Docker-Content-Digest"]
-
-
-def push(client: docker.DockerClient, registry, ref: str) -> str:
-    """Push a locally tagged `ref` with the test credentials; the manifest digest."""
-    repository, _, tag = ref.rpartition(":")
-    auth = {"username": registry.user, "password": registry.password}
-    digest = None
-    for event in client.api.push(repository, tag=tag, auth_config=auth, stream=True, decode=True):
-        assert "error" not in event, event
-        digest = (event.get("aux") or {}).get("Digest") or digest
-    assert digest, f"no digest pushing {ref}"
-    return digest
-
-
-def newest_pure_wheel(cache: Cache, name: str, version: str | None = None) -> Path:
-    """A py3-none-any wheel of `name` (the newest stable one unless `version`) from the index."""
-    candidates = []
-    for file in index_files([], name):
-        if not file.filename.endswith("-py3-none-any.whl"):
-            continue
-        found = parse_wheel_filename(file.filename)[1]
-        if (version is None and not found.is_prerelease) or found == Version(version or "0"):
-            candidates.append((found, file))
-    assert candidates, f"no pure wheel of {name} {version or ''} on the index"
-    return download(max(candidates, key=lambda c: c[0])[1], cache)
-
-
-def derived_base(reference: str, wheel: Path, tag: str, workdir: Path) -> None:
-    """`reference` with `wheel` unpacked into /app/deps, as a platform team would ship it."""
-    context = workdir / tag.rsplit(":", 1)[1]
-    context.mkdir()
-    shutil.copy(wheel, context / wheel.name)
-    extract = f"import zipfile; zipfile.ZipFile('/tmp/{wheel.name}').extractall('/app/deps')"
-    (context / "Dockerfile").write_text(
-        f"FROM {reference}\n"
-        "USER 0:0\n"
-        f"COPY {wheel.name} /tmp/{wheel.name}\n"
-        f'RUN python3 -I -c "{extract}" && rm /tmp/{wheel.name}\n'
-        "USER 65532:65532\n"
-    )
-    with open(workdir / f"{context.name}.log", "w") as log:
-        build_image(context, BuildSpec(tag=tag), log)
-
-
-def patched_base(reference: str, tag: str, workdir: Path) -> None:
-    """`reference` plus one small layer that changes nothing Python sees: a platform patch."""
-    context = workdir / tag.rsplit(":", 1)[1]
-    context.mkdir()
-    (context / "Dockerfile").write_text(
-        f"FROM {reference}\nUSER 0:0\nRUN echo patched > /etc/platform-patch\nUSER 65532:65532\n"
-    )
-    with open(workdir / f"{context.name}.log", "w") as log:
-        build_image(context, BuildSpec(tag=tag), log)
 
 
 # --- the CLI ------------------------------------------------------------------------------------
@@ -198,11 +125,6 @@ def snapshot(*paths: Path) -> dict[Path, bytes | None]:
     return {path: path.read_bytes() if path.exists() else None for path in paths}
 
 
-def template_image(path: Path) -> str:
-    document = YAML(typ="safe").load(path.read_text())
-    return document["spec"]["podTemplate"]["spec"]["containers"][0]["image"]
-
-
 def pushed_reference(stdout: str, repository: str) -> str:
     found = re.findall(rf"^pushed: ({re.escape(repository)}@{DIGEST})$", stdout, re.M)
     assert len(found) == 1, stdout
@@ -213,35 +135,31 @@ def pushed_reference(stdout: str, repository: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def world(reference_image, docker_client, registry, test_env, tmp_path_factory):
+def world(reference_image, docker_client, registry, test_env, tmp_path_factory, shared_cache):
     """The three platform versions in the registry, a pipeline directory and the Docker configs."""
     namespace = f"bsi-e2e-{uuid.uuid4().hex[:8]}"
     try:
         yield make_world(
-            namespace, reference_image, docker_client, registry, test_env, tmp_path_factory
+            namespace,
+            reference_image,
+            docker_client,
+            registry,
+            test_env,
+            tmp_path_factory,
+            shared_cache,
         )
     finally:
         remove_images(docker_client, namespace)
 
 
 def make_world(
-    namespace, reference_image, docker_client, registry, test_env, tmp_path_factory
+    namespace, reference_image, docker_client, registry, test_env, tmp_path_factory, cache_dir
 ) -> World:
     runtime = f"{registry.host}/{namespace}/runtime"
-    cache_dir = tmp_path_factory.mktemp("e2e-cache")
     cache = Cache(cache_dir)
     scratch = tmp_path_factory.mktemp("e2e-bases")
 
-    logged_in = tmp_path_factory.mktemp("docker-config-login")
-    login = subprocess.run(
-        [test_env["docker"], "login", registry.host, "-u", registry.user, "--password-stdin"],
-        input=registry.password,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_CONFIG": str(logged_in)},
-        timeout=60,
-    )
-    assert login.returncode == 0, login.stderr
+    logged_in = docker_login(test_env, registry, tmp_path_factory.mktemp("docker-config-login"))
 
     docker_client.api.tag(reference_image, runtime, "v1")
     derived_base(reference_image, newest_pure_wheel(cache, "soupsieve"), f"{runtime}:v2", scratch)
@@ -287,20 +205,6 @@ def make_world(
         'warm-pools = ["sandbox-warmpool.yaml"]\n'
     )
     return world
-
-
-def remove_images(client: docker.DockerClient, namespace: str) -> None:
-    """Every local tag in the test's namespace, and the images only those tags kept."""
-    for image in client.images.list():
-        ours = [t for t in image.tags if f"/{namespace}/" in t]
-        if not ours:
-            continue
-        others = [t for t in image.tags if t not in ours and not t.startswith("sandbox-extension:")]
-        for tag in ours:
-            client.images.remove(tag)
-        if not others:
-            with contextlib.suppress(docker.errors.APIError):  # incl. ImageNotFound
-                client.images.remove(image.id, force=True)
 
 
 @dataclass

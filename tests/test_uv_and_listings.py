@@ -11,7 +11,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from wheelfactory import make_wheel
+from support.wheelfactory import make_wheel
 
 from builder.analysis.index import (
     SIMPLE_JSON,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandboxserver import ServerProcess
+from support.sandboxserver import ServerProcess
 
 from builder.verify.client import Sandbox
 from builder.verify.discovery import bytecode_check, import_checks, imported

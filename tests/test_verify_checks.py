@@ -10,17 +10,19 @@ tells the two apart). The image-only checks (uid, /app/deps, PYTHONPATH) are lef
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sandboxserver import NamespacedServer, ServerProcess
+from support.sandboxserver import (
+    sandbox_of,
+    start_namespaced,
+    start_server,
+    stop_server,
+)
 
 from builder.verify import hardening, race
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
@@ -29,40 +31,6 @@ from builder.verify.discovery import import_checks
 from builder.verify.report import run_check
 from builder.verify.run import served_checks
 from builder.verify.sdk import sdk_installed
-
-PID_NAMESPACE = ("unshare", "--kill-child", "--pid", "--mount-proc")
-SERVER_PYTHONPATH = "/opt/bsi-test/deps:/opt/bsi-test/deps-extra"
-
-
-def start_server(workspace: Path) -> ServerProcess:
-    """The runtime server in its own pid namespace, with a PYTHONPATH its children inherit."""
-    workspace.mkdir()
-    env = {**os.environ, "PYTHONPATH": SERVER_PYTHONPATH}
-    return ServerProcess(workspace, env=env, prefix=PID_NAMESPACE)
-
-
-def stop_server(process: ServerProcess) -> None:
-    """SIGTERM to the server itself: `unshare --fork` does not pass signals on; it exits with it."""
-    children = Path(f"/proc/{process.proc.pid}/task/{process.proc.pid}/children").read_text()
-    for pid in children.split():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGTERM)
-    process.stop()
-
-
-def start_namespaced(workspace: Path) -> NamespacedServer:
-    """The runtime server as in a container: its own pid namespace (so timeout-cleanup sees
-    only its processes) and network namespace (the checks' requests come from outside, the
-    commands' own connections from its loopback: the starve check needs both), with a
-    PYTHONPATH its children inherit."""
-    workspace.mkdir()
-    env = {**os.environ, "PYTHONPATH": SERVER_PYTHONPATH}
-    return NamespacedServer(workspace, env=env)
-
-
-def sandbox_of(process: NamespacedServer) -> Sandbox:
-    """The verifier's client for the server, from this side of its network."""
-    return Sandbox(process.port, host=process.address, workspace=str(process.workspace))
 
 
 @pytest.fixture(scope="module")

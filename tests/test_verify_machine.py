@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_verify_checks import start_server, stop_server
+from support.sandboxserver import start_server, stop_server
 
 from builder.engine import Engine as RunEngine
 from builder.verify import hardening
@@ -64,7 +64,7 @@ def test_a_sandbox_is_a_native_local_process_unless_told_otherwise() -> None:
 
 @pytest.mark.usefixtures("docker_client")
 def test_the_stand_ins_are_native_and_emulated_on_this_engine(
-    docker_client: Any, test_env: dict[str, str]
+    docker_client: Any, test_env: dict[str, str], arm64_standin: str
 ) -> None:
     """This machine's engine is amd64 with qemu for arm64 (tests/test_infra.py)."""
     arches = {

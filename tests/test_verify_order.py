@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from test_verify_checks import sandbox_of, start_namespaced
+from support.sandboxserver import sandbox_of, start_namespaced
 
 from builder.verify import run
 from builder.verify.checks import contract_checks

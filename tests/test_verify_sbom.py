@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sandboxserver import ServerProcess
+from support.sandboxserver import ServerProcess
 
 from builder.attest.contents import debian_packages, distribution
 from builder.attest.sbom import ImageContents, sbom_document, timestamp

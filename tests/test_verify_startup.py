@@ -42,7 +42,7 @@ def test_the_machine_picks_the_startup_timeout_unless_the_caller_gave_one() -> N
 
 @pytest.fixture(scope="module")
 def arm64_sandbox(
-    docker_client: Any, test_env: dict[str, str], tmp_path_factory: Any
+    docker_client: Any, test_env: dict[str, str], tmp_path_factory: Any, arm64_standin: str
 ) -> Iterator[str]:
     """A minimal arm64 sandbox image: the runtime server as the platform's base runs it."""
     context = tmp_path_factory.mktemp("arm64-sandbox")

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
@@ -102,7 +102,7 @@ def layer_tar(entries: Iterable[tuple[str, bytes | str | None]]) -> bytes:
     return raw.getvalue()
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class LoginLike(Protocol):
@@ -130,3 +130,51 @@ def tool(registry: LoginLike, *args: str, timeout: int = 1800) -> subprocess.Com
         env=env,
         timeout=timeout,
     )
+
+
+def blob_status(registry: RegistryLike, repo: str, digest: str) -> int:
+    request = urllib.request.Request(
+        f"http://{registry.host}/v2/{repo}/blobs/{digest}",
+        method="HEAD",
+        headers={"Authorization": registry.auth_header()},
+    )
+    try:
+        with NO_PROXY_OPENER.open(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def served_digest(registry: RegistryLike, repo: str, tag: str) -> str:
+    with registry_get(registry, f"/v2/{repo}/manifests/{tag}") as response:
+        return response.headers["Docker-Content-Digest"]
+
+
+def push(client: Any, registry: Any, ref: str) -> str:
+    """Push a locally tagged `ref` with the test credentials; the manifest digest."""
+    repository, _, tag = ref.rpartition(":")
+    auth = {"username": registry.user, "password": registry.password}
+    digest = None
+    for event in client.api.push(repository, tag=tag, auth_config=auth, stream=True, decode=True):
+        assert "error" not in event, event
+        digest = (event.get("aux") or {}).get("Digest") or digest
+    assert digest, f"no digest pushing {ref}"
+    return digest
+
+
+def mount_image(registry: Any, source: str, target: str) -> str:
+    """`source` (host/repo:tag or @digest) put under `target` (host/repo:tag) of the same
+    registry, logged in as the test registry's user, by the tool's own cross-repository mount
+    of each blob: no layer is uploaded again. The manifest's digest."""
+    from builder.oci.auth import Credentials
+    from builder.oci.client import Registry as RepositoryClient
+    from builder.oci.name import ImageRef
+
+    login = Credentials(registry.user, registry.password, "the test registry")
+    origin, destination = ImageRef.parse(source), ImageRef.parse(target)
+    body, _ = RepositoryClient(origin, None, login).manifest(origin.digest or origin.tag or "")
+    manifest = json.loads(body)
+    writing = RepositoryClient(destination, None, login)
+    for blob in [manifest["config"], *manifest["layers"]]:
+        assert writing.mount(blob["digest"], origin.repository), f"{blob['digest']} not mounted"
+    return writing.put_manifest(destination.tag or "latest", body, manifest["mediaType"])

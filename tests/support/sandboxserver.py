@@ -24,12 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from builder.verify.client import Sandbox
 from builder.verify.starve import ATTACK
 
 SERVER = Path(
     os.environ.get(
         "SANDBOX_SERVER_SCRIPT",  # e.g. an older server, to show a test fails on it
-        Path(__file__).resolve().parents[1] / "builder" / "runtime" / "server",
+        Path(__file__).resolve().parents[2] / "builder" / "runtime" / "server",
     )
 )
 # The interpreter that runs the server: images use 3.13; CI may point this at one.
@@ -639,3 +640,39 @@ def send_raw(server: ServerProcess, data: bytes) -> int:
         return int(reply.split(b" ", 2)[1])
     except (IndexError, ValueError):
         return 0
+
+
+# -- the server as the verifier's checks meet it -------------------------------------------
+PID_NAMESPACE = ("unshare", "--kill-child", "--pid", "--mount-proc")
+SERVER_PYTHONPATH = "/opt/bsi-test/deps:/opt/bsi-test/deps-extra"
+
+
+def start_server(workspace: Path) -> ServerProcess:
+    """The runtime server in its own pid namespace, with a PYTHONPATH its children inherit."""
+    workspace.mkdir()
+    env = {**os.environ, "PYTHONPATH": SERVER_PYTHONPATH}
+    return ServerProcess(workspace, env=env, prefix=PID_NAMESPACE)
+
+
+def stop_server(process: ServerProcess) -> None:
+    """SIGTERM to the server itself: `unshare --fork` does not pass signals on; it exits with it."""
+    children = Path(f"/proc/{process.proc.pid}/task/{process.proc.pid}/children").read_text()
+    for pid in children.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGTERM)
+    process.stop()
+
+
+def start_namespaced(workspace: Path) -> NamespacedServer:
+    """The runtime server as in a container: its own pid namespace (so timeout-cleanup sees
+    only its processes) and network namespace (the checks' requests come from outside, the
+    commands' own connections from its loopback: the starve check needs both), with a
+    PYTHONPATH its children inherit."""
+    workspace.mkdir()
+    env = {**os.environ, "PYTHONPATH": SERVER_PYTHONPATH}
+    return NamespacedServer(workspace, env=env)
+
+
+def sandbox_of(process: NamespacedServer) -> Sandbox:
+    """The verifier's client for the server, from this side of its network."""
+    return Sandbox(process.port, host=process.address, workspace=str(process.workspace))

@@ -1,0 +1,32 @@
+"""Plans of synthetic wheels for amd64 against the shipped base profile, without the network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builder.analysis.index import RemoteFile
+from builder.analysis.plan import ArchPlan, choose_wheel, plan_arch
+from builder.analysis.resolve import LockedPackage, Resolution
+from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.analysis.wheels import inspect_wheel
+from builder.cache import Cache, sha256_of
+
+AMD64 = ARCHES["amd64"]
+TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"
+SOURCE = "int f(void) { return 1; }\n"
+
+
+def plan_for(tmp_path: Path, wheels: list[Path], with_optional: bool = False) -> ArchPlan:
+    target = Target(shipped_profile(), (AMD64,))
+    cache = Cache(tmp_path / "cache")
+    packages, chosen, inspections = [], {}, {}
+    for wheel in wheels:
+        sha = sha256_of(wheel)
+        file = RemoteFile(wheel.name, wheel.as_uri(), sha)
+        inspection = inspect_wheel(wheel, sha, cache)
+        package = LockedPackage(inspection.name, inspection.version, (file,))
+        packages.append(package)
+        chosen[package.name] = choose_wheel(package, target, AMD64)
+        inspections[sha] = inspection
+    resolution = Resolution(AMD64, tuple(packages), (), (), "")
+    return plan_arch(resolution, chosen, inspections, target, with_optional)
