@@ -105,6 +105,18 @@ def test_a_fleet_signs_each_template_with_its_own_key(
         assert registry_tags(registry, f"{namespace}/sandbox-bad") == []
         reference = pushed.group(1)
         assert reference in (tmp_path / "good" / "sandbox-template.yaml").read_text()
+        # neither the passphrase nor the key reaches the state, report.json or the context
+        key_lines = (tmp_path / "good" / "cosign.key").read_bytes().splitlines()[1:-1]
+        written = [
+            tmp_path / "good" / "cfg.state.json",
+            tmp_path / "good" / "sandbox-template.yaml",
+        ]
+        written += [p for p in (tmp_path / "good" / "sandbox-image").rglob("*") if p.is_file()]
+        assert tmp_path / "good" / "sandbox-image" / "report.json" in written
+        for path in written:
+            data = path.read_bytes()
+            assert PASSPHRASE.encode() not in data, path
+            assert not any(line in data for line in key_lines), path
 
         flags = ["--insecure-ignore-tlog", "--allow-insecure-registry", "--allow-http-registry"]
         for name, passes in (("good", True), ("bad", False)):
