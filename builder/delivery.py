@@ -9,7 +9,8 @@ producers, verification and writes: every arch is started at once (those native 
 engine first, so a native image never waits on emulation) and verified as it arrives, on the
 engine that made it (`run.engines.for_arch(arch)`: builder.engines); only when every arch
 passed is anything written (builder.oci.remote.write: each image by digest, then the index,
-the tags last), so a failure leaves every tag and the template as they were. Then the
+the tags last; with a signing key the cosign signatures and attestations go in before the tags,
+builder.sign), so a failure leaves every tag and the template as they were. Then the
 template is pointed at the digest (with the warm-pool warnings), and report.json and the
 state are written.
 """
