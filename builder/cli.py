@@ -257,7 +257,7 @@ def main(
                     f" -t IMAGE-{arch.arch} {settings.output}"
                 )
             return
-        delivery = build_delivery(plan, request, settings, config, not no_verify, key)
+        delivery = build_delivery(plan, request, settings, config, verify=not no_verify, sign=key)
         run = Run(engines, cache, settings.output, REPORTER)
         outcome = build_images(plan, request, delivery, stages, run, tag)
     show_outcome(outcome)
