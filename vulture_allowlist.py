@@ -12,6 +12,7 @@ from builder.image.layer import shadowed_files
 from builder.oci.name import ImageRef
 from builder.reporter import QUIET
 from builder.runtime import SERVER_ENTRY, SERVER_PACKAGE
+from builder.sign.keys import PublicKey
 
 # Used by the tests only: small pieces they pin behaviour down through.
 QUIET  # a reporter that says nothing (tests/test_upgrade.py, tests/test_rebase_*.py)
@@ -21,6 +22,7 @@ WheelInspection.is_pure  # (tests/test_elf_natives.py)
 shadowed_files  # which files a later distribution overwrites (test_layers_by_distribution.py)
 scan_source  # one file's loads, as the wheel scan sees them (tests/test_loads.py)
 SERVER_ENTRY, SERVER_PACKAGE  # the server directory's layout (tests/test_server_package.py)
+PublicKey.pem  # a key's public half as cosign writes it (tests/test_sign_keys.py)
 
 # Entry points: click registers a command by its decorator, never by name.
 app.verify_command

@@ -10,6 +10,7 @@
     apt-ca-bundle = "corp-ca.pem"   # optional, as --apt-ca-bundle: a BuildKit secret only
     apt-auth = "apt-auth.conf"      # optional, as --apt-auth
     bytecode = false                # optional, as --no-bytecode: ship no .pyc (default true)
+    sign-key = "cosign.key"         # optional, as --sign-key: sign what is pushed (cosign format)
 
     [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
     arm64 = "ssh://builder@arm64-host"
@@ -49,6 +50,7 @@ KNOWN_KEYS = frozenset(
         "apt-auth",
         "bytecode",
         "engines",
+        "sign-key",
     }
 )
 # setting -> BuildKit secret id
@@ -73,6 +75,7 @@ class PipelineConfig:
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
     bytecode: bool = True  # compile the extras' .pyc into bytecode layers
     engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
+    sign_key: Path | None = None  # cosign's encrypted key or a PKCS#8 PEM (builder.sign.keys)
 
     @property
     def base_image(self) -> str:
@@ -114,6 +117,7 @@ def load_config(path: Path) -> PipelineConfig:
         raise UserError(f"{path}: 'architectures' must be a list of names")
     template = text("template")
     repository = text("repository")
+    sign_key = text("sign-key")
     bytecode = data.get("bytecode", True)
     if not isinstance(bytecode, bool):
         raise UserError(f"{path}: 'bytecode' must be true or false")
@@ -145,6 +149,7 @@ def load_config(path: Path) -> PipelineConfig:
             )
             for arch, url in engines.items()
         },
+        sign_key=here / sign_key if sign_key else None,
     )
 
 
@@ -184,6 +189,7 @@ class RunSettings:
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
     bytecode: bool = True  # compile the extras' .pyc into bytecode layers
     engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
+    sign_key: Path | None = None
 
 
 def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool) -> RunSettings:
@@ -205,6 +211,7 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
         apt_secrets=flags.apt_secrets or config.apt_secrets,
         bytecode=flags.bytecode and config.bytecode,
         engines={**config.engines, **flags.engines},  # per arch: the flag wins
+        sign_key=flags.sign_key or config.sign_key,
     )
 
 

@@ -15,6 +15,9 @@
 #   6. a local registry with htpasswd auth on 127.0.0.1:5000
 #   7. the two stand-ins pushed there by digest under one image index,
 #      127.0.0.1:5000/library/python:3.13-slim-trixie (skipped when it already names both)
+#   8. Debian 13's cosign (the signature tests' verifier): `apt-get download` against a private
+#      trixie source list and lists directory (the machine's apt set-up is untouched), the binary
+#      extracted with dpkg-deb -x and cached under the cache directory
 #   then writes .test-env.json (repo root, git-ignored) for the tests to read.
 #
 # Usage: scripts/setup-env.sh [--all | --example | --venv-only]   (run as root)
@@ -473,6 +476,43 @@ step_multiarch() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# 8. cosign (Debian 13's), for the signature tests
+# ---------------------------------------------------------------------------------------------
+COSIGN_VERSION="2.5.0"
+COSIGN_DIR="$CACHE_DIR/cosign-$COSIGN_VERSION"
+COSIGN="$COSIGN_DIR/usr/bin/cosign"
+
+# Debian 12's skopeo is built without sigstore, so the real cosign is the only honest verifier.
+# Its trixie package is fetched with a source list, lists and cache of its own: nothing of the
+# machine's apt configuration changes.
+step_cosign() {
+	if [[ -x "$COSIGN" ]] && "$COSIGN" version >/dev/null 2>&1; then
+		say "cosign: cached ($COSIGN)"
+		return 0
+	fi
+	local apt_dir="$CACHE_DIR/trixie-apt" opts deb
+	mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
+	printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s trixie main\n' \
+		"$STANDIN_MIRROR" >"$apt_dir/sources.list"
+	opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+		-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
+		-o APT::Sandbox::User=root -qq)
+	say "cosign: fetching Debian 13's cosign package"
+	apt-get "${opts[@]}" update || die "apt-get update against trixie failed"
+	(cd "$apt_dir/debs" && rm -f cosign_*.deb && apt-get "${opts[@]}" download cosign) ||
+		die "apt-get download cosign failed"
+	deb="$(ls "$apt_dir"/debs/cosign_*.deb)"
+	rm -rf "$COSIGN_DIR.tmp" && mkdir -p "$COSIGN_DIR.tmp"
+	dpkg-deb -x "$deb" "$COSIGN_DIR.tmp"
+	# Debian's build reports "devel" as its version: the package's own version is checked.
+	[[ "$(dpkg-deb -f "$deb" Version)" == "$COSIGN_VERSION"-* ]] ||
+		die "$deb is not cosign $COSIGN_VERSION"
+	"$COSIGN_DIR.tmp/usr/bin/cosign" version >/dev/null 2>&1 || die "$deb's cosign does not run"
+	rm -rf "$COSIGN_DIR" && mv "$COSIGN_DIR.tmp" "$COSIGN_DIR"
+	say "cosign: $COSIGN"
+}
+
+# ---------------------------------------------------------------------------------------------
 # test-env file
 # ---------------------------------------------------------------------------------------------
 write_test_env() {
@@ -496,7 +536,8 @@ write_test_env() {
   "registry": "$REGISTRY_ADDR",
   "registry_user": "$REGISTRY_USER",
   "registry_password": "$REGISTRY_PASSWORD",
-  "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"
+  "ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
+  "cosign": "$COSIGN"
 }
 EOF
 	mv "$tmp" "$TEST_ENV_FILE"
@@ -561,6 +602,7 @@ main() {
 	timed step_emulation
 	timed step_standin_amd64
 	timed step_registry
+	timed step_cosign
 	if arm64_pending; then
 		# Built in the background while the tests that need no arm64 run first; those that do
 		# run last and wait for it (tests/conftest.py).

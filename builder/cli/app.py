@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from builder import credentials
 from builder.analysis.plan import Plan
 from builder.analysis.requirements import distribution_names
 from builder.analysis.target import ARCHES
@@ -29,6 +30,8 @@ from builder.orchestration.commands import rebuild as run_rebuild
 from builder.orchestration.delivery import Outcome
 from builder.orchestration.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
 from builder.reporter import Reporter
+from builder.sign.check import check_signed
+from builder.sign.keys import load_public_key
 from builder.verify.run import verify_image
 
 DEFAULT_OUTPUT = Path("sandbox-image")
@@ -138,6 +141,12 @@ ENGINE_OPTION = click.option(
     is_flag=True,
     help="Ship no .pyc for the extras (smaller image; every sandbox start compiles them).",
 )
+@click.option(
+    "--sign-key",
+    type=click.Path(path_type=Path),
+    help="Sign what is pushed with this cosign key or PKCS#8 P-256 PEM (passphrase:"
+    " BSI_SIGN_PASSWORD, else COSIGN_PASSWORD).",
+)
 @ENGINE_OPTION
 @click.pass_context
 @reports_errors
@@ -164,6 +173,7 @@ def main(
     with_optional: bool,
     config_path: Path | None,
     no_bytecode: bool,
+    sign_key: Path | None,
     engine_urls: tuple[str, ...],
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
@@ -190,6 +200,7 @@ def main(
                 if path is not None
             },
             engines=engine_flags(engine_urls),
+            sign_key=sign_key,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -198,6 +209,8 @@ def main(
         raise click.UsageError("give at least one -r/--requirement file (or --config)")
     if settings.template and not settings.push_repository:
         raise click.UsageError("--template needs --push: the template names the pushed digest")
+    if settings.sign_key and not settings.push_repository:
+        raise click.UsageError("--sign-key needs --push: what is signed is what is pushed")
     cache = Cache(cache_dir or default_root())
     client = None if no_build else engine_client()
     ignored = unheeded(settings.engines, no_build, client is not None)
@@ -334,6 +347,11 @@ main.add_command(sbom_command)
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
+    "--key",
+    type=click.Path(path_type=Path),
+    help="cosign public key: IMAGE (pushed) must be signed and attested with it, checked first.",
+)
+@click.option(
     "--client",
     "clients",
     type=click.Choice(["sdk"]),
@@ -348,9 +366,15 @@ def verify_command(
     modules: tuple[str, ...],
     snippets: tuple[str, ...],
     as_json: bool,
+    key: Path | None,
     clients: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
+    if key is not None:  # the signatures first: nothing unsigned is run
+        public = load_public_key(key)
+        lines = check_signed(credentials.registry(ImageRef.parse(image), image), public)
+        if not as_json:  # --json prints the report alone
+            click.echo("\n".join(lines))
     report = verify_image(
         image,
         modules=modules,

@@ -75,6 +75,18 @@ BlobSource = LocalFile | InMemory | InRepository
 
 
 @dataclass(frozen=True)
+class Tagged:
+    """A small manifest under a tag of its own, with the blobs it names: a cosign signature or
+    attestation manifest (`sha256-<hex>.sig`, `.att`), written after the manifests it is about
+    and before any tag of the write moves."""
+
+    tag: str
+    manifest: bytes
+    media_type: str
+    blobs: Mapping[str, bytes]  # digest -> bytes, uploaded unless the repository has them
+
+
+@dataclass(frozen=True)
 class Blobs:
     """Where an image's blobs come from, by digest; a config is always its image's own bytes.
 
@@ -309,6 +321,7 @@ def write(
     the registry. `memory` offers repositories to mount from, and learns what `target` holds
     once everything is written. `written`: digests of blobs an earlier write of this push put
     in `target` (Written.after counts them): neither checked again nor counted again.
+    A signed push writes with no tags, then `sign_and_tag`.
     """
     if index is None and len(images) != 1 and tags:
         raise ValueError("tags name one image or an index")
@@ -352,6 +365,33 @@ def attach(target: RepositoryClient, subject: Descriptor, attachments: Sequence[
         target.put_manifest(fallback_tag(subject.digest), index, OCI_INDEX)
         sent += len(index)
     return sent
+
+
+def sign_and_tag(
+    target: RepositoryClient,
+    written: Written,
+    top: Image | Index,
+    signatures: Sequence[Tagged],
+    tags: Sequence[str],
+) -> Written:
+    """After an untagged `write` of `top`: its signatures (builder.sign), then the tags.
+
+    The tags still move last: a signature the registry refuses leaves them as they were.
+    """
+    sent = sum(put_tagged(target, signature) for signature in signatures)
+    names = move_tags(target, top, tags)
+    return replace(written, tags=names, bytes_uploaded=written.bytes_uploaded + sent)
+
+
+def put_tagged(target: RepositoryClient, tagged: Tagged) -> int:
+    """Its blobs (those `target` lacks), then the manifest under its tag; returns bytes sent."""
+    sent = 0
+    for digest, blob in tagged.blobs.items():
+        if not target.blob_exists(digest):
+            target.upload_blob(blob, digest)
+            sent += len(blob)
+    target.put_manifest(tagged.tag, tagged.manifest, tagged.media_type)
+    return sent + len(tagged.manifest)
 
 
 def move_tags(target: RepositoryClient, top: Image | Index, tags: Sequence[str]) -> tuple[str, ...]:

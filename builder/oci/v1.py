@@ -364,6 +364,24 @@ class Index:
         return min(accepted, key=lambda found: found[:2])[2] if accepted else None
 
 
+def artifact_config(diff_ids: Iterable[str], created: str) -> bytes:
+    """The config of an image that only carries documents as layers (cosign's signature and
+    attestation images): no platform, no settings, one history entry and one diff ID a layer,
+    as they are (the layers are not compressed). Canonical JSON, so equal inputs give equal
+    bytes."""
+    ids = list(diff_ids)
+    return canonical(
+        {
+            "architecture": "",
+            "config": {},
+            "created": created,
+            "history": [{"created": created} for _ in ids],
+            "os": "",
+            "rootfs": {"type": "layers", "diff_ids": ids},
+        }
+    )
+
+
 def is_index(manifest_bytes: bytes) -> bool:
     """Is this manifest an index (by its media type, or a `manifests` list)?"""
     document = _json_object(manifest_bytes, "manifest")

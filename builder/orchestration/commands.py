@@ -49,6 +49,7 @@ from builder.orchestration.rebuild_state import (
     state_of,
 )
 from builder.reporter import Reporter
+from builder.sign.keys import SigningKey, load_signing_key
 
 
 def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Target | None:
@@ -66,6 +67,7 @@ def delivery_for(
     settings: RunSettings,
     state: StateRecord | None,
     verify: bool = True,
+    sign: SigningKey | None = None,
 ) -> Delivery:
     """What a run does with its images, from its settings (a `rebuild`'s: its config's); a
     run from a config records what it pushed in `state`, for `rebuild` to diff against."""
@@ -77,6 +79,7 @@ def delivery_for(
         warm_pools=settings.warm_pools,
         state=state,
         parameters=build_parameters(plan, request),
+        sign=sign,
     )
 
 
@@ -112,8 +115,10 @@ def build(
 ) -> Built:
     """The main command after parsing: the base's facts, the plan and its context, then (with
     an engine) every arch's image and the one delivery. `planned` shows the plan as soon as it
-    exists, before anything is built. The named engines are reached first and closed at the
-    end."""
+    exists, before anything is built. The signing key is read first (a key that cannot sign
+    fails before anything is planned), then the named engines are reached; they are closed at
+    the end."""
+    key = load_signing_key(settings.sign_key) if settings.sign_key else None
     with ExitStack() as stack:
         engines = None
         if client is not None:
@@ -130,7 +135,7 @@ def build(
         state = None
         if config is not None:  # merged: the flag's platform version, else the config's
             state = StateRecord(config.state, settings.platform_version or config.platform_version)
-        delivery = delivery_for(plan, request, settings, state, verify=options.verify)
+        delivery = delivery_for(plan, request, settings, state, verify=options.verify, sign=key)
         run = Run(engines, cache, settings.output, reporter)
         return Built(
             plan, delivery, build_images(plan, request, delivery, stages, run, options.tag)
@@ -226,7 +231,9 @@ def rebuild(
     version in the user's config; a failed one changes neither. The config's [engines] are
     reached first (builder.engines.per_arch): one that does not answer fails the rebuild before
     anything is built.
+    The config's `sign-key` is read first: a key that cannot sign fails before any probe.
     """
+    key = load_signing_key(config.sign_key) if config.sign_key and not check_only else None
     with ExitStack() as stack:  # the named engines' clients are closed at the end
         named = Engines.local(client) if check_only else connect(config.engines, client)
         engines = stack.enter_context(named)
@@ -262,7 +269,7 @@ def rebuild(
         run = Run(engines, cache, request.output, reporter)
         started = (ahead, stages)
         found.path, found.outcome = _upgrade(
-            config, new_version, previous, plan, request, run, started
+            config, new_version, previous, plan, request, run, started, key
         )
         if found.outcome.succeeded:
             set_platform_version(config, new_version)
@@ -277,6 +284,7 @@ def _upgrade(
     request: Request,
     run: Run,
     started: tuple[AptAhead | None, SystemStages],
+    key: SigningKey | None,
 ) -> tuple[str, Outcome]:
     """The rebase path when the resolution is unchanged and a pushed image is recorded; else
     the build path. Either ends in the one delivery."""
@@ -285,7 +293,7 @@ def _upgrade(
     run.reporter.say(f"upgrade path: {path} ({blocker or 'the resolution is unchanged'})")
     settings = settings_of(config)
     state = StateRecord(config.state, new_version, unpushed_too=True)
-    delivery = delivery_for(plan, request, settings, state)
+    delivery = delivery_for(plan, request, settings, state, sign=key)
     ahead, stages = started
     if path == "build" or previous is None or previous.image_reference is None:
         return path, build_images(plan, request, delivery, stages, run)

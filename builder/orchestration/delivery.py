@@ -9,7 +9,8 @@ verified, and how to get the OCI value written (an `oci.v1.Image` and where its 
 started at once (those native on their engine first, so a native image never waits on emulation)
 and verified as it arrives, on the engine that made it (`run.engines.for_arch(arch)`:
 builder.engines.per_arch); only when every arch passed is anything written
-(builder.oci.remote.write: each image by digest, then the index, the tags last), so a failure
+(builder.oci.remote.write: each image by digest, then the index, the tags last; with a signing
+key the cosign signatures and attestations go in before the tags, builder.sign), so a failure
 leaves every tag and the template as they were. Then the template is pointed at the digest (with
 the warm-pool warnings), and report.json and the state are written.
 """
@@ -36,7 +37,7 @@ from builder.image.render import add_to_output, update_report
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
-from builder.oci.remote import Blobs, Written, write
+from builder.oci.remote import Blobs, Written, sign_and_tag, write
 from builder.oci.v1 import Image, Index, Platform
 from builder.orchestration.node_update import (
     NodeUpdate,
@@ -48,6 +49,8 @@ from builder.orchestration.node_update import (
 from builder.orchestration.rebuild_state import save_state, state_of
 from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
 from builder.reporter import Reporter
+from builder.sign.cosign import signed_push
+from builder.sign.keys import SigningKey
 from builder.verify.report import VerifyReport
 from builder.verify.run import verify_image
 
@@ -120,6 +123,7 @@ class Delivery:
     warm_pools: tuple[Path, ...] = ()
     state: StateRecord | None = None
     parameters: BuildParameters = field(default_factory=lambda: BuildParameters(()))  # asked
+    sign: SigningKey | None = None  # cosign signatures and attestations of what is pushed
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     if outcome.succeeded and delivery.push is not None:
         recorded = delivery.state.path if delivery.state else None
         outcome.pushed, outcome.node_update, outcome.written = _write(
-            producer, produced, delivery.push, run, recorded
+            producer, produced, delivery.push, run, recorded, delivery.sign
         )
         if delivery.template:
             _point_template(outcome, delivery)
@@ -216,7 +220,12 @@ def _produce_and_verify(
 
 
 def _write(
-    producer: Producer, produced: list[Produced], target: Target, run: Run, state: Path | None
+    producer: Producer,
+    produced: list[Produced],
+    target: Target,
+    run: Run,
+    state: Path | None,
+    key: SigningKey | None = None,
 ) -> tuple[Written, NodeUpdate, dict[str, ArchWritten]]:
     """Every arch's image by digest, then the tag names it (one arch) or an index of them;
     what a node holding the previous image (the `state`'s, else the tag's) fetches and
@@ -224,6 +233,8 @@ def _write(
 
     The bytes written are checked to carry the config verified, byte for byte. Blobs other
     repositories of the registry hold are mounted from them (builder.blob_memory).
+    With a signing key, each image and the index are signed (and each image's SBOM and
+    provenance attested) after the manifests and before the tag moves (builder.sign).
     """
     registry = credentials.registry(target.repository, str(target.repository))
     previous, before = previous_images(
@@ -256,11 +267,17 @@ def _write(
             images,
             blobs,
             index=index,
-            tags=[target.tag],
+            tags=[] if key else [target.tag],  # signed: the tag moves after the signatures
             attachments=attached,
             memory=memory,
             written=_early_blobs(produced, images),
         )
+        if key is not None:  # every manifest is in: sign them, then move the tag
+            run.reporter.say(f"signing with {key.source} (cosign format, no transparency log)")
+            repository, digests = str(target.repository), [image.digest for image in images]
+            top = index.digest if index is not None else None
+            signed = signed_push(registry, key, repository, digests, top, attached)
+            written = sign_and_tag(registry, written, index or images[0], signed, [target.tag])
     recorded = {
         one.arch: ArchWritten(
             image.digest,
