@@ -193,6 +193,7 @@ def test_a_rebased_image_s_sbom_names_each_extra_s_own_layer(
             packages={},
         ),
         base_image=f"{stacked.base_tag}@{stacked.base_digest}",
+        base_reference=ImageRef.parse(f"{stacked.base_tag}@{stacked.base_digest}"),
         arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=tuple(stacked.wheels)),),
         import_modules=("alpha_big", "f_five"),
         runtime_checks=(),

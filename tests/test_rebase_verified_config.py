@@ -232,6 +232,7 @@ def rebase_onto_same_base(previous: Previous, target: str, client: docker.Docker
             packages={},
         ),
         base_image=f"{previous.base_tag}@{previous.base_digest}",
+        base_reference=ImageRef.parse(f"{previous.base_tag}@{previous.base_digest}"),
         arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=()),),
         import_modules=(MODULE,),
         runtime_checks=(),

@@ -242,7 +242,7 @@ def pushed(
     with pytest.MonkeyPatch.context() as patch:
         fake_attestations(patch)
         outcome = deliver_tiny(repository, root / "out", template, key, uuid.uuid4().hex)
-    digests = {one.arch: str(one.digest) for one in outcome.produced}
+    digests = {arch: written.digest for arch, written in outcome.written.items()}
     return Pushed(repository, "v1", outcome, template, root / "out", digests)
 
 

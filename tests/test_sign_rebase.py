@@ -117,6 +117,7 @@ def signed_rebase(previous: Previous, target: str, client: Any, key_file: Path) 
             packages={},
         ),
         base_image=f"{previous.base_tag}@{previous.base_digest}",
+        base_reference=ImageRef.parse(f"{previous.base_tag}@{previous.base_digest}"),
         arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=()),),
         import_modules=(MODULE,),
         runtime_checks=(),
