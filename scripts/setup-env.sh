@@ -15,6 +15,9 @@
 #   6. a local registry with htpasswd auth on 127.0.0.1:5000
 #   7. the two stand-ins pushed there by digest under one image index,
 #      127.0.0.1:5000/library/python:3.13-slim-trixie (skipped when it already names both)
+#   8. Debian 13's soci-snapshotter (the `soci` CLI and `soci-snapshotter-grpc`) unpacked under
+#      the cache directory from a private trixie source list (--all only; the machine's apt
+#      set-up is untouched), for the SOCI tests
 #   then writes .test-env.json (repo root, git-ignored) for the tests to read.
 #
 # Usage: scripts/setup-env.sh [--all | --example | --venv-only]   (run as root)
@@ -74,6 +77,11 @@ MULTIARCH_NAME="${STANDIN_IMAGE%%:*}"
 MULTIARCH_TAG="${STANDIN_IMAGE##*:}"
 MULTIARCH_REPO="$REGISTRY_ADDR/$MULTIARCH_NAME"
 MULTIARCH_BASE="$MULTIARCH_REPO:$MULTIARCH_TAG"
+
+SOCI_VERSION="0.4.1"
+SOCI_DIR="$CACHE_DIR/soci-snapshotter-$SOCI_VERSION"
+SOCI_BIN=""
+TRIXIE_ARCHIVE="http://deb.debian.org/debian"
 
 BINFMT_DIR=/proc/sys/fs/binfmt_misc
 # Debian's registration line for aarch64 (magic, mask, interpreter, flags); F is added if missing.
@@ -496,11 +504,37 @@ write_test_env() {
   "registry": "$REGISTRY_ADDR",
   "registry_user": "$REGISTRY_USER",
   "registry_password": "$REGISTRY_PASSWORD",
-  "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"
+  "ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
+  "soci": "${SOCI_BIN:+$SOCI_BIN/soci}",
+  "soci_snapshotter": "${SOCI_BIN:+$SOCI_BIN/soci-snapshotter-grpc}"
 }
 EOF
 	mv "$tmp" "$TEST_ENV_FILE"
 	say "test env: $TEST_ENV_FILE"
+}
+
+# Debian 13's soci-snapshotter, fetched once into the cache with a private apt state (its own
+# source list, lists and archives directories) and unpacked with dpkg-deb: the machine's own apt
+# sources and lists stay as they are. Its Go binaries need only libc6.
+step_soci() {
+	if [[ ! -x "$SOCI_DIR/usr/bin/soci" || ! -x "$SOCI_DIR/usr/bin/soci-snapshotter-grpc" ]]; then
+		local apt_dir="$CACHE_DIR/trixie-apt" tmp="$SOCI_DIR.tmp.$$"
+		mkdir -p "$apt_dir/lists/partial" "$apt_dir/archives/partial"
+		echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $TRIXIE_ARCHIVE trixie main" \
+			>"$apt_dir/sources.list"
+		local apt=(apt-get -q -o "Dir::Etc::SourceList=$apt_dir/sources.list"
+			-o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$apt_dir/lists"
+			-o "Dir::Cache=$apt_dir/cache" -o "Dir::Cache::archives=$apt_dir/archives"
+			-o APT::Sandbox::User=root)
+		"${apt[@]}" update >/dev/null
+		rm -rf "$tmp" && mkdir -p "$tmp"
+		(cd "$tmp" && "${apt[@]}" download "soci-snapshotter=$SOCI_VERSION*" >/dev/null)
+		dpkg-deb -x "$tmp"/soci-snapshotter_*.deb "$tmp"
+		rm -f "$tmp"/*.deb
+		rm -rf "$SOCI_DIR" && mv "$tmp" "$SOCI_DIR"
+	fi
+	SOCI_BIN="$SOCI_DIR/usr/bin"
+	say "soci-snapshotter $("$SOCI_BIN/soci" --version 2>/dev/null | head -1)"
 }
 
 # The arm64 half: its stand-in (about 11 min under emulation on a fresh machine, then cached)
@@ -561,6 +595,7 @@ main() {
 	timed step_emulation
 	timed step_standin_amd64
 	timed step_registry
+	timed step_soci
 	if arm64_pending; then
 		# Built in the background while the tests that need no arm64 run first; those that do
 		# run last and wait for it (tests/conftest.py).
