@@ -1,0 +1,444 @@
+"""SOCI ztocs and the SOCI index, as soci-snapshotter 0.4 reads them, from a layer and its spans.
+
+A lazy node (soci-snapshotter) mounts a gzip layer before it is downloaded: a *ztoc* per layer
+lists its files (name, type, offset and size in the tar, owner, mode, mtime, PAX records as
+xattrs) and where decompression may start ("checkpoints", soci's gzip *zinfo*), so a read of
+one file fetches only the spans holding it, by range request. The *SOCI index* is an OCI image
+manifest whose config media type is `application/vnd.amazon.soci.index.v1+json` (the empty
+`{}` config blob), whose layers are the ztocs (`application/octet-stream`, annotated with the
+image layer's digest and media type) and whose `subject` is the image manifest; attached like
+an SBOM, the image itself is unchanged.
+
+`soci create` finds checkpoints by inflating the layer and stopping at deflate block ends,
+storing for each the bit offset and the 32 KiB of output before it (the dictionary the next
+bytes may refer to). The tool writes its own gzip (builder.image.gzipped): ONE member whose
+spans each start with a fresh dictionary after a full flush, so a checkpoint is just the span's
+byte offsets (bits 0); its window is still stored (the reader always sets it as the
+dictionary), as the 32 KiB of tar before it. Everything here is a pure function of the tar,
+the gzip blob and its span offsets: the same layer gives the same ztoc bytes on any machine.
+
+The format facts come from awslabs/soci-snapshotter v0.4.1: `ztoc/fbs/ztoc.fbs` (the
+flatbuffers schema, version "0.9"), `ztoc/compression/gzip_zinfo.h` (zinfo v2: int32 count,
+int64 span size, then per checkpoint int64 `in`, int64 `out`, uint8 bits, 32 KiB window, all
+little-endian), `ztoc/toc_builder.go` (offsets as Go's tar reader counts them: the archive
+size ends after the two zero blocks) and `soci/soci_index.go` (the index manifest). The
+flatbuffers are built with the maintained `flatbuffers` library, fields in the schema's order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import IO
+
+import flatbuffers
+from flatbuffers import number_types
+from flatbuffers.table import Table
+
+from builder.errors import UserError
+from builder.oci.v1 import EMPTY_CONFIG, OCI_MANIFEST, Descriptor, digest_of
+
+ZTOC_VERSION = "0.9"
+BUILD_TOOL = "build-sandbox-image"
+SOCI_INDEX = "application/vnd.amazon.soci.index.v1+json"  # the index's config media type
+ZTOC_MEDIA_TYPE = "application/octet-stream"
+LAYER_DIGEST = "com.amazon.soci.image-layer-digest"
+LAYER_MEDIA_TYPE = "com.amazon.soci.image-layer-mediaType"
+BUILD_TOOL_ANNOTATION = "com.amazon.soci.build-tool-identifier"
+WINDOW = 32768  # deflate's dictionary: what a checkpoint stores of the output before it
+GZIP_HEADER = 10  # the fixed header builder.image.gzipped writes: the first span starts here
+TYPES = MappingProxyType(
+    {
+        tarfile.REGTYPE: "reg",
+        tarfile.AREGTYPE: "reg",
+        tarfile.DIRTYPE: "dir",
+        tarfile.SYMTYPE: "symlink",
+        tarfile.LNKTYPE: "hardlink",
+        tarfile.CHRTYPE: "char",
+        tarfile.BLKTYPE: "block",
+        tarfile.FIFOTYPE: "fifo",
+    }
+)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One tar entry as a ztoc lists it."""
+
+    name: str
+    type: str
+    offset: int  # of its data in the uncompressed tar
+    size: int
+    linkname: str = ""
+    mode: int = 0
+    uid: int = 0
+    gid: int = 0
+    uname: str = ""
+    gname: str = ""
+    mod_time: str = ""  # RFC 3339, as Go's time.MarshalText writes it
+    devmajor: int = 0
+    devminor: int = 0
+    xattrs: tuple[tuple[str, str], ...] = ()  # the entry's PAX records, sorted by key
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where inflating may start: compressed and uncompressed offsets, and the window before."""
+
+    compressed: int
+    uncompressed: int
+    window: bytes
+
+
+@dataclass(frozen=True)
+class Ztoc:
+    """A layer's ztoc, as read back from its bytes (what verify and the tests compare)."""
+
+    version: str
+    build_tool: str
+    compressed_size: int
+    uncompressed_size: int
+    files: tuple[FileEntry, ...]
+    span_size: int
+    checkpoints: tuple[Checkpoint, ...]
+    span_digests: tuple[str, ...]
+
+
+def toc(tar: IO[bytes]) -> tuple[tuple[FileEntry, ...], int]:
+    """The tar's entries and its size as soci counts it (up to the end-of-archive blocks)."""
+    entries = []
+    end = 0
+    try:
+        with tarfile.open(fileobj=tar, mode="r:") as archive:
+            for info in archive:
+                kind = TYPES.get(info.type)
+                if kind is None:
+                    raise UserError(f"tar entry {info.name!r}: type {info.type!r} has no ztoc type")
+                entries.append(
+                    FileEntry(
+                        name=info.name + ("/" if info.isdir() else ""),
+                        type=kind,
+                        offset=info.offset_data,
+                        size=info.size,
+                        linkname=info.linkname,
+                        mode=info.mode,
+                        uid=info.uid,
+                        gid=info.gid,
+                        uname=info.uname,
+                        gname=info.gname,
+                        mod_time=_mod_time(info),
+                        devmajor=info.devmajor,
+                        devminor=info.devminor,
+                        xattrs=tuple(sorted(info.pax_headers.items())),
+                    )
+                )
+            end = archive.offset  # after the last entry's padding
+    except tarfile.TarError as error:
+        raise UserError(f"not a layer tar: {error}") from None
+    return tuple(entries), end + 2 * tarfile.BLOCKSIZE
+
+
+def _mod_time(info: tarfile.TarInfo) -> str:
+    """The mtime as Go's RFC 3339 with nanoseconds, trailing zeros dropped, in UTC."""
+    whole = int(info.mtime)
+    stamp = datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    exact = info.pax_headers.get("mtime", "")
+    fraction = exact.partition(".")[2][:9].rstrip("0") if "." in exact else ""
+    return f"{stamp}{'.' + fraction if fraction else ''}Z"
+
+
+def checkpoints(tar: IO[bytes], span_size: int, spans: Sequence[int]) -> tuple[Checkpoint, ...]:
+    """One checkpoint per span: span i starts at `spans[i]` in the blob, `i * span_size` in the
+    tar; its window is the 32 KiB of tar before that (zeros before the first)."""
+    found = []
+    for index, compressed in enumerate(spans):
+        uncompressed = index * span_size
+        start = max(0, uncompressed - WINDOW)
+        tar.seek(start)
+        before = tar.read(uncompressed - start)
+        found.append(Checkpoint(compressed, uncompressed, bytes(WINDOW - len(before)) + before))
+    return tuple(found)
+
+
+def span_digests(blob: IO[bytes], blob_size: int, spans: Sequence[int]) -> tuple[str, ...]:
+    """The sha256 of each span's compressed bytes (the last runs to the blob's end)."""
+    digests = []
+    for index, start in enumerate(spans):
+        end = spans[index + 1] if index + 1 < len(spans) else blob_size
+        blob.seek(start)
+        digest = hashlib.sha256()
+        left = end - start
+        while left > 0:
+            chunk = blob.read(min(left, 1 << 20))
+            if not chunk:
+                raise UserError("the gzip blob is shorter than its spans say")
+            digest.update(chunk)
+            left -= len(chunk)
+        digests.append(f"sha256:{digest.hexdigest()}")
+    return tuple(digests)
+
+
+def zinfo(span_size: int, points: Sequence[Checkpoint]) -> bytes:
+    """soci's gzip zinfo v2 blob: the checkpoints' offsets and windows, little-endian."""
+    parts = [struct.pack("<iq", len(points), span_size)]
+    for point in points:
+        parts.append(struct.pack("<qqB", point.compressed, point.uncompressed, 0))
+        parts.append(point.window)
+    return b"".join(parts)
+
+
+def ztoc_bytes(tar_path: Path, blob_path: Path, span_size: int, spans: Sequence[int]) -> bytes:
+    """The ztoc of the gzip layer `blob_path` whose tar is `tar_path`, cut at `spans`."""
+    if not spans or spans[0] != GZIP_HEADER:
+        raise UserError(f"{blob_path}: its spans do not start after the gzip header")
+    blob_size = blob_path.stat().st_size
+    with tar_path.open("rb") as tar:
+        files, tar_size = toc(tar)
+        points = checkpoints(tar, span_size, spans)
+    with blob_path.open("rb") as blob:
+        digests = span_digests(blob, blob_size, spans)
+    return _flatbuffer(files, tar_size, blob_size, zinfo(span_size, points), digests)
+
+
+def _flatbuffer(
+    files: Sequence[FileEntry],
+    tar_size: int,
+    blob_size: int,
+    checkpoint_blob: bytes,
+    digests: Sequence[str],
+) -> bytes:
+    """The Ztoc table, built in the order soci's own marshaler builds it."""
+    builder = flatbuffers.Builder(0)
+    version = builder.CreateString(ZTOC_VERSION)
+    tool = builder.CreateString(BUILD_TOOL)
+    metadata = [0] * len(files)
+    for index in reversed(range(len(files))):
+        metadata[index] = _file_metadata(builder, files[index])
+    toc_vector = _offsets_vector(builder, metadata)
+    builder.StartObject(1)  # TOC
+    builder.PrependUOffsetTRelativeSlot(0, toc_vector, 0)
+    toc_table = builder.EndObject()
+    checkpoint_vector = builder.CreateByteVector(checkpoint_blob)
+    digest_vector = _offsets_vector(builder, [builder.CreateString(d) for d in digests])
+    builder.StartObject(4)  # CompressionInfo (algorithm: gzip, the schema's default)
+    builder.PrependInt32Slot(1, len(digests) - 1, 0)
+    builder.PrependUOffsetTRelativeSlot(2, digest_vector, 0)
+    builder.PrependUOffsetTRelativeSlot(3, checkpoint_vector, 0)
+    info = builder.EndObject()
+    builder.StartObject(6)  # Ztoc
+    builder.PrependUOffsetTRelativeSlot(0, version, 0)
+    builder.PrependUOffsetTRelativeSlot(1, tool, 0)
+    builder.PrependUOffsetTRelativeSlot(4, toc_table, 0)
+    builder.PrependInt64Slot(2, blob_size, 0)
+    builder.PrependInt64Slot(3, tar_size, 0)
+    builder.PrependUOffsetTRelativeSlot(5, info, 0)
+    builder.Finish(builder.EndObject())
+    return bytes(builder.Output())
+
+
+def _file_metadata(builder: flatbuffers.Builder, entry: FileEntry) -> int:
+    name = builder.CreateString(entry.name)
+    kind = builder.CreateString(entry.type)
+    linkname = builder.CreateString(entry.linkname)
+    uname = builder.CreateString(entry.uname)
+    gname = builder.CreateString(entry.gname)
+    mod_time = builder.CreateString(entry.mod_time)
+    xattrs = []
+    for key, value in entry.xattrs:
+        key_string, value_string = builder.CreateString(key), builder.CreateString(value)
+        builder.StartObject(2)  # Xattr
+        builder.PrependUOffsetTRelativeSlot(0, key_string, 0)
+        builder.PrependUOffsetTRelativeSlot(1, value_string, 0)
+        xattrs.append(builder.EndObject())
+    xattr_vector = _offsets_vector(builder, xattrs)
+    builder.StartObject(14)  # FileMetadata
+    builder.PrependUOffsetTRelativeSlot(0, name, 0)
+    builder.PrependUOffsetTRelativeSlot(1, kind, 0)
+    builder.PrependInt64Slot(2, entry.offset, 0)
+    builder.PrependInt64Slot(3, entry.size, 0)
+    builder.PrependUOffsetTRelativeSlot(4, linkname, 0)
+    builder.PrependInt64Slot(5, entry.mode, 0)
+    builder.PrependUint32Slot(6, entry.uid, 0)
+    builder.PrependUint32Slot(7, entry.gid, 0)
+    builder.PrependUOffsetTRelativeSlot(8, uname, 0)
+    builder.PrependUOffsetTRelativeSlot(9, gname, 0)
+    builder.PrependUOffsetTRelativeSlot(10, mod_time, 0)
+    builder.PrependInt64Slot(11, entry.devmajor, 0)
+    builder.PrependInt64Slot(12, entry.devminor, 0)
+    builder.PrependUOffsetTRelativeSlot(13, xattr_vector, 0)
+    return int(builder.EndObject())
+
+
+def _offsets_vector(builder: flatbuffers.Builder, offsets: Sequence[int]) -> int:
+    builder.StartVector(4, len(offsets), 4)
+    for offset in reversed(offsets):
+        builder.PrependUOffsetTRelative(offset)
+    return int(builder.EndVector())
+
+
+def read_ztoc(data: bytes) -> Ztoc:
+    """A ztoc's bytes read back; a malformed one is one UserError."""
+    try:
+        root = Table(bytearray(data), flatbuffers.encode.Get(flatbuffers.packer.uoffset, data, 0))
+        files = tuple(_read_entry(table) for table in _tables(root, 4, 0))
+        info = _table(root, 5)
+        raw = _bytes(info, 3)
+        count, span_size = struct.unpack_from("<iq", raw, 0)
+        size = 17 + WINDOW
+        if len(raw) != 12 + count * size:
+            raise ValueError("checkpoints of the wrong size")
+        points = []
+        for index in range(count):
+            at = 12 + index * size
+            compressed, uncompressed, _bits = struct.unpack_from("<qqB", raw, at)
+            points.append(Checkpoint(compressed, uncompressed, raw[at + 17 : at + size]))
+        return Ztoc(
+            version=_string(root, 0),
+            build_tool=_string(root, 1),
+            compressed_size=_int64(root, 2),
+            uncompressed_size=_int64(root, 3),
+            files=files,
+            span_size=span_size,
+            checkpoints=tuple(points),
+            span_digests=tuple(_strings(info, 2)),
+        )
+    except (ValueError, IndexError, TypeError, struct.error, UnicodeDecodeError) as error:
+        raise UserError(f"not a ztoc: {error}") from None
+
+
+def _read_entry(table: Table) -> FileEntry:
+    xattrs = tuple((_string(x, 0), _string(x, 1)) for x in _tables(table, 13))
+    return FileEntry(
+        name=_string(table, 0),
+        type=_string(table, 1),
+        offset=_int64(table, 2),
+        size=_int64(table, 3),
+        linkname=_string(table, 4),
+        mode=_int64(table, 5),
+        uid=_number(table, 6, number_types.Uint32Flags),
+        gid=_number(table, 7, number_types.Uint32Flags),
+        uname=_string(table, 8),
+        gname=_string(table, 9),
+        mod_time=_string(table, 10),
+        devmajor=_int64(table, 11),
+        devminor=_int64(table, 12),
+        xattrs=xattrs,
+    )
+
+
+def _field(table: Table, index: int) -> int:
+    return int(table.Offset(4 + 2 * index))
+
+
+def _string(table: Table, index: int) -> str:
+    at = _field(table, index)
+    return table.String(at + table.Pos).decode() if at else ""
+
+
+def _number(table: Table, index: int, flags: type[number_types.NumberTypeFlags]) -> int:
+    at = _field(table, index)
+    return int(table.Get(flags, at + table.Pos)) if at else 0
+
+
+def _int64(table: Table, index: int) -> int:
+    return _number(table, index, number_types.Int64Flags)
+
+
+def _table(table: Table, index: int) -> Table:
+    at = _field(table, index)
+    if not at:
+        raise ValueError(f"field {index} missing")
+    return Table(table.Bytes, table.Indirect(at + table.Pos))
+
+
+def _vector(table: Table, index: int) -> tuple[int, int]:
+    """A vector field's start and length (0, 0 when absent)."""
+    at = _field(table, index)
+    return (table.Vector(at), table.VectorLen(at)) if at else (0, 0)
+
+
+def _tables(table: Table, index: int, inner: int | None = None) -> list[Table]:
+    """The tables of a vector field (of the table in field `index`'s field `inner`)."""
+    if inner is not None:
+        table, index = _table(table, index), inner
+    start, length = _vector(table, index)
+    return [Table(table.Bytes, table.Indirect(start + 4 * i)) for i in range(length)]
+
+
+def _strings(table: Table, index: int) -> list[str]:
+    start, length = _vector(table, index)
+    return [table.String(start + 4 * i).decode() for i in range(length)]
+
+
+def _bytes(table: Table, index: int) -> bytes:
+    start, length = _vector(table, index)
+    return bytes(table.Bytes[start : start + length])
+
+
+@dataclass(frozen=True)
+class LayerZtoc:
+    """One indexed layer: the image layer's descriptor and its ztoc's bytes."""
+
+    layer: Descriptor
+    ztoc: bytes
+
+
+@dataclass(frozen=True)
+class SociIndex:
+    """A SOCI index to attach to an image: its ztocs, and the manifest naming them."""
+
+    ztocs: tuple[LayerZtoc, ...]
+    artifact_type: str = SOCI_INDEX
+
+    def blobs(self) -> tuple[bytes, ...]:
+        """What the registry must hold before the manifest: the `{}` config and the ztocs."""
+        return (EMPTY_CONFIG, *(one.ztoc for one in self.ztocs))
+
+    def manifest(self, subject: Descriptor) -> bytes:
+        """The index manifest as soci 0.4's MarshalIndex writes it (Go's field order)."""
+        layers = [
+            {
+                "mediaType": ZTOC_MEDIA_TYPE,
+                "digest": digest_of(one.ztoc),
+                "size": len(one.ztoc),
+                "annotations": {
+                    LAYER_DIGEST: one.layer.digest,
+                    LAYER_MEDIA_TYPE: one.layer.media_type,
+                },
+            }
+            for one in self.ztocs
+        ]
+        document = {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": SOCI_INDEX, "digest": digest_of(EMPTY_CONFIG), "size": 2},
+            "layers": layers,
+            "subject": {
+                "mediaType": subject.media_type,
+                "digest": subject.digest,
+                "size": subject.size,
+            },
+            "annotations": {BUILD_TOOL_ANNOTATION: BUILD_TOOL},
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+
+def indexed_layers(manifest: bytes) -> dict[str, str]:
+    """A SOCI index manifest's ztocs by the image layer they describe (layer → ztoc digest)."""
+    try:
+        document = json.loads(manifest)
+        if document["config"]["mediaType"] != SOCI_INDEX:
+            raise ValueError("not a SOCI index")
+        return {
+            str(layer["annotations"][LAYER_DIGEST]): str(layer["digest"])
+            for layer in document["layers"]
+        }
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"not a SOCI index manifest: {error}") from None
