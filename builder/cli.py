@@ -142,6 +142,11 @@ ENGINE_OPTION = click.option(
     is_flag=True,
     help="Ship no .pyc for the extras (smaller image; every sandbox start compiles them).",
 )
+@click.option(
+    "--no-soci",
+    is_flag=True,
+    help="Attach no SOCI index to the pushed images (no lazy loading on soci-snapshotter nodes).",
+)
 @ENGINE_OPTION
 @click.pass_context
 @reports_errors
@@ -168,6 +173,7 @@ def main(
     with_optional: bool,
     config_path: Path | None,
     no_bytecode: bool,
+    no_soci: bool,
     engine_urls: tuple[str, ...],
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
@@ -194,6 +200,7 @@ def main(
                 if path is not None
             },
             engines=engine_flags(engine_urls),
+            soci=not no_soci,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,

@@ -37,13 +37,16 @@ from builder.reporter import Reporter
 from builder.upgrade import BuildState, changes, load_state, rebase_blocker, state_of
 
 
-def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Target | None:
-    """The repository, tag and index annotations of a push; None when nothing is pushed."""
+def push_target(
+    plan: Plan, request: Request, repository: ImageRef | None, soci: bool = True
+) -> Target | None:
+    """The repository, tag and index annotations of a push (and whether a SOCI index goes with
+    each image); None when nothing is pushed."""
     if repository is None:
         return None
     version = platform_version(plan.base_image, request.platform_version)
     labels = finish(plan, request, {}).labels
-    return Target(repository, image_tag(version, extras_of(plan)), labels)
+    return Target(repository, image_tag(version, extras_of(plan)), labels, soci)
 
 
 def build_delivery(
@@ -61,7 +64,7 @@ def build_delivery(
         state = StateRecord(config.state, version)
     return Delivery(
         verify=verify,
-        push=push_target(plan, request, settings.push_repository),
+        push=push_target(plan, request, settings.push_repository, settings.soci),
         template=settings.template,
         container=settings.container,
         warm_pools=settings.warm_pools,
@@ -193,7 +196,7 @@ def _upgrade(
     path = "build" if blocker or previous is None else "rebase"
     run.reporter.say(f"upgrade path: {path} ({blocker or 'the resolution is unchanged'})")
     delivery = Delivery(
-        push=push_target(plan, request, config.repository),
+        push=push_target(plan, request, config.repository, config.soci),
         template=config.template,
         container=config.container,
         warm_pools=config.warm_pools,

@@ -10,6 +10,7 @@
     apt-ca-bundle = "corp-ca.pem"   # optional, as --apt-ca-bundle: a BuildKit secret only
     apt-auth = "apt-auth.conf"      # optional, as --apt-auth
     bytecode = false                # optional, as --no-bytecode: ship no .pyc (default true)
+    soci = false                    # optional, as --no-soci: attach no SOCI index (default true)
 
     [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
     arm64 = "ssh://builder@arm64-host"
@@ -48,6 +49,7 @@ KNOWN_KEYS = frozenset(
         "apt-ca-bundle",
         "apt-auth",
         "bytecode",
+        "soci",
         "engines",
     }
 )
@@ -73,6 +75,7 @@ class PipelineConfig:
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
     bytecode: bool = True  # compile the extras' .pyc into bytecode layers
     engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
+    soci: bool = True  # attach a SOCI index (lazy loading) to each pushed arch image
 
     @property
     def base_image(self) -> str:
@@ -117,6 +120,9 @@ def load_config(path: Path) -> PipelineConfig:
     bytecode = data.get("bytecode", True)
     if not isinstance(bytecode, bool):
         raise UserError(f"{path}: 'bytecode' must be true or false")
+    soci = data.get("soci", True)
+    if not isinstance(soci, bool):
+        raise UserError(f"{path}: 'soci' must be true or false")
     engines = data.get("engines", {})
     if not isinstance(engines, dict) or not all(isinstance(v, str) for v in engines.values()):
         raise UserError(f"{path}: [engines] must map arches to engine URLs")
@@ -145,6 +151,7 @@ def load_config(path: Path) -> PipelineConfig:
             )
             for arch, url in engines.items()
         },
+        soci=soci,
     )
 
 
@@ -184,6 +191,7 @@ class RunSettings:
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
     bytecode: bool = True  # compile the extras' .pyc into bytecode layers
     engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
+    soci: bool = True  # attach a SOCI index to each pushed arch image
 
 
 def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool) -> RunSettings:
@@ -205,6 +213,7 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
         apt_secrets=flags.apt_secrets or config.apt_secrets,
         bytecode=flags.bytecode and config.bytecode,
         engines={**config.engines, **flags.engines},  # per arch: the flag wins
+        soci=flags.soci and config.soci,
     )
 
 

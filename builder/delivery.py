@@ -33,10 +33,12 @@ from builder.cache import Cache
 from builder.engines import Engines
 from builder.errors import UserError
 from builder.image.render import add_to_output, update_report
+from builder.image.soci import soci_index, soci_record
 from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.node_update import baseline, node_update, previous_images, total
 from builder.oci.client import Registry
 from builder.oci.name import ImageRef
+from builder.oci.referrers import Artifact
 from builder.oci.remote import Blobs, Written, write
 from builder.oci.v1 import Image, Index, Platform
 from builder.reporter import Reporter
@@ -89,6 +91,7 @@ class Target:
     repository: ImageRef
     tag: str
     annotations: Mapping[str, str] = field(default_factory=dict)
+    soci: bool = True  # attach a SOCI index (builder.image.soci) to each image
 
 
 @dataclass(frozen=True)
@@ -235,11 +238,16 @@ def _write(
         if len(images) > 1:
             platforms = [Platform.linux(one.arch) for one in produced]
             index = Index.build(zip(platforms, images, strict=True), target.annotations)
-        attached = {
+        attached: dict[str, tuple[Artifact, ...]] = {
             image.digest: one.attestable.attachments(str(target.repository), image.digest)
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
+        for one, image in zip(produced, images, strict=True) if target.soci else ():
+            soci = soci_index(image, run.cache)  # attached with the SBOM: before the tags move
+            one.record["soci"] = soci_record(image, soci)
+            if soci is not None:
+                attached[image.digest] = (*attached.get(image.digest, ()), soci)
         memory = blob_memory(run.cache)
         written = write(
             registry,
