@@ -18,7 +18,7 @@ from builder.errors import UserError
 from builder.image import gzipped as gzipped_module
 from builder.image.gzipped import gzipped
 from builder.image.layer import LayerWheels, wheels_layer
-from builder.oci import ztoc
+from builder.oci import ztoc, ztoc_read
 from builder.oci.v1 import DOCKER_LAYER, OCI_MANIFEST, Descriptor, digest_of
 
 SPAN = 64 << 10  # small spans: a few files cross a boundary, several spans per layer
@@ -52,7 +52,7 @@ def small_spans(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_file_reads_back_through_its_checkpoint(tmp_path: Path) -> None:
     tar, blob, spans = a_layer(tmp_path, Cache(tmp_path / "c"))
     data = ztoc.ztoc_bytes(tar, blob, SPAN, spans)
-    read = ztoc.read_ztoc(data)
+    read = ztoc_read.read_ztoc(data)
     tar_bytes, blob_bytes = tar.read_bytes(), blob.read_bytes()
     assert read.version == "0.9" and read.build_tool == ztoc.BUILD_TOOL
     assert read.compressed_size == len(blob_bytes)
@@ -80,7 +80,7 @@ def test_every_file_reads_back_through_its_checkpoint(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("small_spans")
 def test_spans_digests_windows_and_archive_size(tmp_path: Path) -> None:
     tar, blob, spans = a_layer(tmp_path, Cache(tmp_path / "c"))
-    read = ztoc.read_ztoc(ztoc.ztoc_bytes(tar, blob, SPAN, spans))
+    read = ztoc_read.read_ztoc(ztoc.ztoc_bytes(tar, blob, SPAN, spans))
     blob_bytes, tar_bytes = blob.read_bytes(), tar.read_bytes()
     ends = [*spans[1:], len(blob_bytes)]
     for index, (start, end) in enumerate(zip(spans, ends, strict=True)):
@@ -141,7 +141,7 @@ def test_the_index_manifest_is_soci_0_4s() -> None:
 
 def test_bad_input_is_one_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not a ztoc"):
-        ztoc.read_ztoc(b"\x08\x00\x00\x00garbage!")
+        ztoc_read.read_ztoc(b"\x08\x00\x00\x00garbage!")
     with pytest.raises(UserError, match="not a SOCI index"):
         ztoc.indexed_layers(b'{"config": {"mediaType": "application/vnd.oci.empty.v1+json"}}')
     with pytest.raises(UserError, match="not a layer tar"):
@@ -149,3 +149,24 @@ def test_bad_input_is_one_user_error(tmp_path: Path) -> None:
     tar, blob, _, spans = _plain(tmp_path, "bad")
     with pytest.raises(UserError, match="do not start after the gzip header"):
         ztoc.ztoc_bytes(tar, blob, gzipped_module.SPAN, (0, *spans[1:]))
+
+
+@pytest.mark.usefixtures("small_spans")
+def test_mismatches_finds_nothing_in_the_layer_and_what_another_layer_changes(
+    tmp_path: Path,
+) -> None:
+    tar, blob, spans = a_layer(tmp_path, Cache(tmp_path / "c"))
+    read = ztoc_read.read_ztoc(ztoc.ztoc_bytes(tar, blob, SPAN, spans))
+    with blob.open("rb") as stream:
+        assert ztoc_read.mismatches(read, stream, blob.stat().st_size) == []
+    _, other_blob, _, _ = _plain(tmp_path, "other")  # another layer's bytes
+    with other_blob.open("rb") as stream:
+        found = ztoc_read.mismatches(read, stream, other_blob.stat().st_size)
+    assert any("compressed size" in line for line in found)
+    assert any("span digests" in line for line in found)
+    assert any("file table differs" in line for line in found)
+    data = bytearray(blob.read_bytes())
+    data[spans[1] + 100] ^= 0xFF  # one flipped bit in the second span
+    with io.BytesIO(bytes(data)) as stream:
+        found = ztoc_read.mismatches(read, stream, len(data))
+    assert found and not any("compressed size" in line for line in found)

@@ -22,7 +22,8 @@ flatbuffers schema, version "0.9"), `ztoc/compression/gzip_zinfo.h` (zinfo v2: i
 int64 span size, then per checkpoint int64 `in`, int64 `out`, uint8 bits, 32 KiB window, all
 little-endian), `ztoc/toc_builder.go` (offsets as Go's tar reader counts them: the archive
 size ends after the two zero blocks) and `soci/soci_index.go` (the index manifest). The
-flatbuffers are built with the maintained `flatbuffers` library, fields in the schema's order.
+flatbuffers are built with the maintained `flatbuffers` library, fields in the schema's order;
+builder.oci.ztoc_read reads them back and checks a layer against its ztoc.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ from types import MappingProxyType
 from typing import IO
 
 import flatbuffers
-from flatbuffers import number_types
-from flatbuffers.table import Table
 
 from builder.errors import UserError
 from builder.oci.v1 import EMPTY_CONFIG, OCI_MANIFEST, Descriptor, digest_of
@@ -113,32 +112,11 @@ class Ztoc:
 
 def toc(tar: IO[bytes]) -> tuple[tuple[FileEntry, ...], int]:
     """The tar's entries and its size as soci counts it (up to the end-of-archive blocks)."""
-    entries = []
+    entries: list[FileEntry] = []
     end = 0
     try:
         with tarfile.open(fileobj=tar, mode="r:") as archive:
-            for info in archive:
-                kind = TYPES.get(info.type)
-                if kind is None:
-                    raise UserError(f"tar entry {info.name!r}: type {info.type!r} has no ztoc type")
-                entries.append(
-                    FileEntry(
-                        name=info.name + ("/" if info.isdir() else ""),
-                        type=kind,
-                        offset=info.offset_data,
-                        size=info.size,
-                        linkname=info.linkname,
-                        mode=info.mode,
-                        uid=info.uid,
-                        gid=info.gid,
-                        uname=info.uname,
-                        gname=info.gname,
-                        mod_time=_mod_time(info),
-                        devmajor=info.devmajor,
-                        devminor=info.devminor,
-                        xattrs=tuple(sorted(info.pax_headers.items())),
-                    )
-                )
+            entries.extend(entry_of(info) for info in archive)
             end = archive.offset  # after the last entry's padding
     except tarfile.TarError as error:
         raise UserError(f"not a layer tar: {error}") from None
@@ -283,105 +261,6 @@ def _offsets_vector(builder: flatbuffers.Builder, offsets: Sequence[int]) -> int
     return int(builder.EndVector())
 
 
-def read_ztoc(data: bytes) -> Ztoc:
-    """A ztoc's bytes read back; a malformed one is one UserError."""
-    try:
-        root = Table(bytearray(data), flatbuffers.encode.Get(flatbuffers.packer.uoffset, data, 0))
-        files = tuple(_read_entry(table) for table in _tables(root, 4, 0))
-        info = _table(root, 5)
-        raw = _bytes(info, 3)
-        count, span_size = struct.unpack_from("<iq", raw, 0)
-        size = 17 + WINDOW
-        if len(raw) != 12 + count * size:
-            raise ValueError("checkpoints of the wrong size")
-        points = []
-        for index in range(count):
-            at = 12 + index * size
-            compressed, uncompressed, _bits = struct.unpack_from("<qqB", raw, at)
-            points.append(Checkpoint(compressed, uncompressed, raw[at + 17 : at + size]))
-        return Ztoc(
-            version=_string(root, 0),
-            build_tool=_string(root, 1),
-            compressed_size=_int64(root, 2),
-            uncompressed_size=_int64(root, 3),
-            files=files,
-            span_size=span_size,
-            checkpoints=tuple(points),
-            span_digests=tuple(_strings(info, 2)),
-        )
-    except (ValueError, IndexError, TypeError, struct.error, UnicodeDecodeError) as error:
-        raise UserError(f"not a ztoc: {error}") from None
-
-
-def _read_entry(table: Table) -> FileEntry:
-    xattrs = tuple((_string(x, 0), _string(x, 1)) for x in _tables(table, 13))
-    return FileEntry(
-        name=_string(table, 0),
-        type=_string(table, 1),
-        offset=_int64(table, 2),
-        size=_int64(table, 3),
-        linkname=_string(table, 4),
-        mode=_int64(table, 5),
-        uid=_number(table, 6, number_types.Uint32Flags),
-        gid=_number(table, 7, number_types.Uint32Flags),
-        uname=_string(table, 8),
-        gname=_string(table, 9),
-        mod_time=_string(table, 10),
-        devmajor=_int64(table, 11),
-        devminor=_int64(table, 12),
-        xattrs=xattrs,
-    )
-
-
-def _field(table: Table, index: int) -> int:
-    return int(table.Offset(4 + 2 * index))
-
-
-def _string(table: Table, index: int) -> str:
-    at = _field(table, index)
-    return table.String(at + table.Pos).decode() if at else ""
-
-
-def _number(table: Table, index: int, flags: type[number_types.NumberTypeFlags]) -> int:
-    at = _field(table, index)
-    return int(table.Get(flags, at + table.Pos)) if at else 0
-
-
-def _int64(table: Table, index: int) -> int:
-    return _number(table, index, number_types.Int64Flags)
-
-
-def _table(table: Table, index: int) -> Table:
-    at = _field(table, index)
-    if not at:
-        raise ValueError(f"field {index} missing")
-    return Table(table.Bytes, table.Indirect(at + table.Pos))
-
-
-def _vector(table: Table, index: int) -> tuple[int, int]:
-    """A vector field's start and length (0, 0 when absent)."""
-    at = _field(table, index)
-    return (table.Vector(at), table.VectorLen(at)) if at else (0, 0)
-
-
-def _tables(table: Table, index: int, inner: int | None = None) -> list[Table]:
-    """The tables of a vector field (of the table in field `index`'s field `inner`)."""
-    if inner is not None:
-        table, index = _table(table, index), inner
-    start, length = _vector(table, index)
-    return [Table(table.Bytes, table.Indirect(start + 4 * i)) for i in range(length)]
-
-
-def _strings(table: Table, index: int) -> list[str]:
-    start, length = _vector(table, index)
-    return [table.String(start + 4 * i).decode() for i in range(length)]
-
-
-def _bytes(table: Table, index: int) -> bytes:
-    start, length = _vector(table, index)
-    return bytes(table.Bytes[start : start + length])
-
-
 @dataclass(frozen=True)
 class LayerZtoc:
     """One indexed layer: the image layer's descriptor and its ztoc's bytes."""
@@ -442,3 +321,25 @@ def indexed_layers(manifest: bytes) -> dict[str, str]:
         }
     except (ValueError, KeyError, TypeError) as error:
         raise UserError(f"not a SOCI index manifest: {error}") from None
+
+
+def entry_of(info: tarfile.TarInfo) -> FileEntry:
+    kind = TYPES.get(info.type)
+    if kind is None:
+        raise tarfile.TarError(f"tar entry {info.name!r}: type {info.type!r} has no ztoc type")
+    return FileEntry(
+        name=info.name + ("/" if info.isdir() else ""),
+        type=kind,
+        offset=info.offset_data,
+        size=info.size,
+        linkname=info.linkname,
+        mode=info.mode,
+        uid=info.uid,
+        gid=info.gid,
+        uname=info.uname,
+        gname=info.gname,
+        mod_time=_mod_time(info),
+        devmajor=info.devmajor,
+        devminor=info.devminor,
+        xattrs=tuple(sorted(info.pax_headers.items())),
+    )
