@@ -38,11 +38,13 @@ from builder.attest.provenance import BuildParameters, BuildRun, InputFile
 from builder.engine import engine_client, native_arch
 from builder.errors import RegistryError, UserError
 from builder.image.inventory import image_facts
+from builder.image.soci import index_problems
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import read
 from builder.oci.v1 import Index, Platform, digest_of
 from builder.pipeline import Request, platform_version
+from builder.verify.report import Check
 
 BASE_DEPS = "/app/deps"
 SBOM_FILE = "sbom-{arch}.cdx.json"
@@ -297,3 +299,26 @@ def attached_sbom(image: str) -> bytes | None:
     except (RegistryError, UserError):
         return None
     return found[0].document if found else None
+
+
+def attached_soci_check(image: str) -> Check | None:
+    """verify's `soci` line for a pushed image: its SOCI index names only the image's layers
+    and each ztoc matches its layer (builder.image.soci.index_problems); None when `image`
+    names no registry, or no index is attached (nothing to check)."""
+    try:
+        ref = ImageRef.parse(image)
+    except UserError:
+        return None
+    if ref.is_hub:
+        return None
+    client = engine_client()
+    arch = (native_arch(client) if client else None) or "amd64"
+    try:
+        found = index_problems(image, arch)
+    except (RegistryError, UserError) as error:
+        return Check("soci", False, f"the SOCI index could not be read: {error}")
+    if found is None:
+        return None
+    index, problems = found
+    detail = "; ".join(problems[:3]) if problems else f"{index}: every ztoc matches its layer"
+    return Check("soci", not problems, detail)

@@ -12,7 +12,7 @@ from click.core import ParameterSource
 
 from builder.analysis.requirements import distribution_names
 from builder.analysis.target import ARCHES
-from builder.attachments import attached_sbom
+from builder.attachments import attached_sbom, attached_soci_check
 from builder.base.discover import base_profile
 from builder.cache import Cache, default_root
 from builder.cli_errors import reports_errors
@@ -390,6 +390,9 @@ def verify_command(
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image),
     )
+    soci = attached_soci_check(image)
+    if soci is not None:
+        report.checks.append(soci)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
         failed = ", ".join(check.name for check in report.failed)

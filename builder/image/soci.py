@@ -19,10 +19,22 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from builder import credentials
 from builder.cache import Cache
 from builder.image.gzipped import SPAN
-from builder.oci.v1 import Image, digest_of
-from builder.oci.ztoc import ZTOC_VERSION, LayerZtoc, SociIndex, ztoc_bytes
+from builder.oci.name import ImageRef
+from builder.oci.referrers import referrers
+from builder.oci.remote import resolve
+from builder.oci.v1 import Image, Platform, digest_of
+from builder.oci.ztoc import (
+    SOCI_INDEX,
+    ZTOC_VERSION,
+    LayerZtoc,
+    SociIndex,
+    indexed_layers,
+    ztoc_bytes,
+)
+from builder.oci.ztoc_read import mismatches, read_ztoc
 
 MIN_LAYER = 10 << 20
 ZTOC_FORMAT = f"ztoc/{ZTOC_VERSION}/1"  # bump when what the tool writes into a ztoc changes
@@ -78,3 +90,30 @@ def soci_record(image: Image, index: SociIndex | None) -> dict[str, Any]:
         "normal_pull_bytes": sum(layer.size for layer in image.layers),
         "lazy_before_mount_bytes": unindexed + sum(len(data) for data in indexed.values()),
     }
+
+
+def index_problems(image: str, arch: str) -> tuple[str, list[str]] | None:
+    """The SOCI index attached to the `arch` image of the pushed `image`, checked: it names
+    only layers of the image, and each ztoc's spans and file table match its layer's bytes
+    (each indexed layer is downloaded once). None when no index is attached (--no-soci, or
+    no layer large enough); else the index digest and what is wrong (empty: all agrees)."""
+    ref = ImageRef.parse(image)
+    registry = credentials.registry(ref, image)
+    found = resolve(registry, Platform.linux(arch))
+    attached = [r for r in referrers(registry, found.digest) if r.artifact_type == SOCI_INDEX]
+    if not attached:
+        return None
+    index = attached[-1].digest
+    manifest, _ = registry.manifest(index)
+    layers = {layer.digest: layer for layer in found.layers}
+    problems = []
+    for layer_digest, ztoc_digest in indexed_layers(manifest).items():
+        layer = layers.get(layer_digest)
+        if layer is None:
+            problems.append(f"{ztoc_digest} describes {layer_digest}, not a layer of the image")
+            continue
+        with registry.blob(ztoc_digest) as stream:
+            ztoc = read_ztoc(stream.read())
+        with registry.blob(layer_digest) as stream:
+            problems += [f"{layer_digest}: {line}" for line in mismatches(ztoc, stream, layer.size)]
+    return index, problems
