@@ -50,10 +50,12 @@ import docker.errors
 
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.image.first_reads import LAYOUT_FORMAT, laid_out, wheel_first_reads
 from builder.image.install_layout import installed_python_sources
 from builder.image.layer import Layer, keep, written
 
 BYTECODE_FORMAT = "bytecode/1"  # bump when the compile recipe or the tar layout changes
+LAYER_KEY = f"{BYTECODE_FORMAT}\n{LAYOUT_FORMAT}"  # a bytecode layer's: its order is the layout's
 COMPILERS = 2  # distributions compiled at once (each a fresh interpreter)
 RECEIVE = 1 << 20  # bytes per read of an exec's output
 FRAME_HEADER = 8
@@ -128,6 +130,7 @@ class Compiled:
     tar: Path
     compiled: int
     skipped: tuple[str, ...]  # sources that did not compile, relative to the root
+    first: tuple[str, ...] = ()  # sources importing it reads first (builder.image.first_reads)
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,10 @@ class Compiler:
         ).hexdigest()
         record = self.cache.get_record("bytecode", key)
         if record and (tar := self.cache.find_blob(record["tar"], "bytecode.tar")):
-            return Compiled(wheel_sha256, tar, record["compiled"], tuple(record["skipped"]))
+            skipped = tuple(record["skipped"])
+            return Compiled(
+                wheel_sha256, tar, record["compiled"], skipped, wheel_first_reads(wheel)
+            )
         with self.lock:
             if self.container is None:
                 self._start()
@@ -257,7 +263,7 @@ class Compiler:
         self.cache.put_record(
             "bytecode", key, {"tar": digest, "compiled": len(pycs), "skipped": skipped}
         )
-        return Compiled(wheel_sha256, tar, len(pycs), skipped)
+        return Compiled(wheel_sha256, tar, len(pycs), skipped, wheel_first_reads(wheel))
 
 
 class CompileQueue:
@@ -331,7 +337,7 @@ def bytecode_layer(
     """
     root = root.strip("/")
     key_text = "\n".join(
-        [BYTECODE_FORMAT, root, str(epoch), *(p.tar.parent.name for p in parts), *sorted(shadowed)]
+        [LAYER_KEY, root, str(epoch), *(p.tar.parent.name for p in parts), *sorted(shadowed)]
     )
     key = hashlib.sha256(key_text.encode()).hexdigest()
     compiled = sum(p.compiled for p in parts)
@@ -347,7 +353,9 @@ def bytecode_layer(
                 extracted = archive.extractfile(member) if member.isfile() else None
                 if extracted is not None and source_of(member.name) not in shadowed:
                     files[member.name] = extracted.read()
-    temp, digest = written(cache, lambda out: _write_tar(out, files.items(), root, epoch))
+    pyc_of = {source_of(name): name for name in files}
+    first = [pyc_of[source] for part in parts for source in part.first if source in pyc_of]
+    temp, digest = written(cache, lambda out: _write_tar(out, files.items(), root, epoch, first))
     layer = keep(temp, digest, cache, epoch)
     cache.put_record("bytecode-layer", key, {"diff_id": layer.diff_id, "size": layer.size})
     return BytecodeLayer(layer, interpreter, compiled, skipped)
@@ -413,9 +421,14 @@ def _pyc_members(output: bytes) -> tuple[dict[str, bytes], dict[str, Any]]:
 
 
 def _write_tar(
-    out: IO[bytes] | Any, files: Iterable[tuple[str, bytes]], root: str, epoch: int
+    out: IO[bytes] | Any,
+    files: Iterable[tuple[str, bytes]],
+    root: str,
+    epoch: int,
+    first: Sequence[str] = (),
 ) -> None:
-    """A normalized tar: sorted, every parent directory, root-owned, fixed modes and mtimes."""
+    """A normalized tar: every parent directory, root-owned, fixed modes and mtimes; sorted,
+    but for the `first` files (what the first import reads), put right after the directories."""
     prefix = f"{root}/" if root else ""
     members = {f"{prefix}{path}": data for path, data in files}
     directories = {
@@ -424,7 +437,8 @@ def _write_tar(
         for depth in range(1, name.count("/") + 1)
     }
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(directories | set(members)):
+        leading = [f"{prefix}{path}" for path in first]
+        for name in laid_out(sorted(directories | set(members)), directories, leading):
             info = tarfile.TarInfo(name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
             if name in members:
