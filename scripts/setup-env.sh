@@ -505,6 +505,7 @@ write_test_env() {
   "registry_user": "$REGISTRY_USER",
   "registry_password": "$REGISTRY_PASSWORD",
   "ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
+  "registry_dir": "$REGISTRY_DIR",
   "soci": "${SOCI_BIN:+$SOCI_BIN/soci}",
   "soci_snapshotter": "${SOCI_BIN:+$SOCI_BIN/soci-snapshotter-grpc}"
 }
