@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import posixpath
+import threading
 import zipfile
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -28,6 +29,9 @@ from pathlib import Path
 from builder.image.install_layout import install_entries
 
 LAYOUT_FORMAT = "first-reads/1"  # bump when the order changes: it is part of the layers' keys
+# CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch" when
+# two threads parse at once); layers and compiles run on threads, so parses take turns.
+PARSING = threading.Lock()
 NOT_MODULES = (".dist-info", ".data", ".libs")
 
 
@@ -85,7 +89,8 @@ def first_reads(paths: Iterable[str], source: Callable[[str], bytes]) -> tuple[s
 def _imports(name: str, path: str, data: bytes) -> list[str]:
     """The modules a source's module-level imports name (relative ones made absolute)."""
     try:
-        tree = ast.parse(data, filename=path)
+        with PARSING:
+            tree = ast.parse(data, filename=path)
     except (SyntaxError, ValueError):
         return []
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
