@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import unavailable
 from support.registryhelp import tool
 from support.socinode import SociNode, TlsRegistry
 
@@ -83,6 +84,8 @@ def pushed(
 
 @pytest.fixture(scope="module")
 def node(test_env: dict, registry: Any, pushed: Pushed, tmp_path_factory) -> Iterator[SociNode]:
+    if not (test_env.get("soci") and test_env.get("soci_snapshotter")):
+        unavailable("no soci-snapshotter in the test-env file (scripts/setup-env.sh --all)")
     work = tmp_path_factory.mktemp("soci-node")
     with (
         TlsRegistry(work, Path(test_env["registry_dir"])) as tls,
