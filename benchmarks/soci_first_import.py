@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,7 @@ def main() -> None:
                     node_dir.mkdir()
                     reference, lazy = variants[name]
                     rounds[name].append(timed_start(env, tls, node_dir, reference, lazy, code))
+                    shutil.rmtree(node_dir)  # a node's unpacked snapshots: hundreds of MB each
                     print(f"round {index + 1} {name}: {rounds[name][-1][0]:.1f} s, "
                           f"{rounds[name][-1][1] / 2**20:.1f} MiB")  # fmt: skip
     medians = {name: statistics.median(t for t, _ in runs) for name, runs in rounds.items()}
