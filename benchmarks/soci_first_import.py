@@ -140,6 +140,7 @@ def main() -> None:
             env=docker_env)  # fmt: skip
         pushed = run("/usr/bin/docker", "push", hand_tag, env=docker_env).stdout
         hand_digest = next(w for w in pushed.split() if w.startswith("sha256:"))
+        run("/usr/bin/docker", "rmi", hand_tag, env=docker_env)  # pushed: the registry holds it
         create_repo = f"bsi-soci-bench-{run_id}/create"
         login = argparse.Namespace(user=user, password=password)
         mount_image(login, f"{host}/{ours_repo}@{digest}", f"{host}/{create_repo}:1")
