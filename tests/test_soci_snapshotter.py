@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import unavailable
+from support.images import docker
 from support.registryhelp import tool
 from support.socinode import SociNode, TlsRegistry
 
@@ -63,9 +64,15 @@ class Pushed:
 
 @pytest.fixture(scope="module")
 def pushed(
-    registry: Any, reference_image: str, shared_cache: Path, package_index: str, tmp_path_factory
-) -> Pushed:
-    """sympy on the reference base, built, verified and pushed with its SOCI index."""
+    registry: Any,
+    reference_image: str,
+    shared_cache: Path,
+    package_index: str,
+    test_env: dict,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Pushed]:
+    """sympy on the reference base, built, verified and pushed with its SOCI index (the local
+    tags this module's builds leave are removed at its end)."""
     work = tmp_path_factory.mktemp("soci")
     (work / "requirements.txt").write_text("sympy\n")
     repository = f"bsi-soci-{RUN}/sympy"
@@ -79,7 +86,9 @@ def pushed(
     report = json.loads((work / "context" / "report.json").read_text())["image"]
     ref = ImageRef.parse(f"{registry.host}/{repository}:x")
     client = Registry(ref, credentials=Credentials(registry.user, registry.password, "test"))
-    return Pushed(repository, report["digest"], report, Cache(shared_cache), client)
+    yield Pushed(repository, report["digest"], report, Cache(shared_cache), client)
+    for local in (repository, f"{repository}-plain"):
+        docker(test_env, "rmi", "-f", f"{local}:test", check=False)
 
 
 @pytest.fixture(scope="module")
