@@ -10,22 +10,17 @@ else the image id verified is not the config the cluster pulls, and the rebase r
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import json
-import tarfile
 import urllib.error
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import docker
 import docker.errors
 import pytest
-from support.rebasing import own_base
+from support.rebasing import Previous, own_base, previous_image, rebase_plan, remove_loaded
 from support.registryhelp import registry_get, registry_tags
 
 import builder.orchestration.produce_rebase
@@ -34,11 +29,10 @@ from builder.attest import provenance, sbom
 from builder.cache import Cache
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
-from builder.image.gzipped import gzipped
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
-from builder.oci.remote import Blobs, resolve, write
+from builder.oci.remote import resolve
 from builder.oci.v1 import (
     DOCKER_LAYER,
     DOCKER_MANIFEST,
@@ -160,33 +154,6 @@ EXTRAS = "ab" * 32  # the extras' hash: the tag's suffix
 CREATED = "2024-07-01T00:00:00Z"
 
 
-def deps_tar(path: Path) -> str:
-    """A deps-extra layer tar (root-owned, read-only to the sandbox user); its diff ID."""
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as archive:
-        for name, data in (("app/deps-extra", None), (f"app/deps-extra/{MODULE}.py", b"X = 1\n")):
-            info = tarfile.TarInfo(name)
-            info.mtime, info.uid, info.gid = 1_700_000_000, 0, 0
-            if data is None:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                archive.addfile(info)
-            else:
-                info.size, info.mode = len(data), 0o644
-                archive.addfile(info, io.BytesIO(data))
-    return f"sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
-
-
-@dataclass
-class Previous:
-    """A previous image (the base plus a deps-extra layer) in the registry, and its inputs."""
-
-    image: str
-    base_digest: str
-    base_tag: str
-    cache: Cache
-    labels: dict[str, str]  # one of them unique to the run: the images it loaded carry it
-    output: Path  # where the delivery's report.json goes
-
-
 @pytest.fixture
 def previous(
     tmp_path: Path,
@@ -195,49 +162,18 @@ def previous(
     docker_client: docker.DockerClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Previous]:
-    """The reference base pushed, and an image on it by digest whose top layer is deps-extra.
-
-    The deps tar is in the cache, as on the machine that built it: the rebase docker-loads.
-    Afterwards the images the rebases loaded (untagged) are removed from the engine.
-    """
+    """The reference base in a repository of the test's own, and an image on it by digest
+    whose top layer is deps-extra; afterwards the images the rebases loaded are removed."""
     own = own_base(registry, pushed_reference, "bsi-guard", monkeypatch)
-    run, runtime, bases, base_digest, base = own.run, own.runtime, own.client, own.digest, own.image
-    labels = {**CHANGE.labels, "org.example.test-run": run}
-    cache = Cache(tmp_path / "cache")
-    diff_id = deps_tar(tmp_path / "deps.tar")
-    with cache.writing_blob(diff_id.removeprefix("sha256:"), "layer.tar") as out:
-        out.write((tmp_path / "deps.tar").read_bytes())
-    blob = gzipped(tmp_path / "deps.tar", diff_id, cache)
-    bases.upload_blob(blob.path, blob.digest)
-    deps = NewLayer(blob.digest, diff_id, blob.size, "COPY /app/deps-extra")
-    old = append(base, [deps], replace(CHANGE, labels=labels))
-    write(bases, [old], Blobs())
-    output = tmp_path / "context"
-    output.mkdir()
-    (output / "report.json").write_text("{}")
-    yield Previous(f"{runtime}@{old.digest}", base_digest, f"{runtime}:v1", cache, labels, output)
-    for image in docker_client.images.list(filters={"label": f"org.example.test-run={run}"}):
-        with contextlib.suppress(docker.errors.APIError):
-            docker_client.images.remove(image.id)
+    found = previous_image(own, tmp_path, MODULE, CHANGE)
+    yield found
+    remove_loaded(docker_client, found)
 
 
 def rebase_onto_same_base(previous: Previous, target: str, client: docker.DockerClient) -> Outcome:
     """The rebase producer on the previous image's own base, no apt layer, then the one
     delivery: verify, push, tag."""
-    plan: Any = SimpleNamespace(
-        base=SimpleNamespace(
-            image=previous.base_tag,
-            digest=previous.base_digest,
-            python_version="3.13.5",
-            packages={},
-        ),
-        base_image=f"{previous.base_tag}@{previous.base_digest}",
-        base_reference=ImageRef.parse(f"{previous.base_tag}@{previous.base_digest}"),
-        arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=()),),
-        import_modules=(MODULE,),
-        runtime_checks=(),
-        pythonpath_entry="/app/deps-extra",
-    )
+    plan = rebase_plan(previous)
     finished = Finish({}, previous.labels, CREATED, previous.cache)
     run = Run(Engines.local(client), previous.cache, previous.output, QUIET)
     repository = ImageRef.parse_repository(target)

@@ -11,31 +11,22 @@ the previous image, which nothing signed.
 from __future__ import annotations
 
 import base64
-import contextlib
-import hashlib
-import io
 import json
 import os
 import subprocess
-import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import docker
 import docker.errors
 import pytest
-from support.rebasing import own_base
+from support.rebasing import Previous, own_base, previous_image, rebase_plan, remove_loaded
 from support.registryhelp import tool
 
-from builder.cache import Cache
 from builder.engines.per_arch import Engines
-from builder.image.gzipped import gzipped
-from builder.oci.mutate import ConfigChange, NewLayer, append
+from builder.oci.mutate import ConfigChange
 from builder.oci.name import ImageRef
-from builder.oci.remote import Blobs, LocalFile, write
 from builder.orchestration.delivery import Delivery, Outcome, Run, Target, deliver
 from builder.orchestration.prepare import Finish
 from builder.orchestration.produce_rebase import Previous as Start
@@ -53,31 +44,6 @@ CHANGE = ConfigChange(
 )
 
 
-def deps_tar(path: Path) -> str:
-    """A deps-extra layer tar (root-owned, read-only to the sandbox user); its diff ID."""
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as archive:
-        for name, data in (("app/deps-extra", None), (f"app/deps-extra/{MODULE}.py", b"X = 1\n")):
-            info = tarfile.TarInfo(name)
-            info.mtime, info.uid, info.gid = 1_700_000_000, 0, 0
-            if data is None:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                archive.addfile(info)
-            else:
-                info.size, info.mode = len(data), 0o644
-                archive.addfile(info, io.BytesIO(data))
-    return f"sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
-
-
-@dataclass
-class Previous:
-    image: str  # repository@digest, unsigned
-    base_digest: str
-    base_tag: str
-    cache: Cache
-    labels: dict[str, str]
-    output: Path
-
-
 @pytest.fixture
 def previous(
     tmp_path: Path,
@@ -89,40 +55,14 @@ def previous(
     """The session's reference base mounted in a repository of the test's own, and an unsigned
     image on it whose top layer is deps-extra."""
     own = own_base(registry, pushed_reference, "bsi-sign", monkeypatch)
-    run, runtime, bases, base_digest, base = own.run, own.runtime, own.client, own.digest, own.image
-    labels = {**CHANGE.labels, "org.example.test-run": run}
-    cache = Cache(tmp_path / "cache")
-    diff_id = deps_tar(tmp_path / "deps.tar")
-    with cache.writing_blob(diff_id.removeprefix("sha256:"), "layer.tar") as out:
-        out.write((tmp_path / "deps.tar").read_bytes())
-    blob = gzipped(tmp_path / "deps.tar", diff_id, cache)
-    old = append(base, [NewLayer(blob.digest, diff_id, blob.size, "COPY /app/deps-extra")], CHANGE)
-    write(bases, [old], Blobs({blob.digest: LocalFile(blob.path)}))
-    output = tmp_path / "context"
-    output.mkdir()
-    (output / "report.json").write_text("{}")
-    yield Previous(f"{runtime}@{old.digest}", base_digest, f"{runtime}:v1", cache, labels, output)
-    for image in docker_client.images.list(filters={"label": f"org.example.test-run={run}"}):
-        with contextlib.suppress(docker.errors.APIError):
-            docker_client.images.remove(image.id)
+    found = previous_image(own, tmp_path, MODULE, CHANGE)
+    yield found
+    remove_loaded(docker_client, found)
 
 
 def signed_rebase(previous: Previous, target: str, client: Any, key_file: Path) -> Outcome:
     """The rebase producer on the previous image's own base, then the delivery with a key."""
-    plan: Any = SimpleNamespace(
-        base=SimpleNamespace(
-            image=previous.base_tag,
-            digest=previous.base_digest,
-            python_version="3.13.5",
-            packages={},
-        ),
-        base_image=f"{previous.base_tag}@{previous.base_digest}",
-        base_reference=ImageRef.parse(f"{previous.base_tag}@{previous.base_digest}"),
-        arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=()),),
-        import_modules=(MODULE,),
-        runtime_checks=(),
-        pythonpath_entry="/app/deps-extra",
-    )
+    plan = rebase_plan(previous)
     finished = Finish({}, previous.labels, "2024-07-01T00:00:00Z", previous.cache)
     run = Run(Engines.local(client), previous.cache, previous.output, QUIET)
     repository = ImageRef.parse_repository(target)
