@@ -20,6 +20,7 @@ from builder.base.layers import LD_CACHE_MAGIC, Layers, ld_cache_entries
 from builder.base.platforms import offered_arches
 from builder.cache import Cache
 from builder.errors import RegistryError
+from builder.oci.name import ImageRef
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def test_index_naming_another_index_is_an_error(registry_with, tmp_path):
     outer = {"mediaType": INDEX, "manifests": [entry]}
     content.manifest({"schemaVersion": 2, **outer}, tag="1")
     with pytest.raises(RegistryError, match="names another index for linux/amd64"):
-        probe_registry(registry_with(content), Cache(tmp_path / "cache"))
+        probe_registry(ImageRef.parse(registry_with(content)), Cache(tmp_path / "cache"))
 
 
 @pytest.mark.parametrize(
@@ -72,7 +73,7 @@ def test_malformed_image_config_is_one_registry_error(registry_with, tmp_path, c
     content = Content()
     content.manifest(_image(content, config), tag="1")
     with pytest.raises(RegistryError, match="malformed manifest or image config"):
-        probe_registry(registry_with(content), Cache(tmp_path / "cache"))
+        probe_registry(ImageRef.parse(registry_with(content)), Cache(tmp_path / "cache"))
 
 
 def test_layer_without_its_digest_is_one_registry_error(registry_with, tmp_path):
@@ -81,7 +82,7 @@ def test_layer_without_its_digest_is_one_registry_error(registry_with, tmp_path)
     manifest["layers"] = [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"}]
     content.manifest(manifest, tag="1")
     with pytest.raises(RegistryError, match="malformed manifest or image config"):
-        probe_registry(registry_with(content), Cache(tmp_path / "cache"))
+        probe_registry(ImageRef.parse(registry_with(content)), Cache(tmp_path / "cache"))
 
 
 def test_ld_cache_with_an_unterminated_string_reads_as_empty():
@@ -129,4 +130,4 @@ def test_offered_arches_of_a_malformed_index_is_unknown(registry_with):
     """Index entries that are not objects: the registry's answer is unusable, so unknown."""
     content = Content()
     content.manifest({"schemaVersion": 2, "mediaType": INDEX, "manifests": ["amd64"]}, tag="1")
-    assert offered_arches(registry_with(content), None) is None
+    assert offered_arches(ImageRef.parse(registry_with(content)), None) is None

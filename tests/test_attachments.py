@@ -75,7 +75,9 @@ def base(
     os.environ.update(env)
     try:
         cache = Cache(tmp_path_factory.mktemp("base-cache"))
-        build_base_index(tag, ["amd64"], base_image=standin_index, cache=cache)
+        build_base_index(
+            ImageRef.parse(tag), ["amd64"], base_image=ImageRef.parse(standin_index), cache=cache
+        )
     finally:
         for name, value in saved.items():
             if value is None:

@@ -37,6 +37,7 @@ from support.registryhelp import CREDENTIAL_VARS, push, registry_tags
 
 import builder.base.discover
 from builder.cli.app import main
+from builder.oci.name import ImageRef
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
 
@@ -206,8 +207,8 @@ def test_a_fleet_rebases_every_template_probing_the_base_once(
     probed: list[str] = []
     real = builder.base.discover.probe_base
 
-    def spy(image: str, *args: Any) -> Any:
-        probed.append(image)
+    def spy(image: ImageRef, *args: Any) -> Any:
+        probed.append(image.as_written)
         return real(image, *args)
 
     monkeypatch.setattr(builder.base.discover, "probe_base", spy)

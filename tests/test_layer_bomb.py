@@ -19,6 +19,7 @@ from builder.base.from_registry import probe_registry
 from builder.base.layers import Layers, Oversized
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.oci.name import ImageRef
 
 GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 STATUS = b"Package: libc6\nStatus: install ok installed\nVersion: 2.41-12\n\n"
@@ -69,7 +70,7 @@ def test_gzip_bomb_layer_is_one_error_naming_its_digest(base_with, monkeypatch, 
     assert len(bomb) < 64 << 10
     image, digests = base_with([sane, bomb])
     with pytest.raises(UserError) as caught:
-        probe_registry(image, Cache(tmp_path / "cache"))
+        probe_registry(ImageRef.parse(image), Cache(tmp_path / "cache"))
     message = str(caught.value)
     assert digests[1] in message and digests[0] not in message
     assert "unpacks to more than 1048576 bytes" in message and "\n" not in message
@@ -81,7 +82,7 @@ def test_layers_within_the_bound_are_probed(base_with, monkeypatch, tmp_path):
     sane = gzip.compress(layer_tar([("var/lib/dpkg/status", STATUS)]), mtime=0)
     zeros = gzip.compress(layer_tar([("zeros", bytes(4 << 20))]), mtime=0)
     image, _ = base_with([sane, zeros])
-    assert probe_registry(image, Cache(tmp_path / "cache")).glibc == "2.41"
+    assert probe_registry(ImageRef.parse(image), Cache(tmp_path / "cache")).glibc == "2.41"
 
 
 @pytest.mark.parametrize("compress", [False, True], ids=["tar", "gzip"])

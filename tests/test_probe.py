@@ -24,6 +24,7 @@ from builder.base.profile import base_problems, profile_differences
 from builder.cache import Cache
 from builder.engines.connection import engine_client
 from builder.errors import UserError
+from builder.oci.name import ImageRef
 
 AMD64, ARM64 = ARCHES["amd64"], ARCHES["arm64"]
 
@@ -38,7 +39,7 @@ class Probed(NamedTuple):
 def standin(docker_client, test_env, tmp_path_factory) -> Probed:
     """The stand-in base probed once into a fresh cache."""
     cache = Cache(tmp_path_factory.mktemp("probe-cache"))
-    profile = probe_base(test_env["base_image"], docker_client, cache)
+    profile = probe_base(ImageRef.parse(test_env["base_image"]), docker_client, cache)
     image_id = docker_client.images.get(test_env["base_image"]).id
     return Probed(profile, cache, image_id.removeprefix("sha256:"))
 
@@ -123,7 +124,7 @@ def test_second_probe_uses_the_cache(standin, docker_client, test_env, monkeypat
     collection = docker.models.containers.ContainerCollection
     monkeypatch.setattr(collection, "create", no_container)
     monkeypatch.setattr(collection, "run", no_container)
-    assert probe_base(test_env["base_image"], docker_client, cache) == profile
+    assert probe_base(ImageRef.parse(test_env["base_image"]), docker_client, cache) == profile
 
 
 @pytest.mark.usefixtures("docker_client")
@@ -135,12 +136,12 @@ def test_probe_container_is_removed(standin, docker_client):
 def test_missing_image_is_a_user_error(docker_client, tmp_path):
     name = f"bsi-probe-missing-{uuid.uuid4().hex[:8]}:none"
     with pytest.raises(UserError, match=name):
-        probe_base(name, docker_client, Cache(tmp_path))
+        probe_base(ImageRef.parse(name), docker_client, Cache(tmp_path))
 
 
 @pytest.mark.usefixtures("docker_client")
 def test_derived_image_config_and_unpackaged_library(derived_image, docker_client, tmp_path):
-    profile = probe_base(derived_image, docker_client, Cache(tmp_path))
+    profile = probe_base(ImageRef.parse(derived_image), docker_client, Cache(tmp_path))
     assert profile.user == "65532:65532"
     assert profile.pythonpath == "/app/deps:/app/deps-extra"
     assert profile.distributions == {"foo-bar": "1.2", "only-extra": "0.1"}
@@ -169,10 +170,12 @@ def test_pushed_image_is_pinned_by_its_registry_digest(
         ]
         assert all("error" not in line for line in pushed), pushed
         digest = next(line["aux"]["Digest"] for line in pushed if "aux" in line)
-        profile = probe_base(f"{repository}:1", docker_client, Cache(tmp_path))
+        profile = probe_base(ImageRef.parse(f"{repository}:1"), docker_client, Cache(tmp_path))
         assert profile.digest == digest
         # The same image under its local tag has no digest for that repository.
-        assert probe_base(derived_image, docker_client, Cache(tmp_path)).digest is None
+        assert (
+            probe_base(ImageRef.parse(derived_image), docker_client, Cache(tmp_path)).digest is None
+        )
     finally:
         docker_client.images.remove(f"{repository}:1")
 
@@ -180,7 +183,7 @@ def test_pushed_image_is_pinned_by_its_registry_digest(
 @pytest.mark.usefixtures("docker_client")
 def test_reference_base_matches_the_shipped_profile(reference_image, docker_client, tmp_path):
     shipped = shipped_profile()
-    profile = probe_base(reference_image, docker_client, Cache(tmp_path))
+    profile = probe_base(ImageRef.parse(reference_image), docker_client, Cache(tmp_path))
     assert profile.python_version == shipped.python_version
     assert profile.distributions == shipped.distributions
     assert profile.sonames["amd64"] >= shipped.sonames["amd64"]
@@ -201,17 +204,23 @@ def test_repo_digest_matches_the_repository():
     def image(*repo_digests: str) -> SimpleNamespace:
         return SimpleNamespace(attrs={"RepoDigests": list(repo_digests)})
 
-    assert _repo_digest("python:3.13-slim-trixie", image(f"python@{digest}")) == digest
-    assert _repo_digest("docker.io/library/python:3.13", image(f"python@{digest}")) == digest
+    assert (
+        _repo_digest(ImageRef.parse("python:3.13-slim-trixie"), image(f"python@{digest}")) == digest
+    )
+    assert (
+        _repo_digest(ImageRef.parse("docker.io/library/python:3.13"), image(f"python@{digest}"))
+        == digest
+    )
     assert (
         _repo_digest(
-            "127.0.0.1:5000/rt:1", image(f"mirror/rt@{other}", f"127.0.0.1:5000/rt@{digest}")
+            ImageRef.parse("127.0.0.1:5000/rt:1"),
+            image(f"mirror/rt@{other}", f"127.0.0.1:5000/rt@{digest}"),
         )
         == digest
     )
-    assert _repo_digest("local-build:1", image()) is None
-    assert _repo_digest("renamed:1", image(f"python@{digest}")) is None
-    assert _repo_digest(f"python@{other}", image(f"python@{digest}")) == other
+    assert _repo_digest(ImageRef.parse("local-build:1"), image()) is None
+    assert _repo_digest(ImageRef.parse("renamed:1"), image(f"python@{digest}")) is None
+    assert _repo_digest(ImageRef.parse(f"python@{other}"), image(f"python@{digest}")) == other
 
 
 def _profile(**changes) -> BaseProfile:

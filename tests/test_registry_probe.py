@@ -32,6 +32,7 @@ from builder.base.from_registry import probe_registry
 from builder.base.probe import probe_base
 from builder.cache import Cache
 from builder.errors import RegistryAuthError, RegistryUnreachable, UserError
+from builder.oci.name import ImageRef
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry")
 
@@ -88,7 +89,9 @@ def pushed_reference(pushed_reference, registry, namespace):
 
 @pytest.fixture(scope="module")
 def engine_profile(docker_client, reference_image, tmp_path_factory):
-    return probe_base(reference_image, docker_client, Cache(tmp_path_factory.mktemp("engine")))
+    return probe_base(
+        ImageRef.parse(reference_image), docker_client, Cache(tmp_path_factory.mktemp("engine"))
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +101,7 @@ def test_registry_probe_matches_the_engine_probe(
     pushed_reference, engine_profile, credentials, tmp_path
 ):
     started = time.monotonic()
-    profile = probe_registry(pushed_reference.reference, Cache(tmp_path / "cache"))
+    profile = probe_registry(ImageRef.parse(pushed_reference.reference), Cache(tmp_path / "cache"))
     elapsed = time.monotonic() - started
     assert profile.python_version == engine_profile.python_version
     assert profile.glibc == engine_profile.glibc == "2.41"
@@ -121,7 +124,7 @@ def test_registry_probe_matches_the_engine_probe(
 def test_probe_by_digest(pushed_reference, engine_profile, credentials, tmp_path):
     repository = pushed_reference.reference.rsplit(":", 1)[0]
     image = f"{repository}@{pushed_reference.digest}"
-    profile = probe_registry(image, Cache(tmp_path / "cache"))
+    profile = probe_registry(ImageRef.parse(image), Cache(tmp_path / "cache"))
     assert profile.image == image
     assert profile.digest == pushed_reference.digest
     assert dict(profile.distributions) == dict(engine_profile.distributions)
@@ -131,7 +134,7 @@ def test_second_probe_is_served_from_the_cache(
     pushed_reference, credentials, tmp_path, monkeypatch
 ):
     cache = Cache(tmp_path / "cache")
-    first = probe_registry(pushed_reference.reference, cache)
+    first = probe_registry(ImageRef.parse(pushed_reference.reference), cache)
     record = cache.get_record("registry-probe", first.digest.removeprefix("sha256:"))
     assert record["digest"] == first.digest
 
@@ -146,12 +149,12 @@ def test_second_probe_is_served_from_the_cache(
         return real_open(self, request, *args, **kwargs)
 
     monkeypatch.setattr(urllib.request.OpenerDirector, "open", counting_open)
-    assert probe_registry(pushed_reference.reference, cache) == first
+    assert probe_registry(ImageRef.parse(pushed_reference.reference), cache) == first
     manifests = [url for url in requests if "/manifests/" in url]
     assert len(manifests) <= 1, requests  # one HEAD (plus an auth retry at most)
     requests.clear()
     by_digest = pushed_reference.reference.rsplit(":", 1)[0] + "@" + first.digest
-    assert probe_registry(by_digest, cache).distributions == first.distributions
+    assert probe_registry(ImageRef.parse(by_digest), cache).distributions == first.distributions
     assert requests == []  # a digest reference needs no request at all
 
 
@@ -162,13 +165,13 @@ def test_docker_config_basic_auth_is_used(pushed_reference, registry, no_credent
     (config_dir / "config.json").write_text(
         json.dumps({"auths": {f"http://{registry.host}": {"auth": auth}}})
     )
-    profile = probe_registry(pushed_reference.reference, Cache(tmp_path / "cache"))
+    profile = probe_registry(ImageRef.parse(pushed_reference.reference), Cache(tmp_path / "cache"))
     assert profile.digest == pushed_reference.digest
 
 
 def test_without_credentials_is_a_user_error(pushed_reference, no_credentials, tmp_path):
     with pytest.raises(RegistryAuthError) as caught:
-        probe_registry(pushed_reference.reference, Cache(tmp_path / "cache"))
+        probe_registry(ImageRef.parse(pushed_reference.reference), Cache(tmp_path / "cache"))
     message = str(caught.value)
     assert pushed_reference.reference in message
     assert "unauthorized" in message and "BSI_REGISTRY_USER" in message
@@ -177,20 +180,20 @@ def test_without_credentials_is_a_user_error(pushed_reference, no_credentials, t
 def test_wrong_password_is_a_user_error(pushed_reference, monkeypatch, credentials, tmp_path):
     monkeypatch.setenv("BSI_REGISTRY_PASSWORD", "not-the-password")
     with pytest.raises(RegistryAuthError, match="refused access"):
-        probe_registry(pushed_reference.reference, Cache(tmp_path / "cache"))
+        probe_registry(ImageRef.parse(pushed_reference.reference), Cache(tmp_path / "cache"))
 
 
 def test_missing_tag_is_a_user_error(pushed_reference, credentials, tmp_path):
     image = pushed_reference.reference.rsplit(":", 1)[0] + ":no-such-tag"
     with pytest.raises(UserError) as caught:
-        probe_registry(image, Cache(tmp_path / "cache"))
+        probe_registry(ImageRef.parse(image), Cache(tmp_path / "cache"))
     assert image in str(caught.value) and "not found" in str(caught.value)
 
 
 def test_unreachable_registry_is_a_user_error(credentials, tmp_path):
     image = "127.0.0.1:9/nothing/here:t1"  # discard port: nothing listens
     with pytest.raises(RegistryUnreachable, match="unreachable") as caught:
-        probe_registry(image, Cache(tmp_path / "cache"))
+        probe_registry(ImageRef.parse(image), Cache(tmp_path / "cache"))
     assert image in str(caught.value)
 
 
@@ -218,8 +221,10 @@ def test_dockerfile_whiteouts(
     repository = f"{registry.host}/{namespace}/whiteout"
     try:
         pushed = _push(docker_client, registry, image.id, repository, "t1")
-        profile = probe_registry(pushed.reference, Cache(tmp_path / "cache"))
-        engine = probe_base(pushed.reference, docker_client, Cache(tmp_path / "engine"))
+        profile = probe_registry(ImageRef.parse(pushed.reference), Cache(tmp_path / "cache"))
+        engine = probe_base(
+            ImageRef.parse(pushed.reference), docker_client, Cache(tmp_path / "engine")
+        )
     finally:
         docker_client.images.remove(image.id, force=True)
     assert "idna" not in profile.distributions
@@ -365,7 +370,7 @@ def synthetic_index(registry, namespace, tmp_path_factory) -> Pushed:
 
 
 def test_synthetic_index_whiteouts_and_both_arches(synthetic_index, credentials, tmp_path):
-    profile = probe_registry(synthetic_index.reference, Cache(tmp_path / "cache"))
+    profile = probe_registry(ImageRef.parse(synthetic_index.reference), Cache(tmp_path / "cache"))
     assert profile.digest == synthetic_index.digest  # the index's digest, not an entry's
     # `gone` is whited out; /app/extra is opaque in the upper layer, so only `new` is left
     # there; `keep-me` is in both dirs and the first on PYTHONPATH wins.
@@ -382,7 +387,7 @@ def test_synthetic_index_whiteouts_and_both_arches(synthetic_index, credentials,
 
 def test_synthetic_single_manifest_derives_arm64(synthetic_index, credentials, tmp_path):
     image = synthetic_index.reference.rsplit(":", 1)[0] + ":amd64-only"
-    profile = probe_registry(image, Cache(tmp_path / "cache"))
+    profile = probe_registry(ImageRef.parse(image), Cache(tmp_path / "cache"))
     assert profile.sonames["amd64"] == {"libbsireal.so.1"}
     # Derived: what trixie's arm64 packages of the same names ship, plus unpackaged libraries.
     assert "libc.so.6" in profile.sonames["arm64"]
@@ -461,7 +466,7 @@ def token_front(registry):
 def test_bearer_token_authentication(token_front, synthetic_index, registry, credentials, tmp_path):
     host, seen = token_front
     image = host + "/" + synthetic_index.reference.split("/", 1)[1]
-    profile = probe_registry(image, Cache(tmp_path / "cache"))
+    profile = probe_registry(ImageRef.parse(image), Cache(tmp_path / "cache"))
     assert profile.digest == synthetic_index.digest
     assert dict(profile.distributions) == {"keep-me": "1.0", "new": "3.0"}
     assert seen["token_auth"] and set(seen["token_auth"]) == {registry.auth_header()}

@@ -17,6 +17,7 @@ from builder.contract import BYTECODE_LABEL
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.image.build import BuildSpec
+from builder.oci.name import ImageRef
 from builder.orchestration import produce_build
 from builder.orchestration.prepare import Request, finish, prepare
 from builder.orchestration.produce_build import BuildProducer, SystemStages
@@ -45,7 +46,7 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     reference_image: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
+    base = probe_base(ImageRef.parse(reference_image), docker_client, Cache(tmp_path / "probe"))
     request = replace(request_for(tmp_path, base, "python-magic==0.4.27\n"), engine=docker_client)
     targets: list[str | None] = []
     real_build = produce_build.build_image
@@ -95,7 +96,7 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
 def test_a_failing_early_apt_build_raises_with_its_log_when_the_stage_is_asked_for(
     tmp_path: Path, docker_client: Any, reference_image: str
 ) -> None:
-    base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
+    base = probe_base(ImageRef.parse(reference_image), docker_client, Cache(tmp_path / "probe"))
     plan = prepare(request_for(tmp_path, base, "python-magic==0.4.27\n"))
     missing = "bsi-no-such-package"
     broken = replace(plan, arches=tuple(replace(a, apt_packages=(missing,)) for a in plan.arches))
@@ -110,7 +111,7 @@ def test_a_failing_early_apt_build_raises_with_its_log_when_the_stage_is_asked_f
 def test_a_stage_nobody_asks_for_is_stopped_not_waited_for(
     tmp_path: Path, docker_client: Any, reference_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    base = probe_base(reference_image, docker_client, Cache(tmp_path / "probe"))
+    base = probe_base(ImageRef.parse(reference_image), docker_client, Cache(tmp_path / "probe"))
     plan = prepare(request_for(tmp_path, base, "python-magic==0.4.27\n"))
     slow = f"FROM {reference_image} AS system\nRUN sleep 120 && echo {RUN}\n"
     monkeypatch.setattr(produce_build, "dockerfile", lambda *_: slow)  # a stage that takes minutes

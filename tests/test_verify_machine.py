@@ -18,42 +18,33 @@ import pytest
 from support.sandboxserver import start_server, stop_server
 
 from builder.engines.connection import Engine as RunEngine
+from builder.engines.connection import native_arch
 from builder.verify import hardening
 from builder.verify.client import LOCAL_PROCESS, Machine, Response, Sandbox
 from builder.verify.container import confirmed, hardened, machine_of
 from builder.verify.report import run_check
 
 
-class Engine:
-    """What `docker version` says of the engine's own arch, and nothing else."""
-
-    def __init__(self, version: dict[str, Any]) -> None:
-        self._version = version
-
-    def version(self) -> dict[str, Any]:
-        return self._version
-
-
 @pytest.mark.parametrize(
     ("engine", "arch", "expected"),
     [
-        ({"Arch": "amd64"}, "amd64", Machine(False, "amd64 image on an amd64 engine")),
-        ({"Arch": "amd64"}, "arm64", Machine(True, "arm64 image on an amd64 engine")),
-        ({"Arch": "arm64"}, "arm64", Machine(False, "arm64 image on an arm64 engine")),
-        ({"Arch": "arm64"}, "amd64", Machine(True, "amd64 image on an arm64 engine")),
-        ({"Arch": "amd64"}, "", Machine(False, "unnamed image, amd64 engine")),
-        ({}, "arm64", Machine(False, "arm64 image, unnamed engine")),
+        ("amd64", "amd64", Machine(False, "amd64 image on an amd64 engine")),
+        ("amd64", "arm64", Machine(True, "arm64 image on an amd64 engine")),
+        ("arm64", "arm64", Machine(False, "arm64 image on an arm64 engine")),
+        ("arm64", "amd64", Machine(True, "amd64 image on an arm64 engine")),
+        ("amd64", "", Machine(False, "unnamed image, amd64 engine")),
+        (None, "arm64", Machine(False, "arm64 image, unnamed engine")),
         # the kernel's names for the same arches are the same machine
-        ({"Arch": "amd64"}, "x86_64", Machine(False, "x86_64 image on an amd64 engine")),
-        ({"Arch": "arm64"}, "aarch64", Machine(False, "aarch64 image on an arm64 engine")),
-        ({"Arch": "amd64"}, "aarch64", Machine(True, "aarch64 image on an amd64 engine")),
+        ("amd64", "x86_64", Machine(False, "x86_64 image on an amd64 engine")),
+        ("arm64", "aarch64", Machine(False, "aarch64 image on an arm64 engine")),
+        ("amd64", "aarch64", Machine(True, "aarch64 image on an amd64 engine")),
     ],
 )
 def test_emulation_is_a_difference_of_arches(
-    engine: dict[str, Any], arch: str, expected: Machine
+    engine: str | None, arch: str, expected: Machine
 ) -> None:
     """An arch either side leaves unnamed counts as native: the native bounds then apply."""
-    assert machine_of(Engine(engine), arch) == expected  # type: ignore[arg-type]
+    assert machine_of(engine, arch) == expected
 
 
 def test_a_sandbox_is_a_native_local_process_unless_told_otherwise() -> None:
@@ -71,8 +62,8 @@ def test_the_stand_ins_are_native_and_emulated_on_this_engine(
         name: docker_client.images.get(test_env[name]).attrs["Architecture"]
         for name in ("base_image", "base_image_arm64")
     }
-    assert machine_of(docker_client, arches["base_image"]).emulated is False
-    assert machine_of(docker_client, arches["base_image_arm64"]) == Machine(
+    assert machine_of(native_arch(docker_client), arches["base_image"]).emulated is False
+    assert machine_of(native_arch(docker_client), arches["base_image_arm64"]) == Machine(
         True, "arm64 image on an amd64 engine"
     )
 
@@ -118,7 +109,7 @@ def test_an_image_claiming_a_foreign_arch_is_emulated_only_if_its_kernel_says_so
 ) -> None:
     """An image config may name any arch: a mislabelled native image must not get the lighter
     flood and the unbounded RSS of an emulated one."""
-    machine = confirmed(Engine({"Arch": "amd64"}), Kernel(printed, exit_code))  # type: ignore[arg-type]
+    machine = confirmed("amd64", Kernel(printed, exit_code))
     assert machine.emulated is emulated
     assert machine.why.startswith("arm64 image on an amd64 engine")
 
@@ -126,7 +117,7 @@ def test_an_image_claiming_a_foreign_arch_is_emulated_only_if_its_kernel_says_so
 def test_a_native_sandbox_is_not_asked_again() -> None:
     sandbox = Kernel("aarch64\n")
     sandbox.machine = Machine(False, "amd64 image on an amd64 engine")
-    assert confirmed(Engine({"Arch": "amd64"}), sandbox) == sandbox.machine  # type: ignore[arg-type]
+    assert confirmed("amd64", sandbox) == sandbox.machine
 
 
 def test_a_mislabelled_native_server_keeps_the_native_bounds(tmp_path: Path) -> None:
@@ -136,9 +127,9 @@ def test_a_mislabelled_native_server_keeps_the_native_bounds(tmp_path: Path) -> 
         claimed = "arm64" if platform.machine() == "x86_64" else "amd64"
         engine = "amd64" if claimed == "arm64" else "arm64"
         sandbox = Sandbox(process.port, workspace=str(process.workspace))
-        sandbox.machine = machine_of(Engine({"Arch": engine}), claimed)  # type: ignore[arg-type]
+        sandbox.machine = machine_of(engine, claimed)
         assert sandbox.machine.emulated
-        machine = confirmed(Engine({"Arch": engine}), sandbox)  # type: ignore[arg-type]
+        machine = confirmed(engine, sandbox)
     finally:
         stop_server(process)
     assert machine == Machine(

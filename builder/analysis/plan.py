@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import cached_property
 
 from packaging.utils import parse_wheel_filename
 
@@ -71,11 +70,11 @@ class Plan:
     pythonpath_entry: str = EXTRA_DEPS
     bytecode: str | None = None  # the build of the interpreter that compiled the extras' .pyc
 
-    @cached_property
+    @property
     def base_reference(self) -> ImageRef:
-        """`base_image` as a reference, parsed once for every step that asks the registry or
-        the engine for it (its text stays what the Dockerfile, the labels and report.json say)."""
-        return ImageRef.parse(self.base_image, "base image")
+        """`base_image` as a reference, for every step that asks the registry or the engine
+        for it (its text stays what the Dockerfile, the labels and report.json say)."""
+        return self.base.pinned
 
     @property
     def warnings(self) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name
 
 from builder.errors import UserError
+from builder.oci.name import ImageRef
 
 GLIBC_MAJOR, GLIBC_MINOR = 2, 41
 OLDEST_MANYLINUX_MINOR = 17
@@ -78,6 +79,20 @@ class BaseProfile:
     packages: Mapping[str, frozenset[str]] = field(default_factory=dict)  # arch -> dpkg names
     digest: str | None = None
     source: str = "shipped profile"
+
+    @cached_property
+    def reference(self) -> ImageRef:
+        """`image` as a reference, parsed once where the base enters the run (the operator's
+        base, the config's, or the shipped profile's); the probes and every later step take
+        this value, and `image` stays the text report.json shows."""
+        return ImageRef.parse(self.image, "base image")
+
+    @property
+    def pinned(self) -> ImageRef:
+        """What the final stage starts FROM: the reference, pinned to the probed digest."""
+        if self.digest and not self.reference.digest:
+            return self.reference.with_digest(self.digest)
+        return self.reference
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> BaseProfile:

@@ -10,7 +10,6 @@ from builder.base.probe import probe_base
 from builder.base.profile import base_problems, profile_differences
 from builder.cache import Cache
 from builder.errors import RegistryUnreachable
-from builder.oci.name import ImageRef
 from builder.reporter import Reporter
 
 
@@ -23,12 +22,12 @@ def base_profile(
     or a registry that cannot be reached (RegistryUnreachable). Every other failure, a digest
     mismatch above all, ends the run: planning against a guess would hide it.
     """
-    shipped = shipped_profile(image)
+    shipped = shipped_profile(image)  # its reference: the operator's base, or the shipped one
     if client is not None:
-        probed = probe_base(image or shipped.image, client, cache)
-    elif image and not ImageRef.parse(image, "base image").is_hub:
+        probed = probe_base(shipped.reference, client, cache)
+    elif image and not shipped.reference.is_hub:
         try:
-            probed = probe_registry(image, cache)
+            probed = probe_registry(shipped.reference, cache)
         except RegistryUnreachable as error:
             reporter.note(f"{error}; planning against the {shipped.source}")
             return shipped

@@ -33,9 +33,9 @@ RECORD_VERSION = 2  # bump when the collected facts change shape or meaning
 ZSTD_TYPES = ("zstd",)  # media types tarfile cannot stream
 
 
-def probe_registry(image: str, cache: Cache) -> BaseProfile:
-    """The profile of `image` read from its registry; cached by the manifest (index) digest."""
-    ref = ImageRef.parse(image, "base image")
+def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
+    """The profile of `ref` read from its registry; cached by the manifest (index) digest."""
+    image = ref.as_written
     client = registry(ref, f"base image {image}")
     digest = ref.digest or client.head_manifest(ref.reference)
     record = _cached(cache, digest) if digest else None

@@ -21,15 +21,17 @@ from builder.oci.remote import offered
 from builder.oci.v1 import Platform
 
 
-def offered_arches(image: str | None, client: docker.DockerClient | None) -> tuple[str, ...] | None:
+def offered_arches(
+    ref: ImageRef | None, client: docker.DockerClient | None
+) -> tuple[str, ...] | None:
     """The supported arches `image` is available for, in ARCHES order; None if unknown.
 
     An engine image that came from no registry (built or imported here) has only its own arch;
     otherwise the registry is asked (Docker Hub only with an engine, as the probe does).
     """
-    if not image:
+    if ref is None:
         return None
-    ref = ImageRef.parse(image, "base image")
+    image = ref.as_written
     local = _local_arch(image, client)
     if local and not local[1]:
         return (local[0],) if local[0] in ARCHES else ()

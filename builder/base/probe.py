@@ -128,8 +128,9 @@ print(json.dumps({
 SCRIPT_SHA256 = hashlib.sha256(SCRIPT.encode()).hexdigest()
 
 
-def probe_base(image: str, client: docker.DockerClient, cache: Cache) -> BaseProfile:
-    """The profile of the real base `image`; one container per image id, then cached."""
+def probe_base(base: ImageRef, client: docker.DockerClient, cache: Cache) -> BaseProfile:
+    """The profile of the real base `base`; one container per image id, then cached."""
+    image = base.as_written
     found = local_image(image, client)
     image_id = found.id
     key = image_id.removeprefix("sha256:")
@@ -152,14 +153,13 @@ def probe_base(image: str, client: docker.DockerClient, cache: Cache) -> BasePro
         {observed.name: facts},
         pythonpath=_env(config, "PYTHONPATH"),
         user=config.get("User") or "",
-        digest=_repo_digest(image, found),
+        digest=_repo_digest(base, found),
         source=f"probed {image_id.removeprefix('sha256:')[:12]}",
     )
 
 
-def _repo_digest(image: str, found: Any) -> str | None:
-    """The registry digest for `image`'s repository; a locally built image has none."""
-    ref = ImageRef.parse(image, "base image")
+def _repo_digest(ref: ImageRef, found: Any) -> str | None:
+    """The registry digest for `ref`'s repository; a locally built image has none."""
     if ref.digest:
         return ref.digest
     for entry in found.attrs.get("RepoDigests") or []:

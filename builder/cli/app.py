@@ -370,9 +370,15 @@ def verify_command(
     clients: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
+    try:  # IMAGE may be an engine's name no registry reference spells (then it has no SBOM)
+        ref: ImageRef | None = ImageRef.parse(image)
+    except UserError as error:
+        ref, unparsed = None, error
     if key is not None:  # the signatures first: nothing unsigned is run
         public = load_public_key(key)
-        lines = check_signed(credentials.registry(ImageRef.parse(image), image), public)
+        if ref is None:
+            raise unparsed  # signatures live in a registry: IMAGE must name one
+        lines = check_signed(credentials.registry(ref, image), public)
         if not as_json:  # --json prints the report alone
             click.echo("\n".join(lines))
     report = verify_image(
@@ -381,7 +387,7 @@ def verify_command(
         checks=snippets,
         distributions=distribution_names(requirements) if requirements else (),
         sdk=True if "sdk" in clients else None,
-        sbom=attached_sbom(image),
+        sbom=attached_sbom(ref) if ref is not None else None,
     )
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
@@ -417,11 +423,12 @@ def base_command(
     """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
     cache = Cache(cache_dir or default_root())
     wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
-    if len(wanted) == 1:
-        image_id = build_base(
-            tag, base_image=base_image, arch=wanted[0], cache=cache, log=sys.stderr
-        )
+    # one arch: `tag` is the engine's local name; several: the index's registry reference
+    index = ImageRef.parse(tag, "base --tag") if len(wanted) > 1 else None
+    source = ImageRef.parse(base_image, "base image")
+    if index is None:
+        image_id = build_base(tag, base_image=source, arch=wanted[0], cache=cache, log=sys.stderr)
         click.echo(f"{tag} {image_id}")
         return
-    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache, log=sys.stderr)
+    pushed = build_base_index(index, wanted, base_image=source, cache=cache, log=sys.stderr)
     click.echo(f"{tag} {pushed.reference}")

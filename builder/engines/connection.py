@@ -29,7 +29,7 @@ import docker.tls
 from builder.credentials import engine_auth
 from builder.errors import UserError
 from builder.oci.name import ImageRef
-from builder.oci.v1 import Platform
+from builder.oci.v1 import MACHINES, Platform
 
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 PING_TIMEOUT = 3  # seconds: an absent engine must not stall an offline plan
@@ -270,6 +270,19 @@ def native_arch(client: docker.DockerClient) -> str | None:
     """The engine's own arch (amd64, arm64): it builds and verifies without emulation."""
     native = Platform.of_machine(str(client.info().get("Architecture") or ""))
     return native.architecture if native else None
+
+
+def runs_emulated(native: str | None, arch: str) -> bool:
+    """Whether an engine whose own arch is `native` runs an `arch` image under emulation.
+
+    The one rule the delivery (which arch starts first, what its line says) and verify (which
+    bounds hold a sandbox) share. Arches compare as machines: a hand-written image config, or
+    a kernel's `uname -m`, may say x86_64 or aarch64. An arch either side leaves unnamed
+    counts as native, so the native bounds apply.
+    """
+    if not (native and arch):
+        return False
+    return MACHINES.get(arch, arch) != MACHINES.get(native, native)
 
 
 def local_image(image: str, client: docker.DockerClient) -> Any:

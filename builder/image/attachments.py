@@ -243,14 +243,10 @@ def base_wheels(ref: ImageRef, arch: str) -> Mapping[str, WheelOrigin]:
     return sbom.wheel_origins(document, DEPS) if document else {}
 
 
-def attached_sbom(image: str) -> bytes | None:
+def attached_sbom(ref: ImageRef) -> bytes | None:
     """The SBOM attached to a pushed image (of an index: the engine's arch, the image verify
-    runs), for verify to compare; None when `image` names no registry (a local image, a Hub
+    runs), for verify to compare; None when `ref` names no registry (a local image, a Hub
     name), or nothing is attached to it."""
-    try:
-        ref = ImageRef.parse(image)
-    except UserError:
-        return None
     if ref.is_hub:  # a local name, or Docker Hub: not where this tool pushes
         return None
     client = engine_client()

@@ -26,30 +26,32 @@ def compile_arch(client: docker.DockerClient, arches: tuple[str, ...]) -> str:
     return native if native in arches else arches[0]
 
 
-def interpreter_image(client: docker.DockerClient, base_image: str, arch: str) -> str:
-    """The engine's id of `base_image` for `arch`, pulled for that platform unless present."""
+def interpreter_image(client: docker.DockerClient, base: ImageRef, arch: str) -> str:
+    """The engine's id of `base` for `arch`, pulled for that platform unless present."""
     try:
-        found = client.images.get(base_image)
+        found = client.images.get(base.as_written)
         if found.attrs.get("Architecture") == arch:
             return str(found.id)
     except docker.errors.DockerException:
         pass  # not held, or a name@digest the engine cannot look up: pull it
-    ref = ImageRef.parse(base_image, "base image")
     try:
         client.api.pull(
-            ref.name,
-            tag=ref.reference,
+            base.name,
+            tag=base.reference,
             platform=f"linux/{arch}",
-            auth_config=engine_auth(ref.registry),
+            auth_config=engine_auth(base.registry),
         )
-        return str(client.images.get(f"{ref.name}@{ref.digest}" if ref.digest else str(ref)).id)
+        pulled = f"{base.name}@{base.digest}" if base.digest else str(base)
+        return str(client.images.get(pulled).id)
     except docker.errors.DockerException as error:
-        raise UserError(f"bytecode: cannot pull {base_image} for linux/{arch}: {error}") from None
+        raise UserError(
+            f"bytecode: cannot pull {base.as_written} for linux/{arch}: {error}"
+        ) from None
 
 
 def base_compiler(
-    client: docker.DockerClient, base_image: str, arches: tuple[str, ...], cache: Cache, root: str
+    client: docker.DockerClient, base: ImageRef, arches: tuple[str, ...], cache: Cache, root: str
 ) -> Compiler:
     """The (unstarted) Compiler of the base's interpreter on the arch `compile_arch` picks."""
     arch = compile_arch(client, arches)
-    return Compiler(client, interpreter_image(client, base_image, arch), cache, root)
+    return Compiler(client, interpreter_image(client, base, arch), cache, root)

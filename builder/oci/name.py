@@ -10,7 +10,7 @@ once, where the text enters (CLI, config, state); inside, references travel as `
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from builder.errors import UserError
 
@@ -34,6 +34,9 @@ class ImageRef:
     repository: str  # path on the registry: library/python
     tag: str | None = None
     digest: str | None = None  # sha256:<64 hex>
+    # What the user wrote, for what must show it as written (report.json, the engine's image
+    # names); not part of the reference's identity.
+    text: str = field(default="", compare=False, repr=False)
 
     @classmethod
     def parse(cls, text: str, what: str = "image reference") -> ImageRef:
@@ -68,7 +71,7 @@ class ImageRef:
             )
         if len(registry) + 1 + len(repository) > NAME_MAX:
             raise UserError(f"{what} {text!r}: the name is longer than {NAME_MAX} characters")
-        return cls(registry, repository, tag or None, digest or None)
+        return cls(registry, repository, tag or None, digest or None, text)
 
     @classmethod
     def parse_repository(cls, text: str, what: str = "repository") -> ImageRef:
@@ -83,6 +86,11 @@ class ImageRef:
 
     def _suffix(self) -> str:
         return (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
+
+    @property
+    def as_written(self) -> str:
+        """The text this reference was parsed from; its normalized form if it was not."""
+        return self.text or str(self)
 
     @property
     def name(self) -> str:
@@ -116,9 +124,10 @@ class ImageRef:
         """The same name and tag pinned to `digest` (what a FROM line or a cluster trusts)."""
         if not DIGEST_RE.fullmatch(digest):
             raise ValueError(f"{digest!r} is not a sha256 digest")
-        return replace(self, digest=digest)
+        written = f"{self.text.partition('@')[0]}@{digest}" if self.text else ""
+        return replace(self, digest=digest, text=written)
 
     def with_tag(self, tag: str | None) -> ImageRef:
         if tag is not None and not TAG_RE.fullmatch(tag):
             raise UserError(f"{tag!r} is not a valid image tag")
-        return replace(self, tag=tag)
+        return replace(self, tag=tag, text="")  # a new name: written in its normalized form

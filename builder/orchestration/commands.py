@@ -32,7 +32,6 @@ from builder.oci.name import ImageRef
 from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
 from builder.orchestration.prepare import (
     Request,
-    base_reference,
     build_parameters,
     extras_hash_of,
     finish,
@@ -256,7 +255,7 @@ def rebuild(
         ahead = None
         if previous is not None and rebasing:
             wanted = {arch: previous.apt_packages.get(arch, ()) for arch in arches}
-            ahead = AptAhead(early, wanted, base_reference(base), engines, config.apt_secrets)
+            ahead = AptAhead(early, wanted, base.pinned.as_written, engines, config.apt_secrets)
         building = not rebasing and not check_only  # the full path: start the apt builds early
         plan = prepare(
             request,

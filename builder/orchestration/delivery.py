@@ -30,6 +30,7 @@ from builder.analysis.plan import Plan
 from builder.attest.provenance import BuildParameters
 from builder.blob_memory import blob_memory
 from builder.cache import Cache
+from builder.engines.connection import runs_emulated
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.image.attachments import Attestable, attestable, plan_facts
@@ -190,7 +191,9 @@ def _produce_and_verify(
     on its own engine."""
     started = datetime.now(UTC)
     repository = str(delivery.push.repository) if delivery.push else producer.label
-    emulated = {a.arch: a.arch != run.engines.for_arch(a.arch).native for a in plan.arches}
+    emulated = {
+        a.arch: runs_emulated(run.engines.for_arch(a.arch).native, a.arch) for a in plan.arches
+    }
     arches = sorted(emulated, key=lambda arch: emulated[arch])
     found: dict[str, Produced] = {}
     with ThreadPoolExecutor(max_workers=len(arches)) as pool:

@@ -73,13 +73,6 @@ class Request:
         return self.bytecode and self.engine is not None
 
 
-def base_reference(base: BaseProfile) -> str:
-    """FROM value: the operator's tag (the platform version) pinned by the probed digest."""
-    if base.digest and "@" not in base.image:
-        return f"{base.image}@{base.digest}"
-    return base.image
-
-
 def prepare(
     request: Request,
     reuse_locks: Mapping[str, str] | None = None,
@@ -157,7 +150,7 @@ def prepare(
         direct = tuple(r.name for r in requirements.requirements)
         plan = Plan(
             base=request.base,
-            base_image=base_reference(request.base),
+            base_image=request.base.pinned.as_written,
             arches=arch_plans,
             import_modules=import_modules(direct, arch_plans),
             runtime_checks=runtime_checks(arch_plans),
@@ -197,9 +190,7 @@ def _start_compiler(request: Request, target: Target, stack: ExitStack) -> Compi
     """The base's interpreter, started (pulled first if need be) while the set resolves."""
     assert request.engine is not None
     arches = tuple(a.name for a in target.arches)
-    compiler = base_compiler(
-        request.engine, base_reference(request.base), arches, request.cache, EXTRA_DEPS
-    )
+    compiler = base_compiler(request.engine, request.base.pinned, arches, request.cache, EXTRA_DEPS)
     return stack.enter_context(compiler)
 
 

@@ -45,7 +45,7 @@ def target_arches(
     requested: Sequence[str], base: BaseProfile, client: docker.DockerClient | None
 ) -> tuple[str, ...]:
     """The arches to build: those the base offers, narrowed by `requested` (which it must offer)."""
-    return select_arches(requested, offered_arches(base.image, client), base.image)
+    return select_arches(requested, offered_arches(base.reference, client), base.image)
 
 
 class SystemStages:

@@ -72,7 +72,7 @@ class RebaseProducer:
         self.previous, self.plan, self.finish, self.run = previous, plan, finish, run
         self.ahead, self.apt_secrets = ahead, apt_secrets
         self.target = credentials.registry(target, str(target))
-        self.bases = credentials.registry(ImageRef.parse(plan.base.image, "base image"))
+        self.bases = credentials.registry(plan.base.reference)
         self.olds = credentials.registry(previous.image)
         self.pool = ThreadPoolExecutor(max_workers=len(plan.arches))
         self.change = ConfigChange(
@@ -111,7 +111,9 @@ class RebaseProducer:
             return write(self.target, [image], blobs, memory=blob_memory(self.run.cache))
 
         diff_ids = [layer.diff_id for layer in extras]
-        engine_name, early = into_engine(self.run, arch, config, diff_ids, written)
+        engine_name, early = into_engine(
+            self.run, arch, config, diff_ids, written, self.target.ref.registry
+        )
         wheels = next(a.wheels for a in self.plan.arches if a.arch == arch)
         return Produced(
             arch,
@@ -186,9 +188,11 @@ def into_engine(
     config: bytes,
     diff_ids: Sequence[str],
     written: Callable[[], Written],
+    registry: str,
 ) -> tuple[str, Written | None]:
     """The engine's name for the rebased image, and the write that got it there (if any).
 
+    `registry`: the host `written` writes to, whose login the engine's pull needs.
     `arch`'s engine holds the new base and apt layers (it built them); when every extras tar is in
     the cache (this machine wrote them) the image is docker-loaded: its id is the config's
     digest. Otherwise the image is written by digest (no tag) and pulled by digest.
@@ -205,7 +209,6 @@ def into_engine(
             return image_id, None
     pushed = written()
     run.reporter.say(f"pulling {pushed.reference} to verify it ...")
-    registry = ImageRef.parse_repository(pushed.repository).registry
     client.api.pull(
         pushed.repository, tag=pushed.digest, auth_config=engine_auth(registry), stream=False
     )

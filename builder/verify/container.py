@@ -21,8 +21,7 @@ import docker
 import docker.errors
 
 from builder import contract
-from builder.engines.connection import LOOPBACK, Engine
-from builder.oci.v1 import MACHINES
+from builder.engines.connection import LOOPBACK, Engine, runs_emulated
 from builder.verify.client import Machine, Sandbox
 from builder.verify.report import Check, CheckFailed, short
 
@@ -90,23 +89,15 @@ def wait_healthy(container: Any, sandbox: Sandbox, timeout: float) -> str:
     raise CheckFailed(f"no 200 from GET / on port {contract.PORT} within {timeout:g}s ({last})")
 
 
-def machine_of(client: docker.DockerClient, arch: str) -> Machine:
-    """How an `arch` image runs on this engine: emulated when the engine's own arch differs.
-
-    An arch either side does not name counts as native, so the native bounds apply.
-    """
-    engine = str(client.version().get("Arch") or "")
-    if not (arch and engine):
-        return Machine(False, f"{arch or 'unnamed'} image, {engine or 'unnamed'} engine")
-    return Machine(not _same_arch(arch, engine), f"{arch} image on an {engine} engine")
+def machine_of(native: str | None, arch: str) -> Machine:
+    """How an `arch` image runs on an engine whose own arch is `native` (`Engine.native`):
+    `runs_emulated` decides, and the machine says which arches it compared."""
+    if not (arch and native):
+        return Machine(False, f"{arch or 'unnamed'} image, {native or 'unnamed'} engine")
+    return Machine(runs_emulated(native, arch), f"{arch} image on an {native} engine")
 
 
-def _same_arch(one: str, other: str) -> bool:
-    """Image configs written by hand (not by Docker or BuildKit) may name the kernel's arch."""
-    return MACHINES.get(one, one) == MACHINES.get(other, other)
-
-
-def confirmed(client: docker.DockerClient, sandbox: Sandbox) -> Machine:
+def confirmed(native: str | None, sandbox: Sandbox) -> Machine:
     """The sandbox's machine, emulated only when its kernel too (`uname -m`) names an arch
     other than the engine's: an image config may claim any arch, and a mislabelled native
     image must keep the native flood and RSS bound."""
@@ -115,8 +106,7 @@ def confirmed(client: docker.DockerClient, sandbox: Sandbox) -> Machine:
         return machine
     result = sandbox.execute(["uname", "-m"])
     kernel = result["stdout"].strip() if result["exit_code"] == 0 else ""
-    engine = str(client.version().get("Arch") or "")
-    if kernel and not _same_arch(kernel, engine):
+    if runs_emulated(native, kernel):
         return machine
     return Machine(False, f"{machine.why}, but its kernel runs {short(kernel) or 'unnamed'}")
 
@@ -156,13 +146,13 @@ def hardened(engine: Engine, image: str, startup_timeout: float | None = None) -
         except docker.errors.APIError as error:
             explanation = getattr(error, "explanation", None) or str(error)
             raise CheckFailed(f"the container did not start: {explanation}") from None
-        machine = machine_of(client, str(container.image.attrs.get("Architecture") or ""))
+        machine = machine_of(engine.native, str(container.image.attrs.get("Architecture") or ""))
         timeout = startup_timeout_for(machine, startup_timeout)
         port = published_port(container, time.monotonic() + timeout)
         with engine.reach(port) as (host, reached):
             sandbox = Sandbox(reached, host=host, machine=machine)
             health = wait_healthy(container, sandbox, timeout)
-            sandbox.machine = confirmed(client, sandbox)
+            sandbox.machine = confirmed(engine.native, sandbox)
             health = f"{health} (limit {timeout:g}s; {sandbox.machine})"
             yield Running(container, sandbox, health)
     finally:
