@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-pytest=(.venv/bin/pytest -q -ra -m fast -p no:cacheprovider "$@")
+# One worker per core (pytest-xdist): these tests are CPU-bound and independent.
+pytest=(.venv/bin/pytest -q -ra -m fast -p no:cacheprovider -n auto "$@")
 export BSI_TEST_ENV=/nonexistent/.test-env.json
 
 isolated() {
