@@ -188,6 +188,7 @@ def test_a_rebased_image_s_sbom_names_each_extra_s_own_layer(
     plan: Any = SimpleNamespace(
         base=SimpleNamespace(
             image=stacked.base_tag,
+            reference=ImageRef.parse(stacked.base_tag),
             digest=stacked.base_digest,
             python_version="3.13.5",
             packages={},

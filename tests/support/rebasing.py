@@ -123,6 +123,7 @@ def rebase_plan(previous: Previous) -> Any:
     return SimpleNamespace(
         base=SimpleNamespace(
             image=previous.base_tag,
+            reference=ImageRef.parse(previous.base_tag),
             digest=previous.base_digest,
             python_version="3.13.5",
             packages={},
