@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import docker.errors
+from docker.errors import APIError
 from ruamel.yaml import YAML
 
 
@@ -68,7 +68,7 @@ def template_image(path: Path) -> str:
     return document["spec"]["podTemplate"]["spec"]["containers"][0]["image"]
 
 
-def remove_images(client: docker.DockerClient, namespace: str) -> None:
+def remove_images(client: Any, namespace: str) -> None:
     """Every local tag in the test's namespace, and the images only those tags kept."""
     for image in client.images.list():
         ours = [t for t in image.tags if f"/{namespace}/" in t]
@@ -78,7 +78,7 @@ def remove_images(client: docker.DockerClient, namespace: str) -> None:
         for tag in ours:
             client.images.remove(tag)
         if not others:
-            with contextlib.suppress(docker.errors.APIError):  # incl. ImageNotFound
+            with contextlib.suppress(APIError):  # incl. ImageNotFound
                 client.images.remove(image.id, force=True)
 
 
