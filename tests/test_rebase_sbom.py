@@ -22,7 +22,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-from support.rebasing import own_base
+from support.rebasing import own_base, rebase_plan
 from support.wheelfactory import make_wheel
 
 from builder import credentials
@@ -185,20 +185,8 @@ def stacked(
 def test_a_rebased_image_s_sbom_names_each_extra_s_own_layer(
     stacked: Stacked, registry: Any, docker_client: docker.DockerClient
 ) -> None:
-    plan: Any = SimpleNamespace(
-        base=SimpleNamespace(
-            image=stacked.base_tag,
-            reference=ImageRef.parse(stacked.base_tag),
-            digest=stacked.base_digest,
-            python_version="3.13.5",
-            packages={},
-        ),
-        base_image=f"{stacked.base_tag}@{stacked.base_digest}",
-        base_reference=ImageRef.parse(f"{stacked.base_tag}@{stacked.base_digest}"),
-        arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=tuple(stacked.wheels)),),
-        import_modules=("alpha_big", "f_five"),
-        runtime_checks=(),
-        pythonpath_entry=ROOT,
+    plan = rebase_plan(
+        stacked.base_tag, stacked.base_digest, ("alpha_big", "f_five"), tuple(stacked.wheels)
     )
     target = f"{registry.host}/{stacked.image.split('/')[1]}/sandbox"
     finished = Finish({}, stacked.labels, "2024-07-01T00:00:00Z", stacked.cache)

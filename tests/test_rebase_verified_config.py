@@ -173,7 +173,7 @@ def previous(
 def rebase_onto_same_base(previous: Previous, target: str, client: docker.DockerClient) -> Outcome:
     """The rebase producer on the previous image's own base, no apt layer, then the one
     delivery: verify, push, tag."""
-    plan = rebase_plan(previous)
+    plan = rebase_plan(previous.base_tag, previous.base_digest, (previous.module,))
     finished = Finish({}, previous.labels, CREATED, previous.cache)
     run = Run(Engines.local(client), previous.cache, previous.output, QUIET)
     repository = ImageRef.parse_repository(target)

@@ -62,7 +62,7 @@ def previous(
 
 def signed_rebase(previous: Previous, target: str, client: Any, key_file: Path) -> Outcome:
     """The rebase producer on the previous image's own base, then the delivery with a key."""
-    plan = rebase_plan(previous)
+    plan = rebase_plan(previous.base_tag, previous.base_digest, (previous.module,))
     finished = Finish({}, previous.labels, "2024-07-01T00:00:00Z", previous.cache)
     run = Run(Engines.local(client), previous.cache, previous.output, QUIET)
     repository = ImageRef.parse_repository(target)

@@ -116,22 +116,24 @@ def remove_loaded(client: Any, previous: Previous) -> None:
             client.images.remove(image.id)
 
 
-def rebase_plan(previous: Previous) -> Any:
+def rebase_plan(
+    base_tag: str, base_digest: str, modules: tuple[str, ...], wheels: tuple[Any, ...] = ()
+) -> Any:
     """The little of a plan the rebase producer and the delivery read: the previous image's own
-    base, amd64, no apt layer, the module to import."""
-    base = f"{previous.base_tag}@{previous.base_digest}"
+    base (`base_tag` at `base_digest`), amd64, no apt layer, the modules to import."""
+    base = f"{base_tag}@{base_digest}"
     return SimpleNamespace(
         base=SimpleNamespace(
-            image=previous.base_tag,
-            reference=ImageRef.parse(previous.base_tag),
-            digest=previous.base_digest,
+            image=base_tag,
+            reference=ImageRef.parse(base_tag),
+            digest=base_digest,
             python_version="3.13.5",
             packages={},
         ),
         base_image=base,
         base_reference=ImageRef.parse(base),
-        arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=()),),
-        import_modules=(previous.module,),
+        arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=wheels),),
+        import_modules=modules,
         runtime_checks=(),
         pythonpath_entry="/app/deps-extra",
     )
