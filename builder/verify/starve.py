@@ -192,7 +192,7 @@ def check_starve(sandbox: Sandbox) -> str:
     expect(
         not refused,
         "requests from outside were refused during the attack: "
-        + ", ".join(f"{what} (x{count})" for what, count in refused.items()),
+        + ", ".join(f"{what} (x{count})" for what, count in sorted(refused.items())),
     )
     slowest = max(traffic.latencies, default=float("inf"))
     expect(
