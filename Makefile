@@ -1,5 +1,6 @@
 # build-sandbox-image — developer and CI entry points.
-#   make test       set up the machine (scripts/setup-env.sh), then run the whole test suite.
+#   make test       set up the machine (scripts/setup-env.sh), then run the whole test suite on
+#                   every core (XDIST= for one process).
 #                   PYTEST_ARGS passes arguments through, e.g. make test PYTEST_ARGS=tests/test_infra.py
 #   make test-fast  only .venv, then the tests that need no engine, registry or network (isolated)
 #   make coverage   the whole suite under coverage.py; prints builder/'s line coverage
@@ -23,10 +24,14 @@ setup:
 venv:
 	scripts/setup-env.sh --venv-only
 
+# On every core (pytest-xdist): tests/conftest.py groups the tests that use the machine, so each
+# group's set-up is made once, in one worker; XDIST= runs the suite in one process.
+XDIST ?= -n auto --dist loadgroup --no-loadscope-reorder
+
 # pytest's own exit code is printed; any non-zero one fails the target (make itself then exits 2).
 # Exit 5 ("no tests collected") is a failure too: a run that tests nothing must not pass.
 test: setup
-	@rc=0; $(VENV)/bin/pytest -q -ra --durations=25 $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(VENV)/bin/pytest -q -ra --durations=25 $(XDIST) $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" -eq 5 ]; then echo "make test: pytest collected no tests (exit 5): failing" >&2; fi; \
 	if [ "$$rc" -ne 0 ]; then echo "make test: pytest exited with $$rc" >&2; fi; \
 	exit "$$rc"

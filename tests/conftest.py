@@ -8,15 +8,16 @@ root (or where ``BSI_TEST_ENV`` points)::
      "registry_user": "bsi", "registry_password": "...",
      "ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}
 
-Policy: a test that needs the engine (marked ``@pytest.mark.engine`` or using ``docker_client``) or
-the registry (marked ``@pytest.mark.registry`` or using ``registry``) FAILS in CI (``CI=true``) when
-the service does not answer, and is skipped with a reason elsewhere. Use ``test_env["docker"]`` for
-the CLI: a newer docker CLI earlier on PATH may demand buildx.
+Policy: a test that needs the engine (it requests ``docker_client``) or the registry (it requests
+``registry``) FAILS in CI (``CI=true``) when the service does not answer, and is skipped with a
+reason elsewhere. Use ``test_env["docker"]`` for the CLI: a newer docker CLI earlier on PATH may
+demand buildx.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import functools
 import json
 import os
@@ -122,19 +123,84 @@ MACHINE_PARTS = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    waiting: set[str] = set()
+# `make test` runs the suite on every core (pytest-xdist, `--dist loadgroup`). The tests that use
+# a part of the machine run in groups, each group in one worker: a module's tests together (its
+# module fixtures are set up once), and every module that uses one of the session fixtures below
+# in one group with the others that use it, so what they build, or what only one process may
+# hold, is made once a run and not once a worker. Tests that use nothing are handed out singly.
+ONCE_A_RUN = ("arm64_standin", "second_engine", "union_image")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it names them in node ids)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    groups = _machine_groups(items)
     for item in items:
         requested = getattr(item, "fixturenames", ())
         parts = {MACHINE_PARTS[name] for name in requested if name in MACHINE_PARTS}
         for part in sorted(parts) or ["fast"]:
             item.add_marker(part)
-        if "arm64_standin" in requested:
-            waiting.add(item.nodeid.split("::", 1)[0])
-    # Whole modules that need the arm64 stand-in run last: on a fresh machine it is still being
-    # built in the background (scripts/setup-env.sh) while the others run. Module by module, so
-    # that no module fixture is set up twice.
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] in waiting)
+        if item in groups:
+            item.add_marker(pytest.mark.xdist_group(groups[item]))
+    # The emulation group is the longest, and on a fresh machine it waits for the arm64 stand-in
+    # that scripts/setup-env.sh is still building in the background. Under xdist it goes first:
+    # one worker waits for the stand-in and then runs it while the others run everything else.
+    # In one process it goes last, so the rest runs meanwhile. Each group stays in one piece,
+    # module by module, so that no module fixture is set up twice.
+    distributed = config.getoption("dist", "no") != "no" or "PYTEST_XDIST_WORKER" in os.environ
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(groups.get(item, item.nodeid), index)
+        first_seen.setdefault(_module_of(item), index)
+
+    def order(item: pytest.Item) -> tuple[int, int, int]:
+        group = groups.get(item)
+        emulated = group is not None and "arm64_standin" in group
+        rank = (0 if emulated else 1) if distributed else (1 if emulated else 0)
+        if group is None:  # a fast test: after every group, to fill the workers' last minutes
+            rank = 2 if distributed else 0
+        return rank, first_seen[group or item.nodeid], first_seen[_module_of(item)]
+
+    items.sort(key=order)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Fail rather than run the groups apart: xdist names an item's group in its node id, which
+    some pytest releases ignore (pytest-xdist#1386), and then every worker would build the
+    emulated base and start a second engine of its own."""
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist's workers only
+        return
+    grouped = [item for item in session.items if item.get_closest_marker("xdist_group")]
+    if grouped and "@" not in grouped[0].nodeid:
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} drops pytest-xdist's groups (pytest-xdist#1386):"
+            " run with XDIST= or a pytest that keeps them"
+        )
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _machine_groups(items: list[pytest.Item]) -> dict[pytest.Item, str]:
+    """Each machine test's group: its module, joined with every module sharing a fixture of
+    ONCE_A_RUN (named after those fixtures)."""
+    parent: dict[str, str] = {}
+
+    def root(node: str) -> str:
+        while parent.setdefault(node, node) != node:
+            node = parent[node]
+        return node
+
+    machine = [item for item in items if MACHINE_PARTS.keys() & set(item.fixturenames)]
+    for item in machine:
+        for name in ONCE_A_RUN:
+            if name in item.fixturenames:
+                parent[root(_module_of(item))] = root(name)
+    members: dict[str, set[str]] = {}
+    for node in list(parent):
+        members.setdefault(root(node), set()).add(node)
+    names = {top: "+".join(sorted(set(ONCE_A_RUN) & nodes)) for top, nodes in members.items()}
+    return {item: names.get(root(_module_of(item))) or _module_of(item) for item in machine}
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -181,11 +247,13 @@ REFERENCE_TAG = "bsi-reference:test"
 
 
 @pytest.fixture(scope="session")
-def reference_image(test_env: dict, docker_client) -> str:
+def reference_image(test_env: dict, docker_client, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Tag of the reference base built from the stand-in by `build-sandbox-image base`.
 
     Built once per session (BuildKit's cache makes a rebuild of unchanged inputs take seconds),
-    so it always reflects the current Dockerfile.base, server.py and base locks.
+    so it always reflects the current Dockerfile.base, server.py and base locks. The run's
+    workers take turns (a lock in the run's directory): the first builds, the others find
+    BuildKit's cache warm and tag the same image.
     """
     import subprocess
     import sys
@@ -194,14 +262,16 @@ def reference_image(test_env: dict, docker_client) -> str:
         sys.executable, "-m", "builder", "base",
         "--tag", REFERENCE_TAG, "--from", test_env["base_image"],
     ]  # fmt: skip
-    result = subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "DOCKER_HOST": _docker_host()},
-        timeout=1800,
-    )
+    with (run_directory(tmp_path_factory) / "reference-image.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = subprocess.run(
+            command,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "DOCKER_HOST": _docker_host()},
+            timeout=1800,
+        )
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
         pytest.fail(f"building the reference base failed ({result.returncode}):\n{tail}")
@@ -281,12 +351,22 @@ def standin_index(test_env: dict, registry: Registry, arm64_standin: str) -> str
 SESSION = uuid.uuid4().hex[:8]  # names this session's repositories in the shared registry
 
 
+def run_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of this run's that all its xdist workers share (each has its own basetemp,
+    under the run's); in one process, the session's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
 @pytest.fixture(scope="session")
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One wheel, probe and bytecode cache for every build that is not about a cold cache: a
-    distribution is downloaded, inspected and compiled once a session, as on a CI runner that
-    keeps its cache (downloads take a per-key lock, so concurrent CLI runs share it safely)."""
-    return tmp_path_factory.mktemp("shared-cache")
+    """One wheel, probe and bytecode cache for every build that is not about a cold cache, and
+    for every worker of the run: a distribution is downloaded, inspected and compiled once a run,
+    as on a CI runner that keeps its cache (the cache writes by rename and downloads take a
+    per-key lock, so concurrent CLI runs share it safely)."""
+    path = run_directory(tmp_path_factory) / "shared-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Registry as TestRegistry
+from conftest import Registry as LocalRegistry
 from support.registryhelp import layer_tar
 
 from builder.blob_memory import MAX_HOLDERS, FileBlobMemory
@@ -82,7 +82,7 @@ def image(layers: list[tuple[Descriptor, str, Path]]) -> tuple[Image, Blobs]:
 
 
 @pytest.fixture
-def world(registry: TestRegistry, tmp_path: Path) -> Iterator[tuple[str, Credentials]]:
+def world(registry: LocalRegistry, tmp_path: Path) -> Iterator[tuple[str, Credentials]]:
     yield (
         f"bsi-h3-mount-{uuid.uuid4().hex[:8]}",
         Credentials(registry.user, registry.password, "test"),
@@ -90,7 +90,7 @@ def world(registry: TestRegistry, tmp_path: Path) -> Iterator[tuple[str, Credent
 
 
 def test_a_second_repository_mounts_every_shared_blob_and_uploads_only_the_new(
-    registry: TestRegistry, world: tuple[str, Credentials], tmp_path: Path
+    registry: LocalRegistry, world: tuple[str, Credentials], tmp_path: Path
 ) -> None:
     namespace, login = world
     base, numpy, scipy, own = (layer(tmp_path, n) for n in ("base", "numpy", "scipy", "own"))
@@ -125,7 +125,7 @@ def test_a_second_repository_mounts_every_shared_blob_and_uploads_only_the_new(
 
 
 def test_a_stale_memory_falls_back_to_the_upload_and_is_corrected(
-    registry: TestRegistry, world: tuple[str, Credentials], tmp_path: Path
+    registry: LocalRegistry, world: tuple[str, Credentials], tmp_path: Path
 ) -> None:
     namespace, login = world
     kept, lost = layer(tmp_path, "kept"), layer(tmp_path, "lost")
@@ -175,7 +175,7 @@ def test_node_update_counts_new_blobs_and_every_layer_above_the_first_change(
 
 
 def test_the_previous_image_is_the_states_else_the_tags(
-    registry: TestRegistry,
+    registry: LocalRegistry,
     world: tuple[str, Credentials],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -318,7 +318,7 @@ def test_a_refused_source_is_asked_for_once_per_write(
 
 
 def test_a_rebase_that_pushes_early_counts_each_blob_once(
-    registry: TestRegistry, world: tuple[str, Credentials], tmp_path: Path
+    registry: LocalRegistry, world: tuple[str, Credentials], tmp_path: Path
 ) -> None:
     """The rebase's early write (by digest, to pull it) and the final one add up to the image."""
     namespace, login = world

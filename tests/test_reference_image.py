@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import uuid
 from pathlib import Path
 
 import pytest
@@ -241,22 +242,38 @@ def test_reference_image_files_are_root_owned(reference_image, docker_client):
 
 
 @pytest.fixture(scope="module")
-def verified_reference(reference_image, docker_client, tmp_path_factory):
+def own_reference(reference_image, docker_client, tmp_path_factory):
+    """The reference image under an id of this module's own (one label added): other tests may
+    verify the reference image meanwhile, and their containers must not count as this module's
+    strays."""
+    tag = f"bsi-reference-own-{uuid.uuid4().hex[:8]}:test"
+    context = tmp_path_factory.mktemp("own-reference")
+    (context / "Dockerfile").write_text(
+        f"FROM {reference_image}\nLABEL org.example.test-run={tag.split(':')[0]}\n"
+    )
+    with open(context / "build.log", "w") as log:
+        build_image(context, BuildSpec(tag=tag), log)
+    yield tag
+    docker_client.images.remove(tag, force=True)
+
+
+@pytest.fixture(scope="module")
+def verified_reference(own_reference, tmp_path_factory):
     """`verify` of the reference image as an operator runs it, once for the tests below: the
     base's own set imported (-r) and the upstream SDK's round trip required (--client sdk)."""
     requirements = tmp_path_factory.mktemp("verify-reference") / "requirements.txt"
     requirements.write_text("requests\npandas\npydantic\npython-dateutil\n")
-    return run_verify(reference_image, "-r", str(requirements), "--client", "sdk")
+    return run_verify(own_reference, "-r", str(requirements), "--client", "sdk")
 
 
-def test_verify_passes_on_the_reference_image(verified_reference, reference_image, docker_client):
+def test_verify_passes_on_the_reference_image(verified_reference, own_reference, docker_client):
     result = verified_reference
     assert result.returncode == 0 and not failed_lines(result.stdout), result.stdout + result.stderr
     names = {line[6:].split("  ")[0].strip() for line in result.stdout.splitlines()
              if line.startswith("PASS  ")}  # fmt: skip
     assert names >= CONTRACT_NAMES
     assert {"import requests", "import pandas", "import pydantic", "import dateutil"} <= names
-    assert no_verify_containers_left(docker_client, reference_image)
+    assert no_verify_containers_left(docker_client, own_reference)
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +323,7 @@ def test_verify_client_sdk_makes_the_sdk_round_trip_required(monkeypatch):
 
 
 def test_verify_client_sdk_and_the_hardening_checks_pass_on_the_reference_image(
-    verified_reference, reference_image, docker_client
+    verified_reference, own_reference, docker_client
 ):
     """The table an operator sees: the SDK's round trip and issue 9's adversarial checks."""
     result = verified_reference
@@ -319,7 +336,7 @@ def test_verify_client_sdk_and_the_hardening_checks_pass_on_the_reference_image(
     assert "none left after an exit" in lines["detached"]
     assert "truncated" in lines["flood"]
     assert "300 half-sent connections from inside" in lines["starve"]
-    assert no_verify_containers_left(docker_client, reference_image)
+    assert no_verify_containers_left(docker_client, own_reference)
 
 
 @pytest.mark.usefixtures("docker_client")
@@ -353,9 +370,9 @@ def test_verify_fails_on_an_image_without_a_server(test_env, docker_client):
 
 
 @pytest.mark.usefixtures("docker_client")
-def test_verify_names_a_failing_import_and_snippet(reference_image, docker_client):
+def test_verify_names_a_failing_import_and_snippet(own_reference, docker_client):
     result = run_verify(
-        reference_image,
+        own_reference,
         "--import", "json",
         "--import", "no_such_module_bsi",
         "--check", "import pandas; assert pandas.__version__.startswith('3.')",
@@ -365,7 +382,7 @@ def test_verify_names_a_failing_import_and_snippet(reference_image, docker_clien
     failed = {" ".join(line.split()[1:3]) for line in failed_lines(result.stdout)}
     assert failed == {"import no_such_module_bsi", "check 2"}, result.stdout
     assert "PASS  import json" in result.stdout
-    assert no_verify_containers_left(docker_client, reference_image)
+    assert no_verify_containers_left(docker_client, own_reference)
 
 
 # The OOM case: a container limited to MEMORY_LIMIT (no swap), the server holding a reply
