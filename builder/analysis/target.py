@@ -69,7 +69,7 @@ def arch_named(name: str) -> Arch:
 class BaseProfile:
     """What a base runtime image provides; shipped for the reference base, or probed."""
 
-    image: str
+    reference: ImageRef  # parsed once where the base enters the run
     python_version: str  # full patch version, e.g. 3.13.5
     glibc: str
     user: str
@@ -80,12 +80,13 @@ class BaseProfile:
     digest: str | None = None
     source: str = "shipped profile"
 
-    @cached_property
-    def reference(self) -> ImageRef:
-        """`image` as a reference, parsed once where the base enters the run (the operator's
-        base, the config's, or the shipped profile's); the probes and every later step take
-        this value, and `image` stays the text report.json shows."""
-        return ImageRef.parse(self.image, "base image")
+    @property
+    def image(self) -> str:
+        """The base as the operator (or the shipped profile) wrote it: what report.json shows.
+
+        The reference itself is parsed where the base enters the run (the CLI, the config, the
+        shipped profile's file); the probes and every later step take `reference`."""
+        return self.reference.as_written
 
     @property
     def pinned(self) -> ImageRef:
@@ -97,7 +98,7 @@ class BaseProfile:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> BaseProfile:
         return cls(
-            image=data["image"],
+            reference=ImageRef.parse(data["image"], "base image"),
             python_version=data["python_version"],
             glibc=data["glibc"],
             user=data["user"],
@@ -133,12 +134,12 @@ def _reference_profile() -> BaseProfile:
     return BaseProfile.from_dict(json.loads(text), source="shipped profile")
 
 
-def shipped_profile(image: str | None = None) -> BaseProfile:
+def shipped_profile(image: ImageRef | None = None) -> BaseProfile:
     """The profile shipped for the reference runtime base (the offline fallback)."""
     profile = _reference_profile()
-    if image is not None and image != profile.image:
+    if image is not None and image.as_written != profile.image:
         return replace(
-            profile, image=image, digest=None, source=f"shipped profile of {profile.image}"
+            profile, reference=image, digest=None, source=f"shipped profile of {profile.image}"
         )
     return profile
 

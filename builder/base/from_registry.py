@@ -66,7 +66,7 @@ def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
     arches: Mapping[str, Any] = record["arches"]
     main = arches.get("amd64") or next(iter(arches.values()))
     return profile_from_facts(
-        image,
+        ref,
         arches,
         pythonpath=main["pythonpath"],
         user=main["user"],

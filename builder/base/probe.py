@@ -131,7 +131,7 @@ SCRIPT_SHA256 = hashlib.sha256(SCRIPT.encode()).hexdigest()
 def probe_base(base: ImageRef, client: docker.DockerClient, cache: Cache) -> BaseProfile:
     """The profile of the real base `base`; one container per image id, then cached."""
     image = base.as_written
-    found = local_image(image, client)
+    found = local_image(base, client)
     image_id = found.id
     key = image_id.removeprefix("sha256:")
     record = cache.get_record("probe", key)
@@ -149,7 +149,7 @@ def probe_base(base: ImageRef, client: docker.DockerClient, cache: Cache) -> Bas
         raise UserError(f"base image {image} is {facts['machine']}; supported: {supported}")
     config = found.attrs.get("Config") or {}
     return profile_from_facts(
-        image,
+        base,
         {observed.name: facts},
         pythonpath=_env(config, "PYTHONPATH"),
         user=config.get("User") or "",

@@ -16,6 +16,7 @@ from typing import Any
 from builder.analysis.debian import packages_providing
 from builder.analysis.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseProfile
 from builder.contract import DEPS, SANDBOX_UID
+from builder.oci.name import ImageRef
 
 TARGET_PYTHON = "3.13"
 TARGET_GLIBC = f"{GLIBC_MAJOR}.{GLIBC_MINOR}"
@@ -42,7 +43,7 @@ def pythonpath_dirs(pythonpath: str) -> list[str]:
 
 
 def profile_from_facts(
-    image: str,
+    image: ImageRef,
     observed: Mapping[str, Mapping[str, Any]],
     *,
     pythonpath: str,
@@ -71,7 +72,7 @@ def profile_from_facts(
             sonames[arch.name] = packages_providing(known, arch) | frozenset(main["unpackaged"])
             packages[arch.name] = known
     return BaseProfile(
-        image=image,
+        reference=image,
         python_version=main["python"],
         glibc=main["glibc"],
         user=user,
