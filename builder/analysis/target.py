@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
 from types import MappingProxyType
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name
@@ -65,6 +65,21 @@ def arch_named(name: str) -> Arch:
         raise UserError(f"unknown architecture {name!r}: choose from {', '.join(ARCHES)}") from None
 
 
+class ProfileRecord(TypedDict):
+    """A `BaseProfile` as JSON: the shipped profile's file, and report.json's `base`. A profile
+    generated before `packages` existed lacks it."""
+
+    image: str
+    digest: str | None
+    python_version: str
+    glibc: str
+    user: str
+    pythonpath: str
+    distributions: dict[str, str]
+    sonames: dict[str, list[str]]
+    packages: NotRequired[dict[str, list[str]]]
+
+
 @dataclass(frozen=True)
 class BaseProfile:
     """What a base runtime image provides; shipped for the reference base, or probed."""
@@ -96,7 +111,7 @@ class BaseProfile:
         return self.reference
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str) -> BaseProfile:
+    def from_dict(cls, data: ProfileRecord, source: str) -> BaseProfile:
         return cls(
             reference=ImageRef.parse(data["image"], "base image"),
             python_version=data["python_version"],
@@ -110,7 +125,7 @@ class BaseProfile:
             source=source,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ProfileRecord:
         return {
             "image": self.image,
             "digest": self.digest,
