@@ -8,6 +8,7 @@ pyproject.toml's [tool.vulture].
 from builder.analysis.loads import scan_source
 from builder.analysis.wheels import WheelInspection, WheelRecord
 from builder.attest.provenance import ExternalParameters, ResourceDescriptor
+from builder.base.profile import BaseFacts
 from builder.cli import app
 from builder.image.extras import LayerRecord
 from builder.image.layer import LayerFacts, shadowed_files
@@ -16,6 +17,7 @@ from builder.oci.v1 import DescriptorRecord, IndexDocument, ManifestDocument
 from builder.reporter import QUIET
 from builder.runtime import SERVER_ENTRY, SERVER_PACKAGE
 from builder.sign.keys import PublicKey
+from builder.verify.race import RaceLayout
 
 # Used by the tests only: small pieces they pin behaviour down through.
 QUIET  # a reporter that says nothing (tests/test_upgrade.py, tests/test_rebase_*.py)
@@ -36,7 +38,9 @@ app.base_command
 ExternalParameters.platformVersion, ExternalParameters.baseImage  # provenance
 ResourceDescriptor.uri  # provenance
 WheelRecord.schema  # the inspection cache
+BaseFacts.unpackaged, BaseFacts.python_packages, BaseFacts.python3_link  # the base's facts
 LayerRecord.sde  # the extras-layers cache
 LayerFacts.tar_size  # report.json
 DescriptorRecord.mediaType, DescriptorRecord.artifactType  # OCI documents
 ManifestDocument.schemaVersion, IndexDocument.schemaVersion
+RaceLayout.writable  # the race's setup output

@@ -20,7 +20,12 @@ import docker.errors
 import requests
 
 from builder.analysis.target import ARCHES, BaseProfile
-from builder.base.profile import installed_packages, profile_from_facts, pythonpath_dirs
+from builder.base.profile import (
+    BaseFacts,
+    installed_packages,
+    profile_from_facts,
+    pythonpath_dirs,
+)
 from builder.cache import Cache
 from builder.engines.connection import failure_reason, local_image
 from builder.errors import UserError
@@ -180,7 +185,7 @@ def _env(config: Mapping[str, Any], name: str) -> str:
     return ""
 
 
-def _run_probe(image: str, found: Any, client: docker.DockerClient) -> dict[str, Any]:
+def _run_probe(image: str, found: Any, client: docker.DockerClient) -> BaseFacts:
     """Run the probe script in one hardened, network-less container that is always removed."""
     config = found.attrs.get("Config") or {}
     dirs = pythonpath_dirs(_env(config, "PYTHONPATH"))
