@@ -6,13 +6,18 @@ pyproject.toml's [tool.vulture].
 """
 
 from builder.analysis.loads import scan_source
-from builder.analysis.wheels import WheelInspection
+from builder.analysis.wheels import WheelInspection, WheelRecord
+from builder.attest.provenance import ExternalParameters, ResourceDescriptor
+from builder.base.profile import BaseFacts
 from builder.cli import app
-from builder.image.layer import shadowed_files
+from builder.image.extras import LayerRecord
+from builder.image.layer import LayerFacts, shadowed_files
 from builder.oci.name import ImageRef
+from builder.oci.v1 import DescriptorRecord, IndexDocument, ManifestDocument
 from builder.reporter import QUIET
 from builder.runtime import SERVER_ENTRY, SERVER_PACKAGE
 from builder.sign.keys import PublicKey
+from builder.verify.race import RaceLayout
 
 # Used by the tests only: small pieces they pin behaviour down through.
 QUIET  # a reporter that says nothing (tests/test_upgrade.py, tests/test_rebase_*.py)
@@ -27,3 +32,15 @@ PublicKey.pem  # a key's public half as cosign writes it (tests/test_sign_keys.p
 # Entry points: click registers a command by its decorator, never by name.
 app.verify_command
 app.base_command
+
+# JSON field names a TypedDict declares: written and read as string keys, which vulture does
+# not see as uses of the field.
+ExternalParameters.platformVersion, ExternalParameters.baseImage  # provenance
+ResourceDescriptor.uri  # provenance
+WheelRecord.schema  # the inspection cache
+BaseFacts.unpackaged, BaseFacts.python_packages, BaseFacts.python3_link  # the base's facts
+LayerRecord.sde  # the extras-layers cache
+LayerFacts.tar_size  # report.json
+DescriptorRecord.mediaType, DescriptorRecord.artifactType  # OCI documents
+ManifestDocument.schemaVersion, IndexDocument.schemaVersion
+RaceLayout.writable  # the race's setup output

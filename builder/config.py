@@ -63,7 +63,7 @@ class PipelineConfig:
     path: Path
     requirements: tuple[Path, ...]
     constraints: tuple[Path, ...]
-    base_repository: str
+    base_repository: ImageRef  # parsed here, where the text enters
     platform_version: str
     architectures: tuple[str, ...]
     repository: ImageRef | None  # parsed here, where the text enters
@@ -78,11 +78,11 @@ class PipelineConfig:
     sign_key: Path | None = None  # cosign's encrypted key or a PKCS#8 PEM (builder.sign.keys)
 
     @property
-    def base_image(self) -> str:
+    def base_image(self) -> ImageRef:
         return self.base_image_for(self.platform_version)
 
-    def base_image_for(self, platform_version: str) -> str:
-        return f"{self.base_repository}:{platform_version}"
+    def base_image_for(self, platform_version: str) -> ImageRef:
+        return self.base_repository.with_tag(platform_version)
 
 
 def load_config(path: Path) -> PipelineConfig:
@@ -115,8 +115,15 @@ def load_config(path: Path) -> PipelineConfig:
     arches = data.get("architectures", ["amd64"])
     if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
         raise UserError(f"{path}: 'architectures' must be a list of names")
+
+    def repository(key: str) -> ImageRef | None:
+        value = text(key)
+        return ImageRef.parse_repository(value, f"{path}: {key}") if value else None
+
+    base_repository = repository("base-repository")
+    if base_repository is None:
+        raise UserError(f"{path}: 'base-repository' is empty")
     template = text("template")
-    repository = text("repository")
     sign_key = text("sign-key")
     bytecode = data.get("bytecode", True)
     if not isinstance(bytecode, bool):
@@ -128,12 +135,10 @@ def load_config(path: Path) -> PipelineConfig:
         path=path,
         requirements=paths("requirements"),
         constraints=paths("constraints"),
-        base_repository=str(data["base-repository"]),
+        base_repository=base_repository,
         platform_version=str(data["platform-version"]),
         architectures=tuple(arches),
-        repository=ImageRef.parse_repository(repository, f"{path}: repository")
-        if repository
-        else None,
+        repository=repository("repository"),
         template=here / template if template else None,
         container=text("container"),
         warm_pools=paths("warm-pools"),
@@ -179,7 +184,7 @@ class RunSettings:
     requirements: tuple[Path, ...]
     constraints: tuple[Path, ...] = ()
     arches: tuple[str, ...] = ()
-    base_image: str | None = None
+    base_image: ImageRef | None = None
     output: Path = Path("sandbox-image")
     push_repository: ImageRef | None = None
     platform_version: str | None = None

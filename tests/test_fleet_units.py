@@ -24,6 +24,7 @@ from builder.analysis.index import RemoteFile, download
 from builder.cache import Cache
 from builder.cli.app import main
 from builder.errors import UserError
+from builder.oci.name import ImageRef
 from builder.orchestration.commands import Rebuild
 from builder.orchestration.fleet import Fleet, Shared, SharedBases, rebuild_fleet
 from builder.reporter import Reporter
@@ -88,7 +89,7 @@ def test_the_base_is_probed_once_for_every_template_that_needs_it() -> None:
 
     found: list[Any] = []
     threads = [
-        threading.Thread(target=lambda: found.append(bases("reg/runtime:2", probe)))
+        threading.Thread(target=lambda: found.append(bases(ImageRef.parse("reg/runtime:2"), probe)))
         for _ in range(5)
     ]
     for thread in threads:
@@ -109,7 +110,7 @@ def test_a_failed_probe_is_every_waiting_templates_failure() -> None:
 
     for _ in range(2):
         with pytest.raises(UserError, match="not found"):
-            bases("reg/runtime:2", probe)
+            bases(ImageRef.parse("reg/runtime:2"), probe)
 
 
 def write_configs(tmp_path: Path, names: list[str], output: str | None = None) -> list[Path]:

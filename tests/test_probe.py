@@ -241,7 +241,7 @@ def test_repo_digest_matches_the_repository():
 
 def _profile(**changes) -> BaseProfile:
     base = BaseProfile(
-        image="runtime:1",
+        reference=ImageRef.parse("runtime:1"),
         python_version="3.13.5",
         glibc="2.41",
         user="65532:65532",

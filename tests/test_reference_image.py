@@ -153,7 +153,9 @@ def test_verify_command_exit_codes(monkeypatch):
         "bad": VerifyReport("bad", [Check("health", True, "ok"), Check("uid", False, "uid 0")]),
     }
     monkeypatch.setattr(
-        "builder.cli.app.verify_image", lambda image, **kwargs: reports[image], raising=True
+        "builder.cli.app.verify_image",
+        lambda image, **kwargs: reports[image.as_written],
+        raising=True,
     )
     runner = CliRunner()
     result = runner.invoke(cli.main, ["verify", "good"])

@@ -164,8 +164,9 @@ def test_tampered_layer_ends_the_run_naming_both_digests(tampering_registry, tmp
 def test_unreachable_registry_falls_back_with_a_note(tampering_registry, tmp_path):
     for image in (f"{tampering_registry.host}/x:t1", "127.0.0.1:9/x:t1"):  # 503, refused
         notes: list[str] = []
-        profile = base_profile(image, None, Cache(tmp_path / "cache"), Reporter(notes.append))
-        assert profile == shipped_profile(image)
+        ref = ImageRef.parse(image)
+        profile = base_profile(ref, None, Cache(tmp_path / "cache"), Reporter(notes.append))
+        assert profile == shipped_profile(ref)
         assert len(notes) == 1 and notes[0].startswith("note: base image "), notes
         assert "unreachable" in notes[0] or "503" in notes[0]
         assert f"planning against the {profile.source}" in notes[0]
@@ -178,7 +179,9 @@ def test_refused_access_does_not_fall_back(registry, monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty"))
     with pytest.raises(RegistryAuthError, match="refused access"):
-        base_profile(f"{registry.host}/bsi-any/x:t1", None, Cache(tmp_path / "c"), QUIET)
+        base_profile(
+            ImageRef.parse(f"{registry.host}/bsi-any/x:t1"), None, Cache(tmp_path / "c"), QUIET
+        )
 
 
 # ---------------------------------------------------------------------------------------------

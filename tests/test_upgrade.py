@@ -48,8 +48,9 @@ def test_the_example_config_loads_with_paths_relative_to_it() -> None:
     assert config.requirements == (REPO / "examples" / "requirements.txt",)
     assert config.requirements[0].exists()
     assert config.template is not None and config.template.exists()
-    assert config.base_image == f"{config.base_repository}:{config.platform_version}"
-    assert config.base_image_for("2.0").endswith(":2.0")
+    written = f"{config.base_repository.as_written}:{config.platform_version}"
+    assert config.base_image.as_written == written
+    assert config.base_image_for("2.0").as_written.endswith(":2.0")
     assert config.state.name == "build-sandbox-image.state.json"
 
 

@@ -7,10 +7,9 @@ interprets them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import IO, Any
+from typing import IO, TypedDict
 
 from elftools.elf.dynamic import DynamicSection, DynamicSegment
 from elftools.elf.elffile import ELFFile
@@ -18,6 +17,17 @@ from elftools.elf.gnuversions import GNUVerNeedSection
 
 ELF_MAGIC = b"\x7fELF"
 MACHINES = MappingProxyType({"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64"})
+
+
+class ElfRecord(TypedDict):
+    """An `ElfFile` as the wheel inspection cache holds it (JSON)."""
+
+    path: str
+    machine: str
+    soname: str | None
+    needed: list[str]
+    rpaths: list[str]
+    version_needs: list[list[str]]  # [library file, version name]
 
 
 @dataclass(frozen=True)
@@ -31,7 +41,7 @@ class ElfFile:
     rpaths: tuple[str, ...]  # DT_RPATH then DT_RUNPATH entries, raw
     version_needs: tuple[tuple[str, str], ...]  # (library file, version name), sorted, unique
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ElfRecord:
         return {
             "path": self.path,
             "machine": self.machine,
@@ -42,7 +52,7 @@ class ElfFile:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ElfFile:
+    def from_dict(cls, data: ElfRecord) -> ElfFile:
         return cls(
             path=data["path"],
             machine=data["machine"],

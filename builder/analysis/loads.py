@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import NotRequired, TypedDict
 
 LOADERS = frozenset({"CDLL", "PyDLL", "LoadLibrary", "dlopen"})  # the called name's last part
 FINDERS = frozenset({"find_library"})
@@ -32,6 +32,15 @@ WINDOWS_ONLY = frozenset({"WinDLL", "windll", "OleDLL", "oledll"})
 LOAD_ERRORS = frozenset({"OSError", "EnvironmentError", "Exception", "BaseException"})
 SKIPPED_DIRS = frozenset({"tests", "test", "testing", "__pycache__"})  # never run in the sandbox
 MAX_EXPRESSION_DEPTH = 100  # a library name is never built from more pieces than this
+
+
+class LoadRecord(TypedDict):
+    """A `LoadSite` as the wheel inspection cache holds it (JSON): `optional` only when true."""
+
+    path: str
+    line: int
+    names: list[str]
+    optional: NotRequired[bool]
 
 
 @dataclass(frozen=True)
@@ -47,12 +56,14 @@ class LoadSite:
     def where(self) -> str:
         return f"{self.path}:{self.line}"
 
-    def to_dict(self) -> dict[str, Any]:
-        data = {"path": self.path, "line": self.line, "names": list(self.names)}
-        return data | {"optional": True} if self.optional else data
+    def to_dict(self) -> LoadRecord:
+        data = LoadRecord(path=self.path, line=self.line, names=list(self.names))
+        if self.optional:
+            data["optional"] = True
+        return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LoadSite:
+    def from_dict(cls, data: LoadRecord) -> LoadSite:
         return cls(data["path"], data["line"], tuple(data["names"]), data.get("optional", False))
 
 

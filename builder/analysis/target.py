@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
 from types import MappingProxyType
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name
@@ -65,11 +65,26 @@ def arch_named(name: str) -> Arch:
         raise UserError(f"unknown architecture {name!r}: choose from {', '.join(ARCHES)}") from None
 
 
+class ProfileRecord(TypedDict):
+    """A `BaseProfile` as JSON: the shipped profile's file, and report.json's `base`. A profile
+    generated before `packages` existed lacks it."""
+
+    image: str
+    digest: str | None
+    python_version: str
+    glibc: str
+    user: str
+    pythonpath: str
+    distributions: dict[str, str]
+    sonames: dict[str, list[str]]
+    packages: NotRequired[dict[str, list[str]]]
+
+
 @dataclass(frozen=True)
 class BaseProfile:
     """What a base runtime image provides; shipped for the reference base, or probed."""
 
-    image: str
+    reference: ImageRef  # parsed once where the base enters the run
     python_version: str  # full patch version, e.g. 3.13.5
     glibc: str
     user: str
@@ -80,12 +95,13 @@ class BaseProfile:
     digest: str | None = None
     source: str = "shipped profile"
 
-    @cached_property
-    def reference(self) -> ImageRef:
-        """`image` as a reference, parsed once where the base enters the run (the operator's
-        base, the config's, or the shipped profile's); the probes and every later step take
-        this value, and `image` stays the text report.json shows."""
-        return ImageRef.parse(self.image, "base image")
+    @property
+    def image(self) -> str:
+        """The base as the operator (or the shipped profile) wrote it: what report.json shows.
+
+        The reference itself is parsed where the base enters the run (the CLI, the config, the
+        shipped profile's file); the probes and every later step take `reference`."""
+        return self.reference.as_written
 
     @property
     def pinned(self) -> ImageRef:
@@ -95,9 +111,9 @@ class BaseProfile:
         return self.reference
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str) -> BaseProfile:
+    def from_dict(cls, data: ProfileRecord, source: str) -> BaseProfile:
         return cls(
-            image=data["image"],
+            reference=ImageRef.parse(data["image"], "base image"),
             python_version=data["python_version"],
             glibc=data["glibc"],
             user=data["user"],
@@ -109,7 +125,7 @@ class BaseProfile:
             source=source,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ProfileRecord:
         return {
             "image": self.image,
             "digest": self.digest,
@@ -133,12 +149,12 @@ def _reference_profile() -> BaseProfile:
     return BaseProfile.from_dict(json.loads(text), source="shipped profile")
 
 
-def shipped_profile(image: str | None = None) -> BaseProfile:
+def shipped_profile(image: ImageRef | None = None) -> BaseProfile:
     """The profile shipped for the reference runtime base (the offline fallback)."""
     profile = _reference_profile()
-    if image is not None and image != profile.image:
+    if image is not None and image.as_written != profile.image:
         return replace(
-            profile, image=image, digest=None, source=f"shipped profile of {profile.image}"
+            profile, reference=image, digest=None, source=f"shipped profile of {profile.image}"
         )
     return profile
 

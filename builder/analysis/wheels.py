@@ -17,13 +17,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from elftools.common.exceptions import ELFError
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from builder.analysis.elf import ElfFile, is_elf, read_elf
-from builder.analysis.loads import LoadSite, scan_sources
+from builder.analysis.elf import ElfFile, ElfRecord, is_elf, read_elf
+from builder.analysis.loads import LoadRecord, LoadSite, scan_sources
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 
@@ -36,6 +36,22 @@ TOP_LEVEL_LIMIT = 1 << 16  # top_level.txt is a few names; never trust it to be 
 DEFAULT_WORKERS = min(4, os.cpu_count() or 1)
 _WORKERS = multiprocessing.get_context("forkserver")
 _WORKERS.set_forkserver_preload([__name__])  # each worker forks with this module imported
+
+
+class WheelRecord(TypedDict):
+    """A `WheelInspection` as the inspection cache holds it (JSON), keyed by the wheel's sha256."""
+
+    schema: int
+    filename: str
+    sha256: str
+    name: str
+    version: str
+    tags: list[str]
+    top_level: list[str]
+    elf_files: list[ElfRecord]
+    loads: list[LoadRecord]
+    size: int
+    installed_size: int
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,7 @@ class WheelInspection:
     def pin(self) -> str:
         return f"{self.name}=={self.version}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> WheelRecord:
         return {
             "schema": SCHEMA,
             "filename": self.filename,
@@ -77,7 +93,7 @@ class WheelInspection:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> WheelInspection:
+    def from_dict(cls, data: WheelRecord) -> WheelInspection:
         return cls(
             filename=data["filename"],
             sha256=data["sha256"],
@@ -230,7 +246,7 @@ def cached_inspection(cache: Cache, filename: str, sha256: str) -> WheelInspecti
     if record.get("filename") != filename:  # tags and names come from the filename
         return None
     try:
-        return WheelInspection.from_dict(record)
+        return WheelInspection.from_dict(cast(WheelRecord, record))  # of this schema: its shape
     except (KeyError, TypeError, ValueError):
         return None
 

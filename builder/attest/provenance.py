@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from builder.attest.contents import DebianPackage, WheelOrigin, without_credentials
 
@@ -65,6 +65,34 @@ class BuildRun:
     internal: Mapping[str, str] = field(default_factory=dict)  # layer formats, interpreter...
 
 
+class FileRecord(TypedDict):
+    """An operator's file in `externalParameters`: its path and content digest."""
+
+    path: str
+    digest: dict[str, str]  # algorithm -> hex
+
+
+class ExternalParameters(TypedDict):
+    """SLSA's `externalParameters`: what the operator asked for."""
+
+    requirements: list[FileRecord]
+    constraints: list[FileRecord]
+    overrides: list[FileRecord]
+    arches: list[str]
+    platformVersion: str
+    baseImage: str
+    flags: dict[str, bool | str]
+
+
+class ResourceDescriptor(TypedDict):
+    """SLSA's `ResourceDescriptor`, with the fields a resolved dependency here has."""
+
+    name: str
+    uri: str
+    digest: NotRequired[dict[str, str]]  # algorithm -> hex
+    annotations: NotRequired[dict[str, str]]
+
+
 def provenance_document(parameters: BuildParameters, run: BuildRun) -> bytes:
     """The in-toto statement as JSON, keys sorted (stable bytes for the same inputs)."""
     statement = {
@@ -97,38 +125,40 @@ def provenance_document(parameters: BuildParameters, run: BuildRun) -> bytes:
     return json.dumps(statement, indent=2, sort_keys=True).encode()
 
 
-def _external(parameters: BuildParameters) -> dict[str, Any]:
-    return {
-        "requirements": [_file(f) for f in parameters.requirements],
-        "constraints": [_file(f) for f in parameters.constraints],
-        "overrides": [_file(f) for f in parameters.overrides],
-        "arches": list(parameters.arches),
-        "platformVersion": parameters.platform_version,
-        "baseImage": parameters.base_image,
-        "flags": dict(sorted(parameters.flags.items())),
-    }
+def _external(parameters: BuildParameters) -> ExternalParameters:
+    return ExternalParameters(
+        requirements=[_file(f) for f in parameters.requirements],
+        constraints=[_file(f) for f in parameters.constraints],
+        overrides=[_file(f) for f in parameters.overrides],
+        arches=list(parameters.arches),
+        platformVersion=parameters.platform_version,
+        baseImage=parameters.base_image,
+        flags=dict(sorted(parameters.flags.items())),
+    )
 
 
-def _file(file: InputFile) -> dict[str, Any]:
-    return {"path": file.path, "digest": {"sha256": file.sha256}}
+def _file(file: InputFile) -> FileRecord:
+    return FileRecord(path=file.path, digest={"sha256": file.sha256})
 
 
-def _resolved(run: BuildRun) -> list[dict[str, Any]]:
-    base = {
-        "name": "base",
-        "uri": f"oci://{run.base_reference}",
-        "digest": {"sha256": run.base_digest.removeprefix("sha256:")},
-    }
+def _resolved(run: BuildRun) -> list[ResourceDescriptor]:
+    base = ResourceDescriptor(
+        name="base",
+        uri=f"oci://{run.base_reference}",
+        digest={"sha256": run.base_digest.removeprefix("sha256:")},
+    )
     wheels = [
-        {"name": w.filename, "uri": without_credentials(w.url), "digest": {"sha256": w.sha256}}
+        ResourceDescriptor(
+            name=w.filename, uri=without_credentials(w.url), digest={"sha256": w.sha256}
+        )
         for w in sorted(run.wheels, key=lambda w: w.filename)
     ]
     apt = [
-        {
-            "name": p.name,
-            "uri": f"pkg:deb/debian/{p.name}@{p.version}?arch={p.architecture or run.arch}",
-            "annotations": {"version": p.version, "source": p.source},
-        }
+        ResourceDescriptor(
+            name=p.name,
+            uri=f"pkg:deb/debian/{p.name}@{p.version}?arch={p.architecture or run.arch}",
+            annotations={"version": p.version, "source": p.source},
+        )
         for p in sorted(run.apt, key=lambda p: p.name)
     ]
     return [base, *wheels, *apt]

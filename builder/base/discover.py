@@ -10,11 +10,12 @@ from builder.base.probe import probe_base
 from builder.base.profile import base_problems, profile_differences
 from builder.cache import Cache
 from builder.errors import RegistryUnreachable
+from builder.oci.name import ImageRef
 from builder.reporter import Reporter
 
 
 def base_profile(
-    image: str | None, client: docker.DockerClient | None, cache: Cache, reporter: Reporter
+    image: ImageRef | None, client: docker.DockerClient | None, cache: Cache, reporter: Reporter
 ) -> BaseProfile:
     """The real base's facts: through the engine, else through its registry.
 

@@ -13,13 +13,18 @@ import posixpath
 import re
 import tarfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TypedDict, cast
 
 from builder.analysis.target import ARCHES, Arch, BaseProfile
 from builder.base.layers import Layers
-from builder.base.profile import DEBIAN_VERSION, profile_from_facts, pythonpath_dirs
+from builder.base.profile import (
+    DEBIAN_VERSION,
+    BaseFacts,
+    profile_from_facts,
+    pythonpath_dirs,
+)
 from builder.cache import Cache
 from builder.credentials import registry
 from builder.errors import RegistryError, UserError
@@ -33,6 +38,14 @@ RECORD_VERSION = 2  # bump when the collected facts change shape or meaning
 ZSTD_TYPES = ("zstd",)  # media types tarfile cannot stream
 
 
+class RegistryRecord(TypedDict):
+    """What the cache keeps of a registry probe, by the manifest (index) digest."""
+
+    version: int  # RECORD_VERSION
+    digest: str
+    arches: dict[str, BaseFacts]  # ARCHES name -> its facts
+
+
 def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
     """The profile of `ref` read from its registry; cached by the manifest (index) digest."""
     image = ref.as_written
@@ -44,7 +57,7 @@ def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
         digest = top.digest
         record = _cached(cache, digest)  # a registry that gave no digest to the HEAD
         if record is None:
-            record = {"version": RECORD_VERSION, "digest": digest, "arches": {}}
+            record = RegistryRecord(version=RECORD_VERSION, digest=digest, arches={})
             try:
                 platforms = list(_platform_images(client, top))
                 with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
@@ -63,10 +76,10 @@ def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
                     f"base image {image}: the registry has no linux/amd64 or linux/arm64 image"
                 )
             cache.put_record(RECORD_KIND, digest.removeprefix("sha256:"), record)
-    arches: Mapping[str, Any] = record["arches"]
+    arches = record["arches"]
     main = arches.get("amd64") or next(iter(arches.values()))
     return profile_from_facts(
-        image,
+        ref,
         arches,
         pythonpath=main["pythonpath"],
         user=main["user"],
@@ -75,11 +88,11 @@ def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
     )
 
 
-def _cached(cache: Cache, digest: str) -> dict[str, Any] | None:
+def _cached(cache: Cache, digest: str) -> RegistryRecord | None:
     record = cache.get_record(RECORD_KIND, digest.removeprefix("sha256:"))
     if not isinstance(record, dict) or record.get("version") != RECORD_VERSION:
         return None
-    return record
+    return cast(RegistryRecord, record)  # of this version: its shape
 
 
 def _platform_images(client: RepositoryClient, top: Image | Index) -> Iterator[tuple[Arch, Image]]:
@@ -97,7 +110,7 @@ def _platform_images(client: RepositoryClient, top: Image | Index) -> Iterator[t
     yield config_arch, top
 
 
-def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> dict[str, Any]:
+def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> BaseFacts:
     """Config facts and layer facts of one image."""
     env = image.config_file.environment
     pythonpath = env.get("PYTHONPATH", "")
@@ -123,7 +136,7 @@ def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> dict[str
     return facts
 
 
-def _python_from_packages(facts: Mapping[str, Any]) -> str:
+def _python_from_packages(facts: BaseFacts) -> str:
     """`python3.13` 3.13.5-2 -> 3.13.5; the one /usr/bin/python3 runs, else the newest."""
     versions = facts.get("python_packages") or {}
     runs = posixpath.basename(facts.get("python3_link") or "")

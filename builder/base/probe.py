@@ -20,7 +20,12 @@ import docker.errors
 import requests
 
 from builder.analysis.target import ARCHES, BaseProfile
-from builder.base.profile import installed_packages, profile_from_facts, pythonpath_dirs
+from builder.base.profile import (
+    BaseFacts,
+    installed_packages,
+    profile_from_facts,
+    pythonpath_dirs,
+)
 from builder.cache import Cache
 from builder.engines.connection import failure_reason, local_image
 from builder.errors import UserError
@@ -131,7 +136,7 @@ SCRIPT_SHA256 = hashlib.sha256(SCRIPT.encode()).hexdigest()
 def probe_base(base: ImageRef, client: docker.DockerClient, cache: Cache) -> BaseProfile:
     """The profile of the real base `base`; one container per image id, then cached."""
     image = base.as_written
-    found = local_image(image, client)
+    found = local_image(base, client)
     image_id = found.id
     key = image_id.removeprefix("sha256:")
     record = cache.get_record("probe", key)
@@ -149,7 +154,7 @@ def probe_base(base: ImageRef, client: docker.DockerClient, cache: Cache) -> Bas
         raise UserError(f"base image {image} is {facts['machine']}; supported: {supported}")
     config = found.attrs.get("Config") or {}
     return profile_from_facts(
-        image,
+        base,
         {observed.name: facts},
         pythonpath=_env(config, "PYTHONPATH"),
         user=config.get("User") or "",
@@ -180,7 +185,7 @@ def _env(config: Mapping[str, Any], name: str) -> str:
     return ""
 
 
-def _run_probe(image: str, found: Any, client: docker.DockerClient) -> dict[str, Any]:
+def _run_probe(image: str, found: Any, client: docker.DockerClient) -> BaseFacts:
     """Run the probe script in one hardened, network-less container that is always removed."""
     config = found.attrs.get("Config") or {}
     dirs = pythonpath_dirs(_env(config, "PYTHONPATH"))

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from builder.analysis.debian import packages_providing
 from builder.analysis.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseProfile
 from builder.contract import DEPS, SANDBOX_UID
+from builder.oci.name import ImageRef
 
 TARGET_PYTHON = "3.13"
 TARGET_GLIBC = f"{GLIBC_MAJOR}.{GLIBC_MINOR}"
@@ -37,13 +38,31 @@ def installed_packages(status: str) -> dict[str, str]:
     return packages
 
 
+class BaseFacts(TypedDict):
+    """One arch's facts of a base, as both readers gather them (the engine's probe script, and
+    builder.base.layers through the registry) and their caches keep them (JSON)."""
+
+    glibc: str
+    distributions: dict[str, dict[str, str]]  # PYTHONPATH directory -> name -> version
+    sonames: list[str]
+    unpackaged: list[str]  # sonames no dpkg package owns
+    packages: list[str]  # dpkg names
+    python: NotRequired[str]  # the full version; the registry reader adds it after the layers
+    machine: NotRequired[str]  # uname -m: the engine's script
+    # the registry reader's: the image config's, and the evidence for the python version
+    user: NotRequired[str]
+    pythonpath: NotRequired[str]
+    python_packages: NotRequired[dict[str, str]]  # python3.X[-minimal] -> Debian version
+    python3_link: NotRequired[str]  # where /usr/bin/python3 leads
+
+
 def pythonpath_dirs(pythonpath: str) -> list[str]:
     return [d for d in pythonpath.split(":") if d]
 
 
 def profile_from_facts(
-    image: str,
-    observed: Mapping[str, Mapping[str, Any]],
+    image: ImageRef,
+    observed: Mapping[str, BaseFacts],
     *,
     pythonpath: str,
     user: str,
@@ -71,7 +90,7 @@ def profile_from_facts(
             sonames[arch.name] = packages_providing(known, arch) | frozenset(main["unpackaged"])
             packages[arch.name] = known
     return BaseProfile(
-        image=image,
+        reference=image,
         python_version=main["python"],
         glibc=main["glibc"],
         user=user,

@@ -16,6 +16,7 @@ from builder.analysis.target import ARCHES
 from builder.cache import Cache, default_root
 from builder.cli.errors import reports_errors
 from builder.cli.fleet import show_fleet
+from builder.cli.references import Reference
 from builder.cli.sbom import sbom_command
 from builder.cli.summary import pushed_lines, summary
 from builder.config import RunSettings, load_config, merge, with_engines
@@ -73,7 +74,9 @@ ENGINE_OPTION = click.option(
     help="Target architecture (repeatable; default: every arch the base offers).",
 )
 @click.option(
-    "--base-image", help="The platform's runtime image, tagged with the platform version."
+    "--base-image",
+    type=Reference("base image"),
+    help="The platform's runtime image, tagged with the platform version.",
 )
 @click.option(
     "--output",
@@ -88,7 +91,11 @@ ENGINE_OPTION = click.option(
     "--no-verify", is_flag=True, help="Do not verify the built image (nor gate a push on it)."
 )
 @click.option(
-    "--push", "push_repository", metavar="REPOSITORY", help="Push the verified image here."
+    "--push",
+    "push_repository",
+    type=Reference("push target", repository=True),
+    metavar="REPOSITORY",
+    help="Push the verified image here.",
 )
 @click.option(
     "--platform-version", help="Platform version for tags (default: the base image's tag)."
@@ -155,12 +162,12 @@ def main(
     requirements: tuple[Path, ...],
     constraints: tuple[Path, ...],
     arches: tuple[str, ...],
-    base_image: str | None,
+    base_image: ImageRef | None,
     output: Path,
     no_build: bool,
     tag: str | None,
     no_verify: bool,
-    push_repository: str | None,
+    push_repository: ImageRef | None,
     platform_version: str | None,
     template: Path | None,
     container: str | None,
@@ -187,9 +194,7 @@ def main(
             arches=arches,
             base_image=base_image,
             output=output,
-            push_repository=ImageRef.parse_repository(push_repository, "push target")
-            if push_repository
-            else None,
+            push_repository=push_repository,
             platform_version=platform_version,
             template=template,
             container=container,
@@ -333,7 +338,7 @@ main.add_command(sbom_command)
 
 
 @main.command("verify")
-@click.argument("image")
+@click.argument("image", type=Reference())
 @click.option(
     "-r",
     "--requirement",
@@ -361,7 +366,7 @@ main.add_command(sbom_command)
 )
 @reports_errors
 def verify_command(
-    image: str,
+    image: ImageRef,
     requirements: Path | None,
     modules: tuple[str, ...],
     snippets: tuple[str, ...],
@@ -370,15 +375,9 @@ def verify_command(
     clients: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
-    try:  # IMAGE may be an engine's name no registry reference spells (then it has no SBOM)
-        ref: ImageRef | None = ImageRef.parse(image)
-    except UserError as error:
-        ref, unparsed = None, error
     if key is not None:  # the signatures first: nothing unsigned is run
         public = load_public_key(key)
-        if ref is None:
-            raise unparsed  # signatures live in a registry: IMAGE must name one
-        lines = check_signed(credentials.registry(ref, image), public)
+        lines = check_signed(credentials.registry(image, image.as_written), public)
         if not as_json:  # --json prints the report alone
             click.echo("\n".join(lines))
     report = verify_image(
@@ -387,23 +386,25 @@ def verify_command(
         checks=snippets,
         distributions=distribution_names(requirements) if requirements else (),
         sdk=True if "sdk" in clients else None,
-        sbom=attached_sbom(ref) if ref is not None else None,
+        sbom=attached_sbom(image),
     )
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
         failed = ", ".join(check.name for check in report.failed)
-        raise UserError(f"verification of {image} failed: {failed}")
+        raise UserError(f"verification of {image.as_written} failed: {failed}")
 
 
 @main.command("base")
 @click.option(
     "--tag",
     required=True,
+    type=Reference("base --tag"),
     help="Name for the built base (with several arches host/repo:tag, pushed as an index).",
 )
 @click.option(
     "--from",
     "base_image",
+    type=Reference("base image"),
     default="python:3.13-slim-trixie",
     show_default=True,
     help="The Python image to build on.",
@@ -418,17 +419,18 @@ def verify_command(
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
 @reports_errors
 def base_command(
-    tag: str, base_image: str, arches: tuple[str, ...], cache_dir: Path | None
+    tag: ImageRef, base_image: ImageRef, arches: tuple[str, ...], cache_dir: Path | None
 ) -> None:
     """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
     cache = Cache(cache_dir or default_root())
     wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
     # one arch: `tag` is the engine's local name; several: the index's registry reference
-    index = ImageRef.parse(tag, "base --tag") if len(wanted) > 1 else None
-    source = ImageRef.parse(base_image, "base image")
-    if index is None:
-        image_id = build_base(tag, base_image=source, arch=wanted[0], cache=cache, log=sys.stderr)
-        click.echo(f"{tag} {image_id}")
+    if len(wanted) == 1:
+        name = tag.as_written
+        image_id = build_base(
+            name, base_image=base_image, arch=wanted[0], cache=cache, log=sys.stderr
+        )
+        click.echo(f"{name} {image_id}")
         return
-    pushed = build_base_index(index, wanted, base_image=source, cache=cache, log=sys.stderr)
-    click.echo(f"{tag} {pushed.reference}")
+    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache, log=sys.stderr)
+    click.echo(f"{tag.as_written} {pushed.reference}")

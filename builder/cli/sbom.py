@@ -11,13 +11,14 @@ import click
 from builder.analysis.target import ARCHES
 from builder.attest import provenance, sbom
 from builder.cli.errors import reports_errors
+from builder.cli.references import Reference
 from builder.errors import UserError
 from builder.image.attachments import read_attached
 from builder.oci.name import ImageRef
 
 
 @click.command("sbom")
-@click.argument("reference")
+@click.argument("reference", type=Reference())
 @click.option(
     "--arch",
     type=click.Choice(sorted(ARCHES)),
@@ -29,19 +30,19 @@ from builder.oci.name import ImageRef
     is_flag=True,
     help="Print the SLSA provenance statement instead of the CycloneDX SBOM.",
 )
-def sbom_command(reference: str, arch: str | None, want_provenance: bool) -> None:
+def sbom_command(reference: ImageRef, arch: str | None, want_provenance: bool) -> None:
     """Print the SBOM (or provenance) attached to REFERENCE; exit 1 when none is attached."""
     reports_errors(_print_attached)(reference, arch, want_provenance)
 
 
-def _print_attached(reference: str, arch: str | None, want_provenance: bool) -> None:
+def _print_attached(reference: ImageRef, arch: str | None, want_provenance: bool) -> None:
     kind, media_type = (
         ("provenance", provenance.MEDIA_TYPE) if want_provenance else ("SBOM", sbom.MEDIA_TYPE)
     )
-    found = read_attached(ImageRef.parse(reference), media_type, arch)
+    found = read_attached(reference, media_type, arch)
     missing = [one for one in found if one.document is None]
     if missing:
-        names = ", ".join(f"{reference} ({one.arch}, {one.digest})" for one in missing)
+        names = ", ".join(f"{reference.as_written} ({one.arch}, {one.digest})" for one in missing)
         raise UserError(f"no {kind} is attached to {names}")
     for one in found:
         if len(found) > 1:

@@ -6,16 +6,29 @@ Formatting only, apart from builder/cli/app.py (which prints it) so that module 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 from builder.analysis.plan import Plan
 from builder.analysis.sizes import human, size_figures
+from builder.image.extras import BytecodeRecord, ExtrasLayerFacts
 from builder.oci.remote import Written
 from builder.orchestration.node_update import NodeUpdate
 
 
-def summary(plan: Plan, report: Mapping[str, Any] | None = None) -> str:
+class ArchReport(TypedDict, total=False):
+    """What the summary reads of one arch in report.json (docs/report.md), when it is there."""
+
+    extras_layers: list[ExtrasLayerFacts]
+    bytecode: BytecodeRecord
+
+
+class Report(TypedDict, total=False):
+    """What the summary reads of the context's report.json."""
+
+    architectures: dict[str, ArchReport]
+
+
+def summary(plan: Plan, report: Report | None = None) -> str:
     """The human table: distribution, version, wheel tag, sizes, native needs -> Debian package;
     then the extras' layers and bytecode, from the context's report.json."""
     lines = [f"base: {plan.base_image} (python {plan.base.python_version}, {plan.base.source})"]
@@ -58,21 +71,19 @@ def summary(plan: Plan, report: Mapping[str, Any] | None = None) -> str:
     return "\n".join(lines)
 
 
-def _extras_lines(arch: str, report: Mapping[str, Any]) -> list[str]:
+def _extras_lines(arch: str, report: Report) -> list[str]:
     """How the extras are laid out in layers, and what bytecode adds, as report.json has it."""
-    record = (report.get("architectures") or {}).get(arch) or {}
+    record = (report.get("architectures") or {}).get(arch) or ArchReport()
     layers = record.get("extras_layers") or []
     if not layers:
         return []
     kinds = [layer.get("kind") for layer in layers]
     line = f"  extras layers: {kinds.count('distribution')} distribution"
-    bytecode = record.get("bytecode") or {}
+    bytecode = record.get("bytecode")
     if kinds.count("bytecode"):
-        size = human(int(bytecode.get("size") or 0))
-        line += (
-            f" + {kinds.count('bytecode')} bytecode ({bytecode.get('compiled', 0)} modules"
-            f" compiled, {size})"
-        )
+        compiled = bytecode.get("compiled", 0) if bytecode else 0
+        size = human(int(bytecode.get("size") or 0) if bytecode else 0)
+        line += f" + {kinds.count('bytecode')} bytecode ({compiled} modules compiled, {size})"
     else:
         line += "; no bytecode (modules compile at every sandbox start)"
     return [line]

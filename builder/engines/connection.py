@@ -285,13 +285,14 @@ def runs_emulated(native: str | None, arch: str) -> bool:
     return MACHINES.get(arch, arch) != MACHINES.get(native, native)
 
 
-def local_image(image: str, client: docker.DockerClient) -> Any:
+def local_image(ref: ImageRef, client: docker.DockerClient) -> Any:
     """The image to probe: the local one, unless its registry now names something newer.
 
     A platform may re-push a tag; a long-lived runner holding the old image must not plan
-    against it. Images without a registry host (local builds) are used as they are.
+    against it. Images without a registry host (local builds) are used as they are. The engine
+    is asked for the reference as written: that is the name it holds the image under.
     """
-    ref = ImageRef.parse(image, "base image")
+    image = ref.as_written
     credentials = engine_auth(ref.registry)
     try:
         local = client.images.get(image)

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 import docker
 import docker.errors
@@ -399,7 +399,13 @@ def _sources_tar(wheel: Path) -> bytes:
     return buffer.getvalue()
 
 
-def _pyc_members(output: bytes) -> tuple[dict[str, bytes], dict[str, Any]]:
+class CompileSummary(TypedDict):
+    """The compile script's `summary.json`: the sources that did not compile."""
+
+    skipped: list[str]
+
+
+def _pyc_members(output: bytes) -> tuple[dict[str, bytes], CompileSummary]:
     """The compile's .pyc by path, and its summary, from the tar it wrote."""
     pycs: dict[str, bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(output), mode="r:") as archive:

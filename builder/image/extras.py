@@ -27,7 +27,7 @@ import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from packaging.utils import canonicalize_name
 
@@ -35,7 +35,14 @@ from builder.analysis.layering import LayerGroup, Member, bucket_of, group_layer
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.bytecode import Compiled, Interpreter, bytecode_layer
-from builder.image.layer import LAYER_FORMAT, Layer, LayerWheels, shadowed_by_group, wheels_layer
+from builder.image.layer import (
+    LAYER_FORMAT,
+    Layer,
+    LayerFacts,
+    LayerWheels,
+    shadowed_by_group,
+    wheels_layer,
+)
 
 EXTRAS_LAYERS = 48  # layers for /app/deps-extra
 IMAGE_LAYERS = 64  # layers in the whole image: base, apt and extras
@@ -44,6 +51,34 @@ BYTECODE = "bytecode"  # a layer of their .pyc
 LAYER_FILE = "deps-extra-{arch}-{index:02d}.tar"  # in the context, ADDed in this order
 STACK_FORMAT = "extras-layers/2"  # bump when the grouping or the record changes
 HISTORY = re.compile(r" # (\S+) (.+) in /\S*$")  # the kind and label created_by writes
+
+
+class ExtrasLayerFacts(LayerFacts):
+    """An extras layer in report.json's `extras_layers` (docs/report.md): kind and contents
+    first, then the tar's facts."""
+
+    kind: str
+    distributions: list[str]
+
+
+class LayerRecord(TypedDict):
+    """An extras layer as the cache records a stack of them, to find its tar again."""
+
+    kind: str
+    names: list[str]
+    label: str
+    diff_id: str
+    size: int
+    sde: int  # its SOURCE_DATE_EPOCH
+    wheels: list[str]
+    shadowed: list[str]
+
+
+class StackRecord(TypedDict):
+    """A cached stack of extras layers; a bytecode stack also keeps its facts."""
+
+    layers: list[LayerRecord]
+    facts: NotRequired[BytecodeRecord]
 
 
 @dataclass(frozen=True)
@@ -57,7 +92,7 @@ class ExtrasLayer:
     wheels: tuple[str, ...] = ()  # their wheels' sha256, in lock order
     shadowed: frozenset[str] = frozenset()  # files left to a later distribution's layer
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ExtrasLayerFacts:
         return {"kind": self.kind, "distributions": list(self.names), **self.layer.to_dict()}
 
 
@@ -142,7 +177,7 @@ def distribution_layers(
         label = group.label if group.names else "none"
         shas = tuple(sha for sha, _ in members)
         stack.append(ExtrasLayer(DISTRIBUTION, group.names, label, layer, shas, left))
-    cache.put_record("extras-layers", key, {"layers": [_record(one) for one in stack]})
+    cache.put_record("extras-layers", key, StackRecord(layers=[_record(one) for one in stack]))
     return tuple(stack)
 
 
@@ -152,21 +187,21 @@ def installed_size(wheel: Path) -> int:
         return sum(info.file_size for info in archive.infolist())
 
 
-def _record(one: ExtrasLayer) -> dict[str, Any]:
+def _record(one: ExtrasLayer) -> LayerRecord:
     layer = one.layer
-    return {
-        "kind": one.kind,
-        "names": list(one.names),
-        "label": one.label,
-        "diff_id": layer.diff_id,
-        "size": layer.size,
-        "sde": layer.source_date_epoch,
-        "wheels": list(one.wheels),
-        "shadowed": sorted(one.shadowed),
-    }
+    return LayerRecord(
+        kind=one.kind,
+        names=list(one.names),
+        label=one.label,
+        diff_id=layer.diff_id,
+        size=layer.size,
+        sde=layer.source_date_epoch,
+        wheels=list(one.wheels),
+        shadowed=sorted(one.shadowed),
+    )
 
 
-def _cached(record: Mapping[str, Any] | None, cache: Cache) -> tuple[ExtrasLayer, ...] | None:
+def _cached(record: StackRecord | None, cache: Cache) -> tuple[ExtrasLayer, ...] | None:
     """The stack a record names, if every tar is still in the cache."""
     if not record:
         return None
@@ -189,6 +224,15 @@ def _cached(record: Mapping[str, Any] | None, cache: Cache) -> tuple[ExtrasLayer
     return tuple(stack)
 
 
+class BytecodeRecord(TypedDict):
+    """`BytecodeFacts` in report.json's `bytecode` (docs/report.md) and in the cache."""
+
+    interpreter: dict[str, str]
+    compiled: int
+    skipped: list[str]
+    size: int
+
+
 @dataclass(frozen=True)
 class BytecodeFacts:
     """What one arch's bytecode layers hold, for report.json and the summary."""
@@ -198,13 +242,13 @@ class BytecodeFacts:
     skipped: tuple[str, ...]  # sources that did not compile (as pip skips them)
     size: int  # bytes of the bytecode tars: what bytecode adds to the image
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "interpreter": self.interpreter.to_dict(),
-            "compiled": self.compiled,
-            "skipped": list(self.skipped),
-            "size": self.size,
-        }
+    def to_dict(self) -> BytecodeRecord:
+        return BytecodeRecord(
+            interpreter=self.interpreter.to_dict(),
+            compiled=self.compiled,
+            skipped=list(self.skipped),
+            size=self.size,
+        )
 
 
 def with_bytecode(
@@ -245,7 +289,7 @@ def with_bytecode(
         skipped = tuple(sorted({path for part in used for path in part.skipped}))
         size = sum(one.layer.size for one in added)
         facts[arch] = BytecodeFacts(interpreter, sum(p.compiled for p in used), skipped, size)
-        record = {"layers": [_record(one) for one in added], "facts": facts[arch].to_dict()}
+        record = StackRecord(layers=[_record(one) for one in added], facts=facts[arch].to_dict())
         cache.put_record("bytecode-stack", _bytecode_key(stack, interpreter.build), record)
     return result, facts
 

@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 from builder.cache import Cache
 from builder.errors import UserError
@@ -50,6 +50,14 @@ STREAMED = 8 << 20  # members larger than this stream through the writer in chun
 QUEUED = 8  # chunks of a streamed member inflated ahead of the writer
 
 
+class LayerFacts(TypedDict):
+    """A layer tar's facts in report.json's `extras_layers` (docs/report.md)."""
+
+    diff_id: str
+    tar_size: int  # a push adds the gzip blob's "digest" and "size"
+    source_date_epoch: int
+
+
 @dataclass(frozen=True)
 class Layer:
     """A layer tar in the cache, uncompressed (builder.image.gzipped makes its registry blob)."""
@@ -59,12 +67,10 @@ class Layer:
     size: int  # of the tar
     source_date_epoch: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "diff_id": self.diff_id,
-            "tar_size": self.size,  # a push adds the gzip blob's "digest" and "size"
-            "source_date_epoch": self.source_date_epoch,
-        }
+    def to_dict(self) -> LayerFacts:
+        return LayerFacts(
+            diff_id=self.diff_id, tar_size=self.size, source_date_epoch=self.source_date_epoch
+        )
 
 
 def lock_hash(lock_text: str) -> str:

@@ -128,6 +128,12 @@ class ImageRef:
         return replace(self, digest=digest, text=written)
 
     def with_tag(self, tag: str | None) -> ImageRef:
+        """The same name with `tag` instead (None: none), written as the name was written: a
+        config's `base-repository` with a platform version is the base as the operator names
+        it (report.json shows it)."""
         if tag is not None and not TAG_RE.fullmatch(tag):
             raise UserError(f"{tag!r} is not a valid image tag")
-        return replace(self, tag=tag, text="")  # a new name: written in its normalized form
+        head, slash, last = self.text.partition("@")[0].rpartition("/")
+        name = head + slash + last.partition(":")[0]
+        written = name + (f":{tag}" if tag else "") + (f"@{self.digest}" if self.digest else "")
+        return replace(self, tag=tag, text=written if self.text else "")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from builder.errors import RegistryError
 from builder.oci.client import RepositoryClient
@@ -26,6 +25,7 @@ from builder.oci.v1 import (
     OCI_INDEX,
     OCI_MANIFEST,
     Descriptor,
+    DescriptorRecord,
     canonical,
     digest_of,
 )
@@ -49,13 +49,13 @@ class Referrer:
     size: int
     artifact_type: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "mediaType": OCI_MANIFEST,
-            "digest": self.digest,
-            "size": self.size,
-            "artifactType": self.artifact_type,
-        }
+    def to_dict(self) -> DescriptorRecord:
+        return DescriptorRecord(
+            mediaType=OCI_MANIFEST,
+            digest=self.digest,
+            size=self.size,
+            artifactType=self.artifact_type,
+        )
 
 
 def artifact_manifest(subject: Descriptor, attachment: Attachment) -> bytes:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -39,6 +39,38 @@ MACHINES = MappingProxyType({"x86_64": "amd64", "aarch64": "arm64"})
 # the variants a platform's image may carry, best first; "" is "no variant given"
 VARIANTS = MappingProxyType({"amd64": ("", "v1", "v2", "v3", "v4"), "arm64": ("v8", "")})
 DEFAULT_VARIANT = MappingProxyType({"arm64": "v8"})  # what `docker manifest` and Hub write
+
+
+class DescriptorRecord(TypedDict):
+    """A descriptor as the tool writes it (the OCI image spec's field names)."""
+
+    mediaType: str
+    digest: str
+    size: int
+    platform: NotRequired[dict[str, str]]
+    artifactType: NotRequired[str]  # an attached artifact's (a referrer's) type
+    annotations: NotRequired[dict[str, str]]
+
+
+class ManifestDocument(TypedDict):
+    """An image manifest as the tool writes it: an image's, or an artifact's (with a subject)."""
+
+    schemaVersion: int
+    mediaType: str
+    artifactType: NotRequired[str]
+    config: DescriptorRecord
+    layers: list[DescriptorRecord]
+    subject: NotRequired[DescriptorRecord]
+    annotations: NotRequired[dict[str, str]]
+
+
+class IndexDocument(TypedDict):
+    """An index (manifest list) as the tool writes it."""
+
+    schemaVersion: int
+    mediaType: str
+    manifests: list[DescriptorRecord]
+    annotations: NotRequired[dict[str, str]]
 
 
 def canonical(document: Mapping[str, Any]) -> bytes:
@@ -116,13 +148,11 @@ class Descriptor:
     size: int
     platform: Platform | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        found: dict[str, Any] = {
-            "mediaType": self.media_type,
-            "digest": self.digest,
-            "size": self.size,
-        }
-        return found | ({"platform": self.platform.to_dict()} if self.platform else {})
+    def to_dict(self) -> DescriptorRecord:
+        found = DescriptorRecord(mediaType=self.media_type, digest=self.digest, size=self.size)
+        if self.platform:
+            found["platform"] = self.platform.to_dict()
+        return found
 
     @classmethod
     def from_dict(cls, document: Any) -> Descriptor:
@@ -232,12 +262,12 @@ class Image:
             DOCKER_CONFIG if docker else OCI_CONFIG, digest_of(config_bytes), len(config_bytes)
         )
         media_type = DOCKER_MANIFEST if docker else OCI_MANIFEST
-        manifest: dict[str, Any] = {
-            "schemaVersion": 2,
-            "mediaType": media_type,
-            "config": config.to_dict(),
-            "layers": [layer.to_dict() for layer in typed],
-        }
+        manifest = ManifestDocument(
+            schemaVersion=2,
+            mediaType=media_type,
+            config=config.to_dict(),
+            layers=[layer.to_dict() for layer in typed],
+        )
         kept = dict(sorted(annotations.items())) if annotations and not docker else {}
         if kept:
             manifest["annotations"] = kept
@@ -325,11 +355,11 @@ class Index:
         `annotations` (the images' OCI labels) are the OCI index field; registries keep the
         bytes as sent, and tools that read OCI indexes (crane, a registry UI) see them.
         """
-        document: dict[str, Any] = {
-            "schemaVersion": 2,
-            "mediaType": DOCKER_INDEX,
-            "manifests": [image.descriptor(platform).to_dict() for platform, image in images],
-        }
+        document = IndexDocument(
+            schemaVersion=2,
+            mediaType=DOCKER_INDEX,
+            manifests=[image.descriptor(platform).to_dict() for platform, image in images],
+        )
         if annotations:
             document["annotations"] = dict(sorted(annotations.items()))
         return cls.parse(canonical(document))

@@ -194,13 +194,13 @@ def build_images(
         return deliver(producer, plan, delivery, run)
 
 
-BaseLookup = Callable[[str, Callable[[], BaseProfile]], BaseProfile]
+BaseLookup = Callable[[ImageRef, Callable[[], BaseProfile]], BaseProfile]
 """How `rebuild` gets the new base's profile: (reference, the probe) -> profile. Alone it
 probes; a fleet (builder.orchestration.fleet) probes each distinct reference once for all its
 templates."""
 
 
-def _probe(image: str, probe: Callable[[], BaseProfile]) -> BaseProfile:
+def _probe(image: ImageRef, probe: Callable[[], BaseProfile]) -> BaseProfile:
     return probe()
 
 

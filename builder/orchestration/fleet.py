@@ -27,6 +27,7 @@ from builder.analysis.target import BaseProfile
 from builder.cache import Cache
 from builder.config import PipelineConfig, load_config
 from builder.errors import DEBUG_VARIABLE, UserError, failure_message
+from builder.oci.name import ImageRef
 from builder.orchestration.commands import rebuild
 from builder.orchestration.rebuild_state import load_state
 from builder.reporter import Reporter
@@ -109,7 +110,8 @@ class SharedBases:
         self.lock = threading.Lock()
         self.found: dict[str, Future[BaseProfile]] = {}
 
-    def __call__(self, image: str, probe: Callable[[], BaseProfile]) -> BaseProfile:
+    def __call__(self, reference: ImageRef, probe: Callable[[], BaseProfile]) -> BaseProfile:
+        image = reference.as_written  # as each config writes it, as report.json shows it
         with self.lock:
             future = self.found.get(image)
             mine = future is None
@@ -145,7 +147,10 @@ def rebuild_fleet(fleet: Fleet, shared: Shared) -> FleetResult:
     _refuse_overlaps(configs)
     users: dict[str, int] = {}
     for config in configs.values():
-        image = config.base_image_for(fleet.new_version)
+        try:
+            image = config.base_image_for(fleet.new_version).as_written
+        except UserError:
+            continue  # not a valid tag: each template fails with that as its own reason
         users[image] = users.get(image, 0) + 1
     bases = SharedBases(shared.reporter, users)
     with ThreadPoolExecutor(max_workers=max(1, fleet.jobs), thread_name_prefix="fleet") as pool:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from builder import credentials
 from builder.errors import RegistryError, UserError
@@ -32,6 +32,16 @@ from builder.oci.client import RepositoryClient
 from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Platform
 from builder.orchestration.rebuild_state import load_state
+
+
+class NodeUpdateRecord(TypedDict):
+    """A `NodeUpdate` in report.json (docs/report.md: `node_update`)."""
+
+    previous: str | None
+    download: int
+    download_layers: int
+    unpack: int
+    unpack_layers: int
 
 
 @dataclass(frozen=True)
@@ -44,8 +54,14 @@ class NodeUpdate:
     unpack: int  # compressed bytes of the layers whose chain ID the previous image lacks
     unpack_layers: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> NodeUpdateRecord:
+        return NodeUpdateRecord(
+            previous=self.previous,
+            download=self.download,
+            download_layers=self.download_layers,
+            unpack=self.unpack,
+            unpack_layers=self.unpack_layers,
+        )
 
 
 def chain_ids(diff_ids: Sequence[str]) -> list[str]:

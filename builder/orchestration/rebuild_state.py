@@ -14,13 +14,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from builder.analysis.plan import Plan
 from builder.errors import UserError
 from builder.image.layer import lock_hash
 from builder.image.render import lock_text
 from builder.oci.name import ImageRef
+
+
+class StateRecord(TypedDict):
+    """The state file's JSON. A state written before a field existed lacks it."""
+
+    platform_version: str
+    base_image: str
+    base_digest: NotRequired[str | None]
+    python_version: str
+    packages: dict[str, dict[str, str]]
+    apt_packages: dict[str, list[str]]
+    image: NotRequired[str | None]
+    locks: NotRequired[dict[str, str] | None]
+    path: NotRequired[str | None]
+    bytecode: NotRequired[str | None]
 
 
 @dataclass(frozen=True)
@@ -41,7 +56,7 @@ class BuildState:
         """The recorded image as a reference, parsed once where the state is read back."""
         return ImageRef.parse(self.image, "previous image") if self.image else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> StateRecord:
         return {
             "platform_version": self.platform_version,
             "base_image": self.base_image,
@@ -56,7 +71,7 @@ class BuildState:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BuildState:
+    def from_dict(cls, data: StateRecord) -> BuildState:
         return cls(
             platform_version=data["platform_version"],
             base_image=data["base_image"],

@@ -25,13 +25,20 @@ import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from builder.errors import RegistryError
 from builder.oci.client import RepositoryClient
 from builder.oci.referrers import Attachment
 from builder.oci.remote import Tagged
-from builder.oci.v1 import OCI_CONFIG, OCI_MANIFEST, artifact_config, canonical, digest_of
+from builder.oci.v1 import (
+    OCI_CONFIG,
+    OCI_MANIFEST,
+    DescriptorRecord,
+    ManifestDocument,
+    artifact_config,
+    canonical,
+    digest_of,
+)
 from builder.sign.keys import PublicKey, SigningKey
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
@@ -153,8 +160,9 @@ def signatures(
     return found
 
 
-def existing_layers(registry: RepositoryClient, tag: str) -> list[dict[str, Any]]:
-    """The layers of the manifest under `tag` ([] when there is none), as written."""
+def existing_layers(registry: RepositoryClient, tag: str) -> list[DescriptorRecord]:
+    """The layers of the manifest under `tag` ([] when there is none), as written: a rewrite
+    keeps every field of them, those this tool does not read too."""
     url = registry.url("manifests", tag)
     head = registry.open(url, "HEAD", accept=OCI_MANIFEST, missing_ok=True)
     if head is None:
@@ -173,7 +181,7 @@ def existing_layers(registry: RepositoryClient, tag: str) -> list[dict[str, Any]
     return layers
 
 
-def layer_signature(layer: Mapping[str, Any]) -> bytes | None:
+def layer_signature(layer: DescriptorRecord) -> bytes | None:
     """The signature a layer's annotation holds, decoded; None when it holds none."""
     annotations = layer.get("annotations")
     value = annotations.get(SIGNATURE_ANNOTATION) if isinstance(annotations, dict) else None
@@ -185,7 +193,7 @@ def layer_signature(layer: Mapping[str, Any]) -> bytes | None:
         return None
 
 
-def _signs(layer: Mapping[str, Any], payload: bytes, public: PublicKey) -> bool:
+def _signs(layer: DescriptorRecord, payload: bytes, public: PublicKey) -> bool:
     """`layer` is a signature of exactly `payload` made with `public`'s key."""
     if layer.get("mediaType") != SIMPLE_SIGNING or layer.get("digest") != digest_of(payload):
         return False
@@ -193,26 +201,25 @@ def _signs(layer: Mapping[str, Any], payload: bytes, public: PublicKey) -> bool:
     return signature is not None and public.verifies(signature, payload)
 
 
-def _descriptor(media_type: str, blob: bytes, annotations: dict[str, str]) -> dict[str, Any]:
-    return {
-        "mediaType": media_type,
-        "digest": digest_of(blob),
-        "size": len(blob),
-        "annotations": annotations,
-    }
+def _descriptor(media_type: str, blob: bytes, annotations: dict[str, str]) -> DescriptorRecord:
+    return DescriptorRecord(
+        mediaType=media_type, digest=digest_of(blob), size=len(blob), annotations=annotations
+    )
 
 
-def _tagged(tag: str, layers: list[dict[str, Any]], blobs: dict[str, bytes]) -> Tagged:
+def _tagged(tag: str, layers: list[DescriptorRecord], blobs: dict[str, bytes]) -> Tagged:
     """The manifest over `layers` (cosign's: an OCI image whose config lists them as its
     uncompressed layers), with the new blobs and that config to upload."""
     config = artifact_config([layer["digest"] for layer in layers], ZERO_TIME)
     manifest = canonical(
-        {
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": OCI_CONFIG, "digest": digest_of(config), "size": len(config)},
-            "layers": layers,
-        }
+        ManifestDocument(
+            schemaVersion=2,
+            mediaType=OCI_MANIFEST,
+            config=DescriptorRecord(
+                mediaType=OCI_CONFIG, digest=digest_of(config), size=len(config)
+            ),
+            layers=layers,
+        )
     )
     return Tagged(tag, manifest, OCI_MANIFEST, {**blobs, digest_of(config): config})
 

@@ -29,11 +29,10 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import quote
 
 from builder import contract
-from builder.verify.client import Sandbox, encoded, python_json
+from builder.verify.client import ExecuteReply, Sandbox, encoded, python_json
 from builder.verify.hardening import check_detached, check_flood
 from builder.verify.race import check_race
 from builder.verify.report import expect, short
@@ -45,7 +44,7 @@ CLEANUP_WAIT = 5.0  # how long killed processes may take to disappear
 UID = contract.SANDBOX_UID
 
 
-def expect_not_timed_out(result: dict[str, Any], what: str) -> None:
+def expect_not_timed_out(result: ExecuteReply, what: str) -> None:
     expect(
         result.get("timed_out") is False,
         f"{what}: timed_out is {short(result.get('timed_out', 'missing'))}, expected false",

@@ -13,7 +13,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 from urllib.parse import quote
 
 from builder import contract
@@ -22,6 +22,25 @@ from builder.verify.report import CheckFailed, ContractViolation, expect, short
 EXECUTE_TIMEOUT = 120.0  # seconds allowed to one ordinary command (imports of big libraries)
 REQUEST_TIMEOUT = 30.0
 HTTP_SLACK = 30.0  # how much longer than timeout_seconds an /execute reply may take
+
+
+class ExecuteRequest(TypedDict):
+    """The /execute request body, as the upstream client sends it."""
+
+    command: str | list[str]
+    timeout_seconds: float
+    env: NotRequired[dict[str, str]]
+    cwd: NotRequired[str]
+
+
+class ExecuteReply(TypedDict):
+    """The /execute reply the contract promises (`execute` checks the three it always has)."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: NotRequired[bool]
+    truncated: NotRequired[dict[str, bool]]  # which of stdout and stderr were cut
 
 
 @dataclass(frozen=True)
@@ -120,12 +139,12 @@ class Sandbox:
         timeout_seconds: float = EXECUTE_TIMEOUT,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ExecuteReply:
         """The /execute reply; a reply without stdout, stderr and exit_code is a violation."""
-        payload: dict[str, Any] = {
-            "command": command if isinstance(command, str) else list(command),
-            "timeout_seconds": timeout_seconds,
-        }
+        payload = ExecuteRequest(
+            command=command if isinstance(command, str) else list(command),
+            timeout_seconds=timeout_seconds,
+        )
         if env is not None:
             payload["env"] = env
         if cwd is not None:
@@ -150,9 +169,9 @@ class Sandbox:
             raise ContractViolation(
                 f"POST {contract.EXECUTE}: expected stdout, stderr, exit_code; got {short(result)}"
             )
-        return result
+        return cast(ExecuteReply, result)  # its three fields checked above
 
-    def python(self, code: str, *args: str, **kwargs: Any) -> dict[str, Any]:
+    def python(self, code: str, *args: str, **kwargs: Any) -> ExecuteReply:
         """`python3 -c code args...`, as the platform submits code."""
         return self.execute(["python3", "-c", code, *args], **kwargs)
 

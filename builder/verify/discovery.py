@@ -14,7 +14,7 @@ import http.client
 import json
 from collections.abc import Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from builder.contract import DEPS_EXTRA
 from builder.verify.client import Sandbox, python_json
@@ -133,15 +133,34 @@ os._exit(0)  # every result is out: tearing down what was imported only costs (~
 """
 
 
+class ImportLine(TypedDict):
+    """One module's line from IMPORTS_SCRIPT: `file` when it imported, `error` when not."""
+
+    module: str
+    ok: bool
+    seconds: float
+    file: NotRequired[str]
+    error: NotRequired[str]
+
+
+class ImportSummary(TypedDict):
+    """IMPORTS_SCRIPT's last line: the set's import time and its modules under `root`."""
+
+    seconds: float
+    root: str
+    modules: int
+    missing: list[str]  # paths under root with no valid .pyc
+
+
 def imported(
     sandbox: Sandbox, modules: Sequence[str], root: str = DEPS_EXTRA
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+) -> tuple[dict[str, ImportLine], ImportSummary | None]:
     """Each module's result line from one interpreter importing them in turn, and the set's
     summary (its import time; the modules loaded from under `root`, those without valid
     bytecode). A module missing from the answer is one that interpreter did not get through
     (it died, or timed out); then there is no summary either."""
     result = sandbox.python(IMPORTS_SCRIPT, json.dumps(list(modules)), root)
-    lines: dict[str, dict[str, Any]] = {}
+    lines: dict[str, ImportLine] = {}
     summary = None
     for text in result["stdout"].splitlines():
         try:
@@ -149,7 +168,7 @@ def imported(
         except ValueError:
             break  # a line cut short by the interpreter's death
         if isinstance(line, dict) and line.get("module") in modules:
-            lines[line["module"]] = line
+            lines[line["module"]] = cast(ImportLine, line)  # IMPORTS_SCRIPT wrote it
         elif isinstance(line, dict) and isinstance(line.get("set"), dict):
             summary = line["set"]
     return lines, summary
@@ -186,7 +205,7 @@ def import_checks(
     return done
 
 
-def bytecode_check(summary: dict[str, Any] | None, required: bool) -> Check:
+def bytecode_check(summary: ImportSummary | None, required: bool) -> Check:
     """Whether the extras' modules came from bytecode, and how long the set took to import.
 
     A module compiled from source at every start costs every sandbox command its compile

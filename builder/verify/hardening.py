@@ -29,10 +29,9 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from builder import contract
-from builder.verify.client import Response, Sandbox, python_json
+from builder.verify.client import ExecuteReply, Response, Sandbox, python_json
 from builder.verify.report import expect, short
 
 MIB = 1024 * 1024
@@ -77,7 +76,7 @@ REPLY_SLACK = 10.0  # how much later than expected a reply may come back
 CLEANUP_WAIT = 5.0
 
 
-def detach(sandbox: Sandbox, mode: str, seconds: str, token: str) -> tuple[dict[str, Any], float]:
+def detach(sandbox: Sandbox, mode: str, seconds: str, token: str) -> tuple[ExecuteReply, float]:
     """Start the three detached sleeps, then exit (`mode` "exit") or time out ("wait")."""
     command = [
         "sh",

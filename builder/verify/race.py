@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypedDict
 
 from builder import contract
 from builder.verify.client import Response, Sandbox, python_json
@@ -98,10 +98,18 @@ RACE_DAMAGE = (
 )
 
 
+class RaceLayout(TypedDict):
+    """What the race's setup command printed: the paths it made, and whether writes race."""
+
+    outside: str
+    name: str
+    writable: bool
+
+
 class Race:
     """One race: the layout a setup command made, and what the hammering found per route."""
 
-    def __init__(self, sandbox: Sandbox, token: str, layout: dict[str, Any]) -> None:
+    def __init__(self, sandbox: Sandbox, token: str, layout: RaceLayout) -> None:
         self.sandbox = sandbox
         self.token = token
         self.outside: str = layout["outside"]

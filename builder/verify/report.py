@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import http.client
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 
 class ContractViolation(Exception):
@@ -37,6 +37,20 @@ class Check:
     name: str
     passed: bool
     detail: str
+
+
+class CheckRecord(TypedDict):
+    name: str
+    passed: bool
+    detail: str
+
+
+class VerifyRecord(TypedDict):
+    """A report as report.json's `verification` and `verify --json` print it."""
+
+    image: str
+    passed: bool
+    checks: list[CheckRecord]
 
 
 @dataclass
@@ -81,12 +95,15 @@ class VerifyReport:
             ],
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "image": self.image,
-            "passed": self.passed,
-            "checks": [asdict(check) for check in self.checks],
-        }
+    def to_dict(self) -> VerifyRecord:
+        return VerifyRecord(
+            image=self.image,
+            passed=self.passed,
+            checks=[
+                CheckRecord(name=check.name, passed=check.passed, detail=check.detail)
+                for check in self.checks
+            ],
+        )
 
 
 def run_check(

@@ -10,6 +10,7 @@ from functools import partial
 from builder.contract import BYTECODE_LABEL
 from builder.engines.connection import Engine, engine_client, local_image
 from builder.errors import UserError
+from builder.oci.name import ImageRef
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import hardened, image_user_check
@@ -27,7 +28,7 @@ Job = Callable[[], list[Check]]
 
 
 def verify_image(
-    image: str,
+    image: ImageRef | str,
     *,
     modules: Sequence[str] = (),
     checks: Sequence[str] = (),
@@ -38,6 +39,10 @@ def verify_image(
     sbom: bytes | None = None,
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
+
+    `image`: a reference the operator named, run as its registry now names it (pulled when
+    the engine lacks it or holds an older one, as the probe does); or the engine's own name for
+    an image it holds (what a delivery just loaded or pulled: an image id, repository@digest).
 
     `distributions`: import every top-level module these installed distributions provide.
     `engine`: the engine that runs it (an arch's own: the sandbox is reached where that engine
@@ -59,13 +64,17 @@ def verify_image(
         if client is None:
             raise UserError("Docker engine not reachable: verify runs the image on it")
         engine = Engine.local(client)
-    report = VerifyReport(image)
+    name = image.as_written if isinstance(image, ImageRef) else image
+    report = VerifyReport(name)
     try:
-        found = local_image(image, engine.client)
+        if isinstance(image, ImageRef):
+            found = local_image(image, engine.client)
+        else:
+            found = engine.client.images.get(image)
         report.checks.append(image_user_check(found.attrs.get("Config", {}).get("User") or ""))
         labels = found.attrs.get("Config", {}).get("Labels") or {}
         required = bytecode_required(labels.get(BYTECODE_LABEL))
-        with hardened(engine, image, startup_timeout) as running:
+        with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
             report.checks += served_checks(
                 running.sandbox, modules, checks, distributions, sdk, bytecode=required
