@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elftools.common.exceptions import ELFError
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from builder.analysis.elf import ElfFile, is_elf, read_elf
+from builder.analysis.elf import ElfFile, UnreadableElf, is_elf, read_elf
 from builder.analysis.loads import LoadSite, scan_sources
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
@@ -204,7 +203,7 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
             member = path.name
             top_level = _top_level(zf, members, tree_paths)
             installed_size = sum(info.file_size for info in infos)
-    except ELFError as exc:
+    except UnreadableElf as exc:
         raise UserError(f"{member}: unreadable ELF file ({exc})") from None
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
         raise UserError(f"{member}: not a readable wheel ({exc})") from None

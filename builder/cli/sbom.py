@@ -9,11 +9,7 @@ from __future__ import annotations
 import click
 
 from builder.analysis.target import ARCHES
-from builder.attest import provenance, sbom
 from builder.cli.errors import reports_errors
-from builder.errors import UserError
-from builder.image.attachments import read_attached
-from builder.oci.name import ImageRef
 
 
 @click.command("sbom")
@@ -35,6 +31,11 @@ def sbom_command(reference: str, arch: str | None, want_provenance: bool) -> Non
 
 
 def _print_attached(reference: str, arch: str | None, want_provenance: bool) -> None:
+    from builder.attest import provenance, sbom
+    from builder.errors import UserError
+    from builder.image.attachments import read_attached
+    from builder.oci.name import ImageRef
+
     kind, media_type = (
         ("provenance", provenance.MEDIA_TYPE) if want_provenance else ("SBOM", sbom.MEDIA_TYPE)
     )
