@@ -110,7 +110,8 @@ def profiled(command: list[str], env: dict[str, str], work: Path) -> Profiled:
         if phase is None:
             continue
         threads[phase] += int(count) / RATE
-        if " -m builder " in frames[0] and frames[1].endswith(": MainThread"):  # not a worker's
+        # the tool's main thread (py-spy names a thread only when it can read the name)
+        if " -m builder " in frames[0] and frames[2].startswith("_run_module_as_main"):
             innermost = [frame for frame in frames if "/builder/" in frame][-1]
             main[innermost.replace(f"{REPO}/", "")] += int(count) / RATE
     return Profiled(wall, cpu, main, threads)
