@@ -132,12 +132,17 @@ def wheels_of(report: dict[str, Any], cache: Cache) -> list[tuple[str, Path]]:
 
 
 def compile_alone(
-    client: docker.DockerClient, base: str, wheels: list[tuple[str, Path]], temp: Path
+    client: docker.DockerClient,
+    base: str,
+    wheels: list[tuple[str, Path]],
+    temp: Path,
+    workers: int = COMPILERS,
 ) -> tuple[float, float]:
-    """Wall seconds of compiling `wheels` from an empty cache, and the container's CPU seconds."""
+    """Wall seconds of compiling `wheels` from an empty cache, `workers` distributions at a time
+    (a build's: one per core), and the container's CPU seconds."""
     with Compiler(client, base, Cache(temp / "compile-alone"), DEPS_EXTRA) as compiler:
         start = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=COMPILERS) as pool:  # as a build compiles
+        with ThreadPoolExecutor(max_workers=workers) as pool:
             queue = CompileQueue(lambda: compiler, pool)
             queue.add_as_ready((wheel, sha) for sha, wheel in wheels)
             queue.results()

@@ -26,10 +26,10 @@ from builder.attest.sbom import (
     Listed,
     listed,
     restamped,
-    sbom_document,
     timestamp,
     wheel_origins,
 )
+from builder.attest.sbom_render import sbom_document
 from builder.errors import UserError
 
 STATUS = """\

@@ -119,6 +119,26 @@ def test_a_distribution_compiles_the_same_alone_or_beside_others(
     assert _members(together[1].tar) == _members(alone[0].tar)
 
 
+def test_one_worker_or_one_per_wheel_compile_the_same_bytes(tmp_path: Path, docker_client, standin):
+    """The queue's width (bytecode.COMPILERS, one per core) changes when each distribution is
+    compiled, never its bytes: the same tars with one worker and with a worker per wheel."""
+    wheels = _wheels(tmp_path)
+    tars = []
+    for workers in (1, len(wheels)):
+        cache = Cache(tmp_path / f"cache-{workers}")
+        with (
+            Compiler(docker_client, standin, cache, ROOT) as compiler,
+            ThreadPoolExecutor(max_workers=workers) as pool,
+        ):
+            queue = CompileQueue(lambda compiler=compiler: compiler, pool)
+            for sha, wheel in wheels:
+                queue.add(sha, wheel)
+            done = queue.results()
+        tars.append({sha: _members(part.tar) for sha, part in done.items()})
+    assert tars[0] == tars[1]
+    assert all(tars[0].values())
+
+
 def test_the_trap_is_real(tmp_path: Path, docker_client, standin):
     """In one shared interpreter a file's bytes depend on what it compiled before."""
     script = """

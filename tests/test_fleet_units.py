@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import builder.analysis.index as index
-import builder.cli.app
+import builder.engines.connection
 import builder.orchestration.fleet
 from builder.analysis.index import RemoteFile, download
 from builder.cache import Cache
@@ -231,7 +231,7 @@ def test_the_fleets_exit_code(
         "rebuild",
         fake_rebuild({k: made[v] for k, v in outcomes.items()}, []),
     )
-    monkeypatch.setattr(builder.cli.app, "engine_client", lambda: object())
+    monkeypatch.setattr(builder.engines.connection, "engine_client", lambda: object())
     monkeypatch.chdir(tmp_path)
     args = [
         "rebuild",

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from support.wheelfactory import make_wheel
 
+from builder.analysis import wheels as wheels_module
+from builder.analysis.wheels import WheelInspection, inspect_wheel
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
 from builder.image import gzipped as gzipped_module
@@ -124,6 +126,31 @@ def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
         record = read("app/deps-extra/beta-2.0.dist-info/RECORD").decode()
     assert "\nbeta.py," in record and "bin/beta-run,sha256=" in record
     assert "beta-2.0.dist-info/RECORD,," in record
+
+
+def test_the_epoch_is_read_once_per_wheel_and_a_stale_record_is_not_trusted(
+    tmp_path: Path,
+) -> None:
+    """A wheel's newest date is part of its inspection, cached by sha256: the plan's epoch
+    (image.assemble.plan_epoch) is what the zips say, and a second plan opens no zip for it.
+    A record without the date (an older schema, or a damaged one) is read again, not used."""
+    files = wheels(tmp_path)
+    cache = Cache(tmp_path / "c")
+    first = [inspect_wheel(f, sha256_of(f), cache) for f in files]
+
+    def again() -> list[WheelInspection]:
+        return [inspect_wheel(f, one.sha256, cache) for f, one in zip(files, first, strict=True)]
+
+    assert max([ZIP_EPOCH, *(one.newest for one in first)]) == source_date_epoch(files)
+    moved = [f.rename(f.with_suffix(".moved")) for f in files]  # no zip left to open
+    assert again() == first
+    for was, now in zip(files, moved, strict=True):
+        now.rename(was)
+    stale = {**first[0].to_dict(), "newest": "damaged"}
+    cache.put_record(wheels_module.RECORD_KIND, first[0].sha256, stale)
+    older = {k: v for k, v in first[1].to_dict().items() if k != "newest"}
+    cache.put_record(wheels_module.RECORD_KIND, first[1].sha256, older)
+    assert again() == first
 
 
 def test_the_unpacked_layer_imports(tmp_path: Path) -> None:

@@ -153,7 +153,7 @@ def test_verify_command_exit_codes(monkeypatch):
         "bad": VerifyReport("bad", [Check("health", True, "ok"), Check("uid", False, "uid 0")]),
     }
     monkeypatch.setattr(
-        "builder.cli.app.verify_image",
+        "builder.verify.run.verify_image",
         lambda image, **kwargs: reports[image.as_written],
         raising=True,
     )
@@ -315,7 +315,7 @@ def test_verify_client_sdk_makes_the_sdk_round_trip_required(monkeypatch):
         seen.append(kwargs["sdk"])
         return VerifyReport(image, [Check("health", True, "ok")])
 
-    monkeypatch.setattr("builder.cli.app.verify_image", fake_verify, raising=True)
+    monkeypatch.setattr("builder.verify.run.verify_image", fake_verify, raising=True)
     runner = CliRunner()
     assert runner.invoke(cli.main, ["verify", "img", "--client", "sdk"]).exit_code == 0
     assert runner.invoke(cli.main, ["verify", "img"]).exit_code == 0

@@ -9,7 +9,7 @@ from support.wheelfactory import make_wheel
 
 from builder.analysis.plan import Plan
 from builder.analysis.target import shipped_profile
-from builder.cli.app import summary
+from builder.cli.summary import summary
 
 
 def test_sizes_per_distribution_and_total(tmp_path: Path) -> None:

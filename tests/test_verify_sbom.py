@@ -17,7 +17,8 @@ import pytest
 from support.sandboxserver import ServerProcess
 
 from builder.attest.contents import debian_packages, distribution
-from builder.attest.sbom import ImageContents, sbom_document, timestamp
+from builder.attest.sbom import ImageContents, timestamp
+from builder.attest.sbom_render import sbom_document
 from builder.verify.client import Sandbox
 from builder.verify.sbom_check import sbom_check
 

@@ -2,18 +2,19 @@
 
 Pure reading with pyelftools (no ldd, nothing executed), so wheels for any architecture can be
 inspected on any host. Facts are kept raw ($ORIGIN unexpanded); `builder.analysis.natives`
-interprets them.
+interprets them. pyelftools (which imports pdb) is imported only when a file is read: a run whose
+wheels are all inspected already (cached) reads none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import IO, TypedDict
+from typing import IO, TYPE_CHECKING, TypedDict
 
-from elftools.elf.dynamic import DynamicSection, DynamicSegment
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
+if TYPE_CHECKING:
+    from elftools.elf.dynamic import DynamicSection, DynamicSegment
+    from elftools.elf.elffile import ELFFile
 
 ELF_MAGIC = b"\x7fELF"
 MACHINES = MappingProxyType({"EM_X86_64": "x86_64", "EM_AARCH64": "aarch64"})
@@ -28,6 +29,10 @@ class ElfRecord(TypedDict):
     needed: list[str]
     rpaths: list[str]
     version_needs: list[list[str]]  # [library file, version name]
+
+
+class UnreadableElf(ValueError):
+    """A malformed ELF file (pyelftools' ELFError, as ours: callers need not import it)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ def is_elf(head: bytes) -> bool:
 
 
 def _dynamic(elf: ELFFile) -> DynamicSection | DynamicSegment | None:
+    from elftools.elf.dynamic import DynamicSection, DynamicSegment
+
     # Stripped-of-sections files (sstrip) still have the PT_DYNAMIC segment the loader uses.
     for section in elf.iter_sections("SHT_DYNAMIC"):
         if isinstance(section, DynamicSection):
@@ -80,7 +87,19 @@ def _dynamic(elf: ELFFile) -> DynamicSection | DynamicSegment | None:
 
 
 def read_elf(stream: IO[bytes], path: str) -> ElfFile:
-    """Read the loader-relevant facts; raises elftools' ELFError on a malformed file."""
+    """Read the loader-relevant facts; raises UnreadableElf on a malformed file."""
+    from elftools.common.exceptions import ELFError
+
+    try:
+        return _read(stream, path)
+    except ELFError as error:
+        raise UnreadableElf(str(error)) from error
+
+
+def _read(stream: IO[bytes], path: str) -> ElfFile:
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
     elf = ELFFile(stream)
     soname: str | None = None
     needed: list[str] = []

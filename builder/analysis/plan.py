@@ -37,6 +37,7 @@ class PlannedWheel:
     top_level: tuple[str, ...]
     size: int = 0  # download, bytes
     installed_size: int = 0  # unpacked, bytes
+    newest: int = 0  # the newest date inside the wheel (WheelInspection.newest)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ def plan_arch(
                 top_level=inspection.top_level,
                 size=inspection.size,
                 installed_size=inspection.installed_size,
+                newest=inspection.newest,
             )
         )
     inspected = [inspections[w.sha256] for w in wheels]

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field, replace
 from functools import cache, cached_property
 from importlib import resources
 from types import MappingProxyType
-from typing import NotRequired, TypedDict
-
-from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import canonicalize_name
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from builder.errors import UserError
 from builder.oci.name import ImageRef
+
+if TYPE_CHECKING:
+    from packaging.tags import Tag
 
 GLIBC_MAJOR, GLIBC_MINOR = 2, 41
 OLDEST_MANYLINUX_MINOR = 17
@@ -112,6 +112,8 @@ class BaseProfile:
 
     @classmethod
     def from_dict(cls, data: ProfileRecord, source: str) -> BaseProfile:
+        from packaging.utils import canonicalize_name  # imports packaging.tags: see _tag_priority
+
         return cls(
             reference=ImageRef.parse(data["image"], "base image"),
             python_version=data["python_version"],
@@ -177,6 +179,10 @@ class Target:
 
     @cached_property
     def _tag_priority(self) -> dict[str, dict[Tag, int]]:
+        # packaging.tags is imported here: the CLI's options name ARCHES, and `--help` must not
+        # pay for the tag machinery.
+        from packaging.tags import compatible_tags, cpython_tags
+
         major, minor = self.python_tuple
         interpreter = f"cp{major}{minor}"
         result = {}

@@ -7,6 +7,7 @@ a JSON record keyed by the wheel's sha256, so a wheel is read at most once per s
 
 from __future__ import annotations
 
+import calendar
 import multiprocessing
 import os
 import shutil
@@ -19,16 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
 
-from elftools.common.exceptions import ELFError
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from builder.analysis.elf import ElfFile, ElfRecord, is_elf, read_elf
+from builder.analysis.elf import ElfFile, ElfRecord, UnreadableElf, is_elf, read_elf
 from builder.analysis.loads import LoadRecord, LoadSite, scan_sources
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 
 RECORD_KIND = "inspect"
-SCHEMA = 3  # bump whenever WheelInspection or the way it is derived changes
+SCHEMA = 4  # bump whenever WheelInspection or the way it is derived changes
 LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
 MODULE_SUFFIXES = (".py", ".pyc", ".so")
 SOURCE_LIMIT = 4 << 20  # a .py file bigger than this is generated data, not a loader
@@ -52,6 +52,7 @@ class WheelRecord(TypedDict):
     loads: list[LoadRecord]
     size: int
     installed_size: int
+    newest: int
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class WheelInspection:
     loads: tuple[LoadSite, ...] = ()  # run-time library loads in its Python code, by path
     size: int = 0  # the wheel file, bytes
     installed_size: int = 0  # every member unpacked, bytes
+    newest: int = 0  # the newest member date, UTC seconds (newest_date): SOURCE_DATE_EPOCH's
 
     @property
     def is_pure(self) -> bool:
@@ -90,6 +92,7 @@ class WheelInspection:
             "loads": [site.to_dict() for site in self.loads],
             "size": self.size,
             "installed_size": self.installed_size,
+            "newest": self.newest,
         }
 
     @classmethod
@@ -105,7 +108,14 @@ class WheelInspection:
             loads=tuple(LoadSite.from_dict(site) for site in data["loads"]),
             size=data["size"],
             installed_size=data["installed_size"],
+            newest=int(data["newest"]),  # a damaged record fails here and is read again
         )
+
+
+def newest_date(infos: Iterable[zipfile.ZipInfo]) -> int:
+    """The newest member date of a zip, in seconds; read as UTC (a zip's dates name no zone),
+    so the same wheel gives the same date on every machine. 0 for an empty zip."""
+    return max((calendar.timegm((*info.date_time, 0, 0, 0)) for info in infos), default=0)
 
 
 def install_path(member: str) -> str | None:
@@ -220,7 +230,8 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
             member = path.name
             top_level = _top_level(zf, members, tree_paths)
             installed_size = sum(info.file_size for info in infos)
-    except ELFError as exc:
+            newest = newest_date(infos)
+    except UnreadableElf as exc:
         raise UserError(f"{member}: unreadable ELF file ({exc})") from None
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
         raise UserError(f"{member}: not a readable wheel ({exc})") from None
@@ -235,6 +246,7 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
         loads=tuple(sorted(loads, key=lambda site: (site.path, site.line))),
         size=path.stat().st_size,
         installed_size=installed_size,
+        newest=newest,
     )
 
 

@@ -13,7 +13,6 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from debian.deb822 import Deb822
 from packaging.metadata import RawMetadata, parse_email
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -59,6 +58,8 @@ class PythonDistribution:
 
 def debian_packages(status: str) -> tuple[DebianPackage, ...]:
     """Every installed package of a dpkg status database, sorted by name and arch."""
+    from debian.deb822 import Deb822  # only a run that reads an image's packages pays for it
+
     found = []
     for paragraph in Deb822.iter_paragraphs(status.splitlines(keepends=True)):
         if paragraph.get("Status", "").strip() != INSTALLED or "Package" not in paragraph:

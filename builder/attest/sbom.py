@@ -9,6 +9,10 @@ target, where that is in the image. Every component carries a purl (`pkg:deb/deb
 `build-sandbox-image:*` properties say where each part lives (PYTHONPATH entry, layer, or which
 of base and apt layer holds a package). The serial number and timestamp follow from the image
 digest and SOURCE_DATE_EPOCH, so the same image always gets the same SBOM.
+
+The document is rendered by builder.attest.sbom_render, the one module that imports the
+CycloneDX library; this one holds the contents and reads documents back, so a command that
+renders no SBOM does not import it.
 """
 
 from __future__ import annotations
@@ -20,33 +24,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from cyclonedx.contrib.license.factories import LicenseFactory
-from cyclonedx.model import (
-    ExternalReference,
-    ExternalReferenceType,
-    HashAlgorithm,
-    HashType,
-    Property,
-    XsUri,
-)
-from cyclonedx.model.bom import Bom, BomMetaData
-from cyclonedx.model.component import Component, ComponentType
-from cyclonedx.model.license import DisjunctiveLicense, LicenseExpression
-from cyclonedx.model.tool import ToolRepository
-from cyclonedx.output import make_outputter
-from cyclonedx.schema import OutputFormat, SchemaVersion
 from packageurl import PackageURL
 
-from builder.attest.contents import (
-    DebianPackage,
-    PythonDistribution,
-    WheelOrigin,
-    without_credentials,
-)
+from builder.attest.contents import DebianPackage, PythonDistribution, WheelOrigin
 from builder.errors import UserError
 
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
-SCHEMA = SchemaVersion.V1_6
 TOOL = "build-sandbox-image"
 DISTRO = "debian-13"
 PROPERTY = "build-sandbox-image"  # prefix of the properties the tool sets
@@ -68,33 +51,19 @@ class ImageContents:
     tool_version: str
 
 
-def sbom_document(contents: ImageContents) -> bytes:
-    """The SBOM as CycloneDX 1.6 JSON, checked against the schema before it is returned."""
-    # Imported here, not at the top: jsonschema's format checkers compile some 40 grammars when
-    # imported (2-7 s on the test machine), which every command (the CLI imports this module)
-    # would pay, a no-change rerun included.
-    from cyclonedx.validation.json import JsonStrictValidator
-
-    text = make_outputter(_bom(contents), OutputFormat.JSON, SCHEMA).output_as_string(indent=2)
-    errors = JsonStrictValidator(SCHEMA).validate_str(text)
-    if errors is not None:
-        raise UserError(f"SBOM of {contents.repository}@{contents.digest}: invalid ({errors})")
-    return text.encode()
-
-
 def restamped(document: bytes, repository: str, digest: str) -> bytes:
     """`document` (an sbom_document) about the image `repository@digest` instead.
 
     Only the root's name, version and bom-ref and the serial number depend on them, so the
     document rendered and schema-checked for verify (named by the image id) is reused once the
     manifest digest exists, rather than rendered and checked again: the result is the bytes
-    sbom_document gives for those contents with that repository and digest.
+    sbom_render.sbom_document gives for those contents with that repository and digest.
     """
     data = json.loads(document)
     root = data["metadata"]["component"]
     old, new = root["bom-ref"], f"{repository}@{digest}"
     root |= {"name": repository, "version": digest, "bom-ref": new}
-    data["serialNumber"] = _serial(repository, digest).urn
+    data["serialNumber"] = serial_number(repository, digest).urn
     dependencies = data.get("dependencies") or []
     for entry in dependencies:
         if entry.get("ref") == old:
@@ -103,116 +72,9 @@ def restamped(document: bytes, repository: str, digest: str) -> bytes:
     return json.dumps(data, indent=2).encode()
 
 
-def _serial(repository: str, digest: str) -> uuid.UUID:
+def serial_number(repository: str, digest: str) -> uuid.UUID:
     """The same image, the same serial number."""
     return uuid.uuid5(uuid.NAMESPACE_URL, f"{repository}@{digest}")
-
-
-def _bom(contents: ImageContents) -> Bom:
-    root = Component(
-        type=ComponentType.CONTAINER,
-        name=contents.repository,
-        version=contents.digest,
-        bom_ref=f"{contents.repository}@{contents.digest}",
-        properties=[Property(name=f"{PROPERTY}:arch", value=contents.arch)],
-    )
-    base = Component(
-        type=ComponentType.CONTAINER,
-        name=contents.base_reference,
-        version=contents.base_digest,
-        bom_ref=f"base:{contents.base_reference}@{contents.base_digest}",
-    )
-    in_base = {(p.name, p.architecture, p.version) for p in contents.base_debian}
-    debs = {package: _deb(package, contents.arch, in_base) for package in contents.debian}
-    dists = {dist.name: _pypi(dist) for dist in contents.python}
-    bom = Bom(
-        serial_number=_serial(contents.repository, contents.digest),
-        metadata=BomMetaData(
-            timestamp=contents.created,
-            component=root,
-            tools=ToolRepository(
-                components=[
-                    Component(
-                        type=ComponentType.APPLICATION, name=TOOL, version=contents.tool_version
-                    )
-                ]
-            ),
-        ),
-        components=[base, *debs.values(), *dists.values()],
-    )
-    added = [c for p, c in debs.items() if (p.name, p.architecture, p.version) not in in_base]
-    extras = [dists[d.name] for d in contents.python if d.layer or d.wheel]
-    bom.register_dependency(root, [base, *added, *extras])
-    owned = [c for p, c in debs.items() if (p.name, p.architecture, p.version) in in_base]
-    bom.register_dependency(base, [*owned, *(c for c in dists.values() if c not in extras)])
-    for dist in contents.python:
-        bom.register_dependency(dists[dist.name], [dists[n] for n in dist.requires if n in dists])
-    return bom
-
-
-def _deb(package: DebianPackage, arch: str, in_base: set[tuple[str, str, str]]) -> Component:
-    purl = PackageURL(
-        type="deb",
-        namespace="debian",
-        name=package.name,
-        version=package.version,
-        qualifiers={"arch": package.architecture or arch, "distro": DISTRO},
-    )
-    origin = "base" if (package.name, package.architecture, package.version) in in_base else "apt"
-    return Component(
-        type=ComponentType.LIBRARY,
-        name=package.name,
-        version=package.version,
-        purl=purl,
-        bom_ref=purl.to_string(),
-        properties=[
-            Property(name=f"{PROPERTY}:layer", value=origin),
-            Property(name=f"{PROPERTY}:deb:source", value=package.source),
-            Property(name=f"{PROPERTY}:deb:source-version", value=package.source_version),
-        ],
-    )
-
-
-def _pypi(dist: PythonDistribution) -> Component:
-    purl = PackageURL(type="pypi", name=dist.name, version=dist.version)
-    properties = [Property(name=f"{PROPERTY}:location", value=dist.location)]
-    if dist.layer:
-        properties.append(Property(name=f"{PROPERTY}:layer", value=dist.layer))
-    hashes, references = [], []
-    if dist.wheel is not None:
-        hashes.append(HashType(alg=HashAlgorithm.SHA_256, content=dist.wheel.sha256))
-        references.append(
-            ExternalReference(
-                type=ExternalReferenceType.DISTRIBUTION,
-                url=XsUri(without_credentials(dist.wheel.url)),
-                hashes=[HashType(alg=HashAlgorithm.SHA_256, content=dist.wheel.sha256)],
-            )
-        )
-        properties.append(Property(name=f"{PROPERTY}:wheel", value=dist.wheel.filename))
-    return Component(
-        type=ComponentType.LIBRARY,
-        name=dist.name,
-        version=dist.version,
-        purl=purl,
-        bom_ref=purl.to_string(),
-        hashes=hashes,
-        external_references=references,
-        licenses=_licenses(dist.licenses),
-        properties=properties,
-    )
-
-
-def _licenses(texts: tuple[str, ...]) -> list[LicenseExpression | DisjunctiveLicense]:
-    """SPDX ids and expressions where the text is one, names otherwise.
-
-    CycloneDX takes either one expression or a list of licences: several texts that would each
-    read as an expression are kept as names.
-    """
-    factory = LicenseFactory()
-    made = [factory.make_from_string(text) for text in texts]
-    if len(made) > 1 and any(isinstance(one, LicenseExpression) for one in made):
-        return [factory.make_with_name(text) for text in texts]
-    return made
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from elftools.common.exceptions import ELFError
-
 from builder.analysis.elf import read_elf
 from builder.analysis.target import Arch
 from builder.base.profile import DEBIAN_VERSION, BaseFacts, installed_packages
@@ -327,5 +325,5 @@ def soname(data: bytes, name: str) -> str | None:
         return None
     try:
         return read_elf(io.BytesIO(data), name).soname or name
-    except (ELFError, ValueError, struct.error, UnicodeDecodeError):
+    except (ValueError, struct.error, UnicodeDecodeError):  # UnreadableElf is a ValueError
         return None

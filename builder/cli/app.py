@@ -1,39 +1,32 @@
-"""The click group and its commands: parse options, call the orchestration, print. No logic."""
+"""The click group and its commands: parse options, call the orchestration, print. No logic.
+
+Each command imports what it runs in its body: `--help`, or a command that pushes nothing,
+must not pay for the whole stack (docker, the SBOM library, the verifier) at start.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
 
-from builder import credentials
-from builder.analysis.plan import Plan
-from builder.analysis.requirements import distribution_names
 from builder.analysis.target import ARCHES
-from builder.cache import Cache, default_root
+from builder.cli.base import base_command
 from builder.cli.errors import reports_errors
-from builder.cli.fleet import show_fleet
 from builder.cli.references import Reference
 from builder.cli.sbom import sbom_command
-from builder.cli.summary import pushed_lines, summary
-from builder.config import RunSettings, load_config, merge, with_engines
-from builder.engines.connection import engine_client
-from builder.engines.per_arch import engine_flags, unheeded
 from builder.errors import UserError
-from builder.image.attachments import attached_sbom
-from builder.image.reference_base import build_base, build_base_index
-from builder.oci.name import ImageRef
-from builder.orchestration.commands import BuildOptions, build
-from builder.orchestration.commands import rebuild as run_rebuild
-from builder.orchestration.delivery import Outcome
-from builder.orchestration.fleet import DEFAULT_JOBS, Fleet, Shared, rebuild_fleet
+from builder.orchestration import DEFAULT_JOBS
 from builder.reporter import Reporter
-from builder.sign.check import check_signed
-from builder.sign.keys import load_public_key
-from builder.verify.run import verify_image
+
+if TYPE_CHECKING:
+    from builder.analysis.plan import Plan
+    from builder.oci.name import ImageRef
+    from builder.orchestration.delivery import Outcome
 
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
@@ -186,6 +179,13 @@ def main(
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
     if context.invoked_subcommand is not None:
         return
+    from builder.cache import Cache, default_root
+    from builder.cli.summary import summary
+    from builder.config import RunSettings, load_config, merge
+    from builder.engines.connection import engine_client
+    from builder.engines.per_arch import engine_flags, unheeded
+    from builder.orchestration.commands import BuildOptions, build
+
     config = load_config(config_path) if config_path else None
     settings = merge(
         RunSettings(
@@ -283,6 +283,15 @@ def rebuild(
     With several --config, each is one template of a fleet (builder.orchestration.fleet),
     ending in a table.
     """
+    from builder.cache import Cache, default_root
+    from builder.cli.fleet import show_fleet
+    from builder.cli.summary import summary
+    from builder.config import load_config, with_engines
+    from builder.engines.connection import engine_client
+    from builder.engines.per_arch import engine_flags
+    from builder.orchestration.commands import rebuild as run_rebuild
+    from builder.orchestration.fleet import Fleet, Shared, rebuild_fleet
+
     config = load_config(config_paths[0]) if len(config_paths) == 1 else None
     if engine_urls and config is None:
         raise click.UsageError("--engine takes one --config: a fleet's configs name [engines]")
@@ -311,6 +320,8 @@ def rebuild(
 
 def show_outcome(outcome: Outcome) -> None:
     """Print what happened after planning; a failed verification is an error."""
+    from builder.cli.summary import pushed_lines
+
     for one in outcome.produced:
         if one.local_tag:
             click.echo(f"image: {one.local_tag} ({one.engine_name}, {one.arch})")
@@ -335,6 +346,7 @@ def note(line: str) -> None:
 
 REPORTER = Reporter(note)
 main.add_command(sbom_command)
+main.add_command(base_command)
 
 
 @main.command("verify")
@@ -375,6 +387,13 @@ def verify_command(
     clients: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
+    from builder import credentials
+    from builder.analysis.requirements import distribution_names
+    from builder.image.attachments import attached_sbom
+    from builder.sign.check import check_signed
+    from builder.sign.keys import load_public_key
+    from builder.verify.run import verify_image
+
     if key is not None:  # the signatures first: nothing unsigned is run
         public = load_public_key(key)
         lines = check_signed(credentials.registry(image, image.as_written), public)
@@ -392,45 +411,3 @@ def verify_command(
     if not report.passed:
         failed = ", ".join(check.name for check in report.failed)
         raise UserError(f"verification of {image.as_written} failed: {failed}")
-
-
-@main.command("base")
-@click.option(
-    "--tag",
-    required=True,
-    type=Reference("base --tag"),
-    help="Name for the built base (with several arches host/repo:tag, pushed as an index).",
-)
-@click.option(
-    "--from",
-    "base_image",
-    type=Reference("base image"),
-    default="python:3.13-slim-trixie",
-    show_default=True,
-    help="The Python image to build on.",
-)
-@click.option(
-    "--arch",
-    "arches",
-    multiple=True,
-    type=click.Choice(sorted(ARCHES)),
-    help="Architecture (repeatable; default amd64).",
-)
-@click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
-@reports_errors
-def base_command(
-    tag: ImageRef, base_image: ImageRef, arches: tuple[str, ...], cache_dir: Path | None
-) -> None:
-    """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
-    cache = Cache(cache_dir or default_root())
-    wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
-    # one arch: `tag` is the engine's local name; several: the index's registry reference
-    if len(wanted) == 1:
-        name = tag.as_written
-        image_id = build_base(
-            name, base_image=base_image, arch=wanted[0], cache=cache, log=sys.stderr
-        )
-        click.echo(f"{name} {image_id}")
-        return
-    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache, log=sys.stderr)
-    click.echo(f"{tag.as_written} {pushed.reference}")

@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import click
 
-from builder.analysis.requirements import redact_credentials
 from builder.errors import DEBUG_VARIABLE, UserError, failure_message
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,6 +22,8 @@ ERROR_CHARS = 600  # an error line longer than this is cut
 
 def error_line(message: str) -> str:
     """The one stderr line for a failure: newlines folded, URL credentials masked, bounded."""
+    from builder.analysis.requirements import redact_credentials  # only a failure pays for it
+
     line = redact_credentials(" ".join(message.split()))
     return f"error: {line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS] + '…'}"
 

@@ -6,10 +6,14 @@ builder.orchestration.fleet.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from builder.errors import UserError
-from builder.orchestration.fleet import Fleet, FleetResult
+
+if TYPE_CHECKING:
+    from builder.orchestration.fleet import Fleet, FleetResult
 
 
 def show_fleet(result: FleetResult, fleet: Fleet) -> bool:

@@ -6,15 +6,16 @@ reading is builder.image.attachments.read_attached.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from builder.analysis.target import ARCHES
-from builder.attest import provenance, sbom
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
-from builder.errors import UserError
-from builder.image.attachments import read_attached
-from builder.oci.name import ImageRef
+
+if TYPE_CHECKING:
+    from builder.oci.name import ImageRef
 
 
 @click.command("sbom")
@@ -36,6 +37,10 @@ def sbom_command(reference: ImageRef, arch: str | None, want_provenance: bool) -
 
 
 def _print_attached(reference: ImageRef, arch: str | None, want_provenance: bool) -> None:
+    from builder.attest import provenance, sbom
+    from builder.errors import UserError
+    from builder.image.attachments import read_attached
+
     kind, media_type = (
         ("provenance", provenance.MEDIA_TYPE) if want_provenance else ("SBOM", sbom.MEDIA_TYPE)
     )

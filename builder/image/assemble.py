@@ -35,7 +35,7 @@ from builder.image.extras import (
     created_by,
     distribution_layers,
 )
-from builder.image.layer import lock_hash, source_date_epoch
+from builder.image.layer import ZIP_EPOCH, lock_hash
 from builder.image.render import lock_of
 from builder.image.saved import cached_config, read_save
 from builder.oci.mutate import ConfigChange, NewLayer, bare_config, extend_config
@@ -96,12 +96,13 @@ def start_layers(
     }
 
 
-def plan_epoch(plan: Plan, cache: Cache) -> int:
+def plan_epoch(plan: Plan) -> int:
     """The plan's SOURCE_DATE_EPOCH: the newest of its locks' (one `created` for every arch).
 
-    Read from the wheels' zip directories, so it needs no layer written (the rebase path).
+    What source_date_epoch reads from the wheels' zip directories, taken from their inspections
+    (cached by sha256): it needs no layer written (the rebase path) and no zip opened again.
     """
-    return max(source_date_epoch(_wheel_paths(plan, a.arch, cache)) for a in plan.arches)
+    return max([ZIP_EPOCH, *(wheel.newest for arch in plan.arches for wheel in arch.wheels)])
 
 
 def _wheel_paths(plan: Plan, arch: str, cache: Cache) -> list[Path]:

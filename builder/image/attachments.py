@@ -64,7 +64,9 @@ class Attestable:
         """The SBOM named by the image id (what verify compares lists the same parts), rendered
         and schema-checked once: the attached one is this one restamped with the digest."""
         if self.rendered is None:
-            self.rendered = sbom.sbom_document(self.contents)
+            from builder.attest.sbom_render import sbom_document  # the CycloneDX library
+
+            self.rendered = sbom_document(self.contents)
         return self.rendered
 
     def attachments(self, repository: str, digest: str) -> tuple[Attachment, ...]:

@@ -18,7 +18,7 @@ compiles when it installs; the tool writes the extras itself, so it compiles the
   holding `{"foo", 2, 3}` compiles differently after one that imports `foo`; gh-78274:
   marshal's reference flags follow reference counts), so each distribution is compiled by a
   fresh interpreter, its files in sorted order, one after another, with `PYTHONHASHSEED=0` so
-  that nothing hash-ordered can vary; distributions run side by side.
+  that nothing hash-ordered can vary; distributions run side by side, one per core.
 - **Where pip would.** Every `.py` a wheel installs outside `bin/` (what `pip install --target`
   compiles), named in tracebacks by its installed path (`dfile`). A file that does not compile
   (a Python 2 test fixture) is skipped, as pip skips it, and counted.
@@ -34,6 +34,7 @@ import hashlib
 import heapq
 import io
 import json
+import os
 import posixpath
 import socket
 import tarfile
@@ -55,7 +56,10 @@ from builder.image.install_layout import installed_python_sources
 from builder.image.layer import Layer, keep, written
 
 BYTECODE_FORMAT = "bytecode/1"  # bump when the compile recipe or the tar layout changes
-COMPILERS = 2  # distributions compiled at once (each a fresh interpreter)
+# Distributions compiled at once, each a fresh interpreter: one per core, as uv compiles. The
+# compiling engine is always one reached over a unix socket (Engines.compiling_client), so its
+# cores are this machine's. A distribution's bytes do not depend on what runs beside it.
+COMPILERS = os.cpu_count() or 1
 RECEIVE = 1 << 20  # bytes per read of an exec's output
 FRAME_HEADER = 8
 DIR_MODE = 0o755

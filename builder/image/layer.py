@@ -18,7 +18,6 @@ interpreter into layers of their own, so these stay base-independent.
 
 from __future__ import annotations
 
-import calendar
 import hashlib
 import io
 import os
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypedDict
 
+from builder.analysis.wheels import newest_date
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.install_layout import DIR_MODE, Entry, install_entries
@@ -155,10 +155,7 @@ def source_date_epoch(wheels: Iterable[Path]) -> int:
     newest = ZIP_EPOCH
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
-            for info in archive.infolist():
-                year, month, day, hour, minute, second = info.date_time
-                stamp = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
-                newest = max(newest, stamp)
+            newest = max(newest, newest_date(archive.infolist()))
     return newest
 
 

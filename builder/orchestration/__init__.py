@@ -7,3 +7,7 @@ new base), the one `delivery` (verify every arch, write, point the template, rec
 `rebuild_state` a pipeline commits and `node_update` (what a node holding the previous image
 fetches). May import every layer below it; no layer below imports it (tests/test_layout.py).
 """
+
+# The fleet's default --jobs: here rather than in `fleet`, because the CLI names it when its
+# options are defined, and importing `fleet` imports the whole pipeline.
+DEFAULT_JOBS = 2  # two templates at a time: each already runs its arches and downloads at once

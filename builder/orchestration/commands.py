@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker
 
@@ -48,7 +49,9 @@ from builder.orchestration.rebuild_state import (
     state_of,
 )
 from builder.reporter import Reporter
-from builder.sign.keys import SigningKey, load_signing_key
+
+if TYPE_CHECKING:
+    from builder.sign.keys import SigningKey
 
 
 def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Target | None:
@@ -103,6 +106,16 @@ class Built:
     outcome: Outcome | None = None
 
 
+def signing_key(path: Path | None) -> SigningKey | None:
+    """The key at `path` (None without one), read before anything is planned so that a key
+    that cannot sign fails first; cryptography and NaCl are imported only for a signed run."""
+    if path is None:
+        return None
+    from builder.sign.keys import load_signing_key
+
+    return load_signing_key(path)
+
+
 def build(
     settings: RunSettings,
     options: BuildOptions,
@@ -117,7 +130,7 @@ def build(
     exists, before anything is built. The signing key is read first (a key that cannot sign
     fails before anything is planned), then the named engines are reached; they are closed at
     the end."""
-    key = load_signing_key(settings.sign_key) if settings.sign_key else None
+    key = signing_key(settings.sign_key)
     with ExitStack() as stack:
         engines = None
         if client is not None:
@@ -232,7 +245,7 @@ def rebuild(
     anything is built.
     The config's `sign-key` is read first: a key that cannot sign fails before any probe.
     """
-    key = load_signing_key(config.sign_key) if config.sign_key and not check_only else None
+    key = None if check_only else signing_key(config.sign_key)
     with ExitStack() as stack:  # the named engines' clients are closed at the end
         named = Engines.local(client) if check_only else connect(config.engines, client)
         engines = stack.enter_context(named)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from builder import credentials
 from builder.analysis.plan import Plan
@@ -35,7 +35,6 @@ from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.image.attachments import Attestable, attestable, plan_facts
 from builder.image.render import add_to_output, update_report
-from builder.image.template import TemplateChange, apply_hint, set_image, warm_pool_warnings
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, Written, sign_and_tag, write
@@ -50,10 +49,12 @@ from builder.orchestration.node_update import (
 from builder.orchestration.rebuild_state import save_state, state_of
 from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
 from builder.reporter import Reporter
-from builder.sign.cosign import signed_push
-from builder.sign.keys import SigningKey
 from builder.verify.report import VerifyReport
 from builder.verify.run import verify_image
+
+if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a run needs them
+    from builder.image.template import TemplateChange
+    from builder.sign.keys import SigningKey
 
 
 @dataclass
@@ -276,6 +277,8 @@ def _write(
             written=_early_blobs(produced, images),
         )
         if key is not None:  # every manifest is in: sign them, then move the tag
+            from builder.sign.cosign import signed_push
+
             run.reporter.say(f"signing with {key.source} (cosign format, no transparency log)")
             repository, digests = str(target.repository), [image.digest for image in images]
             top = index.digest if index is not None else None
@@ -318,6 +321,8 @@ def _write_attachments(one: Produced, output: Path) -> tuple[str, ...] | None:
 
 def _point_template(outcome: Outcome, delivery: Delivery) -> None:
     """Name the pushed digest in the template; warn of warm pools that keep old pods."""
+    from builder.image.template import apply_hint, set_image, warm_pool_warnings
+
     assert outcome.pushed is not None and delivery.template is not None
     change = set_image(delivery.template, outcome.pushed.reference, delivery.container)
     outcome.template_change = change

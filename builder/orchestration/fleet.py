@@ -28,11 +28,11 @@ from builder.cache import Cache
 from builder.config import PipelineConfig, load_config
 from builder.errors import DEBUG_VARIABLE, UserError, failure_message
 from builder.oci.name import ImageRef
+from builder.orchestration import DEFAULT_JOBS
 from builder.orchestration.commands import rebuild
 from builder.orchestration.rebuild_state import load_state
 from builder.reporter import Reporter
 
-DEFAULT_JOBS = 2  # two templates at a time: each already runs its arches and downloads at once
 REASON_CHARS = 300  # a failed template's reason in the table is cut here
 
 

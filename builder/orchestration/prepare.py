@@ -222,7 +222,7 @@ def finish(
     interpreter = known_interpreter(request.cache, plan.base_image) if plan.bytecode else None
     if layers is None:
         layers = plan_layers(plan, request.cache, interpreter, group_budget(bool(plan.bytecode)))
-    epoch = plan_epoch(plan, request.cache)
+    epoch = plan_epoch(plan)
     version = platform_version(plan.base_reference, request.platform_version)
     bytecode = interpreter.build if interpreter else "none"
     labels = image_labels(

@@ -1,0 +1,65 @@
+"""Command line `base`: build the reference runtime base. Parses and prints only.
+
+Apart from builder/cli/app.py (which registers it) so that module stays within its size; the
+build is builder.image.reference_base.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from builder.analysis.target import ARCHES
+from builder.cli.errors import reports_errors
+from builder.cli.references import Reference
+
+if TYPE_CHECKING:
+    from builder.oci.name import ImageRef
+
+
+@click.command("base")
+@click.option(
+    "--tag",
+    required=True,
+    type=Reference("base --tag"),
+    help="Name for the built base (with several arches host/repo:tag, pushed as an index).",
+)
+@click.option(
+    "--from",
+    "base_image",
+    type=Reference("base image"),
+    default="python:3.13-slim-trixie",
+    show_default=True,
+    help="The Python image to build on.",
+)
+@click.option(
+    "--arch",
+    "arches",
+    multiple=True,
+    type=click.Choice(sorted(ARCHES)),
+    help="Architecture (repeatable; default amd64).",
+)
+@click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
+@reports_errors
+def base_command(
+    tag: ImageRef, base_image: ImageRef, arches: tuple[str, ...], cache_dir: Path | None
+) -> None:
+    """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
+    from builder.cache import Cache, default_root
+    from builder.image.reference_base import build_base, build_base_index
+
+    cache = Cache(cache_dir or default_root())
+    wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
+    # one arch: `tag` is the engine's local name; several: the index's registry reference
+    if len(wanted) == 1:
+        name = tag.as_written
+        image_id = build_base(
+            name, base_image=base_image, arch=wanted[0], cache=cache, log=sys.stderr
+        )
+        click.echo(f"{name} {image_id}")
+        return
+    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache, log=sys.stderr)
+    click.echo(f"{tag.as_written} {pushed.reference}")
