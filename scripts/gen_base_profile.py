@@ -23,6 +23,7 @@ from builder.base.profile import base_problems  # noqa: E402
 from builder.cache import Cache, default_root  # noqa: E402
 from builder.engines.connection import engine_client  # noqa: E402
 from builder.errors import UserError  # noqa: E402
+from builder.oci.name import ImageRef  # noqa: E402
 
 DEFAULT_NAME = "sandbox-runtime:3.13-trixie"
 DEFAULT_OUT = REPO / "builder" / "data" / "base-profile.json"
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     try:
-        profile = probe_base(args.image, client, Cache(default_root()))
+        profile = probe_base(ImageRef.parse(args.image, "image"), client, Cache(default_root()))
+        name = ImageRef.parse(args.name, "--name")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
     for problem in base_problems(profile):
         print(f"warning: {problem}", file=sys.stderr)
-    shipped = dataclasses.replace(profile, image=args.name, digest=None)
+    shipped = dataclasses.replace(profile, reference=name, digest=None)
     args.out.write_text(json.dumps(shipped.to_dict(), indent=1, sort_keys=True) + "\n")
     counts = ", ".join(f"{arch} {len(names)}" for arch, names in sorted(profile.sonames.items()))
     print(

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(LOCK_HEADER + resolution.pylock)
         versions = locked_versions(arch.name)
         print(f"{path}: {len(versions)} distributions")
-        changed = {
+        changed: dict[str, tuple[str | None, str | None]] = {
             name: (profile.distributions.get(name), version)
             for name, version in versions.items()
             if profile.distributions.get(name) != version
