@@ -532,6 +532,17 @@ def test_the_tool_version_has_one_home() -> None:
     assert homes == ["builder/image/labels.py"], homes
 
 
+def test_a_json_object_is_read_in_one_place() -> None:
+    """`oci.v1.json_object` reads every document that must be a JSON object; a caller turns its
+    ValueError into its own error (image.saved: the engine's save)."""
+    homes = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if defined_functions(path) & {"json_object", "_json_object"}
+    ]
+    assert homes == ["builder/oci/v1.py"], homes
+
+
 def test_the_contract_constants_are_spelled_only_in_the_contract() -> None:
     """The sandbox uid and the library directories are builder.contract's; the in-image server
     keeps its own copies (it imports nothing of the tool)."""

@@ -25,7 +25,7 @@ import docker
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.image.layer import CHUNK, ChunkStream, Layer, keep, written
-from builder.oci.v1 import digest_of
+from builder.oci.v1 import digest_of, json_object
 
 CONFIG_RECORD = "image-config"
 
@@ -57,7 +57,12 @@ def read_save(
             if handle is None:
                 continue
             if member.name == f"{hex_id}.json":
-                config = _json_object(handle, image_id)
+                try:
+                    config = json_object(handle.read(), "config")
+                except ValueError:
+                    raise UserError(
+                        f"image {image_id}: docker save gave a config that is not a JSON object"
+                    ) from None
             elif keep_layer and kept is None and member.name.endswith("layer.tar"):
                 kept = _kept(handle, keep_layer, cache)
             if config is not None and (kept is not None or not keep_layer):
@@ -82,16 +87,6 @@ def _kept(handle: IO[bytes], diff_id: str, cache: Cache) -> Layer | None:
         return keep(temp, found, cache, 0)
     temp.unlink()
     return None
-
-
-def _json_object(handle: IO[bytes], image_id: str) -> dict[str, Any]:
-    try:
-        document = json.load(handle)
-    except ValueError:
-        document = None
-    if not isinstance(document, dict):
-        raise UserError(f"image {image_id}: docker save gave a config that is not a JSON object")
-    return document
 
 
 def _copy(source: IO[bytes], out: IO[bytes]) -> None:

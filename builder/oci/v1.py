@@ -197,7 +197,7 @@ class ConfigFile:
     @classmethod
     def parse(cls, body: bytes) -> ConfigFile:
         """The config these bytes are; ValueError naming the field when one has the wrong shape."""
-        return cls.of(_json_object(body, "image config"))
+        return cls.of(json_object(body, "image config"))
 
     @classmethod
     def of(cls, document: Mapping[str, Any]) -> ConfigFile:
@@ -277,17 +277,17 @@ class Image:
             media_type,
             config,
             typed,
-            _json_object(config_bytes, "image config"),
+            json_object(config_bytes, "image config"),
             MappingProxyType(kept),
         )
 
     @classmethod
     def parse(cls, manifest_bytes: bytes, config_bytes: bytes) -> Image:
         """The image these bytes are; ValueError naming the field when one has the wrong shape."""
-        manifest = _json_object(manifest_bytes, "manifest")
+        manifest = json_object(manifest_bytes, "manifest")
         if "manifests" in manifest:
             raise ValueError("an index where an image manifest was expected")
-        document = _json_object(config_bytes, "image config")
+        document = json_object(config_bytes, "image config")
         descriptor = Descriptor.from_dict(manifest.get("config"))
         if descriptor.digest != digest_of(config_bytes):
             raise ValueError("the config is not the one the manifest names")
@@ -366,7 +366,7 @@ class Index:
 
     @classmethod
     def parse(cls, manifest_bytes: bytes) -> Index:
-        document = _json_object(manifest_bytes, "index")
+        document = json_object(manifest_bytes, "index")
         entries = document.get("manifests")
         if not isinstance(entries, list):
             raise ValueError("manifests is not a list")
@@ -414,11 +414,14 @@ def artifact_config(diff_ids: Iterable[str], created: str) -> bytes:
 
 def is_index(manifest_bytes: bytes) -> bool:
     """Is this manifest an index (by its media type, or a `manifests` list)?"""
-    document = _json_object(manifest_bytes, "manifest")
+    document = json_object(manifest_bytes, "manifest")
     return document.get("mediaType") in INDEX_TYPES or "manifests" in document
 
 
-def _json_object(body: bytes, what: str) -> dict[str, Any]:
+def json_object(body: bytes, what: str) -> dict[str, Any]:
+    """The JSON object `body` holds; ValueError naming `what` for anything else. The one reading
+    of a document that must be an object (a manifest, an index, a config, a saved config): each
+    caller turns the ValueError into its own error where it knows what the document was."""
     try:
         document = json.loads(body)
     except ValueError:
