@@ -15,7 +15,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
+from support.images import local_images
 from support.registryhelp import layer_tar
 
 from builder.cache import Cache
@@ -180,9 +182,10 @@ def _no_save(*args: object, **kwargs: object) -> None:
 def _holding(docker_client: Any, layers: list[str]) -> list[str]:
     """The engine's images whose layers are exactly `layers` (the deps layer is the test's)."""
     found = []
-    for image in docker_client.images.list(all=True):
-        if image.attrs["RootFS"].get("Layers") == layers:
-            found.append(image.id)
+    for image_id, _ in local_images(docker_client, all_layers=True):
+        with contextlib.suppress(docker.errors.NotFound):  # removed meanwhile by another test
+            if docker_client.api.inspect_image(image_id)["RootFS"].get("Layers") == layers:
+                found.append(image_id)
     return found
 
 

@@ -11,7 +11,6 @@ accepts `good`'s image with `good`'s key and refuses it with `bad`'s.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
+from support.images import remove_images
 from support.registryhelp import CREDENTIAL_VARS, mount_image, registry_tags
 
 pytestmark = pytest.mark.usefixtures("package_index")
@@ -131,7 +131,4 @@ def test_a_fleet_signs_each_template_with_its_own_key(
                 )
                 assert (checked.returncode == 0) is passes, (name, check, checked.stderr)
     finally:
-        for image in docker_client.images.list():
-            for tag in [t for t in image.tags if f"/{namespace}/" in t]:
-                with contextlib.suppress(docker.errors.APIError):
-                    docker_client.images.remove(tag)
+        remove_images(docker_client, namespace)

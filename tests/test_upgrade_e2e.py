@@ -32,7 +32,7 @@ import docker
 import docker.errors
 import pytest
 from support.bases import derived_base, newest_pure_wheel, patched_base
-from support.images import docker_login, remove_images, template_image
+from support.images import docker_login, local_images, remove_images, template_image
 from support.registryhelp import (
     CREDENTIAL_VARS,
     blob_status,
@@ -369,7 +369,7 @@ def test_push_without_credentials_fails_cleanly(
         assert blob_status(world.registry, world.repo(world.sandbox), blob) == 200, blob
         assert blob_status(world.registry, world.repo(target), blob) == 404, blob
     assert not [
-        t for image in docker_client.images.list() for t in image.tags if t.startswith(f"{target}:")
+        t for _, tags in local_images(docker_client) for t in tags if t.startswith(f"{target}:")
     ]
     assert snapshot(world.template, world.state, world.config) == before
 

@@ -68,18 +68,29 @@ def template_image(path: Path) -> str:
     return document["spec"]["podTemplate"]["spec"]["containers"][0]["image"]
 
 
+def local_images(client: Any, all_layers: bool = False) -> list[tuple[str, list[str]]]:
+    """(id, tags) of the engine's images, from one listing. Not `client.images.list()`: it
+    inspects each image after listing them, and another test (or xdist worker) removing one
+    meanwhile would fail it with a 404."""
+    return [
+        (entry["Id"], [tag for tag in entry.get("RepoTags") or [] if tag != "<none>:<none>"])
+        for entry in client.api.images(all=all_layers)
+    ]
+
+
 def remove_images(client: Any, namespace: str) -> None:
     """Every local tag in the test's namespace, and the images only those tags kept."""
-    for image in client.images.list():
-        ours = [t for t in image.tags if f"/{namespace}/" in t]
+    for image_id, tags in local_images(client):
+        ours = [t for t in tags if f"/{namespace}/" in t]
         if not ours:
             continue
-        others = [t for t in image.tags if t not in ours and not t.startswith("sandbox-extension:")]
+        others = [t for t in tags if t not in ours and not t.startswith("sandbox-extension:")]
         for tag in ours:
-            client.images.remove(tag)
-        if not others:
             with contextlib.suppress(APIError):  # incl. ImageNotFound
-                client.images.remove(image.id, force=True)
+                client.images.remove(tag)
+        if not others:
+            with contextlib.suppress(APIError):
+                client.images.remove(image_id, force=True)
 
 
 def docker_login(test_env: dict, registry: Any, config_dir: Path) -> Path:
