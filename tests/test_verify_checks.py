@@ -199,3 +199,20 @@ def test_served_checks_run_side_by_side_and_report_in_the_fixed_order(server: Sa
     assert [check.name for check in checks] == expected
     failed = [check for check in checks if not check.passed]
     assert [check.name for check in failed] == ["check 2"], failed
+
+
+@pytest.mark.parametrize(
+    ("latencies", "problem"),
+    [
+        ([0.1] * 28 + [2.5], None),  # one stall on a busy machine, within 3x the limit
+        ([0.1] * 28, None),
+        ([0.1] * 27 + [1.2, 1.1], "2 GET / took 1.0s or longer during the attack"),
+        ([0.1] * 28 + [3.0], "GET / took 3.00s during the attack"),  # a stall, not a hiccup
+        ([0.1] * 28 + [float("inf")], "a GET / was not answered with 200 during the attack"),
+        ([], "no GET / was answered during the attack"),
+    ],
+)
+def test_health_latencies_let_one_reply_off_and_no_stall(
+    latencies: list[float], problem: str | None
+) -> None:
+    assert hardening.health_problem(latencies, 1.0, "the attack") == problem

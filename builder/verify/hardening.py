@@ -25,9 +25,11 @@ native sandbox keeps them.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from builder import contract
@@ -168,6 +170,29 @@ PEAK_RSS = (
 )
 
 
+STALL_FACTOR = 3.0  # the one reply allowed past the limit must still come within this many
+
+
+def health_problem(latencies: Sequence[float], limit: float, during: str) -> str | None:
+    """What is wrong with the GET / latencies taken `during` an attack, if anything: every
+    reply but one within `limit`, and that one within STALL_FACTOR times it. One reply is let
+    off because a busy machine (a build beside the verification) stalls a single request now
+    and then; a server the attack slows down is slow on many, and one it stalls is stalled for
+    longer."""
+    ordered = sorted(latencies, reverse=True)
+    if not ordered:
+        return f"no GET / was answered during {during}"
+    if math.isinf(ordered[0]):  # the flood's watcher notes a reply other than 200 so
+        return f"a GET / was not answered with 200 during {during}"
+    if ordered[0] >= limit * STALL_FACTOR:
+        return f"GET / took {ordered[0]:.2f}s during {during}"
+    if len(ordered) > 1 and ordered[1] >= limit:
+        return (
+            f"{sum(x >= limit for x in ordered)} GET / took {limit:.1f}s or longer during {during}"
+        )
+    return None
+
+
 def slowness(sandbox: Sandbox) -> float:
     """How much slower than an idle native machine this sandbox starts a Python: it stretches
     a latency deadline only (load or emulation), never decides which bounds apply. A check that
@@ -223,11 +248,8 @@ def check_flood(sandbox: Sandbox) -> str:
     slowest = max(latencies, default=float("inf"))
     slow = max(slow, slowness(sandbox))  # load that came meanwhile
     health_limit = HEALTH_LIMIT * slow
-    expect(
-        slowest < health_limit,
-        f"GET / took {slowest:.2f}s during the flood"
-        f" (limit {health_limit:.1f}s; {sandbox.machine})",
-    )
+    problem = health_problem(latencies, health_limit, "the flood")
+    expect(problem is None, f"{problem} (limit {health_limit:.1f}s; {sandbox.machine})")
     read = sandbox.execute(PEAK_RSS)
     printed, limit = read["stdout"].strip(), f"limit {RSS_LIMIT / MIB:.0f} MiB"
     peak = int(printed) * 1024 if printed.isdigit() else None  # None: no /proc, or other output
