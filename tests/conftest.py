@@ -132,7 +132,7 @@ ONCE_A_RUN = ("arm64_standin", "second_engine", "union_image")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it names them in node ids)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     groups = _machine_groups(items)
     for item in items:
         requested = getattr(item, "fixturenames", ())
@@ -146,7 +146,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # one worker waits for the stand-in and then runs it while the others run everything else.
     # In one process it goes last, so the rest runs meanwhile. Each group stays in one piece,
     # module by module, so that no module fixture is set up twice.
-    distributed = config.getoption("dist", "no") != "no" or "PYTEST_XDIST_WORKER" in os.environ
+    distributed = "PYTEST_XDIST_WORKER" in os.environ  # xdist's workers collect; it does not
     first_seen: dict[str, int] = {}
     for index, item in enumerate(items):
         first_seen.setdefault(groups.get(item, item.nodeid), index)

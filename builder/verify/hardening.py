@@ -193,6 +193,18 @@ def health_problem(latencies: Sequence[float], limit: float, during: str) -> str
     return None
 
 
+def expect_responsive(
+    sandbox: Sandbox, latencies: Sequence[float], slow: float, during: str
+) -> float:
+    """Fail the check unless the GET / `latencies` taken `during` an attack meet the health
+    deadline, stretched by the larger of `slow` (measured before) and the slowness now; the
+    deadline, for the check's summary."""
+    limit = HEALTH_LIMIT * max(slow, slowness(sandbox))  # load that came meanwhile counts too
+    problem = health_problem(latencies, limit, during)
+    expect(problem is None, f"{problem} (limit {limit:.1f}s; {sandbox.machine})")
+    return limit
+
+
 def slowness(sandbox: Sandbox) -> float:
     """How much slower than an idle native machine this sandbox starts a Python: it stretches
     a latency deadline only (load or emulation), never decides which bounds apply. A check that
@@ -246,10 +258,7 @@ def check_flood(sandbox: Sandbox) -> str:
             f"a cut reply does not say so: truncated is {short(reply.get('truncated'))}",
         )
     slowest = max(latencies, default=float("inf"))
-    slow = max(slow, slowness(sandbox))  # load that came meanwhile
-    health_limit = HEALTH_LIMIT * slow
-    problem = health_problem(latencies, health_limit, "the flood")
-    expect(problem is None, f"{problem} (limit {health_limit:.1f}s; {sandbox.machine})")
+    health_limit = expect_responsive(sandbox, latencies, slow, "the flood")
     read = sandbox.execute(PEAK_RSS)
     printed, limit = read["stdout"].strip(), f"limit {RSS_LIMIT / MIB:.0f} MiB"
     peak = int(printed) * 1024 if printed.isdigit() else None  # None: no /proc, or other output
@@ -266,6 +275,7 @@ def check_flood(sandbox: Sandbox) -> str:
     return (
         f"{commands} x 2 x {mib} MiB of {byte:#04x}: replies of at most {largest / MIB:.1f} MiB,"
         f" truncated; GET / within {slowest:.2f}s (limit {health_limit:.1f}s: python3 starts"
-        f" {slow:.1f}x as slowly as when idle natively); server peak RSS {rss}"
+        f" {health_limit / HEALTH_LIMIT:.1f}x as slowly as when idle natively);"
+        f" server peak RSS {rss}"
         f" ({'not bounded' if emulated else limit}); {sandbox.machine}"
     )
