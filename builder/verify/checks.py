@@ -33,14 +33,13 @@ from urllib.parse import quote
 
 from builder import contract
 from builder.verify.client import ExecuteReply, Sandbox, encoded, python_json
-from builder.verify.hardening import check_detached, check_flood
+from builder.verify.hardening import check_detached, check_flood, leftovers
 from builder.verify.race import check_race
 from builder.verify.report import expect, short
 from builder.verify.starve import check_starve
 
 TIMEOUT_SECONDS = 2  # what the timeout check asks for
 TIMEOUT_SLACK = 20.0  # how late the 124 may come back
-CLEANUP_WAIT = 5.0  # how long killed processes may take to disappear
 UID = contract.SANDBOX_UID
 
 
@@ -387,12 +386,7 @@ def check_timeout(sandbox: Sandbox) -> str:
 
 
 def check_timeout_cleanup(sandbox: Sandbox) -> str:
-    deadline = time.monotonic() + CLEANUP_WAIT
-    while True:
-        left = python_json(sandbox, LEFTOVER_SCRIPT, str(SLEEP_SECONDS - 1))
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.25)
+    left = leftovers(sandbox, LEFTOVER_SCRIPT, str(SLEEP_SECONDS - 1))
     described = "; ".join(
         f"pid {p['pid']} [{p['state']}] {p['cmdline'] or '(zombie)'}" for p in left[:5]
     )

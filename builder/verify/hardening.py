@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from builder import contract
 from builder.verify.client import ExecuteReply, Response, Sandbox, python_json
@@ -77,7 +78,7 @@ DETACH_TIMEOUT = 1  # what the timing-out run asks for
 REPLY_SLACK = 10.0  # how much later than expected a reply may come back, natively and idle
 EXIT_TIMEOUT = 30.0  # beyond the slack: what the exiting run asks for, so a server that waits
 # for the detached children until it gives up answers "timed out", never a late success
-CLEANUP_WAIT = 5.0
+CLEANUP_WAIT = 5.0  # seconds killed processes may take to disappear, natively and idle
 
 
 def detach(
@@ -101,15 +102,20 @@ def detach(
     return result, time.monotonic() - started
 
 
-def survivors(sandbox: Sandbox, seconds: str, token: str) -> list[str]:
-    """Processes still carrying the sleeps' argument or the run's variable, after a grace."""
-    deadline = time.monotonic() + CLEANUP_WAIT
-    while (left := python_json(sandbox, SURVIVORS, seconds, f"{DETACHED_VARIABLE}={token}")) and (
-        time.monotonic() < deadline
-    ):
+def leftovers(sandbox: Sandbox, listing: str, *args: str) -> list[Any]:
+    """What the process `listing` script still prints once killed processes had their grace
+    to disappear (and be reaped): CLEANUP_WAIT natively, stretched by the slowness, because
+    under emulation or load the reaping and each listing's own Python start come later."""
+    deadline = time.monotonic() + CLEANUP_WAIT * slowness(sandbox)
+    while (left := python_json(sandbox, listing, *args)) and time.monotonic() < deadline:
         time.sleep(0.25)
     expect(isinstance(left, list), f"the process listing printed {short(left)}, not a list")
     return left
+
+
+def survivors(sandbox: Sandbox, seconds: str, token: str) -> list[str]:
+    """Processes still carrying the sleeps' argument or the run's variable, after a grace."""
+    return leftovers(sandbox, SURVIVORS, seconds, f"{DETACHED_VARIABLE}={token}")
 
 
 def check_detached(sandbox: Sandbox) -> str:

@@ -131,16 +131,18 @@ class Handler(FramedHandler):
         elif not isinstance(cwd_raw, str):
             raise ApiError(400, "cwd must be a string")
         source = server.sources.of(self.client_address, self.connection.getsockname())
+        # The slot bounds commands running: it is free again once the command has ended, so a
+        # client that has read its reply finds it free, however slowly the reply streamed.
         with server.slots.hold(source):
             cwd_fd = workspace.open_cwd(cwd_raw)
             try:
                 outcome = server.runner.run(argv, cwd_fd, env, timeout)
             finally:
                 os.close(cwd_fd)
-            try:
-                self._send_stream(*outcome.reply())
-            finally:
-                outcome.close()
+        try:
+            self._send_stream(*outcome.reply())
+        finally:
+            outcome.close()
 
     def _upload(self) -> None:
         limit = self.server.config.max_upload
