@@ -14,6 +14,7 @@ images with it; credentials come from builder.credentials (BSI_REGISTRY_USER/PAS
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import docker.errors
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a plain script
 
 from builder import credentials
+from builder.cache import Cache
 from builder.engines.connection import engine_client
 from builder.errors import UserError
 from builder.image.from_engine import push_engine_images
@@ -71,7 +73,9 @@ def push(
     if found is not None:
         print(f"{reference} already names {', '.join(images)}", file=sys.stderr)
         return found
-    written, pushed = push_engine_images(client, ids, target, [tag])
+    with tempfile.TemporaryDirectory(prefix="bsi-push-images-") as scratch:  # pushed once: no
+        cache = Cache(Path(scratch))  # cache of its gzipped layers outlives the run
+        written, pushed = push_engine_images(client, ids, target, [tag], cache)
     for arch, image in pushed.items():
         write(target, [image], Blobs(), tags=[f"{tag}-{arch}"])
     print(f"pushed {reference} ({', '.join(images)})", file=sys.stderr)

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from builder.cache import Cache
+from builder.errors import UserError
 from builder.image import gzipped as gzipped_module
-from builder.image.gzipped import Blob, ahead, gzipped
+from builder.image.gzipped import Blob, ahead, cached_gzip, gzipped, gzipped_from
 
 
 def layer_tar(path: Path, size: int = 3 << 20) -> tuple[Path, str]:
@@ -126,3 +127,38 @@ def test_ahead_on_error_finishes_the_running_one_drops_the_rest_and_leaves_no_th
     assert not any(t.name.startswith("gzip-ahead") for t in threading.enumerate())
     records = list((cache.root / "layer-gzip").glob("*/*.json"))
     assert len(records) == 1  # the first finished into the cache, content-addressed
+
+
+def test_a_stream_is_compressed_once_and_checked_against_its_diff_id(tmp_path: Path) -> None:
+    """`gzipped_from` (a `docker save` member): the source is opened only when no blob is
+    cached; bytes that are not the diff ID's are one error naming the layer, and nothing is
+    cached or left behind."""
+    tar, diff_id = layer_tar(tmp_path / "layer.tar")
+    cache = Cache(tmp_path / "cache")
+    opened: list[str] = []
+
+    def source() -> Any:
+        opened.append(diff_id)
+        return tar.open("rb")
+
+    blob = gzipped_from(source, diff_id, cache, "image x: layer 1")
+    assert gzipped_from(source, diff_id, cache, "image x: layer 1") == blob
+    assert opened == [diff_id]  # the second call found the blob: no save member read
+    assert cached_gzip(diff_id, cache) == blob == gzipped(tar, diff_id, cache)
+    assert gzip.decompress(blob.path.read_bytes()) == tar.read_bytes()
+
+    other = Cache(tmp_path / "other")
+    wrong = "sha256:" + "0" * 64
+    with pytest.raises(UserError, match=f"^image x: layer 2 is not {wrong}$"):
+        gzipped_from(source, wrong, other, "image x: layer 2")
+    assert cached_gzip(wrong, other) is None
+    assert list(other.root.glob("blobs/*/*/layer.tar.gz")) == []
+    assert [p.name for p in other.root.iterdir() if p.name.startswith(".gzip-")] == []
+
+
+def test_a_cached_layer_tar_whose_bytes_changed_is_refused(tmp_path: Path) -> None:
+    """A kept tar is hashed as it is compressed: a corrupted cache cannot reach a registry."""
+    tar, diff_id = layer_tar(tmp_path / "layer.tar")
+    tar.write_bytes(tar.read_bytes()[:-1] + b"!")
+    with pytest.raises(UserError, match=f"^layer tar {tar} is not {diff_id}$"):
+        gzipped(tar, diff_id, Cache(tmp_path / "cache"))

@@ -31,7 +31,7 @@ from builder.errors import IntegrityError, RegistryAuthError, RegistryError, Use
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, resolve, write
-from builder.oci.v1 import Descriptor, Image, Index, Platform, file_digest
+from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.reporter import QUIET, Reporter
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -251,12 +251,15 @@ def test_write_mounts_uploads_and_moves_tags_only_at_the_end(registry, tmp_path)
 
     def image(arch, *extra):
         config = json.dumps({"architecture": arch, "rootfs": {"diff_ids": []}}).encode()
-        layers = [Descriptor("", shared_digest, 1000), Descriptor("", file_digest(local), 2000)]
+        layers = [
+            Descriptor("", shared_digest, 1000),
+            Descriptor("", digest_of(local.read_bytes()), 2000),
+        ]
         return Image.build(config, [*layers, *extra])
 
     images = [image("amd64"), image("arm64")]
     index = Index.build([(Platform.linux(i.architecture), i) for i in images])
-    blobs = Blobs({file_digest(local): LocalFile(local)}, (source,))
+    blobs = Blobs({digest_of(local.read_bytes()): LocalFile(local)}, (source,))
     broken = image("arm64", Descriptor("", _digest(b"nowhere"), 7))
     with pytest.raises(UserError, match="no source for blob"):
         write(target, [images[0], broken], blobs, index=index, tags=["t1"])

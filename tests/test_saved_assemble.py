@@ -153,10 +153,14 @@ def test_the_push_takes_the_kept_apt_layer_not_another_save(
     try:
         image, blobs = assembled_image(docker_client, built, None, cache, scratch)  # no base
         pushed = write(target, [image], blobs)
+        # Pushed again (the next build on this base, say): every layer's blob is in the cache
+        # now, so no save at all, and the same image.
+        again, _ = assembled_image(docker_client, built, None, cache, scratch)
     finally:
         docker_client.images.remove(tag, force=True)
     below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
     assert missing == [[True] * (len(below) - 1) + [False]]  # the save only for the base's layers
+    assert again.digest == image.digest
     manifest = json.loads(target.manifest(pushed.digest)[0])
     assert [layer["digest"] for layer in manifest["layers"]][-2:] == [
         gzipped(cache.blob_path(below[-1].removeprefix("sha256:"), "layer.tar"), below[-1],

@@ -5,21 +5,20 @@ plus its `oci.remote.Blobs`: layers it shares with the base are the base's own b
 base lives on the push target's registry (mounted there, never uploaded); each extras layer
 is builder.image.gzipped's cached blob (its digest is its wheels'); the apt layer is the tar
 the system image's save kept, gzipped the same way; any other layer comes from a `docker save`
-of the image, gzipped with mtime 0. Writing them is `oci.remote.write`'s job, so the bytes
-pushed are the values made here: the engine cannot do this itself (`docker push` needs a tag
-per image, and the Debian engine's CLI writes indexes only with the experimental `docker
-manifest`, which needs every image pushed under a tag first).
+of the image, gzipped the same way into the same cache, so the next push of an image on the same
+local base saves and compresses nothing (layers the cache holds need no save). Writing them is
+`oci.remote.write`'s job, so the bytes pushed are the values made here: the engine cannot do
+this itself (`docker push` needs a tag per image, and the Debian engine's CLI writes indexes
+only with the experimental `docker manifest`, which needs every image pushed under a tag first).
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import IO
 
 import docker
 
@@ -27,7 +26,7 @@ from builder import credentials
 from builder.cache import Cache
 from builder.errors import IntegrityError, UserError
 from builder.image.assemble import Assembled
-from builder.image.gzipped import gzipped
+from builder.image.gzipped import cached_gzip, gzipped, gzipped_from
 from builder.image.saved import saved_to_disk
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -41,11 +40,7 @@ from builder.oci.v1 import (
     Image,
     Index,
     Platform,
-    file_digest,
 )
-
-GZIP_LEVEL = 6
-SAVE_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -102,7 +97,7 @@ def assembled_image(
         _reused(diff_id, base, sources) or _kept(diff_id, cache, sources) for diff_id in below
     ]
     if any(layer is None for layer in layers):
-        _save(client, assembled.system_id, below, layers, scratch, sources)
+        _save(client, assembled.system_id, below, layers, scratch, cache, sources)
     found = [layer for layer in layers if layer is not None]
     for one in assembled.extras:
         blob = gzipped(one.layer.path, one.layer.diff_id, cache)
@@ -116,16 +111,20 @@ def engine_image(
     image_id: str,
     arch: str,
     base: BaseLayers | None,
+    cache: Cache,
     scratch: Path,
 ) -> tuple[Image, Blobs]:
-    """Any engine image as a value: its config and layers from a `docker save` into `scratch`."""
+    """Any engine image as a value: its config and the layers neither the base nor the cache
+    has from a `docker save` into `scratch`."""
     attributes = client.images.get(image_id).attrs
     if attributes.get("Architecture") != arch:
         raise UserError(f"image {image_id}: built as {attributes.get('Architecture')}, not {arch}")
     diff_ids: list[str] = list((attributes.get("RootFS") or {}).get("Layers") or [])
     sources: dict[str, BlobSource] = {}
-    layers = [_reused(diff_id, base, sources) for diff_id in diff_ids]
-    config = _save(client, image_id, diff_ids, layers, scratch, sources)
+    layers = [
+        _reused(diff_id, base, sources) or _kept(diff_id, cache, sources) for diff_id in diff_ids
+    ]
+    config = _save(client, image_id, diff_ids, layers, scratch, cache, sources)
     return Image.build(config, [layer for layer in layers if layer is not None]), _blobs(
         sources, base
     )
@@ -147,11 +146,14 @@ def _reused(
 
 
 def _kept(diff_id: str, cache: Cache, sources: dict[str, BlobSource]) -> Descriptor | None:
-    """The layer's blob from the tar the system image's save kept (the apt layer), gzipped."""
-    tar = cache.find_blob(diff_id.removeprefix("sha256:"), "layer.tar")
-    if tar is None:
-        return None
-    blob = gzipped(tar, diff_id, cache)
+    """The layer's gzip blob from the cache: gzipped by an earlier push, or made now from the
+    tar the system image's save kept (the apt layer)."""
+    blob = cached_gzip(diff_id, cache)
+    if blob is None:
+        tar = cache.find_blob(diff_id.removeprefix("sha256:"), "layer.tar")
+        if tar is None:
+            return None
+        blob = gzipped(tar, diff_id, cache)
     sources[blob.digest] = LocalFile(blob.path)
     return Descriptor(DOCKER_LAYER, blob.digest, blob.size)
 
@@ -162,9 +164,11 @@ def _save(
     diff_ids: Sequence[str],
     layers: list[Descriptor | None],
     scratch: Path,
+    cache: Cache,
     sources: dict[str, BlobSource],
 ) -> bytes:
-    """`docker save` the image; gzip the layers not yet placed into `scratch`; the config."""
+    """`docker save` the image into `scratch`; gzip the layers not yet placed into `cache`
+    (checked against their diff IDs on the way); the config."""
     with saved_to_disk(client, image_id, scratch) as save:
         paths = save.layer_paths
         if len(paths) != len(diff_ids):
@@ -173,27 +177,11 @@ def _save(
             )
         for position, (path, diff_id) in enumerate(zip(paths, diff_ids, strict=True)):
             if layers[position] is None:
-                compressed = scratch / f"{diff_id.removeprefix('sha256:')}.tar.gz"
-                _gzip(save.layer(position), compressed, diff_id, f"image {image_id}: {path}")
-                digest = file_digest(compressed)
-                sources[digest] = LocalFile(compressed)
-                layers[position] = Descriptor(DOCKER_LAYER, digest, compressed.stat().st_size)
+                member = partial(save.layer, position)
+                blob = gzipped_from(member, diff_id, cache, f"image {image_id}: {path}")
+                sources[blob.digest] = LocalFile(blob.path)
+                layers[position] = Descriptor(DOCKER_LAYER, blob.digest, blob.size)
         return save.config
-
-
-def _gzip(source: IO[bytes], compressed: Path, diff_id: str, what: str) -> None:
-    """Gzip a layer tar (mtime 0), checking on the way that it is the tar `diff_id` names."""
-    hasher = hashlib.sha256()
-    with (
-        source,
-        compressed.open("wb") as raw,
-        gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as packed,
-    ):
-        while data := source.read(SAVE_CHUNK):
-            hasher.update(data)
-            packed.write(data)
-    if f"sha256:{hasher.hexdigest()}" != diff_id:
-        raise UserError(f"{what} is not {diff_id}")
 
 
 def push_engine_images(
@@ -201,6 +189,7 @@ def push_engine_images(
     images: Mapping[str, str],
     target: RepositoryClient,
     tags: Sequence[str],
+    cache: Cache,
     base: ImageRef | None = None,
     attach: Callable[[str, Image], Sequence[Attachment]] | None = None,
 ) -> tuple[Written, dict[str, Image]]:
@@ -213,7 +202,7 @@ def push_engine_images(
         pushed, blobs = {}, Blobs()
         for arch, image_id in images.items():
             layers = base_layers(base, arch, target)
-            pushed[arch], found = engine_image(client, image_id, arch, layers, Path(scratch))
+            pushed[arch], found = engine_image(client, image_id, arch, layers, cache, Path(scratch))
             blobs |= found
         index = Index.build((Platform.linux(arch), image) for arch, image in pushed.items())
         attached = {i.digest: attach(arch, i) for arch, i in pushed.items()} if attach else {}

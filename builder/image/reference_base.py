@@ -199,7 +199,9 @@ def build_base_index(
     (log or Discard()).write(f"pushing {', '.join(images)} to {repository} by digest ...\n")
     target = credentials.registry(repository, str(repository))
     attach = partial(_attachments, client, base_image, images, str(repository))
-    pushed, _ = push_engine_images(client, images, target, [ref.tag], base_image, attach)
+    pushed, _ = push_engine_images(
+        client, images, target, [ref.tag], cache or Cache(default_root()), base_image, attach
+    )
     return pushed
 
 

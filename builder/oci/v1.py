@@ -16,7 +16,6 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NotRequired, TypedDict
 
@@ -83,11 +82,6 @@ def canonical(document: Mapping[str, Any]) -> bytes:
 
 def digest_of(data: bytes) -> str:
     return f"sha256:{hashlib.sha256(data).hexdigest()}"
-
-
-def file_digest(path: Path) -> str:
-    with path.open("rb") as stream:
-        return f"sha256:{hashlib.file_digest(stream, 'sha256').hexdigest()}"
 
 
 @dataclass(frozen=True)
