@@ -128,7 +128,9 @@ MACHINE_PARTS = {
 # module fixtures are set up once), and every module that uses one of the session fixtures below
 # in one group with the others that use it, so what they build, or what only one process may
 # hold, is made once a run and not once a worker. Tests that use nothing are handed out singly.
-ONCE_A_RUN = ("arm64_standin", "second_engine", "union_image")
+# The two-arch base is shared across workers otherwise (built once a run, under a lock), so the
+# modules that run emulated spread over the workers.
+ONCE_A_RUN = ("second_engine", "union_image")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it names them in node ids)
@@ -141,12 +143,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(part)
         if item in groups:
             item.add_marker(pytest.mark.xdist_group(groups[item]))
-    # The emulation group is the longest, and on a fresh machine it waits for the arm64 stand-in
-    # that scripts/setup-env.sh is still building in the background. Under xdist it goes first:
-    # one worker waits for the stand-in and then runs it while the others run everything else.
-    # In one process it goes last, so the rest runs meanwhile. Each group stays in one piece,
-    # module by module, so that no module fixture is set up twice.
+    # The emulated groups are the longest, and on a fresh machine they wait for the arm64
+    # stand-in that scripts/setup-env.sh is still building in the background. Under xdist they
+    # go first, spread over the workers. In one process they go last, so the rest runs
+    # meanwhile. Each group stays in one piece, module by module, so that no module fixture is
+    # set up twice.
     distributed = "PYTEST_XDIST_WORKER" in os.environ  # xdist's workers collect; it does not
+    emulated_groups = {
+        groups[i] for i in items if i in groups and "arm64_standin" in i.fixturenames
+    }
     first_seen: dict[str, int] = {}
     for index, item in enumerate(items):
         first_seen.setdefault(groups.get(item, item.nodeid), index)
@@ -154,7 +159,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     def order(item: pytest.Item) -> tuple[int, int, int]:
         group = groups.get(item)
-        emulated = group is not None and "arm64_standin" in group
+        emulated = group in emulated_groups
         rank = (0 if emulated else 1) if distributed else (1 if emulated else 0)
         if group is None:  # a fast test: after every group, to fill the workers' last minutes
             rank = 2 if distributed else 0
@@ -370,24 +375,38 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def two_arch_base(standin_index: str, registry: Registry, shared_cache: Path) -> str:
+def two_arch_base(
+    standin_index: str,
+    registry: Registry,
+    shared_cache: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> str:
     """The reference base built for amd64 and arm64 (arm64 under emulation) on the stand-in
-    index by `build-sandbox-image base`, pushed as one index: built once a session."""
+    index by `build-sandbox-image base`, pushed as one index: built once a run, by the first
+    worker that asks (under a lock); the others read its tag."""
     from support.registryhelp import tool
 
-    tag = f"{registry.host}/bsi-shared-{SESSION}/runtime:1.0"
-    result = tool(
-        registry, "base", "--tag", tag, "--from", standin_index,
-        "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(shared_cache),
-    )  # fmt: skip
-    if result.returncode != 0:
-        pytest.fail(
-            f"building the two-arch base failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+    run = run_directory(tmp_path_factory)
+    with (run / "two-arch-base.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recorded = run / "two-arch-base.tag"
+        if recorded.exists():
+            return recorded.read_text()
+        tag = f"{registry.host}/bsi-shared-{SESSION}/runtime:1.0"
+        result = tool(
+            registry, "base", "--tag", tag, "--from", standin_index,
+            "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(shared_cache),
+        )  # fmt: skip
+        if result.returncode != 0:
+            pytest.fail(
+                f"building the two-arch base failed:\n{result.stdout[-2000:]}"
+                f"{result.stderr[-3000:]}"
+            )
+        assert result.stdout.split()[-1].startswith(
+            f"{registry.host}/bsi-shared-{SESSION}/runtime@sha256:"
         )
-    assert result.stdout.split()[-1].startswith(
-        f"{registry.host}/bsi-shared-{SESSION}/runtime@sha256:"
-    )
-    return tag
+        recorded.write_text(tag)
+        return tag
 
 
 @pytest.fixture(scope="session")
