@@ -597,6 +597,21 @@ def test_a_docker_save_is_read_in_one_place() -> None:
     assert not offences, f"docker save read outside builder/image/saved.py: {offences}"
 
 
+def test_a_layer_is_gzipped_in_one_place() -> None:
+    """Every blob a push uploads is compressed by builder/image/gzipped.py (one format, one
+    cache, each tar checked against its diff ID): nothing else deflates."""
+    writers = ("compressobj", "compress", "GzipFile")
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in builder_modules()
+        if path != PACKAGE / "image" / "gzipped.py"
+        for writer in writers
+        for line in calls(path, writer)
+        if writer != "GzipFile" or '"rb"' not in path.read_text().splitlines()[line - 1]
+    ]
+    assert not offences, f"compression outside builder/image/gzipped.py: {offences}"
+
+
 def test_an_image_config_is_read_and_written_in_the_core() -> None:
     """Its fields are `ConfigFile`'s to read and `mutate`'s to write; outside builder/oci no
     code spells them."""
