@@ -24,7 +24,7 @@ from support.sandboxserver import (
     stop_server,
 )
 
-from builder.verify import hardening, race
+from builder.verify import client, hardening, race
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
 from builder.verify.client import Machine, Sandbox, multipart_filename
 from builder.verify.discovery import import_checks
@@ -113,6 +113,20 @@ def test_the_flood_check_is_lighter_on_an_emulated_machine(
     assert result.detail.startswith("1 x 2 x 3 MiB of 0x01: ")
     assert re.search(r"\(limit \d+\.\ds: python3 starts \d+\.\dx as slowly", result.detail)
     assert re.search(r"server peak RSS \d+ MiB \(not bounded\); emulated: arm64 ", result.detail)
+
+
+def test_an_ordinary_command_gets_the_emulated_timeout_only_under_emulation(
+    server: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The imports of a big set under qemu take several times longer: an ordinary command's
+    deadline widens by the machine's arches, as the server's start does."""
+    monkeypatch.setattr(client, "EXECUTE_TIMEOUT", 1.0)
+    monkeypatch.setattr(client, "EMULATED_EXECUTE_TIMEOUT", 10.0)
+    emulated = Sandbox(server.port, server.host, server.workspace, machine=EMULATED)
+    native = server.execute(["sleep", "2"])
+    assert (native["exit_code"], native["timed_out"]) == (124, True)
+    slow = emulated.execute(["sleep", "2"])
+    assert (slow["exit_code"], slow["timed_out"]) == (0, False)
 
 
 class SlowStart(Sandbox):
