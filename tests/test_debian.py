@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -56,7 +57,7 @@ def test_package_for_known_sonames(arch: Arch, soname: str, package: str) -> Non
 def test_index_covers_the_archive_and_the_loader(arch: Arch) -> None:
     index = soname_index(arch)
     assert 14_000 < len(index) < 20_000
-    assert index[arch.loader] == ("libc6",)
+    assert index[arch.loader] == "libc6"
     assert package_for("libdoes-not-exist.so.9", arch) is None
 
 
@@ -172,3 +173,17 @@ def test_write_index_is_sorted_and_reproducible(tmp_path: Path) -> None:
     generator.write_index(dict(reversed(index.items())), second)
     assert first.read_bytes() == second.read_bytes()
     assert gzip.decompress(first.read_bytes()) == b"liba.so.1\tliba1,liba-dev\nlibz.so.1\tzlib1g\n"
+
+
+@ALL_ARCHES
+def test_a_load_finds_every_version_of_its_library_newest_first(arch: Arch) -> None:
+    # The lookup bisects the sorted index for one library; a pass over the whole index, ranking
+    # every library, must agree with it for each one.
+    versions: dict[str, list[str]] = {}
+    for soname in soname_index(arch):
+        if match := re.fullmatch(r"(lib.+\.so)((?:\.\d+)+)", soname):
+            versions.setdefault(match[1], []).append(soname)
+    assert len(versions) > 5_000
+    for stem, names in versions.items():
+        newest = sorted(names, key=lambda n: (-int(n[len(stem) + 1 :].split(".")[0]), n.count(".")))
+        assert sonames_for_load(stem, arch) == tuple(newest), stem

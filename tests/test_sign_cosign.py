@@ -32,6 +32,7 @@ from builder.attest import provenance, sbom
 from builder.cache import Cache
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
+from builder.image import attachments
 from builder.oci import remote
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -205,8 +206,8 @@ class Pushed:
 
 def fake_attestations(patch: pytest.MonkeyPatch) -> None:
     """Each arch's facts are its name; its attachments a FakeAttestable's."""
-    patch.setattr(delivery, "plan_facts", lambda plan, made, *_: made[0])
-    patch.setattr(delivery, "attestable", lambda client, arch, *_: FakeAttestable(arch))
+    patch.setattr(attachments, "plan_facts", lambda plan, made, *_: made[0])
+    patch.setattr(attachments, "attestable", lambda client, arch, *_: FakeAttestable(arch))
 
 
 def deliver_tiny(

@@ -8,6 +8,7 @@ a JSON record keyed by the wheel's sha256, so a wheel is read at most once per s
 from __future__ import annotations
 
 import calendar
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -281,15 +282,22 @@ def inspect_as_ready(
     Each uncached wheel goes to a worker process the moment it arrives, so inspection overlaps
     the downloads. pyelftools is pure Python and CPU bound (threads would serialize on the GIL);
     the workers come from a forkserver, not a fork of this process, whose download and layer
-    threads may hold locks a forked child would inherit held.
+    threads may hold locks a forked child would inherit held. The pool starts with the first
+    uncached wheel: a set inspected before starts no process (the pool's semaphores alone
+    start multiprocessing's resource tracker, an interpreter of its own).
     """
     found: dict[str, WheelInspection] = {}
     pending: dict[str, Future[WheelInspection]] = {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_WORKERS) as pool:
+    with contextlib.ExitStack() as stack:
+        pool: ProcessPoolExecutor | None = None
         for path, sha256 in ready:
             cached = cached_inspection(cache, path.name, sha256)
             if cached is not None:
                 found[sha256] = cached
             elif sha256 not in pending:
+                if pool is None:
+                    pool = stack.enter_context(
+                        ProcessPoolExecutor(max_workers=workers, mp_context=_WORKERS)
+                    )
                 pending[sha256] = pool.submit(inspect_wheel, path, sha256, cache)
         return found | {sha256: future.result() for sha256, future in pending.items()}

@@ -11,10 +11,12 @@ without their credentials, and apt secrets only by the id BuildKit mounts them u
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import NotRequired, TypedDict
 
 from builder.attest.contents import DebianPackage, WheelOrigin, without_credentials
@@ -32,6 +34,11 @@ class InputFile:
 
     path: str
     sha256: str
+
+
+def input_files(paths: tuple[Path, ...]) -> tuple[InputFile, ...]:
+    """Files the operator gave, by name and content hash (what provenance names them by)."""
+    return tuple(InputFile(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in paths)
 
 
 @dataclass(frozen=True)

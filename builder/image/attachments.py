@@ -12,11 +12,9 @@ pushed with the image by builder.oci.remote.write.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path
 
 import docker
 
@@ -30,7 +28,7 @@ from builder.attest.contents import (
     debian_packages,
     distribution,
 )
-from builder.attest.provenance import BuildParameters, BuildRun, InputFile
+from builder.attest.provenance import BuildParameters, BuildRun
 from builder.contract import DEPS
 from builder.engines.connection import engine_client, native_arch
 from builder.errors import RegistryError, UserError
@@ -43,11 +41,6 @@ from builder.oci.v1 import ConfigFile, Index, Platform, digest_of
 
 SBOM_FILE = "sbom-{arch}.cdx.json"
 PROVENANCE_FILE = "provenance-{arch}.intoto.json"
-
-
-def input_files(paths: tuple[Path, ...]) -> tuple[InputFile, ...]:
-    """Files the operator gave, by name and content hash (what provenance names them by)."""
-    return tuple(InputFile(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in paths)
 
 
 @dataclass

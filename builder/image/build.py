@@ -105,10 +105,7 @@ def build_image(
         command += ["--target", spec.target]
     for key, value in spec.build_args.items():
         command += ["--build-arg", f"{key}={value}"]
-    for secret_id, path in spec.secrets.items():
-        if not path.is_file():
-            raise UserError(f"{path}: secret {secret_id!r} is not a readable file")
-        command += ["--secret", f"id={secret_id},src={path}"]
+    command += secret_arguments(spec.secrets)
     with tempfile.TemporaryDirectory(prefix="bsi-build-") as temp:
         iidfile = Path(temp) / "iid"
         command += ["--iidfile", str(iidfile), str(context)]
@@ -137,6 +134,17 @@ def build_image(
             errors = [line for line in tail if "error" in line.lower()] or list(tail)[-3:]
             raise UserError(f"docker build of {context} failed: {errors[-1] if errors else '?'}")
         return iidfile.read_text().strip()
+
+
+def secret_arguments(secrets: Mapping[str, Path]) -> list[str]:
+    """BuildKit's `--secret` flags; a secret that is not a readable file is the user's error,
+    raised before anything builds, and before a kept stage is reused (the same check either way)."""
+    arguments = []
+    for secret_id, path in secrets.items():
+        if not path.is_file():
+            raise UserError(f"{path}: secret {secret_id!r} is not a readable file")
+        arguments += ["--secret", f"id={secret_id},src={path}"]
+    return arguments
 
 
 def _docker_config_with(directory: Path, logins: Mapping[str, Credentials]) -> Path:

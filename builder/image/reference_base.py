@@ -30,12 +30,12 @@ from builder.analysis.plan import choose_wheel
 from builder.analysis.resolve import LockedPackage
 from builder.analysis.target import Target, arch_named, shipped_profile
 from builder.attest.contents import WheelOrigin
-from builder.attest.provenance import BuildParameters
+from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache, default_root
 from builder.contract import DEPS
 from builder.engines.connection import engine_client
 from builder.errors import UserError
-from builder.image.attachments import ImageFactsRequest, attestable, input_files
+from builder.image.attachments import ImageFactsRequest, attestable
 from builder.image.build import BuildSpec, Discard, Log, base_logins, build_image
 from builder.image.from_engine import push_engine_images
 from builder.image.render import place

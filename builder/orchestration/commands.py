@@ -139,7 +139,7 @@ def build(
         arches = target_arches(settings.arches, base, client)
         compiling = engines.compiling_client(arches) if engines is not None else None
         request = request_for(settings, options, base, arches, cache, compiling)
-        stages = stack.enter_context(SystemStages(settings.apt_secrets, engines))
+        stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
         plan = prepare(request, planned=stages.start if engines is not None else None)
         planned(plan)
         if engines is None:

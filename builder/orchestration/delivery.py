@@ -33,7 +33,6 @@ from builder.cache import Cache
 from builder.engines.connection import runs_emulated
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
-from builder.image.attachments import Attestable, attestable, plan_facts
 from builder.image.render import add_to_output, update_report
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -50,9 +49,10 @@ from builder.orchestration.rebuild_state import save_state, state_of
 from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
 from builder.reporter import Reporter
 from builder.verify.report import VerifyReport
-from builder.verify.run import verify_image
 
-if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a run needs them
+if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a run needs them,
+    # the SBOM reading and the verifier (some 40 modules) only when a run verifies or pushes
+    from builder.image.attachments import Attestable
     from builder.image.template import TemplateChange
     from builder.sign.keys import SigningKey
 
@@ -206,10 +206,14 @@ def _produce_and_verify(
             one = future.result()
             engine = run.engines.for_arch(one.arch)
             if delivery.verify or delivery.push:  # its SBOM is verified, or attached
+                from builder.image.attachments import attestable, plan_facts
+
                 made = (one.arch, one.engine_name, one.config)
                 facts = plan_facts(plan, made, repository, one.holding_layers)
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
             if delivery.verify:
+                from builder.verify.run import verify_image
+
                 on = f" on {engine}" if engine.url else ""
                 run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened{on} ...")
                 one.verification = verify_image(

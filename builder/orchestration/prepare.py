@@ -29,10 +29,9 @@ from builder.analysis.resolve import Resolution, resolve
 from builder.analysis.target import BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
 from builder.attest.contents import without_credentials
-from builder.attest.provenance import BuildParameters
+from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache
 from builder.image.assemble import plan_epoch, plan_layers, start_layers
-from builder.image.attachments import input_files
 from builder.image.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.image.extras import (
     BytecodeFacts,

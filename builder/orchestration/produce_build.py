@@ -12,6 +12,8 @@ engine was given (builder.image.from_engine), only when a push asks for it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -20,14 +22,16 @@ from functools import partial
 from pathlib import Path
 
 import docker
+import docker.errors
 
 from builder.analysis.plan import Plan
 from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
+from builder.cache import Cache
 from builder.credentials import Credentials
 from builder.engines.per_arch import Engines
 from builder.image.assemble import Assembled, Assembly, assemble
-from builder.image.build import BuildSpec, Log, base_logins, build_image
+from builder.image.build import BuildSpec, Log, base_logins, build_image, secret_arguments
 from builder.image.extras import DISTRIBUTION
 from builder.image.from_engine import assembled_image, base_layers
 from builder.image.render import Secrets, dockerfile
@@ -39,6 +43,7 @@ from builder.orchestration.prepare import Finish
 from builder.reporter import Reporter
 
 SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
+SYSTEM_RECORD = "system-stage"  # cache records: a system stage's inputs -> the image they built
 
 
 def target_arches(
@@ -56,11 +61,22 @@ class SystemStages:
     so the stage never waits for the gigabyte of wheels being laid out. Its log is shown, and
     a failure raised, when the producer asks for the stage; a build nobody asked for by the
     end (planning failed, or nothing needed building) is stopped, not waited for.
+
+    With a cache, a stage whose inputs (`stage_key`) built an image before that its engine still
+    holds is that image, without `docker build`: a rerun that changed nothing would only have
+    had BuildKit find every step cached and write the same image (about half a second of a
+    no-change rerun). Any other input, or an engine that lost the image, builds as before.
     """
 
-    def __init__(self, secret_files: Mapping[str, Path], engines: Engines | None = None) -> None:
+    def __init__(
+        self,
+        secret_files: Mapping[str, Path],
+        engines: Engines | None = None,
+        cache: Cache | None = None,
+    ) -> None:
         self.secret_files = secret_files  # BuildKit secret id -> file, as the build mounts them
         self.engines = engines  # each arch's stage is built on its engine; None: the local one
+        self.cache = cache  # where the images built before are recorded; None: always build
         self.pool = ThreadPoolExecutor(max_workers=len(ARCHES))
         self.temp = tempfile.TemporaryDirectory(prefix="bsi-system-")
         self.started: dict[str, Future[str]] = {}
@@ -72,20 +88,54 @@ class SystemStages:
         (context / "Dockerfile").write_text(dockerfile(plan, Secrets.of(self.secret_files)))
         logins = base_logins(plan.base_reference)
         for arch in (a.arch for a in plan.arches):
-            self.started[arch] = self.pool.submit(self._build, context, arch, logins)
+            self.started[arch] = self.pool.submit(
+                self._build, context, arch, logins, plan.base_image
+            )
 
-    def _build(self, context: Path, arch: str, logins: Mapping[str, Credentials] | None) -> str:
+    def _build(
+        self, context: Path, arch: str, logins: Mapping[str, Credentials] | None, base: str
+    ) -> str:
         with self._log(arch).open("w") as log:
+            engine = self.engines.for_arch(arch) if self.engines is not None else None
             spec = BuildSpec(
                 platform=f"linux/{arch}",
                 target=SYSTEM_STAGE,
                 secrets=self.secret_files,
                 logins=logins,
-                engine=self.engines.for_arch(arch) if self.engines is not None else None,
+                engine=engine,
             )
-            return build_image(
+            key = self._key(context, spec, base, arch)
+            if key is not None and (kept := self._kept(key, spec)) is not None:
+                log.write(
+                    f"system stage unchanged: {kept}, built before from this Dockerfile,"
+                    f" platform and base image\n"
+                )
+                return kept
+            image = build_image(
                 context, spec, log, lambda process: self.processes.__setitem__(arch, process)
             )
+            if key is not None and self.cache is not None:
+                self.cache.put_record(SYSTEM_RECORD, key, {"image": image})
+            return image
+
+    def _key(self, context: Path, spec: BuildSpec, base: str, arch: str) -> str | None:
+        """The stage's `stage_key` when its image can be kept: with a cache, on an engine
+        that holds the base for the arch."""
+        if self.cache is None or spec.engine is None:
+            return None
+        base_id = held_base(spec.engine.client, base, arch)
+        if base_id is None:
+            return None
+        return stage_key((context / "Dockerfile").read_text(), spec, base_id)
+
+    def _kept(self, key: str, spec: BuildSpec) -> str | None:
+        """The image these inputs built before, if the engine still holds it."""
+        assert self.cache is not None and spec.engine is not None  # _key gave a key
+        secret_arguments(spec.secrets)  # a missing secret fails a reuse as it fails a build
+        record = self.cache.get_record(SYSTEM_RECORD, key)
+        if record is None or not _holds(spec.engine.client, record["image"]):
+            return None
+        return str(record["image"])
 
     def _log(self, arch: str) -> Path:
         return Path(self.temp.name) / f"{arch}.log"
@@ -192,6 +242,40 @@ class BuildProducer:
         base = base_layers(self.base, built.arch, target)
         client = self.engines.for_arch(built.arch).client  # its layers are saved from there
         return assembled_image(client, built, base, self.finish.cache, scratch)
+
+
+def stage_key(text: str, spec: BuildSpec, base_id: str) -> str:
+    """What a system stage's image is a function of, hashed: its Dockerfile (the apt set, the
+    base's reference, the secrets' mounts), the stage and platform, and the base's image id as
+    the engine holds it (BuildKit takes a FROM the engine holds without pulling it). A secret's
+    content is not in it: BuildKit's own cache ignores it too."""
+    inputs = {
+        "dockerfile": text,
+        "target": spec.target,
+        "platform": spec.platform,
+        "base": base_id,
+        "secrets": sorted(spec.secrets),
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def held_base(client: docker.DockerClient, image: str, arch: str) -> str | None:
+    """The id of `image` as the engine holds it for `arch`; None when it holds no such image
+    (BuildKit would pull it, so what it builds on is not known here)."""
+    try:
+        attrs = client.api.inspect_image(image)
+    except docker.errors.DockerException:
+        return None
+    return str(attrs["Id"]) if attrs.get("Architecture") == arch else None
+
+
+def _holds(client: docker.DockerClient, image_id: str) -> bool:
+    """Whether the engine still has the image (an image prune removes an untagged stage)."""
+    try:
+        client.api.inspect_image(image_id)
+    except docker.errors.DockerException:
+        return False
+    return True
 
 
 def arch_tag(tag: str, arch: str) -> str:
