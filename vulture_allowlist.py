@@ -8,7 +8,7 @@ pyproject.toml's [tool.vulture].
 from builder.analysis.loads import scan_source
 from builder.analysis.wheels import WheelInspection, WheelRecord
 from builder.attest.provenance import ExternalParameters, ResourceDescriptor
-from builder.base.profile import BaseFacts
+from builder.base.profile import ArchFacts
 from builder.cli import app
 from builder.image.extras import LayerRecord
 from builder.image.layer import LayerFacts, shadowed_files
@@ -38,7 +38,7 @@ app.base_command
 ExternalParameters.platformVersion, ExternalParameters.baseImage  # provenance
 ResourceDescriptor.uri  # provenance
 WheelRecord.schema  # the inspection cache
-BaseFacts.unpackaged, BaseFacts.python_packages, BaseFacts.python3_link  # the base's facts
+ArchFacts.unpackaged, ArchFacts.python_packages, ArchFacts.python3_link  # the base's facts
 LayerRecord.sde  # the extras-layers cache
 LayerFacts.tar_size  # report.json
 DescriptorRecord.mediaType, DescriptorRecord.artifactType  # OCI documents

@@ -182,9 +182,9 @@ class RunSettings:
     """The options of one main run, from flags, a config file, or both."""
 
     requirements: tuple[Path, ...]
+    base_image: ImageRef  # the CLI's default when neither flag nor config names one
     constraints: tuple[Path, ...] = ()
     arches: tuple[str, ...] = ()
-    base_image: ImageRef | None = None
     output: Path = Path("sandbox-image")
     push_repository: ImageRef | None = None
     platform_version: str | None = None
@@ -197,8 +197,14 @@ class RunSettings:
     sign_key: Path | None = None
 
 
-def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool) -> RunSettings:
-    """Flags given on the command line win; the config fills in what they leave out."""
+def merge(
+    flags: RunSettings, config: PipelineConfig | None, *, output_given: bool, base_given: bool
+) -> RunSettings:
+    """Flags given on the command line win; the config fills in what they leave out.
+
+    `output` and `base_image` always have a value (the CLI's default when no flag names one),
+    so `output_given` and `base_given` say whether the operator gave the flag: a config's value
+    wins over a default, a flag wins over the config."""
     if config is None:
         return flags
     return replace(
@@ -206,7 +212,7 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
         requirements=flags.requirements or config.requirements,
         constraints=flags.constraints or config.constraints,
         arches=flags.arches or config.architectures,
-        base_image=flags.base_image or config.base_image,
+        base_image=flags.base_image if base_given else config.base_image,
         output=flags.output if output_given else config.output,
         push_repository=flags.push_repository or config.repository,
         platform_version=flags.platform_version or config.platform_version,
@@ -222,7 +228,12 @@ def merge(flags: RunSettings, config: PipelineConfig | None, output_given: bool)
 
 def settings_of(config: PipelineConfig) -> RunSettings:
     """A run's settings from the config alone (a `rebuild`'s): what `merge` fills in."""
-    return merge(RunSettings(config.requirements), config, output_given=False)
+    return merge(
+        RunSettings(config.requirements, config.base_image),
+        config,
+        output_given=False,
+        base_given=False,
+    )
 
 
 def with_engines(config: PipelineConfig, flags: Mapping[str, EngineURL]) -> PipelineConfig:

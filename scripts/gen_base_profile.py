@@ -1,16 +1,16 @@
 """Regenerate builder/data/base-profile.json by probing a real base image through the engine.
 
 The shipped profile is what `build-sandbox-image` assumes when no engine can reach the base, so
-it must come from the reference runtime image itself, not be written by hand. The digest is left
-null: the shipped profile names a platform version, and only a live probe pins a digest.
+it must come from the reference runtime image itself, not be written by hand. It holds the facts
+only: which image they hold for is the caller's (the default base is
+builder.analysis.target.REFERENCE_BASE), and only a live probe pins a digest.
 
-Usage: scripts/gen_base_profile.py IMAGE [--name sandbox-runtime:3.13-trixie] [--out PATH]
+Usage: scripts/gen_base_profile.py IMAGE [--out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -25,14 +25,12 @@ from builder.engines.connection import engine_client  # noqa: E402
 from builder.errors import UserError  # noqa: E402
 from builder.oci.name import ImageRef  # noqa: E402
 
-DEFAULT_NAME = "sandbox-runtime:3.13-trixie"
 DEFAULT_OUT = REPO / "builder" / "data" / "base-profile.json"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("image", help="the local (or pullable) reference base image to probe")
-    parser.add_argument("--name", default=DEFAULT_NAME, help="image name the profile records")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     client = engine_client()
@@ -44,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         profile = probe_base(ImageRef.parse(args.image, "image"), client, Cache(default_root()))
-        name = ImageRef.parse(args.name, "--name")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -52,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
     for problem in base_problems(profile):
         print(f"warning: {problem}", file=sys.stderr)
-    shipped = dataclasses.replace(profile, reference=name, digest=None)
-    args.out.write_text(json.dumps(shipped.to_dict(), indent=1, sort_keys=True) + "\n")
+    args.out.write_text(json.dumps(profile.facts_record(), indent=1, sort_keys=True) + "\n")
     counts = ", ".join(f"{arch} {len(names)}" for arch, names in sorted(profile.sonames.items()))
     print(
         f"wrote {args.out}: python {profile.python_version}, glibc {profile.glibc}, "

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import resolve
-from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.analysis.target import ARCHES, REFERENCE_BASE, Target, shipped_profile
 from builder.cache import Cache, default_root
 from builder.image.reference_base import LOCK_HEADER, RUNTIME_DIR, lock_path, locked_versions
+from builder.oci.name import ImageRef
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only compare locks and profile")
     parser.add_argument("--arch", action="append", choices=sorted(ARCHES), help="default: all")
     args = parser.parse_args(argv)
-    profile = shipped_profile()
+    profile = shipped_profile(ImageRef.parse(REFERENCE_BASE, "reference base"))
     arches = [ARCHES[name] for name in (args.arch or sorted(ARCHES))]
     if args.check:
         pinned = dict(profile.distributions)

@@ -5,15 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from support.credhelp import write_docker_config
 from support.registryhelp import forget_credentials
 
+from builder.analysis.target import REFERENCE_BASE
+from builder.cli.app import main
 from builder.config import RunSettings, load_config, merge, set_platform_version
 from builder.credentials import lookup
 from builder.errors import UserError
+from builder.oci.name import ImageRef
+from builder.orchestration import commands
 from builder.orchestration.rebuild_state import load_state
 
 BASE = 'requirements = ["r.txt"]\nbase-repository = "reg.example/rt"\nplatform-version = "1.0"\n'
+DEFAULT_BASE = ImageRef.parse(REFERENCE_BASE)  # what the CLI passes when --base-image is not given
 
 
 def _config(tmp_path: Path, extra: str = "") -> Path:
@@ -78,7 +84,54 @@ def test_apt_secrets_in_a_config_are_relative_to_it_and_flags_win(tmp_path):
         "apt-auth": tmp_path / "a/auth.conf",
     }
     assert load_config(_config(tmp_path)).apt_secrets == {}
-    from_config = merge(RunSettings(requirements=()), config, output_given=False)
+    from_config = merge(RunSettings((), DEFAULT_BASE), config, output_given=False, base_given=False)
     assert from_config.apt_secrets == config.apt_secrets
-    flags = RunSettings(requirements=(), apt_secrets={"apt-ca": tmp_path / "flag.pem"})
-    assert merge(flags, config, output_given=False).apt_secrets == {"apt-ca": tmp_path / "flag.pem"}
+    flags = RunSettings((), DEFAULT_BASE, apt_secrets={"apt-ca": tmp_path / "flag.pem"})
+    merged = merge(flags, config, output_given=False, base_given=False)
+    assert merged.apt_secrets == {"apt-ca": tmp_path / "flag.pem"}
+
+
+def test_the_config_s_base_wins_over_the_default_and_a_given_flag_over_the_config(tmp_path):
+    """--base-image always has a value (the default is parsed as a given one is): only whether
+    the operator gave it decides between it and the config's base."""
+    config = load_config(_config(tmp_path))
+    flags = RunSettings((), DEFAULT_BASE)
+    assert merge(flags, None, output_given=False, base_given=False).base_image == DEFAULT_BASE
+    from_config = merge(flags, config, output_given=False, base_given=False)
+    assert from_config.base_image.as_written == "reg.example/rt:1.0"
+    given = RunSettings((), ImageRef.parse("other.example/rt:2"))
+    merged = merge(given, config, output_given=False, base_given=True)
+    assert merged.base_image.as_written == "other.example/rt:2"
+    defaulted = merge(flags, config, output_given=False, base_given=True)  # typed out, as given
+    assert defaulted.base_image == DEFAULT_BASE
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "expected"),
+    [
+        (False, (), REFERENCE_BASE),
+        (True, (), "reg.example/rt:1.0"),
+        (True, ("--base-image", REFERENCE_BASE), REFERENCE_BASE),
+        (True, ("--base-image", "other.example/rt:2"), "other.example/rt:2"),
+    ],
+)
+def test_the_cli_tells_a_given_base_image_from_its_default(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    config: bool,
+    flags: tuple[str, ...],
+    expected: str,
+) -> None:
+    """The default --base-image is parsed like a given one; the config's base replaces only the
+    default, never a flag the operator typed, even one equal to the default."""
+    seen = []
+
+    def build(settings: RunSettings, *_: object) -> None:
+        seen.append(settings.base_image.as_written)
+        raise UserError("stopped after the settings")
+
+    monkeypatch.setattr(commands, "build", build)
+    given = ("--config", str(_config(tmp_path))) if config else ("-r", "r.txt")
+    args = [*given, *flags, "--no-build", "--cache-dir", str(tmp_path / "cache")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and seen == [expected], (result.output, seen)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.analysis.target import shipped_profile
+from builder.analysis.target import shipped_facts
 from builder.image.render import APT_LISTS, APT_SCRATCH, APT_UPDATE
 
 pytestmark = pytest.mark.usefixtures("package_index")
@@ -60,7 +60,7 @@ def test_beautifulsoup4_needs_no_apt_and_nothing_from_the_base(
     assert data["architectures"]["amd64"]["apt_packages"] == []
     installed = names(data, "amd64")
     assert "beautifulsoup4" in installed
-    assert not installed & set(shipped_profile().distributions)
+    assert not installed & set(shipped_facts().distributions)
     assert "beautifulsoup4" in result.stdout and "apt packages: none" in result.stdout
     assert "not building (--no-build)" in result.stdout
     lock = (out / "requirements-amd64.lock").read_text()

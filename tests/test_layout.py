@@ -456,7 +456,7 @@ def test_output_goes_through_the_cli_or_the_reporter() -> None:
 # RepoDigests. The mappings: JSON documents read or written whole (OCI configs kept with the
 # fields the tool does not know, the sandbox server's bodies, a verified statement) and the
 # engine's and docker config's answers.
-MAX_REFERENCE_PARSES = 6
+MAX_REFERENCE_PARSES = 5
 MAX_UNTYPED_MAPPINGS = 19
 UNTYPED_MAPPING = re.compile(r"\b(?:dict|Mapping|MutableMapping)\[str, Any\]")
 

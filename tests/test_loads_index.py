@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support.plans import reference_profile
 
 from builder.analysis.plan import Plan
-from builder.analysis.target import shipped_profile
 from builder.cache import Cache
 from builder.orchestration.prepare import Request, prepare
 
@@ -21,7 +21,7 @@ def plan(tmp_path: Path, requirements: str) -> tuple[Plan, dict]:
         requirement_files=(tmp_path / "requirements.txt",),
         constraint_files=(),
         arches=("amd64",),
-        base=shipped_profile(),
+        base=reference_profile(),
         output=tmp_path / "out",
         cache=Cache(tmp_path / "cache"),
     )

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.plans import reference_profile
 
 from builder.analysis.plan import ArchPlan, Plan
-from builder.analysis.target import shipped_profile
 from builder.errors import UserError
 from builder.image.extras import ExtrasLayer
 from builder.image.layer import Layer
@@ -18,7 +18,7 @@ from builder.image.render import MARKER, render, update_report
 def empty_plan() -> Plan:
     """A plan that installs nothing: enough to render a complete context."""
     return Plan(
-        base=shipped_profile(),
+        base=reference_profile(),
         base_image="python-runtime:1",
         arches=(ArchPlan("amd64", (), (), (), (), ()),),
         import_modules=(),

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.plans import reference_profile
 
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import resolve
 from builder.analysis.sizes import is_gpu_only
-from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.analysis.target import ARCHES, Target
 from builder.cache import Cache
 
 pytestmark = pytest.mark.usefixtures("package_index")
@@ -19,7 +20,7 @@ def test_override_drops_the_nccl_dependency(tmp_path: Path) -> None:
     requirements_file = tmp_path / "requirements.txt"
     requirements_file.write_text("xgboost\n")
     requirements = read_requirements((requirements_file,), ())
-    target = Target(shipped_profile(), (ARCHES["amd64"],))
+    target = Target(reference_profile(), (ARCHES["amd64"],))
     cache = Cache(tmp_path / "cache")
     plain = resolve(requirements, target, ARCHES["amd64"], cache)
     gpu = [p.name for p in plain.packages if is_gpu_only(p.name)]

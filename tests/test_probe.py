@@ -18,7 +18,7 @@ import pytest
 from support.wheelfactory import compile_so
 
 from builder.analysis.debian import packages_providing
-from builder.analysis.target import ARCHES, BaseProfile, shipped_profile
+from builder.analysis.target import ARCHES, BaseProfile, shipped_facts
 from builder.base.probe import PROBE_LABEL, _repo_digest, probe_base
 from builder.base.profile import base_problems, profile_differences
 from builder.cache import Cache
@@ -111,7 +111,7 @@ def test_standin_facts(standin):
 @pytest.mark.usefixtures("docker_client")
 def test_shipped_profile_has_the_standin_libraries(standin):
     """The reference base is built on the stand-in, so its profile lists all of these."""
-    assert standin.profile.sonames["amd64"] <= shipped_profile().sonames["amd64"]
+    assert standin.profile.sonames["amd64"] <= shipped_facts().sonames["amd64"]
 
 
 @pytest.mark.usefixtures("docker_client")
@@ -198,7 +198,7 @@ def test_pushed_image_is_pinned_by_its_registry_digest(
 
 @pytest.mark.usefixtures("docker_client")
 def test_reference_base_matches_the_shipped_profile(reference_image, docker_client, tmp_path):
-    shipped = shipped_profile()
+    shipped = shipped_facts()
     profile = probe_base(ImageRef.parse(reference_image), docker_client, Cache(tmp_path))
     assert profile.python_version == shipped.python_version
     assert profile.distributions == shipped.distributions

@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 from packaging.utils import parse_wheel_filename
 
-from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.cli import app as cli
 from builder.image import reference_base as reference
 from builder.image.build import BuildSpec, build_image
@@ -45,19 +45,19 @@ CONTRACT_NAMES = {"image-user", "health", "still-serving", *(name for name, _ in
 
 @pytest.mark.parametrize("arch", sorted(ARCHES))
 def test_base_lock_matches_the_shipped_profile(arch):
-    assert reference.locked_versions(arch) == dict(shipped_profile().distributions)
+    assert reference.locked_versions(arch) == dict(shipped_facts().distributions)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHES))
 def test_base_lock_pins_one_acceptable_hashed_wheel_per_distribution(arch):
     wheels = reference.chosen_wheels(arch)
-    target = Target(shipped_profile(), (ARCHES[arch],))
+    target = Target(shipped_facts(), (ARCHES[arch],))
     for wheel in wheels:
         tags = frozenset(parse_wheel_filename(wheel.file.filename)[3])
         assert target.tag_rank(ARCHES[arch], tags) is not None, wheel.file.filename
         assert len(wheel.file.sha256) == 64
     lines = reference.requirements_lock(wheels).splitlines()
-    assert len(lines) == len(shipped_profile().distributions)
+    assert len(lines) == len(shipped_facts().distributions)
     assert all(" --hash=sha256:" in line and "==" in line for line in lines)
     machine = ARCHES[arch].machine
     native = [w.file.filename for w in wheels if not w.file.filename.endswith("-any.whl")]

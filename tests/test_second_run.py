@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.plans import reference_profile
 
 from builder.analysis import index as fetch
 from builder.analysis import resolve
 from builder.analysis import wheels as inspect
-from builder.analysis.target import shipped_profile
 from builder.cache import Cache
 from builder.orchestration.prepare import Request, prepare
 
@@ -28,7 +28,7 @@ def test_second_run_is_served_from_the_cache(
             requirement_files=(requirements,),
             constraint_files=(),
             arches=("amd64",),
-            base=shipped_profile(),
+            base=reference_profile(),
             output=tmp_path / output,
             cache=cache,
         )

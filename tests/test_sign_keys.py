@@ -236,9 +236,11 @@ def test_the_config_s_sign_key_is_relative_to_it_and_a_flag_wins(tmp_path: Path)
     )
     loaded = load_config(config)
     assert loaded.sign_key == tmp_path / "keys" / "cosign.key"
-    assert merge(RunSettings(()), loaded, output_given=False).sign_key == loaded.sign_key
-    flag = RunSettings((), sign_key=Path("other.key"))
-    assert merge(flag, loaded, output_given=False).sign_key == Path("other.key")
+    base = loaded.base_image
+    merged = merge(RunSettings((), base), loaded, output_given=False, base_given=False)
+    assert merged.sign_key == loaded.sign_key
+    flag = RunSettings((), base, sign_key=Path("other.key"))
+    assert merge(flag, loaded, output_given=False, base_given=False).sign_key == Path("other.key")
 
 
 def test_sign_key_without_push_is_refused(tmp_path: Path) -> None:

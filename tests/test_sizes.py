@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.plans import TAG, plan_for
+from support.plans import TAG, plan_for, reference_profile
 from support.wheelfactory import make_wheel
 
 from builder.analysis.plan import Plan
-from builder.analysis.target import shipped_profile
 from builder.cli.summary import summary
 
 
@@ -19,7 +18,7 @@ def test_sizes_per_distribution_and_total(tmp_path: Path) -> None:
     by_name = {w.name: w for w in arch.wheels}
     assert by_name["big"].size == big.stat().st_size < by_name["big"].installed_size
     assert by_name["big"].installed_size > 500_000
-    plan = Plan(shipped_profile(), "base", (arch,), (), ())
+    plan = Plan(reference_profile(), "base", (arch,), (), ())
     report = plan.to_dict()["architectures"]["amd64"]
     assert report["size"] == {
         "download": small.stat().st_size + big.stat().st_size,

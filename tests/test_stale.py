@@ -14,11 +14,11 @@ from builder.analysis.index import RemoteFile
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import LockedPackage
 from builder.analysis.stale import HeldBack, index_listings, parse_via, stale_picks
-from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.cache import Cache
 
 AMD64 = ARCHES["amd64"]
-TARGET = Target(shipped_profile(), (AMD64,))
+TARGET = Target(shipped_facts(), (AMD64,))
 WHEEL = "cp313-cp313-manylinux_2_17_x86_64"
 
 # `uv pip compile --annotation-style line` output, as uv prints it

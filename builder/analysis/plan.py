@@ -17,7 +17,7 @@ from builder.analysis.index import RemoteFile, redact
 from builder.analysis.natives import external_needs, load_needs, symbol_problems
 from builder.analysis.resolve import LockedPackage, Resolution
 from builder.analysis.sizes import gpu_warnings, size_figures
-from builder.analysis.target import Arch, BaseProfile, Target
+from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
 from builder.analysis.wheels import WheelInspection
 from builder.contract import DEPS_EXTRA
 from builder.errors import UserError
@@ -110,7 +110,9 @@ class Plan:
         }
 
 
-def choose_wheel(package: LockedPackage, target: Target, arch: Arch) -> tuple[RemoteFile, str]:
+def choose_wheel(
+    package: LockedPackage, target: Target[BaseFacts], arch: Arch
+) -> tuple[RemoteFile, str]:
     """The wheel with the most specific tag the target accepts, and that tag."""
     best: tuple[int, RemoteFile, str] | None = None
     for wheel in package.wheels:
@@ -134,7 +136,7 @@ def plan_arch(
     resolution: Resolution,
     chosen: Mapping[str, tuple[RemoteFile, str]],
     inspections: Mapping[str, WheelInspection],
-    target: Target,
+    target: Target[BaseFacts],
     with_optional: bool = False,
 ) -> ArchPlan:
     """Native needs → Debian packages for one arch; raises on anything unusable.

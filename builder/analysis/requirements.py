@@ -24,7 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
-from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.errors import UserError
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -436,5 +436,5 @@ def read_requirements(
 def distribution_names(path: Path) -> list[str]:
     """Distribution names of a requirements file whose markers hold on the target (amd64)."""
     requirements = read_requirements([path])
-    environment = Target(shipped_profile(), (ARCHES["amd64"],)).marker_environment(ARCHES["amd64"])
+    environment = Target(shipped_facts(), (ARCHES["amd64"],)).marker_environment(ARCHES["amd64"])
     return list(dict.fromkeys(r.name for r in requirements.requirements if r.applies(environment)))

@@ -51,7 +51,7 @@ from builder.analysis.stale import (
     pinned_notes,
     stale_picks,
 )
-from builder.analysis.target import Arch, Target
+from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
 from builder.cache import Cache
 from builder.errors import UserError
 
@@ -79,7 +79,9 @@ class Resolution:
     warnings: tuple[str, ...] = ()  # stale picks, pins with newer releases
 
 
-def check_against_base(requirements: RequirementSet, target: Target, arch: Arch) -> None:
+def check_against_base(
+    requirements: RequirementSet, target: Target[BaseProfile], arch: Arch
+) -> None:
     """Refuse a requirement the base's pinned version does not satisfy, before resolving."""
     environment = target.marker_environment(arch)
     for requirement in (*requirements.requirements, *requirements.constraints):
@@ -94,7 +96,7 @@ def check_against_base(requirements: RequirementSet, target: Target, arch: Arch)
 
 
 def _uv_compile_command(
-    requirements_in: Path, target: Target, arch: Arch, requirements: RequirementSet
+    requirements_in: Path, target: Target[BaseFacts], arch: Arch, requirements: RequirementSet
 ) -> list[str]:
     """`uv pip compile` for the target, wheels only, from the indexes the requirements name.
 
@@ -112,7 +114,7 @@ def _uv_compile_command(
 
 def _uv_compile(
     workdir: Path,
-    target: Target,
+    target: Target[BaseFacts],
     arch: Arch,
     requirements: RequirementSet,
     find_links: Path,
@@ -150,7 +152,9 @@ def _origin(requirements: RequirementSet, name: str) -> str:
     return f"{name} (a dependency)"
 
 
-def _failure(stderr: str, requirements: RequirementSet, target: Target, arch: Arch) -> UserError:
+def _failure(
+    stderr: str, requirements: RequirementSet, target: Target[BaseFacts], arch: Arch
+) -> UserError:
     if match := NOT_FOUND.search(stderr):
         name = canonicalize_name(match.group(1))
         return UserError(
@@ -168,7 +172,7 @@ def _failure(stderr: str, requirements: RequirementSet, target: Target, arch: Ar
 
 
 def newest_usable_version(
-    name: str, target: Target, arch: Arch, requirements: RequirementSet
+    name: str, target: Target[BaseFacts], arch: Arch, requirements: RequirementSet
 ) -> str | None:
     """The newest release of `name` with a wheel the target accepts, by asking the resolver."""
     with tempfile.TemporaryDirectory(prefix="bsi-probe-") as temp:
@@ -194,7 +198,7 @@ def _specifier_for(name: str, requirements: RequirementSet) -> SpecifierSet:
 
 def _build_from_source(
     name: str,
-    target: Target,
+    target: Target[BaseFacts],
     arch: Arch,
     requirements: RequirementSet,
     cache: Cache,
@@ -249,7 +253,10 @@ def _build_from_source(
 
 
 def _resolution_key(
-    requirements: RequirementSet, target: Target, arch: Arch, overrides: Sequence[Path]
+    requirements: RequirementSet,
+    target: Target[BaseProfile],
+    arch: Arch,
+    overrides: Sequence[Path],
 ) -> str:
     """Everything a resolution depends on, hashed: a change in any of it means a new one."""
     facts = {
@@ -265,7 +272,7 @@ def _resolution_key(
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def _cached(cache: Cache, key: str, target: Target, arch: Arch) -> Resolution | None:
+def _cached(cache: Cache, key: str, target: Target[BaseFacts], arch: Arch) -> Resolution | None:
     record = cache.get_record("resolution", key)
     if not record or time.time() - record["at"] > RESOLUTION_TTL_SECONDS:
         return None
@@ -287,7 +294,7 @@ def _cached(cache: Cache, key: str, target: Target, arch: Arch) -> Resolution | 
 
 def resolve(
     requirements: RequirementSet,
-    target: Target,
+    target: Target[BaseProfile],
     arch: Arch,
     cache: Cache,
     refresh: bool = False,
@@ -373,7 +380,7 @@ def resolve(
 def _fresher_sources(
     packages: Sequence[LockedPackage],
     requirements: RequirementSet,
-    target: Target,
+    target: Target[BaseFacts],
     arch: Arch,
     cache: Cache,
     find_links: Path,
@@ -414,7 +421,7 @@ def _fresher_sources(
 
 
 def _packages(
-    lock: dict, target: Target, cache: Cache
+    lock: dict, target: Target[BaseFacts], cache: Cache
 ) -> tuple[tuple[LockedPackage, ...], tuple[str, ...]]:
     packages, provided = [], []
     for entry in lock.get("packages", []):

@@ -27,7 +27,7 @@ from packaging.utils import (
 from packaging.version import Version
 
 from builder.analysis.index import RemoteFile, index_files
-from builder.analysis.target import Arch, Target
+from builder.analysis.target import Arch, BaseFacts, Target
 
 WORKERS = 8
 
@@ -130,7 +130,7 @@ def _stale(
     chosen: str,
     files: Sequence[RemoteFile],
     specifier: SpecifierSet,
-    target: Target,
+    target: Target[BaseFacts],
     arch: Arch,
 ) -> StalePick | HeldBack | None:
     by_version = releases(files)
@@ -174,7 +174,7 @@ def stale_picks(
     locked: Mapping[str, str],
     specifiers: Mapping[str, SpecifierSet],
     listings: Mapping[str, Sequence[RemoteFile]],
-    target: Target,
+    target: Target[BaseFacts],
     arch: Arch,
 ) -> tuple[list[StalePick], list[HeldBack]]:
     """Locked versions older than the newest allowed release: those whose newer release has

@@ -1,19 +1,20 @@
 """What we build for: CPython 3.13 on Debian 13, per architecture, on top of a known base.
 
-The base profile says what the base image already provides (its /app/deps distributions,
-its shared libraries, its python patch version). A shipped profile describes the reference
-runtime base; `builder.base.probe` produces the same shape from a real image.
+A base's facts say what the base image already provides (its /app/deps distributions, its
+shared libraries, its python patch version); a base profile is those facts with the image they
+belong to. The shipped facts describe the reference runtime base; `builder.base.probe` produces
+a profile of the same shape from a real image.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from functools import cache, cached_property
 from importlib import resources
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Generic, NotRequired, TypedDict, TypeVar
 
 from builder.errors import UserError
 from builder.oci.name import ImageRef
@@ -65,12 +66,15 @@ def arch_named(name: str) -> Arch:
         raise UserError(f"unknown architecture {name!r}: choose from {', '.join(ARCHES)}") from None
 
 
-class ProfileRecord(TypedDict):
-    """A `BaseProfile` as JSON: the shipped profile's file, and report.json's `base`. A profile
-    generated before `packages` existed lacks it."""
+REFERENCE_BASE = "sandbox-runtime:3.13-trixie"
+"""The reference runtime base: the default `--base-image`, and the image the shipped facts were
+probed from (scripts/gen_base_profile.py). Text: the CLI parses it like any value it is given."""
 
-    image: str
-    digest: str | None
+
+class FactsRecord(TypedDict):
+    """`BaseFacts` as JSON: the shipped file (builder/data/base-profile.json). A record written
+    before `packages` existed lacks it."""
+
     python_version: str
     glibc: str
     user: str
@@ -80,11 +84,24 @@ class ProfileRecord(TypedDict):
     packages: NotRequired[dict[str, list[str]]]
 
 
-@dataclass(frozen=True)
-class BaseProfile:
-    """What a base runtime image provides; shipped for the reference base, or probed."""
+class ProfileRecord(FactsRecord):
+    """A `BaseProfile` as JSON: report.json's `base`, and part of a resolution's cache key."""
 
-    reference: ImageRef  # parsed once where the base enters the run
+    image: str
+    digest: str | None
+
+
+@dataclass(frozen=True)
+class BaseFacts:
+    """What a base runtime image provides, whatever it is called: the facts the plan is made
+    against (markers, pins, sonames, packages).
+
+    Apart from `BaseProfile` (the facts of one named image) so that the shipped facts can be read
+    without a reference: they describe the reference base, and hold for whichever image the
+    operator names when nothing better can be probed. A reference is parsed only where its text
+    enters the run, never from this file.
+    """
+
     python_version: str  # full patch version, e.g. 3.13.5
     glibc: str
     user: str
@@ -92,30 +109,12 @@ class BaseProfile:
     distributions: Mapping[str, str]  # normalized name -> version, from /app/deps
     sonames: Mapping[str, frozenset[str]]  # arch name -> sonames the image provides
     packages: Mapping[str, frozenset[str]] = field(default_factory=dict)  # arch -> dpkg names
-    digest: str | None = None
-    source: str = "shipped profile"
-
-    @property
-    def image(self) -> str:
-        """The base as the operator (or the shipped profile) wrote it: what report.json shows.
-
-        The reference itself is parsed where the base enters the run (the CLI, the config, the
-        shipped profile's file); the probes and every later step take `reference`."""
-        return self.reference.as_written
-
-    @property
-    def pinned(self) -> ImageRef:
-        """What the final stage starts FROM: the reference, pinned to the probed digest."""
-        if self.digest and not self.reference.digest:
-            return self.reference.with_digest(self.digest)
-        return self.reference
 
     @classmethod
-    def from_dict(cls, data: ProfileRecord, source: str) -> BaseProfile:
+    def from_dict(cls, data: FactsRecord) -> BaseFacts:
         from packaging.utils import canonicalize_name  # imports packaging.tags: see _tag_priority
 
         return cls(
-            reference=ImageRef.parse(data["image"], "base image"),
             python_version=data["python_version"],
             glibc=data["glibc"],
             user=data["user"],
@@ -123,14 +122,10 @@ class BaseProfile:
             distributions={canonicalize_name(k): v for k, v in data["distributions"].items()},
             sonames={a: frozenset(s) for a, s in data["sonames"].items()},
             packages={a: frozenset(p) for a, p in data.get("packages", {}).items()},
-            digest=data.get("digest"),
-            source=source,
         )
 
-    def to_dict(self) -> ProfileRecord:
+    def facts_record(self) -> FactsRecord:
         return {
-            "image": self.image,
-            "digest": self.digest,
             "python_version": self.python_version,
             "glibc": self.glibc,
             "user": self.user,
@@ -145,27 +140,69 @@ class BaseProfile:
         return [f"{name}=={version}" for name, version in sorted(self.distributions.items())]
 
 
+@dataclass(frozen=True, kw_only=True)
+class BaseProfile(BaseFacts):
+    """One base image's facts with the image they belong to: shipped for a base, or probed."""
+
+    reference: ImageRef  # parsed once where the base enters the run
+    digest: str | None = None
+    source: str = "shipped profile"
+
+    @classmethod
+    def of(
+        cls, facts: BaseFacts, reference: ImageRef, digest: str | None, source: str
+    ) -> BaseProfile:
+        """`facts` as those of `reference`."""
+        shared = {one.name: getattr(facts, one.name) for one in fields(BaseFacts)}
+        return cls(**shared, reference=reference, digest=digest, source=source)
+
+    @property
+    def image(self) -> str:
+        """The base as the operator (or the CLI's default) wrote it: what report.json shows.
+
+        The reference itself is parsed where the base enters the run (the CLI, the config); the
+        probes and every later step take `reference`."""
+        return self.reference.as_written
+
+    @property
+    def pinned(self) -> ImageRef:
+        """What the final stage starts FROM: the reference, pinned to the probed digest."""
+        if self.digest and not self.reference.digest:
+            return self.reference.with_digest(self.digest)
+        return self.reference
+
+    def to_dict(self) -> ProfileRecord:
+        return {"image": self.image, "digest": self.digest, **self.facts_record()}
+
+
 @cache
-def _reference_profile() -> BaseProfile:
+def shipped_facts() -> BaseFacts:
+    """The reference base's facts, as shipped: what a plan assumes when no probe can be made,
+    and what a probed base is compared with."""
     text = resources.files("builder.data").joinpath("base-profile.json").read_text()
-    return BaseProfile.from_dict(json.loads(text), source="shipped profile")
+    return BaseFacts.from_dict(json.loads(text))
 
 
-def shipped_profile(image: ImageRef | None = None) -> BaseProfile:
-    """The profile shipped for the reference runtime base (the offline fallback)."""
-    profile = _reference_profile()
-    if image is not None and image.as_written != profile.image:
-        return replace(
-            profile, reference=image, digest=None, source=f"shipped profile of {profile.image}"
-        )
-    return profile
+def shipped_profile(image: ImageRef) -> BaseProfile:
+    """The shipped facts as those of `image` (the offline fallback); the source says whose they
+    are when `image` is not the reference base."""
+    source = "shipped profile"
+    if image.as_written != REFERENCE_BASE:
+        source = f"shipped profile of {REFERENCE_BASE}"
+    return BaseProfile.of(shipped_facts(), image, digest=None, source=source)
+
+
+Facts = TypeVar("Facts", bound=BaseFacts, covariant=True)
 
 
 @dataclass(frozen=True)
-class Target:
-    """The interpreter, libc and architectures a plan is made for."""
+class Target(Generic[Facts]):
+    """The interpreter, libc and architectures a plan is made for.
 
-    base: BaseProfile
+    `Target[BaseFacts]` is enough to choose wheels and evaluate markers; a resolution, whose
+    error names the base and whose cache key holds its digest, takes a `Target[BaseProfile]`."""
+
+    base: Facts
     arches: tuple[Arch, ...]
 
     @property

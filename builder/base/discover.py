@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import docker
 
-from builder.analysis.target import BaseProfile, shipped_profile
+from builder.analysis.target import BaseProfile, shipped_facts, shipped_profile
 from builder.base.from_registry import probe_registry
 from builder.base.probe import probe_base
 from builder.base.profile import base_problems, profile_differences
@@ -15,7 +15,7 @@ from builder.reporter import Reporter
 
 
 def base_profile(
-    image: ImageRef | None, client: docker.DockerClient | None, cache: Cache, reporter: Reporter
+    image: ImageRef, client: docker.DockerClient | None, cache: Cache, reporter: Reporter
 ) -> BaseProfile:
     """The real base's facts: through the engine, else through its registry.
 
@@ -23,19 +23,19 @@ def base_profile(
     or a registry that cannot be reached (RegistryUnreachable). Every other failure, a digest
     mismatch above all, ends the run: planning against a guess would hide it.
     """
-    shipped = shipped_profile(image)  # its reference: the operator's base, or the shipped one
+    shipped = shipped_profile(image)
     if client is not None:
-        probed = probe_base(shipped.reference, client, cache)
-    elif image and not shipped.reference.is_hub:
+        probed = probe_base(image, client, cache)
+    elif not image.is_hub:
         try:
-            probed = probe_registry(shipped.reference, cache)
+            probed = probe_registry(image, cache)
         except RegistryUnreachable as error:
             reporter.note(f"{error}; planning against the {shipped.source}")
             return shipped
     else:
         reporter.note(f"no engine probe; planning against the {shipped.source}")
         return shipped
-    for line in profile_differences(shipped_profile(), probed):
+    for line in profile_differences(shipped_facts(), probed):
         reporter.note(f"base differs from the shipped reference profile: {line}")
     for problem in base_problems(probed):
         reporter.warn(f"base {probed.image}: {problem}")

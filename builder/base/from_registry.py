@@ -21,7 +21,7 @@ from builder.analysis.target import ARCHES, Arch, BaseProfile
 from builder.base.layers import Layers
 from builder.base.profile import (
     DEBIAN_VERSION,
-    BaseFacts,
+    ArchFacts,
     profile_from_facts,
     pythonpath_dirs,
 )
@@ -43,7 +43,7 @@ class RegistryRecord(TypedDict):
 
     version: int  # RECORD_VERSION
     digest: str
-    arches: dict[str, BaseFacts]  # ARCHES name -> its facts
+    arches: dict[str, ArchFacts]  # ARCHES name -> its facts
 
 
 def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
@@ -110,7 +110,7 @@ def _platform_images(client: RepositoryClient, top: Image | Index) -> Iterator[t
     yield config_arch, top
 
 
-def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> BaseFacts:
+def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> ArchFacts:
     """Config facts and layer facts of one image."""
     env = image.config_file.environment
     pythonpath = env.get("PYTHONPATH", "")
@@ -136,7 +136,7 @@ def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> BaseFact
     return facts
 
 
-def _python_from_packages(facts: BaseFacts) -> str:
+def _python_from_packages(facts: ArchFacts) -> str:
     """`python3.13` 3.13.5-2 -> 3.13.5; the one /usr/bin/python3 runs, else the newest."""
     versions = facts.get("python_packages") or {}
     runs = posixpath.basename(facts.get("python3_link") or "")

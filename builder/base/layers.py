@@ -25,7 +25,7 @@ from typing import IO, Any, Protocol
 
 from builder.analysis.elf import read_elf
 from builder.analysis.target import Arch
-from builder.base.profile import DEBIAN_VERSION, BaseFacts, installed_packages
+from builder.base.profile import DEBIAN_VERSION, ArchFacts, installed_packages
 
 MAX_LIBRARY = 256 << 20  # a shared library read whole to find its DT_SONAME
 MAX_TEXT = 64 << 20  # METADATA, dpkg status and lists, ld.so.cache
@@ -173,7 +173,7 @@ class Layers:
             resolved.append(part)
         return "/".join(resolved)
 
-    def facts(self) -> BaseFacts:
+    def facts(self) -> ArchFacts:
         """The same facts the engine probe's script prints, read from the merged layers."""
         status = self.entries.get(DPKG_STATUS)
         installed = installed_packages(status[1] if status and status[0] == "text" else "")

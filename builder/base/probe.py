@@ -21,7 +21,7 @@ import requests
 
 from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.profile import (
-    BaseFacts,
+    ArchFacts,
     installed_packages,
     profile_from_facts,
     pythonpath_dirs,
@@ -185,7 +185,7 @@ def _env(config: Mapping[str, Any], name: str) -> str:
     return ""
 
 
-def _run_probe(image: str, found: Any, client: docker.DockerClient) -> BaseFacts:
+def _run_probe(image: str, found: Any, client: docker.DockerClient) -> ArchFacts:
     """Run the probe script in one hardened, network-less container that is always removed."""
     config = found.attrs.get("Config") or {}
     dirs = pythonpath_dirs(_env(config, "PYTHONPATH"))

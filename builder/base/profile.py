@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import NotRequired, TypedDict
 
 from builder.analysis.debian import packages_providing
-from builder.analysis.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseProfile
+from builder.analysis.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseFacts, BaseProfile
 from builder.contract import DEPS, SANDBOX_UID
 from builder.oci.name import ImageRef
 
@@ -38,7 +38,7 @@ def installed_packages(status: str) -> dict[str, str]:
     return packages
 
 
-class BaseFacts(TypedDict):
+class ArchFacts(TypedDict):
     """One arch's facts of a base, as both readers gather them (the engine's probe script, and
     builder.base.layers through the registry) and their caches keep them (JSON)."""
 
@@ -62,7 +62,7 @@ def pythonpath_dirs(pythonpath: str) -> list[str]:
 
 def profile_from_facts(
     image: ImageRef,
-    observed: Mapping[str, BaseFacts],
+    observed: Mapping[str, ArchFacts],
     *,
     pythonpath: str,
     user: str,
@@ -103,7 +103,7 @@ def profile_from_facts(
     )
 
 
-def profile_differences(shipped: BaseProfile, probed: BaseProfile) -> list[str]:
+def profile_differences(shipped: BaseFacts, probed: BaseFacts) -> list[str]:
     """What the real base has that the shipped profile does not say: shown, never hidden."""
     lines = []
     for label, old, new in (

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from builder.analysis.target import ARCHES
+from builder.analysis.target import ARCHES, REFERENCE_BASE
 from builder.cli.base import base_command
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
@@ -69,6 +69,7 @@ ENGINE_OPTION = click.option(
 @click.option(
     "--base-image",
     type=Reference("base image"),
+    default=REFERENCE_BASE,  # parsed by Reference, as a given value is
     help="The platform's runtime image, tagged with the platform version.",
 )
 @click.option(
@@ -155,7 +156,7 @@ def main(
     requirements: tuple[Path, ...],
     constraints: tuple[Path, ...],
     arches: tuple[str, ...],
-    base_image: ImageRef | None,
+    base_image: ImageRef,
     output: Path,
     no_build: bool,
     tag: str | None,
@@ -209,6 +210,7 @@ def main(
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
+        base_given=context.get_parameter_source("base_image") is not ParameterSource.DEFAULT,
     )
     if not settings.requirements:
         raise click.UsageError("give at least one -r/--requirement file (or --config)")

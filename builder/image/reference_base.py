@@ -28,7 +28,7 @@ from builder import credentials
 from builder.analysis.index import RemoteFile, builder_pip, download_all
 from builder.analysis.plan import choose_wheel
 from builder.analysis.resolve import LockedPackage
-from builder.analysis.target import Target, arch_named, shipped_profile
+from builder.analysis.target import Target, arch_named, shipped_facts
 from builder.attest.contents import WheelOrigin
 from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache, default_root
@@ -73,7 +73,7 @@ def _read_lock(arch: str) -> dict:
 
 def locked_packages(arch: str) -> tuple[LockedPackage, ...]:
     """The distributions the base installs on `arch`, with every wheel the lock lists."""
-    target = Target(shipped_profile(), (arch_named(arch),))
+    target = Target(shipped_facts(), (arch_named(arch),))
     environment = target.marker_environment(arch_named(arch))
     packages = []
     for entry in _read_lock(arch).get("packages", []):
@@ -108,7 +108,7 @@ class ChosenWheel:
 
 def chosen_wheels(arch: str) -> tuple[ChosenWheel, ...]:
     """One wheel per locked distribution: the most specific tag the target accepts."""
-    target = Target(shipped_profile(), (arch_named(arch),))
+    target = Target(shipped_facts(), (arch_named(arch),))
     return tuple(
         ChosenWheel(package.name, package.version, *choose_wheel(package, target, arch_named(arch)))
         for package in locked_packages(arch)
@@ -216,7 +216,7 @@ def _attachments(
     """The SBOM and provenance of the reference base's `arch` image: /app/deps with each
     wheel the lock fixed, the Debian packages all the `--from` image's (`source`, named in the
     SBOM as the operator wrote it)."""
-    target = Target(shipped_profile(), (arch_named(arch),))
+    target = Target(shipped_facts(), (arch_named(arch),))
     wheels = {
         w.name: WheelOrigin(w.file.filename, w.file.url, w.file.sha256) for w in chosen_wheels(arch)
     }

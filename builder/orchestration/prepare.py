@@ -26,7 +26,7 @@ from builder.analysis.plan import (
 )
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
-from builder.analysis.target import BaseProfile, Target, arch_named
+from builder.analysis.target import BaseFacts, BaseProfile, Target, arch_named
 from builder.analysis.wheels import inspect_as_ready
 from builder.attest.contents import without_credentials
 from builder.attest.provenance import BuildParameters, input_files
@@ -185,7 +185,7 @@ def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str
         yield future.result(), arrived[future]
 
 
-def _start_compiler(request: Request, target: Target, stack: ExitStack) -> Compiler:
+def _start_compiler(request: Request, target: Target[BaseFacts], stack: ExitStack) -> Compiler:
     """The base's interpreter, started (pulled first if need be) while the set resolves."""
     assert request.engine is not None
     arches = tuple(a.name for a in target.arches)

@@ -1,4 +1,5 @@
-"""Plans of synthetic wheels for amd64 against the shipped base profile, without the network."""
+"""Plans of synthetic wheels for amd64 against the shipped base facts, without the network;
+the reference base's profile, for a test that plans or resolves against it."""
 
 from __future__ import annotations
 
@@ -7,17 +8,31 @@ from pathlib import Path
 from builder.analysis.index import RemoteFile
 from builder.analysis.plan import ArchPlan, choose_wheel, plan_arch
 from builder.analysis.resolve import LockedPackage, Resolution
-from builder.analysis.target import ARCHES, Target, shipped_profile
+from builder.analysis.target import (
+    ARCHES,
+    REFERENCE_BASE,
+    BaseProfile,
+    Target,
+    shipped_facts,
+    shipped_profile,
+)
 from builder.analysis.wheels import inspect_wheel
 from builder.cache import Cache, sha256_of
+from builder.oci.name import ImageRef
 
 AMD64 = ARCHES["amd64"]
 TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"
 SOURCE = "int f(void) { return 1; }\n"
 
 
+def reference_profile() -> BaseProfile:
+    """The shipped facts as the reference base's own, as a run with the default base without a
+    probe plans against them."""
+    return shipped_profile(ImageRef.parse(REFERENCE_BASE))
+
+
 def plan_for(tmp_path: Path, wheels: list[Path], with_optional: bool = False) -> ArchPlan:
-    target = Target(shipped_profile(), (AMD64,))
+    target = Target(shipped_facts(), (AMD64,))
     cache = Cache(tmp_path / "cache")
     packages, chosen, inspections = [], {}, {}
     for wheel in wheels:
