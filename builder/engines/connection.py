@@ -285,6 +285,16 @@ def runs_emulated(native: str | None, arch: str) -> bool:
     return MACHINES.get(arch, arch) != MACHINES.get(native, native)
 
 
+def holds_image(client: docker.DockerClient, image_id: str) -> bool:
+    """Whether the engine still has the image: a prune may have removed an untagged one that
+    a cache record or an earlier step remembers."""
+    try:
+        client.api.inspect_image(image_id)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
 def local_image(ref: ImageRef, client: docker.DockerClient) -> Any:
     """The image to probe: the local one, unless its registry now names something newer.
 

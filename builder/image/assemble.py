@@ -25,6 +25,7 @@ import docker.errors
 from builder import contract
 from builder.analysis.plan import EXTRA_DEPS, Plan
 from builder.cache import Cache
+from builder.engines.connection import holds_image
 from builder.errors import UserError
 from builder.image.bytecode import Interpreter
 from builder.image.extras import (
@@ -193,7 +194,7 @@ def load(client: docker.DockerClient, config: bytes, tops: Sequence[Path]) -> st
     pulled on exactly those diff IDs), else docker load fails.
     """
     image_id = digest_of(config)
-    if not _present(client, image_id):
+    if not holds_image(client, image_id):
         diff_ids = ConfigFile.parse(config).diff_ids
         for line in client.api.load_image(_load_stream(image_id, config, diff_ids, tops)):
             if "error" in line:
@@ -211,14 +212,6 @@ def _preload(
     """
     provisional = bare_config(arch, diff_ids, {"bsi.provisional": uuid.uuid4().hex})
     return load(client, provisional, tops)
-
-
-def _present(client: docker.DockerClient, image_id: str) -> bool:
-    try:
-        client.images.get(image_id)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
 
 
 def _load_stream(

@@ -29,6 +29,7 @@ from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.platforms import offered_arches, select_arches
 from builder.cache import Cache
 from builder.credentials import Credentials
+from builder.engines.connection import holds_image
 from builder.engines.per_arch import Engines
 from builder.image.assemble import Assembled, Assembly, assemble
 from builder.image.build import BuildSpec, Log, base_logins, build_image, secret_arguments
@@ -133,7 +134,7 @@ class SystemStages:
         assert self.cache is not None and spec.engine is not None  # _key gave a key
         secret_arguments(spec.secrets)  # a missing secret fails a reuse as it fails a build
         record = self.cache.get_record(SYSTEM_RECORD, key)
-        if record is None or not _holds(spec.engine.client, record["image"]):
+        if record is None or not holds_image(spec.engine.client, record["image"]):
             return None
         return str(record["image"])
 
@@ -267,15 +268,6 @@ def held_base(client: docker.DockerClient, image: str, arch: str) -> str | None:
     except docker.errors.DockerException:
         return None
     return str(attrs["Id"]) if attrs.get("Architecture") == arch else None
-
-
-def _holds(client: docker.DockerClient, image_id: str) -> bool:
-    """Whether the engine still has the image (an image prune removes an untagged stage)."""
-    try:
-        client.api.inspect_image(image_id)
-    except docker.errors.DockerException:
-        return False
-    return True
 
 
 def arch_tag(tag: str, arch: str) -> str:
