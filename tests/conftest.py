@@ -128,9 +128,10 @@ MACHINE_PARTS = {
 # module fixtures are set up once), and every module that uses one of the session fixtures below
 # in one group with the others that use it, so what they build, or what only one process may
 # hold, is made once a run and not once a worker. Tests that use nothing are handed out singly.
-# The two-arch base is shared across workers otherwise (built once a run, under a lock), so the
-# modules that run emulated spread over the workers.
-ONCE_A_RUN = ("second_engine", "union_image")
+# The emulated modules stay one group: spread over both workers (the two-arch base shared by a
+# lock) a run took 20 min 34 s against 18 min 23-42 s in one group, two workers' qemu
+# contending for the same two cores (docs/development.md).
+ONCE_A_RUN = ("arm64_standin", "second_engine", "union_image")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it names them in node ids)
@@ -143,11 +144,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(part)
         if item in groups:
             item.add_marker(pytest.mark.xdist_group(groups[item]))
-    # The emulated groups are the longest, and on a fresh machine they wait for the arm64
-    # stand-in that scripts/setup-env.sh is still building in the background. Under xdist they
-    # go first, spread over the workers. In one process they go last, so the rest runs
-    # meanwhile. Each group stays in one piece, module by module, so that no module fixture is
-    # set up twice.
+    # The emulation group is the longest, and on a fresh machine it waits for the arm64
+    # stand-in that scripts/setup-env.sh is still building in the background. Under xdist it
+    # goes first: one worker waits for the stand-in and then runs it while the other runs
+    # everything else. In one process it goes last, so the rest runs meanwhile. Each group
+    # stays in one piece, module by module, so that no module fixture is set up twice.
     distributed = "PYTEST_XDIST_WORKER" in os.environ  # xdist's workers collect; it does not
     emulated_groups = {
         groups[i] for i in items if i in groups and "arm64_standin" in i.fixturenames
