@@ -39,7 +39,7 @@ class Engine:
         self.api = self
         self.images = self
 
-    def get(self, image_id: str) -> Any:
+    def inspect_image(self, image_id: str) -> Any:
         raise docker.errors.ImageNotFound(image_id)
 
     def load_image(self, stream: Any) -> list[dict[str, str]]:
