@@ -128,9 +128,9 @@ MACHINE_PARTS = {
 # module fixtures are set up once), and every module that uses one of the session fixtures below
 # in one group with the others that use it, so what they build, or what only one process may
 # hold, is made once a run and not once a worker. Tests that use nothing are handed out singly.
-# The emulated modules stay one group: spread over both workers (the two-arch base shared by a
-# lock) a run took 20 min 34 s against 18 min 23-42 s in one group, two workers' qemu
-# contending for the same two cores (docs/development.md).
+# The emulated modules stay one group: spread over both workers a run took 20 min 34 s against
+# 18 min 23-42 s in one group, two workers' qemu contending for the same two cores
+# (docs/development.md).
 ONCE_A_RUN = ("arm64_standin", "second_engine", "union_image")
 
 
@@ -376,38 +376,25 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def two_arch_base(
-    standin_index: str,
-    registry: Registry,
-    shared_cache: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> str:
+def two_arch_base(standin_index: str, registry: Registry, shared_cache: Path) -> str:
     """The reference base built for amd64 and arm64 (arm64 under emulation) on the stand-in
-    index by `build-sandbox-image base`, pushed as one index: built once a run, by the first
-    worker that asks (under a lock); the others read its tag."""
+    index by `build-sandbox-image base`, pushed as one index: built once a run (every module
+    that uses it is in the emulation group, so in one worker)."""
     from support.registryhelp import tool
 
-    run = run_directory(tmp_path_factory)
-    with (run / "two-arch-base.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        recorded = run / "two-arch-base.tag"
-        if recorded.exists():
-            return recorded.read_text()
-        tag = f"{registry.host}/bsi-shared-{SESSION}/runtime:1.0"
-        result = tool(
-            registry, "base", "--tag", tag, "--from", standin_index,
-            "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(shared_cache),
-        )  # fmt: skip
-        if result.returncode != 0:
-            pytest.fail(
-                f"building the two-arch base failed:\n{result.stdout[-2000:]}"
-                f"{result.stderr[-3000:]}"
-            )
-        assert result.stdout.split()[-1].startswith(
-            f"{registry.host}/bsi-shared-{SESSION}/runtime@sha256:"
+    tag = f"{registry.host}/bsi-shared-{SESSION}/runtime:1.0"
+    result = tool(
+        registry, "base", "--tag", tag, "--from", standin_index,
+        "--arch", "amd64", "--arch", "arm64", "--cache-dir", str(shared_cache),
+    )  # fmt: skip
+    if result.returncode != 0:
+        pytest.fail(
+            f"building the two-arch base failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
         )
-        recorded.write_text(tag)
-        return tag
+    assert result.stdout.split()[-1].startswith(
+        f"{registry.host}/bsi-shared-{SESSION}/runtime@sha256:"
+    )
+    return tag
 
 
 @pytest.fixture(scope="session")
