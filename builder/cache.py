@@ -136,9 +136,17 @@ class Cache:
             return None
 
     def put_record(self, kind: str, key: str, value: Any) -> None:
+        """Record `value` atomically; a record that already says the same is left as it is (a
+        rerun that changed nothing writes nothing)."""
         path = self._record_path(kind, key)
+        text = json.dumps(value, sort_keys=True)
+        try:
+            if path.read_text() == text:
+                return
+        except (FileNotFoundError, UnicodeDecodeError):
+            pass
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
         with os.fdopen(fd, "w") as handle:
-            json.dump(value, handle, sort_keys=True)
+            handle.write(text)
         os.replace(temp, path)

@@ -46,3 +46,17 @@ def test_records(tmp_path: Path) -> None:
     assert cache.get_record("inspect", "ab" * 32) is None
     cache.put_record("inspect", "ab" * 32, {"a": [1, 2]})
     assert cache.get_record("inspect", "ab" * 32) == {"a": [1, 2]}
+
+
+def test_a_record_that_says_the_same_is_not_written_again(tmp_path: Path) -> None:
+    """A rerun that changed nothing writes no record: the file stays the one written first."""
+    cache = Cache(tmp_path)
+    cache.put_record("inspect", "cd" * 32, {"b": 1, "a": 2})
+    path = next((tmp_path / "inspect").rglob("*.json"))
+    first = path.stat().st_ino
+    cache.put_record("inspect", "cd" * 32, {"a": 2, "b": 1})  # the same, keys in another order
+    assert path.stat().st_ino == first
+    cache.put_record("inspect", "cd" * 32, {"a": 3})
+    assert path.stat().st_ino != first
+    assert cache.get_record("inspect", "cd" * 32) == {"a": 3}
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left

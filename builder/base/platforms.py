@@ -3,7 +3,8 @@
 A base that came from a registry is asked there (its index lists the platforms; a plain
 manifest has one, in its config): the engine's image store keeps only the variant it pulled, so
 it answers only for an image built or imported locally. Unknown (no engine, registry
-unreachable): None.
+unreachable): None. What a digest offers never changes, so it is asked once and kept in the
+cache: a rerun on the same base makes no registry round trip for it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import docker
 import docker.errors
 
 from builder.analysis.target import ARCHES
+from builder.cache import Cache
 from builder.credentials import registry
 from builder.errors import RegistryError, UserError
 from builder.oci.name import ImageRef
@@ -21,40 +23,58 @@ from builder.oci.remote import offered
 from builder.oci.v1 import Platform
 
 
+PLATFORMS_RECORD = "platforms"  # cache records: a manifest digest -> the arches it offers
+
+
 def offered_arches(
-    ref: ImageRef | None, client: docker.DockerClient | None
+    ref: ImageRef | None,
+    client: docker.DockerClient | None,
+    digest: str | None = None,
+    cache: Cache | None = None,
 ) -> tuple[str, ...] | None:
     """The supported arches `image` is available for, in ARCHES order; None if unknown.
 
-    An engine image that came from no registry (built or imported here) has only its own arch;
-    otherwise the registry is asked (Docker Hub only with an engine, as the probe does).
+    An engine image with no digest in the named repository (`digest`: built, imported or tagged
+    here) has only its own arch: a registry's image of that name may be another one. Otherwise
+    the registry is asked (Docker Hub only with an engine, as the probe does), for `digest`
+    when it is known (the very image probed, even if its tag moved since), and its answer kept
+    in `cache`.
     """
     if ref is None:
         return None
     image = ref.as_written
     local = _local_arch(image, client)
-    if local and not local[1]:
-        return (local[0],) if local[0] in ARCHES else ()
+    if local is not None and digest is None:  # built, imported or tagged here: only its arch
+        return (local,) if local in ARCHES else ()
+    if digest is not None and cache is not None:
+        kept = cache.get_record(PLATFORMS_RECORD, digest.removeprefix("sha256:"))
+        if isinstance(kept, list):
+            return tuple(str(arch) for arch in kept)
     if client is not None or not ref.is_hub:
+        asked = ref.with_digest(digest) if digest is not None else ref
         try:
-            found = offered(registry(ref, image), [Platform.linux(arch) for arch in ARCHES])
-            return tuple(platform.architecture for platform in found)
+            found = offered(registry(asked, image), [Platform.linux(arch) for arch in ARCHES])
         except RegistryError:
             pass  # fall back to the engine's copy
+        else:
+            arches = tuple(platform.architecture for platform in found)
+            if digest is not None and cache is not None:
+                cache.put_record(PLATFORMS_RECORD, digest.removeprefix("sha256:"), list(arches))
+            return arches
     if local is None:
         return None
-    return (local[0],) if local[0] in ARCHES else ()
+    return (local,) if local in ARCHES else ()
 
 
-def _local_arch(image: str, client: docker.DockerClient | None) -> tuple[str, bool] | None:
-    """The engine image's arch, and whether a registry knows it (it has a repo digest)."""
+def _local_arch(image: str, client: docker.DockerClient | None) -> str | None:
+    """The engine image's arch; None without an engine or such an image."""
     if client is None:
         return None
     try:
         attrs = client.images.get(image).attrs
     except docker.errors.DockerException:
         return None
-    return str(attrs.get("Architecture") or ""), bool(attrs.get("RepoDigests"))
+    return str(attrs.get("Architecture") or "")
 
 
 def select_arches(

@@ -136,7 +136,7 @@ def build(
         if client is not None:
             engines = stack.enter_context(connect(settings.engines, client))
         base = base_profile(settings.base_image, client, cache, reporter)
-        arches = target_arches(settings.arches, base, client)
+        arches = target_arches(settings.arches, base, client, cache)
         compiling = engines.compiling_client(arches) if engines is not None else None
         request = request_for(settings, options, base, arches, cache, compiling)
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
@@ -252,7 +252,7 @@ def rebuild(
         image = config.base_image_for(new_version)
         base = bases(image, lambda: base_profile(image, client, cache, reporter))
         previous = load_state(config.state)
-        arches = target_arches(config.architectures, base, client)
+        arches = target_arches(config.architectures, base, client, cache)
         rebasing = previous is not None and previous.image is not None and not check_only
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bsi-check-"))
         early = stack.enter_context(ThreadPoolExecutor(max_workers=len(arches)))

@@ -48,10 +48,14 @@ SYSTEM_RECORD = "system-stage"  # cache records: a system stage's inputs -> the 
 
 
 def target_arches(
-    requested: Sequence[str], base: BaseProfile, client: docker.DockerClient | None
+    requested: Sequence[str],
+    base: BaseProfile,
+    client: docker.DockerClient | None,
+    cache: Cache | None = None,
 ) -> tuple[str, ...]:
     """The arches to build: those the base offers, narrowed by `requested` (which it must offer)."""
-    return select_arches(requested, offered_arches(base.reference, client), base.image)
+    offered = offered_arches(base.reference, client, base.digest, cache)
+    return select_arches(requested, offered, base.image)
 
 
 class SystemStages:
