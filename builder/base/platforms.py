@@ -22,7 +22,6 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import offered
 from builder.oci.v1 import Platform
 
-
 PLATFORMS_RECORD = "platforms"  # cache records: a manifest digest -> the arches it offers
 
 
