@@ -100,8 +100,13 @@ def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
     layer = layer_of(files, Cache(tmp_path / "c"))
     entries = members(layer.path)
     names = [entry.name for entry in entries]
-    assert names == sorted(names)
+    directories = [entry.name for entry in entries if entry.isdir()]
+    files_in_order = [entry.name for entry in entries if not entry.isdir()]
+    assert names[: len(directories)] == sorted(directories)  # directories first, sorted
     assert names[:2] == ["app", "app/deps-extra"]
+    # what importing the top-level modules reads leads (builder.image.first_reads), then sorted
+    assert files_in_order[:2] == ["app/deps-extra/alpha/__init__.py", "app/deps-extra/beta.py"]
+    assert files_in_order[2:] == sorted(files_in_order[2:])
     assert {e.mtime for e in entries} == {layer.source_date_epoch}
     assert layer.source_date_epoch == source_date_epoch(files) > ZIP_EPOCH
     assert {(e.uid, e.gid, e.uname, e.gname) for e in entries} == {(0, 0, "", "")}
