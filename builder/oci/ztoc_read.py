@@ -119,7 +119,7 @@ def _bytes(table: Table, index: int) -> bytes:
 
 def mismatches(ztoc: Ztoc, blob: Readable, blob_size: int) -> list[str]:
     """How the layer `blob` (its gzip bytes, streamed once) differs from what `ztoc` says of
-    it: sizes, each span's digest and window, and the file table (name, type, offset, size,
+    it: both sizes, each span's digest and window, and the file table (name, type, offset, size,
     link, mode, owner, mtime, PAX records) against the tar inside; empty when they agree."""
     found: list[str] = []
     if ztoc.compressed_size != blob_size:
@@ -129,6 +129,8 @@ def mismatches(ztoc: Ztoc, blob: Readable, blob_size: int) -> list[str]:
         read = read_layer(blob, ztoc.span_size, spans)
     except UserError as error:
         return [*found, str(error)]
+    if read.tar_size != ztoc.uncompressed_size:
+        found.append(f"uncompressed size {ztoc.uncompressed_size}, the tar has {read.tar_size}")
     if read.span_digests != ztoc.span_digests:
         found.append("span digests differ from the layer's bytes")
     if read.windows != tuple(point.window for point in ztoc.checkpoints):
