@@ -97,18 +97,28 @@ def test_spans_digests_windows_and_archive_size(tmp_path: Path) -> None:
 
 
 def test_the_same_layer_gives_the_same_ztoc_on_another_cache(tmp_path: Path) -> None:
-    first = ztoc.ztoc_bytes(*_plain(tmp_path, "one")[1:])
-    again = ztoc.ztoc_bytes(*_plain(tmp_path, "two")[1:])
+    """The same wheel (its bytes copied elsewhere: a zip's entry times are the wheel's own) gives
+    the same layer, blob and ztoc in another cache."""
+    _, _, _, _, wheel = _plain(tmp_path, "one")
+    copy = tmp_path / "two" / "wheel" / wheel.name
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(wheel.read_bytes())
+    first = ztoc.ztoc_bytes(*_plain(tmp_path, "one", wheel)[1:4])
+    again = ztoc.ztoc_bytes(*_plain(tmp_path, "two", copy)[1:4])
     assert first == again
 
 
-def _plain(tmp_path: Path, name: str) -> tuple[Path, Path, int, tuple[int, ...]]:
-    files = {f"q/m{index}.py": f"Y = {index}\n".encode() * 50 for index in range(20)}
-    wheel = make_wheel(tmp_path / name, "q", "1.0", "py3-none-any", files, top_level=["q"])
+def _plain(
+    tmp_path: Path, name: str, wheel: Path | None = None
+) -> tuple[Path, Path, int, tuple[int, ...], Path]:
+    """A layer of a small wheel (`wheel`, else a new one): its tar, blob, span size, spans."""
+    if wheel is None:
+        files = {f"q/m{index}.py": f"Y = {index}\n".encode() * 50 for index in range(20)}
+        wheel = make_wheel(tmp_path / name, "q", "1.0", "py3-none-any", files, top_level=["q"])
     cache = Cache(tmp_path / name / "cache")
     layer = wheels_layer(LayerWheels(((sha256_of(wheel), wheel),)), "/app/deps-extra", cache)
     blob = gzipped(layer.path, layer.diff_id, cache)
-    return layer.path, blob.path, gzipped_module.SPAN, blob.spans
+    return layer.path, blob.path, gzipped_module.SPAN, blob.spans, wheel
 
 
 def test_the_index_manifest_is_soci_0_4s() -> None:
@@ -147,7 +157,7 @@ def test_bad_input_is_one_user_error(tmp_path: Path) -> None:
         ztoc.indexed_layers(b'{"config": {"mediaType": "application/vnd.oci.empty.v1+json"}}')
     with pytest.raises(UserError, match="not a layer tar"):
         ztoc.toc(io.BytesIO(b"\x01" * 1024))
-    tar, blob, _, spans = _plain(tmp_path, "bad")
+    tar, blob, _, spans, _ = _plain(tmp_path, "bad")
     with pytest.raises(UserError, match="do not start after the gzip header"):
         ztoc.ztoc_bytes(blob, gzipped_module.SPAN, (0, *spans[1:]))
     with pytest.raises(UserError, match="does not read as a gzip tar"):
@@ -164,7 +174,7 @@ def test_mismatches_finds_nothing_in_the_layer_and_what_another_layer_changes(
     read = ztoc_read.read_ztoc(ztoc.ztoc_bytes(blob, SPAN, spans))
     with blob.open("rb") as stream:
         assert ztoc_read.mismatches(read, stream, blob.stat().st_size) == []
-    _, other_blob, _, _ = _plain(tmp_path, "other")  # another layer's bytes
+    _, other_blob, _, _, _ = _plain(tmp_path, "other")  # another layer's bytes
     with other_blob.open("rb") as stream:
         found = ztoc_read.mismatches(read, stream, other_blob.stat().st_size)
     assert any("compressed size" in line for line in found)
