@@ -1,4 +1,5 @@
-"""Which layers of an image get a ztoc, the reuse of ztocs by blob digest, and `soci = false`."""
+"""Which layers of an image get a ztoc, the reuse of ztocs by blob digest, `soci = false`,
+verify's reading of an attached index, and the reference base pushed with its own index."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, referrers
-from builder.oci.remote import Blobs, LocalFile, attach, write
-from builder.oci.v1 import DOCKER_LAYER, Descriptor, Image, digest_of
+from builder.oci.remote import Blobs, LocalFile, attach, resolve, write
+from builder.oci.v1 import DOCKER_LAYER, Descriptor, Image, Platform, digest_of
 from builder.oci.ztoc import SOCI_INDEX, LayerZtoc, SociIndex, ztoc_bytes
 
 THRESHOLD = 100 << 10  # the threshold, scaled down with the layers
@@ -151,3 +152,33 @@ def _blob_spans(cache: Cache, digest: str) -> tuple[Path, int, tuple[int, ...]]:
     blob = spans_of(digest, cache)
     assert blob is not None
     return blob.path, blob.span_size, blob.spans
+
+
+def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
+    registry: LocalRegistry,
+    reference_image: str,
+    shared_cache: Path,
+    test_env: dict,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`base --tag` (one arch here) saves and gzips the base's layers itself: each large one gets
+    a ztoc, the SBOM and provenance beside the index, and the pushed base checks clean."""
+    from builder.image.reference_base import build_base_index
+
+    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
+    ref = ImageRef.parse(f"{registry.host}/bsi-soci-{uuid.uuid4().hex[:8]}/runtime:1.0")
+    base = ImageRef.parse(test_env["base_image"])
+    cache = Cache(shared_cache)  # reference_image warmed BuildKit: the build takes seconds
+    pushed = build_base_index(ref, ("amd64",), base_image=base, cache=cache)
+    client = RepositoryClient(ref, credentials=Credentials(registry.user, registry.password, "t"))
+    image = resolve(client, Platform.linux("amd64"), pushed.digest)
+    kinds = [one.artifact_type for one in referrers(client, image.digest)]
+    assert SOCI_INDEX in kinds and "application/vnd.cyclonedx+json" in kinds
+    large = {layer.digest for layer in image.layers if layer.size >= soci_module.MIN_LAYER}
+    assert large and all(spans_of(digest, cache) for digest in large)  # gzipped by the push
+    found = attached_index_problems(ref.with_tag(None).with_digest(image.digest))
+    assert found is not None and found[1] == []
+    index = soci_index(image, cache)
+    assert index is not None and {one.layer.digest for one in index.ztocs} == large
+    assert found[0] == digest_of(index.manifest(image.descriptor()))
