@@ -17,7 +17,7 @@ from builder.errors import UserError
 from builder.image import soci as soci_module
 from builder.image.gzipped import gzipped, spans_of
 from builder.image.layer import LayerWheels, wheels_layer
-from builder.image.soci import attached_index_problems, soci_index, soci_record
+from builder.image.soci import attached_index_problems, base_ztocs, soci_index, soci_record
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -160,9 +160,11 @@ def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
     shared_cache: Path,
     test_env: dict,
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     """`base --tag` (one arch here) saves and gzips the base's layers itself: each large one gets
-    a ztoc, the SBOM and provenance beside the index, and the pushed base checks clean."""
+    a ztoc, the SBOM and provenance beside the index, and the pushed base checks clean; an
+    image on it built from another cache reuses its ztocs through that index."""
     from builder.image.reference_base import build_base_index
 
     monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
@@ -182,3 +184,8 @@ def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
     index = soci_index(image, cache)
     assert index is not None and {one.layer.digest for one in index.ztocs} == large
     assert found[0] == digest_of(index.manifest(image.descriptor()))
+    # another machine's cache holds none of these blobs: the base's own index lends its ztocs
+    pinned = ref.with_tag(None).with_digest(pushed.digest)
+    lent = base_ztocs(pinned, "amd64")
+    assert soci_index(image, Cache(tmp_path / "elsewhere"), lent) == index
+    assert base_ztocs(pinned.with_digest("sha256:" + "0" * 64), "amd64") == {}  # no such base

@@ -6,9 +6,11 @@ the tool pushes the base itself: `base --tag`, or a local base saved from the en
 records its spans under the blob digest. Those layers get a ztoc (builder.oci.ztoc, built from
 the gzip blob alone), cached under the blob digest, so a rebase or a second template that
 pushes the same layer reuses it, and the registry already holding the ztoc blob skips its
-upload. A layer the tool did not gzip (a base's pulled from a registry, reused by digest) has
-no spans and no ztoc: a lazy node fetches it whole, as it fetches any layer the index does not
-name. So a base the tool pushed from this cache is indexed in every image built on it.
+upload. So a base the tool pushed from this cache is indexed in every image built on it. A base
+layer this cache did not gzip (the base pushed from another machine, mounted by digest) takes
+its ztoc from the base's own SOCI index in the registry, when the base carries one (`base
+--tag` attaches it): `base_ztocs`. Any other layer has no ztoc: a lazy node fetches it whole, as
+it fetches any layer the index does not name.
 
 Only layers of at least MIN_LAYER compressed bytes are indexed: soci's own default for
 `soci create` (10 MiB). Below it a lazy node gains little: the whole layer is two or three
@@ -19,12 +21,14 @@ window per span plus a manifest entry the snapshotter reads before the container
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from builder import credentials
 from builder.cache import Cache
 from builder.engines.connection import engine_client, native_arch
-from builder.errors import UserError
+from builder.errors import RegistryError, UserError
 from builder.image.gzipped import spans_of
 from builder.oci.name import ImageRef
 from builder.oci.referrers import referrers
@@ -44,13 +48,16 @@ MIN_LAYER = 10 << 20
 ZTOC_FORMAT = f"ztoc/{ZTOC_VERSION}/2"  # bump when what the tool writes into a ztoc changes
 
 
-def soci_index(image: Image, cache: Cache) -> SociIndex | None:
-    """The SOCI index of `image`, or None when none of its layers is the tool's and large."""
+def soci_index(
+    image: Image, cache: Cache, known: Mapping[str, bytes] = MappingProxyType({})
+) -> SociIndex | None:
+    """The SOCI index of `image`, or None when none of its large layers has a ztoc: the tool's
+    own (it gzipped the layer), else one `known` by layer digest (`base_ztocs`)."""
     ztocs = []
     for layer in image.layers:
         if layer.size < MIN_LAYER:
             continue
-        data = layer_ztoc(layer.digest, cache)
+        data = layer_ztoc(layer.digest, cache) or known.get(layer.digest)
         if data is not None:
             ztocs.append(LayerZtoc(layer, data))
     return SociIndex(tuple(ztocs)) if ztocs else None
@@ -77,6 +84,29 @@ def layer_ztoc(digest: str, cache: Cache) -> bytes | None:
             out.write(data)
     cache.put_record("layer-ztoc", key, {"digest": ztoc_digest})
     return data
+
+
+def base_ztocs(base: ImageRef | None, arch: str) -> dict[str, bytes]:
+    """The ztocs the base's own SOCI index names for its `arch` image, by layer digest: what an
+    image on a base this cache did not push reuses for the base's layers. None found (a Hub
+    base, no index, an unreadable one) is no ztoc: those layers are fetched whole by a lazy
+    node, as before, and the push goes on."""
+    if base is None or base.is_hub:
+        return {}
+    try:
+        registry = credentials.registry(base, str(base))
+        image = resolve(registry, Platform.linux(arch))
+        found = [r for r in referrers(registry, image.digest) if r.artifact_type == SOCI_INDEX]
+        if not found:
+            return {}
+        manifest, _ = registry.manifest(found[-1].digest)
+        ztocs = {}
+        for layer, ztoc_digest in indexed_layers(manifest).items():
+            with registry.blob(ztoc_digest) as stream:  # checked against its digest
+                ztocs[layer] = stream.read()
+        return ztocs
+    except (RegistryError, UserError):
+        return {}
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ def push_target(
         return None
     version = platform_version(plan.base_reference, request.platform_version)
     labels = finish(plan, request, {}).labels
-    return Target(repository, image_tag(version, extras_hash_of(plan)), labels, soci)
+    tag = image_tag(version, extras_hash_of(plan))
+    return Target(repository, tag, labels, soci, plan.base_reference)
 
 
 def delivery_for(

@@ -108,6 +108,7 @@ class Target:
     tag: str
     annotations: Mapping[str, str] = field(default_factory=dict)
     soci: bool = True  # attach a SOCI index (builder.image.soci) to each image
+    base: ImageRef | None = None  # the images' base: its own SOCI index lends its layers' ztocs
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ def _write(
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
-        soci = _soci_indexes(images, run.cache) if target.soci else {}
+        soci = _soci_indexes(produced, images, target.base, run.cache) if target.soci else {}
         memory = blob_memory(run.cache)
         written = write(
             registry,
@@ -312,14 +313,14 @@ def _write(
 
 
 def _soci_indexes(
-    images: Sequence[Image], cache: Cache
+    produced: Sequence[Produced], images: Sequence[Image], base: ImageRef | None, cache: Cache
 ) -> dict[str, tuple[SociIndex | None, SociRecord]]:
     """Each image's SOCI index (None: no layer of it is indexed) and its report record."""
-    from builder.image.soci import soci_index, soci_record  # flatbuffers: only a push needs it
+    from builder.image.soci import base_ztocs, soci_index, soci_record  # flatbuffers: a push's
 
     found = {}
-    for image in images:
-        index = soci_index(image, cache)
+    for one, image in zip(produced, images, strict=True):
+        index = soci_index(image, cache, base_ztocs(base, one.arch))
         found[image.digest] = (index, soci_record(image, index))
     return found
 
