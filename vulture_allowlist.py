@@ -14,6 +14,7 @@ from builder.image.extras import LayerRecord
 from builder.image.layer import LayerFacts, shadowed_files
 from builder.oci.name import ImageRef
 from builder.oci.v1 import DescriptorRecord, IndexDocument, ManifestDocument
+from builder.oci.ztoc import Ztoc
 from builder.reporter import QUIET
 from builder.runtime import SERVER_ENTRY, SERVER_PACKAGE
 from builder.sign.keys import PublicKey
@@ -28,6 +29,7 @@ shadowed_files  # which files a later distribution overwrites (test_layers_by_di
 scan_source  # one file's loads, as the wheel scan sees them (tests/test_loads.py)
 SERVER_ENTRY, SERVER_PACKAGE  # the server directory's layout (tests/test_server_package.py)
 PublicKey.pem  # a key's public half as cosign writes it (tests/test_sign_keys.py)
+Ztoc.build_tool  # the writer a ztoc names, read back (tests/test_ztoc.py)
 
 # Entry points: click registers a command by its decorator, never by name.
 app.verify_command

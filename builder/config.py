@@ -11,6 +11,7 @@
     apt-auth = "apt-auth.conf"      # optional, as --apt-auth
     bytecode = false                # optional, as --no-bytecode: ship no .pyc (default true)
     sign-key = "cosign.key"         # optional, as --sign-key: sign what is pushed (cosign format)
+    soci = false                    # optional, as --no-soci: attach no SOCI index (default true)
 
     [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
     arm64 = "ssh://builder@arm64-host"
@@ -49,6 +50,7 @@ KNOWN_KEYS = frozenset(
         "apt-ca-bundle",
         "apt-auth",
         "bytecode",
+        "soci",
         "engines",
         "sign-key",
     }
@@ -76,6 +78,7 @@ class PipelineConfig:
     bytecode: bool = True  # compile the extras' .pyc into bytecode layers
     engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
     sign_key: Path | None = None  # cosign's encrypted key or a PKCS#8 PEM (builder.sign.keys)
+    soci: bool = True  # attach a SOCI index (lazy loading) to each pushed arch image
 
     @property
     def base_image(self) -> ImageRef:
@@ -128,6 +131,9 @@ def load_config(path: Path) -> PipelineConfig:
     bytecode = data.get("bytecode", True)
     if not isinstance(bytecode, bool):
         raise UserError(f"{path}: 'bytecode' must be true or false")
+    soci = data.get("soci", True)
+    if not isinstance(soci, bool):
+        raise UserError(f"{path}: 'soci' must be true or false")
     engines = data.get("engines", {})
     if not isinstance(engines, dict) or not all(isinstance(v, str) for v in engines.values()):
         raise UserError(f"{path}: [engines] must map arches to engine URLs")
@@ -155,6 +161,7 @@ def load_config(path: Path) -> PipelineConfig:
             for arch, url in engines.items()
         },
         sign_key=here / sign_key if sign_key else None,
+        soci=soci,
     )
 
 
@@ -195,6 +202,7 @@ class RunSettings:
     bytecode: bool = True  # compile the extras' .pyc into bytecode layers
     engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
     sign_key: Path | None = None
+    soci: bool = True  # attach a SOCI index to each pushed arch image
 
 
 def merge(
@@ -223,6 +231,7 @@ def merge(
         bytecode=flags.bytecode and config.bytecode,
         engines={**config.engines, **flags.engines},  # per arch: the flag wins
         sign_key=flags.sign_key or config.sign_key,
+        soci=flags.soci and config.soci,
     )
 
 

@@ -18,6 +18,8 @@
 #   8. Debian 13's cosign (the signature tests' verifier): `apt-get download` against a private
 #      trixie source list and lists directory (the machine's apt set-up is untouched), the binary
 #      extracted with dpkg-deb -x and cached under the cache directory
+#   9. Debian 13's soci-snapshotter 0.4.1 (the `soci` CLI and `soci-snapshotter-grpc`), the SOCI
+#      tests' lazy node, fetched the same way
 #   then writes .test-env.json (repo root, git-ignored) for the tests to read.
 #
 # Usage: scripts/setup-env.sh [--all | --example | --venv-only]   (run as root)
@@ -513,6 +515,39 @@ step_cosign() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# 9. soci-snapshotter (Debian 13's), for the SOCI tests' lazy node
+# ---------------------------------------------------------------------------------------------
+SOCI_VERSION="0.4.1"
+SOCI_DIR="$CACHE_DIR/soci-snapshotter-$SOCI_VERSION"
+SOCI_BIN="$SOCI_DIR/usr/bin"
+
+# The snapshotter a node runs beside containerd, and the `soci` CLI that reads ztocs back
+# (tests/test_soci_snapshotter.py); its Go binaries need only libc6. Fetched like cosign.
+step_soci() {
+	if [[ -x "$SOCI_BIN/soci" && -x "$SOCI_BIN/soci-snapshotter-grpc" ]]; then
+		say "soci-snapshotter: cached ($SOCI_BIN)"
+		return 0
+	fi
+	local apt_dir="$CACHE_DIR/trixie-apt" opts deb
+	mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
+	printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s trixie main\n' \
+		"$STANDIN_MIRROR" >"$apt_dir/sources.list"
+	opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+		-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
+		-o APT::Sandbox::User=root -qq)
+	say "soci-snapshotter: fetching Debian 13's package"
+	apt-get "${opts[@]}" update || die "apt-get update against trixie failed"
+	(cd "$apt_dir/debs" && rm -f soci-snapshotter_*.deb &&
+		apt-get "${opts[@]}" download "soci-snapshotter=$SOCI_VERSION*") ||
+		die "apt-get download soci-snapshotter failed"
+	deb="$(ls "$apt_dir"/debs/soci-snapshotter_*.deb)"
+	rm -rf "$SOCI_DIR.tmp" && mkdir -p "$SOCI_DIR.tmp"
+	dpkg-deb -x "$deb" "$SOCI_DIR.tmp"
+	rm -rf "$SOCI_DIR" && mv "$SOCI_DIR.tmp" "$SOCI_DIR"
+	say "soci-snapshotter: $("$SOCI_BIN/soci" --version 2>/dev/null | head -1)"
+}
+
+# ---------------------------------------------------------------------------------------------
 # test-env file
 # ---------------------------------------------------------------------------------------------
 write_test_env() {
@@ -537,7 +572,10 @@ write_test_env() {
   "registry_user": "$REGISTRY_USER",
   "registry_password": "$REGISTRY_PASSWORD",
   "ca_bundle": "/etc/ssl/certs/ca-certificates.crt",
-  "cosign": "$COSIGN"
+  "registry_dir": "$REGISTRY_DIR",
+  "cosign": "$COSIGN",
+  "soci": "$SOCI_BIN/soci",
+  "soci_snapshotter": "$SOCI_BIN/soci-snapshotter-grpc"
 }
 EOF
 	mv "$tmp" "$TEST_ENV_FILE"
@@ -603,6 +641,7 @@ main() {
 	timed step_standin_amd64
 	timed step_registry
 	timed step_cosign
+	timed step_soci
 	if arm64_pending; then
 		# Built in the background while the tests that need no arm64 run first; those that do
 		# run last and wait for it (tests/conftest.py).

@@ -37,6 +37,7 @@ from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
+from builder.oci.ztoc import SOCI_INDEX
 from builder.verify.run import verify_image
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
@@ -135,7 +136,10 @@ def test_the_sbom_and_provenance_are_found_through_the_fallback_tag(
     registry: LocalRegistry, pushed: Pushed
 ) -> None:
     documents = attached(registry, pushed)
-    assert set(documents) == {SBOM, INTOTO}
+    # and a SOCI index: built from another cache, the image takes its base's layers' ztocs from
+    # the index `base` attached to the base (builder.image.soci.base_ztocs)
+    assert set(documents) == {SBOM, INTOTO, SOCI_INDEX}
+    assert pushed.report["soci"]["ztocs"] and pushed.report["soci"]["index"]
     assert documents[SBOM] == (pushed.context / "sbom-amd64.cdx.json").read_bytes()
     assert documents[INTOTO] == (pushed.context / "provenance-amd64.intoto.json").read_bytes()
     assert pushed.report["attachments"] == ["provenance-amd64.intoto.json", "sbom-amd64.cdx.json"]
@@ -226,6 +230,7 @@ def test_verify_of_a_pushed_image_compares_it_with_its_attached_sbom(
     result = tool(registry, "verify", f"{pushed.repository}@{pushed.digest}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "PASS  sbom" in result.stdout and "exactly the" in result.stdout
+    assert "PASS  soci" in result.stdout  # the index (the base's ztocs) matches the layers
 
 
 def test_the_reference_base_pushed_as_an_index_carries_its_own(

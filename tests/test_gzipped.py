@@ -38,7 +38,7 @@ class Counting:
         self.partial_visible: list[Path] = []
         self.cache_root: Path | None = None
         monkeypatch.setattr(gzipped_module, "compress_stream", self)
-        monkeypatch.setattr(gzipped_module, "MEMBER", 256 << 10)
+        monkeypatch.setattr(gzipped_module, "SPAN", 256 << 10)
 
     def __call__(self, source: Any) -> Iterator[bytes]:
         self.calls += 1

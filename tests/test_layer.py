@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from builder.cache import Cache, sha256_of
 from builder.errors import UserError
 from builder.image import gzipped as gzipped_module
 from builder.image import layer as layer_module
-from builder.image.gzipped import gzipped
+from builder.image.gzipped import gzipped, spans_of
 from builder.image.layer import (
     ZIP_EPOCH,
     Layer,
@@ -99,8 +100,13 @@ def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
     layer = layer_of(files, Cache(tmp_path / "c"))
     entries = members(layer.path)
     names = [entry.name for entry in entries]
-    assert names == sorted(names)
+    directories = [entry.name for entry in entries if entry.isdir()]
+    files_in_order = [entry.name for entry in entries if not entry.isdir()]
+    assert names[: len(directories)] == sorted(directories)  # directories first, sorted
     assert names[:2] == ["app", "app/deps-extra"]
+    # what importing the top-level modules reads leads (builder.image.first_reads), then sorted
+    assert files_in_order[:2] == ["app/deps-extra/alpha/__init__.py", "app/deps-extra/beta.py"]
+    assert files_in_order[2:] == sorted(files_in_order[2:])
     assert {e.mtime for e in entries} == {layer.source_date_epoch}
     assert layer.source_date_epoch == source_date_epoch(files) > ZIP_EPOCH
     assert {(e.uid, e.gid, e.uname, e.gname) for e in entries} == {(0, 0, "", "")}
@@ -169,18 +175,26 @@ def test_the_unpacked_layer_imports(tmp_path: Path) -> None:
     assert result.stdout.split() == ["42", "2.0"]
 
 
-def test_gzip_members_carry_no_name_or_time_and_concatenate(
+def test_gzip_is_one_member_with_a_full_flush_at_each_span(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gzipped_module, "MEMBER", 1000)  # several members from a small tar
+    monkeypatch.setattr(gzipped_module, "SPAN", 1000)  # several spans from a small tar
     layer = layer_of(wheels(tmp_path), Cache(tmp_path / "c"))
     blob = gzipped(layer.path, layer.diff_id, Cache(tmp_path / "c"))
     data = blob.path.read_bytes()
     assert data[:10] == b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # no name, mtime 0
-    assert data.count(data[:10]) >= layer.size // 1000  # one member per 1000 bytes of tar
-    assert gzip.decompress(data) == layer.path.read_bytes()  # readers read every member
+    reader = zlib.decompressobj(31)  # one gzip member: nothing follows its trailer
+    assert reader.decompress(data) == layer.path.read_bytes() and reader.eof
+    assert not reader.unused_data
+    assert len(blob.spans) == -(-layer.size // 1000) and blob.spans[0] == 10
+    for index, start in enumerate(blob.spans):  # each span inflates on its own from its offset
+        assert data[start - 4 : start] == b"\x00\x00\xff\xff" or start == 10  # a full flush
+        piece = zlib.decompressobj(-15).decompress(data[start:])
+        assert piece[:1000] == layer.path.read_bytes()[index * 1000 : (index + 1) * 1000]
     with tarfile.open(blob.path, "r:gz") as tar:
         assert "app/deps-extra/beta.py" in tar.getnames()
+    assert spans_of(blob.digest, Cache(tmp_path / "c")) == blob  # found again by its digest
+    assert spans_of("sha256:" + "0" * 64, Cache(tmp_path / "c")) is None  # not the tool's
 
 
 def lying_wheel(tmp_path: Path, declared: int) -> Path:

@@ -30,10 +30,21 @@ HEAVY = (
     "cryptography",
     "nacl",
     "uv",
+    "flatbuffers",
 )
 # What a build or rebuild imports at start is docker (its client) and requests; not these,
-# which only signing, an SBOM, a template, an image's packages or an uncached wheel need.
-NOT_ON_A_RERUN = ("cyclonedx", "jsonschema", "elftools", "pdb", "ruamel", "debian", "nacl")
+# which only signing, an SBOM, a template, an image's packages, an uncached wheel or a push's
+# SOCI index need.
+NOT_ON_A_RERUN = (
+    "cyclonedx",
+    "jsonschema",
+    "elftools",
+    "pdb",
+    "ruamel",
+    "debian",
+    "nacl",
+    "flatbuffers",
+)
 
 
 def loaded_after(code: str) -> set[str]:

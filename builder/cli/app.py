@@ -148,6 +148,11 @@ ENGINE_OPTION = click.option(
     help="Sign what is pushed with this cosign key or PKCS#8 P-256 PEM (passphrase:"
     " BSI_SIGN_PASSWORD, else COSIGN_PASSWORD).",
 )
+@click.option(
+    "--no-soci",
+    is_flag=True,
+    help="Attach no SOCI index to the pushed images (no lazy loading on soci-snapshotter nodes).",
+)
 @ENGINE_OPTION
 @click.pass_context
 @reports_errors
@@ -175,6 +180,7 @@ def main(
     config_path: Path | None,
     no_bytecode: bool,
     sign_key: Path | None,
+    no_soci: bool,
     engine_urls: tuple[str, ...],
 ) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
@@ -207,6 +213,7 @@ def main(
             },
             engines=engine_flags(engine_urls),
             sign_key=sign_key,
+            soci=not no_soci,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -391,6 +398,7 @@ def verify_command(
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
     from builder import credentials
     from builder.analysis.requirements import distribution_names
+    from builder.cli.soci import soci_check
     from builder.image.attachments import attached_sbom
     from builder.sign.check import check_signed
     from builder.sign.keys import load_public_key
@@ -409,6 +417,8 @@ def verify_command(
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image),
     )
+    if soci := soci_check(image):
+        report.checks.append(soci)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
         failed = ", ".join(check.name for check in report.failed)

@@ -51,17 +51,18 @@ import docker.errors
 
 from builder.cache import Cache
 from builder.contract import SANDBOX_USER
+from builder.engines.connection import demultiplexed
 from builder.errors import UserError
+from builder.image.first_reads import LAYOUT_FORMAT, laid_out, wheel_first_reads
 from builder.image.install_layout import installed_python_sources
 from builder.image.layer import Layer, keep, written
 
 BYTECODE_FORMAT = "bytecode/1"  # bump when the compile recipe or the tar layout changes
+LAYER_KEY = f"{BYTECODE_FORMAT}\n{LAYOUT_FORMAT}"  # a bytecode layer's: its order is the layout's
 # Distributions compiled at once, each a fresh interpreter: one per core, as uv compiles. The
 # compiling engine is always one reached over a unix socket (Engines.compiling_client), so its
 # cores are this machine's. A distribution's bytes do not depend on what runs beside it.
 COMPILERS = os.cpu_count() or 1
-RECEIVE = 1 << 20  # bytes per read of an exec's output
-FRAME_HEADER = 8
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 
@@ -133,6 +134,7 @@ class Compiled:
     tar: Path
     compiled: int
     skipped: tuple[str, ...]  # sources that did not compile, relative to the root
+    first: tuple[str, ...] = ()  # sources importing it reads first (builder.image.first_reads)
 
 
 @dataclass(frozen=True)
@@ -224,7 +226,7 @@ class Compiler:
             raw: Any = getattr(connection, "_sock", connection)  # the hijacked HTTP connection
             raw.sendall(stdin)
             raw.shutdown(socket.SHUT_WR)  # EOF on the process's stdin
-            stdout, stderr = _demultiplexed(raw)
+            stdout, stderr = demultiplexed(raw)
         finally:
             connection.close()
         if api.exec_inspect(started["Id"])["ExitCode"] != 0:
@@ -245,7 +247,8 @@ class Compiler:
         ).hexdigest()
         record = self.cache.get_record("bytecode", key)
         if record and (tar := self.cache.find_blob(record["tar"], "bytecode.tar")):
-            return Compiled(wheel_sha256, tar, record["compiled"], tuple(record["skipped"]))
+            found = record["compiled"], tuple(record["skipped"])
+            return Compiled(wheel_sha256, tar, *found, wheel_first_reads(wheel))
         with self.lock:
             if self.container is None:
                 self._start()
@@ -262,7 +265,7 @@ class Compiler:
         self.cache.put_record(
             "bytecode", key, {"tar": digest, "compiled": len(pycs), "skipped": skipped}
         )
-        return Compiled(wheel_sha256, tar, len(pycs), skipped)
+        return Compiled(wheel_sha256, tar, len(pycs), skipped, wheel_first_reads(wheel))
 
 
 class CompileQueue:
@@ -336,7 +339,7 @@ def bytecode_layer(
     """
     root = root.strip("/")
     key_text = "\n".join(
-        [BYTECODE_FORMAT, root, str(epoch), *(p.tar.parent.name for p in parts), *sorted(shadowed)]
+        [LAYER_KEY, root, str(epoch), *(p.tar.parent.name for p in parts), *sorted(shadowed)]
     )
     key = hashlib.sha256(key_text.encode()).hexdigest()
     compiled = sum(p.compiled for p in parts)
@@ -352,7 +355,9 @@ def bytecode_layer(
                 extracted = archive.extractfile(member) if member.isfile() else None
                 if extracted is not None and source_of(member.name) not in shadowed:
                     files[member.name] = extracted.read()
-    temp, digest = written(cache, lambda out: _write_tar(out, files.items(), root, epoch))
+    pyc_of = {source_of(name): name for name in files}
+    first = [pyc_of[source] for part in parts for source in part.first if source in pyc_of]
+    temp, digest = written(cache, lambda out: _write_tar(out, files.items(), root, epoch, first))
     layer = keep(temp, digest, cache, epoch)
     cache.put_record("bytecode-layer", key, {"diff_id": layer.diff_id, "size": layer.size})
     return BytecodeLayer(layer, interpreter, compiled, skipped)
@@ -362,27 +367,6 @@ def source_of(pyc: str) -> str:
     """The source a `__pycache__/<name>.<tag>.pyc` path was compiled from."""
     cache_dir, name = posixpath.split(pyc)
     return posixpath.join(posixpath.dirname(cache_dir), name.split(".", 1)[0] + ".py")
-
-
-def _demultiplexed(raw: Any) -> tuple[bytes, bytes]:
-    """stdout and stderr of an exec's attached stream (no tty), read until the engine closes it.
-
-    The engine frames each write as an 8-byte header (stream, size) and its bytes. Read in
-    large chunks and split here: docker-py's frame iterator reads frame by frame and took 30 s
-    for 60 MB of bytecode that this reads in about one.
-    """
-    received = bytearray()
-    while chunk := raw.recv(RECEIVE):
-        received += chunk
-    streams = {1: bytearray(), 2: bytearray()}
-    position = 0
-    while position + FRAME_HEADER <= len(received):
-        kind = received[position]
-        size = int.from_bytes(received[position + 4 : position + FRAME_HEADER], "big")
-        start = position + FRAME_HEADER
-        streams.get(kind, streams[2]).extend(received[start : start + size])
-        position = start + size
-    return bytes(streams[1]), bytes(streams[2])
 
 
 def _source_bytes(wheel: Path) -> int:
@@ -424,9 +408,14 @@ def _pyc_members(output: bytes) -> tuple[dict[str, bytes], CompileSummary]:
 
 
 def _write_tar(
-    out: IO[bytes] | Any, files: Iterable[tuple[str, bytes]], root: str, epoch: int
+    out: IO[bytes] | Any,
+    files: Iterable[tuple[str, bytes]],
+    root: str,
+    epoch: int,
+    first: Sequence[str] = (),
 ) -> None:
-    """A normalized tar: sorted, every parent directory, root-owned, fixed modes and mtimes."""
+    """A normalized tar: every parent directory, root-owned, fixed modes and mtimes; sorted,
+    but for the `first` files (what the first import reads), put right after the directories."""
     prefix = f"{root}/" if root else ""
     members = {f"{prefix}{path}": data for path, data in files}
     directories = {
@@ -435,7 +424,8 @@ def _write_tar(
         for depth in range(1, name.count("/") + 1)
     }
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(directories | set(members)):
+        leading = [f"{prefix}{path}" for path in first]
+        for name in laid_out(sorted(directories | set(members)), directories, leading):
             info = tarfile.TarInfo(name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
             if name in members:

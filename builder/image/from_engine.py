@@ -30,7 +30,7 @@ from builder.image.gzipped import cached_gzip, gzipped, gzipped_from
 from builder.image.saved import saved_to_disk
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
-from builder.oci.referrers import Attachment
+from builder.oci.referrers import Artifact
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
 from builder.oci.v1 import (
     DOCKER_LAYER,
@@ -191,12 +191,12 @@ def push_engine_images(
     tags: Sequence[str],
     cache: Cache,
     base: ImageRef | None = None,
-    attach: Callable[[str, Image], Sequence[Attachment]] | None = None,
+    attach: Callable[[str, Image], Sequence[Artifact]] | None = None,
 ) -> tuple[Written, dict[str, Image]]:
     """Write each arch -> engine image id by digest, then an index of them under `tags`.
 
-    `attach(arch, image)`: the documents to attach to each image (its SBOM, its provenance),
-    written with it, before the index and the tags.
+    `attach(arch, image)`: what to attach to each image (its SBOM, its provenance, its SOCI
+    index), written with it, before the index and the tags.
     """
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
         pushed, blobs = {}, Blobs()

@@ -37,9 +37,10 @@ from typing import IO, Any, TypedDict
 from builder.analysis.wheels import newest_date
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.image.first_reads import laid_out, wheel_first_reads
 from builder.image.install_layout import DIR_MODE, Entry, install_entries
 
-LAYER_FORMAT = "deps-extra-layer/3"  # bump when the layout or tar settings change
+LAYER_FORMAT = "deps-extra-layer/4"  # bump when the layout or tar settings change (4: first reads)
 ZIP_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 CHUNK = 1 << 20
 BLOCK = 512
@@ -186,7 +187,8 @@ def write_tar(
         full = {f"{root}/{path}": entry for path, entry in entries.items()}
         for directory in directories:
             full.setdefault(directory, Entry(directory, DIR_MODE))
-        names = sorted(full)
+        first = [f"{root}/{path}" for wheel in wheels for path in wheel_first_reads(Path(wheel))]
+        names = laid_out(sorted(full), directories, first)  # a lazy node's first import: up front
         written = 0
         with (
             ThreadPoolExecutor(max_workers=READERS) as pool,

@@ -39,8 +39,9 @@ from builder.image.attachments import ImageFactsRequest, attestable
 from builder.image.build import BuildSpec, Discard, Log, base_logins, build_image
 from builder.image.from_engine import push_engine_images
 from builder.image.render import place
+from builder.image.soci import soci_index
 from builder.oci.name import ImageRef
-from builder.oci.referrers import Attachment
+from builder.oci.referrers import Artifact
 from builder.oci.remote import Written
 from builder.oci.v1 import Image
 from builder.runtime import copy_server
@@ -198,10 +199,9 @@ def build_base_index(
     repository = ref.with_tag(None)
     (log or Discard()).write(f"pushing {', '.join(images)} to {repository} by digest ...\n")
     target = credentials.registry(repository, str(repository))
-    attach = partial(_attachments, client, base_image, images, str(repository))
-    pushed, _ = push_engine_images(
-        client, images, target, [ref.tag], cache or Cache(default_root()), base_image, attach
-    )
+    cache = cache or Cache(default_root())
+    attach = partial(_attachments, client, base_image, images, str(repository), cache)
+    pushed, _ = push_engine_images(client, images, target, [ref.tag], cache, base_image, attach)
     return pushed
 
 
@@ -210,12 +210,15 @@ def _attachments(
     source: ImageRef,
     images: Mapping[str, str],
     repository: str,
+    cache: Cache,
     arch: str,
     image: Image,
-) -> tuple[Attachment, ...]:
+) -> tuple[Artifact, ...]:
     """The SBOM and provenance of the reference base's `arch` image: /app/deps with each
     wheel the lock fixed, the Debian packages all the `--from` image's (`source`, named in the
-    SBOM as the operator wrote it)."""
+    SBOM as the operator wrote it); and its SOCI index: the push gzipped the base's layers
+    itself, so its large ones are indexed (builder.image.soci), here and in every image built
+    on it from this cache."""
     target = Target(shipped_facts(), (arch_named(arch),))
     wheels = {
         w.name: WheelOrigin(w.file.filename, w.file.url, w.file.sha256) for w in chosen_wheels(arch)
@@ -238,7 +241,9 @@ def _attachments(
         base_image=source.as_written,
     )
     found = attestable(client, request, parameters, datetime.now(UTC))
-    return found.attachments(repository, image.digest)
+
+    index = soci_index(image, cache)
+    return (*found.attachments(repository, image.digest), *((index,) if index else ()))
 
 
 def _temp_parent(cache: Cache) -> Path | None:

@@ -13,7 +13,10 @@ In the spirit of go-containerregistry's `name` / `v1` / `mutate` / `remote`:
 - `client`: `RepositoryClient`, the distribution API's primitives for one repository, verified and
   bounded reads, typed errors;
 - `remote`: `resolve(registry, platform)` and `write(registry, images, blobs, index, tags)`,
-  the only reader of a platform's image and the only writer of blobs, manifests and tags.
+  the only reader of a platform's image and the only writer of blobs, manifests and tags;
+- `referrers`: what is attached to an image (an `Artifact`), and finding it again;
+- `ztoc`, `ztoc_read`: SOCI ztocs and the SOCI index as soci-snapshotter 0.4 reads them, written
+  from a gzip layer and read back against one.
 
 The core imports nothing of the project but builder.errors (tests/test_layout.py holds it to
 that), so the image, base and orchestration layers all stand on it.

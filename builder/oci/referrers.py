@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from builder.errors import RegistryError
 from builder.oci.client import RepositoryClient
@@ -33,12 +34,37 @@ from builder.oci.v1 import (
 MAX_DOCUMENT = 64 << 20
 
 
+class Artifact(Protocol):
+    """Anything attached to an image: its kind, its blobs, and its manifest naming the subject.
+
+    An Attachment (one document) is one; a SOCI index (builder.oci.ztoc: the ztocs, and a
+    manifest of soci's own shape) is another.
+    """
+
+    @property
+    def artifact_type(self) -> str: ...
+
+    def blobs(self) -> tuple[bytes, ...]:
+        """What the registry must hold before the manifest is put."""
+        ...
+
+    def manifest(self, subject: Descriptor) -> bytes:
+        """The manifest that attaches it to `subject`."""
+        ...
+
+
 @dataclass(frozen=True)
 class Attachment:
     """One document to attach to an image: what kind it is, and its bytes."""
 
     artifact_type: str  # also the layer's media type
     document: bytes
+
+    def blobs(self) -> tuple[bytes, ...]:
+        return (EMPTY_CONFIG, self.document)
+
+    def manifest(self, subject: Descriptor) -> bytes:
+        return artifact_manifest(subject, self)
 
 
 @dataclass(frozen=True)

@@ -29,16 +29,14 @@ from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.name import TAG_RE
 from builder.oci.referrers import (
-    Attachment,
+    Artifact,
     Referrer,
     api_listing,
-    artifact_manifest,
     fallback_listing,
     fallback_tag,
     referrers_index,
 )
 from builder.oci.v1 import (
-    EMPTY_CONFIG,
     OCI_INDEX,
     OCI_MANIFEST,
     Descriptor,
@@ -309,7 +307,7 @@ def write(
     *,
     index: Index | None = None,
     tags: Sequence[str] = (),
-    attachments: Mapping[str, Sequence[Attachment]] | None = None,
+    attachments: Mapping[str, Sequence[Artifact]] | None = None,
     memory: BlobMemory | None = None,
     written: Collection[str] = (),
 ) -> Written:
@@ -343,7 +341,7 @@ def write(
     return Written(target.label, top.digest, names, moved.uploaded, moved.mounted, moved.present)
 
 
-def attach(target: RepositoryClient, subject: Descriptor, attachments: Sequence[Attachment]) -> int:
+def attach(target: RepositoryClient, subject: Descriptor, attachments: Sequence[Artifact]) -> int:
     """Push each attachment of `subject` and list it where clients look; returns bytes sent.
 
     The subject's manifest must already be in `target`. Without a referrers API the fallback
@@ -352,11 +350,11 @@ def attach(target: RepositoryClient, subject: Descriptor, attachments: Sequence[
     sent = 0
     found: list[Referrer] = []
     for attachment in attachments:
-        for blob in (EMPTY_CONFIG, attachment.document):
+        for blob in attachment.blobs():
             if not target.blob_exists(digest_of(blob)):
                 target.upload_blob(blob, digest_of(blob))
                 sent += len(blob)
-        manifest = artifact_manifest(subject, attachment)
+        manifest = attachment.manifest(subject)
         target.put_manifest(digest_of(manifest), manifest, OCI_MANIFEST)
         sent += len(manifest)
         found.append(Referrer(digest_of(manifest), len(manifest), attachment.artifact_type))

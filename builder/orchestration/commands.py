@@ -54,13 +54,17 @@ if TYPE_CHECKING:
     from builder.sign.keys import SigningKey
 
 
-def push_target(plan: Plan, request: Request, repository: ImageRef | None) -> Target | None:
-    """The repository, tag and index annotations of a push; None when nothing is pushed."""
+def push_target(
+    plan: Plan, request: Request, repository: ImageRef | None, soci: bool = True
+) -> Target | None:
+    """The repository, tag and index annotations of a push (and whether a SOCI index goes with
+    each image); None when nothing is pushed."""
     if repository is None:
         return None
     version = platform_version(plan.base_reference, request.platform_version)
     labels = finish(plan, request, {}).labels
-    return Target(repository, image_tag(version, extras_hash_of(plan)), labels)
+    tag = image_tag(version, extras_hash_of(plan))
+    return Target(repository, tag, labels, soci, plan.base_reference)
 
 
 def delivery_for(
@@ -75,7 +79,7 @@ def delivery_for(
     run from a config records what it pushed in `state`, for `rebuild` to diff against."""
     return Delivery(
         verify=verify,
-        push=push_target(plan, request, settings.push_repository),
+        push=push_target(plan, request, settings.push_repository, settings.soci),
         template=settings.template,
         container=settings.container,
         warm_pools=settings.warm_pools,

@@ -9,8 +9,9 @@ verified, and how to get the OCI value written (an `oci.v1.Image` and where its 
 started at once (those native on their engine first, so a native image never waits on emulation)
 and verified as it arrives, on the engine that made it (`run.engines.for_arch(arch)`:
 builder.engines.per_arch); only when every arch passed is anything written
-(builder.oci.remote.write: each image by digest, then the index, the tags last; with a signing
-key the cosign signatures and attestations go in before the tags, builder.sign), so a failure
+(builder.oci.remote.write: each image by digest with its SBOM, provenance and SOCI index
+attached, builder.image.soci, then the index, the tags last; with a signing key the cosign
+signatures and attestations go in before the tags, builder.sign), so a failure
 leaves every tag and the template as they were. Then the template is pointed at the digest (with
 the warm-pool warnings), and report.json and the state are written.
 """
@@ -36,6 +37,7 @@ from builder.errors import UserError
 from builder.image.render import add_to_output, update_report
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
+from builder.oci.referrers import Artifact
 from builder.oci.remote import Blobs, Written, sign_and_tag, write
 from builder.oci.v1 import Image, Index, Platform
 from builder.orchestration.node_update import (
@@ -53,7 +55,9 @@ from builder.verify.report import VerifyReport
 if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a run needs them,
     # the SBOM reading and the verifier (some 40 modules) only when a run verifies or pushes
     from builder.image.attachments import Attestable
+    from builder.image.soci import SociRecord
     from builder.image.template import TemplateChange
+    from builder.oci.ztoc import SociIndex
     from builder.sign.keys import SigningKey
 
 
@@ -103,6 +107,8 @@ class Target:
     repository: ImageRef
     tag: str
     annotations: Mapping[str, str] = field(default_factory=dict)
+    soci: bool = True  # attach a SOCI index (builder.image.soci) to each image
+    base: ImageRef | None = None  # the images' base: its own SOCI index lends its layers' ztocs
 
 
 @dataclass(frozen=True)
@@ -269,6 +275,7 @@ def _write(
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
+        soci = _soci_indexes(produced, images, target.base, run.cache) if target.soci else {}
         memory = blob_memory(run.cache)
         written = write(
             registry,
@@ -276,7 +283,7 @@ def _write(
             blobs,
             index=index,
             tags=[] if key else [target.tag],  # signed: the tag moves after the signatures
-            attachments=attached,
+            attachments=_with_soci(attached, soci),  # in before the tags move, like the SBOM
             memory=memory,
             written=_early_blobs(produced, images),
         )
@@ -295,6 +302,7 @@ def _write(
             node_update(image, before.get(one.arch)),
             tuple(image.layers[-len(one.extras_layers) :]) if one.extras_layers else (),
             _write_attachments(one, run.output),
+            soci[image.digest][1] if image.digest in soci else None,
         )
         for one, image in zip(produced, images, strict=True)
     }
@@ -302,6 +310,32 @@ def _write(
         if one.early is not None:
             written = written.after(one.early)
     return written, total(previous, [r.node_update for r in recorded.values()]), recorded
+
+
+def _soci_indexes(
+    produced: Sequence[Produced], images: Sequence[Image], base: ImageRef | None, cache: Cache
+) -> dict[str, tuple[SociIndex | None, SociRecord]]:
+    """Each image's SOCI index (None: no layer of it is indexed) and its report record."""
+    from builder.image.soci import base_ztocs, soci_index, soci_record  # flatbuffers: a push's
+
+    found = {}
+    for one, image in zip(produced, images, strict=True):
+        index = soci_index(image, cache, base_ztocs(base, one.arch))
+        found[image.digest] = (index, soci_record(image, index))
+    return found
+
+
+def _with_soci(
+    attached: Mapping[str, Sequence[Artifact]],
+    soci: Mapping[str, tuple[SociIndex | None, SociRecord]],
+) -> dict[str, tuple[Artifact, ...]]:
+    """The attestations, and each image's SOCI index beside them (not attested: cosign attests
+    documents about the image; `verify` checks the ztocs against the layers themselves)."""
+    found = {digest: tuple(artifacts) for digest, artifacts in attached.items()}
+    for digest, (index, _) in soci.items():
+        if index is not None:
+            found[digest] = (*found.get(digest, ()), index)
+    return found
 
 
 def _early_blobs(produced: list[Produced], images: list[Image]) -> set[str]:

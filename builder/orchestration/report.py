@@ -14,11 +14,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder.oci.remote import Written
 from builder.oci.v1 import Descriptor
 from builder.orchestration.node_update import NodeUpdate
 from builder.verify.report import VerifyReport
+
+if TYPE_CHECKING:  # flatbuffers (builder.oci.ztoc) only when a push writes an index
+    from builder.image.soci import SociRecord
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class ArchWritten:
     node_update: NodeUpdate  # what a node holding the previous image fetches and unpacks
     layer_blobs: tuple[Descriptor, ...] = ()  # the extras layers' blobs, bottom to top
     attachments: tuple[str, ...] | None = None  # files beside report.json; None: no facts read
+    soci: SociRecord | None = None  # the SOCI index attached; None: --no-soci
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class ArchRecord:
             record["digest"] = written.digest
             record["image_size"] = written.image_size
             record["node_update"] = written.node_update.to_dict()
+            if written.soci is not None:
+                record["soci"] = written.soci.to_dict()
         if self.verification is not None:
             record["verification"] = self.verification.to_dict()
         layers = self.layers()

@@ -1,0 +1,191 @@
+"""Which layers of an image get a ztoc, the reuse of ztocs by blob digest, `soci = false`,
+verify's reading of an attached index, and the reference base pushed with its own index."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import Registry as LocalRegistry
+from support.wheelfactory import make_wheel
+
+from builder.cache import Cache, sha256_of
+from builder.config import RunSettings, load_config, merge, settings_of
+from builder.errors import UserError
+from builder.image import soci as soci_module
+from builder.image.gzipped import gzipped, spans_of
+from builder.image.layer import LayerWheels, wheels_layer
+from builder.image.soci import attached_index_problems, base_ztocs, soci_index, soci_record
+from builder.oci.auth import Credentials
+from builder.oci.client import RepositoryClient
+from builder.oci.name import ImageRef
+from builder.oci.referrers import Attachment, referrers
+from builder.oci.remote import Blobs, LocalFile, attach, resolve, write
+from builder.oci.v1 import DOCKER_LAYER, Descriptor, Image, Platform, digest_of
+from builder.oci.ztoc import SOCI_INDEX, LayerZtoc, SociIndex, ztoc_bytes
+
+THRESHOLD = 100 << 10  # the threshold, scaled down with the layers
+REFERENCE = ImageRef.parse("python:3.13-slim-trixie")
+CONFIG = b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}'
+
+
+def tool_layer(tmp_path: Path, cache: Cache, name: str, size: int) -> Descriptor:
+    """A layer the tool writes and gzips: a wheel holding `size` incompressible bytes."""
+    files = {f"{name}/__init__.py": b"", f"{name}/data.bin": os.urandom(size)}
+    wheel = make_wheel(tmp_path / name, name, "1.0", "py3-none-any", files, top_level=[name])
+    layer = wheels_layer(LayerWheels(((sha256_of(wheel), wheel),)), "/app/deps-extra", cache)
+    blob = gzipped(layer.path, layer.diff_id, cache)
+    return Descriptor(DOCKER_LAYER, blob.digest, blob.size)
+
+
+@pytest.fixture(scope="module")
+def layers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cache, list[Descriptor]]:
+    tmp_path = tmp_path_factory.mktemp("layers")
+    cache = Cache(tmp_path / "cache")
+    large = tool_layer(tmp_path, cache, "large", 2 * THRESHOLD)
+    small = tool_layer(tmp_path, cache, "small", THRESHOLD // 4)
+    foreign = Descriptor(DOCKER_LAYER, "sha256:" + "f" * 64, 50 << 20)  # the base's: no record
+    assert large.size >= THRESHOLD > small.size
+    return cache, [foreign, large, small]
+
+
+@pytest.fixture(autouse=True)
+def threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(soci_module, "MIN_LAYER", THRESHOLD)
+
+
+def test_only_the_tools_large_layers_get_a_ztoc(layers: tuple[Cache, list[Descriptor]]) -> None:
+    cache, descriptors = layers
+    image = Image.build(CONFIG, descriptors)
+    index = soci_index(image, cache)
+    assert index is not None
+    assert [one.layer for one in index.ztocs] == [descriptors[1]]
+    record = soci_record(image, index)
+    assert [one.layer for one in record.ztocs] == [descriptors[1].digest]
+    assert record.index == digest_of(index.manifest(image.descriptor()))
+    assert record.normal_pull_bytes == sum(d.size for d in descriptors)
+    ztoc_size = len(index.ztocs[0].ztoc)
+    assert record.lazy_before_mount_bytes == descriptors[0].size + descriptors[2].size + ztoc_size
+    assert record.to_dict()["ztocs"] == [
+        {"layer": descriptors[1].digest, "ztoc": digest_of(index.ztocs[0].ztoc), "size": ztoc_size}
+    ]
+    assert soci_index(Image.build(CONFIG, [descriptors[0], descriptors[2]]), cache) is None
+
+
+def test_a_second_image_with_the_layer_reuses_its_ztoc(
+    layers: tuple[Cache, list[Descriptor]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebase or another template pushing the same layer: the ztoc comes from the cache."""
+    cache, descriptors = layers
+    first = soci_index(Image.build(CONFIG, descriptors), cache)
+
+    def never(*_: object) -> bytes:
+        raise AssertionError("the ztoc was written again")
+
+    monkeypatch.setattr(soci_module, "ztoc_bytes", never)
+    again = soci_index(Image.build(CONFIG, [descriptors[1]]), cache)  # a rebased image
+    assert first is not None and again is not None
+    assert again.ztocs == first.ztocs
+
+
+def test_soci_is_on_unless_the_config_or_the_flag_turns_it_off(tmp_path: Path) -> None:
+    path = tmp_path / "bsi.toml"
+    base = 'requirements = ["r.txt"]\nbase-repository = "reg.example/rt"\nplatform-version = "1"\n'
+    path.write_text(base)
+    assert load_config(path).soci is True
+    path.write_text(base + "soci = false\n")
+    config = load_config(path)
+    assert config.soci is False
+    flags = RunSettings((Path("r.txt"),), REFERENCE)
+    assert merge(flags, config, output_given=False, base_given=False).soci is False
+    path.write_text(base)
+    off = RunSettings((), REFERENCE, soci=False)
+    assert merge(off, load_config(path), output_given=False, base_given=False).soci is False
+    assert settings_of(load_config(path)).soci is True  # a rebuild: the config's
+    path.write_text(base + 'soci = "no"\n')
+    with pytest.raises(UserError, match="'soci' must be true or false"):
+        load_config(path)
+
+
+def test_verify_reads_the_attached_index_back_and_finds_a_ztoc_of_another_layer(
+    registry: LocalRegistry,
+    layers: tuple[Cache, list[Descriptor]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pushed with its index beside an SBOM (listed in the fallback index), the image checks
+    clean; an index whose ztoc describes another layer under this layer's digest does not."""
+    cache, descriptors = layers
+    large = descriptors[1]
+    repository = f"{registry.host}/bsi-soci-{uuid.uuid4().hex[:8]}/app"
+    target = RepositoryClient(
+        ImageRef.parse(f"{repository}:x"),
+        credentials=Credentials(registry.user, registry.password, "test"),
+    )
+    image = Image.build(CONFIG, [large])
+    blob = cache.find_blob(large.digest.removeprefix("sha256:"), "layer.tar.gz")
+    assert blob is not None
+    index = soci_index(image, cache)
+    assert index is not None
+    sbom = Attachment("application/vnd.cyclonedx+json", b"{}")
+    attached = {image.digest: (sbom, index)}
+    write(
+        target, [image], Blobs({large.digest: LocalFile(blob)}), tags=["v1"], attachments=attached
+    )
+    kinds = [one.artifact_type for one in referrers(target, image.digest)]
+    assert kinds == ["application/vnd.cyclonedx+json", SOCI_INDEX]
+    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)  # how verify logs in
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
+    reference = ImageRef.parse(f"{repository}:v1")
+    found = attached_index_problems(reference)
+    assert found == (digest_of(index.manifest(image.descriptor())), [])
+    small = descriptors[2]  # another layer's ztoc, claimed for the large one
+    other = LayerZtoc(large, ztoc_bytes(*_blob_spans(cache, small.digest)))
+    attach(target, image.descriptor(), [SociIndex((other,))])
+    found = attached_index_problems(reference)
+    assert found is not None and found[1]
+    assert any("file table differs" in line or "size" in line for line in found[1])
+
+
+def _blob_spans(cache: Cache, digest: str) -> tuple[Path, int, tuple[int, ...]]:
+    blob = spans_of(digest, cache)
+    assert blob is not None
+    return blob.path, blob.span_size, blob.spans
+
+
+def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
+    registry: LocalRegistry,
+    reference_image: str,
+    shared_cache: Path,
+    test_env: dict,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """`base --tag` (one arch here) saves and gzips the base's layers itself: each large one gets
+    a ztoc, the SBOM and provenance beside the index, and the pushed base checks clean; an
+    image on it built from another cache reuses its ztocs through that index."""
+    from builder.image.reference_base import build_base_index
+
+    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
+    ref = ImageRef.parse(f"{registry.host}/bsi-soci-{uuid.uuid4().hex[:8]}/runtime:1.0")
+    base = ImageRef.parse(test_env["base_image"])
+    cache = Cache(shared_cache)  # reference_image warmed BuildKit: the build takes seconds
+    pushed = build_base_index(ref, ("amd64",), base_image=base, cache=cache)
+    client = RepositoryClient(ref, credentials=Credentials(registry.user, registry.password, "t"))
+    image = resolve(client, Platform.linux("amd64"), pushed.digest)
+    kinds = [one.artifact_type for one in referrers(client, image.digest)]
+    assert SOCI_INDEX in kinds and "application/vnd.cyclonedx+json" in kinds
+    large = {layer.digest for layer in image.layers if layer.size >= soci_module.MIN_LAYER}
+    assert large and all(spans_of(digest, cache) for digest in large)  # gzipped by the push
+    found = attached_index_problems(ref.with_tag(None).with_digest(image.digest))
+    assert found is not None and found[1] == []
+    index = soci_index(image, cache)
+    assert index is not None and {one.layer.digest for one in index.ztocs} == large
+    assert found[0] == digest_of(index.manifest(image.descriptor()))
+    # another machine's cache holds none of these blobs: the base's own index lends its ztocs
+    pinned = ref.with_tag(None).with_digest(pushed.digest)
+    lent = base_ztocs(pinned, "amd64")
+    assert soci_index(image, Cache(tmp_path / "elsewhere"), lent) == index
+    assert base_ztocs(pinned.with_digest("sha256:" + "0" * 64), "amd64") == {}  # no such base
