@@ -162,3 +162,19 @@ def test_a_cached_layer_tar_whose_bytes_changed_is_refused(tmp_path: Path) -> No
     tar.write_bytes(tar.read_bytes()[:-1] + b"!")
     with pytest.raises(UserError, match=f"^layer tar {tar} is not {diff_id}$"):
         gzipped(tar, diff_id, Cache(tmp_path / "cache"))
+
+
+def test_a_record_of_another_shape_is_gzipped_again(tmp_path: Path) -> None:
+    """A record written under the same key by a build of the tool before the spans (no span
+    offsets) is no blob: the layer is compressed again and the record replaced."""
+    tar, diff_id = layer_tar(tmp_path / "layer.tar")
+    cache = Cache(tmp_path / "cache")
+    blob = gzipped(tar, diff_id, cache)
+    key = gzipped_module._key(diff_id)
+    cache.put_record("layer-gzip", key, {"digest": blob.digest, "size": blob.size})
+    hexdigest = blob.digest.removeprefix("sha256:")
+    cache.put_record("layer-spans", hexdigest, {"size": blob.size})
+    assert cached_gzip(diff_id, cache) is None
+    assert gzipped_module.spans_of(blob.digest, cache) is None
+    assert gzipped(tar, diff_id, cache) == blob  # the same bytes again, recorded whole
+    assert cached_gzip(diff_id, cache) == blob == gzipped_module.spans_of(blob.digest, cache)

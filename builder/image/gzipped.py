@@ -110,9 +110,7 @@ def spans_of(digest: str, cache: Cache) -> Blob | None:
     hexdigest = digest.removeprefix("sha256:")
     record = cache.get_record("layer-spans", hexdigest)
     found = cache.find_blob(hexdigest, "layer.tar.gz") if record else None
-    if record is None or found is None:
-        return None
-    return Blob(found, digest, record["size"], tuple(record["spans"]), record["span_size"])
+    return _described(record, found, digest)
 
 
 def _key(diff_id: str) -> str:
@@ -121,12 +119,22 @@ def _key(diff_id: str) -> str:
 
 def _cached(cache: Cache, key: str) -> Blob | None:
     record = cache.get_record("layer-gzip", key)
-    if record:
-        found = cache.find_blob(record["digest"].split(":", 1)[1], "layer.tar.gz")
-        if found:
-            spans = tuple(record["spans"])
-            return Blob(found, record["digest"], record["size"], spans, record["span_size"])
-    return None
+    digest = record.get("digest") if isinstance(record, dict) else None
+    if not isinstance(digest, str):
+        return None
+    return _described(record, cache.find_blob(digest.split(":", 1)[-1], "layer.tar.gz"), digest)
+
+
+def _described(record: Any, path: Path | None, digest: str) -> Blob | None:
+    """The blob at `path` as `record` describes it; None when the file is gone or the record has
+    another shape (a build of the tool before the spans wrote it): it is gzipped again."""
+    if path is None or not isinstance(record, dict):
+        return None
+    try:
+        spans = tuple(int(offset) for offset in record["spans"])
+        return Blob(path, digest, int(record["size"]), spans, int(record["span_size"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 class _Hashing:
