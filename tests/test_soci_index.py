@@ -113,9 +113,11 @@ def test_verify_reads_the_attached_index_back_and_finds_a_ztoc_of_another_layer(
     registry: LocalRegistry,
     layers: tuple[Cache, list[Descriptor]],
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     """Pushed with its index beside an SBOM (listed in the fallback index), the image checks
-    clean; an index whose ztoc describes another layer under this layer's digest does not."""
+    clean; an index whose ztoc describes another layer under this layer's digest does not, and
+    an image on it as a base never reuses that ztoc."""
     cache, descriptors = layers
     large = descriptors[1]
     repository = f"{registry.host}/bsi-soci-{uuid.uuid4().hex[:8]}/app"
@@ -146,6 +148,23 @@ def test_verify_reads_the_attached_index_back_and_finds_a_ztoc_of_another_layer(
     found = attached_index_problems(reference)
     assert found is not None and found[1]
     assert any("file table differs" in line or "size" in line for line in found[1])
+    # as another machine's base: the right ztoc is lent, the other layer's never
+    elsewhere = Cache(tmp_path / "elsewhere")
+    assert base_ztocs(reference, image, elsewhere) == {large.digest: index.ztocs[0].ztoc}
+    # a base that carries only the wrong one lends nothing, and says so from the cache next time
+    lone = ImageRef.parse(f"{registry.host}/bsi-soci-{uuid.uuid4().hex[:8]}/base:1")
+    lone_target = RepositoryClient(
+        lone, credentials=Credentials(registry.user, registry.password, "test")
+    )
+    write(lone_target, [image], Blobs({large.digest: LocalFile(blob)}), tags=["1"])
+    attach(lone_target, image.descriptor(), [SociIndex((other,))])
+    assert base_ztocs(lone, image, elsewhere) == {}
+
+    def never(*_: object) -> bool:
+        raise AssertionError("the refused ztoc was checked again")
+
+    monkeypatch.setattr(soci_module, "_is_our_ztoc", never)
+    assert base_ztocs(lone, image, elsewhere) == {}
 
 
 def _blob_spans(cache: Cache, digest: str) -> tuple[Path, int, tuple[int, ...]]:
@@ -186,6 +205,8 @@ def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
     assert found[0] == digest_of(index.manifest(image.descriptor()))
     # another machine's cache holds none of these blobs: the base's own index lends its ztocs
     pinned = ref.with_tag(None).with_digest(pushed.digest)
-    lent = base_ztocs(pinned, "amd64")
-    assert soci_index(image, Cache(tmp_path / "elsewhere"), lent) == index
-    assert base_ztocs(pinned.with_digest("sha256:" + "0" * 64), "amd64") == {}  # no such base
+    elsewhere = Cache(tmp_path / "elsewhere")
+    lent = base_ztocs(pinned, image, elsewhere)
+    assert soci_index(image, elsewhere, lent) == index
+    no_such = pinned.with_digest("sha256:" + "0" * 64)
+    assert base_ztocs(no_such, image, Cache(tmp_path / "third")) == {}

@@ -193,3 +193,36 @@ def test_mismatches_finds_nothing_in_the_layer_and_what_another_layer_changes(
     with io.BytesIO(bytes(data)) as stream:
         found = ztoc_read.mismatches(read, stream, len(data))
     assert found and not any("compressed size" in line for line in found)
+
+
+@pytest.mark.usefixtures("small_spans")
+def test_checkpoints_are_where_inflating_may_start(tmp_path: Path) -> None:
+    """Each checkpoint of the tool's gzip inflates alone to its span of the tar; one moved by a
+    byte into its deflate data does not, though the spans would hash the same way."""
+    _, blob, spans = a_layer(tmp_path, Cache(tmp_path / "c"))
+    read = ztoc_read.read_ztoc(ztoc.ztoc_bytes(blob, SPAN, spans))
+    assert ztoc_read.flushed_at(blob, read.checkpoints)
+    points = list(read.checkpoints)
+    points[2] = replace(points[2], compressed=points[2].compressed + 1)
+    assert not ztoc_read.flushed_at(blob, points)
+    points = list(read.checkpoints)
+    points[1] = replace(points[1], uncompressed=points[1].uncompressed + 1)
+    assert not ztoc_read.flushed_at(blob, points)
+
+
+def test_names_and_pax_values_that_are_not_utf8_travel_as_their_bytes(tmp_path: Path) -> None:
+    """A tar entry whose name is not UTF-8 and a binary capability xattr (as a saved base may
+    hold) give a ztoc whose file table reads back equal to the tar's: not an encoding error."""
+    tar_path = tmp_path / "layer.tar"
+    with tarfile.open(tar_path, "w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("usr/bin/caf\udce9")  # the byte 0xe9, as tarfile keeps it
+        info.size = 3
+        info.pax_headers = {"SCHILY.xattr.security.capability": "\x01\udcff\x02"}
+        archive.addfile(info, io.BytesIO(b"abc"))
+    diff_id = "sha256:" + sha256_of(tar_path)
+    blob = gzipped(tar_path, diff_id, Cache(tmp_path / "c"))
+    data = ztoc.ztoc_bytes(blob.path, blob.span_size, blob.spans)
+    read = ztoc_read.read_ztoc(data)
+    assert [entry.name for entry in read.files] == ["usr/bin/caf\udce9"]
+    with blob.path.open("rb") as stream:
+        assert ztoc_read.mismatches(read, stream, blob.size) == []

@@ -43,9 +43,14 @@ if TYPE_CHECKING:
     help="Architecture (repeatable; default amd64).",
 )
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
+@click.option("--no-soci", is_flag=True, help="Attach no SOCI index to the pushed index's images.")
 @reports_errors
 def base_command(
-    tag: ImageRef, base_image: ImageRef, arches: tuple[str, ...], cache_dir: Path | None
+    tag: ImageRef,
+    base_image: ImageRef,
+    arches: tuple[str, ...],
+    cache_dir: Path | None,
+    no_soci: bool,
 ) -> None:
     """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
     from builder.cache import Cache, default_root
@@ -61,5 +66,7 @@ def base_command(
         )
         click.echo(f"{name} {image_id}")
         return
-    pushed = build_base_index(tag, wanted, base_image=base_image, cache=cache, log=sys.stderr)
+    pushed = build_base_index(
+        tag, wanted, base_image=base_image, cache=cache, log=sys.stderr, soci=not no_soci
+    )
     click.echo(f"{tag.as_written} {pushed.reference}")

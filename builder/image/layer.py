@@ -37,10 +37,11 @@ from typing import IO, Any, TypedDict
 from builder.analysis.wheels import newest_date
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.first_reads import laid_out, wheel_first_reads
+from builder.image.first_reads import LAYOUT_FORMAT, laid_out, wheel_first_reads
 from builder.image.install_layout import DIR_MODE, Entry, install_entries
 
-LAYER_FORMAT = "deps-extra-layer/4"  # bump when the layout or tar settings change (4: first reads)
+# bump when the tar settings change; the order within a layer has its own version (first_reads)
+LAYER_FORMAT = f"deps-extra-layer/4 {LAYOUT_FORMAT}"
 ZIP_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 CHUNK = 1 << 20
 BLOCK = 512

@@ -176,11 +176,13 @@ def build_base_index(
     base_image: ImageRef,
     cache: Cache | None = None,
     log: Log | None = None,
+    soci: bool = True,
 ) -> Written:
     """Build the reference base for each arch and push it to `ref`'s registry as one index.
 
     Several arches cannot live under one local tag, so `ref` must name a registry
-    (`host/repo:tag`); each arch is also tagged locally as `<ref as written>-<arch>`.
+    (`host/repo:tag`); each arch is also tagged locally as `<ref as written>-<arch>`. Without
+    `soci` no SOCI index is attached (`--no-soci`).
     """
     tag = ref.as_written
     names_registry = not ref.is_hub or tag.startswith(("docker.io/", "index.docker.io/"))
@@ -200,7 +202,7 @@ def build_base_index(
     (log or Discard()).write(f"pushing {', '.join(images)} to {repository} by digest ...\n")
     target = credentials.registry(repository, str(repository))
     cache = cache or Cache(default_root())
-    attach = partial(_attachments, client, base_image, images, str(repository), cache)
+    attach = partial(_attachments, client, base_image, images, str(repository), cache, soci)
     pushed, _ = push_engine_images(client, images, target, [ref.tag], cache, base_image, attach)
     return pushed
 
@@ -211,14 +213,15 @@ def _attachments(
     images: Mapping[str, str],
     repository: str,
     cache: Cache,
+    soci: bool,
     arch: str,
     image: Image,
 ) -> tuple[Artifact, ...]:
     """The SBOM and provenance of the reference base's `arch` image: /app/deps with each
     wheel the lock fixed, the Debian packages all the `--from` image's (`source`, named in the
-    SBOM as the operator wrote it); and its SOCI index: the push gzipped the base's layers
-    itself, so its large ones are indexed (builder.image.soci), here and in every image built
-    on it from this cache."""
+    SBOM as the operator wrote it); and, unless `soci` is off, its SOCI index: the push gzipped
+    the base's layers itself, so its large ones are indexed (builder.image.soci), here and in
+    every image built on it."""
     target = Target(shipped_facts(), (arch_named(arch),))
     wheels = {
         w.name: WheelOrigin(w.file.filename, w.file.url, w.file.sha256) for w in chosen_wheels(arch)
@@ -242,7 +245,7 @@ def _attachments(
     )
     found = attestable(client, request, parameters, datetime.now(UTC))
 
-    index = soci_index(image, cache)
+    index = soci_index(image, cache) if soci else None
     return (*found.attachments(repository, image.digest), *((index,) if index else ()))
 
 

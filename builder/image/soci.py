@@ -21,8 +21,11 @@ window per span plus a manifest entry the snapshotter reads before the container
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
 from builder import credentials
@@ -30,10 +33,11 @@ from builder.cache import Cache
 from builder.engines.connection import engine_client, native_arch
 from builder.errors import RegistryError, UserError
 from builder.image.gzipped import spans_of
+from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import referrers
 from builder.oci.remote import resolve
-from builder.oci.v1 import Image, Platform, digest_of
+from builder.oci.v1 import Descriptor, Image, Platform, digest_of
 from builder.oci.ztoc import (
     SOCI_INDEX,
     ZTOC_VERSION,
@@ -42,7 +46,7 @@ from builder.oci.ztoc import (
     indexed_layers,
     ztoc_bytes,
 )
-from builder.oci.ztoc_read import mismatches, read_ztoc
+from builder.oci.ztoc_read import flushed_at, mismatches, read_ztoc
 
 MIN_LAYER = 10 << 20
 ZTOC_FORMAT = f"ztoc/{ZTOC_VERSION}/2"  # bump when what the tool writes into a ztoc changes
@@ -53,14 +57,14 @@ def soci_index(
 ) -> SociIndex | None:
     """The SOCI index of `image`, or None when none of its large layers has a ztoc: the tool's
     own (it gzipped the layer), else one `known` by layer digest (`base_ztocs`)."""
-    ztocs = []
+    ztocs: dict[str, LayerZtoc] = {}  # one entry for a layer the image holds twice
     for layer in image.layers:
-        if layer.size < MIN_LAYER:
+        if layer.size < MIN_LAYER or layer.digest in ztocs:
             continue
         data = layer_ztoc(layer.digest, cache) or known.get(layer.digest)
         if data is not None:
-            ztocs.append(LayerZtoc(layer, data))
-    return SociIndex(tuple(ztocs)) if ztocs else None
+            ztocs[layer.digest] = LayerZtoc(layer, data)
+    return SociIndex(tuple(ztocs.values())) if ztocs else None
 
 
 def layer_ztoc(digest: str, cache: Cache) -> bytes | None:
@@ -69,7 +73,8 @@ def layer_ztoc(digest: str, cache: Cache) -> bytes | None:
     saved base, say; that layer is then fetched whole, like any other it does not index)."""
     key = hashlib.sha256(f"{ZTOC_FORMAT}\n{digest}".encode()).hexdigest()
     known = cache.get_record("layer-ztoc", key)
-    if known and (found := cache.find_blob(known["digest"], "ztoc")):
+    kept = known.get("digest") if isinstance(known, dict) else None
+    if isinstance(kept, str) and (found := cache.find_blob(kept, "ztoc")):
         return found.read_bytes()
     blob = spans_of(digest, cache)
     if blob is None:
@@ -86,27 +91,109 @@ def layer_ztoc(digest: str, cache: Cache) -> bytes | None:
     return data
 
 
-def base_ztocs(base: ImageRef | None, arch: str) -> dict[str, bytes]:
-    """The ztocs the base's own SOCI index names for its `arch` image, by layer digest: what an
-    image on a base this cache did not push reuses for the base's layers. None found (a Hub
-    base, no index, an unreadable one) is no ztoc: those layers are fetched whole by a lazy
-    node, as before, and the push goes on."""
-    if base is None or base.is_hub:
+def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, bytes]:
+    """Ztocs from the base's own SOCI index in the registry for the large layers of `image`
+    this cache has none for, by layer digest: what an image on a base this cache did not push
+    reuses for the base's layers. None found (a Hub base, no index, an unreadable one, a ztoc
+    that fails its check) is no ztoc: that layer is fetched whole by a lazy node, as before, and
+    the push goes on.
+
+    Whoever may push to the base's repository may attach a SOCI index to it, and every image on
+    the base would carry its ztocs to the nodes; so a ztoc is reused only when it is exactly
+    the one this tool writes for that layer, with every checkpoint a full flush (`_checked`),
+    which takes one download of the layer, once per base: the verdict is kept in the cache."""
+    wanted = {
+        layer.digest: layer
+        for layer in image.layers
+        if layer.size >= MIN_LAYER and layer_ztoc(layer.digest, cache) is None
+    }
+    if base is None or base.is_hub or not wanted:
         return {}
     try:
         registry = credentials.registry(base, str(base))
-        image = resolve(registry, Platform.linux(arch))
-        found = [r for r in referrers(registry, image.digest) if r.artifact_type == SOCI_INDEX]
-        if not found:
-            return {}
-        manifest, _ = registry.manifest(found[-1].digest)
-        ztocs = {}
-        for layer, ztoc_digest in indexed_layers(manifest).items():
-            with registry.blob(ztoc_digest) as stream:  # checked against its digest
-                ztocs[layer] = stream.read()
+        on_base = resolve(registry, Platform.linux(image.architecture))
+        found = sorted(
+            r.digest for r in referrers(registry, on_base.digest) if r.artifact_type == SOCI_INDEX
+        )
+        ztocs: dict[str, bytes] = {}
+        for index in found:  # in digest order: the same choice on every run
+            manifest, _ = registry.manifest(index)
+            for layer_digest, ztoc_digest in indexed_layers(manifest).items():
+                layer = wanted.get(layer_digest)
+                if layer is not None and layer_digest not in ztocs:
+                    data = _checked(registry, layer, ztoc_digest, cache)
+                    if data is not None:
+                        ztocs[layer_digest] = data
         return ztocs
     except (RegistryError, UserError):
         return {}
+
+
+def _checked(
+    registry: RepositoryClient, layer: Descriptor, ztoc_digest: str, cache: Cache
+) -> bytes | None:
+    """The ztoc `ztoc_digest` of the base layer `layer` if it is what this tool writes for it;
+    None otherwise (soci create's own, one made for other bytes, a hostile one). Read with a
+    bound; the layer is downloaded to check it, once: the verdict is cached by both digests."""
+    key = hashlib.sha256(f"{ZTOC_FORMAT}\n{layer.digest}\n{ztoc_digest}".encode()).hexdigest()
+    verdict = cache.get_record("base-ztoc", key)
+    if isinstance(verdict, dict) and verdict.get("reused") is False:
+        return None
+    kept = cache.find_blob(ztoc_digest.removeprefix("sha256:"), "ztoc")
+    if isinstance(verdict, dict) and verdict.get("reused") is True and kept is not None:
+        return kept.read_bytes()
+    data = ztoc_blob(registry, ztoc_digest, layer)
+    reused = data is not None and _is_our_ztoc(registry, layer, data, cache)
+    cache.put_record("base-ztoc", key, {"reused": reused})
+    if data is None or not reused:
+        return None
+    if kept is None:
+        with cache.writing_blob(ztoc_digest.removeprefix("sha256:"), "ztoc") as out:
+            out.write(data)
+    return data
+
+
+def ztoc_blob(registry: RepositoryClient, digest: str, layer: Descriptor) -> bytes | None:
+    """The ztoc blob `digest` for `layer`, checked against its digest; None when it is larger
+    than any ztoc of that layer can be (a window of 32 KiB per 4 MiB of tar, and the names),
+    found before the rest of it is downloaded."""
+    limit = layer.size // 4 + (4 << 20)
+    try:
+        with registry.blob(digest) as stream:
+            data = stream.read(limit + 1)
+            if len(data) > limit:
+                raise _Oversized(digest)  # a registry error leaves the rest undownloaded
+    except _Oversized:
+        return None
+    return data
+
+
+class _Oversized(RegistryError):
+    """A blob larger than it can be: left without reading the rest."""
+
+
+def _is_our_ztoc(registry: RepositoryClient, layer: Descriptor, data: bytes, cache: Cache) -> bool:
+    """Whether `data` is byte for byte the ztoc this tool writes for `layer` at the ztoc's own
+    span offsets, and each of those offsets starts a span that inflates alone from its window:
+    what makes a lazy node read the layer's own bytes."""
+    try:
+        ztoc = read_ztoc(data)
+    except UserError:
+        return False
+    spans = [point.compressed for point in ztoc.checkpoints]
+    if ztoc.compressed_size != layer.size or not spans or spans != sorted(set(spans)):
+        return False
+    cache.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache.root, prefix=".base-layer-") as scratch:
+        path = Path(scratch) / "layer.tar.gz"
+        with registry.blob(layer.digest) as stream, path.open("wb") as out:
+            shutil.copyfileobj(stream, out, 1 << 20)
+        try:
+            if ztoc_bytes(path, ztoc.span_size, spans) != data:
+                return False
+        except UserError:
+            return False
+        return flushed_at(path, ztoc.checkpoints)
 
 
 @dataclass(frozen=True)
@@ -163,20 +250,26 @@ def attached_index_problems(ref: ImageRef) -> tuple[str, list[str]] | None:
     arch = (native_arch(client) if client else None) or "amd64"
     registry = credentials.registry(ref, str(ref))
     found = resolve(registry, Platform.linux(arch))
-    attached = [r for r in referrers(registry, found.digest) if r.artifact_type == SOCI_INDEX]
+    attached = sorted(
+        r.digest for r in referrers(registry, found.digest) if r.artifact_type == SOCI_INDEX
+    )
     if not attached:
         return None
-    index = attached[-1].digest
-    manifest, _ = registry.manifest(index)
     layers = {layer.digest: layer for layer in found.layers}
     problems = []
-    for layer_digest, ztoc_digest in indexed_layers(manifest).items():
-        layer = layers.get(layer_digest)
-        if layer is None:
-            problems.append(f"{ztoc_digest} describes {layer_digest}, not a layer of the image")
-            continue
-        with registry.blob(ztoc_digest) as stream:
-            ztoc = read_ztoc(stream.read())
-        with registry.blob(layer_digest) as stream:
-            problems += [f"{layer_digest}: {line}" for line in mismatches(ztoc, stream, layer.size)]
-    return index, problems
+    for index in attached:  # a snapshotter may take any of them: each must be right
+        manifest, _ = registry.manifest(index)
+        for layer_digest, ztoc_digest in indexed_layers(manifest).items():
+            layer = layers.get(layer_digest)
+            if layer is None:
+                problems.append(f"{ztoc_digest} describes {layer_digest}, not a layer of the image")
+                continue
+            data = ztoc_blob(registry, ztoc_digest, layer)
+            if data is None:
+                problems.append(f"{ztoc_digest} is larger than a ztoc of {layer_digest} can be")
+                continue
+            ztoc = read_ztoc(data)
+            with registry.blob(layer_digest) as stream:
+                mismatched = mismatches(ztoc, stream, layer.size)
+            problems += [f"{layer_digest}: {line}" for line in mismatched]
+    return ", ".join(attached), problems

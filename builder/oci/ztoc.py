@@ -282,15 +282,15 @@ def _flatbuffer(
 
 
 def _file_metadata(builder: flatbuffers.Builder, entry: FileEntry) -> int:
-    name = builder.CreateString(entry.name)
-    kind = builder.CreateString(entry.type)
-    linkname = builder.CreateString(entry.linkname)
-    uname = builder.CreateString(entry.uname)
-    gname = builder.CreateString(entry.gname)
-    mod_time = builder.CreateString(entry.mod_time)
+    name = _text(builder, entry.name)
+    kind = _text(builder, entry.type)
+    linkname = _text(builder, entry.linkname)
+    uname = _text(builder, entry.uname)
+    gname = _text(builder, entry.gname)
+    mod_time = _text(builder, entry.mod_time)
     xattrs = []
     for key, value in entry.xattrs:
-        key_string, value_string = builder.CreateString(key), builder.CreateString(value)
+        key_string, value_string = _text(builder, key), _text(builder, value)
         builder.StartObject(2)  # Xattr
         builder.PrependUOffsetTRelativeSlot(0, key_string, 0)
         builder.PrependUOffsetTRelativeSlot(1, value_string, 0)
@@ -312,6 +312,12 @@ def _file_metadata(builder: flatbuffers.Builder, entry: FileEntry) -> int:
     builder.PrependInt64Slot(12, entry.devminor, 0)
     builder.PrependUOffsetTRelativeSlot(13, xattr_vector, 0)
     return int(builder.EndObject())
+
+
+def _text(builder: flatbuffers.Builder, text: str) -> int:
+    """A tar's string as its bytes: tarfile keeps a name or a PAX value that is not UTF-8 (a
+    binary capability xattr, say) as surrogate escapes, and soci stores Go's raw bytes."""
+    return int(builder.CreateString(text, errors="surrogateescape"))
 
 
 def _offsets_vector(builder: flatbuffers.Builder, offsets: Sequence[int]) -> int:
@@ -375,10 +381,13 @@ def indexed_layers(manifest: bytes) -> dict[str, str]:
         document = json.loads(manifest)
         if document["config"]["mediaType"] != SOCI_INDEX:
             raise ValueError("not a SOCI index")
-        return {
-            str(layer["annotations"][LAYER_DIGEST]): str(layer["digest"])
-            for layer in document["layers"]
-        }
+        found: dict[str, str] = {}
+        for layer in document["layers"]:
+            described = str(layer["annotations"][LAYER_DIGEST])
+            if described in found:  # which of the two a snapshotter uses is anyone's guess
+                raise ValueError(f"two ztocs for layer {described}")
+            found[described] = str(layer["digest"])
+        return found
     except (ValueError, KeyError, TypeError) as error:
         raise UserError(f"not a SOCI index manifest: {error}") from None
 

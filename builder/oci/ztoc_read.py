@@ -8,7 +8,13 @@ read) and says where the ztoc and the layer disagree.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import itertools
 import struct
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
 
 import flatbuffers
 from flatbuffers import number_types
@@ -74,7 +80,7 @@ def _field(table: Table, index: int) -> int:
 
 def _string(table: Table, index: int) -> str:
     at = _field(table, index)
-    return table.String(at + table.Pos).decode() if at else ""
+    return table.String(at + table.Pos).decode(errors="surrogateescape") if at else ""
 
 
 def _number(table: Table, index: int, flags: type[number_types.NumberTypeFlags]) -> int:
@@ -109,7 +115,7 @@ def _tables(table: Table, index: int, inner: int | None = None) -> list[Table]:
 
 def _strings(table: Table, index: int) -> list[str]:
     start, length = _vector(table, index)
-    return [table.String(start + 4 * i).decode() for i in range(length)]
+    return [table.String(start + 4 * i).decode(errors="surrogateescape") for i in range(length)]
 
 
 def _bytes(table: Table, index: int) -> bytes:
@@ -141,3 +147,36 @@ def mismatches(ztoc: Ztoc, blob: Readable, blob_size: int) -> list[str]:
         extra = len(read.files) - len(ztoc.files)
         found.append(f"file table differs: {differing[:3]} ({extra:+d} entries in the layer)")
     return found
+
+
+def flushed_at(blob_path: Path, checkpoints: Sequence[Checkpoint]) -> bool:
+    """Whether inflating may start at each checkpoint of the gzip layer `blob_path`: raw
+    deflate from its compressed offset, with its window as the dictionary, gives exactly the
+    tar's bytes from its uncompressed offset to the next checkpoint's. A point inside a deflate
+    block, or one a bit offset away, gives an error or other bytes; `mismatches` alone would
+    not see it, as it hashes the spans at whatever offsets the ztoc names."""
+    points = list(checkpoints)
+    if not points or points[0].uncompressed != 0:
+        return False
+    lengths = [b.uncompressed - a.uncompressed for a, b in itertools.pairwise(points)]
+    if any(length <= 0 for length in lengths):
+        return False
+    try:
+        with gzip.open(blob_path, "rb") as tar:
+            expected = [hashlib.sha256(tar.read(length)).digest() for length in lengths]
+            expected.append(hashlib.sha256(tar.read()).digest())
+        with blob_path.open("rb") as blob:
+            for index, point in enumerate(points):
+                blob.seek(point.compressed)
+                end = points[index + 1].compressed if index + 1 < len(points) else None
+                if end is not None and end <= point.compressed:
+                    return False
+                data = blob.read(end - point.compressed) if end is not None else blob.read()
+                inflater = zlib.decompressobj(-zlib.MAX_WBITS, zdict=point.window)
+                limit = lengths[index] if index < len(lengths) else 0
+                out = inflater.decompress(data, limit + 1) if limit else inflater.decompress(data)
+                if hashlib.sha256(out).digest() != expected[index]:
+                    return False
+    except (OSError, EOFError, zlib.error):
+        return False
+    return True

@@ -275,7 +275,7 @@ def _write(
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
-        soci = _soci_indexes(produced, images, target.base, run.cache) if target.soci else {}
+        soci = _soci_indexes(images, target.base, run.cache) if target.soci else {}
         memory = blob_memory(run.cache)
         written = write(
             registry,
@@ -313,14 +313,14 @@ def _write(
 
 
 def _soci_indexes(
-    produced: Sequence[Produced], images: Sequence[Image], base: ImageRef | None, cache: Cache
+    images: Sequence[Image], base: ImageRef | None, cache: Cache
 ) -> dict[str, tuple[SociIndex | None, SociRecord]]:
     """Each image's SOCI index (None: no layer of it is indexed) and its report record."""
     from builder.image.soci import base_ztocs, soci_index, soci_record  # flatbuffers: a push's
 
     found = {}
-    for one, image in zip(produced, images, strict=True):
-        index = soci_index(image, cache, base_ztocs(base, one.arch))
+    for image in images:
+        index = soci_index(image, cache, base_ztocs(base, image, cache))
         found[image.digest] = (index, soci_record(image, index))
     return found
 
