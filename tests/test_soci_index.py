@@ -210,3 +210,12 @@ def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
     assert soci_index(image, elsewhere, lent) == index
     no_such = pinned.with_digest("sha256:" + "0" * 64)
     assert base_ztocs(no_such, image, Cache(tmp_path / "third")) == {}
+    # base --no-soci: the same base, its SBOM and provenance, and no index
+    plain = ImageRef.parse(f"{registry.host}/bsi-soci-{uuid.uuid4().hex[:8]}/runtime:1.0")
+    again = build_base_index(plain, ("amd64",), base_image=base, cache=cache, soci=False)
+    plain_client = RepositoryClient(
+        plain, credentials=Credentials(registry.user, registry.password, "t")
+    )
+    plain_image = resolve(plain_client, Platform.linux("amd64"), again.digest)
+    kinds = [one.artifact_type for one in referrers(plain_client, plain_image.digest)]
+    assert SOCI_INDEX not in kinds and "application/vnd.cyclonedx+json" in kinds
