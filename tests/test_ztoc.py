@@ -226,3 +226,18 @@ def test_names_and_pax_values_that_are_not_utf8_travel_as_their_bytes(tmp_path: 
     assert [entry.name for entry in read.files] == ["usr/bin/caf\udce9"]
     with blob.path.open("rb") as stream:
         assert ztoc_read.mismatches(read, stream, blob.size) == []
+
+
+def test_no_span_starts_past_the_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans small enough that one starts in the tar's record padding: soci would size it
+    negative, so the ztoc leaves it to the span before, which runs to the blob's end."""
+    monkeypatch.setattr(gzipped_module, "SPAN", 1024)
+    tar, blob, spans = a_layer(tmp_path, Cache(tmp_path / "c"))
+    read = ztoc_read.read_ztoc(ztoc.ztoc_bytes(blob, 1024, spans))
+    assert len(read.checkpoints) < len(spans)  # the padding held at least one span start
+    assert all(point.uncompressed < read.uncompressed_size for point in read.checkpoints)
+    assert read.uncompressed_size < tar.stat().st_size
+    assert ztoc_read.flushed_at(blob, read.checkpoints)
+    with blob.open("rb") as stream:
+        assert ztoc_read.mismatches(read, stream, blob.stat().st_size) == []
+

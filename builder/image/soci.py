@@ -49,7 +49,7 @@ from builder.oci.ztoc import (
 from builder.oci.ztoc_read import flushed_at, mismatches, read_ztoc
 
 MIN_LAYER = 10 << 20
-ZTOC_FORMAT = f"ztoc/{ZTOC_VERSION}/2"  # bump when what the tool writes into a ztoc changes
+ZTOC_FORMAT = f"ztoc/{ZTOC_VERSION}/3"  # bump when what the tool writes into a ztoc changes
 
 
 def soci_index(

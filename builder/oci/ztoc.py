@@ -236,6 +236,14 @@ def ztoc_bytes(blob_path: Path, span_size: int, spans: Sequence[int]) -> bytes:
         raise UserError(f"{blob_path}: its spans do not start after the gzip header")
     with blob_path.open("rb") as blob:
         read = read_layer(blob, span_size, spans)
+    # A span that starts in the record padding after the end-of-archive blocks would be past
+    # the archive as soci counts it: its size (the archive's end minus its start) not positive.
+    # The span before it runs to the blob's end instead (rare: a second pass).
+    inside = [start for index, start in enumerate(spans) if index * span_size < read.tar_size]
+    if len(inside) < len(spans):
+        spans = inside
+        with blob_path.open("rb") as blob:
+            read = read_layer(blob, span_size, spans)
     points = [
         Checkpoint(compressed, index * span_size, read.windows[index])
         for index, compressed in enumerate(spans)
