@@ -240,4 +240,3 @@ def test_no_span_starts_past_the_archive(tmp_path: Path, monkeypatch: pytest.Mon
     assert ztoc_read.flushed_at(blob, read.checkpoints)
     with blob.open("rb") as stream:
         assert ztoc_read.mismatches(read, stream, blob.stat().st_size) == []
-
