@@ -477,6 +477,26 @@ step_multiarch() {
 	say "multi-arch: $MULTIARCH_BASE names amd64 $AMD64_DIGEST and arm64 $ARM64_DIGEST"
 }
 
+# Debian 13's package SPEC (apt-get download's form: NAME or NAME=VERSION*) unpacked into DIR.tmp,
+# the .deb's path printed; the caller checks it and moves DIR.tmp into place. Trixie's source
+# list, lists and cache are the script's own: nothing of the machine's apt configuration changes.
+trixie_unpack() {
+	local spec="$1" dir="$2" apt_dir="$CACHE_DIR/trixie-apt" opts deb
+	mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
+	printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s trixie main\n' \
+		"$STANDIN_MIRROR" >"$apt_dir/sources.list"
+	opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+		-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
+		-o APT::Sandbox::User=root -qq)
+	apt-get "${opts[@]}" update >&2 || die "apt-get update against trixie failed"
+	(cd "$apt_dir/debs" && rm -f "${spec%%=*}"_*.deb && apt-get "${opts[@]}" download "$spec" >&2) ||
+		die "apt-get download $spec failed"
+	deb="$(ls "$apt_dir/debs/${spec%%=*}"_*.deb)"
+	rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+	dpkg-deb -x "$deb" "$dir.tmp"
+	printf '%s\n' "$deb"
+}
+
 # ---------------------------------------------------------------------------------------------
 # 8. cosign (Debian 13's), for the signature tests
 # ---------------------------------------------------------------------------------------------
@@ -492,20 +512,9 @@ step_cosign() {
 		say "cosign: cached ($COSIGN)"
 		return 0
 	fi
-	local apt_dir="$CACHE_DIR/trixie-apt" opts deb
-	mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
-	printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s trixie main\n' \
-		"$STANDIN_MIRROR" >"$apt_dir/sources.list"
-	opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
-		-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
-		-o APT::Sandbox::User=root -qq)
+	local deb
 	say "cosign: fetching Debian 13's cosign package"
-	apt-get "${opts[@]}" update || die "apt-get update against trixie failed"
-	(cd "$apt_dir/debs" && rm -f cosign_*.deb && apt-get "${opts[@]}" download cosign) ||
-		die "apt-get download cosign failed"
-	deb="$(ls "$apt_dir"/debs/cosign_*.deb)"
-	rm -rf "$COSIGN_DIR.tmp" && mkdir -p "$COSIGN_DIR.tmp"
-	dpkg-deb -x "$deb" "$COSIGN_DIR.tmp"
+	deb="$(trixie_unpack cosign "$COSIGN_DIR")" || die "fetching Debian 13's cosign failed"
 	# Debian's build reports "devel" as its version: the package's own version is checked.
 	[[ "$(dpkg-deb -f "$deb" Version)" == "$COSIGN_VERSION"-* ]] ||
 		die "$deb is not cosign $COSIGN_VERSION"
@@ -528,21 +537,9 @@ step_soci() {
 		say "soci-snapshotter: cached ($SOCI_BIN)"
 		return 0
 	fi
-	local apt_dir="$CACHE_DIR/trixie-apt" opts deb
-	mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/debs"
-	printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s trixie main\n' \
-		"$STANDIN_MIRROR" >"$apt_dir/sources.list"
-	opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
-		-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
-		-o APT::Sandbox::User=root -qq)
 	say "soci-snapshotter: fetching Debian 13's package"
-	apt-get "${opts[@]}" update || die "apt-get update against trixie failed"
-	(cd "$apt_dir/debs" && rm -f soci-snapshotter_*.deb &&
-		apt-get "${opts[@]}" download "soci-snapshotter=$SOCI_VERSION*") ||
-		die "apt-get download soci-snapshotter failed"
-	deb="$(ls "$apt_dir"/debs/soci-snapshotter_*.deb)"
-	rm -rf "$SOCI_DIR.tmp" && mkdir -p "$SOCI_DIR.tmp"
-	dpkg-deb -x "$deb" "$SOCI_DIR.tmp"
+	trixie_unpack "soci-snapshotter=$SOCI_VERSION*" "$SOCI_DIR" >/dev/null ||
+		die "fetching Debian 13's soci-snapshotter failed"
 	rm -rf "$SOCI_DIR" && mv "$SOCI_DIR.tmp" "$SOCI_DIR"
 	say "soci-snapshotter: $("$SOCI_BIN/soci" --version 2>/dev/null | head -1)"
 }
