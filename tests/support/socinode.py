@@ -246,8 +246,12 @@ class SociNode:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def __exit__(self, *_: object) -> None:
+        # A task's shim outlives containerd (it is made to survive a restart) until the task is
+        # deleted: killed and deleted here, each container with it, or the shims stay behind.
         for task in self.ctr("tasks", "ls", "-q").stdout.split() if self.daemons else ():
-            self.ctr("tasks", "kill", "-s", "SIGKILL", task)
+            self.ctr("tasks", "delete", "--force", task)
+        for container in self.ctr("containers", "ls", "-q").stdout.split() if self.daemons else ():
+            self.ctr("containers", "delete", container)
         for process in reversed(self.daemons):
             _stop(process)
         if self.holder is not None and self.holder.poll() is None:
