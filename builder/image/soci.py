@@ -112,11 +112,8 @@ def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, b
     try:
         registry = credentials.registry(base, str(base))
         on_base = resolve(registry, Platform.linux(image.architecture))
-        found = sorted(
-            r.digest for r in referrers(registry, on_base.digest) if r.artifact_type == SOCI_INDEX
-        )
         ztocs: dict[str, bytes] = {}
-        for index in found:  # in digest order: the same choice on every run
+        for index in attached_indexes(registry, on_base.digest):
             manifest, _ = registry.manifest(index)
             for layer_digest, ztoc_digest in indexed_layers(manifest).items():
                 layer = wanted.get(layer_digest)
@@ -151,6 +148,13 @@ def _checked(
         with cache.writing_blob(ztoc_digest.removeprefix("sha256:"), "ztoc") as out:
             out.write(data)
     return data
+
+
+def attached_indexes(registry: RepositoryClient, digest: str) -> list[str]:
+    """The SOCI indexes attached to the manifest `digest`, in digest order: a referrers listing
+    has none, and the same order makes the same choice on every run."""
+    found = referrers(registry, digest)
+    return sorted(one.digest for one in found if one.artifact_type == SOCI_INDEX)
 
 
 def ztoc_blob(registry: RepositoryClient, digest: str, layer: Descriptor) -> bytes | None:
@@ -250,9 +254,7 @@ def attached_index_problems(ref: ImageRef) -> tuple[str, list[str]] | None:
     arch = (native_arch(client) if client else None) or "amd64"
     registry = credentials.registry(ref, str(ref))
     found = resolve(registry, Platform.linux(arch))
-    attached = sorted(
-        r.digest for r in referrers(registry, found.digest) if r.artifact_type == SOCI_INDEX
-    )
+    attached = attached_indexes(registry, found.digest)
     if not attached:
         return None
     layers = {layer.digest: layer for layer in found.layers}
