@@ -1,7 +1,8 @@
 """Issue 31's figures in one run: pull to first import on fresh nodes, lazily and normally.
 
 Three images of one set on the reference base, in the local test registry:
-  ours    built and pushed by the CLI: its own SOCI index, its layers laid out for the import;
+  ours    built, verified and pushed by the CLI: its own SOCI index, its layers laid out for the
+          import, and report.json's estimate of what a lazy node fetches before the import;
   create  the same manifest mounted into a second repository and indexed there by the real
           `soci create` + `soci push` (soci-snapshotter 0.4.1): same layers, soci's own index;
   hand    the hand-written recipe (`pip install --target /app/deps-extra` in a builder stage,
@@ -80,8 +81,9 @@ assert answer["exit_code"] == 0, answer
 
 def timed_start(
     env: dict[str, Any], tls: TlsRegistry, work: Path, reference: str, lazy: bool, code: str
-) -> tuple[float, int]:
-    """Seconds from the pull to the finished first import on a fresh node, and bytes fetched."""
+) -> tuple[float, float, int]:
+    """Seconds from the pull to the finished first import on a fresh node, the pull's share
+    of them (`soci image rpull` or `ctr images pull`), and the bytes fetched."""
     login = (env["registry_user"], env["registry_password"])
     _, mark = tls.sent()
     with SociNode(work, env["soci"], env["soci_snapshotter"], tls, login) as node:
@@ -94,13 +96,14 @@ def timed_start(
             pulled = node.ctr("images", "pull", "--user", user, reference, timeout=900)
             snapshotter = []
         assert pulled.returncode == 0, pulled.stderr[-2000:]
+        pull = time.monotonic() - started
         ran = node.ctr("run", "-d", *snapshotter, "--read-only", "--mount", MOUNT, reference, "b")
         assert ran.returncode == 0, ran.stderr
         imported = node.ctr("task", "exec", "--exec-id", "i", "b", "python3", "-c", code)
         assert imported.returncode == 0, imported.stderr[-2000:]
         elapsed = time.monotonic() - started
     sent, _ = tls.sent(mark)
-    return elapsed, sent
+    return elapsed, pull, sent
 
 
 def main() -> None:
@@ -120,11 +123,11 @@ def main() -> None:
         (work / "requirements.txt").write_text("\n".join(packages) + "\n")
         ours_repo = f"bsi-soci-bench-{run_id}/ours"
         run(sys.executable, "-m", "builder", "-r", str(work / "requirements.txt"),
-            "--base-image", args.base_image, "--arch", "amd64", "--no-verify",
+            "--base-image", args.base_image, "--arch", "amd64",
             "--push", f"{host}/{ours_repo}", "--output", str(work / "context"),
             cwd=REPO, env={**os.environ, **credentials})  # fmt: skip
         report = json.loads((work / "context" / "report.json").read_text())["image"]
-        digest = report["digest"]
+        digest, soci = report["digest"], report["soci"]
         hand_tag = f"{host}/bsi-soci-bench-{run_id}/hand:1"
         (work / "hand").mkdir()
         (work / "hand" / "Dockerfile").write_text(
@@ -144,7 +147,7 @@ def main() -> None:
         create_repo = f"bsi-soci-bench-{run_id}/create"
         login = argparse.Namespace(user=user, password=password)
         mount_image(login, f"{host}/{ours_repo}@{digest}", f"{host}/{create_repo}:1")
-        rounds: dict[str, list[tuple[float, int]]] = {"ours": [], "create": [], "hand": []}
+        rounds: dict[str, list[tuple[float, float, int]]] = {"ours": [], "create": [], "hand": []}
         with TlsRegistry(work, Path(env["registry_dir"]), writable=True) as tls:
             indexing = work / "indexing"
             indexing.mkdir()
@@ -170,12 +173,18 @@ def main() -> None:
                     reference, lazy = variants[name]
                     rounds[name].append(timed_start(env, tls, node_dir, reference, lazy, code))
                     shutil.rmtree(node_dir)  # a node's unpacked snapshots: hundreds of MB each
-                    print(f"round {index + 1} {name}: {rounds[name][-1][0]:.1f} s, "
-                          f"{rounds[name][-1][1] / 2**20:.1f} MiB")  # fmt: skip
-    medians = {name: statistics.median(t for t, _ in runs) for name, runs in rounds.items()}
-    fetched = {name: statistics.median(b for _, b in runs) for name, runs in rounds.items()}
+                    elapsed, pull, sent = rounds[name][-1]
+                    print(f"round {index + 1} {name}: {elapsed:.1f} s (pull {pull:.1f} s), "
+                          f"{sent / 2**20:.1f} MiB")  # fmt: skip
+    medians = {name: statistics.median(t for t, _, _ in runs) for name, runs in rounds.items()}
+    pulls = {name: statistics.median(p for _, p, _ in runs) for name, runs in rounds.items()}
+    fetched = {name: statistics.median(b for _, _, b in runs) for name, runs in rounds.items()}
     for name in rounds:
-        print(f"{name}: median {medians[name]:.1f} s, {fetched[name] / 2**20:.1f} MiB fetched")
+        print(f"{name}: median {medians[name]:.1f} s (pull {pulls[name]:.1f} s), "
+              f"{fetched[name] / 2**20:.1f} MiB fetched")  # fmt: skip
+    print(f"ours, report.json: {soci['lazy_before_mount_bytes'] / 2**20:.1f} MiB before the"
+          f" mount, {soci['lazy_first_import_bytes'] / 2**20:.1f} MiB before the set's first"
+          f" import, {soci['normal_pull_bytes'] / 2**20:.1f} MiB in a normal pull")  # fmt: skip
     print(f"ours lazily / hand normally: {medians['ours'] / medians['hand']:.2f}x (target <= 0.5)")
     print(f"ours / soci create's index: {medians['ours'] / medians['create']:.2f}x (target <= 1.0)")
 

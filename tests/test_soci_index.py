@@ -26,7 +26,7 @@ from builder.oci.remote import Blobs, LocalFile, attach, resolve, write
 from builder.oci.v1 import DOCKER_LAYER, Descriptor, Image, Platform, digest_of
 from builder.oci.ztoc import SOCI_INDEX, LayerZtoc, SociIndex, ztoc_bytes
 
-THRESHOLD = 100 << 10  # the threshold, scaled down with the layers
+SIZE = 100 << 10  # a layer of several spans, scaled down
 REFERENCE = ImageRef.parse("python:3.13-slim-trixie")
 CONFIG = b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}'
 
@@ -44,34 +44,56 @@ def tool_layer(tmp_path: Path, cache: Cache, name: str, size: int) -> Descriptor
 def layers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cache, list[Descriptor]]:
     tmp_path = tmp_path_factory.mktemp("layers")
     cache = Cache(tmp_path / "cache")
-    large = tool_layer(tmp_path, cache, "large", 2 * THRESHOLD)
-    small = tool_layer(tmp_path, cache, "small", THRESHOLD // 4)
+    large = tool_layer(tmp_path, cache, "large", 2 * SIZE)
+    small = tool_layer(tmp_path, cache, "small", 1024)
     foreign = Descriptor(DOCKER_LAYER, "sha256:" + "f" * 64, 50 << 20)  # the base's: no record
-    assert large.size >= THRESHOLD > small.size
     return cache, [foreign, large, small]
 
 
-@pytest.fixture(autouse=True)
-def threshold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(soci_module, "MIN_LAYER", THRESHOLD)
-
-
-def test_only_the_tools_large_layers_get_a_ztoc(layers: tuple[Cache, list[Descriptor]]) -> None:
+def test_every_layer_the_tool_gzipped_gets_a_ztoc(layers: tuple[Cache, list[Descriptor]]) -> None:
+    """However small: a layer the index leaves out is fetched whole before the container
+    starts; only the base's layer this cache never gzipped (and no base index lends) has none."""
     cache, descriptors = layers
+    foreign, large, small = descriptors
     image = Image.build(CONFIG, descriptors)
     index = soci_index(image, cache)
     assert index is not None
-    assert [one.layer for one in index.ztocs] == [descriptors[1]]
+    assert [one.layer for one in index.ztocs] == [large, small]
     record = soci_record(image, index)
-    assert [one.layer for one in record.ztocs] == [descriptors[1].digest]
+    assert [one.layer for one in record.ztocs] == [large.digest, small.digest]
     assert record.index == digest_of(index.manifest(image.descriptor()))
     assert record.normal_pull_bytes == sum(d.size for d in descriptors)
-    ztoc_size = len(index.ztocs[0].ztoc)
-    assert record.lazy_before_mount_bytes == descriptors[0].size + descriptors[2].size + ztoc_size
+    sizes = [len(one.ztoc) for one in index.ztocs]
+    assert record.lazy_before_mount_bytes == foreign.size + sum(sizes)
     assert record.to_dict()["ztocs"] == [
-        {"layer": descriptors[1].digest, "ztoc": digest_of(index.ztocs[0].ztoc), "size": ztoc_size}
+        {"layer": one.layer.digest, "ztoc": digest_of(one.ztoc), "size": size}
+        for one, size in zip(index.ztocs, sizes, strict=True)
     ]
-    assert soci_index(Image.build(CONFIG, [descriptors[0], descriptors[2]]), cache) is None
+    assert soci_index(Image.build(CONFIG, [foreign]), cache) is None
+    assert record.lazy_first_import_bytes is None  # not verified: what the import reads is unknown
+
+
+def test_the_first_import_fetches_the_spans_of_what_it_read(
+    layers: tuple[Cache, list[Descriptor]],
+) -> None:
+    """report.json's first-import bytes: before the mount, and each span of a file read."""
+    cache, descriptors = layers
+    _, large, small = descriptors
+    image = Image.build(CONFIG, descriptors)
+    index = soci_index(image, cache)
+    before = soci_record(image, index).lazy_before_mount_bytes
+
+    def first_import(*paths: str) -> int:
+        found = soci_record(image, index, paths).lazy_first_import_bytes
+        assert found is not None
+        return found
+
+    assert first_import("/app/deps-extra/large/__init__.py") == before  # empty: no span
+    big = first_import("/app/deps-extra/large/data.bin")  # random bytes: every span of it
+    assert before + large.size * 0.9 < big <= before + large.size
+    both = first_import("/app/deps-extra/large/data.bin", "/app/deps-extra/small/data.bin")
+    assert big < both <= big + small.size
+    assert first_import("/nowhere", "/app/deps-extra/large/data.bin") == big
 
 
 def test_a_second_image_with_the_layer_reuses_its_ztoc(
@@ -85,7 +107,7 @@ def test_a_second_image_with_the_layer_reuses_its_ztoc(
         raise AssertionError("the ztoc was written again")
 
     monkeypatch.setattr(soci_module, "ztoc_bytes", never)
-    again = soci_index(Image.build(CONFIG, [descriptors[1]]), cache)  # a rebased image
+    again = soci_index(Image.build(CONFIG, descriptors[1:]), cache)  # a rebased image
     assert first is not None and again is not None
     assert again.ztocs == first.ztocs
 
@@ -181,7 +203,7 @@ def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    """`base --tag` (one arch here) saves and gzips the base's layers itself: each large one gets
+    """`base --tag` (one arch here) saves and gzips the base's layers itself: each one gets
     a ztoc, the SBOM and provenance beside the index, and the pushed base checks clean; an
     image on it built from another cache reuses its ztocs through that index."""
     from builder.image.reference_base import build_base_index
@@ -196,12 +218,12 @@ def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
     image = resolve(client, Platform.linux("amd64"), pushed.digest)
     kinds = [one.artifact_type for one in referrers(client, image.digest)]
     assert SOCI_INDEX in kinds and "application/vnd.cyclonedx+json" in kinds
-    large = {layer.digest for layer in image.layers if layer.size >= soci_module.MIN_LAYER}
-    assert large and all(spans_of(digest, cache) for digest in large)  # gzipped by the push
+    every = {layer.digest for layer in image.layers}
+    assert all(spans_of(digest, cache) for digest in every)  # gzipped by the push
     found = attached_index_problems(ref.with_tag(None).with_digest(image.digest))
     assert found is not None and found[1] == []
     index = soci_index(image, cache)
-    assert index is not None and {one.layer.digest for one in index.ztocs} == large
+    assert index is not None and {one.layer.digest for one in index.ztocs} == every
     assert found[0] == digest_of(index.manifest(image.descriptor()))
     # another machine's cache holds none of these blobs: the base's own index lends its ztocs
     pinned = ref.with_tag(None).with_digest(pushed.digest)

@@ -82,6 +82,14 @@ def test_every_module_from_bytecode_passes_and_names_the_time(sandbox: Sandbox) 
     lines, summary = imported(sandbox, ["fast_bsi", "json"], root=root)
     assert lines["fast_bsi"]["ok"] and lines["json"]["ok"]
     assert summary is not None and summary["modules"] == 1 and summary["missing"] == []
+    # what the import read, for report.json's lazy first-import bytes: the stdlib's files and
+    # the interpreter the loader mapped, resolved; the workspace (the command's cwd) is no
+    # part of an image
+    reads = summary.get("reads") or []
+    assert any("/json/" in path for path in reads), reads
+    assert any(Path(path).name.startswith("libc.so") for path in reads), reads
+    assert reads == sorted(reads) and all(Path(path).resolve() == Path(path) for path in reads)
+    assert not any(path.startswith(root) for path in reads), reads
     check = bytecode_check(summary, required=True)
     assert check.passed
     assert "1 modules" in check.detail and "the set imported in" in check.detail
@@ -99,7 +107,7 @@ def test_the_set_import_time_is_in_the_table_whatever_the_label(sandbox: Sandbox
     assert bytecode_required("0" * 64) is True
     assert bytecode_required("none") is False and bytecode_required(None) is False
     _upload(sandbox, {"slow_bsi/__init__.py": "VALUE = 2\n"})
-    checks = import_checks(sandbox, ["slow_bsi", "json"], bytecode=bytecode_required("none"))
+    checks = import_checks(sandbox, ["slow_bsi", "json"], bytecode=bytecode_required("none")).checks
     assert [check.name for check in checks] == ["import slow_bsi", "import json", "bytecode"]
     line = checks[-1]
     assert line.passed and re.search(r"; the set imported in \d+(\.\d+)? s$", line.detail), line

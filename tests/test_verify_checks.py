@@ -186,7 +186,7 @@ def test_an_import_that_kills_the_interpreter_is_named_and_the_others_still_pass
         assert server.upload(name, source.encode()).status == 200
     modules = ["json", "bsi_prints", "bsi_raises", "bsi_aborts", "csv", "no_such_module_bsi"]
     try:
-        checks = {check.name: check for check in import_checks(server, modules)}
+        checks = {check.name: check for check in import_checks(server, modules).checks}
     finally:
         for name in CRASHING_MODULES:
             server.delete(name)
@@ -206,7 +206,7 @@ def test_an_import_that_kills_the_interpreter_is_named_and_the_others_still_pass
 def test_served_checks_run_side_by_side_and_report_in_the_fixed_order(server: Sandbox) -> None:
     checks = served_checks(
         server, ["json", "json"], ["pass", "raise SystemExit(3)"], (), None, process_mode=True
-    )
+    ).checks
     sdk = ["sdk run", "sdk python3", "sdk timeout", "sdk write-read", "sdk list", "sdk exists"]
     expected = [name for name, _ in contract_checks(process_mode=True)]
     expected += (sdk if sdk_installed() else []) + ["import json", "check 1", "check 2"]

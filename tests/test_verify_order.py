@@ -86,7 +86,7 @@ def test_the_lifetimes_race_flood_and_starve_run_apart_and_the_report_keeps_its_
 
     checks = run.served_checks(
         server, ["json"], ["pass", "import time; time.sleep(0.5)"], (), None, process_mode=True
-    )
+    ).checks
 
     sdk = ["sdk run", "sdk python3", "sdk timeout", "sdk write-read", "sdk list", "sdk exists"]
     expected = [name for name, _ in contract]

@@ -275,7 +275,7 @@ def _write(
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
-        soci = _soci_indexes(images, target.base, run.cache) if target.soci else {}
+        soci = _soci_indexes(produced, images, target.base, run.cache) if target.soci else {}
         memory = blob_memory(run.cache)
         written = write(
             registry,
@@ -313,15 +313,17 @@ def _write(
 
 
 def _soci_indexes(
-    images: Sequence[Image], base: ImageRef | None, cache: Cache
+    produced: Sequence[Produced], images: Sequence[Image], base: ImageRef | None, cache: Cache
 ) -> dict[str, tuple[SociIndex | None, SociRecord]]:
-    """Each image's SOCI index (None: no layer of it is indexed) and its report record."""
+    """Each image's SOCI index (None: no layer of it is indexed) and its report record (with
+    what its verification's import of the set read, when it was verified)."""
     from builder.image.soci import base_ztocs, soci_index, soci_record  # flatbuffers: a push's
 
     found = {}
-    for image in images:
+    for one, image in zip(produced, images, strict=True):
         index = soci_index(image, cache, base_ztocs(base, image, cache))
-        found[image.digest] = (index, soci_record(image, index))
+        reads = one.verification.first_import_reads if one.verification else ()
+        found[image.digest] = (index, soci_record(image, index, reads))
     return found
 
 

@@ -18,7 +18,15 @@ from typing import NotRequired, TypedDict, cast
 
 from builder.contract import DEPS_EXTRA
 from builder.verify.client import Sandbox, python_json
-from builder.verify.report import Check, ContractViolation, expect, last_line, run_check, short
+from builder.verify.report import (
+    Check,
+    Checked,
+    ContractViolation,
+    expect,
+    last_line,
+    run_check,
+    short,
+)
 
 SKIP_TOP_LEVEL = frozenset({"test", "tests", "testing", "docs", "doc", "examples", "benchmarks"})
 
@@ -90,6 +98,13 @@ report = os.fdopen(os.dup(1), "w")  # the results' own stream: what modules prin
 os.dup2(2, 1)
 names, root = json.loads(sys.argv[1]), sys.argv[2] + "/"
 sys.dont_write_bytecode = True  # a module without a valid .pyc stays one, wherever it lives
+opened, recording = set(), [True]
+
+def audit(event, args):  # every file the imports open (the loader's .pyc reads included)
+    if recording and event == "open" and isinstance(args[0], str):
+        opened.add(args[0])
+
+sys.addaudithook(audit)
 began = time.monotonic()
 for name in names:
     started = time.monotonic()
@@ -102,6 +117,19 @@ for name in names:
     report.write(json.dumps(line) + "\\n")
     report.flush()
 seconds = round(time.monotonic() - began, 2)
+recording.clear()
+for module in list(sys.modules.values()):  # and what this script and the start imported before
+    spec = getattr(module, "__spec__", None)
+    if getattr(spec, "has_location", False):
+        cached = spec.cached and os.path.isfile(spec.cached)
+        opened.add(spec.cached if cached else spec.origin)
+with open("/proc/self/maps") as maps:  # what the loader mapped: the interpreter, every library
+    for fields in (line.split(None, 5) for line in maps):
+        if len(fields) == 6 and fields[5].startswith("/"):
+            opened.add(fields[5].rstrip("\\n"))
+reads = sorted({os.path.realpath(path) for path in opened} - {""})
+reads = [path for path in reads if os.path.isfile(path)
+         and not path.startswith(("/proc/", "/sys/", "/dev/", "/tmp/", os.getcwd() + "/"))]
 
 def from_bytecode(spec):
     # what the import system checked before it used the .pyc: the magic number, then the
@@ -126,7 +154,8 @@ extras = [m.__spec__ for m in list(sys.modules.values())
           if getattr(getattr(m, "__spec__", None), "origin", None)
           and m.__spec__.origin.startswith(root) and m.__spec__.origin.endswith(".py")]
 missing = sorted(spec.origin[len(root):] for spec in extras if not from_bytecode(spec))
-summary = {"seconds": seconds, "root": root[:-1], "modules": len(extras), "missing": missing}
+summary = {"seconds": seconds, "root": root[:-1], "modules": len(extras), "missing": missing,
+           "reads": reads}
 report.write(json.dumps({"set": summary}))
 report.close()
 os._exit(0)  # every result is out: tearing down what was imported only costs (~1 s emulated)
@@ -150,6 +179,7 @@ class ImportSummary(TypedDict):
     root: str
     modules: int
     missing: list[str]  # paths under root with no valid .pyc
+    reads: NotRequired[list[str]]  # every file the imports opened or mapped, resolved
 
 
 def imported(
@@ -176,7 +206,7 @@ def imported(
 
 def import_checks(
     sandbox: Sandbox, modules: Sequence[str], bytecode: bool | None = None
-) -> list[Check]:
+) -> Checked:
     """One `import M` check per module, in order, most of them from one shared interpreter,
     then the `bytecode` check of that interpreter's imports.
 
@@ -202,7 +232,7 @@ def import_checks(
             done.append(run_check(f"import {module}", partial(check_import, sandbox, module)))
     if bytecode is not None and modules:
         done.append(bytecode_check(summary, required=bytecode))
-    return done
+    return Checked(done, tuple(summary.get("reads") or ()) if summary else ())
 
 
 def bytecode_check(summary: ImportSummary | None, required: bool) -> Check:

@@ -53,10 +53,20 @@ class VerifyRecord(TypedDict):
     checks: list[CheckRecord]
 
 
+@dataclass(frozen=True)
+class Checked:
+    """Checks, and the files one interpreter read to import the set (empty when none got
+    through): what a lazy node fetches for the set's first import (report.json's `soci`)."""
+
+    checks: list[Check]
+    reads: tuple[str, ...] = ()
+
+
 @dataclass
 class VerifyReport:
     image: str
     checks: list[Check] = field(default_factory=list)
+    first_import_reads: tuple[str, ...] = ()  # absolute paths in the image, symlinks resolved
 
     @property
     def passed(self) -> bool:

@@ -15,7 +15,14 @@ from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import hardened, image_user_check
 from builder.verify.discovery import check_snippet, import_checks, modules_of
-from builder.verify.report import Check, CheckFailed, ContractViolation, VerifyReport, run_check
+from builder.verify.report import (
+    Check,
+    Checked,
+    CheckFailed,
+    ContractViolation,
+    VerifyReport,
+    run_check,
+)
 from builder.verify.sbom_check import sbom_check
 from builder.verify.sdk import sdk_checks
 
@@ -76,9 +83,11 @@ def verify_image(
         required = bytecode_required(labels.get(BYTECODE_LABEL))
         with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
-            report.checks += served_checks(
+            served = served_checks(
                 running.sandbox, modules, checks, distributions, sdk, bytecode=required
             )
+            report.checks += served.checks
+            report.first_import_reads = served.reads
             if sbom is not None:
                 report.checks.append(sbom_check(running.sandbox, sbom))
             report.checks.append(run_check("still-serving", running.still_serving))
@@ -98,8 +107,9 @@ def served_checks(
     sdk: bool | None,
     process_mode: bool = False,
     bytecode: bool | None = None,
-) -> list[Check]:
-    """Everything checked through a serving image's port, in report order.
+) -> Checked:
+    """Everything checked through a serving image's port, in report order, and what importing
+    the set read.
 
     Most checks run side by side on a few threads (each is a handful of requests, or commands
     that wait); the timeout and its cleanup run one after the other in one of those threads.
@@ -113,7 +123,6 @@ def served_checks(
     """
     contract = contract_checks(process_mode)
     jobs: dict[str, Job] = {
-        "imports": partial(wanted_imports, sandbox, modules, distributions, bytecode),
         "lifetimes": partial(contract_run, sandbox, [c for c in contract if c[0] in LIFETIMES]),
         "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
     }
@@ -123,7 +132,9 @@ def served_checks(
     for number, snippet in enumerate(snippets, start=1):
         jobs[f"check {number}"] = partial(snippet_run, sandbox, number, snippet)
     with ThreadPoolExecutor(WORKERS) as pool:
+        importing = pool.submit(wanted_imports, sandbox, modules, distributions, bytecode)
         futures = {name: pool.submit(job) for name, job in jobs.items()}
+        imports = importing.result()
         found = {name: future.result() for name, future in futures.items()}
         last = {name: check for name, check in contract if name in LAST}
         detached = pool.submit(contract_run, sandbox, [("detached", last.pop("detached"))])
@@ -132,9 +143,9 @@ def served_checks(
         found |= {name: contract_run(sandbox, [(name, check)]) for name, check in last.items()}
     by_name = {c.name: c for c in found.pop("lifetimes")}
     order = [[by_name[name]] if name in by_name else found[name] for name, _ in contract]
-    order += [found["sdk"], found["imports"]]
+    order += [found["sdk"], imports.checks]
     order += [found[f"check {number}"] for number in range(1, len(snippets) + 1)]
-    return [check for part in order for check in part]
+    return Checked([check for part in order for check in part], imports.reads)
 
 
 def contract_run(
@@ -158,9 +169,9 @@ def wanted_imports(
     modules: Sequence[str],
     distributions: Sequence[str],
     bytecode: bool | None = None,
-) -> list[Check]:
+) -> Checked:
     """The distributions' mapping problems, then one import check per module (and the
-    `bytecode` line: see `import_checks`)."""
+    `bytecode` line: see `import_checks`), and what importing the set read."""
     wanted = list(dict.fromkeys(modules))
     problems: list[Check] = []
     if distributions:
@@ -169,4 +180,5 @@ def wanted_imports(
         except (ContractViolation, OSError, http.client.HTTPException) as error:
             derived, problems = [], [Check("requirements", False, f"cannot map: {error}")]
         wanted += [module for module in derived if module not in wanted]
-    return problems + import_checks(sandbox, wanted, bytecode)
+    found = import_checks(sandbox, wanted, bytecode)
+    return Checked(problems + found.checks, found.reads)
