@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -107,6 +108,37 @@ def test_ahead_compresses_for_the_push_inside_the_block(
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert counting.niceness == [min(19, mine + gzipped_module.AHEAD_NICE)]
     assert mine < 19  # this thread kept its priority: only the background one yielded
+
+
+def test_ahead_gives_each_layer_its_ztoc_after_its_blob(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a SOCI index to attach, the push finds the layer's ztoc in the cache as well."""
+    from builder.image import soci
+
+    tar = tmp_path / "layer.tar"
+    with tarfile.open(tar, "w", format=tarfile.PAX_FORMAT) as archive:
+        archive.add(layer_tar(tmp_path / "data.bin")[0], "app/data.bin")
+    diff_id = "sha256:" + hashlib.sha256(tar.read_bytes()).hexdigest()
+    cache = Cache(tmp_path / "cache")
+    made: list[str] = []
+
+    def ztoc(digest: str, where: Cache) -> bytes | None:
+        made.append(digest)
+        return soci.layer_ztoc(digest, where)
+
+    with ahead([(tar, diff_id)], cache, then=ztoc):
+        blob = gzipped(tar, diff_id, cache)
+        deadline = time.monotonic() + 30
+        while not made and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert made == [blob.digest]
+
+    def never(*_: object) -> bytes:
+        raise AssertionError("the push wrote the ztoc again")
+
+    monkeypatch.setattr(soci, "ztoc_bytes", never)
+    assert soci.layer_ztoc(blob.digest, cache)  # the push's: from the cache
 
 
 def test_ahead_on_error_finishes_the_running_one_drops_the_rest_and_leaves_no_thread(

@@ -23,7 +23,7 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, referrers
 from builder.oci.remote import Blobs, LocalFile, attach, resolve, write
-from builder.oci.v1 import DOCKER_LAYER, Descriptor, Image, Platform, digest_of
+from builder.oci.v1 import DOCKER_LAYER, Descriptor, Image, Index, Platform, digest_of
 from builder.oci.ztoc import SOCI_INDEX, LayerZtoc, SociIndex, ztoc_bytes
 
 SIZE = 100 << 10  # a layer of several spans, scaled down
@@ -187,6 +187,37 @@ def test_verify_reads_the_attached_index_back_and_finds_a_ztoc_of_another_layer(
 
     monkeypatch.setattr(soci_module, "_is_our_ztoc", never)
     assert base_ztocs(lone, image, elsewhere) == {}
+
+
+def test_verify_checks_the_index_of_every_arch_image_an_index_names(
+    registry: LocalRegistry,
+    layers: tuple[Cache, list[Descriptor]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node of each arch reads its own image's SOCI index: verify of the multi-arch tag
+    checks both, and names the arch whose index is wrong."""
+    cache, (_, large, small) = layers
+    amd64 = Image.build(CONFIG, [large])
+    arm64 = Image.build(CONFIG.replace(b"amd64", b"arm64"), [small])
+    index = Index.build([(Platform.linux("amd64"), amd64), (Platform.linux("arm64"), arm64)])
+    own = {image.digest: soci_index(image, cache) for image in (amd64, arm64)}
+    ref = ImageRef.parse(f"{registry.host}/bsi-soci-{uuid.uuid4().hex[:8]}/multi:1")
+    target = RepositoryClient(ref, credentials=Credentials(registry.user, registry.password, "t"))
+    blobs = Blobs(
+        {one.digest: LocalFile(_blob_spans(cache, one.digest)[0]) for one in (large, small)}
+    )
+    attached = {digest: (found,) for digest, found in own.items() if found is not None}
+    write(target, [amd64, arm64], blobs, index=index, tags=["1"], attachments=attached)
+    monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
+    monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
+    found = attached_index_problems(ref)
+    assert found is not None and found[1] == []
+    assert found[0].count("[amd64] sha256:") == 1 and found[0].count("[arm64] sha256:") == 1
+    wrong = LayerZtoc(small, ztoc_bytes(*_blob_spans(cache, large.digest)))
+    attach(target, arm64.descriptor(), [SociIndex((wrong,))])  # only the arm64 image's
+    found = attached_index_problems(ref)
+    assert found is not None and found[1]
+    assert all(line.startswith(f"[arm64] {small.digest}: ") for line in found[1]), found[1]
 
 
 def _blob_spans(cache: Cache, digest: str) -> tuple[Path, int, tuple[int, ...]]:

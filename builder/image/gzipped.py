@@ -179,8 +179,14 @@ def _compress(source: IO[bytes], diff_id: str, cache: Cache, what: str) -> Blob:
 
 
 @contextmanager
-def ahead(layers: Iterable[tuple[Path, str]], cache: Cache) -> Iterator[None]:
-    """Gzip these layer tars (path, diff ID) on one niced thread while the block runs.
+def ahead(
+    layers: Iterable[tuple[Path, str]],
+    cache: Cache,
+    then: Callable[[str, Cache], object] | None = None,
+) -> Iterator[None]:
+    """Gzip these layer tars (path, diff ID) on one niced thread while the block runs, each
+    followed by `then(blob digest, cache)` (the layer's ztoc, when the push attaches a SOCI
+    index: cached by blob digest, found there by the push).
 
     The push inside the block then waits for (or finds) each blob instead of compressing it
     after the build. On leaving, a compression not started is dropped and the one running is
@@ -188,7 +194,7 @@ def ahead(layers: Iterable[tuple[Path, str]], cache: Cache) -> Iterator[None]:
     A failed compression is left to the push, whose own `gzipped` call meets it again.
     """
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gzip-ahead") as pool:
-        started = [pool.submit(_niced, tar, diff_id, cache) for tar, diff_id in layers]
+        started = [pool.submit(_niced, tar, diff_id, cache, then) for tar, diff_id in layers]
         try:
             yield
         finally:
@@ -196,12 +202,18 @@ def ahead(layers: Iterable[tuple[Path, str]], cache: Cache) -> Iterator[None]:
                 future.cancel()
 
 
-def _niced(tar: Path, diff_id: str, cache: Cache) -> Blob:
-    """`gzipped` at a lower priority: Linux nices threads one by one, and new ones inherit it."""
+def _niced(
+    tar: Path, diff_id: str, cache: Cache, then: Callable[[str, Cache], object] | None
+) -> Blob:
+    """`gzipped` (and `then`) at a lower priority: Linux nices threads one by one, and new
+    ones inherit it."""
     thread = threading.get_native_id()
     niceness = os.getpriority(os.PRIO_PROCESS, thread)
     os.setpriority(os.PRIO_PROCESS, thread, min(19, niceness + AHEAD_NICE))
-    return gzipped(tar, diff_id, cache)
+    blob = gzipped(tar, diff_id, cache)
+    if then is not None:
+        then(blob.digest, cache)
+    return blob
 
 
 def _full(source: IO[bytes] | Any, size: int) -> bytes:

@@ -34,15 +34,14 @@ from types import MappingProxyType
 
 from builder import credentials
 from builder.cache import Cache
-from builder.engines.connection import engine_client, native_arch
 from builder.errors import RegistryError, UserError
 from builder.image.gzipped import spans_of
 from builder.image.lazy_reads import LayerSpans, spans_read
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import referrers
-from builder.oci.remote import resolve
-from builder.oci.v1 import Descriptor, Image, Platform, digest_of
+from builder.oci.remote import read, resolve
+from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.oci.ztoc import (
     SOCI_INDEX,
     ZTOC_VERSION,
@@ -256,24 +255,38 @@ def soci_record(
 
 
 def attached_index_problems(ref: ImageRef) -> tuple[str, list[str]] | None:
-    """The SOCI index attached to the pushed image `ref` (of an index: the engine's arch, the
-    image verify runs), checked: it names only layers of the image, and each ztoc's spans,
-    windows and file table match its layer's bytes (each indexed layer is downloaded once).
-    None when `ref` names no registry or no index is attached (--no-soci, or no layer the tool
-    gzipped); else the index digest and what is wrong (empty: all agrees). An index that
-    cannot be read is a RegistryError or a UserError."""
+    """The SOCI indexes attached to the pushed image `ref` (of an index: every arch image it
+    names, each its own index, as a node of that arch reads it), checked: each names only
+    layers of its image, and each ztoc's spans, windows and file table match its layer's bytes
+    (each indexed layer is downloaded once). None when `ref` names no registry or no index is
+    attached (--no-soci, or no layer the tool gzipped); else the indexes' digests and what is
+    wrong (empty: all agrees). An index that cannot be read is a RegistryError or a
+    UserError."""
     if ref.is_hub:  # a local name, or Docker Hub: not where this tool pushes
         return None
-    client = engine_client()
-    arch = (native_arch(client) if client else None) or "amd64"
     registry = credentials.registry(ref, str(ref))
-    found = resolve(registry, Platform.linux(arch))
-    attached = attached_indexes(registry, found.digest)
-    if not attached:
-        return None
-    layers = {layer.digest: layer for layer in found.layers}
+    found = read(registry)
+    if isinstance(found, Index):
+        images = [(entry.platform, read(registry, entry.digest)) for entry in found.manifests]
+    else:
+        images = [(None, found)]
+    named, problems = [], []
+    for platform, image in images:
+        if not isinstance(image, Image):
+            raise RegistryError(f"{registry.label}: its index names another index")
+        attached = attached_indexes(registry, image.digest)
+        arch = f"[{platform.architecture}] " if platform and len(images) > 1 else ""
+        named += [f"{arch}{digest}" for digest in attached]
+        problems += [f"{arch}{line}" for line in _index_problems(registry, image, attached)]
+    return (", ".join(named), problems) if named else None
+
+
+def _index_problems(registry: RepositoryClient, image: Image, attached: list[str]) -> list[str]:
+    """What is wrong with the SOCI indexes `attached` to `image` (a snapshotter may take any
+    of them: each must be right)."""
+    layers = {layer.digest: layer for layer in image.layers}
     problems = []
-    for index in attached:  # a snapshotter may take any of them: each must be right
+    for index in attached:
         manifest, _ = registry.manifest(index)
         for layer_digest, ztoc_digest in indexed_layers(manifest).items():
             layer = layers.get(layer_digest)
@@ -288,4 +301,4 @@ def attached_index_problems(ref: ImageRef) -> tuple[str, list[str]] | None:
             with registry.blob(layer_digest) as stream:
                 mismatched = mismatches(ztoc, stream, layer.size)
             problems += [f"{layer_digest}: {line}" for line in mismatched]
-    return ", ".join(attached), problems
+    return problems

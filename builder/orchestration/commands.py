@@ -197,7 +197,7 @@ def build_images(
 
     The images are tagged locally (`tag`, default `sandbox-extension:x<extras>`): an untagged
     image would vanish if a later step untags it. With a push, each arch's extras layers are
-    gzipped in the background while the images build and verify.
+    gzipped in the background while the images build and verify, and given their ztocs.
     """
     finished = finish(plan, request)
     local_tag = tag or f"sandbox-extension:x{extras_hash_of(plan)}"
@@ -207,7 +207,12 @@ def build_images(
     pushing = [
         (one.layer.path, one.layer.diff_id) for stack in finished.layers.values() for one in stack
     ]
-    with gzip_ahead(pushing if delivery.push else (), request.cache):
+    ztoc = None
+    if delivery.push and delivery.push.soci:
+        from builder.image.soci import layer_ztoc  # flatbuffers: only a push with an index
+
+        ztoc = layer_ztoc
+    with gzip_ahead(pushing if delivery.push else (), request.cache, then=ztoc):
         return deliver(producer, plan, delivery, run)
 
 
