@@ -164,15 +164,23 @@ print(marshal.dumps(compile(sys.argv[2], "b.py", "exec")).hex())
         container.remove(force=True)
 
 
-def test_the_cache_answers_for_the_same_interpreter(tmp_path: Path, docker_client, standin):
+def test_the_cache_answers_for_the_same_interpreter(
+    tmp_path: Path, docker_client, standin, monkeypatch: pytest.MonkeyPatch
+):
     wheels = _wheels(tmp_path)
     cache = Cache(tmp_path / "cache")
     with Compiler(docker_client, standin, cache, ROOT) as compiler:
         first = compile_all(compiler, wheels)
+
+    def never(_: Path) -> tuple[str, ...]:
+        raise AssertionError("a cache hit parsed the sources again for the first reads")
+
+    monkeypatch.setattr(bytecode, "wheel_first_reads", never)
     with Compiler(docker_client, standin, cache, ROOT) as compiler:
         compiler.container.remove(force=True)  # a second compile would now fail
         again = compile_all(compiler, wheels)
     assert [c.tar for c in again] == [c.tar for c in first]
+    assert [c.first for c in again] == [c.first for c in first] and any(c.first for c in first)
 
 
 def test_pyc_files_import_in_a_read_only_sandbox(tmp_path: Path, docker_client, standin):
