@@ -21,7 +21,7 @@ from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
-from builder.image import bytecode
+from builder.image import bytecode, first_reads
 from builder.image.bytecode import CompileQueue, Compiler, bytecode_layer
 
 pytestmark = pytest.mark.usefixtures("docker_client")
@@ -175,7 +175,7 @@ def test_the_cache_answers_for_the_same_interpreter(
     def never(_: Path) -> tuple[str, ...]:
         raise AssertionError("a cache hit parsed the sources again for the first reads")
 
-    monkeypatch.setattr(bytecode, "wheel_first_reads", never)
+    monkeypatch.setattr(first_reads, "wheel_first_reads", never)
     with Compiler(docker_client, standin, cache, ROOT) as compiler:
         compiler.container.remove(force=True)  # a second compile would now fail
         again = compile_all(compiler, wheels)

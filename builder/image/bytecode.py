@@ -53,7 +53,7 @@ from builder.cache import Cache
 from builder.contract import SANDBOX_USER
 from builder.engines.connection import demultiplexed
 from builder.errors import UserError
-from builder.image.first_reads import LAYOUT_FORMAT, laid_out, wheel_first_reads
+from builder.image.first_reads import LAYOUT_FORMAT, cached_first_reads, laid_out
 from builder.image.install_layout import installed_python_sources
 from builder.image.layer import Layer, keep, written
 
@@ -248,7 +248,8 @@ class Compiler:
         record = self.cache.get_record("bytecode", key)
         if record and (tar := self.cache.find_blob(record["tar"], "bytecode.tar")):
             found = record["compiled"], tuple(record["skipped"])
-            return Compiled(wheel_sha256, tar, *found, self._first_reads(record, wheel))
+            first = cached_first_reads(wheel, wheel_sha256, self.cache)
+            return Compiled(wheel_sha256, tar, *found, first)
         with self.lock:
             if self.container is None:
                 self._start()
@@ -261,20 +262,12 @@ class Compiler:
         tar.parent.mkdir(parents=True, exist_ok=True)
         temp.chmod(0o644)
         temp.replace(tar)
-        skipped, first = tuple(sorted(summary["skipped"])), wheel_first_reads(wheel)
-        record = {"tar": digest, "compiled": len(pycs), "skipped": skipped}
-        record |= {"layout": LAYOUT_FORMAT, "first": first}
-        self.cache.put_record("bytecode", key, record)
+        skipped = tuple(sorted(summary["skipped"]))
+        self.cache.put_record(
+            "bytecode", key, {"tar": digest, "compiled": len(pycs), "skipped": skipped}
+        )
+        first = cached_first_reads(wheel, wheel_sha256, self.cache)
         return Compiled(wheel_sha256, tar, len(pycs), skipped, first)
-
-    def _first_reads(self, record: dict[str, Any], wheel: Path) -> tuple[str, ...]:
-        """The wheel's first reads as the record kept them (reading them parses the sources
-        the import reaches: seconds for sympy, on every cache hit otherwise); read again for
-        a record of another layout."""
-        first = record.get("first")
-        if record.get("layout") == LAYOUT_FORMAT and isinstance(first, list):
-            return tuple(str(path) for path in first)
-        return wheel_first_reads(wheel)
 
 
 class CompileQueue:

@@ -19,6 +19,7 @@ reads in import order, then every other file sorted.
 from __future__ import annotations
 
 import ast
+import hashlib
 import posixpath
 import threading
 import zipfile
@@ -26,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from builder.cache import Cache
 from builder.image.install_layout import install_entries
 
 LAYOUT_FORMAT = "first-reads/1"  # bump when the order changes: it is part of the layers' keys
@@ -129,6 +131,20 @@ def laid_out(names: Sequence[str], directories: Iterable[str], first: Sequence[s
         *leading,
         *sorted(n for n in names if n not in folders and n not in placed),
     ]
+
+
+def cached_first_reads(wheel: Path, wheel_sha256: str, cache: Cache) -> tuple[str, ...]:
+    """`wheel_first_reads`, kept by the wheel's sha256: the distribution layer and the bytecode
+    layer both lay the wheel out, and a compile cache hit needs it again, while reading it
+    parses every source the import reaches (4.0 s for sympy, 2.8 s for pandas)."""
+    key = hashlib.sha256(f"{LAYOUT_FORMAT}\n{wheel_sha256}".encode()).hexdigest()
+    record = cache.get_record("first-reads", key)
+    kept = record.get("paths") if isinstance(record, dict) else None
+    if isinstance(kept, list) and all(isinstance(path, str) for path in kept):
+        return tuple(kept)
+    first = wheel_first_reads(wheel)
+    cache.put_record("first-reads", key, {"paths": list(first)})
+    return first
 
 
 def wheel_first_reads(wheel: Path) -> tuple[str, ...]:

@@ -37,7 +37,12 @@ from typing import IO, Any, TypedDict
 from builder.analysis.wheels import newest_date
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image.first_reads import LAYOUT_FORMAT, laid_out, wheel_first_reads
+from builder.image.first_reads import (
+    LAYOUT_FORMAT,
+    cached_first_reads,
+    laid_out,
+    wheel_first_reads,
+)
 from builder.image.install_layout import DIR_MODE, Entry, install_entries
 
 # bump when the tar settings change; the order within a layer has its own version (first_reads)
@@ -145,7 +150,10 @@ def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
         return Layer(path, record["diff_id"], record["size"], record["sde"])
     files = [path for _, path in group.wheels]
     epoch = source_date_epoch(files)
-    layer = _store(cache, epoch, lambda out: write_tar(out, files, root, epoch, group.shadowed))
+    first = [path for sha, wheel in group.wheels for path in cached_first_reads(wheel, sha, cache)]
+    layer = _store(
+        cache, epoch, lambda out: write_tar(out, files, root, epoch, group.shadowed, first)
+    )
     cache.put_record(
         "wheels-layer", key, {"diff_id": layer.diff_id, "size": layer.size, "sde": epoch}
     )
@@ -167,10 +175,12 @@ def write_tar(
     root: str,
     epoch: int,
     shadowed: frozenset[str] = frozenset(),
+    first: Sequence[str] | None = None,
 ) -> None:
     """Write the sorted, normalized tar of `wheels` installed under `root` to `out`.
 
-    `shadowed` files (a later distribution of the set installs them) are left out.
+    `shadowed` files (a later distribution of the set installs them) are left out. `first`:
+    the wheels' first reads (paths under `root`) when known, else read from the wheels.
     """
     root = root.strip("/")
     archives = [zipfile.ZipFile(wheel) for wheel in wheels]
@@ -188,8 +198,10 @@ def write_tar(
         full = {f"{root}/{path}": entry for path, entry in entries.items()}
         for directory in directories:
             full.setdefault(directory, Entry(directory, DIR_MODE))
-        first = [f"{root}/{path}" for wheel in wheels for path in wheel_first_reads(Path(wheel))]
-        names = laid_out(sorted(full), directories, first)  # a lazy node's first import: up front
+        if first is None:
+            first = [path for wheel in wheels for path in wheel_first_reads(Path(wheel))]
+        leading = [f"{root}/{path}" for path in first]
+        names = laid_out(sorted(full), directories, leading)  # a lazy node's first import: first
         written = 0
         with (
             ThreadPoolExecutor(max_workers=READERS) as pool,
