@@ -26,7 +26,7 @@ from builder.oci.remote import Blobs, LocalFile, attach, resolve, write
 from builder.oci.v1 import DOCKER_LAYER, Descriptor, Image, Index, Platform, digest_of
 from builder.oci.ztoc import SOCI_INDEX, LayerZtoc, SociIndex, ztoc_bytes
 
-SIZE = 100 << 10  # a layer of several spans, scaled down
+SIZE = 9 << 20  # a layer of three spans (builder.image.gzipped.SPAN: 4 MiB of tar)
 REFERENCE = ImageRef.parse("python:3.13-slim-trixie")
 CONFIG = b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}'
 
@@ -44,7 +44,7 @@ def tool_layer(tmp_path: Path, cache: Cache, name: str, size: int) -> Descriptor
 def layers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cache, list[Descriptor]]:
     tmp_path = tmp_path_factory.mktemp("layers")
     cache = Cache(tmp_path / "cache")
-    large = tool_layer(tmp_path, cache, "large", 2 * SIZE)
+    large = tool_layer(tmp_path, cache, "large", SIZE)
     small = tool_layer(tmp_path, cache, "small", 1024)
     foreign = Descriptor(DOCKER_LAYER, "sha256:" + "f" * 64, 50 << 20)  # the base's: no record
     return cache, [foreign, large, small]
@@ -212,12 +212,23 @@ def test_verify_checks_the_index_of_every_arch_image_an_index_names(
     monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)
     found = attached_index_problems(ref)
     assert found is not None and found[1] == []
-    assert found[0].count("[amd64] sha256:") == 1 and found[0].count("[arm64] sha256:") == 1
+    amd, arm = f"[{Platform.linux('amd64')}]", f"[{Platform.linux('arm64')}]"
+    assert found[0].count(f"{amd} sha256:") == 1 and found[0].count(f"{arm} sha256:") == 1
     wrong = LayerZtoc(small, ztoc_bytes(*_blob_spans(cache, large.digest)))
     attach(target, arm64.descriptor(), [SociIndex((wrong,))])  # only the arm64 image's
     found = attached_index_problems(ref)
     assert found is not None and found[1]
-    assert all(line.startswith(f"[arm64] {small.digest}: ") for line in found[1]), found[1]
+    assert all(line.startswith(f"{arm} {small.digest}: ") for line in found[1]), found
+    # an arch without an index beside one with: its nodes pull it whole, and verify says so
+    bare = RepositoryClient(
+        ImageRef.parse(f"{registry.host}/bsi-soci-{uuid.uuid4().hex[:8]}/half:1"),
+        credentials=Credentials(registry.user, registry.password, "t"),
+    )
+    half = {amd64.digest: attached[amd64.digest]}
+    write(bare, [amd64, arm64], blobs, index=index, tags=["1"], attachments=half)
+    found = attached_index_problems(bare.ref)
+    assert found is not None and f"{amd} sha256:" in found[0]
+    assert found[1] == [f"{arm} no SOCI index attached: a lazy node pulls it whole"]
 
 
 def _blob_spans(cache: Cache, digest: str) -> tuple[Path, int, tuple[int, ...]]:

@@ -217,6 +217,7 @@ def test_the_real_soci_reads_every_ztoc_back_as_the_layers_are(
         for x in pushed.report["extras_layers"]
         if x["kind"] == "bytecode" and x["distributions"] == ["sympy"]
     }
+    assert len(sympy) == 1
     crossing = 0  # files read from two spans or more, in all the layers
     for layer, ztoc in indexed_layers(manifest).items():
         info = node.soci("ztoc", "info", ztoc)

@@ -30,7 +30,9 @@ from pathlib import Path
 from builder.cache import Cache
 from builder.image.install_layout import install_entries
 
-LAYOUT_FORMAT = "first-reads/1"  # bump when the order changes: it is part of the layers' keys
+# Bump when the order changes, or where install_layout puts a wheel's files: it keys the layers
+# and the first reads kept in the cache (which name those installed paths).
+LAYOUT_FORMAT = "first-reads/1"
 # CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch" when
 # two threads parse at once); layers and compiles run on threads, so parses take turns.
 PARSING = threading.Lock()

@@ -45,7 +45,8 @@ from builder.image.first_reads import (
 )
 from builder.image.install_layout import DIR_MODE, Entry, install_entries
 
-# bump when the tar settings change; the order within a layer has its own version (first_reads)
+# bump when the tar settings change; the order within a layer, and the installed paths the
+# cached first reads name, have their own version (first_reads.LAYOUT_FORMAT)
 LAYER_FORMAT = f"deps-extra-layer/4 {LAYOUT_FORMAT}"
 ZIP_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 CHUNK = 1 << 20

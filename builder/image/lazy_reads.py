@@ -7,13 +7,13 @@ unit); a layer the index does not name it fetches whole before the mount. So the
 import costs follow from the files it reads, where the layers put them, and the span offsets:
 `spans_read` is that sum, counting each span once however many files it holds. A file is found
 as overlayfs finds it: in the uppermost layer that lists it (a file a whiteout hides is not one
-the import could read). The files are counted whole (a
-library the loader maps is read only in the pages it touches, so this is at most what the node
-fetches for them).
+the import could read); a hard link reads its target's bytes. The files are counted whole: a
+library the loader maps is read only in the pages it touches.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -35,24 +35,31 @@ def spans_read(layers: Sequence[LayerSpans], paths: Iterable[str]) -> int:
     uppermost: dict[str, tuple[int, int, int]] = {}  # name -> (layer, offset, size)
     for number, layer in enumerate(layers):
         for entry in layer.ztoc.files:
-            name = entry.name.removeprefix("./").rstrip("/")
+            name = _name(entry.name)
             if entry.type == "reg":
                 uppermost[name] = (number, entry.offset, entry.size)
-            else:  # replaced by a directory or a link: the path read is no longer this file
+            elif entry.type == "hardlink" and (target := uppermost.get(_name(entry.linkname))):
+                uppermost[name] = target
+            else:  # replaced by a directory or a symlink: the path read is no longer this file
                 uppermost.pop(name, None)
+    starts = [[point.uncompressed for point in layer.ztoc.checkpoints] for layer in layers]
     touched: set[tuple[int, int]] = set()
-    for path in paths:
-        found = uppermost.get(path.lstrip("/"))
-        if found is None or found[2] == 0:
+    for path in set(paths):
+        found = uppermost.get(_name(path))
+        if found is None or found[2] == 0 or not starts[found[0]]:
             continue
         number, offset, size = found
-        starts = [point.uncompressed for point in layers[number].ztoc.checkpoints]
-        touched |= {
-            (number, span)
-            for span, start in enumerate(starts)
-            if start < offset + size and (span + 1 == len(starts) or starts[span + 1] > offset)
-        }
+        # soci 0.4.1 asks for the spans from the one holding the first byte to the one whose
+        # start is at or before the end (exclusive): a file ending where a span starts takes it
+        first = max(bisect_right(starts[number], offset) - 1, 0)
+        last = max(bisect_right(starts[number], offset + size) - 1, 0)
+        touched |= {(number, span) for span in range(first, last + 1)}
     return sum(_span_size(layers[number], span) for number, span in touched)
+
+
+def _name(path: str) -> str:
+    """A path as the ztoc's file table names it: no leading slash or `./`, no trailing slash."""
+    return path.removeprefix("./").strip("/")
 
 
 def _span_size(layer: LayerSpans, span: int) -> int:

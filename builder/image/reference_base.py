@@ -220,8 +220,8 @@ def _attachments(
     """The SBOM and provenance of the reference base's `arch` image: /app/deps with each
     wheel the lock fixed, the Debian packages all the `--from` image's (`source`, named in the
     SBOM as the operator wrote it); and, unless `soci` is off, its SOCI index: the push gzipped
-    the base's layers itself, so its large ones are indexed (builder.image.soci), here and in
-    every image built on it."""
+    the base's layers itself, so every one is indexed (builder.image.soci), here and in every
+    image built on it."""
     target = Target(shipped_facts(), (arch_named(arch),))
     wheels = {
         w.name: WheelOrigin(w.file.filename, w.file.url, w.file.sha256) for w in chosen_wheels(arch)

@@ -237,13 +237,17 @@ def soci_record(
     what a lazy node fetches before it mounts the image (the ztocs, and whole every layer
     without one), and before the set's first import has finished: that, and the spans holding
     the files `first_import_reads` names (what verification saw one interpreter read to import
-    the set; none: not verified, and the record says None)."""
+    the set; none: not verified, and the record says None). The layers the index names decide
+    which copy of a file is read; one without a ztoc, fetched whole already, lists nothing."""
     indexed = {one.layer.digest: one.ztoc for one in index.ztocs} if index else {}
     unindexed = sum(layer.size for layer in image.layers if layer.digest not in indexed)
     before_mount = unindexed + sum(len(data) for data in indexed.values())
     first_import = None
-    if index is not None and first_import_reads:
-        layers = [LayerSpans(one.layer.size, read_ztoc(one.ztoc)) for one in index.ztocs]
+    if first_import_reads:
+        parsed = {digest: read_ztoc(data) for digest, data in indexed.items()}
+        layers = [
+            LayerSpans(one.size, parsed[one.digest]) for one in image.layers if one.digest in parsed
+        ]
         first_import = before_mount + spans_read(layers, first_import_reads)
     return SociRecord(
         digest_of(index.manifest(image.descriptor())) if index else None,
@@ -256,12 +260,13 @@ def soci_record(
 
 def attached_index_problems(ref: ImageRef) -> tuple[str, list[str]] | None:
     """The SOCI indexes attached to the pushed image `ref` (of an index: every arch image it
-    names, each its own index, as a node of that arch reads it), checked: each names only
+    names, each with its own index, as a node of that arch reads it), checked: each names only
     layers of its image, and each ztoc's spans, windows and file table match its layer's bytes
-    (each indexed layer is downloaded once). None when `ref` names no registry or no index is
-    attached (--no-soci, or no layer the tool gzipped); else the indexes' digests and what is
-    wrong (empty: all agrees). An index that cannot be read is a RegistryError or a
-    UserError."""
+    (each pair of layer and ztoc is checked once: the arches share their bytecode layers);
+    an arch image without an index, when another has one, is a problem too. None when `ref`
+    names no registry or no index is attached (--no-soci, or no layer the tool gzipped); else
+    the indexes' digests and what is wrong (empty: all agrees). An index that cannot be read
+    is a RegistryError or a UserError."""
     if ref.is_hub:  # a local name, or Docker Hub: not where this tool pushes
         return None
     registry = credentials.registry(ref, str(ref))
@@ -270,20 +275,32 @@ def attached_index_problems(ref: ImageRef) -> tuple[str, list[str]] | None:
         images = [(entry.platform, read(registry, entry.digest)) for entry in found.manifests]
     else:
         images = [(None, found)]
-    named, problems = [], []
+    named, problems, unindexed = [], [], []
+    checked: dict[tuple[str, str], list[str]] = {}
     for platform, image in images:
         if not isinstance(image, Image):
             raise RegistryError(f"{registry.label}: its index names another index")
         attached = attached_indexes(registry, image.digest)
-        arch = f"[{platform.architecture}] " if platform and len(images) > 1 else ""
+        arch = f"[{platform}] " if platform and len(images) > 1 else ""
         named += [f"{arch}{digest}" for digest in attached]
-        problems += [f"{arch}{line}" for line in _index_problems(registry, image, attached)]
-    return (", ".join(named), problems) if named else None
+        problems += [
+            f"{arch}{line}" for line in _index_problems(registry, image, attached, checked)
+        ]
+        unindexed += [] if attached else [arch]
+    if not named:
+        return None
+    problems += [f"{arch}no SOCI index attached: a lazy node pulls it whole" for arch in unindexed]
+    return ", ".join(named), problems
 
 
-def _index_problems(registry: RepositoryClient, image: Image, attached: list[str]) -> list[str]:
+def _index_problems(
+    registry: RepositoryClient,
+    image: Image,
+    attached: list[str],
+    checked: dict[tuple[str, str], list[str]],
+) -> list[str]:
     """What is wrong with the SOCI indexes `attached` to `image` (a snapshotter may take any
-    of them: each must be right)."""
+    of them: each must be right); `checked` keeps each ztoc's verdict on its layer."""
     layers = {layer.digest: layer for layer in image.layers}
     problems = []
     for index in attached:
@@ -293,12 +310,19 @@ def _index_problems(registry: RepositoryClient, image: Image, attached: list[str
             if layer is None:
                 problems.append(f"{ztoc_digest} describes {layer_digest}, not a layer of the image")
                 continue
-            data = ztoc_blob(registry, ztoc_digest, layer)
-            if data is None:
-                problems.append(f"{ztoc_digest} is larger than a ztoc of {layer_digest} can be")
-                continue
-            ztoc = read_ztoc(data)
-            with registry.blob(layer_digest) as stream:
-                mismatched = mismatches(ztoc, stream, layer.size)
-            problems += [f"{layer_digest}: {line}" for line in mismatched]
+            pair = (layer_digest, ztoc_digest)
+            if pair not in checked:
+                checked[pair] = _ztoc_problems(registry, layer, ztoc_digest)
+            problems += checked[pair]
     return problems
+
+
+def _ztoc_problems(registry: RepositoryClient, layer: Descriptor, ztoc_digest: str) -> list[str]:
+    """What is wrong with the ztoc `ztoc_digest` of `layer` (the layer is downloaded once)."""
+    data = ztoc_blob(registry, ztoc_digest, layer)
+    if data is None:
+        return [f"{ztoc_digest} is larger than a ztoc of {layer.digest} can be"]
+    ztoc = read_ztoc(data)
+    with registry.blob(layer.digest) as stream:
+        mismatched = mismatches(ztoc, stream, layer.size)
+    return [f"{layer.digest}: {line}" for line in mismatched]

@@ -92,19 +92,13 @@ def modules_of(sandbox: Sandbox, distributions: Sequence[str]) -> tuple[list[str
     return list(dict.fromkeys(modules)), problems
 
 
+MAX_READS = 200_000  # files an import may say it read: a hundred times a large set's
 IMPORTS_SCRIPT = """
 import importlib, importlib.util, json, os, sys, time, traceback
 report = os.fdopen(os.dup(1), "w")  # the results' own stream: what modules print goes to stderr
 os.dup2(2, 1)
 names, root = json.loads(sys.argv[1]), sys.argv[2] + "/"
 sys.dont_write_bytecode = True  # a module without a valid .pyc stays one, wherever it lives
-opened, recording = set(), [True]
-
-def audit(event, args):  # every file the imports open (the loader's .pyc reads included)
-    if recording and event == "open" and isinstance(args[0], str):
-        opened.add(args[0])
-
-sys.addaudithook(audit)
 began = time.monotonic()
 for name in names:
     started = time.monotonic()
@@ -117,19 +111,25 @@ for name in names:
     report.write(json.dumps(line) + "\\n")
     report.flush()
 seconds = round(time.monotonic() - began, 2)
-recording.clear()
-for module in list(sys.modules.values()):  # and what this script and the start imported before
-    spec = getattr(module, "__spec__", None)
-    if getattr(spec, "has_location", False):
-        cached = spec.cached and os.path.isfile(spec.cached)
-        opened.add(spec.cached if cached else spec.origin)
-with open("/proc/self/maps") as maps:  # what the loader mapped: the interpreter, every library
-    for fields in (line.split(None, 5) for line in maps):
-        if len(fields) == 6 and fields[5].startswith("/"):
-            opened.add(fields[5].rstrip("\\n"))
-reads = sorted({os.path.realpath(path) for path in opened} - {""})
-reads = [path for path in reads if os.path.isfile(path)
-         and not path.startswith(("/proc/", "/sys/", "/dev/", "/tmp/", os.getcwd() + "/"))]
+
+def files_read():
+    # each imported module's file as the loader read it (its .pyc, else its source), and
+    # every file mapped (the interpreter, extension modules, the libraries they load)
+    found = set()
+    for module in list(sys.modules.values()):
+        names = getattr(module, "__dict__", None)  # not getattr: a lazy module would load
+        spec = names.get("__spec__") if isinstance(names, dict) else None
+        if getattr(spec, "has_location", False):
+            cached = getattr(spec, "cached", None)
+            found.add(cached if cached and os.path.isfile(cached) else spec.origin)
+    with open("/proc/self/maps", errors="surrogateescape") as maps:
+        for fields in (line.split(None, 5) for line in maps):
+            if len(fields) == 6 and fields[5].startswith("/"):
+                found.add(fields[5].rstrip("\\n"))
+    found = {os.path.realpath(path) for path in found if isinstance(path, str) and path}
+    workspace = os.path.join(os.getcwd(), "")  # the commands' cwd: no part of the image
+    outside = ("/proc/", "/sys/", "/dev/", "/tmp/") + ((workspace,) if workspace != "/" else ())
+    return sorted(path for path in found if os.path.isfile(path) and not path.startswith(outside))
 
 def from_bytecode(spec):
     # what the import system checked before it used the .pyc: the magic number, then the
@@ -154,9 +154,14 @@ extras = [m.__spec__ for m in list(sys.modules.values())
           if getattr(getattr(m, "__spec__", None), "origin", None)
           and m.__spec__.origin.startswith(root) and m.__spec__.origin.endswith(".py")]
 missing = sorted(spec.origin[len(root):] for spec in extras if not from_bytecode(spec))
-summary = {"seconds": seconds, "root": root[:-1], "modules": len(extras), "missing": missing,
-           "reads": reads}
-report.write(json.dumps({"set": summary}))
+summary = {"seconds": seconds, "root": root[:-1], "modules": len(extras), "missing": missing}
+report.write(json.dumps({"set": summary}) + "\\n")
+report.flush()
+try:  # an estimate for report.json: whatever fails here leaves the checks as they are
+    reads = files_read()
+except Exception:
+    reads = []
+report.write(json.dumps({"reads": reads}, default=str))
 report.close()
 os._exit(0)  # every result is out: tearing down what was imported only costs (~1 s emulated)
 """
@@ -173,13 +178,14 @@ class ImportLine(TypedDict):
 
 
 class ImportSummary(TypedDict):
-    """IMPORTS_SCRIPT's last line: the set's import time and its modules under `root`."""
+    """IMPORTS_SCRIPT's summary: the set's import time, its modules under `root`, and what it
+    read (from the line after it)."""
 
     seconds: float
     root: str
     modules: int
     missing: list[str]  # paths under root with no valid .pyc
-    reads: NotRequired[list[str]]  # every file the imports opened or mapped, resolved
+    reads: NotRequired[list[str]]  # the files importing the set read: IMPORTS_SCRIPT's last line
 
 
 def imported(
@@ -201,7 +207,16 @@ def imported(
             lines[line["module"]] = cast(ImportLine, line)  # IMPORTS_SCRIPT wrote it
         elif isinstance(line, dict) and isinstance(line.get("set"), dict):
             summary = line["set"]
+        elif isinstance(line, dict) and isinstance(line.get("reads"), list) and summary:
+            summary["reads"] = first_import_reads(line["reads"])
     return lines, summary
+
+
+def first_import_reads(found: list[object]) -> list[str]:
+    """The image's word for the files its import read, as the paths it may be: strings, each
+    once, at most MAX_READS of them (a push maps each onto the layers' spans)."""
+    paths = {path for path in found if isinstance(path, str) and path.startswith("/")}
+    return sorted(paths)[:MAX_READS]
 
 
 def import_checks(
