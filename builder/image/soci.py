@@ -73,12 +73,28 @@ def soci_index(
 def layer_ztoc(digest: str, cache: Cache) -> bytes | None:
     """The ztoc of the gzip layer `digest` the tool wrote (None when it did not write it, the
     cache dropped it, or soci has no name for one of its tar entries: a sparse file in a
-    saved base, say; that layer is then fetched whole, like any other it does not index)."""
+    saved base, say; that layer is then fetched whole, like any other it does not index).
+    Made by one caller at a time: the push waits for the one `gzipped.ahead` is making."""
     key = hashlib.sha256(f"{ZTOC_FORMAT}\n{digest}".encode()).hexdigest()
+    if (kept := _kept_ztoc(key, cache)) is not None:
+        return kept
+    with cache.exclusive("layer-ztoc", key):
+        if (kept := _kept_ztoc(key, cache)) is not None:
+            return kept
+        return _made_ztoc(digest, key, cache)
+
+
+def _kept_ztoc(key: str, cache: Cache) -> bytes | None:
+    """The ztoc the cache keeps under `key`, or None."""
     known = cache.get_record("layer-ztoc", key)
     kept = known.get("digest") if isinstance(known, dict) else None
     if isinstance(kept, str) and (found := cache.find_blob(kept, "ztoc")):
         return found.read_bytes()
+    return None
+
+
+def _made_ztoc(digest: str, key: str, cache: Cache) -> bytes | None:
+    """The ztoc of `digest` built from its gzip blob and span offsets, then kept under `key`."""
     blob = spans_of(digest, cache)
     if blob is None:
         return None
