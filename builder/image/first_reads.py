@@ -138,15 +138,26 @@ def laid_out(names: Sequence[str], directories: Iterable[str], first: Sequence[s
 def cached_first_reads(wheel: Path, wheel_sha256: str, cache: Cache) -> tuple[str, ...]:
     """`wheel_first_reads`, kept by the wheel's sha256: the distribution layer and the bytecode
     layer both lay the wheel out, and a compile cache hit needs it again, while reading it
-    parses every source the import reaches (4.0 s for sympy, 2.8 s for pandas)."""
+    parses every source the import reaches (4.0 s for sympy, 2.8 s for pandas). One caller
+    reads it at a time: a compile and the layer writer on other threads wait for it."""
     key = hashlib.sha256(f"{LAYOUT_FORMAT}\n{wheel_sha256}".encode()).hexdigest()
+    if (kept := _kept(key, cache)) is not None:
+        return kept
+    with cache.exclusive("first-reads", key):
+        if (kept := _kept(key, cache)) is not None:
+            return kept
+        first = wheel_first_reads(wheel)
+        cache.put_record("first-reads", key, {"paths": list(first)})
+        return first
+
+
+def _kept(key: str, cache: Cache) -> tuple[str, ...] | None:
+    """The first reads the cache keeps under `key`, or None."""
     record = cache.get_record("first-reads", key)
     kept = record.get("paths") if isinstance(record, dict) else None
     if isinstance(kept, list) and all(isinstance(path, str) for path in kept):
         return tuple(kept)
-    first = wheel_first_reads(wheel)
-    cache.put_record("first-reads", key, {"paths": list(first)})
-    return first
+    return None
 
 
 def wheel_first_reads(wheel: Path) -> tuple[str, ...]:
