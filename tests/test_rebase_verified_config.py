@@ -44,6 +44,7 @@ from builder.oci.v1 import (
     canonical,
     digest_of,
 )
+from builder.oci.ztoc import SOCI_INDEX
 from builder.orchestration.delivery import Delivery, Outcome, Run, Target, deliver
 from builder.orchestration.prepare import Finish
 from builder.orchestration.produce_rebase import Previous as Start
@@ -224,11 +225,13 @@ def test_a_pushed_config_other_than_the_verified_one_moves_no_tag(
     assert result.pushed.tags == (f"{target}:{tag}",)
     with registry_get(registry, f"/v2/{repo}/manifests/{tag}") as response:
         assert response.headers["Docker-Content-Digest"] == result.pushed.digest
-    # the rebased image has its own SBOM and provenance, verified against it and attached
+    # the rebased image has its own SBOM and provenance, verified against it and attached, and
+    # the SOCI index of its layers (the tool gzipped them all)
     assert any(c.name == "sbom" and c.passed for c in result.verification.checks)
     target_registry = credentials.registry(ImageRef.parse(f"{target}@{result.pushed.digest}"))
     attached = referrers(target_registry, result.pushed.digest)
-    assert [r.artifact_type for r in attached] == [sbom.MEDIA_TYPE, provenance.MEDIA_TYPE]
+    kinds = [r.artifact_type for r in attached]
+    assert kinds == [sbom.MEDIA_TYPE, provenance.MEDIA_TYPE, SOCI_INDEX]
     statement = json.loads(attached_document(target_registry, attached[1]))
     assert statement["subject"][0]["digest"]["sha256"] == result.pushed.digest.split(":")[1]
 
