@@ -14,14 +14,15 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from builder.errors import UserError
 
+T = TypeVar("T")
 CHUNK = 1 << 20
 _HEX64 = re.compile("[0-9a-f]{64}")
 
@@ -125,6 +126,18 @@ class Cache:
         finally:
             lock.unlink(missing_ok=True)
             held.close()
+
+    def made_once(
+        self, kind: str, key: str, kept: Callable[[], T | None], make: Callable[[], T]
+    ) -> T:
+        """What `kept` finds in the cache, else what `make` makes, while no other caller (a
+        thread or a process) makes the entry `key` of `kind`: one that asks meanwhile waits,
+        then finds it, instead of doing the same work again beside it."""
+        if (found := kept()) is not None:
+            return found
+        with self.exclusive(kind, key):
+            found = kept()
+            return found if found is not None else make()
 
     def _record_path(self, kind: str, key: str) -> Path:
         return self.root / kind / key[:2] / f"{key}.json"

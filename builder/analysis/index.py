@@ -91,11 +91,12 @@ def _open(url: str, indexes: Sequence[str], accept: str | None = None):
 
 def download(file: RemoteFile, cache: Cache, indexes: Sequence[str] = ()) -> Path:
     """The cached copy of `file`, downloading it (streamed, hash-checked) only if missing."""
-    found = cache.find_blob(file.sha256, file.filename)
-    if found:
-        return found
-    with cache.exclusive("download", file.sha256):
-        return cache.find_blob(file.sha256, file.filename) or _fetch(file, cache, indexes)
+    return cache.made_once(
+        "download",
+        file.sha256,
+        lambda: cache.find_blob(file.sha256, file.filename),
+        lambda: _fetch(file, cache, indexes),
+    )
 
 
 def _fetch(file: RemoteFile, cache: Cache, indexes: Sequence[str]) -> Path:

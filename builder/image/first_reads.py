@@ -141,14 +141,13 @@ def cached_first_reads(wheel: Path, wheel_sha256: str, cache: Cache) -> tuple[st
     parses every source the import reaches (4.0 s for sympy, 2.8 s for pandas). One caller
     reads it at a time: a compile and the layer writer on other threads wait for it."""
     key = hashlib.sha256(f"{LAYOUT_FORMAT}\n{wheel_sha256}".encode()).hexdigest()
-    if (kept := _kept(key, cache)) is not None:
-        return kept
-    with cache.exclusive("first-reads", key):
-        if (kept := _kept(key, cache)) is not None:
-            return kept
+
+    def made() -> tuple[str, ...]:
         first = wheel_first_reads(wheel)
         cache.put_record("first-reads", key, {"paths": list(first)})
         return first
+
+    return cache.made_once("first-reads", key, lambda: _kept(key, cache), made)
 
 
 def _kept(key: str, cache: Cache) -> tuple[str, ...] | None:

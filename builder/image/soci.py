@@ -76,12 +76,9 @@ def layer_ztoc(digest: str, cache: Cache) -> bytes | None:
     saved base, say; that layer is then fetched whole, like any other it does not index).
     Made by one caller at a time: the push waits for the one `gzipped.ahead` is making."""
     key = hashlib.sha256(f"{ZTOC_FORMAT}\n{digest}".encode()).hexdigest()
-    if (kept := _kept_ztoc(key, cache)) is not None:
-        return kept
-    with cache.exclusive("layer-ztoc", key):
-        if (kept := _kept_ztoc(key, cache)) is not None:
-            return kept
-        return _made_ztoc(digest, key, cache)
+    return cache.made_once(
+        "layer-ztoc", key, lambda: _kept_ztoc(key, cache), lambda: _made_ztoc(digest, key, cache)
+    )
 
 
 def _kept_ztoc(key: str, cache: Cache) -> bytes | None:
