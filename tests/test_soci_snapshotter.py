@@ -67,6 +67,23 @@ class Pushed:
     client: RepositoryClient
 
 
+def push_sympy(
+    registry: Any, base: str, cache: Path, work: Path, repository: str, *flags: str
+) -> dict[str, Any]:
+    """sympy on `base`, built and pushed by the CLI to `repository` (tagged locally as
+    `<repository>:test`); report.json's image record."""
+    (work / "requirements.txt").write_text("sympy\n")
+    result = tool(
+        registry, "-r", str(work / "requirements.txt"), "--base-image", base,
+        "--arch", "amd64", "--tag", f"{repository}:test", "--push",
+        f"{registry.host}/{repository}", "--output", str(work / "context"),
+        "--cache-dir", str(cache), *flags,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    report: dict[str, Any] = json.loads((work / "context" / "report.json").read_text())["image"]
+    return report
+
+
 @pytest.fixture(scope="module")
 def pushed(
     registry: Any,
@@ -79,16 +96,8 @@ def pushed(
     """sympy on the reference base, built, verified and pushed with its SOCI index (the local
     tags this module's builds leave are removed at its end)."""
     work = tmp_path_factory.mktemp("soci")
-    (work / "requirements.txt").write_text("sympy\n")
     repository = f"bsi-soci-{RUN}/sympy"
-    result = tool(
-        registry, "-r", str(work / "requirements.txt"), "--base-image", reference_image,
-        "--arch", "amd64", "--tag", f"{repository}:test", "--push",
-        f"{registry.host}/{repository}", "--output", str(work / "context"),
-        "--cache-dir", str(shared_cache),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
-    report = json.loads((work / "context" / "report.json").read_text())["image"]
+    report = push_sympy(registry, reference_image, shared_cache, work, repository)
     ref = ImageRef.parse(f"{registry.host}/{repository}:x")
     client = RepositoryClient(
         ref, credentials=Credentials(registry.user, registry.password, "test")
@@ -138,16 +147,10 @@ def test_the_index_is_attached_and_names_every_layer(
 def test_no_soci_pushes_the_image_without_an_index(
     pushed: Pushed, registry: Any, reference_image: str, shared_cache: Path, tmp_path: Path
 ) -> None:
-    (tmp_path / "requirements.txt").write_text("sympy\n")
     repository = f"bsi-soci-{RUN}/sympy-plain"
-    result = tool(
-        registry, "-r", str(tmp_path / "requirements.txt"), "--base-image", reference_image,
-        "--arch", "amd64", "--tag", f"{repository}:test", "--push",
-        f"{registry.host}/{repository}", "--output", str(tmp_path / "context"),
-        "--cache-dir", str(shared_cache), "--no-soci", "--no-verify",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    report = json.loads((tmp_path / "context" / "report.json").read_text())["image"]
+    report = push_sympy(
+        registry, reference_image, shared_cache, tmp_path, repository, "--no-soci", "--no-verify"
+    )
     assert "soci" not in report
     ref = ImageRef.parse(f"{registry.host}/{repository}:x")
     client = RepositoryClient(

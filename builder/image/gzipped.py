@@ -11,10 +11,10 @@ inflate from a checkpoint) stops at the end of the first member and reads every 
 as garbage; a span boundary that is a full flush is a checkpoint with nothing to describe but
 its byte offsets (builder.oci.ztoc, builder.image.soci). Every gzip reader reads the blob as
 any single-member layer; the span size and level are fixed, so the same tar gives the same
-digest. Cached by the tar's diff ID, with the spans' compressed offsets (also the "layer-spans"
-record, by blob digest, which is how a push finds the spans of a layer it names by digest);
-one caller per layer compresses (an flock, across threads and processes alike), the others
-wait for it and read the cache.
+digest. Cached by the tar's diff ID (the "layer-gzip" record names the blob), the spans'
+compressed offsets by blob digest (the "layer-spans" record: how a push finds the spans of a
+layer it names by digest); one caller per layer compresses (Cache.made_once, across threads and
+processes alike), the others wait for it and read the cache.
 A push asks for the blob only after the build and verification; `ahead` starts it meanwhile.
 Every layer a push gzips goes through here, a layer of `docker save` too (`gzipped_from`): one
 format, one cache, and each tar's bytes checked against its diff ID as they are compressed.
@@ -22,7 +22,6 @@ format, one cache, and each tar's bytes checked against its diff ID as they are 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import struct
@@ -81,22 +80,16 @@ def gzipped_from(
     once and cached by `diff_id`; opened only when no blob is cached yet. A tar whose bytes are
     not `diff_id`'s is one error naming `what`, and nothing is cached."""
     key = _key(diff_id)
-    blob = _cached(cache, key)
-    if blob:
-        return blob
-    lock = cache.root / "layer-gzip" / key[:2] / f"{key}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("a") as held:  # each open is its own lock: threads exclude one another too
-        fcntl.flock(held, fcntl.LOCK_EX)  # released when closed, or when the process dies
-        blob = _cached(cache, key)  # made by the caller this one waited for
-        if blob:
-            return blob
+
+    def made() -> Blob:
         with open_source() as source:
             blob = _compress(source, diff_id, cache, what)
         spans = {"size": blob.size, "spans": list(blob.spans), "span_size": blob.span_size}
-        cache.put_record("layer-gzip", key, {"digest": blob.digest, **spans})
         cache.put_record("layer-spans", blob.digest.removeprefix("sha256:"), spans)
+        cache.put_record("layer-gzip", key, {"digest": blob.digest})  # its spans: by digest
         return blob
+
+    return cache.made_once("layer-gzip", key, lambda: _cached(cache, key), made)
 
 
 def cached_gzip(diff_id: str, cache: Cache) -> Blob | None:
@@ -120,9 +113,7 @@ def _key(diff_id: str) -> str:
 def _cached(cache: Cache, key: str) -> Blob | None:
     record = cache.get_record("layer-gzip", key)
     digest = record.get("digest") if isinstance(record, dict) else None
-    if not isinstance(digest, str):
-        return None
-    return _described(record, cache.find_blob(digest.split(":", 1)[-1], "layer.tar.gz"), digest)
+    return spans_of(digest, cache) if isinstance(digest, str) else None
 
 
 def _described(record: Any, path: Path | None, digest: str) -> Blob | None:

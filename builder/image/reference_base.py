@@ -244,7 +244,6 @@ def _attachments(
         base_image=source.as_written,
     )
     found = attestable(client, request, parameters, datetime.now(UTC))
-
     index = soci_index(image, cache) if soci else None
     return (*found.attachments(repository, image.digest), *((index,) if index else ()))
 

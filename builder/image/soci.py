@@ -118,10 +118,12 @@ def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, b
     the base would carry its ztocs to the nodes; so a ztoc is reused only when it is exactly
     the one this tool writes for that layer, with every checkpoint a full flush (`_checked`),
     which takes one download of the layer, once per base: the verdict is kept in the cache."""
+    if base is None or base.is_hub:
+        return {}
     wanted = {
         layer.digest: layer for layer in image.layers if layer_ztoc(layer.digest, cache) is None
     }
-    if base is None or base.is_hub or not wanted:
+    if not wanted:
         return {}
     try:
         registry = credentials.registry(base, str(base))
