@@ -17,7 +17,7 @@ from builder.cache import Cache
 from builder.engines.connection import Engine
 from builder.image.apt import build_apt_image, saved_layer
 from builder.image.build import BuildSpec, build_image
-from builder.image.render import APT_CONFIG, APT_SETUP
+from builder.image.render import APT_CONFIG, APT_RETRIES, APT_SETUP, Secrets, apt_steps
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 
@@ -30,6 +30,7 @@ def test_the_apt_layer_holds_the_package_and_none_of_apt_s_scratch(
     )
     try:
         assert APT_SETUP in built.created_by
+        assert f"-o Acquire::Retries={APT_RETRIES}" in built.created_by  # a mirror's blip
         layer = saved_layer(built, Cache(tmp_path / "cache"), docker_client)
         with tarfile.open(layer.path) as archive:
             files = [member.name for member in archive if not member.isdir()]
@@ -41,6 +42,14 @@ def test_the_apt_layer_holds_the_package_and_none_of_apt_s_scratch(
         assert not any(name.endswith(Path(APT_CONFIG).name) for name in files)
     finally:
         docker_client.images.remove(built.image_id, force=True)
+
+
+def test_every_apt_download_is_retried_with_or_without_secrets() -> None:
+    for secrets in (Secrets(), Secrets(apt_ca=True, apt_auth=True)):
+        _, (_, update, install) = apt_steps(secrets)
+        for command in (update, install):
+            assert f" -o Acquire::Retries={APT_RETRIES} " in command
+    assert APT_RETRIES > 3  # more than apt's own default
 
 
 def _derived_base(docker_client: Any, test_env: dict, tmp_path: Path, lines: str) -> str:

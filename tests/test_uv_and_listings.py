@@ -1,6 +1,6 @@
 """The index's cheap paths: uv is given this interpreter (`uv_python`) instead of looking through
 PATH, which must not change the lock; a PEP 691 listing is read by the names it gives, relative
-URLs still joined to the page.
+URLs still joined to the page. And its bad day: uv retries an index's 503s as the tool sets it.
 """
 
 from __future__ import annotations
@@ -9,13 +9,17 @@ import http.server
 import json
 import subprocess
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
 from support.wheelfactory import make_wheel
+from support.wheelindex import serve_wheel
 
 from builder.analysis.index import (
     SIMPLE_JSON,
     UV,
+    UV_HTTP_RETRIES,
     RemoteFile,
     index_files,
     uv_environment,
@@ -88,3 +92,33 @@ def test_json_listing_keeps_names_joins_relative_urls_and_drops_unhashed() -> No
             "2" * 64, None, None, True,
         ),
     ]  # fmt: skip
+
+
+def _compile_from(port: int, tmp_path: Path, environment: Mapping[str, str]) -> str:
+    (tmp_path / "requirements.in").write_text("bsi-flaky\n")
+    command = [
+        UV, "pip", "compile", str(tmp_path / "requirements.in"), "--index-url",
+        f"http://127.0.0.1:{port}/simple", "--python-platform", AMD64.uv_platform,
+        "--python-version", "3.13", "--only-binary", ":all:", "--no-header", "--no-annotate",
+        "--quiet", "--no-cache", *uv_python(),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    return result.stdout if result.returncode == 0 else f"exit {result.returncode}"
+
+
+def test_uv_resolves_through_an_index_s_503s_with_the_tool_s_retries(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "w", "bsi-flaky", "1.0", "py3-none-any", {"bsi_flaky.py": b""})
+    seen: list[str] = []
+    with serve_wheel(wheel, "bsi-flaky", failing=2, seen=seen) as port:
+        assert _compile_from(port, tmp_path, uv_environment()) == "bsi-flaky==1.0\n"
+    assert [line.split()[-1] for line in seen[:3]] == ["503", "503", "200"]
+    assert uv_environment()["UV_HTTP_RETRIES"] == UV_HTTP_RETRIES
+
+
+def test_an_operator_s_own_uv_retry_setting_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UV_HTTP_RETRIES", "0")
+    wheel = make_wheel(tmp_path / "w", "bsi-flaky", "1.0", "py3-none-any", {"bsi_flaky.py": b""})
+    with serve_wheel(wheel, "bsi-flaky", failing=1) as port:
+        assert _compile_from(port, tmp_path, uv_environment()) == "exit 2"

@@ -262,9 +262,15 @@ def uv_python() -> list[str]:
     return ["--python", sys.executable] if sys.executable else []
 
 
+# uv retries a request that failed on the network or with a 5xx/429 this many times, with
+# backoff (UV_HTTP_RETRIES; its default is 3). Set explicitly so that the resolution weathers an
+# index's bad day as the registry client does, and an operator's own setting still wins.
+UV_HTTP_RETRIES = "5"
+
+
 def uv_environment() -> Mapping[str, str]:
-    """uv must never try to download an interpreter: it cannot reach one here."""
-    return {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    """uv's environment: its retries, and never an interpreter download (none can be reached)."""
+    return {"UV_HTTP_RETRIES": UV_HTTP_RETRIES, **os.environ, "UV_PYTHON_DOWNLOADS": "never"}
 
 
 def builder_pip(cache: Cache, indexes: Sequence[str]) -> Path:

@@ -115,6 +115,11 @@ def dockerfile(
 # own copies instead of queueing one arch's apt step behind another's emulated one.
 APT_LISTS = "--mount=type=cache,id=bsi-apt-lists,target=/var/lib/apt/lists,sharing=private"
 APT_UPDATE = "-o APT::Get::List-Cleanup=0 update"  # keep the other arch's lists in the mount
+# Each failed download (a mirror's 5xx, a dropped connection, a short read) is tried again this
+# many times, apt waiting longer each time (Acquire::Retries::Delay, on by default since apt 2.3;
+# trixie's apt 3.0 starts at 1 s and caps at 30 s): a minute and more of a mirror's bad day
+# before the build fails, where Debian's default of 3 gives about 7 s.
+APT_RETRIES = 5
 # apt's binary cache, the downloaded .debs and a config of the tool's own live in a tmpfs: never
 # in the layer. Under arm64 emulation (measured: one libgomp1 install) parsing the package
 # lists takes 25 s each time and debconf's preconfiguration, a Perl start, 20 s. So the binary
@@ -137,10 +142,11 @@ APT_SETUP = (
 def apt_steps(secrets: Secrets) -> tuple[str, list[str]]:
     """The apt RUN's mounts, and its commands: the last is the install (packages follow).
 
-    One home for the system stage's apt step and the rebase's one-step apt build.
+    One home for the system stage's apt step and the rebase's one-step apt build. Every
+    download is retried (APT_RETRIES) so that a mirror's blip does not fail the build.
     """
     secret_mounts, secret_options = secrets.apt_mounts()
-    options = f" -c {APT_CONFIG}{secret_options}"
+    options = f" -c {APT_CONFIG} -o Acquire::Retries={APT_RETRIES}{secret_options}"
     return f" {APT_LISTS} {APT_SCRATCH}{secret_mounts}", [
         APT_SETUP,
         f"apt-get{options} {APT_UPDATE}",

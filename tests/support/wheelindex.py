@@ -17,8 +17,18 @@ class OneWheelIndex(http.server.BaseHTTPRequestHandler):
     wheel: Path
     project: str
     credentials: str | None = None  # "user:password" that Basic auth must present
+    failing: list[int]  # [n]: the next n requests are answered 503 (an index's bad day)
+    seen: list[str]  # "METHOD path status" of every request, in order
+
+    lock = threading.Lock()
 
     def do_GET(self) -> None:
+        with self.lock:
+            fail = self.failing[0] > 0
+            self.failing[0] -= fail
+        if fail:
+            self._answer(503)
+            return
         if self.credentials is not None:
             expected = "Basic " + base64.b64encode(self.credentials.encode()).decode()
             if self.headers.get("Authorization") != expected:
@@ -33,9 +43,9 @@ class OneWheelIndex(http.server.BaseHTTPRequestHandler):
         elif self.path == f"/files/{name}":
             body, kind = self.wheel.read_bytes(), "application/octet-stream"
         else:
-            self.send_response(404)
-            self.end_headers()
+            self._answer(404)
             return
+        self.seen.append(f"{self.command} {self.path} 200")
         self.send_response(200)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
@@ -45,17 +55,38 @@ class OneWheelIndex(http.server.BaseHTTPRequestHandler):
 
     do_HEAD = do_GET
 
+    def _answer(self, status: int) -> None:
+        self.seen.append(f"{self.command} {self.path} {status}")
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def log_message(self, *args: object) -> None:
         pass
 
 
 @contextmanager
-def serve_wheel(wheel: Path, project: str, credentials: str | None = None) -> Iterator[int]:
-    """Serve `wheel` as `project` on a free loopback port; yields the port."""
+def serve_wheel(
+    wheel: Path,
+    project: str,
+    credentials: str | None = None,
+    failing: int = 0,
+    seen: list[str] | None = None,
+) -> Iterator[int]:
+    """Serve `wheel` as `project` on a free loopback port; yields the port.
+
+    `failing`: the first that many requests are answered 503; `seen` receives every request.
+    """
     handler = type(
         "Handler",
         (OneWheelIndex,),
-        {"wheel": wheel, "project": project, "credentials": credentials},
+        {
+            "wheel": wheel,
+            "project": project,
+            "credentials": credentials,
+            "failing": [failing],
+            "seen": [] if seen is None else seen,
+        },
     )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
