@@ -1,4 +1,5 @@
-"""Debian 13 knowledge shipped as data: soname index, ctypes table, symbol-version maxima.
+"""Debian 13 knowledge shipped as data: soname and program indexes, ctypes and programs
+tables, symbol-version maxima.
 
 Each data file in builder/data has a script in scripts/ (or a documented source) that
 regenerates it; this module only reads them, once per process.
@@ -83,7 +84,19 @@ def soname_index(arch: Arch) -> Mapping[str, str]:
     lines are cut in one pass (a line is `soname<TAB>packages`): half the time of a split per
     line, on every run's path.
     """
-    with _DATA.joinpath(f"sonames-{arch.name}.tsv.gz").open("rb") as raw:
+    return _name_index(f"sonames-{arch.name}.tsv.gz")
+
+
+@cache
+def program_index(arch: Arch) -> Mapping[str, str]:
+    """Program name (a file in /usr/bin, /bin, /usr/sbin or /sbin) -> the Debian packages
+    shipping it, preferred first, comma-separated (scripts/gen_program_index.py)."""
+    return _name_index(f"programs-{arch.name}.tsv.gz")
+
+
+def _name_index(filename: str) -> Mapping[str, str]:
+    """A shipped `name<TAB>packages` index, lines cut in one pass (see `soname_index`)."""
+    with _DATA.joinpath(filename).open("rb") as raw:
         fields = gzip.decompress(raw.read()).decode().replace("\n", "\t").split("\t")
     if fields[-1] == "":
         fields.pop()  # the last line's newline
@@ -93,6 +106,12 @@ def soname_index(arch: Arch) -> Mapping[str, str]:
 def package_for(soname: str, arch: Arch) -> str | None:
     """The package apt should install for ``soname``, or None if trixie has none."""
     listed = soname_index(arch).get(soname)
+    return listed.partition(",")[0] if listed else None
+
+
+def package_for_program(name: str, arch: Arch) -> str | None:
+    """The package apt should install for the program `name`, or None if trixie has none."""
+    listed = program_index(arch).get(name)
     return listed.partition(",")[0] if listed else None
 
 
