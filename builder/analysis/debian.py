@@ -149,6 +149,49 @@ def dynamic_loads() -> Mapping[str, DynamicLoad]:
     return MappingProxyType(loads)
 
 
+@dataclass(frozen=True)
+class ProgramEntry:
+    """What reading a distribution's code cannot tell about the programs it runs."""
+
+    distribution: str  # PEP 503 normalized
+    required: tuple[str, ...] | None  # the programs installed by default; None: reading decides
+    optional: bool  # every program it runs is optional
+    reason: str
+    check: str | None  # one line of Python proving its program works in the image
+
+
+@dataclass(frozen=True)
+class ProgramTable:
+    """builder/data/programs.toml: programs the base has, desktop-only ones, curated entries."""
+
+    provided: frozenset[str]
+    desktop: frozenset[str]
+    entries: Mapping[str, ProgramEntry]
+
+
+@cache
+def program_table() -> ProgramTable:
+    """The curated programs table; an entry that decides without a reason is refused."""
+    table = tomllib.loads(_DATA.joinpath("programs.toml").read_text())
+    provided = frozenset(table.pop("provided", ()))
+    desktop = frozenset(table.pop("desktop", ()))
+    entries: dict[str, ProgramEntry] = {}
+    for name, entry in table.items():
+        distribution = canonicalize_name(name)
+        required = entry.get("required")
+        found = ProgramEntry(
+            distribution=distribution,
+            required=tuple(required) if required is not None else None,
+            optional=bool(entry.get("optional", False)),
+            reason=entry.get("reason", ""),
+            check=entry.get("check"),
+        )
+        if (found.required is not None or found.optional) and not found.reason:
+            raise ValueError(f"programs.toml [{name}]: decides without a reason")
+        entries[distribution] = found
+    return ProgramTable(provided, desktop, MappingProxyType(entries))
+
+
 @cache
 def _sorted_sonames(arch: Arch) -> tuple[str, ...]:
     """The index's sonames in order, so one library's versions are a contiguous run."""

@@ -129,7 +129,16 @@ ENGINE_OPTION = click.option(
     help="uv override file: replace a dependency, or drop one (`name ; python_version < '0'`).",
 )
 @click.option(
-    "--with-optional", is_flag=True, help="Also install libraries only on-demand plugins need."
+    "--with-optional", is_flag=True, help="Also install libraries only on-demand plugins need, and programs only side"
+    " features run."
+)
+@click.option(
+    "--without-program",
+    "without_programs",
+    multiple=True,
+    metavar="NAME",
+    help="Never install this program's package, though the code runs it (a program or package"
+    " name, repeatable; over the config's without-programs): a warning says what will not work.",
 )
 @click.option(
     "--config",
@@ -177,6 +186,7 @@ def main(
     refresh: bool,
     overrides: tuple[Path, ...],
     with_optional: bool,
+    without_programs: tuple[str, ...],
     config_path: Path | None,
     no_bytecode: bool,
     sign_key: Path | None,
@@ -214,6 +224,7 @@ def main(
             engines=engine_flags(engine_urls),
             sign_key=sign_key,
             soci=not no_soci,
+            without_programs=without_programs,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,

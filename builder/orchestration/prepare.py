@@ -62,6 +62,7 @@ class Request:
     refresh: bool = False  # resolve again even if an identical resolution is cached
     overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
     with_optional: bool = False  # also install what only on-demand plugins need
+    without_programs: frozenset[str] = frozenset()  # programs (or packages) never installed
     platform_version: str | None = None  # for labels and tags; default: the base image's tag
     bytecode: bool = True  # compile the extras' .pyc (with an engine to run the base's python3)
     engine: docker.DockerClient | None = None  # runs the compile; None: no bytecode
@@ -143,6 +144,7 @@ def prepare(
                 inspections,
                 target,
                 request.with_optional,
+                request.without_programs,
             )
             for resolution in resolutions
         )
@@ -252,6 +254,7 @@ def build_parameters(plan: Plan, request: Request) -> BuildParameters:
         base_image=plan.base_image,
         flags={
             "with_optional": request.with_optional,
+            "without_programs": " ".join(sorted(request.without_programs)),
             "indexes": " ".join(without_credentials(url) for url in indexes),
             "apt_secrets": ",".join(
                 name
