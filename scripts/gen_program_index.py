@@ -22,12 +22,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a plain script from a checkout
 
-from builder.analysis.target import ARCHES  # noqa: E402
 from gen_soname_index import (  # noqa: E402  (this directory: the same family)
     UNWANTED_SUFFIXES,
     stream_lines,
     write_index,
 )
+
+from builder.analysis.target import ARCHES  # noqa: E402
 
 PATH_DIRECTORIES = ("usr/bin/", "bin/", "usr/sbin/", "sbin/")
 
@@ -38,7 +39,9 @@ def preference(package: str) -> tuple[bool, bool, int, str]:
     return (package.endswith(UNWANTED_SUFFIXES), package.endswith("-cross"), len(package), package)
 
 
-def parse_contents(lines: Iterable[str], index: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+def parse_contents(
+    lines: Iterable[str], index: dict[str, set[str]] | None = None
+) -> dict[str, set[str]]:
     """Add each program on the default PATH to `index` (name -> packages shipping it).
 
     A Contents line is ``path<whitespace>section/pkg[,section/pkg...]``, split on the last

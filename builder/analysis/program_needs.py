@@ -74,7 +74,9 @@ def _runs(
     return runs
 
 
-def _decide(wheel: WheelInspection, runs: Sequence[_Run], table: ProgramTable) -> tuple[set[str], str]:
+def _decide(
+    wheel: WheelInspection, runs: Sequence[_Run], table: ProgramTable
+) -> tuple[set[str], str]:
     """The wheel's required programs, and why; every other run of it is optional."""
     entry = table.entries.get(wheel.name)
     if entry is not None and entry.optional:
@@ -126,9 +128,7 @@ def program_needs(
         optional = all(flag for flag, _ in labels.values())
         why = next(reason for flag, reason in labels.values() if flag == optional)
         left_out = program in without or package in without
-        needs.append(
-            ProgramNeed(program, package, tuple(sorted(labels)), optional, left_out, why)
-        )
+        needs.append(ProgramNeed(program, package, tuple(sorted(labels)), optional, left_out, why))
     for need in needs:
         if need.left_out and not need.optional:
             users = ", ".join(need.distributions)

@@ -138,7 +138,10 @@ class _Bindings:
                 self.augmented.setdefault(node.target.id, []).append((scope, node.value))
 
     def values(
-        self, table: Mapping[str, list[tuple[ast.AST | None, ast.AST]]], name: str, scope: ast.AST | None
+        self,
+        table: Mapping[str, list[tuple[ast.AST | None, ast.AST]]],
+        name: str,
+        scope: ast.AST | None,
     ) -> list[ast.AST]:
         """What `name` is bound to where it is used: its own function's bindings, else the
         module's, else every binding."""
@@ -156,8 +159,9 @@ def _default(function: ast.AST, name: str) -> ast.AST | None:
         return None
     arguments = function.args
     positional = [*arguments.posonlyargs, *arguments.args]
-    pairs = list(zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults))
-    pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None]
+    with_default = positional[len(positional) - len(arguments.defaults) :]
+    pairs = list(zip(with_default, arguments.defaults, strict=True))
+    pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True) if d]
     return next((default for argument, default in pairs if argument.arg == name), None)
 
 
@@ -235,7 +239,9 @@ class _Reader:
             body = self.groups(module, node.body, kind, depth, env)
             return _merged(body + self.groups(module, node.orelse, kind, depth, env))
         if isinstance(node, ast.BoolOp):
-            return _merged([g for v in node.values for g in self.groups(module, v, kind, depth, env)])
+            return _merged(
+                [g for v in node.values for g in self.groups(module, v, kind, depth, env)]
+            )
         if isinstance(node, ast.Name):
             return self._name(module, table, node, kind, depth)
         if isinstance(node, ast.Attribute):
@@ -349,7 +355,7 @@ def _analyse(reader: _Reader, module: Module) -> tuple[list[LoadSite], list[_Run
         if not isinstance(node, ast.Call):
             continue
         qualified = module.resolve(node.func)
-        if qualified not in RUNNERS:
+        if qualified is None or qualified not in RUNNERS:
             continue
         position, keyword, kind = RUNNERS[qualified]
         argument = _argument(node, position, keyword)
@@ -372,7 +378,9 @@ def _analyse(reader: _Reader, module: Module) -> tuple[list[LoadSite], list[_Run
     return sites, runners
 
 
-def _caller_sites(reader: _Reader, module: Module, call: ast.Call, runner: _Runner) -> list[LoadSite]:
+def _caller_sites(
+    reader: _Reader, module: Module, call: ast.Call, runner: _Runner
+) -> list[LoadSite]:
     if len(call.args) <= runner.position:
         return []
     groups = reader.groups(module, call.args[runner.position], runner.kind)

@@ -7,7 +7,9 @@ must not pay for the whole stack (docker, the SBOM library, the verifier) at sta
 from __future__ import annotations
 
 import json
+import platform
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -129,8 +131,9 @@ ENGINE_OPTION = click.option(
     help="uv override file: replace a dependency, or drop one (`name ; python_version < '0'`).",
 )
 @click.option(
-    "--with-optional", is_flag=True, help="Also install libraries only on-demand plugins need, and programs only side"
-    " features run."
+    "--with-optional",
+    is_flag=True,
+    help="Also install libraries only on-demand plugins need, and programs only side features run.",
 )
 @click.option(
     "--without-program",
@@ -376,13 +379,21 @@ main.add_command(base_command)
     "--requirement",
     "requirements",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Import every top-level module of the distributions this file names.",
+    help="Import every top-level module of the distributions this file names, and run every"
+    " program they need.",
 )
 @click.option("--import", "modules", multiple=True, metavar="MODULE", help="Module to import.")
 @click.option(
     "--check", "snippets", multiple=True, metavar="CODE", help="Python snippet that must run."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--without-program",
+    "without_programs",
+    multiple=True,
+    metavar="NAME",
+    help="A program (or package) left out on purpose: reported as left out, not failed.",
+)
 @click.option(
     "--key",
     type=click.Path(path_type=Path),
@@ -403,16 +414,22 @@ def verify_command(
     modules: tuple[str, ...],
     snippets: tuple[str, ...],
     as_json: bool,
+    without_programs: tuple[str, ...],
     key: Path | None,
     clients: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
     from builder import credentials
     from builder.analysis.requirements import distribution_names
+    from builder.cache import Cache, default_root
     from builder.cli.soci import soci_check
     from builder.image.attachments import attached_sbom
+    from builder.oci.v1 import Platform
+    from builder.orchestration.delivery import program_expectations
+    from builder.orchestration.prepare import programs_needed
     from builder.sign.check import check_signed
     from builder.sign.keys import load_public_key
+    from builder.verify.programs import ProgramExpectation
     from builder.verify.run import verify_image
 
     if key is not None:  # the signatures first: nothing unsigned is run
@@ -420,6 +437,15 @@ def verify_command(
         lines = check_signed(credentials.registry(image, image.as_written), public)
         if not as_json:  # --json prints the report alone
             click.echo("\n".join(lines))
+    programs: tuple[ProgramExpectation, ...] = ()
+    if requirements:  # the programs its distributions need, as a build would find them
+        host = Platform.of_machine(platform.machine())
+        arch = host.architecture if host else "amd64"
+        needs = programs_needed(requirements, arch, Cache(default_root()))
+        left = frozenset(without_programs)
+        programs = program_expectations(
+            [replace(n, left_out=n.program in left or n.package in left) for n in needs]
+        )
     report = verify_image(
         image,
         modules=modules,
@@ -427,6 +453,7 @@ def verify_command(
         distributions=distribution_names(requirements) if requirements else (),
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image),
+        programs=programs,
     )
     if soci := soci_check(image):
         report.checks.append(soci)

@@ -24,9 +24,17 @@ from builder.analysis.plan import (
     plan_arch,
     runtime_checks,
 )
+from builder.analysis.program_needs import ProgramNeed, program_needs
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
-from builder.analysis.target import BaseFacts, BaseProfile, Target, arch_named
+from builder.analysis.target import (
+    REFERENCE_BASE,
+    BaseFacts,
+    BaseProfile,
+    Target,
+    arch_named,
+    shipped_profile,
+)
 from builder.analysis.wheels import inspect_as_ready
 from builder.attest.contents import without_credentials
 from builder.attest.provenance import BuildParameters, input_files
@@ -178,6 +186,26 @@ def prepare(
         {arch: one.to_dict() for arch, one in facts.items()},
     )
     return plan
+
+
+def programs_needed(requirement: Path, arch: str, cache: Cache) -> tuple[ProgramNeed, ...]:
+    """The programs a requirements file's set runs and needs (not optional), for verifying an
+    image the tool did not plan (`verify IMAGE -r FILE`): resolved, fetched and inspected as
+    a build would (all cached), against the shipped profile of the reference base."""
+    requirements = read_requirements((requirement,), ())
+    base = shipped_profile(ImageRef.parse(REFERENCE_BASE))
+    target = Target(base, (arch_named(arch),))
+    resolution = resolve(requirements, target, target.arches[0], cache)
+    chosen = [choose_wheel(p, target, resolution.arch)[0] for p in resolution.packages]
+    with ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch:
+        downloads = start_downloads(chosen, cache, requirements.indexes(), fetch)
+        inspections = inspect_as_ready(_as_ready(downloads), cache)
+    needs, _ = program_needs(
+        [inspections[file.sha256] for file in chosen],
+        base.packages.get(arch, frozenset()),
+        resolution.arch,
+    )
+    return tuple(need for need in needs if not need.optional)
 
 
 def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str]]:

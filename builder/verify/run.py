@@ -15,6 +15,7 @@ from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import hardened, image_user_check
 from builder.verify.discovery import check_snippet, import_checks, modules_of
+from builder.verify.programs import ProgramExpectation, program_checks
 from builder.verify.report import (
     Check,
     Checked,
@@ -44,6 +45,7 @@ def verify_image(
     startup_timeout: float | None = None,
     sdk: bool | None = None,
     sbom: bytes | None = None,
+    programs: Sequence[ProgramExpectation] = (),
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
@@ -64,6 +66,8 @@ def verify_image(
     interpreter, reported otherwise ("none": built without; absent: another tool's image).
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
     holds (every distribution on PYTHONPATH and every dpkg package, both ways).
+    `programs`: programs the distributions run, each found on PATH and run as the sandbox user
+    (one `program NAME` line each; one the operator left out is reported as such).
     """
     own_client = engine is None
     if engine is None:
@@ -84,7 +88,13 @@ def verify_image(
         with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
             served = served_checks(
-                running.sandbox, modules, checks, distributions, sdk, bytecode=required
+                running.sandbox,
+                modules,
+                checks,
+                distributions,
+                sdk,
+                bytecode=required,
+                programs=programs,
             )
             report.checks += served.checks
             report.first_import_reads = served.reads
@@ -107,6 +117,7 @@ def served_checks(
     sdk: bool | None,
     process_mode: bool = False,
     bytecode: bool | None = None,
+    programs: Sequence[ProgramExpectation] = (),
 ) -> Checked:
     """Everything checked through a serving image's port, in report order, and what importing
     the set read.
@@ -125,6 +136,7 @@ def served_checks(
     jobs: dict[str, Job] = {
         "lifetimes": partial(contract_run, sandbox, [c for c in contract if c[0] in LIFETIMES]),
         "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
+        "programs": partial(program_checks, sandbox, programs),
     }
     for name, check in contract:
         if name not in LIFETIMES + LAST:
@@ -143,7 +155,7 @@ def served_checks(
         found |= {name: contract_run(sandbox, [(name, check)]) for name, check in last.items()}
     by_name = {c.name: c for c in found.pop("lifetimes")}
     order = [[by_name[name]] if name in by_name else found[name] for name, _ in contract]
-    order += [found["sdk"], imports.checks]
+    order += [found["sdk"], imports.checks, found["programs"]]
     order += [found[f"check {number}"] for number in range(1, len(snippets) + 1)]
     return Checked([check for part in order for check in part], imports.reads)
 
