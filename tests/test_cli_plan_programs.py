@@ -23,9 +23,9 @@ WRAPPERS = {  # distribution -> (a program it runs, the package installed for it
     "pypandoc": ("pandoc", "pandoc"),
 }
 POPULAR = (
-    "matplotlib sympy pandas scikit-learn lightgbm requests beautifulsoup4 openpyxl imageio"
-    " networkx plotly seaborn statsmodels nltk pillow"
-).split()
+    "matplotlib", "sympy", "pandas", "scikit-learn", "lightgbm", "requests", "beautifulsoup4",
+    "openpyxl", "imageio", "networkx", "plotly", "seaborn", "statsmodels", "nltk", "pillow",
+)  # fmt: skip
 
 
 def plan(tmp: Path, cache: Path, requirements: list[str], *args: str) -> tuple[str, dict]:

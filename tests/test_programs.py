@@ -37,7 +37,8 @@ def names(source: str, path: str = "pkg/mod.py") -> list[tuple[str, ...]]:
         ("import os\nos.spawnlp(os.P_WAIT, 'unzip', 'unzip', 'a.zip')", [("unzip",)]),
         ("import os\nos.posix_spawnp('convert', ['convert'], {})", [("convert",)]),
         (
-            "import asyncio\nasync def f():\n    await asyncio.create_subprocess_exec('ffprobe', 'x')",
+            "import asyncio\nasync def f():\n"
+            "    await asyncio.create_subprocess_exec('ffprobe', 'x')",
             [("ffprobe",)],
         ),
         ("import shutil\nshutil.which('/usr/bin/latex')", [("latex",)]),
