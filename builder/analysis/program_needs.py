@@ -91,8 +91,13 @@ def _decide(
         return {run.program for run in main}, (
             f"runs only {package}'s programs, from {len(files)} of its {wheel.modules} modules"
         )
+    if len(packages) == 1:
+        return set(), (
+            f"a side feature: {packages.pop()}'s programs run from {len(files)} of its"
+            f" {wheel.modules} modules"
+        )
     if packages:
-        return set(), f"a side feature: runs programs of {len(packages)} packages"
+        return set(), f"side features: runs programs of {len(packages)} packages"
     return set(), "only where the code carries on without it"
 
 
