@@ -7,9 +7,7 @@ must not pay for the whole stack (docker, the SBOM library, the verifier) at sta
 from __future__ import annotations
 
 import json
-import platform
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +39,14 @@ ENGINE_OPTION = click.option(
     metavar="ARCH=URL",
     help="Build, load, verify ARCH's image on this Docker engine (repeatable; over the config's"
     " [engines]): unix:///PATH, tcp://HOST:PORT[?certs=DIR], ssh://[USER@]HOST[:PORT].",
+)
+WITHOUT_PROGRAM_OPTION = click.option(
+    "--without-program",
+    "without_programs",
+    multiple=True,
+    metavar="NAME",
+    help="A program (or its package) the code runs, left out on purpose (repeatable; over the"
+    " config's without-programs): not installed, a warning says so, verify reports it left out.",
 )
 
 
@@ -135,14 +141,7 @@ ENGINE_OPTION = click.option(
     is_flag=True,
     help="Also install libraries only on-demand plugins need, and programs only side features run.",
 )
-@click.option(
-    "--without-program",
-    "without_programs",
-    multiple=True,
-    metavar="NAME",
-    help="Never install this program's package, though the code runs it (a program or package"
-    " name, repeatable; over the config's without-programs): a warning says what will not work.",
-)
+@WITHOUT_PROGRAM_OPTION
 @click.option(
     "--config",
     "config_path",
@@ -387,13 +386,7 @@ main.add_command(base_command)
     "--check", "snippets", multiple=True, metavar="CODE", help="Python snippet that must run."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option(
-    "--without-program",
-    "without_programs",
-    multiple=True,
-    metavar="NAME",
-    help="A program (or package) left out on purpose: reported as left out, not failed.",
-)
+@WITHOUT_PROGRAM_OPTION
 @click.option(
     "--key",
     type=click.Path(path_type=Path),
@@ -424,36 +417,29 @@ def verify_command(
     from builder.cache import Cache, default_root
     from builder.cli.soci import soci_check
     from builder.image.attachments import attached_sbom
-    from builder.oci.v1 import Platform
     from builder.orchestration.delivery import program_expectations
     from builder.orchestration.prepare import programs_needed
     from builder.sign.check import check_signed
     from builder.sign.keys import load_public_key
-    from builder.verify.programs import ProgramExpectation
-    from builder.verify.run import verify_image
+    from builder.verify.run import Installed, verify_image
 
     if key is not None:  # the signatures first: nothing unsigned is run
         public = load_public_key(key)
         lines = check_signed(credentials.registry(image, image.as_written), public)
         if not as_json:  # --json prints the report alone
             click.echo("\n".join(lines))
-    programs: tuple[ProgramExpectation, ...] = ()
-    if requirements:  # the programs its distributions need, as a build would find them
-        host = Platform.of_machine(platform.machine())
-        arch = host.architecture if host else "amd64"
-        needs = programs_needed(requirements, arch, Cache(default_root()))
-        left = frozenset(without_programs)
-        programs = program_expectations(
-            [replace(n, left_out=n.program in left or n.package in left) for n in needs]
-        )
+    installed = Installed()
+    if requirements:  # its distributions' modules, and the programs they need
+        left_out = frozenset(without_programs)
+        needs = programs_needed(requirements, image, left_out, Cache(default_root()))
+        installed = Installed(distribution_names(requirements), program_expectations(needs))
     report = verify_image(
         image,
         modules=modules,
         checks=snippets,
-        distributions=distribution_names(requirements) if requirements else (),
+        installed=installed,
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image),
-        programs=programs,
     )
     if soci := soci_check(image):
         report.checks.append(soci)

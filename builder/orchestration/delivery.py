@@ -220,7 +220,7 @@ def _produce_and_verify(
                 facts = plan_facts(plan, made, repository, one.holding_layers)
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
             if delivery.verify:
-                from builder.verify.run import verify_image
+                from builder.verify.run import Installed, verify_image
 
                 on = f" on {engine}" if engine.url else ""
                 run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened{on} ...")
@@ -231,7 +231,9 @@ def _produce_and_verify(
                     checks=plan.runtime_checks,
                     engine=engine,
                     sbom=one.attestable.sbom() if one.attestable else None,
-                    programs=program_expectations(arch_plan.installed_programs()),
+                    installed=Installed(
+                        programs=program_expectations(arch_plan.installed_programs())
+                    ),
                 )
             found[one.arch] = one
     return [found[arch] for arch in arches]

@@ -7,6 +7,7 @@ to sequence.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
@@ -28,7 +29,6 @@ from builder.analysis.program_needs import ProgramNeed, program_needs
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
 from builder.analysis.target import (
-    REFERENCE_BASE,
     BaseFacts,
     BaseProfile,
     Target,
@@ -54,6 +54,7 @@ from builder.image.labels import created, image_labels
 from builder.image.render import Secrets, check_output, lock_text, render
 from builder.image.tags import extras_hash
 from builder.oci.name import ImageRef
+from builder.oci.v1 import Platform
 
 DOWNLOADS = 8  # wheel downloads at once
 
@@ -188,22 +189,28 @@ def prepare(
     return plan
 
 
-def programs_needed(requirement: Path, arch: str, cache: Cache) -> tuple[ProgramNeed, ...]:
+def programs_needed(
+    requirement: Path, image: ImageRef, without: frozenset[str], cache: Cache
+) -> tuple[ProgramNeed, ...]:
     """The programs a requirements file's set runs and needs (not optional), for verifying an
     image the tool did not plan (`verify IMAGE -r FILE`): resolved, fetched and inspected as
-    a build would (all cached), against the shipped profile of the reference base."""
+    a build would (all cached), for this host's arch, against the shipped profile as `image`'s
+    base facts; `without` (program or package names) are marked left out."""
     requirements = read_requirements((requirement,), ())
-    base = shipped_profile(ImageRef.parse(REFERENCE_BASE))
-    target = Target(base, (arch_named(arch),))
-    resolution = resolve(requirements, target, target.arches[0], cache)
-    chosen = [choose_wheel(p, target, resolution.arch)[0] for p in resolution.packages]
+    base = shipped_profile(image)
+    host = Platform.of_machine(platform.machine())
+    target = Target(base, (arch_named(host.architecture if host else "amd64"),))
+    arch = target.arches[0]
+    resolution = resolve(requirements, target, arch, cache)
+    chosen = [choose_wheel(p, target, arch)[0] for p in resolution.packages]
     with ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch:
         downloads = start_downloads(chosen, cache, requirements.indexes(), fetch)
         inspections = inspect_as_ready(_as_ready(downloads), cache)
     needs, _ = program_needs(
         [inspections[file.sha256] for file in chosen],
-        base.packages.get(arch, frozenset()),
-        resolution.arch,
+        base.packages.get(arch.name, frozenset()),
+        arch,
+        without,
     )
     return tuple(need for need in needs if not need.optional)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 
 from builder.contract import BYTECODE_LABEL
@@ -35,17 +36,25 @@ LAST = ("detached", "race", "flood", "starve")
 Job = Callable[[], list[Check]]
 
 
+@dataclass(frozen=True)
+class Installed:
+    """What an image's requirements ask of it beyond named imports: the distributions (every
+    top-level module of each imported) and the programs they run (each run)."""
+
+    distributions: Sequence[str] = ()
+    programs: Sequence[ProgramExpectation] = ()
+
+
 def verify_image(
     image: ImageRef | str,
     *,
     modules: Sequence[str] = (),
     checks: Sequence[str] = (),
-    distributions: Sequence[str] = (),
+    installed: Installed = Installed(),
     engine: Engine | None = None,
     startup_timeout: float | None = None,
     sdk: bool | None = None,
     sbom: bytes | None = None,
-    programs: Sequence[ProgramExpectation] = (),
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
@@ -53,7 +62,10 @@ def verify_image(
     the engine lacks it or holds an older one, as the probe does); or the engine's own name for
     an image it holds (what a delivery just loaded or pulled: an image id, repository@digest).
 
-    `distributions`: import every top-level module these installed distributions provide.
+    `installed.distributions`: import every top-level module these installed distributions
+    provide; `installed.programs`: programs the distributions run, each found on PATH and run
+    as the sandbox user (one `program NAME` line each; one the operator left out is reported
+    as such).
     `engine`: the engine that runs it (an arch's own: the sandbox is reached where that engine
     publishes its port); None: the local engine, whose client is closed at the end.
     `startup_timeout`: how long the server may take to answer GET /; None allows
@@ -66,8 +78,6 @@ def verify_image(
     interpreter, reported otherwise ("none": built without; absent: another tool's image).
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
     holds (every distribution on PYTHONPATH and every dpkg package, both ways).
-    `programs`: programs the distributions run, each found on PATH and run as the sandbox user
-    (one `program NAME` line each; one the operator left out is reported as such).
     """
     own_client = engine is None
     if engine is None:
@@ -91,10 +101,10 @@ def verify_image(
                 running.sandbox,
                 modules,
                 checks,
-                distributions,
+                installed.distributions,
                 sdk,
                 bytecode=required,
-                programs=programs,
+                programs=installed.programs,
             )
             report.checks += served.checks
             report.first_import_reads = served.reads
