@@ -78,6 +78,7 @@ def test_tabulate_gains_nothing(wrappers: tuple[str, dict]) -> None:
             for n in record["programs"]
             if any(d.startswith("tabulate==") for d in n["distributions"])
         ]
+        assert record["apt_installed_size"] > 500_000_000  # ffmpeg's libraries, mostly
         assert set(record["apt_packages"]) == {
             "ffmpeg",
             "graphviz",
@@ -85,6 +86,7 @@ def test_tabulate_gains_nothing(wrappers: tuple[str, dict]) -> None:
             "poppler-utils",
             "tesseract-ocr",
         }
+    assert "ffmpeg graphviz pandoc poppler-utils tesseract-ocr (with their dependencies: " in stdout
     tabulate = next(line for line in stdout.splitlines() if line.strip().startswith("tabulate "))
     assert tabulate.rstrip().endswith(" -")
 

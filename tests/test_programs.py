@@ -11,9 +11,9 @@ import pytest
 from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
-from builder.analysis.debian import package_for_program, program_table
+from builder.analysis.debian import added_size, package_for_program, program_table
 from builder.analysis.programs import program_name, scan_source, scan_sources
-from builder.analysis.target import ARCHES
+from builder.analysis.target import ARCHES, shipped_facts
 
 PURE = "py3-none-any"
 
@@ -223,6 +223,24 @@ def test_a_wrapper_gets_its_package_and_a_side_feature_stays_optional(tmp_path: 
     assert runs["pdftoppm", "poppler-utils"].distributions == ("pdfwrap==1.0",)
     assert "side feature" in runs["latex", "texlive-latex-base"].why
     assert plan.warnings == ()
+    assert plan.apt_size == added_size(("poppler-utils",), shipped_facts().packages["amd64"], AMD64)
+
+
+AMD64 = ARCHES["amd64"]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_the_apt_stage_size_counts_dependencies_not_the_base(arch: str) -> None:
+    base = shipped_facts().packages[arch]
+    gomp = added_size(["libgomp1"], base, ARCHES[arch])
+    poppler = added_size(["poppler-utils"], base, ARCHES[arch])
+    both = added_size(["poppler-utils", "libgomp1"], base, ARCHES[arch])
+    assert gomp is not None and poppler is not None and both is not None
+    assert 100_000 < gomp < 2_000_000  # libgomp1 alone: libc6 and gcc-14-base are the base's
+    assert poppler > 20_000_000  # libpoppler and what it links, not poppler-utils' own ~1 MB
+    assert max(poppler, gomp) < both <= poppler + gomp
+    assert added_size([], base, ARCHES[arch]) == 0
+    assert added_size(["no-such-package"], base, ARCHES[arch]) is None
 
 
 def test_with_optional_installs_side_features(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ poppler-utils (a hand-written image) fails `verify -r` naming pdf2image, pdftopp
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -36,11 +37,29 @@ def test_the_build_installs_and_verifies_both_programs(
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr
     out = built.stdout
     assert "runs pdftoppm -> poppler-utils" in out and "runs tesseract -> tesseract-ocr" in out
-    assert "apt packages: poppler-utils tesseract-ocr" in out
+    assert "apt packages: poppler-utils tesseract-ocr (with their dependencies: " in out
     for program in ("pdftoppm", "pdfinfo", "tesseract"):
         assert f"PASS  program {program}" in out
     checks = [line for line in out.splitlines() if line.startswith("PASS  check ")]
     assert len(checks) == 2, out  # the curated pdf2image and pytesseract lines
+
+
+def test_the_planned_apt_size_is_the_apt_layers(
+    built: subprocess.CompletedProcess[str],
+    test_env: dict,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The plan's Installed-Size sum against the size of the layer apt wrote (dpkg's own files
+    and the ld.so cache on top, nothing removed)."""
+    assert built.returncode == 0, built.stderr
+    report = next(tmp_path_factory.getbasetemp().glob("programs*/context/report.json"))
+    planned = json.loads(report.read_text())["architectures"]["amd64"]["apt_installed_size"]
+    history = docker(test_env, "history", "--no-trunc", "--human=false", "--format",
+                     "{{.Size}}\t{{.CreatedBy}}", TAG).stdout  # fmt: skip
+    (layer,) = [
+        int(line.split("\t")[0]) for line in history.splitlines() if "poppler-utils" in line
+    ]
+    assert 0.8 < layer / planned < 1.25, (layer, planned)
 
 
 def test_converts_a_pdf_and_answers_the_tesseract_version_hardened(

@@ -11,7 +11,7 @@ import bisect
 import gzip
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -113,6 +113,42 @@ def package_for_program(name: str, arch: Arch) -> str | None:
     """The package apt should install for the program `name`, or None if trixie has none."""
     listed = program_index(arch).get(name)
     return listed.partition(",")[0] if listed else None
+
+
+@cache
+def _package_table(arch: Arch) -> tuple[Mapping[str, int], tuple[tuple[int, tuple[int, ...]], ...]]:
+    """packages-<arch>.tsv.gz (scripts/gen_package_sizes.py): name -> line number, and each
+    line's installed kB and dependencies (line numbers)."""
+    with _DATA.joinpath(f"packages-{arch.name}.tsv.gz").open("rb") as raw:
+        lines = gzip.decompress(raw.read()).decode().splitlines()
+    numbers: dict[str, int] = {}
+    rows = []
+    for number, line in enumerate(lines):
+        name, size, deps = line.split("\t")
+        numbers[name] = number
+        rows.append((int(size), tuple(int(d) for d in deps.split(",") if d)))
+    return MappingProxyType(numbers), tuple(rows)
+
+
+def added_size(packages: Iterable[str], base_packages: Collection[str], arch: Arch) -> int | None:
+    """Bytes the apt stage adds: `packages` and everything they depend on (as apt installs
+    them without recommends), less the base's packages, by Debian 13's Installed-Size (kB).
+    None when a package is not in the shipped table (it was not regenerated with the index
+    that named it)."""
+    numbers, rows = _package_table(arch)
+    base = {numbers[name] for name in base_packages if name in numbers}
+    stack = []
+    for name in packages:
+        if name not in numbers:
+            return None
+        stack.append(numbers[name])
+    seen: set[int] = set()
+    while stack:
+        number = stack.pop()
+        if number not in seen and number not in base:
+            seen.add(number)
+            stack += rows[number][1]
+    return sum(rows[number][0] for number in seen) * 1024
 
 
 def packages_providing(packages: Iterable[str], arch: Arch) -> frozenset[str]:

@@ -61,6 +61,7 @@ class ArchPlan:
     optional_packages: tuple[str, ...] = ()  # wanted only by on-demand plugins, not installed
     warnings: tuple[str, ...] = ()
     programs: tuple[ProgramNeed, ...] = ()  # programs the code runs, and their packages
+    apt_size: int | None = None  # bytes the apt stage adds (Installed-Size); None: unknown
 
     def installed_programs(self) -> tuple[ProgramNeed, ...]:
         """The programs this arch's image carries (what verification runs), and those left
@@ -106,6 +107,7 @@ class Plan:
                     ],
                     "size": size_figures(arch.wheels),
                     "apt_packages": list(arch.apt_packages),
+                    "apt_installed_size": arch.apt_size,
                     "optional_apt_packages": list(arch.optional_packages),
                     "wheels": [asdict(w) for w in arch.wheels],
                     "native_libraries": [asdict(lib) for lib in arch.libraries],
@@ -232,16 +234,18 @@ def plan_arch(
     required |= {need.package for need in kept if not need.optional}
     optional = {lib.package for lib in libraries if lib.optional} - base_packages - required
     optional |= {need.package for need in kept if need.optional} - required
+    installed = tuple(sorted(required | optional if with_optional else required))
     return ArchPlan(
         arch=arch.name,
         wheels=tuple(wheels),
         libraries=tuple(sorted(libraries, key=lambda lib: (lib.package, lib.soname))),
-        apt_packages=tuple(sorted(required | optional if with_optional else required)),
+        apt_packages=installed,
         provided_by_base=resolution.provided_by_base,
         built_from_source=resolution.built_from_source,
         optional_packages=tuple(sorted(optional)),
         warnings=tuple(dict.fromkeys(warnings)),
         programs=programs,
+        apt_size=debian.added_size(installed, base_packages, arch),
     )
 
 

@@ -67,7 +67,10 @@ def summary(plan: Plan, report: Report | None = None) -> str:
             lines.append(
                 f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
             )
-        lines.append(f"  apt packages: {' '.join(arch.apt_packages) or 'none'}")
+        apt = " ".join(arch.apt_packages) or "none"
+        if arch.apt_packages and arch.apt_size is not None:
+            apt += f" (with their dependencies: {human(arch.apt_size)} installed)"
+        lines.append(f"  apt packages: {apt}")
         if arch.optional_packages:
             lines.append(
                 "  optional (on-demand plugins, loads the code can do without, programs side"
