@@ -409,11 +409,11 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
     reader = _Reader(paths, read)
     sites: list[LoadSite] = []
     runners: dict[str, _Runner] = {}
-    unparsed = []
+    unparsed: set[str] = set()
     for path in paths:
         source = read(path)
         if not mentions_runner(source):
-            unparsed.append(path)
+            unparsed.add(path)
             continue
         loaded = reader.module(module_name(path))
         if loaded is None:
