@@ -12,6 +12,8 @@
     bytecode = false                # optional, as --no-bytecode: ship no .pyc (default true)
     sign-key = "cosign.key"         # optional, as --sign-key: sign what is pushed (cosign format)
     soci = false                    # optional, as --no-soci: attach no SOCI index (default true)
+    without-programs = ["ffmpeg"]   # optional, as --without-program: never install these
+                                    # programs' packages (names of programs or of packages)
 
     [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
     arm64 = "ssh://builder@arm64-host"
@@ -53,6 +55,7 @@ KNOWN_KEYS = frozenset(
         "soci",
         "engines",
         "sign-key",
+        "without-programs",
     }
 )
 # setting -> BuildKit secret id
@@ -79,6 +82,7 @@ class PipelineConfig:
     engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
     sign_key: Path | None = None  # cosign's encrypted key or a PKCS#8 PEM (builder.sign.keys)
     soci: bool = True  # attach a SOCI index (lazy loading) to each pushed arch image
+    without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
 
     @property
     def base_image(self) -> ImageRef:
@@ -134,6 +138,9 @@ def load_config(path: Path) -> PipelineConfig:
     soci = data.get("soci", True)
     if not isinstance(soci, bool):
         raise UserError(f"{path}: 'soci' must be true or false")
+    without = data.get("without-programs", [])
+    if not isinstance(without, list) or not all(isinstance(v, str) and v for v in without):
+        raise UserError(f"{path}: 'without-programs' must be a list of program names")
     engines = data.get("engines", {})
     if not isinstance(engines, dict) or not all(isinstance(v, str) for v in engines.values()):
         raise UserError(f"{path}: [engines] must map arches to engine URLs")
@@ -162,6 +169,7 @@ def load_config(path: Path) -> PipelineConfig:
         },
         sign_key=here / sign_key if sign_key else None,
         soci=soci,
+        without_programs=tuple(without),
     )
 
 
@@ -203,6 +211,7 @@ class RunSettings:
     engines: Mapping[str, EngineURL] = field(default_factory=dict)  # arch -> its own engine
     sign_key: Path | None = None
     soci: bool = True  # attach a SOCI index to each pushed arch image
+    without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
 
 
 def merge(
@@ -232,6 +241,7 @@ def merge(
         engines={**config.engines, **flags.engines},  # per arch: the flag wins
         sign_key=flags.sign_key or config.sign_key,
         soci=flags.soci and config.soci,
+        without_programs=tuple(dict.fromkeys(config.without_programs + flags.without_programs)),
     )
 
 

@@ -79,12 +79,16 @@ def stream_lines(url: str) -> Iterable[str]:
 
 def write_index(index: dict[str, list[str]], destination: Path) -> None:
     """Write sorted ``soname<TAB>pkg,...`` lines as a byte-for-byte reproducible gzip."""
-    text = "".join(f"{name}\t{','.join(index[name])}\n" for name in sorted(index))
+    write_lines([f"{name}\t{','.join(index[name])}\n" for name in sorted(index)], destination)
+
+
+def write_lines(lines: Iterable[str], destination: Path) -> None:
+    """Write `lines` as a byte-for-byte reproducible gzip (no name, no date)."""
     with (
         destination.open("wb") as file,
         gzip.GzipFile(filename="", mode="wb", fileobj=file, compresslevel=9, mtime=0) as out,
     ):
-        out.write(text.encode())
+        out.write("".join(lines).encode())
 
 
 def main(argv: list[str] | None = None) -> None:

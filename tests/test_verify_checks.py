@@ -28,6 +28,7 @@ from builder.verify import client, hardening, race
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
 from builder.verify.client import Machine, Sandbox, multipart_filename
 from builder.verify.discovery import import_checks
+from builder.verify.programs import ProgramExpectation, program_checks
 from builder.verify.report import run_check
 from builder.verify.run import served_checks
 from builder.verify.sdk import sdk_installed
@@ -230,3 +231,34 @@ def test_health_latencies_let_one_reply_off_and_no_stall(
     latencies: list[float], problem: str | None
 ) -> None:
     assert hardening.health_problem(latencies, 1.0, "the attack") == problem
+
+
+def test_program_checks_run_each_program_and_name_who_needs_a_missing_one(
+    server: Sandbox,
+) -> None:
+    """`program NAME` lines: found and run (the first version option that exits 0), missing
+    (one line naming the distribution, the program, the package), or left out on purpose."""
+    checks = {
+        check.name: check
+        for check in program_checks(
+            server,
+            [
+                ProgramExpectation("pdf2image==1.17.0", "bsi-no-such-pdftoppm", "poppler-utils"),
+                ProgramExpectation("pydub==0.25.1", "ls", "coreutils"),
+                ProgramExpectation("moviepy==2.2.1", "ls", "coreutils"),
+                ProgramExpectation("pydub==0.25.1", "bsi-left-ffmpeg", "ffmpeg", left_out=True),
+            ],
+        )
+    }
+    assert list(checks) == ["program bsi-left-ffmpeg", "program bsi-no-such-pdftoppm", "program ls"]
+    missing = checks["program bsi-no-such-pdftoppm"]
+    assert not missing.passed
+    assert missing.detail == (
+        "pdf2image==1.17.0 runs bsi-no-such-pdftoppm, which is not on the commands' PATH:"
+        " install poppler-utils"
+    )
+    found = checks["program ls"]
+    assert found.passed and "--version -> exit 0" in found.detail
+    assert found.detail.startswith("for moviepy==2.2.1, pydub==0.25.1: ")
+    left = checks["program bsi-left-ffmpeg"]
+    assert left.passed and left.detail.startswith("left out (without-programs): pydub==0.25.1")

@@ -1,4 +1,5 @@
-"""Debian 13 knowledge shipped as data: soname index, ctypes table, symbol-version maxima.
+"""Debian 13 knowledge shipped as data: soname and program indexes, ctypes and programs
+tables, symbol-version maxima.
 
 Each data file in builder/data has a script in scripts/ (or a documented source) that
 regenerates it; this module only reads them, once per process.
@@ -10,7 +11,7 @@ import bisect
 import gzip
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -83,7 +84,19 @@ def soname_index(arch: Arch) -> Mapping[str, str]:
     lines are cut in one pass (a line is `soname<TAB>packages`): half the time of a split per
     line, on every run's path.
     """
-    with _DATA.joinpath(f"sonames-{arch.name}.tsv.gz").open("rb") as raw:
+    return _name_index(f"sonames-{arch.name}.tsv.gz")
+
+
+@cache
+def program_index(arch: Arch) -> Mapping[str, str]:
+    """Program name (a file in /usr/bin, /bin, /usr/sbin or /sbin) -> the Debian packages
+    shipping it, preferred first, comma-separated (scripts/gen_program_index.py)."""
+    return _name_index(f"programs-{arch.name}.tsv.gz")
+
+
+def _name_index(filename: str) -> Mapping[str, str]:
+    """A shipped `name<TAB>packages` index, lines cut in one pass (see `soname_index`)."""
+    with _DATA.joinpath(filename).open("rb") as raw:
         fields = gzip.decompress(raw.read()).decode().replace("\n", "\t").split("\t")
     if fields[-1] == "":
         fields.pop()  # the last line's newline
@@ -94,6 +107,48 @@ def package_for(soname: str, arch: Arch) -> str | None:
     """The package apt should install for ``soname``, or None if trixie has none."""
     listed = soname_index(arch).get(soname)
     return listed.partition(",")[0] if listed else None
+
+
+def package_for_program(name: str, arch: Arch) -> str | None:
+    """The package apt should install for the program `name`, or None if trixie has none."""
+    listed = program_index(arch).get(name)
+    return listed.partition(",")[0] if listed else None
+
+
+@cache
+def _package_table(arch: Arch) -> tuple[Mapping[str, int], tuple[tuple[int, tuple[int, ...]], ...]]:
+    """packages-<arch>.tsv.gz (scripts/gen_package_sizes.py): name -> line number, and each
+    line's installed kB and dependencies (line numbers)."""
+    with _DATA.joinpath(f"packages-{arch.name}.tsv.gz").open("rb") as raw:
+        lines = gzip.decompress(raw.read()).decode().splitlines()
+    numbers: dict[str, int] = {}
+    rows = []
+    for number, line in enumerate(lines):
+        name, size, deps = line.split("\t")
+        numbers[name] = number
+        rows.append((int(size), tuple(int(d) for d in deps.split(",") if d)))
+    return MappingProxyType(numbers), tuple(rows)
+
+
+def added_size(packages: Iterable[str], base_packages: Collection[str], arch: Arch) -> int | None:
+    """Bytes the apt stage adds: `packages` and everything they depend on (as apt installs
+    them without recommends), less the base's packages, by Debian 13's Installed-Size (kB).
+    None when a package is not in the shipped table (it was not regenerated with the index
+    that named it)."""
+    numbers, rows = _package_table(arch)
+    base = {numbers[name] for name in base_packages if name in numbers}
+    stack = []
+    for name in packages:
+        if name not in numbers:
+            return None
+        stack.append(numbers[name])
+    seen: set[int] = set()
+    while stack:
+        number = stack.pop()
+        if number not in seen and number not in base:
+            seen.add(number)
+            stack += rows[number][1]
+    return sum(rows[number][0] for number in seen) * 1024
 
 
 def packages_providing(packages: Iterable[str], arch: Arch) -> frozenset[str]:
@@ -128,6 +183,49 @@ def dynamic_loads() -> Mapping[str, DynamicLoad]:
             raise ValueError(f"ctypes.toml [{name}]: libraries listed without a reason")
         loads[distribution] = load
     return MappingProxyType(loads)
+
+
+@dataclass(frozen=True)
+class ProgramEntry:
+    """What reading a distribution's code cannot tell about the programs it runs."""
+
+    distribution: str  # PEP 503 normalized
+    required: tuple[str, ...] | None  # the programs installed by default; None: reading decides
+    optional: bool  # every program it runs is optional
+    reason: str
+    check: str | None  # one line of Python proving its program works in the image
+
+
+@dataclass(frozen=True)
+class ProgramTable:
+    """builder/data/programs.toml: programs the base has, desktop-only ones, curated entries."""
+
+    provided: frozenset[str]
+    desktop: frozenset[str]
+    entries: Mapping[str, ProgramEntry]
+
+
+@cache
+def program_table() -> ProgramTable:
+    """The curated programs table; an entry that decides without a reason is refused."""
+    table = tomllib.loads(_DATA.joinpath("programs.toml").read_text())
+    provided = frozenset(table.pop("provided", ()))
+    desktop = frozenset(table.pop("desktop", ()))
+    entries: dict[str, ProgramEntry] = {}
+    for name, entry in table.items():
+        distribution = canonicalize_name(name)
+        required = entry.get("required")
+        found = ProgramEntry(
+            distribution=distribution,
+            required=tuple(required) if required is not None else None,
+            optional=bool(entry.get("optional", False)),
+            reason=entry.get("reason", ""),
+            check=entry.get("check"),
+        )
+        if (found.required is not None or found.optional) and not found.reason:
+            raise ValueError(f"programs.toml [{name}]: decides without a reason")
+        entries[distribution] = found
+    return ProgramTable(provided, desktop, MappingProxyType(entries))
 
 
 @cache

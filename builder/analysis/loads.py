@@ -30,7 +30,7 @@ WINDOWS_ONLY = frozenset({"WinDLL", "windll", "OleDLL", "oledll"})
 # What a failed load raises (or a catch-all): a handler for one of these that does not raise
 # carries on without it.
 LOAD_ERRORS = frozenset({"OSError", "EnvironmentError", "Exception", "BaseException"})
-SKIPPED_DIRS = frozenset({"tests", "test", "testing", "__pycache__"})  # never run in the sandbox
+SKIPPED_DIRS = frozenset({"tests", "test", "testing", "docs", "doc", "__pycache__"})  # never run
 MAX_EXPRESSION_DEPTH = 100  # a library name is never built from more pieces than this
 
 
@@ -45,7 +45,8 @@ class LoadRecord(TypedDict):
 
 @dataclass(frozen=True)
 class LoadSite:
-    """One place in a wheel that loads a native library by name, with the names it tries."""
+    """One place in a wheel that loads a native library (or runs a program: analysis.programs)
+    by name, with the names it tries."""
 
     path: str  # tree path of the .py file
     line: int
@@ -119,7 +120,7 @@ def _strings(node: ast.AST | None) -> list[str] | None:
 Scalar = str | int
 
 
-def _bind(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> dict[str, Scalar]:
+def bind(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> dict[str, Scalar]:
     """The helper's parameters that the call (or a default) gives a literal value."""
     arguments = function.args
     positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
@@ -136,7 +137,7 @@ def _bind(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> d
     }
 
 
-def _evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str | None:
+def evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str | None:
     """A string built from literals and bound parameters (f-string, +), else None.
 
     Bounded in depth: a generated `x + "a" + "a" + ...` must not exhaust the Python stack.
@@ -149,17 +150,17 @@ def _evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str |
     if isinstance(node, ast.Name) and node.id in env:
         return str(env[node.id])
     if isinstance(node, ast.FormattedValue) and node.format_spec is None:
-        return _evaluate(node.value, env, depth)
+        return evaluate(node.value, env, depth)
     if isinstance(node, ast.JoinedStr):
-        parts = [_evaluate(value, env, depth) for value in node.values]
+        parts = [evaluate(value, env, depth) for value in node.values]
         return None if None in parts else "".join(part or "" for part in parts)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _evaluate(node.left, env, depth), _evaluate(node.right, env, depth)
+        left, right = evaluate(node.left, env, depth), evaluate(node.right, env, depth)
         return None if left is None or right is None else left + right
     return None
 
 
-class _Module:
+class Module:
     """Name bindings of one module, enough to follow a name back to its literal strings."""
 
     def __init__(self, tree: ast.Module, path: str = "") -> None:
@@ -230,7 +231,7 @@ class _Module:
     def _names(self, node: ast.AST, depth: int, env: Mapping[str, Scalar]) -> list[str]:
         if (literal := _strings(node)) is not None:
             return literal
-        if env and (text := _evaluate(node, env)) is not None:
+        if env and (text := evaluate(node, env)) is not None:
             return [text]
         found: list[str] = []
         if isinstance(node, ast.Name):
@@ -247,7 +248,7 @@ class _Module:
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             function = self.functions.get(node.func.id)
             if function is not None:
-                bound = _bind(function, node)
+                bound = bind(function, node)
                 returns = [n for n in ast.walk(function) if isinstance(n, ast.Return) and n.value]
                 for inner in sorted(returns, key=lambda n: (n.lineno, n.col_offset)):
                     if inner.value is not None:
@@ -275,14 +276,14 @@ class _Module:
     def site(self, call: ast.Call, names: list[str]) -> LoadSite:
         return LoadSite(self.path, call.lineno, tuple(names), self.guarded(call))
 
-    def guarded(self, node: ast.AST) -> bool:
-        """Whether a failed load at `node` is caught and the code goes on without the library:
-        the innermost `try` around it swallows OSError, and no loop around that `try` (in the
-        same function) makes it one candidate of several."""
+    def guarded(self, node: ast.AST, errors: frozenset[str] = LOAD_ERRORS) -> bool:
+        """Whether a failure at `node` is caught and the code goes on without the library (or
+        program): the innermost `try` around it swallows one of `errors`, and no loop around
+        that `try` (in the same function) makes it one candidate of several."""
         child, parent = node, self.parents.get(node)
         while parent is not None and not isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef):
             if isinstance(parent, ast.Try | ast.TryStar) and child in parent.body:
-                return _swallows(parent) and not self._in_loop(parent)
+                return _swallows(parent, errors) and not self._in_loop(parent)
             child, parent = parent, self.parents.get(parent)
         return False
 
@@ -313,27 +314,27 @@ class _Module:
         return ".".join([self.imports[func.id], *parts])
 
 
-def _swallows(node: ast.Try | ast.TryStar) -> bool:
-    """A handler catches a failed load and does not raise."""
+def _swallows(node: ast.Try | ast.TryStar, errors: frozenset[str]) -> bool:
+    """A handler catches one of `errors` (a failed load, a missing program) and does not raise."""
     for handler in node.handlers:
         caught = handler.type
         types = caught.elts if isinstance(caught, ast.Tuple) else [caught]
         names = {t.id for t in types if isinstance(t, ast.Name)}
-        if caught is None or names & LOAD_ERRORS:
+        if caught is None or names & errors:
             return not any(isinstance(n, ast.Raise) for n in ast.walk(handler))
     return False
 
 
-def _parse(path: str, source: bytes) -> _Module | None:
+def parse(path: str, source: bytes) -> Module | None:
     try:
-        return _Module(ast.parse(source, filename=path), path)
+        return Module(ast.parse(source, filename=path), path)
     except (SyntaxError, ValueError):
         return None  # not Python 3 source: the interpreter could not run it either
     except RecursionError:
         return None  # nested too deep to build a tree of (CPython could not compile it either)
 
 
-def _analyse(module: _Module) -> tuple[list[LoadSite], list[Helper]]:
+def _analyse(module: Module) -> tuple[list[LoadSite], list[Helper]]:
     """The module's own load sites, and its top-level helpers other modules may call."""
     sites: list[LoadSite] = []
     helpers: list[Helper] = []
@@ -365,7 +366,7 @@ def _analyse(module: _Module) -> tuple[list[LoadSite], list[Helper]]:
     return sites, helpers
 
 
-def _imported_sites(module: _Module, helpers: Mapping[str, list[Helper]]) -> list[LoadSite]:
+def _imported_sites(module: Module, helpers: Mapping[str, list[Helper]]) -> list[LoadSite]:
     """Calls to helpers that `module` imports from another module of the wheel."""
     sites = []
     for node in ast.walk(module.tree):
@@ -377,15 +378,15 @@ def _imported_sites(module: _Module, helpers: Mapping[str, list[Helper]]) -> lis
     return sites
 
 
-def _ordered(sites: Iterable[LoadSite]) -> list[LoadSite]:
+def ordered(sites: Iterable[LoadSite]) -> list[LoadSite]:
     return sorted(set(sites), key=lambda site: (site.path, site.line, site.names))
 
 
 def scan_source(path: str, source: bytes) -> list[LoadSite]:
     """Every load of a library by a name the code spells out, with file:line."""
-    if not mentions_loader(source) or (module := _parse(path, source)) is None:
+    if not mentions_loader(source) or (module := parse(path, source)) is None:
         return []
-    return _ordered(_analyse(module)[0])
+    return ordered(_analyse(module)[0])
 
 
 def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[LoadSite]:
@@ -395,7 +396,7 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
     without one (`from . import load_library`), so once helpers are known, the files naming
     one are parsed too. One level: a helper re-exported through a third module is not followed.
     """
-    modules: list[_Module] = []
+    modules: list[Module] = []
     unparsed: list[str] = []
     sites: list[LoadSite] = []
     helpers: dict[str, list[Helper]] = {}
@@ -403,20 +404,20 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
         source = read(path)
         if not mentions_loader(source):
             unparsed.append(path)
-        elif (module := _parse(path, source)) is not None:
+        elif (module := parse(path, source)) is not None:
             found, exported = _analyse(module)
             sites += found
             modules.append(module)
             for helper in exported:
                 helpers.setdefault(helper.qualified, []).append(helper)
     if not helpers:
-        return _ordered(sites)
+        return ordered(sites)
     words = sorted({name.rpartition(".")[2].encode() for name in helpers})
     mentions = re.compile(rb"\b(?:" + b"|".join(map(re.escape, words)) + rb")\b")
     for path in unparsed:
         source = read(path)
-        if mentions.search(source) and (module := _parse(path, source)) is not None:
+        if mentions.search(source) and (module := parse(path, source)) is not None:
             modules.append(module)
     for module in modules:
         sites += _imported_sites(module, helpers)
-    return _ordered(sites)
+    return ordered(sites)

@@ -15,6 +15,7 @@ from packaging.utils import parse_wheel_filename
 from builder.analysis import debian
 from builder.analysis.index import RemoteFile, redact
 from builder.analysis.natives import external_needs, load_needs, symbol_problems
+from builder.analysis.program_needs import ProgramNeed, program_needs
 from builder.analysis.resolve import LockedPackage, Resolution
 from builder.analysis.sizes import gpu_warnings, size_figures
 from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
@@ -59,6 +60,14 @@ class ArchPlan:
     built_from_source: tuple[str, ...]
     optional_packages: tuple[str, ...] = ()  # wanted only by on-demand plugins, not installed
     warnings: tuple[str, ...] = ()
+    programs: tuple[ProgramNeed, ...] = ()  # programs the code runs, and their packages
+    apt_size: int | None = None  # bytes the apt stage adds (Installed-Size); None: unknown
+
+    def installed_programs(self) -> tuple[ProgramNeed, ...]:
+        """The programs this arch's image carries (what verification runs), and those left
+        out (which it reports as left out)."""
+        installed = set(self.apt_packages)
+        return tuple(p for p in self.programs if p.package in installed or p.left_out)
 
 
 @dataclass(frozen=True)
@@ -98,9 +107,14 @@ class Plan:
                     ],
                     "size": size_figures(arch.wheels),
                     "apt_packages": list(arch.apt_packages),
+                    "apt_installed_size": arch.apt_size,
                     "optional_apt_packages": list(arch.optional_packages),
                     "wheels": [asdict(w) for w in arch.wheels],
                     "native_libraries": [asdict(lib) for lib in arch.libraries],
+                    "programs": [
+                        {**asdict(need), "distributions": list(need.distributions)}
+                        for need in arch.programs
+                    ],
                     "provided_by_base": list(arch.provided_by_base),
                     "built_from_source": list(arch.built_from_source),
                     "warnings": list(arch.warnings),
@@ -138,10 +152,14 @@ def plan_arch(
     inspections: Mapping[str, WheelInspection],
     target: Target[BaseFacts],
     with_optional: bool = False,
+    without_programs: frozenset[str] = frozenset(),
 ) -> ArchPlan:
-    """Native needs → Debian packages for one arch; raises on anything unusable.
+    """Native needs and programs run → Debian packages for one arch; raises on anything
+    unusable.
 
-    Needs only plugins loaded on demand have are listed but installed only `with_optional`.
+    Needs only plugins loaded on demand have (and programs only side features run) are listed
+    but installed only `with_optional`; `without_programs` (program or package names) are
+    never installed.
     """
     arch = resolution.arch
     wheels = []
@@ -209,17 +227,25 @@ def plan_arch(
         ]
     warnings += gpu_warnings(wheels)
     base_packages = target.base.packages.get(arch.name, frozenset())
+    programs, program_warnings = program_needs(inspected, base_packages, arch, without_programs)
+    warnings += program_warnings
+    kept = [need for need in programs if not need.left_out]
     required = {lib.package for lib in libraries if not lib.optional} - base_packages
+    required |= {need.package for need in kept if not need.optional}
     optional = {lib.package for lib in libraries if lib.optional} - base_packages - required
+    optional |= {need.package for need in kept if need.optional} - required
+    installed = tuple(sorted(required | optional if with_optional else required))
     return ArchPlan(
         arch=arch.name,
         wheels=tuple(wheels),
         libraries=tuple(sorted(libraries, key=lambda lib: (lib.package, lib.soname))),
-        apt_packages=tuple(sorted(required | optional if with_optional else required)),
+        apt_packages=installed,
         provided_by_base=resolution.provided_by_base,
         built_from_source=resolution.built_from_source,
         optional_packages=tuple(sorted(optional)),
         warnings=tuple(dict.fromkeys(warnings)),
+        programs=programs,
+        apt_size=debian.added_size(installed, base_packages, arch),
     )
 
 
@@ -244,8 +270,18 @@ def import_modules(direct: Sequence[str], plans: Sequence[ArchPlan]) -> tuple[st
 
 
 def runtime_checks(plans: Sequence[ArchPlan]) -> tuple[str, ...]:
-    """Snippets from the run-time loading table for every installed distribution it lists."""
+    """Snippets from the run-time loading table for every installed distribution it lists,
+    and from the programs table for every distribution whose program the image carries."""
     loads = debian.dynamic_loads()
     names = {wheel.name for plan in plans for wheel in plan.wheels}
-    checks = (loads[name].check for name in sorted(names) if name in loads)
+    checks = [loads[name].check for name in sorted(names) if name in loads]
+    entries = debian.program_table().entries
+    installed = {
+        pin.partition("==")[0]
+        for plan in plans
+        for need in plan.installed_programs()
+        if not need.left_out
+        for pin in need.distributions
+    }
+    checks += [entries[name].check for name in sorted(installed) if name in entries]
     return tuple(check for check in checks if check)

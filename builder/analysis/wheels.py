@@ -24,12 +24,13 @@ from typing import TypedDict, cast
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from builder.analysis.elf import ElfFile, ElfRecord, UnreadableElf, is_elf, read_elf
-from builder.analysis.loads import LoadRecord, LoadSite, scan_sources
+from builder.analysis.loads import LoadRecord, LoadSite, scan_sources, worth_reading
+from builder.analysis.programs import scan_sources as scan_programs
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 
 RECORD_KIND = "inspect"
-SCHEMA = 4  # bump whenever WheelInspection or the way it is derived changes
+SCHEMA = 5  # bump whenever WheelInspection or the way it is derived changes
 LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
 MODULE_SUFFIXES = (".py", ".pyc", ".so")
 SOURCE_LIMIT = 4 << 20  # a .py file bigger than this is generated data, not a loader
@@ -51,6 +52,8 @@ class WheelRecord(TypedDict):
     top_level: list[str]
     elf_files: list[ElfRecord]
     loads: list[LoadRecord]
+    programs: list[LoadRecord]
+    modules: int
     size: int
     installed_size: int
     newest: int
@@ -68,6 +71,8 @@ class WheelInspection:
     top_level: tuple[str, ...]  # importable top-level names, public names first
     elf_files: tuple[ElfFile, ...]  # sorted by install path
     loads: tuple[LoadSite, ...] = ()  # run-time library loads in its Python code, by path
+    programs: tuple[LoadSite, ...] = ()  # programs its Python code runs (analysis.programs)
+    modules: int = 0  # Python modules the sandbox may run (not tests): what `programs` are of
     size: int = 0  # the wheel file, bytes
     installed_size: int = 0  # every member unpacked, bytes
     newest: int = 0  # the newest member date, UTC seconds (newest_date): SOURCE_DATE_EPOCH's
@@ -91,6 +96,8 @@ class WheelInspection:
             "top_level": list(self.top_level),
             "elf_files": [elf.to_dict() for elf in self.elf_files],
             "loads": [site.to_dict() for site in self.loads],
+            "programs": [site.to_dict() for site in self.programs],
+            "modules": self.modules,
             "size": self.size,
             "installed_size": self.installed_size,
             "newest": self.newest,
@@ -107,6 +114,8 @@ class WheelInspection:
             top_level=tuple(data["top_level"]),
             elf_files=tuple(ElfFile.from_dict(elf) for elf in data["elf_files"]),
             loads=tuple(LoadSite.from_dict(site) for site in data["loads"]),
+            programs=tuple(LoadSite.from_dict(site) for site in data["programs"]),
+            modules=int(data["modules"]),
             size=data["size"],
             installed_size=data["installed_size"],
             newest=int(data["newest"]),  # a damaged record fails here and is read again
@@ -185,14 +194,17 @@ def _read_member_elf(zf: zipfile.ZipFile, info: zipfile.ZipInfo, tree_path: str)
             return read_elf(temp, tree_path)
 
 
-def _read_loads(zf: zipfile.ZipFile, sources: Mapping[str, zipfile.ZipInfo]) -> list[LoadSite]:
-    """Load sites of the wheel's Python files (`sources`: tree path → member)."""
+def _read_sources(
+    zf: zipfile.ZipFile, sources: Mapping[str, zipfile.ZipInfo]
+) -> tuple[list[LoadSite], list[LoadSite]]:
+    """Load sites and program sites of the wheel's Python files (`sources`: tree path →
+    member). Each scan reads the files again rather than holding a big wheel's sources."""
 
     def read(tree_path: str) -> bytes:
         info = sources[tree_path]
         return b"" if info.file_size > SOURCE_LIMIT else zf.read(info)
 
-    return scan_sources(sources, read)
+    return scan_sources(sources, read), scan_programs(sources, read)
 
 
 def _parse_filename(filename: str) -> tuple[str, str, tuple[str, ...]]:
@@ -227,7 +239,7 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
                     if elf is not None:
                         elf_files.append(elf)
             member = f"{path.name}: Python sources"
-            loads = _read_loads(zf, sources)
+            loads, programs = _read_sources(zf, sources)
             member = path.name
             top_level = _top_level(zf, members, tree_paths)
             installed_size = sum(info.file_size for info in infos)
@@ -245,6 +257,8 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
         top_level=top_level,
         elf_files=tuple(sorted(elf_files, key=lambda elf: elf.path)),
         loads=tuple(sorted(loads, key=lambda site: (site.path, site.line))),
+        programs=tuple(programs),
+        modules=sum(map(worth_reading, sources)),
         size=path.stat().st_size,
         installed_size=installed_size,
         newest=newest,

@@ -40,6 +40,14 @@ ENGINE_OPTION = click.option(
     help="Build, load, verify ARCH's image on this Docker engine (repeatable; over the config's"
     " [engines]): unix:///PATH, tcp://HOST:PORT[?certs=DIR], ssh://[USER@]HOST[:PORT].",
 )
+WITHOUT_PROGRAM_OPTION = click.option(
+    "--without-program",
+    "without_programs",
+    multiple=True,
+    metavar="NAME",
+    help="A program (or its package) the code runs, left out on purpose (repeatable; over the"
+    " config's without-programs): not installed, a warning says so, verify reports it left out.",
+)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -129,8 +137,11 @@ ENGINE_OPTION = click.option(
     help="uv override file: replace a dependency, or drop one (`name ; python_version < '0'`).",
 )
 @click.option(
-    "--with-optional", is_flag=True, help="Also install libraries only on-demand plugins need."
+    "--with-optional",
+    is_flag=True,
+    help="Also install libraries only on-demand plugins need, and programs only side features run.",
 )
+@WITHOUT_PROGRAM_OPTION
 @click.option(
     "--config",
     "config_path",
@@ -177,6 +188,7 @@ def main(
     refresh: bool,
     overrides: tuple[Path, ...],
     with_optional: bool,
+    without_programs: tuple[str, ...],
     config_path: Path | None,
     no_bytecode: bool,
     sign_key: Path | None,
@@ -214,6 +226,7 @@ def main(
             engines=engine_flags(engine_urls),
             sign_key=sign_key,
             soci=not no_soci,
+            without_programs=without_programs,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -365,13 +378,15 @@ main.add_command(base_command)
     "--requirement",
     "requirements",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Import every top-level module of the distributions this file names.",
+    help="Import every top-level module of the distributions this file names, and run every"
+    " program they need.",
 )
 @click.option("--import", "modules", multiple=True, metavar="MODULE", help="Module to import.")
 @click.option(
     "--check", "snippets", multiple=True, metavar="CODE", help="Python snippet that must run."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@WITHOUT_PROGRAM_OPTION
 @click.option(
     "--key",
     type=click.Path(path_type=Path),
@@ -392,28 +407,37 @@ def verify_command(
     modules: tuple[str, ...],
     snippets: tuple[str, ...],
     as_json: bool,
+    without_programs: tuple[str, ...],
     key: Path | None,
     clients: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
     from builder import credentials
     from builder.analysis.requirements import distribution_names
+    from builder.cache import Cache, default_root
     from builder.cli.soci import soci_check
     from builder.image.attachments import attached_sbom
+    from builder.orchestration.delivery import program_expectations
+    from builder.orchestration.prepare import programs_needed
     from builder.sign.check import check_signed
     from builder.sign.keys import load_public_key
-    from builder.verify.run import verify_image
+    from builder.verify.run import Installed, verify_image
 
     if key is not None:  # the signatures first: nothing unsigned is run
         public = load_public_key(key)
         lines = check_signed(credentials.registry(image, image.as_written), public)
         if not as_json:  # --json prints the report alone
             click.echo("\n".join(lines))
+    installed = Installed()
+    if requirements:  # its distributions' modules, and the programs they need
+        left_out = frozenset(without_programs)
+        needs = programs_needed(requirements, image, left_out, Cache(default_root()))
+        installed = Installed(distribution_names(requirements), program_expectations(needs))
     report = verify_image(
         image,
         modules=modules,
         checks=snippets,
-        distributions=distribution_names(requirements) if requirements else (),
+        installed=installed,
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image),
     )

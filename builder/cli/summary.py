@@ -35,10 +35,16 @@ def summary(plan: Plan, report: Report | None = None) -> str:
     for arch in plan.arches:
         rows = [("distribution", "version", "wheel tag", "download", "installed", "native needs")]
         for wheel in arch.wheels:
+            pin = f"{wheel.name}=={wheel.version}"
             needs = [
                 f"{lib.soname or '(run time)'} -> {lib.package}{' (optional)' * lib.optional}"
                 for lib in arch.libraries
-                if any(by.startswith(f"{wheel.name}=={wheel.version}") for by in lib.needed_by)
+                if any(by.startswith(pin) for by in lib.needed_by)
+            ]
+            needs += [
+                f"runs {need.program} -> {need.package}{' (left out)' * need.left_out}"
+                for need in arch.programs
+                if pin in need.distributions and (not need.optional or need.left_out)
             ]
             size, installed = human(wheel.size), human(wheel.installed_size)
             needed = ", ".join(needs) or "-"
@@ -61,11 +67,14 @@ def summary(plan: Plan, report: Report | None = None) -> str:
             lines.append(
                 f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
             )
-        lines.append(f"  apt packages: {' '.join(arch.apt_packages) or 'none'}")
+        apt = " ".join(arch.apt_packages) or "none"
+        if arch.apt_packages and arch.apt_size is not None:
+            apt += f" (with their dependencies: {human(arch.apt_size)} installed)"
+        lines.append(f"  apt packages: {apt}")
         if arch.optional_packages:
             lines.append(
-                "  optional (on-demand plugins, or loads the code can do without;"
-                f" --with-optional installs them): {' '.join(arch.optional_packages)}"
+                "  optional (on-demand plugins, loads the code can do without, programs side"
+                f" features run; --with-optional installs them): {' '.join(arch.optional_packages)}"
             )
         lines += _extras_lines(arch.arch, report or {})
     return "\n".join(lines)

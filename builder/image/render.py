@@ -162,7 +162,7 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
     """
     mounts, (setup, update_command, install) = apt_steps(secrets)
     lines = [
-        "# Debian 13 libraries that the extras' native code links or loads:",
+        "# Debian 13 libraries the extras' native code links or loads, programs their code runs:",
         *(f"#   {arch}: {' '.join(packages) or '-'}" for arch, packages in apt_sets.items()),
     ]
     update = f"RUN{mounts} \\\n    {setup} \\\n    && {update_command} \\"

@@ -179,6 +179,7 @@ def request_for(
         refresh=options.refresh,
         overrides=options.overrides,
         with_optional=options.with_optional,
+        without_programs=frozenset(settings.without_programs),
         platform_version=settings.platform_version,
         bytecode=settings.bytecode and not options.no_bytecode,
         engine=compiling,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from builder import credentials
 from builder.analysis.plan import Plan
+from builder.analysis.program_needs import ProgramNeed
 from builder.attest.provenance import BuildParameters
 from builder.blob_memory import blob_memory
 from builder.cache import Cache
@@ -59,6 +60,7 @@ if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a ru
     from builder.image.template import TemplateChange
     from builder.oci.ztoc import SociIndex
     from builder.sign.keys import SigningKey
+    from builder.verify.programs import ProgramExpectation
 
 
 @dataclass
@@ -218,19 +220,35 @@ def _produce_and_verify(
                 facts = plan_facts(plan, made, repository, one.holding_layers)
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
             if delivery.verify:
-                from builder.verify.run import verify_image
+                from builder.verify.run import Installed, verify_image
 
                 on = f" on {engine}" if engine.url else ""
                 run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened{on} ...")
+                arch_plan = next(a for a in plan.arches if a.arch == one.arch)
                 one.verification = verify_image(
                     one.engine_name,
                     modules=plan.import_modules,
                     checks=plan.runtime_checks,
                     engine=engine,
                     sbom=one.attestable.sbom() if one.attestable else None,
+                    installed=Installed(
+                        programs=program_expectations(arch_plan.installed_programs())
+                    ),
                 )
             found[one.arch] = one
     return [found[arch] for arch in arches]
+
+
+def program_expectations(needs: Sequence[ProgramNeed]) -> tuple[ProgramExpectation, ...]:
+    """What verification asks of the image for the programs a plan found: per distribution
+    that runs one, the program and its package (left out, when the operator said so)."""
+    from builder.verify.programs import ProgramExpectation
+
+    return tuple(
+        ProgramExpectation(pin, need.program, need.package, need.left_out)
+        for need in needs
+        for pin in need.distributions
+    )
 
 
 def _write(

@@ -7,6 +7,7 @@ to sequence.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
@@ -24,9 +25,16 @@ from builder.analysis.plan import (
     plan_arch,
     runtime_checks,
 )
+from builder.analysis.program_needs import ProgramNeed, program_needs
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import Resolution, resolve
-from builder.analysis.target import BaseFacts, BaseProfile, Target, arch_named
+from builder.analysis.target import (
+    BaseFacts,
+    BaseProfile,
+    Target,
+    arch_named,
+    shipped_profile,
+)
 from builder.analysis.wheels import inspect_as_ready
 from builder.attest.contents import without_credentials
 from builder.attest.provenance import BuildParameters, input_files
@@ -46,6 +54,7 @@ from builder.image.labels import created, image_labels
 from builder.image.render import Secrets, check_output, lock_text, render
 from builder.image.tags import extras_hash
 from builder.oci.name import ImageRef
+from builder.oci.v1 import Platform
 
 DOWNLOADS = 8  # wheel downloads at once
 
@@ -62,6 +71,7 @@ class Request:
     refresh: bool = False  # resolve again even if an identical resolution is cached
     overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
     with_optional: bool = False  # also install what only on-demand plugins need
+    without_programs: frozenset[str] = frozenset()  # programs (or packages) never installed
     platform_version: str | None = None  # for labels and tags; default: the base image's tag
     bytecode: bool = True  # compile the extras' .pyc (with an engine to run the base's python3)
     engine: docker.DockerClient | None = None  # runs the compile; None: no bytecode
@@ -143,6 +153,7 @@ def prepare(
                 inspections,
                 target,
                 request.with_optional,
+                request.without_programs,
             )
             for resolution in resolutions
         )
@@ -176,6 +187,32 @@ def prepare(
         {arch: one.to_dict() for arch, one in facts.items()},
     )
     return plan
+
+
+def programs_needed(
+    requirement: Path, image: ImageRef, without: frozenset[str], cache: Cache
+) -> tuple[ProgramNeed, ...]:
+    """The programs a requirements file's set runs and needs (not optional), for verifying an
+    image the tool did not plan (`verify IMAGE -r FILE`): resolved, fetched and inspected as
+    a build would (all cached), for this host's arch, against the shipped profile as `image`'s
+    base facts; `without` (program or package names) are marked left out."""
+    requirements = read_requirements((requirement,), ())
+    base = shipped_profile(image)
+    host = Platform.of_machine(platform.machine())
+    target = Target(base, (arch_named(host.architecture if host else "amd64"),))
+    arch = target.arches[0]
+    resolution = resolve(requirements, target, arch, cache)
+    chosen = [choose_wheel(p, target, arch)[0] for p in resolution.packages]
+    with ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch:
+        downloads = start_downloads(chosen, cache, requirements.indexes(), fetch)
+        inspections = inspect_as_ready(_as_ready(downloads), cache)
+    needs, _ = program_needs(
+        [inspections[file.sha256] for file in chosen],
+        base.packages.get(arch.name, frozenset()),
+        arch,
+        without,
+    )
+    return tuple(need for need in needs if not need.optional)
 
 
 def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str]]:
@@ -252,6 +289,7 @@ def build_parameters(plan: Plan, request: Request) -> BuildParameters:
         base_image=plan.base_image,
         flags={
             "with_optional": request.with_optional,
+            "without_programs": " ".join(sorted(request.without_programs)),
             "indexes": " ".join(without_credentials(url) for url in indexes),
             "apt_secrets": ",".join(
                 name

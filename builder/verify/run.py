@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 
 from builder.contract import BYTECODE_LABEL
@@ -15,6 +16,7 @@ from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import hardened, image_user_check
 from builder.verify.discovery import check_snippet, import_checks, modules_of
+from builder.verify.programs import ProgramExpectation, program_checks
 from builder.verify.report import (
     Check,
     Checked,
@@ -34,12 +36,21 @@ LAST = ("detached", "race", "flood", "starve")
 Job = Callable[[], list[Check]]
 
 
+@dataclass(frozen=True)
+class Installed:
+    """What an image's requirements ask of it beyond named imports: the distributions (every
+    top-level module of each imported) and the programs they run (each run)."""
+
+    distributions: Sequence[str] = ()
+    programs: Sequence[ProgramExpectation] = ()
+
+
 def verify_image(
     image: ImageRef | str,
     *,
     modules: Sequence[str] = (),
     checks: Sequence[str] = (),
-    distributions: Sequence[str] = (),
+    installed: Installed = Installed(),
     engine: Engine | None = None,
     startup_timeout: float | None = None,
     sdk: bool | None = None,
@@ -51,7 +62,10 @@ def verify_image(
     the engine lacks it or holds an older one, as the probe does); or the engine's own name for
     an image it holds (what a delivery just loaded or pulled: an image id, repository@digest).
 
-    `distributions`: import every top-level module these installed distributions provide.
+    `installed.distributions`: import every top-level module these installed distributions
+    provide; `installed.programs`: programs the distributions run, each found on PATH and run
+    as the sandbox user (one `program NAME` line each; one the operator left out is reported
+    as such).
     `engine`: the engine that runs it (an arch's own: the sandbox is reached where that engine
     publishes its port); None: the local engine, whose client is closed at the end.
     `startup_timeout`: how long the server may take to answer GET /; None allows
@@ -84,7 +98,13 @@ def verify_image(
         with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
             served = served_checks(
-                running.sandbox, modules, checks, distributions, sdk, bytecode=required
+                running.sandbox,
+                modules,
+                checks,
+                installed.distributions,
+                sdk,
+                bytecode=required,
+                programs=installed.programs,
             )
             report.checks += served.checks
             report.first_import_reads = served.reads
@@ -107,6 +127,7 @@ def served_checks(
     sdk: bool | None,
     process_mode: bool = False,
     bytecode: bool | None = None,
+    programs: Sequence[ProgramExpectation] = (),
 ) -> Checked:
     """Everything checked through a serving image's port, in report order, and what importing
     the set read.
@@ -125,6 +146,7 @@ def served_checks(
     jobs: dict[str, Job] = {
         "lifetimes": partial(contract_run, sandbox, [c for c in contract if c[0] in LIFETIMES]),
         "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
+        "programs": partial(program_checks, sandbox, programs),
     }
     for name, check in contract:
         if name not in LIFETIMES + LAST:
@@ -143,7 +165,7 @@ def served_checks(
         found |= {name: contract_run(sandbox, [(name, check)]) for name, check in last.items()}
     by_name = {c.name: c for c in found.pop("lifetimes")}
     order = [[by_name[name]] if name in by_name else found[name] for name, _ in contract]
-    order += [found["sdk"], imports.checks]
+    order += [found["sdk"], imports.checks, found["programs"]]
     order += [found[f"check {number}"] for number in range(1, len(snippets) + 1)]
     return Checked([check for part in order for check in part], imports.reads)
 

@@ -31,7 +31,12 @@ def reference_profile() -> BaseProfile:
     return shipped_profile(ImageRef.parse(REFERENCE_BASE))
 
 
-def plan_for(tmp_path: Path, wheels: list[Path], with_optional: bool = False) -> ArchPlan:
+def plan_for(
+    tmp_path: Path,
+    wheels: list[Path],
+    with_optional: bool = False,
+    without: frozenset[str] = frozenset(),
+) -> ArchPlan:
     target = Target(shipped_facts(), (AMD64,))
     cache = Cache(tmp_path / "cache")
     packages, chosen, inspections = [], {}, {}
@@ -44,4 +49,4 @@ def plan_for(tmp_path: Path, wheels: list[Path], with_optional: bool = False) ->
         chosen[package.name] = choose_wheel(package, target, AMD64)
         inspections[sha] = inspection
     resolution = Resolution(AMD64, tuple(packages), (), (), "")
-    return plan_arch(resolution, chosen, inspections, target, with_optional)
+    return plan_arch(resolution, chosen, inspections, target, with_optional, without)

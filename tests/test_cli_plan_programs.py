@@ -1,0 +1,112 @@
+"""Plan-only (--no-build) against the real package index: wrappers of one program get its
+Debian package on amd64 and arm64; nothing else gains one (tabulate, the popular data set).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("package_index")
+
+ARCHES = ("amd64", "arm64")
+WRAPPERS = {  # distribution -> (a program it runs, the package installed for it)
+    "pdf2image": ("pdftoppm", "poppler-utils"),
+    "pytesseract": ("tesseract", "tesseract-ocr"),
+    "pydub": ("ffmpeg", "ffmpeg"),
+    "graphviz": ("dot", "graphviz"),
+    "ffmpeg-python": ("ffprobe", "ffmpeg"),  # picked here: one-program wrappers
+    "pypandoc": ("pandoc", "pandoc"),
+}
+POPULAR = (
+    "matplotlib", "sympy", "pandas", "scikit-learn", "lightgbm", "requests", "beautifulsoup4",
+    "openpyxl", "imageio", "networkx", "plotly", "seaborn", "statsmodels", "nltk", "pillow",
+)  # fmt: skip
+
+
+def plan(tmp: Path, cache: Path, requirements: list[str], *args: str) -> tuple[str, dict]:
+    req = tmp / "requirements.txt"
+    req.write_text("".join(f"{name}\n" for name in requirements))
+    out = tmp / "context"
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "-r", str(req), "--output", str(out),
+         "--cache-dir", str(cache), "--no-build", *(a for arch in ARCHES for a in ("--arch", arch)),
+         *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout + result.stderr, json.loads((out / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def wrappers(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """One plan of every wrapper and tabulate, on both arches."""
+    return plan(tmp_path_factory.mktemp("wrappers"), shared_cache, [*WRAPPERS, "tabulate"])
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("distribution", sorted(WRAPPERS))
+def test_a_wrapper_gets_its_programs_package(
+    wrappers: tuple[str, dict], distribution: str, arch: str
+) -> None:
+    stdout, report = wrappers
+    program, package = WRAPPERS[distribution]
+    record = report["architectures"][arch]
+    assert package in record["apt_packages"]
+    runs = [
+        need
+        for need in record["programs"]
+        if need["program"] == program
+        and any(d.startswith(f"{distribution}==") for d in need["distributions"])
+    ]
+    assert runs and runs[0]["package"] == package and not runs[0]["optional"], record["programs"]
+    assert f"runs {program} -> {package}" in stdout
+
+
+def test_tabulate_gains_nothing(wrappers: tuple[str, dict]) -> None:
+    stdout, report = wrappers
+    for arch in ARCHES:
+        record = report["architectures"][arch]
+        assert not [
+            n
+            for n in record["programs"]
+            if any(d.startswith("tabulate==") for d in n["distributions"])
+        ]
+        assert record["apt_installed_size"] > 500_000_000  # ffmpeg's libraries, mostly
+        assert set(record["apt_packages"]) == {
+            "ffmpeg",
+            "graphviz",
+            "pandoc",
+            "poppler-utils",
+            "tesseract-ocr",
+        }
+    assert "ffmpeg graphviz pandoc poppler-utils tesseract-ocr (with their dependencies: " in stdout
+    tabulate = next(line for line in stdout.splitlines() if line.strip().startswith("tabulate "))
+    assert tabulate.rstrip().endswith(" -")
+
+
+def test_a_program_left_out_is_not_installed_and_warned(shared_cache: Path, tmp_path: Path) -> None:
+    stdout, report = plan(tmp_path, shared_cache, ["pydub"], "--without-program", "ffmpeg")
+    for arch in ARCHES:
+        record = report["architectures"][arch]
+        assert record["apt_packages"] == []
+        ffmpeg = next(n for n in record["programs"] if n["program"] == "ffmpeg")
+        assert ffmpeg["left_out"] is True and ffmpeg["optional"] is False
+    assert "runs ffmpeg -> ffmpeg (left out)" in stdout
+    assert "warning: ffmpeg (ffmpeg) left out by without-programs: pydub==" in stdout
+
+
+def test_the_popular_set_gains_nothing_beyond_libgomp1(shared_cache: Path, tmp_path: Path) -> None:
+    stdout, report = plan(tmp_path, shared_cache, POPULAR)
+    for arch in ARCHES:
+        record = report["architectures"][arch]
+        assert record["apt_packages"] == ["libgomp1"], record["programs"]
+        assert all(need["optional"] for need in record["programs"])
+        assert {"texlive-latex-base", "dvipng"} <= set(record["optional_apt_packages"])
+    assert "runs " not in stdout

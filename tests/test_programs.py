@@ -1,0 +1,303 @@
+"""Reading the programs Python code runs (builder/analysis/programs.py), and what the plan makes
+of them (builder/analysis/program_needs.py): synthetic sources for each call form, small
+wheels shaped like pdf2image, pytesseract, pydub, graphviz and matplotlib, the index lookup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.plans import plan_for
+from support.wheelfactory import make_wheel
+
+from builder.analysis.debian import added_size, package_for_program, program_table
+from builder.analysis.programs import program_name, scan_source, scan_sources
+from builder.analysis.target import ARCHES, shipped_facts
+
+PURE = "py3-none-any"
+
+
+def names(source: str, path: str = "pkg/mod.py") -> list[tuple[str, ...]]:
+    return [site.names for site in scan_source(path, source.encode())]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import subprocess\nsubprocess.run(['pdftoppm', '-v'])", [("pdftoppm",)]),
+        ("import subprocess\nsubprocess.call('pdfinfo doc.pdf', shell=True)", [("pdfinfo",)]),
+        ("import subprocess\nsubprocess.check_output(args=['dot', '-V'])", [("dot",)]),
+        ("import subprocess as sp\nsp.Popen(('tesseract', 'in', 'out'))", [("tesseract",)]),
+        ("from subprocess import check_call\ncheck_call(['ffmpeg', '-i', 'x'])", [("ffmpeg",)]),
+        ("import subprocess\nsubprocess.getoutput('pandoc --version')", [("pandoc",)]),
+        ("import os\nos.system('gs -q -dBATCH')", [("gs",)]),
+        ("import os\nos.popen('pdftotext a.pdf -')", [("pdftotext",)]),
+        ("import os\nos.execvp('qpdf', ['qpdf', '--check'])", [("qpdf",)]),
+        ("import os\nos.spawnlp(os.P_WAIT, 'unzip', 'unzip', 'a.zip')", [("unzip",)]),
+        ("import os\nos.posix_spawnp('convert', ['convert'], {})", [("convert",)]),
+        (
+            "import asyncio\nasync def f():\n"
+            "    await asyncio.create_subprocess_exec('ffprobe', 'x')",
+            [("ffprobe",)],
+        ),
+        ("import shutil\nshutil.which('/usr/bin/latex')", [("latex",)]),
+        ("import subprocess\nsubprocess.run(['gswin64c.exe'])", [("gswin64c",)]),
+        ("import subprocess\nsubprocess.run(f'{\"gs\"} -v')", [("gs",)]),
+        ("import subprocess\nsubprocess.run(['echo', 'x'], cwd='/tmp')", [("echo",)]),
+    ],
+)
+def test_each_call_form(source: str, expected: list[tuple[str, ...]]) -> None:
+    assert names(source) == expected
+
+
+def test_indirections() -> None:
+    source = """\
+import os, pathlib, shutil, subprocess
+BINARY = pathlib.Path('dot')
+tesseract_cmd = 'tesseract'
+
+def command_path(command, poppler_path=None):
+    if poppler_path is not None:
+        command = os.path.join(poppler_path, command)
+    return command
+
+def encoder():
+    if shutil.which('avconv'):
+        return 'avconv'
+    return 'ffmpeg'
+
+class Segment:
+    converter = encoder()
+
+    def export(self):
+        subprocess.Popen([self.converter, '-y'])
+
+def info(path):
+    command = [command_path('pdfinfo'), path]
+    subprocess.Popen(command)
+
+def ocr(nice=0):
+    args = []
+    if nice:
+        args += ('nice', '-n', str(nice))
+    args += (tesseract_cmd, 'in', 'out')
+    subprocess.Popen(args)
+
+def render():
+    subprocess.run([BINARY, '-Tsvg'])
+
+def probe(filename, cmd='ffprobe'):
+    subprocess.run([cmd, filename])
+
+for name in ('magick', 'convert'):
+    if shutil.which(name):
+        break
+"""
+    found = {site.names: site.optional for site in scan_source("pkg/mod.py", source.encode())}
+    assert found == {
+        ("avconv",): True,  # shutil.which: a probe
+        ("avconv", "ffmpeg"): False,  # the helper's returns: alternatives
+        ("pdfinfo",): False,
+        ("nice",): False,
+        ("tesseract",): False,
+        ("dot",): False,
+        ("ffprobe",): False,
+        ("magick", "convert"): True,
+    }
+
+
+def test_guarded_runs_are_optional_and_computed_names_are_left_alone() -> None:
+    source = """\
+import os, subprocess, sys
+try:
+    subprocess.run(['git', 'describe'])
+except FileNotFoundError:
+    version = None
+try:
+    subprocess.run(['dvipng', '-v'])
+except OSError:
+    raise RuntimeError('install dvipng')
+subprocess.run([sys.executable, '-m', 'pip'])
+subprocess.run([os.environ['EDITOR'], 'file'])
+subprocess.run(['-x'])
+"""
+    found = {site.names: site.optional for site in scan_source("pkg/m.py", source.encode())}
+    assert found == {("git",): True, ("dvipng",): False}
+
+
+def test_a_runner_helper_of_a_sibling_module_and_its_constants() -> None:
+    """graphviz's shape: backend/execute.py runs its parameter, rendering.py passes a list a
+    third module builds from its constant."""
+    files = {
+        "viz/backend/execute.py": b"import subprocess\ndef run_check(cmd, **kw):\n"
+        b"    return subprocess.run(cmd, **kw)\n",
+        "viz/backend/dot_command.py": b"import pathlib\nDOT_BINARY = pathlib.Path('dot')\n"
+        b"def command(engine):\n    cmd = [DOT_BINARY, f'-K{engine}']\n    return cmd\n",
+        "viz/backend/rendering.py": b"from . import dot_command\nfrom . import execute\n"
+        b"def render(engine):\n    cmd = dot_command.command(engine)\n    cmd += ['-o', 'x']\n"
+        b"    execute.run_check(cmd)\n",
+        "viz/tests/test_x.py": b"import subprocess\nsubprocess.run(['pytest'])\n",
+        "viz/docs/conf.py": b"import subprocess\nsubprocess.run(['sphinx-build'])\n",
+    }
+    sites = scan_sources(files, files.__getitem__)
+    assert [(site.path, site.names) for site in sites] == [("viz/backend/rendering.py", ("dot",))]
+
+
+def test_program_names() -> None:
+    assert program_name("/usr/bin/pdftoppm") == "pdftoppm"
+    assert program_name("gs.exe") == "gs"
+    assert program_name("-v") is None and program_name("") is None
+    assert program_name("{placeholder}") is None
+
+
+def test_the_index_maps_programs_to_packages_on_both_arches() -> None:
+    for arch in ARCHES.values():
+        assert package_for_program("pdftoppm", arch) == "poppler-utils"
+        assert package_for_program("tesseract", arch) == "tesseract-ocr"
+        assert package_for_program("ffmpeg", arch) == "ffmpeg"
+        assert package_for_program("dot", arch) == "graphviz"
+        assert package_for_program("xdg-open", arch) == "xdg-utils"  # Contents-all
+        assert package_for_program("no-such-program-here", arch) is None
+
+
+def test_every_curated_decision_has_a_reason() -> None:
+    table = program_table()
+    assert {"python3", "pip"} <= table.provided and "xdg-open" in table.desktop
+    for entry in table.entries.values():
+        assert entry.reason or (entry.required is None and not entry.optional)
+
+
+WRAPPER = b"""\
+import subprocess
+
+def _path(command, poppler_path=None):
+    return command
+
+def convert(pdf):
+    subprocess.Popen([_path('pdftoppm'), pdf])
+
+def info(pdf):
+    subprocess.Popen([_path('pdfinfo'), pdf])
+
+def show(png):
+    subprocess.Popen(['xdg-open', png])
+"""
+SIDE = b"""\
+import shutil, subprocess
+
+def make_dvi(tex):
+    subprocess.check_output(['latex', tex])
+
+def to_png(dvi):
+    subprocess.check_output(['dvipng', dvi])
+
+def movie():
+    subprocess.Popen(['ffmpeg', '-y'])
+"""
+
+
+def wheel(tmp_path: Path, name: str, files: dict[str, bytes]) -> Path:
+    return make_wheel(tmp_path, name, "1.0", PURE, files)
+
+
+def test_a_wrapper_gets_its_package_and_a_side_feature_stays_optional(tmp_path: Path) -> None:
+    plan = plan_for(
+        tmp_path,
+        [
+            wheel(tmp_path, "pdfwrap", {"pdfwrap/__init__.py": WRAPPER}),
+            wheel(tmp_path, "plotlib", {"plotlib/texmanager.py": SIDE}),
+        ],
+    )
+    assert plan.apt_packages == ("poppler-utils",)
+    assert set(plan.optional_packages) == {"dvipng", "ffmpeg", "texlive-latex-base"}
+    runs = {(need.program, need.package): need for need in plan.programs}
+    assert set(runs) == {
+        ("pdfinfo", "poppler-utils"),
+        ("pdftoppm", "poppler-utils"),
+        ("latex", "texlive-latex-base"),
+        ("dvipng", "dvipng"),
+        ("ffmpeg", "ffmpeg"),
+    }  # xdg-open: a desktop program, no need at all
+    assert not runs["pdftoppm", "poppler-utils"].optional
+    assert runs["pdftoppm", "poppler-utils"].distributions == ("pdfwrap==1.0",)
+    assert "side feature" in runs["latex", "texlive-latex-base"].why
+    assert plan.warnings == ()
+    assert plan.apt_size == added_size(("poppler-utils",), shipped_facts().packages["amd64"], AMD64)
+
+
+AMD64 = ARCHES["amd64"]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_the_apt_stage_size_counts_dependencies_not_the_base(arch: str) -> None:
+    base = shipped_facts().packages[arch]
+    gomp = added_size(["libgomp1"], base, ARCHES[arch])
+    poppler = added_size(["poppler-utils"], base, ARCHES[arch])
+    both = added_size(["poppler-utils", "libgomp1"], base, ARCHES[arch])
+    assert gomp is not None and poppler is not None and both is not None
+    assert 100_000 < gomp < 2_000_000  # libgomp1 alone: libc6 and gcc-14-base are the base's
+    assert poppler > 20_000_000  # libpoppler and what it links, not poppler-utils' own ~1 MB
+    assert max(poppler, gomp) < both <= poppler + gomp
+    assert added_size([], base, ARCHES[arch]) == 0
+    assert added_size(["no-such-package"], base, ARCHES[arch]) is None
+
+
+def test_with_optional_installs_side_features(tmp_path: Path) -> None:
+    plan = plan_for(
+        tmp_path, [wheel(tmp_path, "plotlib", {"plotlib/tex.py": SIDE})], with_optional=True
+    )
+    assert plan.apt_packages == ("dvipng", "ffmpeg", "texlive-latex-base")
+
+
+def test_a_program_in_a_corner_of_a_big_distribution_is_optional(tmp_path: Path) -> None:
+    """imageio's shape: one plugin of many modules runs one converter."""
+    files = {f"big/m{n}.py": b"x = 1\n" for n in range(30)}
+    files["big/plugins/dicom.py"] = b"import subprocess\nsubprocess.check_call(['gdcmconv', 'a'])\n"
+    plan = plan_for(tmp_path, [wheel(tmp_path, "big", files)])
+    assert plan.apt_packages == ()
+    assert plan.optional_packages == (package_for_program("gdcmconv", ARCHES["amd64"]),)
+
+
+def test_the_base_satisfies_alternatives_and_its_own_programs(tmp_path: Path) -> None:
+    source = b"""\
+import subprocess, shutil
+subprocess.run(['nice', '-n', '5', 'true'])
+subprocess.run(['python3', '-c', 'pass'])
+tool = 'gzip' if shutil.which('gzip') else 'pigz'
+subprocess.run([tool, 'x'])
+"""
+    plan = plan_for(tmp_path, [wheel(tmp_path, "basey", {"basey/__init__.py": source})])
+    assert plan.programs == () and plan.apt_packages == ()
+
+
+def test_a_left_out_program_warns_and_is_not_installed(tmp_path: Path) -> None:
+    plan = plan_for(
+        tmp_path,
+        [wheel(tmp_path, "pdfwrap", {"pdfwrap/__init__.py": WRAPPER})],
+        without=frozenset({"poppler-utils"}),
+    )
+    assert plan.apt_packages == () and plan.optional_packages == ()
+    assert all(need.left_out for need in plan.programs)
+    assert plan.warnings == (
+        "warning: pdfinfo (poppler-utils) left out by without-programs: pdfwrap==1.0 cannot"
+        " run it, what needs it will fail in the image",
+        "warning: pdftoppm (poppler-utils) left out by without-programs: pdfwrap==1.0 cannot"
+        " run it, what needs it will fail in the image",
+    )
+    assert {need.program for need in plan.installed_programs()} == {"pdfinfo", "pdftoppm"}
+
+
+def test_a_curated_entry_decides(tmp_path: Path) -> None:
+    """pypandoc runs pandoc, and ar (binutils) to unpack a download: two packages, so reading
+    alone would make both optional; its entry names pandoc."""
+    source = b"""\
+import subprocess
+def convert(text):
+    return subprocess.check_output(['pandoc', '--from', 'md'], input=text)
+def download(deb):
+    subprocess.check_call(['ar', 'x', deb])
+"""
+    plan = plan_for(tmp_path, [wheel(tmp_path, "pypandoc", {"pypandoc/__init__.py": source})])
+    assert plan.apt_packages == ("pandoc",)
+    assert plan.optional_packages == ("binutils",)
