@@ -99,11 +99,8 @@ def test_with_no_thread_to_be_had_health_still_answers_and_says_why() -> None:
     workspace = parent / "workspace"
     workspace.mkdir()
     os.chown(workspace, HOG_UID, HOG_UID)
-    ids = str(HOG_UID)
-    python = os.environ.get("SANDBOX_HARDENED_PYTHON", "/usr/bin/python3")
-    prefix = ("prlimit", f"--nproc={NPROC}:{NPROC}", "setpriv", "--reuid", ids, "--regid", ids)
-    env = dict(os.environ, PATH=f"{os.path.dirname(python)}:/usr/bin:/bin")
-    server = ServerProcess(workspace, prefix=(*prefix, "--clear-groups"), python=python, env=env)
+    user = as_sandbox_user(HOG_UID, limits=("prlimit", f"--nproc={NPROC}:{NPROC}"))
+    server = ServerProcess(workspace, **user)
     flag = workspace / "holding"
     replies: list[tuple[int, bytes]] = []
     command = json.dumps({"command": ["python3", "-c", HOG, str(flag)]}).encode()
@@ -138,7 +135,7 @@ def test_with_no_thread_to_be_had_health_still_answers_and_says_why() -> None:
 )
 def test_a_command_cannot_take_its_servers_descriptors_away() -> None:
     workspace = sandbox_dir()
-    server = ServerProcess(workspace, **as_sandbox_user())  # type: ignore[arg-type]
+    server = ServerProcess(workspace, **as_sandbox_user())
     try:
         script = "prlimit --pid $PPID --nofile=3:3"
         command = json.dumps({"command": ["sh", "-c", script]}).encode()
@@ -156,7 +153,7 @@ def test_a_command_cannot_take_its_servers_descriptors_away() -> None:
 def test_a_command_cannot_make_its_server_the_oom_killers_choice_nor_trace_it() -> None:
     """The server is not dumpable: its /proc files are root's, ptrace needs CAP_SYS_PTRACE."""
     workspace = sandbox_dir()
-    server = ServerProcess(workspace, **as_sandbox_user())  # type: ignore[arg-type]
+    server = ServerProcess(workspace, **as_sandbox_user())
     own = Path(f"/proc/{server.proc.pid}/oom_score_adj").read_text()
     try:
         script = "echo 1000 > /proc/$PPID/oom_score_adj; echo 0 > /proc/self/oom_score_adj"

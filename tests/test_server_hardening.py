@@ -49,7 +49,7 @@ def hardened(base: Path) -> Iterator[ServerProcess]:
     workspace = base / "hardened-ws"
     workspace.mkdir()
     give_to_sandbox_user(workspace)
-    server = ServerProcess(workspace, log=base / "hardened.log", **as_sandbox_user())  # type: ignore[arg-type]
+    server = ServerProcess(workspace, log=base / "hardened.log", **as_sandbox_user())
     yield server
     assert server.stop() == 0
     assert b"Traceback" not in server.log.read_bytes()
@@ -60,9 +60,9 @@ def test_symlink_swap_race_never_escapes(base: Path) -> None:
     hammered; nothing outside may be read, listed, probed, deleted, written or entered."""
     layout = RaceLayout(base / "race", victims=(RACE_ATTEMPTS + 1) // 2)
     user = as_sandbox_user()
-    server = ServerProcess(layout.workspace, log=base / "race.log", **user)  # type: ignore[arg-type]
+    server = ServerProcess(layout.workspace, log=base / "race.log", **user)
     try:
-        results = race(server, layout, RACE_ATTEMPTS, swapper_prefix=user.get("prefix", ()))  # type: ignore[arg-type]
+        results = race(server, layout, RACE_ATTEMPTS, swapper_prefix=user.get("prefix", ()))
     finally:
         assert server.stop() == 0
     assert {route: escapes for route, (_, escapes) in results.items()} == dict.fromkeys(results, 0)
