@@ -82,10 +82,9 @@ def test_daemon_pattern_leaves_no_survivor(hardened: ServerProcess, index: int) 
     assert reply["timed_out"] is (timeout < 5), name
 
 
-def test_timed_out_field() -> None:
+def test_timed_out_field(sandbox_workspace: Path) -> None:
     """Issue 13: timed_out says whether the timeout struck; exit_code 124 then."""
-    workspace = sandbox_dir()
-    server = ServerProcess(workspace)
+    server = ServerProcess(sandbox_workspace)
     try:
         status, reply = execute(server, {"command": ["sleep", "30"], "timeout_seconds": 0.5})
         assert (status, reply["exit_code"], reply["timed_out"]) == (200, 124, True)
@@ -95,7 +94,6 @@ def test_timed_out_field() -> None:
         assert (reply["stdout"], reply["exit_code"], reply["timed_out"]) == ("hi\n", 0, False)
     finally:
         assert server.stop() == 0
-        shutil.rmtree(workspace, ignore_errors=True)
 
 
 def test_flood_memory_is_bounded(base: Path) -> None:

@@ -48,15 +48,8 @@ def private_checkout() -> Iterator[Path]:
     shutil.rmtree(parent)
 
 
-@pytest.fixture
-def workspace() -> Iterator[Path]:
-    path = sandbox_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def test_the_sandbox_user_runs_a_copy_of_a_server_it_could_not_reach(
-    private_checkout: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+    private_checkout: Path, sandbox_workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sandboxserver, "SERVER", private_checkout)
     assert reach_problem(SANDBOX_UID, private_checkout / "__main__.py", "read") == (
@@ -70,7 +63,7 @@ def test_the_sandbox_user_runs_a_copy_of_a_server_it_could_not_reach(
     assert names == sorted(p.relative_to(private_checkout) for p in private_checkout.rglob("*"))
     for path in (copy, *copy.rglob("*")):
         assert stat.S_IMODE(path.stat().st_mode) == (0o755 if path.is_dir() else 0o444), path
-    server = ServerProcess(workspace, **user)
+    server = ServerProcess(sandbox_workspace, **user)
     try:
         assert server.request("GET", "/")[0] == 200
         assert Path(f"/proc/{server.proc.pid}").stat().st_uid == SANDBOX_UID
@@ -79,11 +72,11 @@ def test_the_sandbox_user_runs_a_copy_of_a_server_it_could_not_reach(
 
 
 def test_a_server_out_of_reach_fails_at_once_saying_where_and_why(
-    private_checkout: Path, workspace: Path
+    private_checkout: Path, sandbox_workspace: Path
 ) -> None:
     user = as_sandbox_user()
     with pytest.raises(pytest.fail.Exception) as failed:
-        ServerProcess(workspace, **{**user, "server": private_checkout})
+        ServerProcess(sandbox_workspace, **{**user, "server": private_checkout})
     assert str(failed.value) == (
         f"uid {SANDBOX_UID} cannot enter {private_checkout.parents[2]} (drwx------ 0:0),"
         f" so it cannot run the server: the server is {private_checkout / '__main__.py'}"
