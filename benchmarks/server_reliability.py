@@ -55,13 +55,13 @@ def main() -> int:
     if args.server:
         sandboxserver.SERVER = Path(args.server).resolve()
     user = as_sandbox_user()
-    prefix: tuple[str, ...] = user.get("prefix", ())  # type: ignore[assignment]
+    prefix = user.get("prefix", ())
     base = sandbox_dir()
     try:
         print(f"server: {sandboxserver.SERVER}  (uid {os.geteuid() if not user else 65532})")
 
         layout = RaceLayout(base / "race", victims=(args.attempts + 1) // 2)
-        server = ServerProcess(layout.workspace, log=base / "race.log", **user)  # type: ignore[arg-type]
+        server = ServerProcess(layout.workspace, log=base / "race.log", **user)
         try:
             results = race(server, layout, args.attempts, swapper_prefix=prefix)
         finally:
@@ -73,7 +73,7 @@ def main() -> int:
         workspace = base / "daemons"
         workspace.mkdir()
         give_to_sandbox_user(workspace)
-        server = ServerProcess(workspace, log=base / "daemons.log", **user)  # type: ignore[arg-type]
+        server = ServerProcess(workspace, log=base / "daemons.log", **user)
         total = 0
         print("\ndetached processes               survivors  reply s")
         try:
@@ -90,7 +90,7 @@ def main() -> int:
         workspace = base / "flood"
         workspace.mkdir()
         give_to_sandbox_user(workspace)
-        server = ServerProcess(workspace, log=base / "flood.log", **user)  # type: ignore[arg-type]
+        server = ServerProcess(workspace, log=base / "flood.log", **user)
         try:
             figures = flood(server, concurrent=8)
         finally:
@@ -103,7 +103,7 @@ def main() -> int:
         workspace = base / "malformed"
         workspace.mkdir()
         give_to_sandbox_user(workspace)
-        server = ServerProcess(workspace, log=base / "malformed.log", **user)  # type: ignore[arg-type]
+        server = ServerProcess(workspace, log=base / "malformed.log", **user)
         try:
             statuses = [send_raw(server, data) for _, data in malformed_requests()]
             server.request("DELETE", "/files/a")  # the 1,000-deep upload
@@ -119,7 +119,7 @@ def main() -> int:
         workspace = base / "starve"
         workspace.mkdir()
         give_to_sandbox_user(workspace)
-        server = NamespacedServer(workspace, log=base / "starve.log", **user)  # type: ignore[arg-type]
+        server = NamespacedServer(workspace, log=base / "starve.log", **user)
         python = (*prefix, str(user.get("python", "python3")))
         try:
             found = starve(server, 300, args.starve_seconds, python)

@@ -35,7 +35,10 @@
 #   BSI_CACHE_DIR        stand-in rootfs tarball cache    (default /var/cache/build-sandbox-image)
 #   BSI_REFRESH_STANDIN  1 = re-import the stand-ins even if images with those tags exist
 #   BSI_TEST_ENV         where to write the test-env file (default <repo>/.test-env.json)
-#   PYTHON               interpreter for the venv         (default python3, must be >= 3.11)
+#   PYTHON               interpreter for the venv         (default python3, must be >= 3.11;
+#                        /usr/bin/python3 is installed with apt when missing)
+#   BSI_VENV             where the venv goes              (default <repo>/.venv; `make test-oldest`
+#                        makes .venv-oldest from Debian's python3)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,7 +56,7 @@ SSH_PACKAGES=(openssh-server)
 # handlers of their own, and mmdebstrap's are not needed in root mode.
 EMULATION_PACKAGES=(qemu-user-static mmdebstrap)
 
-VENV="$REPO_ROOT/.venv"
+VENV="${BSI_VENV:-$REPO_ROOT/.venv}"
 PYTHON="${PYTHON:-python3}"
 
 STANDIN_IMAGE="${BSI_STANDIN_IMAGE:-python:3.13-slim-trixie}"
@@ -137,6 +140,9 @@ step_packages() {
 # 2. virtualenv
 # ---------------------------------------------------------------------------------------------
 step_venv() {
+	if [[ "$PYTHON" == /usr/bin/python3 && ! -x "$PYTHON" ]]; then
+		apt_ensure python3
+	fi
 	command -v "$PYTHON" >/dev/null || die "$PYTHON not found"
 	"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
 		die "$PYTHON is $("$PYTHON" -V 2>&1); need >= 3.11"

@@ -6,11 +6,12 @@
 # requesting its fixture then fails here instead of passing by luck.
 #
 # Usage: scripts/test-fast.sh [PYTEST_ARGS...]      (needs only .venv: make venv)
+#   BSI_VENV   the venv whose pytest runs them (default .venv; `make test-oldest`: .venv-oldest)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # One worker per core (pytest-xdist): these tests are CPU-bound and independent.
-pytest=(.venv/bin/pytest -q -ra -m fast -p no:cacheprovider -n auto "$@")
+pytest=("${BSI_VENV:-.venv}/bin/pytest" -q -ra -m fast -p no:cacheprovider -n auto "$@")
 export BSI_TEST_ENV=/nonexistent/.test-env.json
 
 isolated() {

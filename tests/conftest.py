@@ -21,6 +21,7 @@ import fcntl
 import functools
 import json
 import os
+import shutil
 import subprocess
 import urllib.error
 import urllib.request
@@ -431,3 +432,19 @@ def pushed_reference(reference_image: str, registry: Registry, docker_client) ->
     digest = push(docker_client, registry, f"{repository}:base")
     docker_client.images.remove(f"{repository}:base")
     return f"{repository}@{digest}"
+
+
+@pytest.fixture
+def sandbox_workspace() -> Iterator[Path]:
+    """A fresh directory that the sandbox user (uid 65532) owns and can reach (pytest's own
+    tmp_path is root's, under a 0700 directory): the workspace of a server run as that user,
+    in a directory of its own under /tmp that also takes the server's log; both removed
+    afterwards, whatever became of the server."""
+    from support.sandboxserver import give_to_sandbox_user, sandbox_dir
+
+    parent = sandbox_dir()
+    workspace = parent / "workspace"
+    workspace.mkdir()
+    give_to_sandbox_user(workspace)
+    yield workspace
+    shutil.rmtree(parent, ignore_errors=True)

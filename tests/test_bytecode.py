@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.compilehelp import compile_all
+from support.unpack import unpack
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
@@ -199,8 +200,7 @@ def test_pyc_files_import_in_a_read_only_sandbox(tmp_path: Path, docker_client, 
                 if name.endswith(".py"):
                     (sources / name).parent.mkdir(parents=True, exist_ok=True)
                     (sources / name).write_bytes(archive.read(name))
-    with tarfile.open(layer.layer.path) as archive:
-        archive.extractall(tmp_path / "pyc", filter="tar")
+    unpack(layer.layer.path, tmp_path / "pyc")
     for pyc in (tmp_path / "pyc" / "app" / "deps-extra").rglob("*.pyc"):
         target = sources / pyc.relative_to(tmp_path / "pyc" / "app" / "deps-extra")
         target.parent.mkdir(parents=True, exist_ok=True)

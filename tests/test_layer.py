@@ -13,6 +13,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from support.unpack import unpack
 from support.wheelfactory import make_wheel
 
 from builder.analysis import wheels as wheels_module
@@ -161,8 +162,7 @@ def test_the_epoch_is_read_once_per_wheel_and_a_stale_record_is_not_trusted(
 
 def test_the_unpacked_layer_imports(tmp_path: Path) -> None:
     layer = layer_of(wheels(tmp_path), Cache(tmp_path / "c"))
-    with tarfile.open(layer.path, "r:") as tar:
-        tar.extractall(tmp_path / "root", filter="tar")
+    unpack(layer.path, tmp_path / "root")
     site = tmp_path / "root" / "app" / "deps-extra"
     code = (
         "import alpha, beta; from importlib.metadata import version;"

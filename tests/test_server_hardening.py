@@ -49,7 +49,7 @@ def hardened(base: Path) -> Iterator[ServerProcess]:
     workspace = base / "hardened-ws"
     workspace.mkdir()
     give_to_sandbox_user(workspace)
-    server = ServerProcess(workspace, log=base / "hardened.log", **as_sandbox_user())  # type: ignore[arg-type]
+    server = ServerProcess(workspace, log=base / "hardened.log", **as_sandbox_user())
     yield server
     assert server.stop() == 0
     assert b"Traceback" not in server.log.read_bytes()
@@ -60,9 +60,9 @@ def test_symlink_swap_race_never_escapes(base: Path) -> None:
     hammered; nothing outside may be read, listed, probed, deleted, written or entered."""
     layout = RaceLayout(base / "race", victims=(RACE_ATTEMPTS + 1) // 2)
     user = as_sandbox_user()
-    server = ServerProcess(layout.workspace, log=base / "race.log", **user)  # type: ignore[arg-type]
+    server = ServerProcess(layout.workspace, log=base / "race.log", **user)
     try:
-        results = race(server, layout, RACE_ATTEMPTS, swapper_prefix=user.get("prefix", ()))  # type: ignore[arg-type]
+        results = race(server, layout, RACE_ATTEMPTS, swapper_prefix=user.get("prefix", ()))
     finally:
         assert server.stop() == 0
     assert {route: escapes for route, (_, escapes) in results.items()} == dict.fromkeys(results, 0)
@@ -82,10 +82,9 @@ def test_daemon_pattern_leaves_no_survivor(hardened: ServerProcess, index: int) 
     assert reply["timed_out"] is (timeout < 5), name
 
 
-def test_timed_out_field() -> None:
+def test_timed_out_field(sandbox_workspace: Path) -> None:
     """Issue 13: timed_out says whether the timeout struck; exit_code 124 then."""
-    workspace = sandbox_dir()
-    server = ServerProcess(workspace)
+    server = ServerProcess(sandbox_workspace)
     try:
         status, reply = execute(server, {"command": ["sleep", "30"], "timeout_seconds": 0.5})
         assert (status, reply["exit_code"], reply["timed_out"]) == (200, 124, True)
@@ -95,7 +94,6 @@ def test_timed_out_field() -> None:
         assert (reply["stdout"], reply["exit_code"], reply["timed_out"]) == ("hi\n", 0, False)
     finally:
         assert server.stop() == 0
-        shutil.rmtree(workspace, ignore_errors=True)
 
 
 def test_flood_memory_is_bounded(base: Path) -> None:

@@ -27,11 +27,12 @@ SERVER_ENTRY = "__main__.py"
 SERVER_PACKAGE = "sandbox_server"
 
 
-def copy_server(destination: Path) -> None:
+def copy_server(destination: Path, source: Path = SERVER) -> None:
     """Copy the server's source files (no bytecode caches) to `destination`, a new directory:
-    the one unit a Dockerfile copies to /opt/sandbox/server."""
+    the one unit a Dockerfile copies to /opt/sandbox/server. `source` is another server
+    directory to copy the same way (the tests may run an older one)."""
     shutil.copytree(
-        SERVER,
+        source,
         destination,
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
         copy_function=shutil.copyfile,

@@ -7,14 +7,18 @@ the upstream client's, and /proc helpers to find processes the server should hav
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import http.client
 import json
 import os
 import secrets
 import selectors
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,8 +26,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
+import pytest
+
+from builder.runtime import copy_server
 from builder.verify.client import Sandbox
 from builder.verify.hardening import HEALTH_LIMIT, NATIVE_START
 from builder.verify.starve import ATTACK
@@ -39,13 +46,72 @@ SERVER_PYTHON = os.environ.get("SANDBOX_SERVER_PYTHON", sys.executable)
 # The sandbox user of the images; tests that run as root start the server as this user.
 SANDBOX_UID = 65532
 MIB = 1024 * 1024
+REPORT_SECONDS = 15  # how long a server may take to print its port
+
+
+@functools.cache
+def reachable_copy(source: Path) -> Path:
+    """``source`` (the server's package directory, or another server's directory or single
+    file) copied once a process into a fresh directory under /tmp, laid out as the image
+    installs it under /opt/sandbox: directories 0755, files 0444, so a server run as another
+    user can read it wherever the checkout lives (a home or a ``mktemp -d`` is 0700). Removed
+    when the process exits."""
+    parent = Path(tempfile.mkdtemp(prefix="bsi-server-", dir="/tmp"))
+    atexit.register(shutil.rmtree, parent, ignore_errors=True)
+    copy = parent / source.name
+    if source.is_dir():
+        copy_server(copy, source)
+    else:
+        shutil.copyfile(source, copy)
+    for directory, _, files in os.walk(parent):
+        os.chmod(directory, 0o755)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o444)
+    return copy
+
+
+Access = Literal["read", "write", "execute"]
+# As the user: each directory above the path must be enterable, then the path itself allow
+# the access (a directory also entered): the first that fails is printed ("enter" or "use").
+REACH = (
+    "flag=$1; path=$2; shift 2\n"
+    'for dir; do test -x "$dir" || { echo "enter $dir"; exit; }; done\n'
+    'test "$flag" "$path" || { echo "use $path"; exit; }\n'
+    'if test -d "$path" && ! test -x "$path"; then echo "enter $path"; fi\n'
+)
+
+
+def reach_problem(uid: int, path: Path, access: Access) -> str | None:
+    """None when ``uid`` (its own gid, no other groups) can enter every directory above
+    ``path`` and ``access`` it, else one line naming the directory or file it cannot use,
+    its mode and owner. Asked as that user (``test`` in a shell), so ACLs and the like count
+    as the kernel counts them."""
+    flag = {"read": "-r", "write": "-w", "execute": "-x"}[access]
+    path = Path(os.path.abspath(path))
+    result = subprocess.run(
+        ["sh", "-c", REACH, "reach", flag, str(path), *map(str, reversed(path.parents))],
+        user=uid, group=uid, extra_groups=[], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    if not result.stdout:
+        return None
+    verb, _, culprit = result.stdout.rstrip("\n").partition(" ")
+    try:
+        found = os.stat(culprit)
+    except OSError as error:
+        return f"uid {uid} cannot {verb} {culprit}: {error.strerror}"
+    what = f"{stat.filemode(found.st_mode)} {found.st_uid}:{found.st_gid}"
+    verb = access if verb == "use" else verb
+    return f"uid {uid} cannot {verb} {culprit} ({what})"
 
 
 class ServerProcess:
     """A server subprocess on a free loopback port, plus a tiny HTTP client for it.
 
     ``log`` receives the server's stderr (default: a fresh file beside ``workspace``); ``prefix``
-    is prepended to the command line (e.g. ``unshare ...``).
+    is prepended to the command line (e.g. ``unshare ...``); ``server`` is the server to run
+    (default: ``SERVER``); ``uid``, the user ``prefix`` switches to, if any: what that user
+    cannot reach (the interpreter, the server, the workspace) fails the test with one line
+    before anything starts.
     """
 
     def __init__(
@@ -57,23 +123,48 @@ class ServerProcess:
         prefix: tuple[str, ...] = (),
         python: str = SERVER_PYTHON,
         host: str = "127.0.0.1",
+        server: Path | None = None,
+        uid: int | None = None,
     ) -> None:
         self.workspace = workspace
         self.address = "127.0.0.1"  # where clients connect
         self.log = log or workspace.parent / f"server-{secrets.token_hex(4)}.log"
-        argv = [*prefix, python, "-I", str(SERVER), "--host", host, "--port", "0"]
+        server = server or SERVER
+        env = env or dict(os.environ)
+        if uid is not None:
+            check_reach(uid, python, env, server, workspace)
+        argv = [*prefix, python, "-I", str(server), "--host", host, "--port", "0"]
         argv += ["--workspace", str(workspace), *flags]
         with self.log.open("wb") as stderr:
-            self.proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=stderr, env=env or dict(os.environ)
-            )
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, env=env)
+        self.port = int(self._reported(host).rsplit(":", 1)[1])
+
+    def _reported(self, host: str) -> str:
+        """The server's ``listening on`` line; else the test fails saying what became of it
+        (its exit status and the last line it wrote to the log)."""
         assert self.proc.stdout is not None
+        deadline = time.monotonic() + REPORT_SECONDS
         with selectors.DefaultSelector() as selector:
             selector.register(self.proc.stdout, selectors.EVENT_READ)
-            assert selector.select(15), "server did not report its port"
-        line = self.proc.stdout.readline().decode()
-        assert line.startswith(f"listening on {host}:"), line
-        self.port = int(line.rsplit(":", 1)[1])
+            while not selector.select(0.1):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    break
+            else:
+                line = self.proc.stdout.readline().decode()
+                if line.startswith(f"listening on {host}:"):
+                    return line
+        try:
+            how = f"exit status {self.proc.wait(timeout=1)}"  # its stdout closed: it is exiting
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            how = "still running"
+        told = self.log.read_text(errors="replace").strip().splitlines()
+        pytest.fail(
+            f"the server did not report its port ({how}); its log ends: "
+            + (told[-1] if told else "(empty)"),
+            pytrace=False,
+        )
 
     def connection(self) -> http.client.HTTPConnection:
         """The connection for the next request: a new one (subclasses may keep one alive)."""
@@ -250,19 +341,49 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def as_sandbox_user() -> dict[str, object]:
-    """ServerProcess arguments that run the server as uid 65532 (as in the images) when the
-    tests run as root: ``setpriv`` and an interpreter that user can execute."""
+def check_reach(uid: int, python: str, env: dict[str, str], server: Path, workspace: Path) -> None:
+    """Fail the test with one line when ``uid`` cannot execute ``python`` (as found on the
+    server's PATH), read ``server`` (its ``__main__.py`` when a directory) or write
+    ``workspace``: otherwise the server dies before it reports its port."""
+    found = shutil.which(python, path=env.get("PATH"))
+    entry = server / "__main__.py" if server.is_dir() else server
+    needs: tuple[tuple[str, Path, Access], ...] = (
+        ("the interpreter", Path(os.path.realpath(found or python)), "execute"),
+        ("the server", entry, "read"),
+        ("the workspace", workspace, "write"),
+    )
+    for role, path, access in needs:
+        problem = reach_problem(uid, path, access)
+        if problem:
+            pytest.fail(f"{problem}, so it cannot run the server: {role} is {path}", pytrace=False)
+
+
+class AsUser(TypedDict, total=False):
+    """ServerProcess arguments that run the server as another user (none when not root)."""
+
+    env: dict[str, str]
+    prefix: tuple[str, ...]
+    python: str
+    server: Path
+    uid: int
+
+
+def as_sandbox_user(uid: int = SANDBOX_UID, limits: tuple[str, ...] = ()) -> AsUser:
+    """ServerProcess arguments that run the server as ``uid`` (65532, as in the images) when
+    the tests run as root: ``setpriv`` (after ``limits``, e.g. ``prlimit ...``), an interpreter
+    that user can execute, and the server copied where that user can read it."""
     if os.geteuid() != 0:
         return {}
     python = os.environ.get("SANDBOX_HARDENED_PYTHON", "/usr/bin/python3")
-    ids = str(SANDBOX_UID)
+    ids = str(uid)
     # Commands must find a python3 that user can run (root's pyenv shims are not).
     path = f"{os.path.dirname(python)}:/usr/local/bin:/usr/bin:/bin"
     return {
         "env": dict(os.environ, PATH=path),
-        "prefix": ("setpriv", "--reuid", ids, "--regid", ids, "--clear-groups"),
+        "prefix": (*limits, "setpriv", "--reuid", ids, "--regid", ids, "--clear-groups"),
         "python": python,
+        "server": reachable_copy(SERVER),
+        "uid": uid,
     }
 
 
