@@ -121,10 +121,10 @@ def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> ArchFact
         if "foreign" in layer.media_type or "nondistributable" in layer.media_type:
             continue  # Windows-style foreign layers are never served by the registry
         try:
-            # The blob checks its digest when the block ends, also after a tar error, so a
-            # tampered layer is reported as such rather than as unreadable.
-            with client.blob(layer.digest) as blob:
-                layers.apply(blob)
+            # The blob checks its digest when it ends, also after a tar error, so a tampered
+            # layer is reported as such rather than as unreadable; one cut short is read again
+            # (`apply` lays a layer over only once its whole tar was read: restartable).
+            client.read_blob(layer.digest, layers.apply)
         except (tarfile.TarError, zlib.error, OSError, EOFError) as exc:
             raise UserError(f"{client.label}: layer {layer.digest} is unreadable: {exc}") from None
     facts = layers.facts()

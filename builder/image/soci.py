@@ -41,6 +41,7 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import referrers
 from builder.oci.remote import read, resolve
+from builder.oci.transport import VerifiedBlob
 from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.oci.ztoc import (
     SOCI_INDEX,
@@ -178,14 +179,17 @@ def ztoc_blob(registry: RepositoryClient, digest: str, layer: Descriptor) -> byt
     than any ztoc of that layer can be (a window of 32 KiB per 4 MiB of tar, and the names),
     found before the rest of it is downloaded."""
     limit = layer.size // 4 + (4 << 20)
+
+    def bounded(stream: VerifiedBlob) -> bytes:
+        data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise _Oversized(digest)  # a registry error leaves the rest undownloaded
+        return data
+
     try:
-        with registry.blob(digest) as stream:
-            data = stream.read(limit + 1)
-            if len(data) > limit:
-                raise _Oversized(digest)  # a registry error leaves the rest undownloaded
+        return registry.read_blob(digest, bounded)
     except _Oversized:
         return None
-    return data
 
 
 class _Oversized(RegistryError):
@@ -206,8 +210,12 @@ def _is_our_ztoc(registry: RepositoryClient, layer: Descriptor, data: bytes, cac
     cache.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache.root, prefix=".base-layer-") as scratch:
         path = Path(scratch) / "layer.tar.gz"
-        with registry.blob(layer.digest) as stream, path.open("wb") as out:
-            shutil.copyfileobj(stream, out, 1 << 20)
+
+        def copy(stream: VerifiedBlob) -> None:  # from the start again after a fault
+            with path.open("wb") as out:
+                shutil.copyfileobj(stream, out, 1 << 20)
+
+        registry.read_blob(layer.digest, copy)
         try:
             if ztoc_bytes(path, ztoc.span_size, spans) != data:
                 return False
@@ -338,6 +346,7 @@ def _ztoc_problems(registry: RepositoryClient, layer: Descriptor, ztoc_digest: s
     if data is None:
         return [f"{ztoc_digest} is larger than a ztoc of {layer.digest} can be"]
     ztoc = read_ztoc(data)
-    with registry.blob(layer.digest) as stream:
-        mismatched = mismatches(ztoc, stream, layer.size)
+    mismatched = registry.read_blob(
+        layer.digest, lambda stream: mismatches(ztoc, stream, layer.size)
+    )
     return [f"{layer.digest}: {line}" for line in mismatched]

@@ -14,6 +14,7 @@ HTTPS (plain HTTP on loopback only). Every request is tried again on faults as t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import urllib.error
@@ -23,9 +24,16 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
-from builder.errors import IntegrityError, RegistryAuthError, RegistryError, RegistryUnreachable
+from builder.errors import (
+    IntegrityError,
+    RegistryAuthError,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUnreachable,
+)
+from builder.oci import transport
 from builder.oci.auth import (
     AUTH_HINT,
     MAX_TOKEN_ANSWER,
@@ -37,17 +45,7 @@ from builder.oci.auth import (
 )
 from builder.oci.name import DIGEST_RE, TAG_RE, ImageRef
 from builder.oci.retry import Retries
-from builder.oci.transport import (
-    NETWORK_ERRORS,
-    TIMEOUT,
-    Exchange,
-    Fault,
-    VerifiedBlob,
-    answered,
-    reason,
-    retrying,
-    whole,
-)
+from builder.oci.transport import Exchange, Fault, VerifiedBlob
 from builder.oci.v1 import MANIFEST_TYPES, digest_of
 
 MAX_MANIFEST = 16 << 20
@@ -55,7 +53,7 @@ MAX_JSON_BLOB = 64 << 20
 REFERENCE_RE = re.compile(rf"{DIGEST_RE.pattern}|{TAG_RE.pattern}")
 CHUNK = 16 << 20  # bytes per PATCH of a chunked upload
 OCTETS = MappingProxyType({"Content-Type": "application/octet-stream"})
-Source = bytes | Path | Callable[[], AbstractContextManager[IO[bytes]]]
+Source = bytes | Path | Callable[[], AbstractContextManager[transport.Readable]]
 T = TypeVar("T")
 
 
@@ -127,7 +125,7 @@ class RepositoryClient:
             # Credentials never go to another host, nor to a redirect target (blob storage).
             authorization = self.authorization if self._own(exchange.url) else None
             try:
-                return self.opener.open(exchange.request(authorization), timeout=TIMEOUT)
+                return self.opener.open(exchange.request(authorization), timeout=transport.TIMEOUT)
             except urllib.error.HTTPError as exc:
                 challenge = exc.headers.get("WWW-Authenticate", "") if exc.headers else ""
                 if exc.code == 401 and not reauthenticated:
@@ -136,16 +134,17 @@ class RepositoryClient:
                         continue
                 if exc.code == 404 and exchange.missing_ok:
                     return None
-                raise answered(exc, self._http_error(exc.code, exchange.url)) from None
-            except NETWORK_ERRORS as exc:
-                raise Fault(self._unreachable(self.ref.api_host, exc), reason(exc)) from None
+                raise transport.answered(exc, self._http_error(exc.code, exchange.url)) from None
+            except transport.NETWORK_ERRORS as exc:
+                raise transport.unanswered(exc, self._unreachable(self.ref.api_host, exc)) from None
 
     def _retrying(self, text: str, attempt_once: Callable[[], T], host: str | None = None) -> T:
-        return retrying(self.retries, host or self.ref.api_host, text, attempt_once)
+        return transport.retrying(self.retries, host or self.ref.api_host, text, attempt_once)
 
     def _unreachable(self, host: str, exc: BaseException) -> RegistryUnreachable:
-        reason = getattr(exc, "reason", None) or exc
-        return RegistryUnreachable(f"{self.label}: registry {host} is unreachable: {reason}")
+        return RegistryUnreachable(
+            f"{self.label}: registry {host} is unreachable: {transport.reason(exc)}"
+        )
 
     def _http_error(self, code: int, url: str) -> RegistryError:
         host = self.ref.api_host
@@ -157,7 +156,7 @@ class RepositoryClient:
             )
         if code == 404:
             what = "manifest" if "/manifests/" in url else "blob"
-            return RegistryError(
+            return RegistryNotFound(
                 f"{self.label}: not found in registry {host} "
                 f"(no {what} {url.rsplit('/', 1)[-1]} in {self.ref.repository})"
             )
@@ -208,12 +207,12 @@ class RepositoryClient:
         def ask() -> str | None:
             request = token_request(realm, service, scopes, self.credentials)
             try:
-                with self.opener.open(request, timeout=TIMEOUT) as response:
+                with self.opener.open(request, timeout=transport.TIMEOUT) as response:
                     return token_of(response.read(MAX_TOKEN_ANSWER))  # cut: not JSON
             except urllib.error.HTTPError as exc:
-                raise answered(exc, self._http_error(exc.code, realm)) from None
-            except NETWORK_ERRORS as exc:
-                raise Fault(self._unreachable(host, exc), reason(exc)) from None
+                raise transport.answered(exc, self._http_error(exc.code, realm)) from None
+            except transport.NETWORK_ERRORS as exc:
+                raise transport.unanswered(exc, self._unreachable(host, exc)) from None
             except ValueError:
                 raise RegistryError(
                     f"{self.label}: token service {realm} answered no JSON"
@@ -246,7 +245,9 @@ class RepositoryClient:
 
         def fetch() -> tuple[bytes, str]:
             with self._once(exchange) as response:
-                body = whole(response, self._read(response, MAX_MANIFEST + 1), MAX_MANIFEST + 1)
+                body = transport.whole(
+                    response, self._read(response, MAX_MANIFEST + 1), MAX_MANIFEST + 1
+                )
                 served = response.headers.get("Docker-Content-Digest")
             if len(body) > MAX_MANIFEST:
                 raise RegistryError(
@@ -306,17 +307,16 @@ class RepositoryClient:
     def _read(self, response: Any, limit: int) -> bytes:
         try:
             return response.read(limit)
-        except NETWORK_ERRORS as exc:
-            raise Fault(self._unreachable(self.ref.api_host, exc), reason(exc)) from None
+        except transport.NETWORK_ERRORS as exc:
+            raise transport.unanswered(exc, self._unreachable(self.ref.api_host, exc)) from None
 
     # -- writing ------------------------------------------------------------------------------
     def blob_exists(self, digest: str) -> bool:
         url = self.url("blobs", self._checked(digest, "blob"))
         response = self.open(url, "HEAD", missing_ok=True)
-        if response is None:
-            return False
-        response.close()
-        return True
+        if response is not None:
+            response.close()
+        return response is not None
 
     def mount(self, digest: str, source_repository: str) -> bool:
         """Link a blob from another repository of this registry; False if it cannot.
@@ -405,7 +405,7 @@ class RepositoryClient:
             raise IntegrityError(f"{self.label}: uploaded blob", actual, served)
         return actual
 
-    def _patch_all(self, location: str, stream: IO[bytes], chunk: int) -> tuple[str, str]:
+    def _patch_all(self, location: str, stream: transport.Readable, chunk: int) -> tuple[str, str]:
         hasher, offset = hashlib.sha256(), 0
         while data := stream.read(chunk):
             hasher.update(data)
@@ -431,12 +431,10 @@ class RepositoryClient:
 
     def _cancel(self, location: str) -> None:
         """Drop an upload session; best effort, tried once (it expires on the registry)."""
-        try:
+        with contextlib.suppress(RegistryError):  # a fault included
             response = self._once(Exchange(location, "DELETE", missing_ok=True))
-        except RegistryError:  # a fault included
-            return
-        if response is not None:
-            response.close()
+            if response is not None:
+                response.close()
 
     def _location(self, response: Any) -> str:
         location = response.headers.get("Location")

@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from builder.errors import IntegrityError, RegistryError, RegistryUnreachable, UserError
 from builder.oci.retry import Retries, retryable
@@ -25,6 +26,12 @@ from builder.oci.retry import Retries, retryable
 TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
 T = TypeVar("T")
+
+
+class Readable(Protocol):
+    """What an upload reads a stream through: a file, or another registry's `VerifiedBlob`."""
+
+    def read(self, size: int, /) -> bytes: ...
 
 
 def retrying(retries: Retries, host: str, text: str, attempt_once: Callable[[], T]) -> T:
@@ -129,6 +136,14 @@ def answered(exc: urllib.error.HTTPError, error: UserError) -> UserError:
     asked = exc.headers.get("Retry-After") if exc.headers else None
     exc.close()
     return Fault(error, str(exc.code), asked) if retryable(exc.code) else error
+
+
+def unanswered(exc: BaseException, error: UserError) -> UserError:
+    """What a request without an answer is: a `Fault` (refused, reset, closed, timed out),
+    but for a name that does not resolve, which seconds will not change, `error` itself."""
+    if isinstance(getattr(exc, "reason", exc), socket.gaierror):
+        return error
+    return Fault(error, reason(exc))
 
 
 def whole(response: Any, body: bytes, limit: int) -> bytes:
