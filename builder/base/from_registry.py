@@ -31,6 +31,7 @@ from builder.errors import RegistryError, UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import platform_image, read
+from builder.oci.retry import Retries
 from builder.oci.v1 import Image, Index, Platform
 
 RECORD_KIND = "registry-probe"
@@ -46,10 +47,10 @@ class RegistryRecord(TypedDict):
     arches: dict[str, ArchFacts]  # ARCHES name -> its facts
 
 
-def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
+def probe_registry(ref: ImageRef, cache: Cache, retries: Retries | None = None) -> BaseProfile:
     """The profile of `ref` read from its registry; cached by the manifest (index) digest."""
     image = ref.as_written
-    client = registry(ref, f"base image {image}")
+    client = registry(ref, f"base image {image}", retries)
     digest = ref.digest or client.head_manifest(ref.reference)
     record = _cached(cache, digest) if digest else None
     if record is None:

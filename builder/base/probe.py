@@ -30,6 +30,8 @@ from builder.cache import Cache
 from builder.engines.connection import failure_reason, local_image
 from builder.errors import UserError
 from builder.oci.name import ImageRef
+from builder.oci.retry import Retries
+from builder.reporter import QUIET, Reporter
 
 PROBE_TIMEOUT = 120
 PROBE_LABEL = "org.build-sandbox-image.probe"  # on the probe container, to find strays
@@ -133,10 +135,17 @@ print(json.dumps({
 SCRIPT_SHA256 = hashlib.sha256(SCRIPT.encode()).hexdigest()
 
 
-def probe_base(base: ImageRef, client: docker.DockerClient, cache: Cache) -> BaseProfile:
-    """The profile of the real base `base`; one container per image id, then cached."""
+def probe_base(
+    base: ImageRef,
+    client: docker.DockerClient,
+    cache: Cache,
+    reporter: Reporter = QUIET,
+    retries: Retries | None = None,
+) -> BaseProfile:
+    """The profile of the real base `base`; one container per image id, then cached. Its
+    registry is asked through the run's `retries` whether the engine's copy is current."""
     image = base.as_written
-    found = local_image(base, client)
+    found = local_image(base, client, reporter, retries)
     image_id = found.id
     key = image_id.removeprefix("sha256:")
     record = cache.get_record("probe", key)

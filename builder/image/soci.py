@@ -34,13 +34,14 @@ from types import MappingProxyType
 
 from builder import credentials
 from builder.cache import Cache
-from builder.errors import RegistryError, UserError
+from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.image.gzipped import spans_of
 from builder.image.lazy_reads import LayerSpans, spans_read
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import referrers
 from builder.oci.remote import read, resolve
+from builder.oci.retry import Retries
 from builder.oci.transport import VerifiedBlob
 from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.oci.ztoc import (
@@ -108,7 +109,9 @@ def _made_ztoc(digest: str, key: str, cache: Cache) -> bytes | None:
     return data
 
 
-def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, bytes]:
+def base_ztocs(
+    base: ImageRef | None, image: Image, cache: Cache, retries: Retries | None = None
+) -> dict[str, bytes]:
     """Ztocs from the base's own SOCI index in the registry for the layers of `image`
     this cache has none for, by layer digest: what an image on a base this cache did not push
     reuses for the base's layers. None found (a Hub base, no index, an unreadable one, a ztoc
@@ -118,7 +121,9 @@ def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, b
     Whoever may push to the base's repository may attach a SOCI index to it, and every image on
     the base would carry its ztocs to the nodes; so a ztoc is reused only when it is exactly
     the one this tool writes for that layer, with every checkpoint a full flush (`_checked`),
-    which takes one download of the layer, once per base: the verdict is kept in the cache."""
+    which takes one download of the layer, once per base: the verdict is kept in the cache.
+    A registry still failing after the run's `retries` ends the push instead: a fault must not
+    change what is pushed (its lazy nodes would fetch those layers whole)."""
     if base is None or base.is_hub:
         return {}
     wanted = {
@@ -127,7 +132,7 @@ def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, b
     if not wanted:
         return {}
     try:
-        registry = credentials.registry(base, str(base))
+        registry = credentials.registry(base, str(base), retries)
         on_base = resolve(registry, Platform.linux(image.architecture))
         ztocs: dict[str, bytes] = {}
         for index in attached_indexes(registry, on_base.digest):
@@ -139,6 +144,8 @@ def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, b
                     if data is not None:
                         ztocs[layer_digest] = data
         return ztocs
+    except RegistryUnreachable:
+        raise
     except (RegistryError, UserError):
         return {}
 

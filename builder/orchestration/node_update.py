@@ -104,7 +104,7 @@ def baseline(
         recorded = load_state(state) if state else None
         ref = recorded.image_reference if recorded else None
         if recorded and recorded.image and ref:
-            return credentials.registry(ref, recorded.image), ref.reference
+            return credentials.registry(ref, recorded.image, target.retries), ref.reference
     except UserError:
         pass  # an unreadable state is the rebuild's error to report, not a figure's
     return target, tag
