@@ -128,7 +128,7 @@ def test_an_answer_that_is_not_a_fault_is_not_tried_again(status: int) -> None:
 
 
 def test_a_registry_down_fails_after_its_tries_on_one_line() -> None:
-    server, clock, lines, client = serve(manifest_route([503] * 50))
+    server, _clock, lines, client = serve(manifest_route([503] * 50))
     try:
         with pytest.raises(RegistryUnreachable) as caught:
             client.manifest("1")
@@ -156,7 +156,7 @@ def test_a_401_midway_gets_a_new_token_once() -> None:
             return 401, {"WWW-Authenticate": realm}, b""
         return 200, {"Docker-Content-Digest": "sha256:" + "0" * 64}, b""
 
-    server, clock, lines, client = serve(route)
+    server, clock, _lines, client = serve(route)
     seen_auth = lambda: server.seen[-1][2].removeprefix("Bearer ")  # noqa: E731
     try:
         client.head_manifest("1")
@@ -231,7 +231,7 @@ def _with_body(uploads: Uploads) -> Callable[..., None]:
 
 def test_a_lost_answer_to_the_closing_put_asks_whether_the_blob_arrived(tmp_path) -> None:
     uploads = Uploads(lose_put=True)
-    server, clock, client = upload_server(uploads)
+    server, _clock, client = upload_server(uploads)
     data = b"layer" * 1000
     try:
         digest = client.upload_blob(data, "sha256:" + hashlib.sha256(data).hexdigest())
@@ -242,7 +242,7 @@ def test_a_lost_answer_to_the_closing_put_asks_whether_the_blob_arrived(tmp_path
 
 def test_a_failed_patch_starts_a_new_session_from_the_start(tmp_path) -> None:
     uploads = Uploads(fail_patch=True)
-    server, clock, client = upload_server(uploads)
+    server, _clock, client = upload_server(uploads)
     path = tmp_path / "big"
     path.write_bytes(bytes(range(256)) * 400)
     try:
@@ -262,7 +262,7 @@ def test_a_blob_cut_short_is_read_again_from_its_start() -> None:
         served.append(1)
         return 200, {}, data[: len(data) // 2] if len(served) == 1 else data
 
-    server, clock, lines, client = serve(route)
+    server, _clock, lines, client = serve(route)
     reads: list[int] = []
     try:
         got = client.read_blob(digest, lambda blob: reads.append(1) or blob.read(1 << 20))
@@ -272,7 +272,7 @@ def test_a_blob_cut_short_is_read_again_from_its_start() -> None:
 
 
 def test_a_clean_registry_is_asked_each_request_once() -> None:
-    server, clock, lines, client = serve(manifest_route([]))
+    server, clock, _lines, client = serve(manifest_route([]))
     try:
         for reference in ("1", "2", "3"):
             client.manifest(reference)
@@ -283,7 +283,7 @@ def test_a_clean_registry_is_asked_each_request_once() -> None:
 
 def test_credentials_do_not_change_the_count() -> None:
     """Basic credentials go with the first request: still one request each."""
-    server, clock, lines, client = serve(manifest_route([]))
+    server, _clock, _lines, client = serve(manifest_route([]))
     client.credentials = Credentials("u", "p", "test")
     client.authorization = client.credentials.basic()
     try:

@@ -24,6 +24,7 @@ and the status answered.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import random
@@ -119,15 +120,15 @@ class FaultProxy:
 
             def record(self, action: str, status: int | None) -> None:
                 with state.lock:
-                    state.log.append(Logged(time.monotonic(), self.command, self.path, action, status))
+                    state.log.append(
+                        Logged(time.monotonic(), self.command, self.path, action, status)
+                    )
 
             def drop(self, action: str) -> None:
                 self.record(action, None)
                 self.close_connection = True
-                try:
+                with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
             def answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
