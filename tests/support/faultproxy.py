@@ -68,6 +68,7 @@ class Logged:
     path: str  # with the query
     action: str  # "forward" or a fault kind
     status: int | None  # what the client was answered (None: nothing)
+    agent: str  # the User-Agent: the tool's urllib, or the engine
 
 
 @dataclass
@@ -119,10 +120,10 @@ class FaultProxy:
                 pass
 
             def record(self, action: str, status: int | None) -> None:
+                agent = self.headers.get("User-Agent", "")
+                one = Logged(time.monotonic(), self.command, self.path, action, status, agent)
                 with state.lock:
-                    state.log.append(
-                        Logged(time.monotonic(), self.command, self.path, action, status)
-                    )
+                    state.log.append(one)
 
             def drop(self, action: str) -> None:
                 self.record(action, None)
