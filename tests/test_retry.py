@@ -291,3 +291,15 @@ def test_credentials_do_not_change_the_count() -> None:
     finally:
         server.close()
     assert len(server.seen) == 1 and server.seen[0][2].startswith("Basic ")
+
+
+def test_a_refused_connection_is_tried_again_and_named_in_the_error() -> None:
+    clock, lines = Clock(), []
+    ref = ImageRef.parse("127.0.0.1:9/team/x:1")  # the discard port: nothing listens
+    client = RepositoryClient(ref, retries=retries(clock, lines))
+    with pytest.raises(RegistryUnreachable) as caught:
+        client.manifest("1")
+    assert len(lines) == POLICY.tries - 1 and "try 4 of 5" in lines[-1]
+    message = str(caught.value)
+    assert "registry 127.0.0.1:9 is unreachable" in message
+    assert "for http://127.0.0.1:9/v2/team/x/manifests/1 (after 5 tries)" in message

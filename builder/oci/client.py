@@ -136,15 +136,15 @@ class RepositoryClient:
                     return None
                 raise transport.answered(exc, self._http_error(exc.code, exchange.url)) from None
             except transport.NETWORK_ERRORS as exc:
-                raise transport.unanswered(exc, self._unreachable(self.ref.api_host, exc)) from None
+                error = self._unreachable(self.ref.api_host, exc, exchange.url)
+                raise transport.unanswered(exc, error) from None
 
     def _retrying(self, text: str, attempt_once: Callable[[], T], host: str | None = None) -> T:
         return transport.retrying(self.retries, host or self.ref.api_host, text, attempt_once)
 
-    def _unreachable(self, host: str, exc: BaseException) -> RegistryUnreachable:
-        return RegistryUnreachable(
-            f"{self.label}: registry {host} is unreachable: {transport.reason(exc)}"
-        )
+    def _unreachable(self, host: str, exc: BaseException, url: str = "") -> RegistryUnreachable:
+        why = f"{transport.reason(exc)}{f' for {url}' if url else ''}"  # the object asked for
+        return RegistryUnreachable(f"{self.label}: registry {host} is unreachable: {why}")
 
     def _http_error(self, code: int, url: str) -> RegistryError:
         host = self.ref.api_host
@@ -212,7 +212,7 @@ class RepositoryClient:
             except urllib.error.HTTPError as exc:
                 raise transport.answered(exc, self._http_error(exc.code, realm)) from None
             except transport.NETWORK_ERRORS as exc:
-                raise transport.unanswered(exc, self._unreachable(host, exc)) from None
+                raise transport.unanswered(exc, self._unreachable(host, exc, realm)) from None
             except ValueError:
                 raise RegistryError(
                     f"{self.label}: token service {realm} answered no JSON"
@@ -308,7 +308,8 @@ class RepositoryClient:
         try:
             return response.read(limit)
         except transport.NETWORK_ERRORS as exc:
-            raise transport.unanswered(exc, self._unreachable(self.ref.api_host, exc)) from None
+            error = self._unreachable(self.ref.api_host, exc, getattr(response, "url", ""))
+            raise transport.unanswered(exc, error) from None
 
     # -- writing ------------------------------------------------------------------------------
     def blob_exists(self, digest: str) -> bool:
