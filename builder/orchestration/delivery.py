@@ -218,7 +218,7 @@ def _produce_and_verify(
                 from builder.image.attachments import attestable, plan_facts
 
                 made = (one.arch, one.engine_name, one.config)
-                facts = plan_facts(plan, made, repository, one.holding_layers)
+                facts = plan_facts(plan, made, repository, one.holding_layers, run.reporter)
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
             if delivery.verify:
                 from builder.verify.run import verify_image
@@ -255,7 +255,7 @@ def _write(
     """
     registry = credentials.registry(target.repository, str(target.repository), run.retries)
     previous, before = previous_images(
-        *baseline(state, registry, target.tag), [one.arch for one in produced]
+        *baseline(state, registry, target.tag), [one.arch for one in produced], run.reporter
     )
     run.reporter.say(f"pushing {target.repository}:{target.tag} ...")
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
