@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 from conftest import Registry
-from support.faultproxy import FaultProxy, Plan, Rule
+from support.faultproxy import FaultProxy, Logged, Plan, Rule
 from support.registryhelp import push, registry_get, registry_tags
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
@@ -189,6 +190,16 @@ def test_a_429_is_not_tried_again_before_its_retry_after(bad_day: dict[str, Any]
     assert again.at - log[limited].at >= 1.0  # this plan's Retry-After: 1
 
 
+def sent(one: Logged) -> str | None:
+    """The blob a request uploads (its closing PUT) or mounts; None for any other request."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(one.path).query)
+    if one.method == "PUT" and "digest" in query:
+        return query["digest"][0]
+    if one.method == "POST" and "mount" in query:
+        return query["mount"][0]
+    return None
+
+
 def test_a_registry_down_midway_then_back(bad_day: dict[str, Any], registry: Registry) -> None:
     proxy, work = bad_day["proxy"], bad_day["work"]
     repository = f"{proxy.host}/{NAMESPACE}/down"
@@ -215,22 +226,14 @@ def test_a_registry_down_midway_then_back(bad_day: dict[str, Any], registry: Reg
     assert again.at - log[limited].at >= 2.0
     first_503 = next(one.at for one in log if one.action == "503")
     assert log[-1].at - first_503 < 180
-    completed = {
-        one.path.split("digest=", 1)[1].replace("%3A", ":")
-        for one in log
-        if one.method == "PUT" and "digest=" in one.path and one.status == 201
-    }
+    completed = {sent(one) for one in log if sent(one) and one.status == 201}
 
     proxy.replan(Plan())
     mark = len(proxy.log)
     again_run = cli(registry, work, bad_day["base"], repository, "down")
     assert again_run.returncode == 0, again_run.stdout[-2000:] + again_run.stderr[-2000:]
     clean = proxy.log[mark:]
-    resent = {
-        one.path.split("digest=", 1)[1].replace("%3A", ":")
-        for one in clean
-        if one.method == "PUT" and "digest=" in one.path
-    }
+    resent = {sent(one) for one in clean if sent(one)}
     assert completed and not (completed & resent)
     report = json.loads((work / "down" / "report.json").read_text())
     assert report["registry_retries"] == []

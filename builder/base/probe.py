@@ -27,7 +27,7 @@ from builder.base.profile import (
     pythonpath_dirs,
 )
 from builder.cache import Cache
-from builder.engines.connection import failure_reason, local_image
+from builder.engines.connection import failure_reason, held_digests, local_image
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.oci.retry import Retries
@@ -174,16 +174,7 @@ def probe_base(
 
 def _repo_digest(ref: ImageRef, found: Any) -> str | None:
     """The registry digest for `ref`'s repository; a locally built image has none."""
-    if ref.digest:
-        return ref.digest
-    for entry in found.attrs.get("RepoDigests") or []:
-        try:
-            pinned = ImageRef.parse(entry, "RepoDigests entry")
-        except UserError:
-            continue  # the engine's own bookkeeping: nothing the operator can act on
-        if pinned.name == ref.name and pinned.digest:
-            return pinned.digest
-    return None
+    return ref.digest or next(iter(held_digests(ref, found)), None)
 
 
 def _env(config: Mapping[str, Any], name: str) -> str:

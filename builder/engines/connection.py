@@ -338,7 +338,7 @@ def local_image(
                 " (a push uploads them instead of mounting them)"
             )
             return local
-        if any(digest.endswith(remote or "-") for digest in local.attrs.get("RepoDigests") or []):
+        if remote and remote in held_digests(ref, local):
             return local
     try:
         return client.images.pull(image, auth_config=credentials)
@@ -347,6 +347,20 @@ def local_image(
             f"base image {image}: not on the local engine and pulling it failed:"
             f" {failure_reason(exc)}"
         ) from None
+
+
+def held_digests(ref: ImageRef, image: Any) -> list[str]:
+    """The digests the engine recorded pulling or pushing `image` under `ref`'s very name (the
+    same content under another name says nothing of what this name's registry serves)."""
+    held = []
+    for entry in image.attrs.get("RepoDigests") or []:
+        try:
+            pinned = ImageRef.parse(entry, "RepoDigests entry")
+        except UserError:
+            continue  # the engine's own bookkeeping: nothing the operator can act on
+        if pinned.name == ref.name and pinned.digest:
+            held.append(pinned.digest)
+    return held
 
 
 def failure_reason(exc: Exception) -> str:
