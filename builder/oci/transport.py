@@ -47,7 +47,8 @@ def retrying(retries: Retries, host: str, text: str, attempt_once: Callable[[], 
                 error = fault.error
                 if attempt > 1 or retries.exhausted():
                     spent = "; the run's retry budget is spent" if retries.exhausted() else ""
-                    error.args = (f"{error.args[0]} (after {attempt} tries{spent})",)
+                    tries = f"{attempt} {'try' if attempt == 1 else 'tries'}"
+                    error.args = (f"{error.args[0]} (after {tries}{spent})",)
                 raise error from None
         attempt += 1
 
