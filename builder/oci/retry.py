@@ -13,8 +13,8 @@ Two bounds make a registry that is down fail the run instead of hanging it: the 
 request (`Policy.tries`), and the time one run may lose to faults (`Policy.budget`: the failed
 tries' own durations and the waits, summed over every request of the run). With the real
 policy a registry that answers 503 to everything fails a run within seconds of its first 503,
-and one that accepts connections and never answers within about three minutes (two 60 s
-timeouts and the waits, then the request that ran out of budget fails).
+and one that accepts connections and never answers within about two minutes (two 60 s
+timeouts and a wait: the budget is spent, and that request fails).
 
 The decisions are pure functions of the policy (`retryable`, `backoff`, `retry_after`,
 `wait`); `Retries` is the one mutable part, one per run: it holds the clock, the sleep and the
