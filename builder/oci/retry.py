@@ -163,8 +163,9 @@ class Retries:
             self.spent += lost
             one = Retried(registry, request, answer, pause, attempt, self.policy.tries)
             self.record.append(one)
+        said = f"answered {answer}" if answer.isdigit() else f"failed ({answer})"
         self.speaker.note(
-            f"registry {registry} answered {answer} to {request}"
+            f"registry {registry} {said} to {request}"
             f" (try {attempt} of {self.policy.tries}); trying again in {pause:.1f} s"
         )
         self.sleep(pause)
