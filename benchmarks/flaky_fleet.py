@@ -61,11 +61,12 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="bsi-bench-flaky-") as temp:
             work = Path(temp)
-            runtime = f"{proxy.host}/bsi-bench-flaky-{stamp}/runtime"
-            derived_base(args.base_image, f"{runtime}:1.0", f"{stamp}-1.0", work)
-            derived_base(f"{runtime}:1.0", f"{runtime}:1.1", f"{stamp}-1.1", work)
-            for version in ("1.0", "1.1"):
-                push(f"{runtime}:{version}", user, password)
+            direct = f"{test_env['registry']}/bsi-bench-flaky-{stamp}/runtime"
+            derived_base(args.base_image, f"{direct}:1.0", f"{stamp}-1.0", work)
+            derived_base(f"{direct}:1.0", f"{direct}:1.1", f"{stamp}-1.1", work)
+            for version in ("1.0", "1.1"):  # pushed past the proxy (the engine's is chunked)
+                push(f"{direct}:{version}", user, password)
+            runtime = f"{proxy.host}/bsi-bench-flaky-{stamp}/runtime"  # what the tool is given
             sandbox = f"{proxy.host}/bsi-bench-flaky-{stamp}/sandbox"
             configs = pipelines(work, args.n, runtime, sandbox)
             every = [a for config in configs for a in ("--config", config)]

@@ -18,8 +18,9 @@ first try, its first two, or none, and how. `rules` force a fault on the first r
 matching a pattern (the first GET of the base's manifest, say); `down_after` makes every
 request after the first matching one a 503 (a registry that goes down midway). Only requests
 whose User-Agent starts with `plan.agent` are touched (the tool's urllib; the engine's own
-pulls go through clean). `log` records every request: its time, method, path, what was done
-and the status answered.
+pulls go through clean). Request bodies must carry a Content-Length (the tool's do; the
+engine's chunked pushes go to the registry itself). `log` records every request: its time,
+method, path, what was done, the status answered and the User-Agent.
 """
 
 from __future__ import annotations
