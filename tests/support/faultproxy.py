@@ -147,8 +147,13 @@ class FaultProxy:
                     self.end_headers()
                     return self.record(kind, status)
                 upstream_connection = http.client.HTTPConnection(host, int(port), timeout=120)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                upstream_connection.request(self.command, self.path, body=body, headers=headers)
+                upstream_connection.putrequest(
+                    self.command, self.path, skip_host=True, skip_accept_encoding=True
+                )
+                for name, value in self.headers.items():  # repeated ones (Accept) each sent
+                    if name.lower() != "connection":
+                        upstream_connection.putheader(name, value)
+                upstream_connection.endheaders(body or None)
                 response = upstream_connection.getresponse()
                 size = int(response.getheader("Content-Length") or 0)
                 if kind == "drop-after" or (kind == "cut" and (self.command == "HEAD" or not size)):
