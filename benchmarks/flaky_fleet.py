@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +59,7 @@ def main() -> None:
     tool = [sys.executable, "-m", "builder", "rebuild"]
     env = {**os.environ, "BSI_REGISTRY_USER": user, "BSI_REGISTRY_PASSWORD": password}
     env |= {"DOCKER_BUILDKIT": "1"}
+    made: list[str] = []  # the bases' tags, removed at the end
     try:
         with tempfile.TemporaryDirectory(prefix="bsi-bench-flaky-") as temp:
             work = Path(temp)
@@ -67,6 +69,9 @@ def main() -> None:
             for version in ("1.0", "1.1"):  # pushed past the proxy (the engine's is chunked)
                 push(f"{direct}:{version}", user, password)
             runtime = f"{proxy.host}/bsi-bench-flaky-{stamp}/runtime"  # what the tool is given
+            made += [
+                f"{name}:{version}" for name in (direct, runtime) for version in ("1.0", "1.1")
+            ]
             sandbox = f"{proxy.host}/bsi-bench-flaky-{stamp}/sandbox"
             configs = pipelines(work, args.n, runtime, sandbox)
             every = [a for config in configs for a in ("--config", config)]
@@ -95,6 +100,7 @@ def main() -> None:
                 )
     finally:
         proxy.close()
+        subprocess.run(["docker", "rmi", *made], capture_output=True, check=False)
     print(
         f"flaky {times['flaky']:6.1f} s   clean {times['clean']:6.1f} s   "
         f"ratio {times['flaky'] / times['clean']:5.2f}x (one run each; every template rebased)"
