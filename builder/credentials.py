@@ -32,6 +32,7 @@ from builder.errors import UserError
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import DOCKER_HUB, DOCKER_HUB_API, HUB_ALIASES, ImageRef
+from builder.oci.retry import Retries
 
 CREDENTIAL_ENV = (
     ("BSI_REGISTRY_USER", "BSI_REGISTRY_PASSWORD"),
@@ -45,9 +46,12 @@ HELPER_OUTPUT_LIMIT = 1 << 20  # bytes a helper may print; a login is a few KiB
 HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # no path: docker-credential-<word>
 
 
-def registry(ref: ImageRef, label: str | None = None) -> RepositoryClient:
-    """A registry client on `ref`'s repository, with the login docker would use there."""
-    return RepositoryClient(ref, label, lookup(ref.registry))
+def registry(
+    ref: ImageRef, label: str | None = None, retries: Retries | None = None
+) -> RepositoryClient:
+    """A registry client on `ref`'s repository, with the login docker would use there, trying
+    again on faults as the run's `retries` say (None: the real policy, said to no one)."""
+    return RepositoryClient(ref, label, lookup(ref.registry), retries)
 
 
 def engine_config(credentials: Credentials, registry: str) -> dict[str, str]:

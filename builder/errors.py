@@ -5,8 +5,10 @@ failure it was, so a caller can decide without reading messages:
 
     UserError                 the input cannot work on the target
     ├── RegistryError         a registry refused or could not answer a request
-    │   ├── RegistryUnreachable  connection refused, DNS, timeout, 5xx: the only failure a
-    │   │                        planner may answer by falling back to the shipped profile
+    │   ├── RegistryUnreachable  connection refused, DNS, timeout, 5xx, after the retries
+    │   │                        (builder.oci.retry): the only failure a planner may answer
+    │   │                        by falling back to the shipped profile, with a warning
+    │   ├── RegistryNotFound     404: the registry does not hold it
     │   └── RegistryAuthError    401/403: credentials missing or wrong
     └── IntegrityError        content that does not hash to its digest; never fallen back from
 """
@@ -24,6 +26,10 @@ class RegistryError(UserError):
 
 class RegistryUnreachable(RegistryError):
     """The registry could not be asked: nothing listens, no route or name, a timeout, a 5xx."""
+
+
+class RegistryNotFound(RegistryError):
+    """The registry answered that it holds no such manifest or blob (404)."""
 
 
 class RegistryAuthError(RegistryError):

@@ -28,6 +28,7 @@ from builder.credentials import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, write
+from builder.oci.transport import Exchange
 from builder.oci.v1 import Descriptor, Image, digest_of
 from builder.orchestration.node_update import baseline, chain_ids, node_update, previous_images
 from builder.orchestration.rebuild_state import BuildState
@@ -42,9 +43,9 @@ class Logged(RepositoryClient):
         super().__init__(ref, credentials=credentials)
         self.sent: list[tuple[str, str]] = []
 
-    def open(self, url: str, method: str = "GET", **kwargs: Any) -> Any:
-        self.sent.append((method, url))
-        return super().open(url, method, **kwargs)
+    def _once(self, exchange: Exchange) -> Any:  # every request but the token's is sent here
+        self.sent.append((exchange.method, exchange.url))
+        return super()._once(exchange)
 
     def uploaded(self) -> set[str]:
         """Digests of the blobs whose upload was completed (the closing PUT names them)."""

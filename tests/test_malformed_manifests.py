@@ -105,17 +105,24 @@ def test_a_malformed_image_is_a_registry_error_naming_it(registry: FakeRegistry)
         FakeRegistry(image_manifest(), config=[]),
     ],
 )
-def test_malformed_base_layers_mean_uploading_them(
+def test_malformed_base_layers_end_the_push(
     registry: FakeRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Not uploaded from the engine instead: that would push the base under new digests
+    without a word (issue 36); the error names the base."""
     monkeypatch.setattr(credentials, "registry", lambda *args: registry)
-    target: Any = type("Target", (), {"ref": type("Ref", (), {"registry": "127.0.0.1:5000"})})
-    assert from_engine.base_layers(FakeRegistry.ref, "amd64", target) is None
+    target: Any = type(
+        "Target", (), {"ref": type("Ref", (), {"registry": "127.0.0.1:5000"}), "retries": None}
+    )
+    with pytest.raises(RegistryError, match="malformed"):
+        from_engine.base_layers(FakeRegistry.ref, "amd64", target)
 
 
 def test_well_formed_base_layers_are_mountable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(credentials, "registry", lambda *args: FakeRegistry(image_manifest()))
-    target: Any = type("Target", (), {"ref": type("Ref", (), {"registry": "127.0.0.1:5000"})})
+    target: Any = type(
+        "Target", (), {"ref": type("Ref", (), {"registry": "127.0.0.1:5000"}), "retries": None}
+    )
     found = from_engine.base_layers(FakeRegistry.ref, "amd64", target)
     assert found is not None and list(found.by_diff_id) == DIFF_IDS
 

@@ -11,26 +11,37 @@ from builder.base.profile import base_problems, profile_differences
 from builder.cache import Cache
 from builder.errors import RegistryUnreachable
 from builder.oci.name import ImageRef
+from builder.oci.retry import Retries
 from builder.reporter import Reporter
 
 
 def base_profile(
-    image: ImageRef, client: docker.DockerClient | None, cache: Cache, reporter: Reporter
+    image: ImageRef,
+    client: docker.DockerClient | None,
+    cache: Cache,
+    reporter: Reporter,
+    retries: Retries | None = None,
 ) -> BaseProfile:
-    """The real base's facts: through the engine, else through its registry.
+    """The real base's facts: through the engine, else through its registry (asked through
+    the run's `retries`).
 
     The shipped profile is only the offline fallback: for a Docker Hub base without an engine,
-    or a registry that cannot be reached (RegistryUnreachable). Every other failure, a digest
-    mismatch above all, ends the run: planning against a guess would hide it.
+    or a registry that cannot be reached even after the retries (RegistryUnreachable), with a
+    warning that says what it costs. Every other failure, a digest mismatch above all, ends
+    the run: planning against a guess would hide it.
     """
     shipped = shipped_profile(image)
     if client is not None:
-        probed = probe_base(image, client, cache)
+        probed = probe_base(image, client, cache, reporter, retries)
     elif not image.is_hub:
         try:
-            probed = probe_registry(image, cache)
+            probed = probe_registry(image, cache, retries)
         except RegistryUnreachable as error:
-            reporter.note(f"{error}; planning against the {shipped.source}")
+            reporter.warn(
+                f"{error}; planning against the {shipped.source}: the base's own libraries,"
+                " packages and digest are not known, and the plan may need what it has or"
+                " miss what it lacks"
+            )
             return shipped
     else:
         reporter.note(f"no engine probe; planning against the {shipped.source}")

@@ -31,6 +31,7 @@ from builder.errors import RegistryError, UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import platform_image, read
+from builder.oci.retry import Retries
 from builder.oci.v1 import Image, Index, Platform
 
 RECORD_KIND = "registry-probe"
@@ -46,10 +47,10 @@ class RegistryRecord(TypedDict):
     arches: dict[str, ArchFacts]  # ARCHES name -> its facts
 
 
-def probe_registry(ref: ImageRef, cache: Cache) -> BaseProfile:
+def probe_registry(ref: ImageRef, cache: Cache, retries: Retries | None = None) -> BaseProfile:
     """The profile of `ref` read from its registry; cached by the manifest (index) digest."""
     image = ref.as_written
-    client = registry(ref, f"base image {image}")
+    client = registry(ref, f"base image {image}", retries)
     digest = ref.digest or client.head_manifest(ref.reference)
     record = _cached(cache, digest) if digest else None
     if record is None:
@@ -121,10 +122,10 @@ def _probe_image(client: RepositoryClient, image: Image, arch: Arch) -> ArchFact
         if "foreign" in layer.media_type or "nondistributable" in layer.media_type:
             continue  # Windows-style foreign layers are never served by the registry
         try:
-            # The blob checks its digest when the block ends, also after a tar error, so a
-            # tampered layer is reported as such rather than as unreadable.
-            with client.blob(layer.digest) as blob:
-                layers.apply(blob)
+            # The blob checks its digest when it ends, also after a tar error, so a tampered
+            # layer is reported as such rather than as unreadable; one cut short is read again
+            # (`apply` lays a layer over only once its whole tar was read: restartable).
+            client.read_blob(layer.digest, layers.apply)
         except (tarfile.TarError, zlib.error, OSError, EOFError) as exc:
             raise UserError(f"{client.label}: layer {layer.digest} is unreadable: {exc}") from None
     facts = layers.facts()

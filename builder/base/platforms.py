@@ -20,7 +20,9 @@ from builder.credentials import registry
 from builder.errors import RegistryError, UserError
 from builder.oci.name import ImageRef
 from builder.oci.remote import offered
+from builder.oci.retry import Retries
 from builder.oci.v1 import Platform
+from builder.reporter import QUIET, Reporter
 
 PLATFORMS_RECORD = "platforms"  # cache records: a manifest digest -> the arches it offers
 
@@ -30,6 +32,8 @@ def offered_arches(
     client: docker.DockerClient | None,
     digest: str | None = None,
     cache: Cache | None = None,
+    reporter: Reporter = QUIET,
+    retries: Retries | None = None,
 ) -> tuple[str, ...] | None:
     """The supported arches `image` is available for, in ARCHES order; None if unknown.
 
@@ -37,7 +41,9 @@ def offered_arches(
     here) has only its own arch: a registry's image of that name may be another one. Otherwise
     the registry is asked (Docker Hub only with an engine, as the probe does), for `digest`
     when it is known (the very image probed, even if its tag moved since), and its answer kept
-    in `cache`.
+    in `cache`. The registry is asked through the run's `retries`; one that still fails, or
+    does not hold the reference, leaves the engine's copy's arch, with a warning saying so:
+    the other arches the registry may offer are not built.
     """
     if ref is None:
         return None
@@ -52,9 +58,15 @@ def offered_arches(
     if client is not None or not ref.is_hub:
         asked = ref.with_digest(digest) if digest is not None else ref
         try:
-            found = offered(registry(asked, image), [Platform.linux(arch) for arch in ARCHES])
-        except RegistryError:
-            pass  # fall back to the engine's copy
+            source = registry(asked, image, retries)
+            found = offered(source, [Platform.linux(arch) for arch in ARCHES])
+        except RegistryError as error:
+            reporter.warn(
+                f"{error}; building the arch of the engine's copy of the base ({local}) alone:"
+                " any other arch the registry offers is not built"
+                if local is not None
+                else f"{error}; the arches the base offers are not known"
+            )
         else:
             arches = tuple(platform.architecture for platform in found)
             if digest is not None and cache is not None:

@@ -27,9 +27,11 @@ from builder.base.profile import (
     pythonpath_dirs,
 )
 from builder.cache import Cache
-from builder.engines.connection import failure_reason, local_image
+from builder.engines.connection import failure_reason, held_digests, local_image
 from builder.errors import UserError
 from builder.oci.name import ImageRef
+from builder.oci.retry import Retries
+from builder.reporter import QUIET, Reporter
 
 PROBE_TIMEOUT = 120
 PROBE_LABEL = "org.build-sandbox-image.probe"  # on the probe container, to find strays
@@ -133,10 +135,17 @@ print(json.dumps({
 SCRIPT_SHA256 = hashlib.sha256(SCRIPT.encode()).hexdigest()
 
 
-def probe_base(base: ImageRef, client: docker.DockerClient, cache: Cache) -> BaseProfile:
-    """The profile of the real base `base`; one container per image id, then cached."""
+def probe_base(
+    base: ImageRef,
+    client: docker.DockerClient,
+    cache: Cache,
+    reporter: Reporter = QUIET,
+    retries: Retries | None = None,
+) -> BaseProfile:
+    """The profile of the real base `base`; one container per image id, then cached. Its
+    registry is asked through the run's `retries` whether the engine's copy is current."""
     image = base.as_written
-    found = local_image(base, client)
+    found = local_image(base, client, reporter, retries)
     image_id = found.id
     key = image_id.removeprefix("sha256:")
     record = cache.get_record("probe", key)
@@ -165,16 +174,7 @@ def probe_base(base: ImageRef, client: docker.DockerClient, cache: Cache) -> Bas
 
 def _repo_digest(ref: ImageRef, found: Any) -> str | None:
     """The registry digest for `ref`'s repository; a locally built image has none."""
-    if ref.digest:
-        return ref.digest
-    for entry in found.attrs.get("RepoDigests") or []:
-        try:
-            pinned = ImageRef.parse(entry, "RepoDigests entry")
-        except UserError:
-            continue  # the engine's own bookkeeping: nothing the operator can act on
-        if pinned.name == ref.name and pinned.digest:
-            return pinned.digest
-    return None
+    return ref.digest or next(iter(held_digests(ref, found)), None)
 
 
 def _env(config: Mapping[str, Any], name: str) -> str:

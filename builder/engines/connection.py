@@ -26,10 +26,12 @@ import docker.constants
 import docker.errors
 import docker.tls
 
-from builder.credentials import engine_auth
-from builder.errors import UserError
+from builder.credentials import engine_auth, registry
+from builder.errors import RegistryError, RegistryNotFound, UserError
 from builder.oci.name import ImageRef
+from builder.oci.retry import Retries
 from builder.oci.v1 import MACHINES, Platform
+from builder.reporter import QUIET, Reporter
 
 RECEIVE = 1 << 20  # bytes per read of an exec's output
 FRAME_HEADER = 8  # an exec stream frame's: stream kind, three zero bytes, big-endian size
@@ -297,12 +299,24 @@ def holds_image(client: docker.DockerClient, image_id: str) -> bool:
     return True
 
 
-def local_image(ref: ImageRef, client: docker.DockerClient) -> Any:
+def local_image(
+    ref: ImageRef,
+    client: docker.DockerClient,
+    reporter: Reporter = QUIET,
+    retries: Retries | None = None,
+) -> Any:
     """The image to probe: the local one, unless its registry now names something newer.
 
     A platform may re-push a tag; a long-lived runner holding the old image must not plan
     against it. Images without a registry host (local builds) are used as they are. The engine
     is asked for the reference as written: that is the name it holds the image under.
+
+    The registry is asked through the tool's own client, so a fault is tried again as every
+    registry request is (the engine's own request is made once): a 500 on that one request
+    used to make a run silently take the engine's copy, with a digest the registry does not
+    serve and layers the push could not mount. A registry that does not hold the reference
+    (a name tagged here) leaves the local copy; one still failing after the retries does too,
+    with a warning that says what it costs.
     """
     image = ref.as_written
     credentials = engine_auth(ref.registry)
@@ -314,10 +328,17 @@ def local_image(ref: ImageRef, client: docker.DockerClient) -> Any:
         if ref.is_hub and not image.startswith(("docker.io/", "index.docker.io/")):
             return local
         try:
-            remote = client.images.get_registry_data(image, auth_config=credentials).id
-        except docker.errors.DockerException:
-            return local  # registry unreachable: the local copy is the best knowledge
-        if any(digest.endswith(remote) for digest in local.attrs.get("RepoDigests") or []):
+            remote = registry(ref, f"base image {image}", retries).head_manifest(ref.reference)
+        except RegistryNotFound:
+            return local  # a name only this engine holds
+        except RegistryError as error:
+            reporter.warn(
+                f"{error}; using the engine's copy of the base as it is: it may be older than"
+                " what the registry names now, and its digest and layers not the registry's"
+                " (a push uploads them instead of mounting them)"
+            )
+            return local
+        if remote and remote in held_digests(ref, local):
             return local
     try:
         return client.images.pull(image, auth_config=credentials)
@@ -326,6 +347,20 @@ def local_image(ref: ImageRef, client: docker.DockerClient) -> Any:
             f"base image {image}: not on the local engine and pulling it failed:"
             f" {failure_reason(exc)}"
         ) from None
+
+
+def held_digests(ref: ImageRef, image: Any) -> list[str]:
+    """The digests the engine recorded pulling or pushing `image` under `ref`'s very name (the
+    same content under another name says nothing of what this name's registry serves)."""
+    held = []
+    for entry in image.attrs.get("RepoDigests") or []:
+        try:
+            pinned = ImageRef.parse(entry, "RepoDigests entry")
+        except UserError:
+            continue  # the engine's own bookkeeping: nothing the operator can act on
+        if pinned.name == ref.name and pinned.digest:
+            held.append(pinned.digest)
+    return held
 
 
 def failure_reason(exc: Exception) -> str:

@@ -31,13 +31,14 @@ from builder.attest.contents import (
 from builder.attest.provenance import BuildParameters, BuildRun
 from builder.contract import DEPS
 from builder.engines.connection import engine_client, native_arch
-from builder.errors import RegistryError, UserError
+from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.image.labels import tool_version
 from builder.image.read_contents import image_facts
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import read
 from builder.oci.v1 import ConfigFile, Index, Platform, digest_of
+from builder.reporter import QUIET, Reporter
 
 SBOM_FILE = "sbom-{arch}.cdx.json"
 PROVENANCE_FILE = "provenance-{arch}.intoto.json"
@@ -104,6 +105,7 @@ def plan_facts(
     produced: tuple[str, str, bytes],
     repository: str,
     extras_layers: Mapping[str, str],
+    reporter: Reporter = QUIET,
 ) -> ImageFactsRequest:
     """What an extension image's facts need from its plan; `produced`: arch, name, config.
 
@@ -121,7 +123,7 @@ def plan_facts(
         environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
         entries=tuple(e for e in dict.fromkeys((DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
         wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
-        base_wheels=base_wheels(plan.base_reference, arch),
+        base_wheels=base_wheels(plan.base_reference, arch, reporter),
         base_packages=plan.base.packages.get(arch),
         apt_packages=frozenset(planned.apt_packages),
         extras_layers=extras_layers,
@@ -225,13 +227,17 @@ def read_attached(ref: ImageRef, artifact_type: str, arch: str | None = None) ->
     return result
 
 
-def base_wheels(ref: ImageRef, arch: str) -> Mapping[str, WheelOrigin]:
+def base_wheels(ref: ImageRef, arch: str, reporter: Reporter = QUIET) -> Mapping[str, WheelOrigin]:
     """The wheels the base's /app/deps came from, as the base's own SBOM names them; none when
-    the base names no registry or carries no SBOM."""
+    the base names no registry or carries no SBOM, or (with a warning: the SBOM is poorer for
+    it) when its registry cannot be reached even after the retries."""
     if ref.is_hub:
         return {}
     try:
         found = read_attached(ref, sbom.MEDIA_TYPE, arch)
+    except RegistryUnreachable as error:
+        reporter.warn(f"{error}; the SBOM names no origin for the base's /app/deps wheels")
+        return {}
     except (RegistryError, UserError):
         return {}
     document = found[0].document if found else None

@@ -24,7 +24,7 @@ import docker
 
 from builder import credentials
 from builder.cache import Cache
-from builder.errors import IntegrityError, UserError
+from builder.errors import RegistryError, RegistryNotFound, UserError
 from builder.image.assemble import Assembled
 from builder.image.gzipped import cached_gzip, gzipped, gzipped_from
 from builder.image.saved import saved_to_disk
@@ -54,17 +54,22 @@ class BaseLayers:
 def base_layers(base: ImageRef | None, arch: str, target: RepositoryClient) -> BaseLayers | None:
     """The base's compressed layer descriptors, when it lives on the target's registry.
 
-    Unreadable or malformed: None, and the layers are uploaded instead (a tampered base is
-    still an IntegrityError).
+    Not there (a name only the engine holds), or without an image of `arch`: None, and the
+    layers are uploaded from the engine instead. Any other failure (still failing after the
+    target's retries, malformed, tampered) ends the push: falling back would upload the base
+    under new digests, which nodes then pull a second time, and record a base the registry
+    does not serve.
     """
     if base is None or base.registry != target.ref.registry:
         return None
-    source = credentials.registry(base, f"base image {base}")
+    source = credentials.registry(base, f"base image {base}", target.retries)
     try:
         image = resolve(source, Platform.linux(arch))
-    except IntegrityError:
+    except RegistryNotFound:
+        return None
+    except RegistryError:
         raise
-    except UserError:
+    except UserError:  # no image of `arch` in its index
         return None
     if len(image.diff_ids) != len(image.layers):
         return None

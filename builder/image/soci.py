@@ -34,13 +34,15 @@ from types import MappingProxyType
 
 from builder import credentials
 from builder.cache import Cache
-from builder.errors import RegistryError, UserError
+from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.image.gzipped import spans_of
 from builder.image.lazy_reads import LayerSpans, spans_read
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import referrers
 from builder.oci.remote import read, resolve
+from builder.oci.retry import Retries
+from builder.oci.transport import VerifiedBlob
 from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.oci.ztoc import (
     SOCI_INDEX,
@@ -107,7 +109,9 @@ def _made_ztoc(digest: str, key: str, cache: Cache) -> bytes | None:
     return data
 
 
-def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, bytes]:
+def base_ztocs(
+    base: ImageRef | None, image: Image, cache: Cache, retries: Retries | None = None
+) -> dict[str, bytes]:
     """Ztocs from the base's own SOCI index in the registry for the layers of `image`
     this cache has none for, by layer digest: what an image on a base this cache did not push
     reuses for the base's layers. None found (a Hub base, no index, an unreadable one, a ztoc
@@ -117,7 +121,9 @@ def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, b
     Whoever may push to the base's repository may attach a SOCI index to it, and every image on
     the base would carry its ztocs to the nodes; so a ztoc is reused only when it is exactly
     the one this tool writes for that layer, with every checkpoint a full flush (`_checked`),
-    which takes one download of the layer, once per base: the verdict is kept in the cache."""
+    which takes one download of the layer, once per base: the verdict is kept in the cache.
+    A registry still failing after the run's `retries` ends the push instead: a fault must not
+    change what is pushed (its lazy nodes would fetch those layers whole)."""
     if base is None or base.is_hub:
         return {}
     wanted = {
@@ -126,7 +132,7 @@ def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, b
     if not wanted:
         return {}
     try:
-        registry = credentials.registry(base, str(base))
+        registry = credentials.registry(base, str(base), retries)
         on_base = resolve(registry, Platform.linux(image.architecture))
         ztocs: dict[str, bytes] = {}
         for index in attached_indexes(registry, on_base.digest):
@@ -138,6 +144,8 @@ def base_ztocs(base: ImageRef | None, image: Image, cache: Cache) -> dict[str, b
                     if data is not None:
                         ztocs[layer_digest] = data
         return ztocs
+    except RegistryUnreachable:
+        raise
     except (RegistryError, UserError):
         return {}
 
@@ -178,14 +186,17 @@ def ztoc_blob(registry: RepositoryClient, digest: str, layer: Descriptor) -> byt
     than any ztoc of that layer can be (a window of 32 KiB per 4 MiB of tar, and the names),
     found before the rest of it is downloaded."""
     limit = layer.size // 4 + (4 << 20)
+
+    def bounded(stream: VerifiedBlob) -> bytes:
+        data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise _Oversized(digest)  # a registry error leaves the rest undownloaded
+        return data
+
     try:
-        with registry.blob(digest) as stream:
-            data = stream.read(limit + 1)
-            if len(data) > limit:
-                raise _Oversized(digest)  # a registry error leaves the rest undownloaded
+        return registry.read_blob(digest, bounded)
     except _Oversized:
         return None
-    return data
 
 
 class _Oversized(RegistryError):
@@ -206,8 +217,12 @@ def _is_our_ztoc(registry: RepositoryClient, layer: Descriptor, data: bytes, cac
     cache.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache.root, prefix=".base-layer-") as scratch:
         path = Path(scratch) / "layer.tar.gz"
-        with registry.blob(layer.digest) as stream, path.open("wb") as out:
-            shutil.copyfileobj(stream, out, 1 << 20)
+
+        def copy(stream: VerifiedBlob) -> None:  # from the start again after a fault
+            with path.open("wb") as out:
+                shutil.copyfileobj(stream, out, 1 << 20)
+
+        registry.read_blob(layer.digest, copy)
         try:
             if ztoc_bytes(path, ztoc.span_size, spans) != data:
                 return False
@@ -338,6 +353,7 @@ def _ztoc_problems(registry: RepositoryClient, layer: Descriptor, ztoc_digest: s
     if data is None:
         return [f"{ztoc_digest} is larger than a ztoc of {layer.digest} can be"]
     ztoc = read_ztoc(data)
-    with registry.blob(layer.digest) as stream:
-        mismatched = mismatches(ztoc, stream, layer.size)
+    mismatched = registry.read_blob(
+        layer.digest, lambda stream: mismatches(ztoc, stream, layer.size)
+    )
     return [f"{layer.digest}: {line}" for line in mismatched]

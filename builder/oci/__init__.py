@@ -12,6 +12,8 @@ In the spirit of go-containerregistry's `name` / `v1` / `mutate` / `remote`:
   them up; the core never reads a Docker config);
 - `client`: `RepositoryClient`, the distribution API's primitives for one repository, verified and
   bounded reads, typed errors;
+- `retry`, `transport`: the one retry policy (what is tried again, the backoff, `Retry-After`,
+  a run's budget and record) and the one loop every request of a client goes through;
 - `remote`: `resolve(registry, platform)` and `write(registry, images, blobs, index, tags)`,
   the only reader of a platform's image and the only writer of blobs, manifests and tags;
 - `referrers`: what is attached to an image (an `Artifact`), and finding it again;

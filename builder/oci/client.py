@@ -7,24 +7,33 @@ cross-repository mount, monolithic and chunked upload, and a manifest PUT that r
 digest. Authentication is basic or bearer-token (with a password or an identity token) from
 the `Credentials` the caller passes. Credentials go only to the registry's own origin: an
 upload Location or a redirect on another host gets no Authorization, and a token realm must be
-HTTPS (plain HTTP on loopback only). Failures are typed (`builder.errors`): unreachable
-(network, 5xx, 429), auth, other registry errors.
+HTTPS (plain HTTP on loopback only). Every request is tried again on faults as the run's
+`Retries` says (builder.oci.retry, through builder.oci.transport); failures are typed
+(`builder.errors`): unreachable (network, 5xx, 429, after the tries), auth, other errors.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from types import MappingProxyType
+from typing import Any, TypeVar
 
-from builder.errors import IntegrityError, RegistryAuthError, RegistryError, RegistryUnreachable
+from builder.errors import (
+    IntegrityError,
+    RegistryAuthError,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUnreachable,
+)
+from builder.oci import transport
 from builder.oci.auth import (
     AUTH_HINT,
     MAX_TOKEN_ANSWER,
@@ -35,23 +44,31 @@ from builder.oci.auth import (
     trusted_realm,
 )
 from builder.oci.name import DIGEST_RE, TAG_RE, ImageRef
+from builder.oci.retry import Retries
+from builder.oci.transport import Exchange, Fault, VerifiedBlob
 from builder.oci.v1 import MANIFEST_TYPES, digest_of
 
-TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
 MAX_MANIFEST = 16 << 20
 MAX_JSON_BLOB = 64 << 20
 REFERENCE_RE = re.compile(rf"{DIGEST_RE.pattern}|{TAG_RE.pattern}")
 CHUNK = 16 << 20  # bytes per PATCH of a chunked upload
-NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
+OCTETS = MappingProxyType({"Content-Type": "application/octet-stream"})
+Source = bytes | Path | Callable[[], AbstractContextManager[transport.Readable]]
+T = TypeVar("T")
 
 
 class RepositoryClient:
     """Requests on one repository of one registry, authenticated on the first 401."""
 
     def __init__(
-        self, ref: ImageRef, label: str | None = None, credentials: Credentials | None = None
+        self,
+        ref: ImageRef,
+        label: str | None = None,
+        credentials: Credentials | None = None,
+        retries: Retries | None = None,
     ) -> None:
         self.ref = ref
+        self.retries = retries or Retries()  # the run's, else the real policy, said to no one
         self.label = label or str(ref)  # how messages name what was asked for
         local = is_loopback(ref.api_host)
         self.scheme = "http" if local else "https"
@@ -89,43 +106,45 @@ class RepositoryClient:
         *,
         accept: str | None = None,
         data: bytes | None = None,
-        headers: dict[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
         missing_ok: bool = False,
         scopes: tuple[str, ...] = (),
     ) -> Any:
         """The response to `url` (None for a 404 when `missing_ok`); typed errors otherwise.
+        Tried again on faults: it is idempotent or its body is bytes (an upload session's
+        steps are not sent here: `upload_blob` begins a new session instead)."""
+        exchange = Exchange(url, method, accept, data, headers, missing_ok, scopes)
+        return self._retrying(exchange.text, lambda: self._once(exchange))
 
-        A 401 is answered once by authenticating as its challenge asks (bodies are bytes, so
-        the request can be sent again).
-        """
-        for attempt in range(2):
-            request = urllib.request.Request(url, data=data, method=method)
-            for name, value in {
-                **(headers or {}),
-                **({"Accept": accept} if accept else {}),
-            }.items():
-                request.add_header(name, value)
-            # Never forwarded to a redirect target (blob storage), nor sent to another host.
-            if self.authorization and self._own(url):
-                request.add_unredirected_header("Authorization", self.authorization)
+    def _once(self, exchange: Exchange) -> Any:
+        """One try of `exchange`: a 401 is answered once by authenticating as its challenge
+        asks (also midway through a run: an expired token is asked for again); a fault is a
+        `Fault` for `_retrying`, any other failure its typed error."""
+        reauthenticated = False
+        while True:
+            # Credentials never go to another host, nor to a redirect target (blob storage).
+            authorization = self.authorization if self._own(exchange.url) else None
             try:
-                return self.opener.open(request, timeout=TIMEOUT)
+                return self.opener.open(exchange.request(authorization), timeout=transport.TIMEOUT)
             except urllib.error.HTTPError as exc:
                 challenge = exc.headers.get("WWW-Authenticate", "") if exc.headers else ""
-                exc.close()
-                retry = attempt == 0 and exc.code == 401
-                if retry and self._authenticate(challenge, method, scopes):
-                    continue
-                if exc.code == 404 and missing_ok:
+                if exc.code == 401 and not reauthenticated:
+                    reauthenticated = True
+                    if self._authenticate(challenge, exchange.method, exchange.scopes):
+                        continue
+                if exc.code == 404 and exchange.missing_ok:
                     return None
-                raise self._http_error(exc.code, url) from None
-            except NETWORK_ERRORS as exc:
-                raise self._unreachable(self.ref.api_host, exc) from None
-        raise AssertionError("unreachable")
+                raise transport.answered(exc, self._http_error(exc.code, exchange.url)) from None
+            except transport.NETWORK_ERRORS as exc:
+                error = self._unreachable(self.ref.api_host, exc, exchange.url)
+                raise transport.unanswered(exc, error) from None
 
-    def _unreachable(self, host: str, exc: BaseException) -> RegistryUnreachable:
-        reason = getattr(exc, "reason", None) or exc
-        return RegistryUnreachable(f"{self.label}: registry {host} is unreachable: {reason}")
+    def _retrying(self, text: str, attempt_once: Callable[[], T], host: str | None = None) -> T:
+        return transport.retrying(self.retries, host or self.ref.api_host, text, attempt_once)
+
+    def _unreachable(self, host: str, exc: BaseException, url: str = "") -> RegistryUnreachable:
+        why = f"{transport.reason(exc)}{f' for {url}' if url else ''}"  # the object asked for
+        return RegistryUnreachable(f"{self.label}: registry {host} is unreachable: {why}")
 
     def _http_error(self, code: int, url: str) -> RegistryError:
         host = self.ref.api_host
@@ -137,7 +156,7 @@ class RepositoryClient:
             )
         if code == 404:
             what = "manifest" if "/manifests/" in url else "blob"
-            return RegistryError(
+            return RegistryNotFound(
                 f"{self.label}: not found in registry {host} "
                 f"(no {what} {url.rsplit('/', 1)[-1]} in {self.ref.repository})"
             )
@@ -182,18 +201,25 @@ class RepositoryClient:
         return True
 
     def _token(self, realm: str, service: str, scopes: list[str]) -> str | None:
-        """A bearer token from the realm (its answer bounded: tokens are a few KiB)."""
-        request = token_request(realm, service, scopes, self.credentials)
-        try:
-            with self.opener.open(request, timeout=TIMEOUT) as response:
-                return token_of(response.read(MAX_TOKEN_ANSWER))  # cut: not JSON
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            raise self._http_error(exc.code, realm) from None
-        except NETWORK_ERRORS as exc:
-            raise self._unreachable(urllib.parse.urlsplit(realm).netloc, exc) from None
-        except ValueError:
-            raise RegistryError(f"{self.label}: token service {realm} answered no JSON") from None
+        """A bearer token from the realm (its answer bounded: tokens are a few KiB), tried
+        again on faults as every registry request is."""
+
+        def ask() -> str | None:
+            request = token_request(realm, service, scopes, self.credentials)
+            try:
+                with self.opener.open(request, timeout=transport.TIMEOUT) as response:
+                    return token_of(response.read(MAX_TOKEN_ANSWER))  # cut: not JSON
+            except urllib.error.HTTPError as exc:
+                raise transport.answered(exc, self._http_error(exc.code, realm)) from None
+            except transport.NETWORK_ERRORS as exc:
+                raise transport.unanswered(exc, self._unreachable(host, exc, realm)) from None
+            except ValueError:
+                raise RegistryError(
+                    f"{self.label}: token service {realm} answered no JSON"
+                ) from None
+
+        host = urllib.parse.urlsplit(realm).netloc
+        return self._retrying(f"GET token {urllib.parse.urlsplit(realm).path}", ask, host)
 
     # -- reading ------------------------------------------------------------------------------
     def ping(self) -> None:
@@ -209,51 +235,89 @@ class RepositoryClient:
         return digest if digest and DIGEST_RE.fullmatch(digest) else None
 
     def manifest(self, reference: str, expected: str | None = None) -> tuple[bytes, str]:
-        """A manifest's or index's bytes and digest, checked against every digest naming it."""
+        """A manifest's or index's bytes and digest, checked against every digest naming it.
+
+        A body cut short or not matching is fetched again (a fault, bounded by the policy);
+        the last mismatch is the IntegrityError.
+        """
         url = self.url("manifests", self._checked(reference, "manifest"))
-        with self.open(url, accept=", ".join(MANIFEST_TYPES)) as response:
-            body = self._read(response, MAX_MANIFEST + 1)
-            served = response.headers.get("Docker-Content-Digest")
-        if len(body) > MAX_MANIFEST:
-            raise RegistryError(
-                f"{self.label}: manifest {reference} is larger than {MAX_MANIFEST >> 20} MiB"
-            )
-        digest = digest_of(body)
-        asked = reference if DIGEST_RE.fullmatch(reference) else None
-        for wanted in (asked, expected, served):
-            if wanted and wanted != digest:
-                raise IntegrityError(f"{self.label}: manifest {reference}", wanted, digest)
-        return body, digest
+        exchange = Exchange(url, accept=", ".join(MANIFEST_TYPES))
+
+        def fetch() -> tuple[bytes, str]:
+            with self._once(exchange) as response:
+                body = transport.whole(
+                    response, self._read(response, MAX_MANIFEST + 1), MAX_MANIFEST + 1
+                )
+                served = response.headers.get("Docker-Content-Digest")
+            if len(body) > MAX_MANIFEST:
+                raise RegistryError(
+                    f"{self.label}: manifest {reference} is larger than {MAX_MANIFEST >> 20} MiB"
+                )
+            digest = digest_of(body)
+            asked = reference if DIGEST_RE.fullmatch(reference) else None
+            for wanted in (asked, expected, served):
+                if wanted and wanted != digest:
+                    mismatch = IntegrityError(f"{self.label}: manifest {reference}", wanted, digest)
+                    raise Fault(mismatch, "a body not matching its digest")
+            return body, digest
+
+        return self._retrying(exchange.text, fetch)
+
+    def read_blob(self, digest: str, consume: Callable[[VerifiedBlob], T]) -> T:
+        """`consume(stream)` over the blob `digest`, verified as it streams and at its end.
+
+        A body cut off or not matching its digest is a fault: the blob is fetched again and
+        `consume` called again on the new stream, from its start (bounded by the policy; the
+        last mismatch is the IntegrityError). Bytes already handed to a consumer cannot be
+        taken back, so a read is not resumed mid-stream: the whole consuming operation is
+        tried again, and `consume` must be restartable, what it made of a failed stream not
+        counting. Each caller's is: a layer's facts are laid over the lower ones only once its
+        whole tar was read (builder.base.layers), a file is rewritten from its start, bytes
+        are returned. Spooling every blob to a temporary file first would make that hold for
+        any consumer, at the price of a layer's size in scratch space and a second pass over
+        it on every read, also on the clean path.
+        """
+        exchange = Exchange(self.url("blobs", self._checked(digest, "blob")))
+
+        def once() -> T:
+            with VerifiedBlob(self._once(exchange), digest, self.label, self._read) as blob:
+                return consume(blob)
+
+        return self._retrying(exchange.text, once)
 
     def blob(self, digest: str) -> VerifiedBlob:
-        """A blob as a stream that raises IntegrityError at its end if it does not match."""
+        """A blob as a stream (opened as `open` retries); a fault in its body is `Fault`, for
+        the caller that can begin again (`upload_blob` re-opens a stream source)."""
         url = self.url("blobs", self._checked(digest, "blob"))
-        return VerifiedBlob(self.open(url), digest, self)
+        return VerifiedBlob(self.open(url), digest, self.label, self._read)
 
     def small_blob(self, digest: str) -> bytes:
         """A config blob's bytes, verified; larger than MAX_JSON_BLOB is an error, not a read."""
-        with self.blob(digest) as blob:
+
+        def bounded(blob: VerifiedBlob) -> bytes:
             body = blob.read(MAX_JSON_BLOB + 1)
             if len(body) > MAX_JSON_BLOB:  # fail before `finish` drains the rest
                 raise RegistryError(
                     f"{self.label}: blob {digest} is larger than {MAX_JSON_BLOB >> 20} MiB"
                 )
-        return body
+            return body
+
+        return self.read_blob(digest, bounded)
 
     def _read(self, response: Any, limit: int) -> bytes:
         try:
             return response.read(limit)
-        except NETWORK_ERRORS as exc:
-            raise self._unreachable(self.ref.api_host, exc) from None
+        except transport.NETWORK_ERRORS as exc:
+            error = self._unreachable(self.ref.api_host, exc, getattr(response, "url", ""))
+            raise transport.unanswered(exc, error) from None
 
     # -- writing ------------------------------------------------------------------------------
     def blob_exists(self, digest: str) -> bool:
         url = self.url("blobs", self._checked(digest, "blob"))
         response = self.open(url, "HEAD", missing_ok=True)
-        if response is None:
-            return False
-        response.close()
-        return True
+        if response is not None:
+            response.close()
+        return response is not None
 
     def mount(self, digest: str, source_repository: str) -> bool:
         """Link a blob from another repository of this registry; False if it cannot.
@@ -278,61 +342,77 @@ class RepositoryClient:
                 self.refused_sources.add(source_repository)
                 return False
         query = urllib.parse.urlencode({"mount": digest, "from": source_repository})
-        response = self.open(
-            self.url("blobs", f"uploads/?{query}"),
-            "POST",
-            data=b"",
-            scopes=(source_scope,),
-        )
-        with response:
+        url = self.url("blobs", f"uploads/?{query}")
+        with self.open(url, "POST", data=b"", scopes=(source_scope,)) as response:
             if response.status == 201:
                 return True
             location = self._location(response)
         self._cancel(location)  # the registry started an upload instead
         return False
 
-    def upload_blob(
-        self, source: bytes | Path | IO[bytes], digest: str | None = None, chunk: int = CHUNK
-    ) -> str:
+    def upload_blob(self, source: Source, digest: str | None = None, chunk: int = CHUNK) -> str:
         """Upload bytes, a file or a stream; returns its digest (checked if `digest` is given).
 
         Bytes and files up to `chunk` go in one PUT; larger files and streams go in PATCHes
-        of `chunk` bytes, hashed as they go, then a closing PUT naming the digest.
+        of `chunk` bytes, hashed as they go, then a closing PUT naming the digest. A stream is
+        given as a function opening it (another registry's blob: `blob`), so that it can be
+        read again from its start.
+
+        A fault in any step (the POST, a PATCH, the closing PUT, the stream's source) ends
+        that session: its state is stale once the registry took bytes unheard of, so it is
+        never continued. The blob is asked for (HEAD: a reply dropped after the registry
+        stored it is the common case), else a new session sends everything again, the file
+        or the stream opened again: a blob streamed across registries is fetched again, not
+        spooled (no scratch space the size of a layer on the clean path, and such a copy is
+        rare: the target is asked and mounted from first).
         """
         if isinstance(source, Path) and source.stat().st_size <= chunk:
             source = source.read_bytes()
-        with self.open(self.url("blobs", "uploads/"), "POST", data=b"") as response:
+        known = digest or (digest_of(source) if isinstance(source, bytes) else None)
+        text = f"upload of {known or 'a blob'} to {self.ref.repository}"
+
+        def once() -> str:
+            try:
+                return self._upload_once(source, digest, chunk)
+            except Fault:
+                if known and self.blob_exists(known):
+                    return known
+                raise
+
+        return self._retrying(text, once)
+
+    def _upload_once(self, source: Source, digest: str | None, chunk: int) -> str:
+        """One upload session, every step tried once (`upload_blob` begins again on a fault)."""
+        with self._once(Exchange(self.url("blobs", "uploads/"), "POST", data=b"")) as response:
             location = self._location(response)
         if isinstance(source, bytes):
             actual, body = digest_of(source), source
         else:
-            opened = (
-                source.open("rb") if isinstance(source, Path) else contextlib.nullcontext(source)
-            )
+            opened = source.open("rb") if isinstance(source, Path) else source()
             with opened as stream:
                 actual, location = self._patch_all(location, stream, chunk)
             body = b""
         if digest and digest != actual:
             self._cancel(location)
-            raise IntegrityError(f"{self.label}: blob upload", digest, actual)
+            mismatch = IntegrityError(f"{self.label}: blob upload", digest, actual)
+            if isinstance(source, bytes | Path):
+                raise mismatch  # the same bytes would be read again
+            raise Fault(mismatch, "a source not matching its digest")
         separator = "&" if "?" in location else "?"
         put = f"{location}{separator}{urllib.parse.urlencode({'digest': actual})}"
-        headers = {"Content-Type": "application/octet-stream"}
-        with self.open(put, "PUT", data=body, headers=headers) as response:
+        with self._once(Exchange(put, "PUT", data=body, headers=OCTETS)) as response:
             served = response.headers.get("Docker-Content-Digest")
         if served and served != actual:
             raise IntegrityError(f"{self.label}: uploaded blob", actual, served)
         return actual
 
-    def _patch_all(self, location: str, stream: IO[bytes], chunk: int) -> tuple[str, str]:
+    def _patch_all(self, location: str, stream: transport.Readable, chunk: int) -> tuple[str, str]:
         hasher, offset = hashlib.sha256(), 0
         while data := stream.read(chunk):
             hasher.update(data)
-            headers = {
-                "Content-Type": "application/octet-stream",
-                "Content-Range": f"{offset}-{offset + len(data) - 1}",
-            }
-            with self.open(location, "PATCH", data=data, headers=headers) as response:
+            span = {"Content-Range": f"{offset}-{offset + len(data) - 1}"}
+            patch = Exchange(location, "PATCH", data=data, headers={**OCTETS, **span})
+            with self._once(patch) as response:
                 location = self._location(response)
             offset += len(data)
         return "sha256:" + hasher.hexdigest(), location
@@ -351,13 +431,11 @@ class RepositoryClient:
         return digest
 
     def _cancel(self, location: str) -> None:
-        """Drop an upload session; best effort (it expires on the registry anyway)."""
-        try:
-            response = self.open(location, "DELETE", missing_ok=True)
-        except RegistryError:
-            return
-        if response is not None:
-            response.close()
+        """Drop an upload session; best effort, tried once (it expires on the registry)."""
+        with contextlib.suppress(RegistryError):  # a fault included
+            response = self._once(Exchange(location, "DELETE", missing_ok=True))
+            if response is not None:
+                response.close()
 
     def _location(self, response: Any) -> str:
         location = response.headers.get("Location")
@@ -369,47 +447,3 @@ class RepositoryClient:
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise RegistryError(f"{self.label}: upload location {location[:100]!r} is not HTTP")
         return url
-
-
-class VerifiedBlob:
-    """A blob response that hashes what is read; `finish` drains it and checks the digest.
-
-    Leaving the `with` block finishes it; on an exception (a corrupt tar, say) it still drains
-    and checks, so a tampered layer is reported as an integrity failure, not as unreadable.
-    """
-
-    def __init__(self, response: Any, digest: str, registry: RepositoryClient) -> None:
-        self.response = response
-        self.digest = digest
-        self.registry = registry
-        self.hasher = hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.registry._read(self.response, size)
-        self.hasher.update(data)
-        return data
-
-    def finish(self) -> None:
-        while self.read(1 << 20):
-            pass
-        actual = "sha256:" + self.hasher.hexdigest()
-        if actual != self.digest:
-            raise IntegrityError(f"{self.registry.label}: blob {self.digest}", self.digest, actual)
-
-    def __enter__(self) -> VerifiedBlob:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if kind is None:
-                self.finish()
-            elif not isinstance(error, IntegrityError | RegistryError):
-                with contextlib.suppress(RegistryUnreachable):  # the original error stands
-                    self.finish()
-        finally:
-            self.response.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -267,9 +268,9 @@ def upload_blobs(
             target.upload_blob(source.data, digest)
         elif isinstance(source, LocalFile):
             target.upload_blob(source.path, digest)
-        elif isinstance(source, InRepository):
-            with source.registry.blob(digest) as blob:  # verified as it streams, and on arrival
-                target.upload_blob(blob, digest)  # type: ignore[arg-type]
+        elif isinstance(source, InRepository):  # verified as it streams, and on arrival;
+            target.upload_blob(partial(source.registry.blob, digest), digest)  # opened anew
+            # after a fault (builder.oci.client.RepositoryClient.upload_blob says why)
         else:
             raise UserError(f"{target.label}: no source for blob {digest} of {image.digest}")
         moved += Transfer(uploaded=descriptor.size)

@@ -30,6 +30,7 @@ from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.render import Secrets
 from builder.image.tags import image_tag
 from builder.oci.name import ImageRef
+from builder.oci.retry import Retries
 from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
 from builder.orchestration.prepare import (
     Request,
@@ -139,8 +140,9 @@ def build(
         engines = None
         if client is not None:
             engines = stack.enter_context(connect(settings.engines, client))
-        base = base_profile(settings.base_image, client, cache, reporter)
-        arches = target_arches(settings.arches, base, client, cache)
+        retries = Retries(reporter)  # the run's: every registry request, one budget, one record
+        base = base_profile(settings.base_image, client, cache, reporter, retries)
+        arches = target_arches(settings.arches, base, client, cache, reporter, retries)
         compiling = engines.compiling_client(arches) if engines is not None else None
         request = request_for(settings, options, base, arches, cache, compiling)
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
@@ -152,7 +154,7 @@ def build(
         if config is not None:  # merged: the flag's platform version, else the config's
             state = StateRecord(config.state, settings.platform_version or config.platform_version)
         delivery = delivery_for(plan, request, settings, state, verify=options.verify, sign=key)
-        run = Run(engines, cache, settings.output, reporter)
+        run = Run(engines, cache, settings.output, reporter, retries)
         return Built(
             plan, delivery, build_images(plan, request, delivery, stages, run, options.tag)
         )
@@ -260,9 +262,10 @@ def rebuild(
         named = Engines.local(client) if check_only else connect(config.engines, client)
         engines = stack.enter_context(named)
         image = config.base_image_for(new_version)
-        base = bases(image, lambda: base_profile(image, client, cache, reporter))
+        retries = Retries(reporter)  # the run's: every registry request, one budget, one record
+        base = bases(image, lambda: base_profile(image, client, cache, reporter, retries))
         previous = load_state(config.state)
-        arches = target_arches(config.architectures, base, client, cache)
+        arches = target_arches(config.architectures, base, client, cache, reporter, retries)
         rebasing = previous is not None and previous.image is not None and not check_only
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bsi-check-"))
         early = stack.enter_context(ThreadPoolExecutor(max_workers=len(arches)))
@@ -288,7 +291,7 @@ def rebuild(
         found = Rebuild(plan, changes(previous, state_of(plan, new_version)))
         if check_only or not found.changes:
             return found
-        run = Run(engines, cache, request.output, reporter)
+        run = Run(engines, cache, request.output, reporter, retries)
         started = (ahead, stages)
         found.path, found.outcome = _upgrade(
             config, new_version, previous, plan, request, run, started, key

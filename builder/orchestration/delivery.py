@@ -40,6 +40,7 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Artifact
 from builder.oci.remote import Blobs, Written, sign_and_tag, write
+from builder.oci.retry import Retries
 from builder.oci.v1 import Image, Index, Platform
 from builder.orchestration.node_update import (
     NodeUpdate,
@@ -138,12 +139,14 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Run:
-    """What every step of one run shares: the engines, the cache, the output, the reporter."""
+    """What every step of one run shares: the engines, the cache, the output, the reporter, and
+    the retries of its registry requests (one budget; report.json records them)."""
 
     engines: Engines  # each arch's engine: `run.engines.for_arch(arch)`
     cache: Cache
     output: Path  # the build context directory, where report.json is
     reporter: Reporter
+    retries: Retries = field(default_factory=Retries)
 
 
 @dataclass
@@ -185,7 +188,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
         )
         if delivery.template:
             _point_template(outcome, delivery)
-    _report(outcome, delivery, run.output)
+    _report(outcome, delivery, run)
     if delivery.state and outcome.succeeded and (outcome.pushed or delivery.state.unpushed_too):
         image = outcome.pushed.reference if outcome.pushed else None
         state = state_of(plan, delivery.state.platform_version, image, producer.path)
@@ -217,7 +220,7 @@ def _produce_and_verify(
                 from builder.image.attachments import attestable, plan_facts
 
                 made = (one.arch, one.engine_name, one.config)
-                facts = plan_facts(plan, made, repository, one.holding_layers)
+                facts = plan_facts(plan, made, repository, one.holding_layers, run.reporter)
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
             if delivery.verify:
                 from builder.verify.run import Installed, verify_image
@@ -268,9 +271,9 @@ def _write(
     With a signing key, each image and the index are signed (and each image's SBOM and
     provenance attested) after the manifests and before the tag moves (builder.sign).
     """
-    registry = credentials.registry(target.repository, str(target.repository))
+    registry = credentials.registry(target.repository, str(target.repository), run.retries)
     previous, before = previous_images(
-        *baseline(state, registry, target.tag), [one.arch for one in produced]
+        *baseline(state, registry, target.tag), [one.arch for one in produced], run.reporter
     )
     run.reporter.say(f"pushing {target.repository}:{target.tag} ...")
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
@@ -293,7 +296,7 @@ def _write(
             for one, image in zip(produced, images, strict=True)
             if one.attestable is not None
         }
-        soci = _soci_indexes(produced, images, target.base, run.cache) if target.soci else {}
+        soci = _soci_indexes(produced, images, target.base, run) if target.soci else {}
         memory = blob_memory(run.cache)
         written = write(
             registry,
@@ -331,7 +334,7 @@ def _write(
 
 
 def _soci_indexes(
-    produced: Sequence[Produced], images: Sequence[Image], base: ImageRef | None, cache: Cache
+    produced: Sequence[Produced], images: Sequence[Image], base: ImageRef | None, run: Run
 ) -> dict[str, tuple[SociIndex | None, SociRecord]]:
     """Each image's SOCI index (None: no layer of it is indexed) and its report record (with
     what its verification's import of the set read, when it was verified)."""
@@ -339,7 +342,7 @@ def _soci_indexes(
 
     found = {}
     for one, image in zip(produced, images, strict=True):
-        index = soci_index(image, cache, base_ztocs(base, image, cache))
+        index = soci_index(image, run.cache, base_ztocs(base, image, run.cache, run.retries))
         reads = one.verification.first_import_reads if one.verification else ()
         found[image.digest] = (index, soci_record(image, index, reads))
     return found
@@ -391,8 +394,9 @@ def _point_template(outcome: Outcome, delivery: Delivery) -> None:
         )
 
 
-def _report(outcome: Outcome, delivery: Delivery, output: Path) -> None:
-    """report.json's `image` (builder.orchestration.report), merged into the context's."""
+def _report(outcome: Outcome, delivery: Delivery, run: Run) -> None:
+    """report.json's `image` (builder.orchestration.report), merged into the context's, and
+    `registry_retries`: each registry request of the run tried again (builder.oci.retry)."""
     arches = tuple(
         ArchRecord(
             one.arch,
@@ -412,4 +416,5 @@ def _report(outcome: Outcome, delivery: Delivery, output: Path) -> None:
         outcome.node_update,
         delivery.template,
     )
-    update_report(output, {"image": record.to_dict()}, record.pushed_layers())
+    additions = {"image": record.to_dict(), "registry_retries": run.retries.to_list()}
+    update_report(run.output, additions, record.pushed_layers())

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import TypedDict
 
 from builder import credentials
-from builder.errors import RegistryError, UserError
+from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Platform
 from builder.orchestration.rebuild_state import load_state
+from builder.reporter import QUIET, Reporter
 
 
 class NodeUpdateRecord(TypedDict):
@@ -104,17 +105,18 @@ def baseline(
         recorded = load_state(state) if state else None
         ref = recorded.image_reference if recorded else None
         if recorded and recorded.image and ref:
-            return credentials.registry(ref, recorded.image), ref.reference
+            return credentials.registry(ref, recorded.image, target.retries), ref.reference
     except UserError:
         pass  # an unreadable state is the rebuild's error to report, not a figure's
     return target, tag
 
 
 def previous_images(
-    registry: RepositoryClient, reference: str, arches: Sequence[str]
+    registry: RepositoryClient, reference: str, arches: Sequence[str], reporter: Reporter = QUIET
 ) -> tuple[str | None, dict[str, Image]]:
     """What `reference` names now (its digest), and each arch's image in it (none for an arch
-    it lacks). A figure never fails a push: an unreadable reference is as good as none."""
+    it lacks). A figure never fails a push: an unreadable reference is as good as none, said
+    with a warning when the registry could not be reached (the figures count every layer)."""
     try:
         found = read(registry, reference)
         if isinstance(found, Image):
@@ -123,9 +125,14 @@ def previous_images(
         for arch in arches:
             try:
                 images[arch] = platform_image(registry, found, Platform.linux(arch))
+            except RegistryUnreachable:
+                raise
             except (UserError, RegistryError):
                 continue  # the previous index lacks this arch: a node of it has nothing
         return found.digest, images
+    except RegistryUnreachable as error:
+        reporter.warn(f"{error}; the node-update figures count the image as new to every node")
+        return None, {}
     except RegistryError:
         return None, {}
 

@@ -38,10 +38,11 @@ from builder.image.from_engine import assembled_image, base_layers
 from builder.image.render import Secrets, dockerfile
 from builder.oci.client import RepositoryClient
 from builder.oci.remote import Blobs
+from builder.oci.retry import Retries
 from builder.oci.v1 import Image
 from builder.orchestration.delivery import Produced
 from builder.orchestration.prepare import Finish
-from builder.reporter import Reporter
+from builder.reporter import QUIET, Reporter
 
 SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
 SYSTEM_RECORD = "system-stage"  # cache records: a system stage's inputs -> the image they built
@@ -52,9 +53,12 @@ def target_arches(
     base: BaseProfile,
     client: docker.DockerClient | None,
     cache: Cache | None = None,
+    reporter: Reporter = QUIET,
+    retries: Retries | None = None,
 ) -> tuple[str, ...]:
-    """The arches to build: those the base offers, narrowed by `requested` (which it must offer)."""
-    offered = offered_arches(base.reference, client, base.digest, cache)
+    """The arches to build: those the base offers (its registry asked through the run's
+    `retries`), narrowed by `requested` (which it must offer)."""
+    offered = offered_arches(base.reference, client, base.digest, cache, reporter, retries)
     return select_arches(requested, offered, base.image)
 
 

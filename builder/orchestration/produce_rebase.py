@@ -71,9 +71,9 @@ class RebaseProducer:
             raise UserError(f"base {plan.base.image}: no digest probed; cannot rebase onto it")
         self.previous, self.plan, self.finish, self.run = previous, plan, finish, run
         self.ahead, self.apt_secrets = ahead, apt_secrets
-        self.target = credentials.registry(target, str(target))
-        self.bases = credentials.registry(plan.base.reference)
-        self.olds = credentials.registry(previous.image)
+        self.target = credentials.registry(target, str(target), run.retries)
+        self.bases = credentials.registry(plan.base.reference, retries=run.retries)
+        self.olds = credentials.registry(previous.image, retries=run.retries)
         self.pool = ThreadPoolExecutor(max_workers=len(plan.arches))
         self.change = ConfigChange(
             {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},

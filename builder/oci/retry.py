@@ -1,0 +1,180 @@
+"""One retry policy for every registry request: what is retried, how long to wait, when to stop.
+
+Registries have bad days (docs/usage.md, "When a registry fails"): Docker Hub answers 429 with
+`Retry-After`, registries and their proxies answer 500/502/503/504 under load, load balancers
+drop idle keep-alive connections (a connection reset or closed without an answer), a body is
+cut short. Each of those is answered by trying again after a wait that grows exponentially
+(with jitter, so that the templates of a fleet do not retry in step), and never sooner than a
+`Retry-After` asks (capped: a registry asking for an hour is not waited on for an hour). A
+400, 403 or 404 is an answer, not a fault: never retried; a 401 only through re-authentication
+(builder.oci.client). Timeouts are connection errors.
+
+Two bounds make a registry that is down fail the run instead of hanging it: the tries of one
+request (`Policy.tries`), and the time one run may lose to faults (`Policy.budget`: the failed
+tries' own durations and the waits, summed over every request of the run). With the real
+policy a registry that answers 503 to everything fails a run within seconds of its first 503,
+and one that accepts connections and never answers within about two minutes (two 60 s
+timeouts and a wait: the budget is spent, and that request fails).
+
+The decisions are pure functions of the policy (`retryable`, `backoff`, `retry_after`,
+`wait`); `Retries` is the one mutable part, one per run: it holds the clock, the sleep and the
+random source (injected by tests, so that they need no real waiting), the budget spent, the
+line said for each retry, and the record of them all (report.json's `retries`).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How hard one run tries: per request, and in all."""
+
+    tries: int = 5  # per request, the first included
+    base: float = 0.5  # seconds before the second try; doubled for each later one
+    longest: float = 10.0  # seconds: the longest backoff between two tries
+    retry_after_cap: float = 30.0  # seconds: the longest a Retry-After is waited on
+    budget: float = 120.0  # seconds a run may lose to faults: failed tries and waits
+
+
+POLICY = Policy()  # what every real run uses
+
+
+def retryable(status: int | None) -> bool:
+    """Is this outcome a fault worth another try? `None`: no answer (refused, reset, closed,
+    timed out, a body cut short or not matching its digest)."""
+    return status is None or status in RETRYABLE_STATUSES
+
+
+def backoff(policy: Policy, attempt: int, jitter: float) -> float:
+    """The wait after failed try `attempt` (1-based): base * 2^(attempt-1), capped at
+    `longest`, scaled by `jitter` in [0, 1) into its upper half (never less than half)."""
+    full = min(policy.longest, policy.base * 2 ** (attempt - 1))
+    return full * (0.5 + jitter / 2)
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds a `Retry-After` header asks for (delta-seconds or an HTTP date, against the
+    wall-clock `now`); None when absent or unreadable. A date in the past asks for 0."""
+    if not value or not value.strip():
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None  # an HTTP date is always GMT; one without a zone is not one
+    return max(0.0, when.timestamp() - now)
+
+
+def wait(policy: Policy, attempt: int, jitter: float, asked: float | None) -> float:
+    """The wait before try `attempt + 1`: the backoff, or longer when the registry asked for
+    longer, and never longer than `retry_after_cap`."""
+    chosen = backoff(policy, attempt, jitter)
+    if asked is not None:
+        chosen = max(chosen, min(asked, policy.retry_after_cap))
+    return chosen
+
+
+class Speaker(Protocol):
+    """Where a retry's line goes: the run's reporter (builder.reporter.Reporter is one)."""
+
+    def note(self, line: str) -> None: ...
+
+
+class _Silent:
+    def note(self, line: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Retried:
+    """One retry as report.json records it."""
+
+    registry: str  # host[:port]
+    request: str  # method, repository and object: "GET library/x/manifests/1.0"
+    answer: str  # "503", "429", "connection reset …", "a body cut short"
+    wait: float  # seconds waited before the next try
+    attempt: int  # the try that failed, 1-based
+    tries: int  # of how many
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "registry": self.registry,
+            "request": self.request,
+            "answer": self.answer,
+            "wait_seconds": round(self.wait, 2),
+            "try": self.attempt,
+            "of": self.tries,
+        }
+
+
+@dataclass
+class Retries:
+    """One run's retries: the policy, the clocks, the budget left, and what was retried.
+
+    Shared by every registry client of the run (its threads too: the record is locked). The
+    clock measures how long a failed try took (monotonic); `wall` is what an HTTP-date
+    `Retry-After` is read against.
+    """
+
+    speaker: Speaker = field(default_factory=_Silent)
+    policy: Policy = POLICY
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[], float] = random.random
+    spent: float = 0.0  # seconds lost to faults so far
+    record: list[Retried] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def again(
+        self,
+        registry: str,
+        request: str,
+        answer: str,
+        attempt: int,
+        started: float,
+        asked: str | None = None,
+    ) -> bool:
+        """After failed try `attempt` (begun at `started` on `clock`): wait and say so, and
+        True; False when the request's tries or the run's budget are spent (the caller
+        raises its error, with its last answer)."""
+        if attempt >= self.policy.tries:
+            return False
+        pause = wait(self.policy, attempt, self.jitter(), retry_after(asked, self.wall()))
+        with self.lock:
+            lost = self.clock() - started + pause
+            if self.spent + lost > self.policy.budget:
+                self.spent = self.policy.budget  # later requests fail at their first fault
+                return False
+            self.spent += lost
+            one = Retried(registry, request, answer, pause, attempt, self.policy.tries)
+            self.record.append(one)
+        said = f"answered {answer}" if answer.isdigit() else f"failed ({answer})"
+        self.speaker.note(
+            f"registry {registry} {said} to {request}"
+            f" (try {attempt} of {self.policy.tries}); trying again in {pause:.1f} s"
+        )
+        self.sleep(pause)
+        return True
+
+    def exhausted(self) -> bool:
+        """Has the run's budget run out (the reason a request stopped before its tries)?"""
+        return self.spent >= self.policy.budget
+
+    def to_list(self) -> list[dict[str, object]]:
+        with self.lock:
+            return [one.to_dict() for one in self.record]

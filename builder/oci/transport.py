@@ -1,0 +1,178 @@
+"""One request to a registry, tried as the run's policy says, and a blob read as it streams.
+
+`retrying` is the one loop every registry request of `RepositoryClient` goes through: a try
+that faults (builder.oci.retry: no answer, 408/429/5xx, a body cut short or not matching its
+digest) is a `Fault` carrying the error its caller gets if it was the last try; the run's
+`Retries` decides whether and when to try again. `VerifiedBlob` hashes a blob as it is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+from builder.errors import IntegrityError, RegistryError, RegistryUnreachable, UserError
+from builder.oci.retry import Retries, retryable
+
+TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
+NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
+T = TypeVar("T")
+
+
+class Readable(Protocol):
+    """What an upload reads a stream through: a file, or another registry's `VerifiedBlob`."""
+
+    def read(self, size: int, /) -> bytes: ...
+
+
+def retrying(retries: Retries, host: str, text: str, attempt_once: Callable[[], T]) -> T:
+    """`attempt_once()` until it does not fault, as the run's policy allows; then the last
+    fault's error, saying how many tries it took (one line: the CLI prints it as it is)."""
+    attempt = 1
+    while True:
+        started = retries.clock()
+        try:
+            return attempt_once()
+        except Fault as fault:
+            if not retries.again(host, text, fault.answer, attempt, started, fault.asked):
+                error = fault.error
+                if attempt > 1 or retries.exhausted():
+                    spent = "; the run's retry budget is spent" if retries.exhausted() else ""
+                    tries = f"{attempt} {'try' if attempt == 1 else 'tries'}"
+                    error.args = (f"{error.args[0]} (after {tries}{spent})",)
+                raise error from None
+        attempt += 1
+
+
+class VerifiedBlob:
+    """A blob response that hashes what is read; `finish` drains it and checks the digest.
+
+    Leaving the `with` block finishes it; on an exception (a corrupt tar, say) it still drains
+    and checks, so a tampered or cut layer is reported as such, not as unreadable. A body cut
+    off or not matching is a `Fault` (`RepositoryClient.read_blob` reads it again).
+    """
+
+    def __init__(
+        self, response: Any, digest: str, label: str, read: Callable[[Any, int], bytes]
+    ) -> None:
+        self.response = response
+        self.digest = digest
+        self.label = label  # how messages name the repository
+        self.reader = read  # the client's bounded read, its network errors faults
+        self.hasher = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.reader(self.response, size)
+        self.hasher.update(data)
+        return data
+
+    def finish(self) -> None:
+        while self.read(1 << 20):
+            pass
+        actual = "sha256:" + self.hasher.hexdigest()
+        if actual != self.digest:
+            mismatch = IntegrityError(f"{self.label}: blob {self.digest}", self.digest, actual)
+            raise Fault(mismatch, "a body not matching its digest")
+
+    def __enter__(self) -> VerifiedBlob:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if kind is None:
+                self.finish()
+            elif not isinstance(error, IntegrityError | RegistryError):
+                with contextlib.suppress(RegistryUnreachable):  # the original error stands
+                    self.finish()
+        finally:
+            self.response.close()
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request as `_once` sends it, and how retry lines and errors name it."""
+
+    url: str
+    method: str = "GET"
+    accept: str | None = None
+    data: bytes | None = None
+    headers: Mapping[str, str] | None = None
+    missing_ok: bool = False
+    scopes: tuple[str, ...] = ()
+
+    def request(self, authorization: str | None) -> urllib.request.Request:
+        """The request to send; `authorization` is never forwarded to a redirect target."""
+        request = urllib.request.Request(self.url, data=self.data, method=self.method)
+        accept = {"Accept": self.accept} if self.accept else {}
+        for name, value in {**(self.headers or {}), **accept}.items():
+            request.add_header(name, value)
+        if authorization:
+            request.add_unredirected_header("Authorization", authorization)
+        return request
+
+    @property
+    def text(self) -> str:
+        """`GET library/x/manifests/1.0`: the method, the repository and the object."""
+        path = urllib.parse.urlsplit(self.url).path.removeprefix("/v2/")
+        return f"{self.method} {path[:160]}"
+
+
+def answered(exc: urllib.error.HTTPError, error: UserError) -> UserError:
+    """What an HTTP error answer is: a `Fault` when its status is one to try again (with its
+    `Retry-After`), else `error` itself."""
+    asked = exc.headers.get("Retry-After") if exc.headers else None
+    exc.close()
+    return Fault(error, str(exc.code), asked) if retryable(exc.code) else error
+
+
+def unanswered(exc: BaseException, error: UserError) -> UserError:
+    """What a request without an answer is: a `Fault` (refused, reset, closed, timed out),
+    but for a name that does not resolve, which seconds will not change, `error` itself."""
+    if isinstance(getattr(exc, "reason", exc), socket.gaierror):
+        return error
+    return Fault(error, reason(exc))
+
+
+def whole(response: Any, body: bytes, limit: int) -> bytes:
+    """`body`, read from `response` up to `limit` bytes; a fault if the connection ended
+    before its Content-Length (http.client hands a short read over without a word)."""
+    missing = response.length or 0
+    if len(body) < limit and missing > 0:
+        cut = RegistryUnreachable(f"{response.url}: the body ended {missing} bytes short")
+        raise Fault(cut, "a body cut short")
+    return body
+
+
+class Fault(RegistryError):
+    """One try's transient failure: `error` is what the caller gets if it was the last try.
+
+    A RegistryError, so that a stream's `__exit__` does not drain on it; `_retrying` turns
+    every fault into its error, so none leaves the client.
+    """
+
+    def __init__(self, error: UserError, answer: str, asked: str | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.answer = answer  # what the retry line says the registry did
+        self.asked = asked  # its Retry-After header
+
+
+def reason(exc: BaseException) -> str:
+    """A network error in a few words: `connection reset`, `timed out`, …"""
+    reason = getattr(exc, "reason", None) or exc
+    text = str(reason) or type(reason).__name__
+    return text[:100]
