@@ -32,7 +32,7 @@ from builder.errors import UserError
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import DOCKER_HUB, DOCKER_HUB_API, HUB_ALIASES, ImageRef
-from builder.oci.retry import Retries
+from builder.retry import Retries
 
 CREDENTIAL_ENV = (
     ("BSI_REGISTRY_USER", "BSI_REGISTRY_PASSWORD"),

@@ -6,7 +6,7 @@ failure it was, so a caller can decide without reading messages:
     UserError                 the input cannot work on the target
     ├── RegistryError         a registry refused or could not answer a request
     │   ├── RegistryUnreachable  connection refused, DNS, timeout, 5xx, after the retries
-    │   │                        (builder.oci.retry): the only failure a planner may answer
+    │   │                        (builder.retry): the only failure a planner may answer
     │   │                        by falling back to the shipped profile, with a warning
     │   ├── RegistryNotFound     404: the registry does not hold it
     │   └── RegistryAuthError    401/403: credentials missing or wrong

@@ -1,4 +1,4 @@
-"""The retry policy (builder.oci.retry) and the client's recovery, without real waiting.
+"""The retry policy (builder.retry) and the client's recovery, without real waiting.
 
 The policy's pure functions: the backoff's bounds, `Retry-After` as seconds or an HTTP date
 (capped), which answers are tried again. Then `RepositoryClient` against a loopback fake
@@ -25,7 +25,7 @@ from builder.errors import RegistryAuthError, RegistryError, RegistryUnreachable
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
-from builder.oci.retry import POLICY, Policy, Retries, backoff, retry_after, retryable, wait
+from builder.retry import POLICY, Policy, Retries, backoff, retry_after, retryable, wait
 
 
 def test_which_answers_are_tried_again() -> None:

@@ -11,8 +11,8 @@ from builder.base.profile import base_problems, profile_differences
 from builder.cache import Cache
 from builder.errors import RegistryUnreachable
 from builder.oci.name import ImageRef
-from builder.oci.retry import Retries
 from builder.reporter import Reporter
+from builder.retry import Retries
 
 
 def base_profile(

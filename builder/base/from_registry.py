@@ -31,8 +31,8 @@ from builder.errors import RegistryError, UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import platform_image, read
-from builder.oci.retry import Retries
 from builder.oci.v1 import Image, Index, Platform
+from builder.retry import Retries
 
 RECORD_KIND = "registry-probe"
 RECORD_VERSION = 2  # bump when the collected facts change shape or meaning

@@ -20,9 +20,9 @@ from builder.credentials import registry
 from builder.errors import RegistryError, UserError
 from builder.oci.name import ImageRef
 from builder.oci.remote import offered
-from builder.oci.retry import Retries
 from builder.oci.v1 import Platform
 from builder.reporter import QUIET, Reporter
+from builder.retry import Retries
 
 PLATFORMS_RECORD = "platforms"  # cache records: a manifest digest -> the arches it offers
 

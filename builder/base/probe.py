@@ -30,8 +30,8 @@ from builder.cache import Cache
 from builder.engines.connection import failure_reason, held_digests, local_image
 from builder.errors import UserError
 from builder.oci.name import ImageRef
-from builder.oci.retry import Retries
 from builder.reporter import QUIET, Reporter
+from builder.retry import Retries
 
 PROBE_TIMEOUT = 120
 PROBE_LABEL = "org.build-sandbox-image.probe"  # on the probe container, to find strays

@@ -29,9 +29,9 @@ import docker.tls
 from builder.credentials import engine_auth, registry
 from builder.errors import RegistryError, RegistryNotFound, UserError
 from builder.oci.name import ImageRef
-from builder.oci.retry import Retries
 from builder.oci.v1 import MACHINES, Platform
 from builder.reporter import QUIET, Reporter
+from builder.retry import Retries
 
 RECEIVE = 1 << 20  # bytes per read of an exec's output
 FRAME_HEADER = 8  # an exec stream frame's: stream kind, three zero bytes, big-endian size

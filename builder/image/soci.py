@@ -41,7 +41,6 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import referrers
 from builder.oci.remote import read, resolve
-from builder.oci.retry import Retries
 from builder.oci.transport import VerifiedBlob
 from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.oci.ztoc import (
@@ -53,6 +52,7 @@ from builder.oci.ztoc import (
     ztoc_bytes,
 )
 from builder.oci.ztoc_read import flushed_at, mismatches, read_ztoc
+from builder.retry import Retries
 
 ZTOC_FORMAT = f"ztoc/{ZTOC_VERSION}/3"  # bump when what the tool writes into a ztoc changes
 

@@ -12,14 +12,16 @@ In the spirit of go-containerregistry's `name` / `v1` / `mutate` / `remote`:
   them up; the core never reads a Docker config);
 - `client`: `RepositoryClient`, the distribution API's primitives for one repository, verified and
   bounded reads, typed errors;
-- `retry`, `transport`: the one retry policy (what is tried again, the backoff, `Retry-After`,
-  a run's budget and record) and the one loop every request of a client goes through;
+- `transport`: the one loop every request of a client goes through, tried as the one retry
+  policy says (builder.retry: what is tried again, the backoff, `Retry-After`, a run's
+  budget and record; shared with the package index's downloads);
 - `remote`: `resolve(registry, platform)` and `write(registry, images, blobs, index, tags)`,
   the only reader of a platform's image and the only writer of blobs, manifests and tags;
 - `referrers`: what is attached to an image (an `Artifact`), and finding it again;
 - `ztoc`, `ztoc_read`: SOCI ztocs and the SOCI index as soci-snapshotter 0.4 reads them, written
   from a gzip layer and read back against one.
 
-The core imports nothing of the project but builder.errors (tests/test_layout.py holds it to
-that), so the image, base and orchestration layers all stand on it.
+The core imports nothing of the project but builder.errors and builder.retry
+(tests/test_layout.py holds it to that), so the image, base and orchestration layers all stand
+on it.
 """

@@ -8,7 +8,7 @@ digest. Authentication is basic or bearer-token (with a password or an identity 
 the `Credentials` the caller passes. Credentials go only to the registry's own origin: an
 upload Location or a redirect on another host gets no Authorization, and a token realm must be
 HTTPS (plain HTTP on loopback only). Every request is tried again on faults as the run's
-`Retries` says (builder.oci.retry, through builder.oci.transport); failures are typed
+`Retries` says (builder.retry, through builder.oci.transport); failures are typed
 (`builder.errors`): unreachable (network, 5xx, 429, after the tries), auth, other errors.
 """
 
@@ -44,9 +44,9 @@ from builder.oci.auth import (
     trusted_realm,
 )
 from builder.oci.name import DIGEST_RE, TAG_RE, ImageRef
-from builder.oci.retry import Retries
 from builder.oci.transport import Exchange, Fault, VerifiedBlob
 from builder.oci.v1 import MANIFEST_TYPES, digest_of
+from builder.retry import Retries
 
 MAX_MANIFEST = 16 << 20
 MAX_JSON_BLOB = 64 << 20

@@ -1,7 +1,7 @@
 """One request to a registry, tried as the run's policy says, and a blob read as it streams.
 
 `retrying` is the one loop every registry request of `RepositoryClient` goes through: a try
-that faults (builder.oci.retry: no answer, 408/429/5xx, a body cut short or not matching its
+that faults (builder.retry: no answer, 408/429/5xx, a body cut short or not matching its
 digest) is a `Fault` carrying the error its caller gets if it was the last try; the run's
 `Retries` decides whether and when to try again. `VerifiedBlob` hashes a blob as it is read.
 """
@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from builder.errors import IntegrityError, RegistryError, RegistryUnreachable, UserError
-from builder.oci.retry import Retries, retryable
+from builder.retry import Retries, retryable
 
 TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)

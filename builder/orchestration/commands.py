@@ -30,7 +30,6 @@ from builder.image.gzipped import ahead as gzip_ahead
 from builder.image.render import Secrets
 from builder.image.tags import image_tag
 from builder.oci.name import ImageRef
-from builder.oci.retry import Retries
 from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
 from builder.orchestration.prepare import (
     Request,
@@ -50,6 +49,7 @@ from builder.orchestration.rebuild_state import (
     state_of,
 )
 from builder.reporter import Reporter
+from builder.retry import Retries
 
 if TYPE_CHECKING:
     from builder.sign.keys import SigningKey

@@ -40,7 +40,6 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Artifact
 from builder.oci.remote import Blobs, Written, sign_and_tag, write
-from builder.oci.retry import Retries
 from builder.oci.v1 import Image, Index, Platform
 from builder.orchestration.node_update import (
     NodeUpdate,
@@ -52,6 +51,7 @@ from builder.orchestration.node_update import (
 from builder.orchestration.rebuild_state import save_state, state_of
 from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
 from builder.reporter import Reporter
+from builder.retry import Retries
 from builder.verify.report import VerifyReport
 
 if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a run needs them,
@@ -396,7 +396,7 @@ def _point_template(outcome: Outcome, delivery: Delivery) -> None:
 
 def _report(outcome: Outcome, delivery: Delivery, run: Run) -> None:
     """report.json's `image` (builder.orchestration.report), merged into the context's, and
-    `registry_retries`: each registry request of the run tried again (builder.oci.retry)."""
+    `registry_retries`: each registry request of the run tried again (builder.retry)."""
     arches = tuple(
         ArchRecord(
             one.arch,

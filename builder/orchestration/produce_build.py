@@ -38,11 +38,11 @@ from builder.image.from_engine import assembled_image, base_layers
 from builder.image.render import Secrets, dockerfile
 from builder.oci.client import RepositoryClient
 from builder.oci.remote import Blobs
-from builder.oci.retry import Retries
 from builder.oci.v1 import Image
 from builder.orchestration.delivery import Produced
 from builder.orchestration.prepare import Finish
 from builder.reporter import QUIET, Reporter
+from builder.retry import Retries
 
 SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
 SYSTEM_RECORD = "system-stage"  # cache records: a system stage's inputs -> the image they built
