@@ -9,7 +9,9 @@ import http.server
 import json
 import subprocess
 import threading
+import urllib.error
 from collections.abc import Mapping
+from email.message import Message
 from pathlib import Path
 
 import pytest
@@ -17,15 +19,21 @@ from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
 from builder.analysis.index import (
+    INDEX_FAULTS,
     SIMPLE_JSON,
     UV,
     UV_HTTP_RETRIES,
     RemoteFile,
+    download,
     index_files,
+    retried,
     uv_environment,
     uv_python,
 )
 from builder.analysis.target import ARCHES
+from builder.cache import Cache, sha256_of
+from builder.errors import UserError
+from builder.retry import POLICY
 
 AMD64 = ARCHES["amd64"]
 
@@ -122,3 +130,53 @@ def test_an_operator_s_own_uv_retry_setting_wins(
     wheel = make_wheel(tmp_path / "w", "bsi-flaky", "1.0", "py3-none-any", {"bsi_flaky.py": b""})
     with serve_wheel(wheel, "bsi-flaky", failing=1) as port:
         assert _compile_from(port, tmp_path, uv_environment()) == "exit 2"
+
+
+def test_the_tool_s_own_listing_and_download_weather_an_index_s_503s(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "w", "bsi-flaky", "1.0", "py3-none-any", {"bsi_flaky.py": b"x"})
+    seen: list[str] = []
+    with serve_wheel(wheel, "bsi-flaky", failing=2, seen=seen) as port:
+        index = f"http://127.0.0.1:{port}/simple"
+        (listed,) = index_files([index], "bsi-flaky")
+        seen.append("-- listed")
+        with serve_wheel(wheel, "bsi-flaky", failing=1, seen=seen) as second:
+            moved = RemoteFile(
+                listed.filename, listed.url.replace(str(port), str(second)), listed.sha256
+            )
+            path = download(moved, Cache(tmp_path / "cache"), [index])
+    assert sha256_of(path) == listed.sha256
+    statuses = [line.split()[-1] for line in seen]
+    assert statuses == ["503", "503", "200", "listed", "503", "200"]
+
+
+def test_a_file_that_never_matches_its_lock_is_fetched_again_then_refused(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "w", "bsi-flaky", "1.0", "py3-none-any", {"bsi_flaky.py": b"x"})
+    seen: list[str] = []
+    with serve_wheel(wheel, "bsi-flaky", seen=seen) as port:
+        url = f"http://127.0.0.1:{port}/files/{wheel.name}"
+        wrong = RemoteFile(wheel.name, url, "0" * 64)
+        with pytest.raises(UserError, match=f"{wheel.name}: sha256 .* does not match the lock"):
+            download(wrong, Cache(tmp_path / "cache"))
+    assert len(seen) == POLICY.tries
+
+
+def test_what_an_index_answers_for_good_is_not_tried_again() -> None:
+    calls: list[int] = []
+
+    def missing() -> None:
+        calls.append(1)
+        raise urllib.error.HTTPError("http://127.0.0.1/x", 404, "Not Found", Message(), None)
+
+    with pytest.raises(urllib.error.HTTPError):
+        retried(missing, sleep=lambda seconds: None)
+    assert calls == [1]
+    waits: list[float] = []
+
+    def reset() -> None:
+        calls.append(1)
+        raise ConnectionResetError("reset by peer")
+
+    with pytest.raises(INDEX_FAULTS):
+        retried(reset, sleep=waits.append)
+    assert len(calls) == 1 + POLICY.tries and len(waits) == POLICY.tries - 1
+    assert all(0 < wait <= POLICY.longest for wait in waits)

@@ -3,30 +3,41 @@
 Downloads stream to disk in chunks and are checked against the sha256 the resolver locked;
 a file already in the cache is never downloaded again. Index credentials given in an index
 URL (`https://user:token@host/simple`) are sent only to that host and never printed.
+
+An index has bad days as a registry does (a CDN's 5xx or 429, a dropped connection, a body cut
+short): a listing or a download that faults is made again from its start, under the registry's
+retry policy (builder.retry), and fails with the last fault only after its tries. A file that
+does not hash to its lock is fetched again too (a cut or mangled body), then refused.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
+import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from html.parser import HTMLParser
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import unquote, urljoin
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -35,6 +46,7 @@ from uv import find_uv_bin
 from builder.analysis.requirements import DEFAULT_INDEX
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
+from builder.retry import POLICY, Policy, retry_after, retryable, wait
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
@@ -78,6 +90,43 @@ def _credentials(indexes: Sequence[str]) -> dict[str, str]:
     return result
 
 
+T = TypeVar("T")
+# What a try of an index request may fail with and be tried again: no answer (refused, reset,
+# closed, timed out), a body cut short, a retryable status (HTTPError is a URLError), a file
+# not matching its lock (ValueError from the cache's writer).
+INDEX_FAULTS = (urllib.error.URLError, OSError, http.client.HTTPException, ValueError)
+
+
+def _index_fault(error: BaseException) -> tuple[bool, float | None]:
+    """Is `error` one to try again, and the seconds its `Retry-After` asks for."""
+    if isinstance(error, urllib.error.HTTPError):
+        asked = retry_after(
+            error.headers.get("Retry-After") if error.headers else None, time.time()
+        )
+        return retryable(error.code), asked
+    if isinstance(error, urllib.error.URLError) and isinstance(error.reason, socket.gaierror):
+        return False, None  # a name that does not resolve: seconds will not change it
+    return True, None
+
+
+def retried(
+    attempt: Callable[[], T],
+    policy: Policy = POLICY,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """`attempt()` until it does not fault, at most `policy.tries` times with the policy's
+    backoff; the last fault is raised as it is (the caller names it in its one line)."""
+    for tries in range(1, policy.tries + 1):
+        try:
+            return attempt()
+        except INDEX_FAULTS as error:
+            again, asked = _index_fault(error)
+            if not again or tries == policy.tries:
+                raise
+            sleep(wait(policy, tries, random.random(), asked))
+    raise AssertionError("unreachable")
+
+
 def _open(url: str, indexes: Sequence[str], accept: str | None = None):
     parts = urllib.parse.urlsplit(url)
     request = urllib.request.Request(redact(url))
@@ -107,18 +156,23 @@ def _fetch(file: RemoteFile, cache: Cache, indexes: Sequence[str]) -> Path:
             with cache.writing_blob(file.sha256, file.filename) as out, source.open("rb") as src:
                 shutil.copyfileobj(src, out, CHUNK)
         else:
-            with (
-                cache.writing_blob(file.sha256, file.filename) as out,
-                _open(file.url, indexes) as response,
-            ):
-                shutil.copyfileobj(response, out, CHUNK)
-    except (urllib.error.URLError, OSError) as error:
+            retried(lambda: _download_once(file, cache, indexes))
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    except INDEX_FAULTS as error:
         raise UserError(
             f"{file.filename}: download from {redact(file.url)} failed ({error})"
         ) from None
-    except ValueError as error:
-        raise UserError(str(error)) from None
     return cache.blob_path(file.sha256, file.filename)
+
+
+def _download_once(file: RemoteFile, cache: Cache, indexes: Sequence[str]) -> None:
+    """One try: the whole file, from its first byte (a partial file is never kept)."""
+    with (
+        cache.writing_blob(file.sha256, file.filename) as out,
+        _open(file.url, indexes) as response,
+    ):
+        shutil.copyfileobj(response, out, CHUNK)
 
 
 def download_all(
@@ -158,15 +212,14 @@ def index_files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
     for index in indexes or (DEFAULT_INDEX,):
         page = f"{index.rstrip('/')}/{canonicalize_name(name)}/"
         try:
-            with _open(page, indexes, accept=f"{SIMPLE_JSON}, text/html;q=0.1") as response:
-                content_type = response.headers.get("Content-Type", "")
-                body = response.read()
+            content_type, body = retried(partial(_listing, page, indexes))
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 continue
             raise UserError(f"{name}: index {redact(index)} answered {error.code}") from None
-        except urllib.error.URLError as error:
-            raise UserError(f"{name}: index {redact(index)} unreachable ({error.reason})") from None
+        except INDEX_FAULTS as error:
+            why = error.reason if isinstance(error, urllib.error.URLError) else error
+            raise UserError(f"{name}: index {redact(index)} unreachable ({why})") from None
         if SIMPLE_JSON in content_type:  # PEP 691 names each file: no URL to take apart
             entries = [
                 (
@@ -194,6 +247,12 @@ def index_files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
             filename = named or unquote(urllib.parse.urlsplit(absolute).path.rsplit("/", 1)[1])
             files.append(RemoteFile(filename, absolute, sha256, None, uploaded, yanked))
     return files
+
+
+def _listing(page: str, indexes: Sequence[str]) -> tuple[str, bytes]:
+    """A project page's content type and whole body (one try)."""
+    with _open(page, indexes, accept=f"{SIMPLE_JSON}, text/html;q=0.1") as response:
+        return response.headers.get("Content-Type", ""), response.read()
 
 
 def compiled_code_evidence(sdist: Path) -> str | None:
