@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -77,7 +77,12 @@ MARKER = re.compile(
 PROGRAM_ERRORS = LOAD_ERRORS | {"FileNotFoundError", "PermissionError"}
 # Calls that hand their argument's value through: Path('dot'), str(x), os.fspath(x), list(x).
 PASS_THROUGH = frozenset({"Path", "PurePath", "PosixPath", "str", "fspath", "list", "tuple"})
-PROGRAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+# What a program name may be before it is looked up, listed or run by verification: a file
+# name of letters, digits and `._+-`, with a letter, not a word of shell syntax (`;`, `$(`),
+# a number (`123`) or a path's directory part. A wheel's strings go no further otherwise.
+PROGRAM_NAME = re.compile(r"(?=[^A-Za-z]*[A-Za-z])[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+# `env [-i] [VAR=value] program`: the program is the first word after these.
+ENV = frozenset({"env", "/usr/bin/env", "/bin/env"})
 MAX_DEPTH = 8  # bindings followed from a site; a program name is never further away
 
 Groups = list[tuple[str, ...]]  # needs, each a tuple of alternative names
@@ -96,9 +101,24 @@ def program_name(text: str) -> str | None:
 
 
 def first_word(text: str) -> str:
-    """The program a shell command line starts with (`pdftoppm -v` -> `pdftoppm`)."""
+    """The program a shell command line starts with (`pdftoppm -v` -> `pdftoppm`, `env
+    LANG=C dot -V` -> `dot`)."""
     words = text.split()
-    return words[0] if words else ""
+    start = _launched(words)
+    return words[start] if start < len(words) else ""
+
+
+def _launched(words: Sequence[str | None]) -> int:
+    """The index of the program in a command's words (None: a word not known), past `env`,
+    its options and `VAR=value` assignments."""
+    if not words or words[0] not in ENV:
+        return 0
+    index = 1
+    while index < len(words) and (word := words[index]) is not None:
+        if not (word.startswith("-") or "=" in word):
+            break
+        index += 1
+    return index
 
 
 def _merged(groups: Groups) -> Groups:
@@ -220,7 +240,12 @@ class _Reader:
         if kind == ARGV and isinstance(node, ast.List | ast.Tuple):
             if not node.elts:
                 return []
-            head = node.elts[0]
+            literal = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            words = [value if isinstance(value, str) else None for value in literal]
+            start = _launched(words)  # ["env", "dot", "-V"]: dot
+            if start >= len(node.elts):
+                return []
+            head = node.elts[start]
             if isinstance(head, ast.Starred):
                 return self.groups(module, head.value, ARGV, depth, env)
             return self.groups(module, head, NAME, depth, env)
