@@ -145,6 +145,23 @@ def test_a_runner_helper_of_a_sibling_module_and_its_constants() -> None:
     assert [(site.path, site.names) for site in sites] == [("viz/backend/rendering.py", ("dot",))]
 
 
+def test_a_runner_re_exported_by_its_package() -> None:
+    """ocrmypdf's shape: `run` defined in pkg/subprocess/_run.py, re-exported by the package's
+    __init__, called from a module that imports it from the package."""
+    files = {
+        "ocr/subprocess/__init__.py": b"from ocr.subprocess._run import run\n",
+        "ocr/subprocess/_run.py": b"from subprocess import run as subprocess_run\n"
+        b"def run(args, *, check=False):\n    return subprocess_run(args, check=check)\n",
+        "ocr/_exec/tesseract.py": b"from ocr.subprocess import run\n"
+        b"def base_args():\n    args = ['tesseract']\n    return args\n"
+        b"def langs():\n    return run(base_args() + ['--list-langs'])\n",
+    }
+    sites = scan_sources(files, files.__getitem__)
+    assert [(site.path, site.names) for site in sites] == [
+        ("ocr/_exec/tesseract.py", ("tesseract",))
+    ]
+
+
 def test_program_names() -> None:
     assert program_name("/usr/bin/pdftoppm") == "pdftoppm"
     assert program_name("gs.exe") == "gs"

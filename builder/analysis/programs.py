@@ -211,6 +211,13 @@ class _Reader:
         found = self.module(parent) if parent else None
         return (found[0], name) if found is not None else None
 
+    def reexported(self, qualified: str) -> str | None:
+        """`pkg.sub.run` that `pkg/sub/__init__.py` imports from where it is defined
+        (`from pkg.sub._run import run`): that definition's name."""
+        parent, _, name = qualified.rpartition(".")
+        found = self.module(parent) if parent else None
+        return found[0].imports.get(name) if found is not None else None
+
     def groups(
         self,
         module: Module,
@@ -417,8 +424,9 @@ def _mentions_runner_of(source: bytes, runners: Mapping[str, _Runner]) -> bool:
     module defining it (`from .backend import execute` ... `execute.run_check(cmd)`)."""
     for qualified in runners:
         module, _, function = qualified.rpartition(".")
-        tail = module.rpartition(".")[2]
-        if function.encode() in source and tail.encode() in source:
+        package, _, tail = module.rpartition(".")
+        named = tail.encode() in source or package.rpartition(".")[2].encode() in source
+        if function.encode() in source and named:  # the module, or its package re-exporting
             return True
     return False
 
@@ -456,8 +464,11 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
             continue
         module = loaded[0]
         for node in ast.walk(module.tree):
-            if isinstance(node, ast.Call) and (qualified := module.resolve(node.func)) in runners:
-                sites += _caller_sites(reader, module, node, runners[qualified])
+            if not isinstance(node, ast.Call) or (qualified := module.resolve(node.func)) is None:
+                continue
+            runner = runners.get(qualified) or runners.get(reader.reexported(qualified) or "")
+            if runner is not None:
+                sites += _caller_sites(reader, module, node, runner)
     return ordered(sites)
 
 
