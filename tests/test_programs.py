@@ -12,7 +12,8 @@ from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
 from builder.analysis.debian import added_size, package_for_program, program_table
-from builder.analysis.programs import program_name, scan_source, scan_sources
+from builder.analysis.program_names import program_name
+from builder.analysis.programs import scan_source, scan_sources
 from builder.analysis.target import ARCHES, shipped_facts
 from builder.errors import UserError
 

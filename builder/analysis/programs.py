@@ -23,9 +23,8 @@ carries on, and a `which` lookup (a probe the code answers itself), are optional
 from __future__ import annotations
 
 import ast
-import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -41,6 +40,7 @@ from builder.analysis.loads import (
     parse,
     worth_reading,
 )
+from builder.analysis.program_names import first_word, launched, program_name
 
 NAME, ARGV = "name", "argv"  # the argument is one program name / a command (list or string)
 # Fully qualified callable -> (position of the program argument, its keyword, what it holds).
@@ -77,12 +77,6 @@ MARKER = re.compile(
 PROGRAM_ERRORS = LOAD_ERRORS | {"FileNotFoundError", "PermissionError"}
 # Calls that hand their argument's value through: Path('dot'), str(x), os.fspath(x), list(x).
 PASS_THROUGH = frozenset({"Path", "PurePath", "PosixPath", "str", "fspath", "list", "tuple"})
-# What a program name may be before it is looked up, listed or run by verification: a file
-# name of letters, digits and `._+-`, with a letter, not a word of shell syntax (`;`, `$(`),
-# a number (`123`) or a path's directory part. A wheel's strings go no further otherwise.
-PROGRAM_NAME = re.compile(r"(?=[^A-Za-z]*[A-Za-z])[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
-# `env [-i] [VAR=value] program`: the program is the first word after these.
-ENV = frozenset({"env", "/usr/bin/env", "/bin/env"})
 MAX_DEPTH = 8  # bindings followed from a site; a program name is never further away
 
 Groups = list[tuple[str, ...]]  # needs, each a tuple of alternative names
@@ -90,35 +84,6 @@ Groups = list[tuple[str, ...]]  # needs, each a tuple of alternative names
 
 def mentions_runner(source: bytes) -> bool:
     return MARKER.search(source) is not None
-
-
-def program_name(text: str) -> str | None:
-    """`/usr/bin/pdftoppm` -> `pdftoppm`, `gs.exe` -> `gs`; None for what no program is named
-    (an option, a placeholder, an empty string)."""
-    name = posixpath.basename(text.strip().strip("\"'"))
-    name = name.removesuffix(".exe")
-    return name if PROGRAM_NAME.fullmatch(name) else None
-
-
-def first_word(text: str) -> str:
-    """The program a shell command line starts with (`pdftoppm -v` -> `pdftoppm`, `env
-    LANG=C dot -V` -> `dot`)."""
-    words = text.split()
-    start = _launched(words)
-    return words[start] if start < len(words) else ""
-
-
-def _launched(words: Sequence[str | None]) -> int:
-    """The index of the program in a command's words (None: a word not known), past `env`,
-    its options and `VAR=value` assignments."""
-    if not words or words[0] not in ENV:
-        return 0
-    index = 1
-    while index < len(words) and (word := words[index]) is not None:
-        if not (word.startswith("-") or "=" in word):
-            break
-        index += 1
-    return index
 
 
 def _merged(groups: Groups) -> Groups:
@@ -249,7 +214,7 @@ class _Reader:
                 return []
             literal = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
             words = [value if isinstance(value, str) else None for value in literal]
-            start = _launched(words)  # ["env", "dot", "-V"]: dot
+            start = launched(words)  # ["env", "dot", "-V"]: dot
             if start >= len(node.elts):
                 return []
             head = node.elts[start]

@@ -431,8 +431,7 @@ def verify_command(
             click.echo("\n".join(lines))
     installed = Installed()
     if requirements:  # its distributions' modules, and the programs they need for its arch
-        left_out = frozenset(without_programs)
-        arch = image_architecture(image)
+        arch, left_out = image_architecture(image), frozenset(without_programs)
         needs = programs_needed(requirements, image, arch, left_out, Cache(default_root()))
         installed = Installed(distribution_names(requirements), program_expectations(needs))
     report = verify_image(
