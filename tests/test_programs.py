@@ -373,15 +373,6 @@ def test_an_unknown_name_left_out_is_refused_and_an_unused_one_warned(tmp_path: 
 @pytest.mark.parametrize(
     ("name", "files", "required", "optional"),
     [
-        (  # psutil: its one run is AIX's; small, so the share rule would make it required
-            "psutil",
-            {
-                **{f"psutil/_ps{n}.py": b"x = 1\n" for n in ("linux", "posix", "common")},
-                "psutil/_psaix.py": b"import subprocess\nsubprocess.Popen(['lsdev', '-Cc'])\n",
-            },
-            (),
-            ("procinfo",),
-        ),
         (  # pycparser: cpp only when asked to preprocess
             "pycparser",
             {
@@ -412,6 +403,17 @@ def test_curated_entries_correct_the_share_rule(
     assert plan.apt_packages == required
     assert plan.optional_packages == optional
     assert all(need.why.startswith("curated: ") for need in plan.programs)
+
+
+def test_a_run_in_a_module_for_another_system_is_optional(tmp_path: Path) -> None:
+    """psutil's shape: its one run (lsdev) is in the AIX module of ten; the share rule alone
+    would install procinfo."""
+    files = {f"psu/_ps{n}.py": b"x = 1\n" for n in ("linux", "posix", "common", "windows")}
+    files["psu/_psaix.py"] = b"import subprocess\nsubprocess.Popen(['lsdev', '-Cc'])\n"
+    plan = plan_for(tmp_path, [wheel(tmp_path, "psu", files)])
+    assert plan.apt_packages == () and plan.optional_packages == ("procinfo",)
+    files["psu/_pslinux.py"] = files.pop("psu/_psaix.py")
+    assert plan_for(tmp_path, [wheel(tmp_path, "psu", files)]).apt_packages == ("procinfo",)
 
 
 def test_a_curated_entry_decides(tmp_path: Path) -> None:

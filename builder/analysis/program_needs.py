@@ -21,6 +21,7 @@ its package): it is then listed as left out, with a warning saying what will not
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,12 @@ from builder.analysis.wheels import WheelInspection
 from builder.errors import UserError
 
 WRAPPER_SHARE = 0.1  # of a distribution's modules that must run its one package's programs
+# A module for another system (psutil/_psaix.py, _pswindows.py, pkg/_win32.py, util_darwin.py):
+# what it runs never runs on Debian, so it cannot make its distribution a wrapper.
+OTHER_SYSTEM = re.compile(
+    r"(?:^|[/_])(?:ps)?(?:win32|win64|windows|darwin|macos|osx|aix|sunos|solaris|[a-z]*bsd)"
+    r"(?:/|\.py$)"
+)
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,8 @@ def _runs(
             continue
         found = next(((name, package) for name, package in options if package), None)
         if found is not None:
-            runs.append(_Run(found[0], found[1], site, site.optional))
+            incidental = site.optional or OTHER_SYSTEM.search(site.path) is not None
+            runs.append(_Run(found[0], found[1], site, incidental))
     return runs
 
 
