@@ -91,8 +91,10 @@ def write_lines(lines: Iterable[str], destination: Path) -> None:
         out.write("".join(lines).encode())
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def index_arguments(doc: str | None, argv: list[str] | None) -> argparse.Namespace:
+    """The command line every index script of this family takes: the arches (all by default),
+    Debian's mirror and suite, the output directory."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("arches", nargs="*", metavar="ARCH", help=f"default: {' '.join(ARCHES)}")
     parser.add_argument("--mirror", default="http://deb.debian.org/debian")
     parser.add_argument("--suite", default="trixie")
@@ -101,6 +103,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.arches:
         if name not in ARCHES:
             parser.error(f"unknown architecture {name!r}: choose from {', '.join(ARCHES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = index_arguments(__doc__, argv)
     for name in args.arches or ARCHES:
         url = f"{args.mirror}/dists/{args.suite}/main/Contents-{name}.gz"
         index = parse_contents(stream_lines(url), ARCHES[name].triplet)
