@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))  # run as a plain script from a checkout
 
 from gen_soname_index import (  # noqa: E402  (this directory: the same family)
     UNWANTED_SUFFIXES,
+    contents_entries,
     index_arguments,
     stream_lines,
     write_index,
@@ -49,16 +50,9 @@ def parse_contents(
     one name.
     """
     index = {} if index is None else index
-    for line in lines:
-        parts = line.rstrip("\n").rsplit(maxsplit=1)
-        if len(parts) != 2:
-            continue
-        path, locations = parts
-        directory, _, name = path.rpartition("/")
-        if f"{directory}/" not in PATH_DIRECTORIES or not name:
-            continue
-        packages = index.setdefault(name, set())
-        packages.update(location.rpartition("/")[2] for location in locations.split(","))
+    for directory, name, packages in contents_entries(lines):
+        if directory in PATH_DIRECTORIES and name:
+            index.setdefault(name, set()).update(packages)
     return index
 
 
