@@ -16,7 +16,6 @@ gen_program_index.py, which it reads.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import lzma
@@ -28,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a plain script from a checkout
 
-from gen_soname_index import write_lines  # noqa: E402  (this directory: the same family)
+from gen_soname_index import index_arguments, write_lines  # noqa: E402  (the same family)
 
 from builder.analysis.target import ARCHES  # noqa: E402
 
@@ -97,15 +96,7 @@ def closure_table(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("arches", nargs="*", metavar="ARCH", help=f"default: {' '.join(ARCHES)}")
-    parser.add_argument("--mirror", default="http://deb.debian.org/debian")
-    parser.add_argument("--suite", default="trixie")
-    parser.add_argument("--out", type=Path, default=DATA)
-    args = parser.parse_args(argv)
-    for name in args.arches:
-        if name not in ARCHES:
-            parser.error(f"unknown architecture {name!r}: choose from {', '.join(ARCHES)}")
+    args = index_arguments(__doc__, argv)
     profile = json.loads((DATA / "base-profile.json").read_text())
     for name in args.arches or ARCHES:
         url = f"{args.mirror}/dists/{args.suite}/main/binary-{name}/Packages.xz"

@@ -14,7 +14,6 @@ About 13 MB (per arch) and 38 MB (all) compressed are streamed.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +23,8 @@ sys.path.insert(0, str(REPO))  # run as a plain script from a checkout
 
 from gen_soname_index import (  # noqa: E402  (this directory: the same family)
     UNWANTED_SUFFIXES,
+    contents_entries,
+    index_arguments,
     stream_lines,
     write_index,
 )
@@ -49,16 +50,9 @@ def parse_contents(
     one name.
     """
     index = {} if index is None else index
-    for line in lines:
-        parts = line.rstrip("\n").rsplit(maxsplit=1)
-        if len(parts) != 2:
-            continue
-        path, locations = parts
-        directory, _, name = path.rpartition("/")
-        if f"{directory}/" not in PATH_DIRECTORIES or not name:
-            continue
-        packages = index.setdefault(name, set())
-        packages.update(location.rpartition("/")[2] for location in locations.split(","))
+    for directory, name, packages in contents_entries(lines):
+        if directory in PATH_DIRECTORIES and name:
+            index.setdefault(name, set()).update(packages)
     return index
 
 
@@ -72,15 +66,7 @@ def ordered(index: dict[str, set[str]]) -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("arches", nargs="*", metavar="ARCH", help=f"default: {' '.join(ARCHES)}")
-    parser.add_argument("--mirror", default="http://deb.debian.org/debian")
-    parser.add_argument("--suite", default="trixie")
-    parser.add_argument("--out", type=Path, default=REPO / "builder" / "data")
-    args = parser.parse_args(argv)
-    for name in args.arches:
-        if name not in ARCHES:
-            parser.error(f"unknown architecture {name!r}: choose from {', '.join(ARCHES)}")
+    args = index_arguments(__doc__, argv)
     base = f"{args.mirror}/dists/{args.suite}/main"
     shared = parse_contents(stream_lines(f"{base}/Contents-all.gz"))
     for name in args.arches or ARCHES:

@@ -17,7 +17,7 @@ import io
 import re
 import sys
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,21 +54,27 @@ def parse_contents(lines: Iterable[str], triplet: str) -> dict[str, list[str]]:
     """
     directories = (f"usr/lib/{triplet}/", f"lib/{triplet}/")
     index: dict[str, set[str]] = {}
-    for line in lines:
-        parts = line.rstrip("\n").rsplit(maxsplit=1)
-        if len(parts) != 2:
-            continue
-        path, locations = parts
-        directory, _, name = path.rpartition("/")
-        if f"{directory}/" not in directories or not SHARED_LIBRARY.fullmatch(name):
-            continue
-        packages = index.setdefault(name, set())
-        packages.update(location.rpartition("/")[2] for location in locations.split(","))
+    for directory, name, packages in contents_entries(lines):
+        if directory in directories and SHARED_LIBRARY.fullmatch(name):
+            index.setdefault(name, set()).update(packages)
     return {
         name: sorted(packages, key=preference)
         for name, packages in index.items()
         if not (name.endswith(".so") and all(map(is_development, packages)))
     }
+
+
+def contents_entries(lines: Iterable[str]) -> Iterator[tuple[str, str, list[str]]]:
+    """(directory with its trailing slash, file name, package names) of each Contents line.
+
+    A line is ``path<whitespace>section/pkg[,section/pkg...]``; paths may contain spaces, so
+    it is split on the last whitespace run.
+    """
+    for line in lines:
+        parts = line.rstrip("\n").rsplit(maxsplit=1)
+        if len(parts) == 2:
+            directory, _, name = parts[0].rpartition("/")
+            yield f"{directory}/", name, [loc.rpartition("/")[2] for loc in parts[1].split(",")]
 
 
 def stream_lines(url: str) -> Iterable[str]:
@@ -91,8 +97,10 @@ def write_lines(lines: Iterable[str], destination: Path) -> None:
         out.write("".join(lines).encode())
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def index_arguments(doc: str | None, argv: list[str] | None) -> argparse.Namespace:
+    """The command line every index script of this family takes: the arches (all by default),
+    Debian's mirror and suite, the output directory."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("arches", nargs="*", metavar="ARCH", help=f"default: {' '.join(ARCHES)}")
     parser.add_argument("--mirror", default="http://deb.debian.org/debian")
     parser.add_argument("--suite", default="trixie")
@@ -101,6 +109,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.arches:
         if name not in ARCHES:
             parser.error(f"unknown architecture {name!r}: choose from {', '.join(ARCHES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = index_arguments(__doc__, argv)
     for name in args.arches or ARCHES:
         url = f"{args.mirror}/dists/{args.suite}/main/Contents-{name}.gz"
         index = parse_contents(stream_lines(url), ARCHES[name].triplet)

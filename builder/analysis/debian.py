@@ -130,6 +130,12 @@ def _package_table(arch: Arch) -> tuple[Mapping[str, int], tuple[tuple[int, tupl
     return MappingProxyType(numbers), tuple(rows)
 
 
+def known_package(name: str, arch: Arch) -> bool:
+    """Whether `name` is a package the shipped table knows (every package the program and
+    soname indexes name, and their dependencies)."""
+    return name in _package_table(arch)[0]
+
+
 def added_size(packages: Iterable[str], base_packages: Collection[str], arch: Arch) -> int | None:
     """Bytes the apt stage adds: `packages` and everything they depend on (as apt installs
     them without recommends), less the base's packages, by Debian 13's Installed-Size (kB).

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 LOADERS = frozenset({"CDLL", "PyDLL", "LoadLibrary", "dlopen"})  # the called name's last part
 FINDERS = frozenset({"find_library"})
@@ -120,6 +120,14 @@ def _strings(node: ast.AST | None) -> list[str] | None:
 Scalar = str | int
 
 
+def scalar(node: ast.AST | None) -> Scalar | None:
+    """A literal string or number, else None: never a bool (`True`/`False` are ints to
+    `isinstance`, and a flag passed to a helper is no name) nor None."""
+    if isinstance(node, ast.Constant) and type(node.value) in (str, int):
+        return cast(Scalar, node.value)
+    return None
+
+
 def bind(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> dict[str, Scalar]:
     """The helper's parameters that the call (or a default) gives a literal value."""
     arguments = function.args
@@ -130,11 +138,7 @@ def bind(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> di
         given |= dict(zip(positional[-len(defaults) :], defaults, strict=True))
     given |= dict(zip(positional, call.args, strict=False))  # *args beyond are not bound
     given |= {k.arg: k.value for k in call.keywords if k.arg is not None}
-    return {
-        name: node.value
-        for name, node in given.items()
-        if isinstance(node, ast.Constant) and isinstance(node.value, str | int)
-    }
+    return {name: value for name, node in given.items() if (value := scalar(node)) is not None}
 
 
 def evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str | None:
@@ -145,8 +149,8 @@ def evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str | 
     if depth > MAX_EXPRESSION_DEPTH:
         return None
     depth += 1
-    if isinstance(node, ast.Constant) and isinstance(node.value, str | int):
-        return str(node.value)
+    if (value := scalar(node)) is not None:
+        return str(value)
     if isinstance(node, ast.Name) and node.id in env:
         return str(env[node.id])
     if isinstance(node, ast.FormattedValue) and node.format_spec is None:

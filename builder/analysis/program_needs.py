@@ -21,15 +21,28 @@ its package): it is then listed as left out, with a warning saying what will not
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from builder.analysis.debian import ProgramTable, package_for_program, program_table
+from builder.analysis.debian import (
+    ProgramTable,
+    known_package,
+    package_for_program,
+    program_table,
+)
 from builder.analysis.loads import LoadSite
 from builder.analysis.target import Arch
 from builder.analysis.wheels import WheelInspection
+from builder.errors import UserError
 
 WRAPPER_SHARE = 0.1  # of a distribution's modules that must run its one package's programs
+# A module for another system (psutil/_psaix.py, _pswindows.py, pkg/_win32.py, util_darwin.py):
+# what it runs never runs on Debian, so it cannot make its distribution a wrapper.
+OTHER_SYSTEM = re.compile(
+    r"(?:^|[/_])(?:ps)?(?:win32|win64|windows|darwin|macos|osx|aix|sunos|solaris|[a-z]*bsd)"
+    r"(?:/|\.py$)"
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +83,8 @@ def _runs(
             continue
         found = next(((name, package) for name, package in options if package), None)
         if found is not None:
-            runs.append(_Run(found[0], found[1], site, site.optional))
+            incidental = site.optional or OTHER_SYSTEM.search(site.path) is not None
+            runs.append(_Run(found[0], found[1], site, incidental))
     return runs
 
 
@@ -108,7 +122,18 @@ def program_needs(
     without: Collection[str] = (),
 ) -> tuple[tuple[ProgramNeed, ...], tuple[str, ...]]:
     """Every program the set runs that the base does not carry, as packages, sorted; and a
-    warning for each required program left out and each curated one Debian does not ship."""
+    warning for each required program left out, each curated one Debian does not ship and
+    each name left out that nothing in the set runs.
+
+    A name left out that is neither a program nor a package of Debian 13 is an operator's
+    typo (`ffmepg`), refused: leaving nothing out silently would install what they said no to.
+    """
+    for name in sorted(without):
+        if package_for_program(name, arch) is None and not known_package(name, arch):
+            raise UserError(
+                f"without-programs: {name!r} is neither a program nor a package Debian 13"
+                f" ships for {arch.name}"
+            )
     table = program_table()
     found: dict[tuple[str, str], dict[str, tuple[bool, str]]] = {}  # -> label -> optional, why
     warnings: list[str] = []
@@ -141,4 +166,9 @@ def program_needs(
                 f"warning: {need.program} ({need.package}) left out by without-programs:"
                 f" {users} cannot run it, what needs it will fail in the image"
             )
+    named = {need.program for need in needs} | {need.package for need in needs}
+    warnings += [
+        f"warning: without-programs: nothing in the set runs {name}; leaving it out changes nothing"
+        for name in sorted(set(without) - named)
+    ]
     return tuple(needs), tuple(warnings)

@@ -23,7 +23,6 @@ carries on, and a `which` lookup (a probe the code answers itself), are optional
 from __future__ import annotations
 
 import ast
-import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from builder.analysis.loads import (
     parse,
     worth_reading,
 )
+from builder.analysis.program_names import first_word, launched, program_name
 
 NAME, ARGV = "name", "argv"  # the argument is one program name / a command (list or string)
 # Fully qualified callable -> (position of the program argument, its keyword, what it holds).
@@ -77,7 +77,6 @@ MARKER = re.compile(
 PROGRAM_ERRORS = LOAD_ERRORS | {"FileNotFoundError", "PermissionError"}
 # Calls that hand their argument's value through: Path('dot'), str(x), os.fspath(x), list(x).
 PASS_THROUGH = frozenset({"Path", "PurePath", "PosixPath", "str", "fspath", "list", "tuple"})
-PROGRAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 MAX_DEPTH = 8  # bindings followed from a site; a program name is never further away
 
 Groups = list[tuple[str, ...]]  # needs, each a tuple of alternative names
@@ -85,20 +84,6 @@ Groups = list[tuple[str, ...]]  # needs, each a tuple of alternative names
 
 def mentions_runner(source: bytes) -> bool:
     return MARKER.search(source) is not None
-
-
-def program_name(text: str) -> str | None:
-    """`/usr/bin/pdftoppm` -> `pdftoppm`, `gs.exe` -> `gs`; None for what no program is named
-    (an option, a placeholder, an empty string)."""
-    name = posixpath.basename(text.strip().strip("\"'"))
-    name = name.removesuffix(".exe")
-    return name if PROGRAM_NAME.fullmatch(name) else None
-
-
-def first_word(text: str) -> str:
-    """The program a shell command line starts with (`pdftoppm -v` -> `pdftoppm`)."""
-    words = text.split()
-    return words[0] if words else ""
 
 
 def _merged(groups: Groups) -> Groups:
@@ -191,6 +176,13 @@ class _Reader:
         found = self.module(parent) if parent else None
         return (found[0], name) if found is not None else None
 
+    def reexported(self, qualified: str) -> str | None:
+        """`pkg.sub.run` that `pkg/sub/__init__.py` imports from where it is defined
+        (`from pkg.sub._run import run`): that definition's name."""
+        parent, _, name = qualified.rpartition(".")
+        found = self.module(parent) if parent else None
+        return found[0].imports.get(name) if found is not None else None
+
     def groups(
         self,
         module: Module,
@@ -220,7 +212,12 @@ class _Reader:
         if kind == ARGV and isinstance(node, ast.List | ast.Tuple):
             if not node.elts:
                 return []
-            head = node.elts[0]
+            literal = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            words = [value if isinstance(value, str) else None for value in literal]
+            start = launched(words)  # ["env", "dot", "-V"]: dot
+            if start >= len(node.elts):
+                return []
+            head = node.elts[start]
             if isinstance(head, ast.Starred):
                 return self.groups(module, head.value, ARGV, depth, env)
             return self.groups(module, head, NAME, depth, env)
@@ -392,8 +389,9 @@ def _mentions_runner_of(source: bytes, runners: Mapping[str, _Runner]) -> bool:
     module defining it (`from .backend import execute` ... `execute.run_check(cmd)`)."""
     for qualified in runners:
         module, _, function = qualified.rpartition(".")
-        tail = module.rpartition(".")[2]
-        if function.encode() in source and tail.encode() in source:
+        package, _, tail = module.rpartition(".")
+        named = tail.encode() in source or package.rpartition(".")[2].encode() in source
+        if function.encode() in source and named:  # the module, or its package re-exporting
             return True
     return False
 
@@ -431,8 +429,11 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
             continue
         module = loaded[0]
         for node in ast.walk(module.tree):
-            if isinstance(node, ast.Call) and (qualified := module.resolve(node.func)) in runners:
-                sites += _caller_sites(reader, module, node, runners[qualified])
+            if not isinstance(node, ast.Call) or (qualified := module.resolve(node.func)) is None:
+                continue
+            runner = runners.get(qualified) or runners.get(reader.reexported(qualified) or "")
+            if runner is not None:
+                sites += _caller_sites(reader, module, node, runner)
     return ordered(sites)
 
 

@@ -416,6 +416,7 @@ def verify_command(
     from builder.analysis.requirements import distribution_names
     from builder.cache import Cache, default_root
     from builder.cli.soci import soci_check
+    from builder.engines.connection import image_architecture
     from builder.image.attachments import attached_sbom
     from builder.orchestration.delivery import program_expectations
     from builder.orchestration.prepare import programs_needed
@@ -429,9 +430,9 @@ def verify_command(
         if not as_json:  # --json prints the report alone
             click.echo("\n".join(lines))
     installed = Installed()
-    if requirements:  # its distributions' modules, and the programs they need
-        left_out = frozenset(without_programs)
-        needs = programs_needed(requirements, image, left_out, Cache(default_root()))
+    if requirements:  # its distributions' modules, and the programs they need for its arch
+        arch, left_out = image_architecture(image), frozenset(without_programs)
+        needs = programs_needed(requirements, image, arch, left_out, Cache(default_root()))
         installed = Installed(distribution_names(requirements), program_expectations(needs))
     report = verify_image(
         image,

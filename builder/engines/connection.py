@@ -299,6 +299,18 @@ def holds_image(client: docker.DockerClient, image_id: str) -> bool:
     return True
 
 
+def image_architecture(ref: ImageRef) -> str:
+    """The architecture `ref`'s image is for (Docker's name: amd64, arm64), as the local engine
+    will run it (pulled as `local_image` does): what a verify plans the image's programs for."""
+    client = engine_client()
+    if client is None:
+        raise UserError("Docker engine not reachable: verify runs the image on it")
+    try:
+        return str(local_image(ref, client).attrs.get("Architecture") or "")
+    finally:
+        client.close()
+
+
 def local_image(
     ref: ImageRef,
     client: docker.DockerClient,

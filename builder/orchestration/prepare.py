@@ -7,7 +7,6 @@ to sequence.
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
@@ -54,7 +53,6 @@ from builder.image.labels import created, image_labels
 from builder.image.render import Secrets, check_output, lock_text, render
 from builder.image.tags import extras_hash
 from builder.oci.name import ImageRef
-from builder.oci.v1 import Platform
 
 DOWNLOADS = 8  # wheel downloads at once
 
@@ -190,16 +188,16 @@ def prepare(
 
 
 def programs_needed(
-    requirement: Path, image: ImageRef, without: frozenset[str], cache: Cache
+    requirement: Path, image: ImageRef, arch_name: str, without: frozenset[str], cache: Cache
 ) -> tuple[ProgramNeed, ...]:
     """The programs a requirements file's set runs and needs (not optional), for verifying an
     image the tool did not plan (`verify IMAGE -r FILE`): resolved, fetched and inspected as
-    a build would (all cached), for this host's arch, against the shipped profile as `image`'s
-    base facts; `without` (program or package names) are marked left out."""
+    a build would (all cached), for the image's own arch (`arch_name`, Docker's name), against
+    the shipped profile as `image`'s base facts; `without` (program or package names) are
+    marked left out."""
     requirements = read_requirements((requirement,), ())
     base = shipped_profile(image)
-    host = Platform.of_machine(platform.machine())
-    target = Target(base, (arch_named(host.architecture if host else "amd64"),))
+    target = Target(base, (arch_named(arch_name),))
     arch = target.arches[0]
     resolution = resolve(requirements, target, arch, cache)
     chosen = [choose_wheel(p, target, arch)[0] for p in resolution.packages]
