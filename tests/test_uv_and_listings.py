@@ -11,6 +11,7 @@ import subprocess
 import threading
 import urllib.error
 from collections.abc import Mapping
+from dataclasses import replace
 from email.message import Message
 from pathlib import Path
 
@@ -30,7 +31,9 @@ from builder.analysis.index import (
     uv_environment,
     uv_python,
 )
-from builder.analysis.target import ARCHES
+from builder.analysis.requirements import RequirementSet
+from builder.analysis.resolve import _failure
+from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
 from builder.retry import POLICY
@@ -180,3 +183,32 @@ def test_what_an_index_answers_for_good_is_not_tried_again() -> None:
         retried(reset, sleep=waits.append)
     assert len(calls) == 1 + POLICY.tries and len(waits) == POLICY.tries - 1
     assert all(0 < wait <= POLICY.longest for wait in waits)
+
+
+def test_a_dependency_against_a_base_pin_is_named_with_the_pin(tmp_path: Path) -> None:
+    """uv explains such a failure release by release (hundreds of lines for boto3, whose
+    botocore wants python-dateutil<3 while the base pins 4.0.0); the error is one line naming
+    the dependency, what it wants and the base's pin."""
+    links = tmp_path / "links"
+    make_wheel(links, "bsi-dep", "4.0", "py3-none-any", {"bsi_dep.py": b""})
+    for version in ("1.0", "2.0"):
+        make_wheel(
+            links, "bsi-app", version, "py3-none-any", {"bsi_app.py": b""}, requires=["bsi-dep<3"]
+        )
+    (tmp_path / "requirements.in").write_text("bsi-app\n")
+    (tmp_path / "constraints.txt").write_text("bsi-dep==4.0\n")
+    command = [
+        UV, "pip", "compile", str(tmp_path / "requirements.in"), "--no-index",
+        "--find-links", str(links), "--python-platform", AMD64.uv_platform,
+        "--python-version", "3.13", "--only-binary", ":all:", "--no-header", "--quiet",
+        "--constraint", str(tmp_path / "constraints.txt"), *uv_python(),
+    ]  # fmt: skip
+    failed = subprocess.run(command, capture_output=True, text=True, env=uv_environment())
+    assert failed.returncode != 0
+    facts = replace(shipped_facts(), distributions={"bsi-dep": "4.0"})
+    error = _failure(failed.stderr, RequirementSet((), ()), Target(facts, (AMD64,)), AMD64)
+    assert str(error) == (
+        "cannot resolve for amd64: all versions of bsi-app depend on bsi-dep<3, but the base"
+        " image pins"
+        " bsi-dep==4.0 (its /app/deps comes first on PYTHONPATH)"
+    ), failed.stderr

@@ -58,6 +58,13 @@ from builder.errors import UserError
 NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
 NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")
 CAUSE = re.compile(r"cause: (.*?)(?:\n\s*\n|\Z)", re.S)
+# uv's derivation of a dependency that disagrees with a pin: "botocore>=1.44.8 depends on
+# python-dateutil>=2.1,<3.0.0 and python-dateutil==4.0.0, we can conclude …", or "all versions
+# of bsi-app depend on …"
+PIN_CONFLICT = re.compile(
+    r"((?:all versions of )?\S+) (depends?) on (\S+?) and ([A-Za-z0-9._-]+)==(\S+?),"
+)
+MAX_CAUSE = 400  # characters of uv's explanation an error line carries
 MAX_SOURCE_ROUNDS = 10
 RESOLUTION_TTL_SECONDS = 3600
 
@@ -160,8 +167,12 @@ def _failure(
         return UserError(
             f"{_origin(requirements, name)}: no such distribution on the package index"
         )
+    if conflict := _base_conflict(stderr, target):
+        return UserError(f"cannot resolve for {arch.name}: {conflict}")
     cause_match = CAUSE.search(stderr)
     cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
+    if len(cause) > MAX_CAUSE:
+        cause = cause[:MAX_CAUSE].rsplit(" ", 1)[0] + " …"
     base_pins = [
         f"{name}=={version}"
         for name, version in sorted(target.base.distributions.items())
@@ -169,6 +180,26 @@ def _failure(
     ]
     hint = f" (the base image pins {', '.join(base_pins)})" if base_pins else ""
     return UserError(f"cannot resolve for {arch.name}: {cause}{hint}")
+
+
+def _base_conflict(stderr: str, target: Target[BaseFacts]) -> str | None:
+    """A dependency that disagrees with a distribution the base pins, as uv derived it (the
+    last derivation: the newest release it tried), or None. A requirement that names the pinned
+    distribution itself is refused before resolving (`check_against_base`); one of its
+    dependencies only shows here, among uv's hundreds of lines about every older release."""
+    for dependent, verb, wanted, name, version in reversed(PIN_CONFLICT.findall(stderr)):
+        if target.base.distributions.get(canonicalize_name(name)) == version:
+            return (
+                f"{dependent} {verb} on {wanted}, but the base image"
+                f" pins {canonicalize_name(name)}=={version} (its /app/deps comes first on"
+                " PYTHONPATH)"
+            )
+    return None
+
+
+class _WheelsExist(Exception):
+    """uv hinted at building a distribution whose matching release has a usable wheel: the
+    resolution failed for another reason (a conflict), which its own explanation gives."""
 
 
 def newest_usable_version(
@@ -231,6 +262,8 @@ def _build_from_source(
             f" CPython {target.python_version} on {arch.machine}; {suggestion}"
         )
     version = candidates[0]
+    if usable is not None and specifier.contains(usable) and Version(usable) >= version:
+        raise _WheelsExist(name)  # uv tried older releases, sdist-only: not why it failed
     if version in wheeled:  # wheels exist, just not for us: compiled for other targets
         raise UserError(
             f"{_origin(requirements, name)}: {name}=={version} has no wheel for"
@@ -334,10 +367,13 @@ def resolve(
                 ]
                 if not needs_source or NOT_FOUND.search(result.stderr):
                     raise _failure(result.stderr, requirements, target, arch)
-                for name in needs_source:
-                    built.append(
+                try:
+                    built.extend(
                         _build_from_source(name, target, arch, requirements, cache, find_links)
+                        for name in needs_source
                     )
+                except _WheelsExist:
+                    raise _failure(result.stderr, requirements, target, arch) from None
             else:
                 raise _failure(result.stderr, requirements, target, arch)
             pylock = (workdir / f"pylock.{arch.name}.toml").read_text()

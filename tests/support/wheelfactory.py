@@ -75,11 +75,13 @@ def make_wheel(
     files: Mapping[str, bytes],
     *,
     top_level: Sequence[str] | None = None,
+    requires: Sequence[str] = (),
 ) -> Path:
     """Write a valid wheel with `files` (archive path → content) plus a dist-info directory.
 
     `tag` may be compressed (`cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64`); the
-    WHEEL file lists every expanded tag. `top_level` adds a top_level.txt.
+    WHEEL file lists every expanded tag. `top_level` adds a top_level.txt, `requires` its
+    dependencies (Requires-Dist).
     """
     filename = wheel_filename(name, version, tag)
     dist_info = f"{filename.split('-')[0]}-{version}.dist-info"
@@ -87,7 +89,8 @@ def make_wheel(
     tag_lines = "".join(f"Tag: {'-'.join(t)}\n" for t in product(interpreters, abis, platforms))
     pure = platforms == ["any"]
     metadata = {
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires),
         f"{dist_info}/WHEEL": (
             "Wheel-Version: 1.0\nGenerator: wheelfactory\n"
             f"Root-Is-Purelib: {'true' if pure else 'false'}\n{tag_lines}"
