@@ -36,6 +36,11 @@ def test_the_union_build_verified_every_library_hardened(union_image: Built) -> 
     assert {"timeout", "traversal"} <= names
     for name in ("bs4", "lightgbm", "magic", "psycopg"):
         assert f"PASS  import {name}" in union_image.result.stdout
+    # where the run's time went, for an operator reading a CI minute (issue 38)
+    assert set(image["seconds"]) == {"build", "load", "facts", "verify"}
+    assert all(spent >= 0 for spent in image["seconds"].values())
+    assert image["seconds"]["verify"] > 1  # a hardened container started, the set imported
+    assert "push_seconds" not in image  # nothing was pushed
 
 
 def test_beautifulsoup4_imports_hardened(union_image: Built, test_env: dict) -> None:

@@ -77,3 +77,15 @@ def test_an_unpushed_build_keeps_the_tars_facts() -> None:
     as_dict = record.to_dict()
     assert as_dict["extras_layers"] == list(FACTS) and "digest" not in as_dict
     assert record.pushed_layers() == {}
+
+
+def test_where_the_time_went_is_recorded_per_arch_and_for_the_push() -> None:
+    seconds = {"build": 12.3456, "load": 2.0, "facts": 0.5, "verify": 10.987}
+    made = ArchRecord("amd64", {"id": "sha256:a"}, None, verification("amd64"), None, seconds)
+    push = Written("reg/app", "sha256:m", ("reg/app:1",), 7, 2, 1)
+    record = ImageRecord("build", "reg/app", (made,), None, push, TOTAL, None, 3.14159).to_dict()
+    assert record["seconds"] == {"build": 12.35, "load": 2.0, "facts": 0.5, "verify": 10.99}
+    assert record["arches"]["amd64"]["seconds"] == record["seconds"]
+    assert record["push_seconds"] == 3.14
+    unpushed = ImageRecord("build", "app", (built("amd64", None),), None, None, None, None)
+    assert "push_seconds" not in unpushed.to_dict() and "seconds" not in unpushed.to_dict()

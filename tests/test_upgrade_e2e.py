@@ -248,6 +248,13 @@ def test_first_build_pushes_by_digest_and_points_the_template(world: World, firs
     assert set(state["packages"]["amd64"]) == {"beautifulsoup4", "soupsieve"}
     report = json.loads((world.workdir / "sandbox-image" / "report.json").read_text())
     assert report["image"]["pushed"] == reference
+    assert report["image"]["push_seconds"] > 0
+    assert set(report["image"]["arches"]["amd64"]["seconds"]) == {
+        "build",
+        "load",
+        "facts",
+        "verify",
+    }
 
     assert f"template python-sandbox: {EXAMPLE_IMAGE} -> {reference}" in result.stdout
     assert "kubectl apply -f" in result.stdout
@@ -422,6 +429,7 @@ def test_rebuild_with_unchanged_extras_rebases(world: World, first_build, docker
     assert warning.findall(result.stdout) == warning.findall(first_build.result.stdout) != []
     report = json.loads((world.workdir / "sandbox-image" / "report.json").read_text())
     assert report["image"]["path"] == "rebase" and report["image"]["verification"]["passed"]
+    assert set(report["image"]["seconds"]) == {"rebase", "facts", "verify"}
     assert 0 < report["image"]["bytes_pushed"] < 0.05 * report["image"]["image_size"]
     tags = registry_tags(world.registry, world.repo(world.sandbox))
     assert any(re.fullmatch(r"v2\.1-x[0-9a-f]{12}", tag) for tag in tags), tags

@@ -19,6 +19,7 @@ the warm-pool warnings), and report.json and the state are written.
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -81,6 +82,11 @@ class Produced:
     verification: VerifyReport | None = None
     holding_layers: Mapping[str, str] = field(default_factory=dict)  # dist -> its layer's diff ID
     attestable: Attestable | None = None  # its SBOM and provenance facts, read before verifying
+    # Where this arch's wall time went, phase -> seconds: the producer's own phases (`build`,
+    # BuildKit's system stage; `load`, the extras assembled on it and loaded; or `rebase`), then
+    # the delivery's (`facts`, the SBOM's reading of the image; `verify`): an operator sees
+    # what a CI minute paid for (report.json `seconds`).
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Producer(Protocol):
@@ -163,6 +169,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     node_update: NodeUpdate | None = None  # a node holding the tag's previous image: cost
     written: Mapping[str, ArchWritten] = field(default_factory=dict)  # arch -> what writing it did
+    push_seconds: float | None = None  # the write, attachments and signatures included
 
     @property
     def succeeded(self) -> bool:
@@ -183,9 +190,11 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     )
     if outcome.succeeded and delivery.push is not None:
         recorded = delivery.state.path if delivery.state else None
+        started = time.monotonic()
         outcome.pushed, outcome.node_update, outcome.written = _write(
             producer, produced, delivery.push, run, recorded, delivery.sign
         )
+        outcome.push_seconds = time.monotonic() - started
         if delivery.template:
             _point_template(outcome, delivery)
     _report(outcome, delivery, run)
@@ -219,15 +228,18 @@ def _produce_and_verify(
             if delivery.verify or delivery.push:  # its SBOM is verified, or attached
                 from builder.image.attachments import attestable, plan_facts
 
+                began = time.monotonic()
                 made = (one.arch, one.engine_name, one.config)
                 facts = plan_facts(plan, made, repository, one.holding_layers, run.reporter)
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
+                one.seconds["facts"] = time.monotonic() - began
             if delivery.verify:
                 from builder.verify.run import Installed, verify_image
 
                 on = f" on {engine}" if engine.url else ""
                 run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened{on} ...")
                 arch_plan = next(a for a in plan.arches if a.arch == one.arch)
+                began = time.monotonic()
                 one.verification = verify_image(
                     one.engine_name,
                     modules=plan.import_modules,
@@ -238,6 +250,7 @@ def _produce_and_verify(
                         programs=program_expectations(arch_plan.installed_programs())
                     ),
                 )
+                one.seconds["verify"] = time.monotonic() - began
             found[one.arch] = one
     return [found[arch] for arch in arches]
 
@@ -404,6 +417,7 @@ def _report(outcome: Outcome, delivery: Delivery, run: Run) -> None:
             one.extras_layers,
             one.verification,
             outcome.written.get(one.arch),
+            one.seconds,
         )
         for one in outcome.produced
     )
@@ -415,6 +429,7 @@ def _report(outcome: Outcome, delivery: Delivery, run: Run) -> None:
         outcome.pushed,
         outcome.node_update,
         delivery.template,
+        outcome.push_seconds,
     )
     additions = {"image": record.to_dict(), "registry_retries": run.retries.to_list()}
     update_report(run.output, additions, record.pushed_layers())

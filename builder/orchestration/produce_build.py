@@ -16,6 +16,7 @@ import hashlib
 import json
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -216,7 +217,9 @@ class BuildProducer:
             logins=self.logins,
             engine=engine,
         )
+        started = time.monotonic()
         system = self.stages.built(arch, log) or build_image(self.context, spec, log)
+        built_at = time.monotonic()
         tag = self.local_tag(arch)
         assembly = Assembly(
             arch,
@@ -243,6 +246,7 @@ class BuildProducer:
                 if one.kind == DISTRIBUTION
                 for name in one.names
             },
+            seconds={"build": built_at - started, "load": time.monotonic() - built_at},
         )
 
     def _value(

@@ -13,6 +13,7 @@ after every arch passed, and checks that its config is byte for byte the one ver
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ class RebaseProducer:
 
     def produce(self, arch: str) -> Produced:
         """The rebased image's config loaded (or pulled) for verification; its value pending."""
+        started = time.monotonic()
         platform = Platform.linux(arch)
         old_base = resolve(self.bases, platform, self.previous.base_digest)
         new_base = resolve(self.bases, platform, self.plan.base.digest)
@@ -125,6 +127,7 @@ class RebaseProducer:
             holding_layers=holding_layers(
                 [(layer.diff_id, layer.created_by) for layer in extras], [w.name for w in wheels]
             ),
+            seconds={"rebase": time.monotonic() - started},
         )
 
     def _apt(self, arch: str) -> AptImage | None:

@@ -12,7 +12,7 @@ fields also at the top), so readers of earlier reports read these the same.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,7 @@ class ArchRecord:
     extras_layers: Sequence[Mapping[str, object]] | None  # the tars' facts (the build path)
     verification: VerifyReport | None
     written: ArchWritten | None
+    seconds: Mapping[str, float] = field(default_factory=dict)  # phase -> wall seconds
 
     def layers(self) -> list[dict[str, object]] | None:
         """The extras layers' facts, with their blobs' digests and sizes once written."""
@@ -74,6 +75,8 @@ class ArchRecord:
         layers = self.layers()
         if layers is not None:
             record["extras_layers"] = layers
+        if self.seconds:
+            record["seconds"] = {phase: round(spent, 2) for phase, spent in self.seconds.items()}
         return record
 
 
@@ -88,6 +91,7 @@ class ImageRecord:
     pushed: Written | None  # with several arches: the index
     node_update: NodeUpdate | None  # every arch's node figures added up
     template: Path | None  # the template pointed at the pushed digest
+    push_seconds: float | None = None  # the write's wall time, when pushed
 
     def to_dict(self) -> dict[str, object]:
         record: dict[str, object] = {"path": self.path, "tag": self.label}
@@ -98,6 +102,8 @@ class ImageRecord:
             record["verification"] = self.verification.to_dict()
         if pushed := self.pushed:
             record |= {"pushed": pushed.reference, "tags": list(pushed.tags)}
+            if self.push_seconds is not None:
+                record["push_seconds"] = round(self.push_seconds, 2)
             record["bytes_pushed"] = pushed.bytes_uploaded
             record["bytes_mounted"] = pushed.bytes_mounted
             record["bytes_present"] = pushed.bytes_present
