@@ -24,6 +24,7 @@ line said for each retry, and the record of them all (report.json's `retries`).
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import random
 import threading
@@ -64,18 +65,20 @@ def backoff(policy: Policy, attempt: int, jitter: float) -> float:
 
 def retry_after(value: str | None, now: float) -> float | None:
     """Seconds a `Retry-After` header asks for (delta-seconds or an HTTP date, against the
-    wall-clock `now`); None when absent or unreadable. A date in the past asks for 0."""
+    wall-clock `now`); None when absent or unreadable. A date in the past asks for 0; a huge
+    number is returned as it is (`wait` caps it). Header values arrive decoded as Latin-1, so
+    `²` is a "digit" to `str.isdigit` but no number: only ASCII digits count."""
     if not value or not value.strip():
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return float(text)
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        return None  # an HTTP date is always GMT; one without a zone is not one
+    if when.tzinfo is None:  # asctime's form names no zone: every HTTP date is GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
     return max(0.0, when.timestamp() - now)
 
 

@@ -55,6 +55,34 @@ def test_retry_after_in_seconds_or_an_http_date_and_capped() -> None:
     assert wait(policy, 4, 0.0, 0.1) == backoff(policy, 4, 0.0)  # never shorter than backoff
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "-5",
+        "1.5",
+        "soon",
+        "\u00b2",
+        "3\u00b9",
+        "Mon, 99 Foo 2020 99:99:99 GMT",
+        "Wed, 21 Oct 99999 07:28:00 GMT",
+    ],
+)
+def test_a_retry_after_that_is_no_number_nor_date_is_ignored(value: str) -> None:
+    """Negative, fractional, garbage, a Latin-1 superscript digit (`str.isdigit` says yes,
+    `float` says no), an impossible date: none is a wish, none an exception."""
+    assert retry_after(value, 1_700_000_000.0) is None
+    assert wait(POLICY, 1, 0.0, retry_after(value, 1_700_000_000.0)) == backoff(POLICY, 1, 0.0)
+
+
+def test_a_huge_or_old_retry_after_is_capped_or_nothing() -> None:
+    now = 1_700_000_000.0
+    assert wait(POLICY, 1, 0.0, retry_after("9" * 400, now)) == POLICY.retry_after_cap
+    assert retry_after("Sun Nov  6 08:49:37 1994", now) == 0.0  # asctime's form: GMT, past
+    later = email.utils.formatdate(now + 5, usegmt=True)  # RFC 850's form, as old servers do
+    rfc850 = email.utils.parsedate_to_datetime(later).strftime("%A, %d-%b-%y %H:%M:%S GMT")
+    assert retry_after(rfc850, now) == pytest.approx(5)
+
+
 class Clock:
     """An injected clock whose sleep only moves time on."""
 
@@ -114,6 +142,22 @@ def test_a_503_then_a_429_then_the_answer() -> None:
     assert len(server.seen) == 3 and clock.slept[1] >= 2.0  # the Retry-After honoured
     assert "answered 503 to GET team/x/manifests/1 (try 1 of 5)" in lines[0]
     assert [one["answer"] for one in client.retries.to_list()] == ["503", "429"]
+
+
+def test_a_registry_sending_a_superscript_retry_after_is_tried_again() -> None:
+    """The header as http.client decodes it (Latin-1): once, `float` raised out of the loop."""
+    answers = [(503, {"Retry-After": "\u00b2"}, b"")]
+    answer = manifest_route([])
+
+    def route(method: str, path: str) -> Reply:
+        return answers.pop(0) if answers else answer(method, path)
+
+    server, clock, lines, client = serve(route)
+    try:
+        client.manifest("1")
+    finally:
+        server.close()
+    assert len(server.seen) == 2 and clock.slept == [backoff(POLICY, 1, 0.0)] and len(lines) == 1
 
 
 @pytest.mark.parametrize("status", [400, 403, 404])
