@@ -19,12 +19,14 @@ import re
 from collections.abc import Callable
 
 import pytest
-from support.fakeregistry import Reply, Server
+from support.fakeregistry import INDEX, Reply, Server
 
 from builder.errors import RegistryAuthError, RegistryError, RegistryUnreachable
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
+from builder.oci.referrers import Referrer, api_listing
+from builder.oci.transport import TIMEOUT, shown
 from builder.retry import POLICY, Policy, Retries, backoff, retry_after, retryable, wait
 
 
@@ -347,3 +349,80 @@ def test_a_refused_connection_is_tried_again_and_named_in_the_error() -> None:
     message = str(caught.value)
     assert "registry 127.0.0.1:9 is unreachable" in message
     assert "for http://127.0.0.1:9/v2/team/x/manifests/1 (after 5 tries)" in message
+
+
+def test_an_upload_to_a_registry_that_never_answers_fails_within_the_budget() -> None:
+    """Each request plays a 60 s timeout (the clock moved on, then no usable answer). The HEAD
+    asking whether the failed upload's blob arrived is part of the upload's try: counted in
+    the run's budget, not retried on its own past it, its error not the upload's."""
+    clocks: list[Clock] = []
+
+    def route(method: str, path: str) -> Reply:
+        clocks[0].now += TIMEOUT
+        return 504, {}, b""
+
+    server, clock, _lines, client = serve(route)
+    clocks.append(clock)
+    try:
+        with pytest.raises(RegistryUnreachable) as caught:
+            client.upload_blob(b"layer")
+    finally:
+        server.close()
+    assert [method for method, _path, _auth in server.seen] == ["POST", "HEAD"]
+    assert clock.now <= POLICY.budget and "/v2/team/x/blobs/uploads/" in str(caught.value)
+
+
+def test_a_referrers_answer_cut_short_is_asked_for_again() -> None:
+    """The referrers API's index has no digest to check: a body cut short was parsed as it
+    was, a malformed index, never asked for again."""
+    entry = {"digest": "sha256:" + "1" * 64, "size": 10, "artifactType": "x"}
+    listing = json.dumps({"schemaVersion": 2, "manifests": [entry]}).encode()
+    sent: list[str] = []
+
+    def answer(handler) -> None:  # type: ignore[no-untyped-def]
+        sent.append(handler.path)
+        handler.send_response(200)
+        handler.send_header("Content-Type", INDEX)
+        handler.send_header("Content-Length", str(len(listing)))
+        handler.end_headers()
+        handler.wfile.write(listing[: len(listing) // 2] if len(sent) == 1 else listing)
+        handler.close_connection = True
+
+    server, _clock, lines, client = serve(lambda method, path: (500, {}, b""))
+    server.httpd.RequestHandlerClass.do_GET = answer  # type: ignore[attr-defined]
+    try:
+        found = api_listing(client, "sha256:" + "2" * 64)
+    finally:
+        server.close()
+    assert found == (Referrer(entry["digest"], 10, "x"),) and len(sent) == 2
+    assert len(lines) == 1 and "a body cut short" in lines[0]
+
+
+def test_no_upload_state_nor_signature_in_what_the_operator_sees() -> None:
+    """An upload Location's query (the registry's signed `_state`; a storage signature and
+    session token on other registries) is in no retry line, record or error."""
+    secret = "_state=SIGNED-STATE&X-Amz-Security-Token=TOKEN"
+
+    def route(method: str, path: str) -> Reply:
+        if method == "POST":
+            return 202, {"Location": f"/v2/team/x/blobs/uploads/s0?{secret}"}, b""
+        return (404 if method == "HEAD" else 500), {}, b""
+
+    server, _clock, lines, client = serve(route)
+    try:
+        with pytest.raises(RegistryUnreachable) as caught:
+            client.upload_blob(b"layer")
+    finally:
+        server.close()
+    assert any("_state" in path for _method, path, _auth in server.seen)  # it was sent
+    seen = "\n".join([str(caught.value), *lines, json.dumps(client.retries.to_list())])
+    assert "uploads/s0" in str(caught.value)
+    assert not any(word in seen for word in ("_state", "SIGNED", "TOKEN", "Amz"))
+
+
+def test_a_url_shown_has_no_query_nor_password() -> None:
+    signed = "https://user:pw@bucket.s3.example/blobs/ab?X-Amz-Signature=s&X-Amz-Credential=c"
+    assert shown(signed) == "https://bucket.s3.example/blobs/ab"
+    assert (
+        shown("http://127.0.0.1:5000/v2/x/manifests/1") == "http://127.0.0.1:5000/v2/x/manifests/1"
+    )

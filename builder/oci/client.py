@@ -143,11 +143,12 @@ class RepositoryClient:
         return transport.retrying(self.retries, host or self.ref.api_host, text, attempt_once)
 
     def _unreachable(self, host: str, exc: BaseException, url: str = "") -> RegistryUnreachable:
-        why = f"{transport.reason(exc)}{f' for {url}' if url else ''}"  # the object asked for
+        shown = transport.shown(url)  # the object asked for, without its query's signatures
+        why = f"{transport.reason(exc)}{f' for {shown}' if url else ''}"
         return RegistryUnreachable(f"{self.label}: registry {host} is unreachable: {why}")
 
     def _http_error(self, code: int, url: str) -> RegistryError:
-        host = self.ref.api_host
+        host, url = self.ref.api_host, transport.shown(url)
         if code in (401, 403):
             how = "with the given credentials" if self.credentials else "without credentials"
             return RegistryAuthError(
@@ -182,7 +183,8 @@ class RepositoryClient:
         if not trusted_realm(realm):
             raise RegistryAuthError(
                 f"{self.label}: registry {self.ref.api_host} asks for credentials at"
-                f" {realm[:100]!r}; only an https token service is trusted with them"
+                f" {transport.shown(realm)[:100]!r}; only an https token service is trusted"
+                " with them"
             )
         action = "pull" if method in ("GET", "HEAD") else "pull,push"
         wanted = [fields.get("scope") or f"repository:{self.ref.repository}:{action}", *scopes]
@@ -215,7 +217,7 @@ class RepositoryClient:
                 raise transport.unanswered(exc, self._unreachable(host, exc, realm)) from None
             except ValueError:
                 raise RegistryError(
-                    f"{self.label}: token service {realm} answered no JSON"
+                    f"{self.label}: token service {transport.shown(realm)} answered no JSON"
                 ) from None
 
         host = urllib.parse.urlsplit(realm).netloc
@@ -245,9 +247,7 @@ class RepositoryClient:
 
         def fetch() -> tuple[bytes, str]:
             with self._once(exchange) as response:
-                body = transport.whole(
-                    response, self._read(response, MAX_MANIFEST + 1), MAX_MANIFEST + 1
-                )
+                body = self._whole(response, MAX_MANIFEST + 1)
                 served = response.headers.get("Docker-Content-Digest")
             if len(body) > MAX_MANIFEST:
                 raise RegistryError(
@@ -260,6 +260,24 @@ class RepositoryClient:
                     mismatch = IntegrityError(f"{self.label}: manifest {reference}", wanted, digest)
                     raise Fault(mismatch, "a body not matching its digest")
             return body, digest
+
+        return self._retrying(exchange.text, fetch)
+
+    def document(self, url: str, accept: str, limit: int) -> tuple[str, bytes] | None:
+        """A small document's Content-Type and body, up to `limit` bytes; None for a 404.
+
+        The body is read inside the retry loop, as a manifest's is: a connection reset midway
+        or a body cut short is asked for again, not handed over as a malformed document (the
+        referrers API's answer: it has no digest to check it against).
+        """
+        exchange = Exchange(url, accept=accept, missing_ok=True)
+
+        def fetch() -> tuple[str, bytes] | None:
+            response = self._once(exchange)
+            if response is None:
+                return None
+            with response:
+                return response.headers.get("Content-Type") or "", self._whole(response, limit)
 
         return self._retrying(exchange.text, fetch)
 
@@ -304,6 +322,10 @@ class RepositoryClient:
 
         return self.read_blob(digest, bounded)
 
+    def _whole(self, response: Any, limit: int) -> bytes:
+        """Up to `limit` bytes of `response`; a fault if it ended before its Content-Length."""
+        return transport.whole(response, self._read(response, limit), limit)
+
     def _read(self, response: Any, limit: int) -> bytes:
         try:
             return response.read(limit)
@@ -314,10 +336,23 @@ class RepositoryClient:
     # -- writing ------------------------------------------------------------------------------
     def blob_exists(self, digest: str) -> bool:
         url = self.url("blobs", self._checked(digest, "blob"))
-        response = self.open(url, "HEAD", missing_ok=True)
-        if response is not None:
-            response.close()
-        return response is not None
+        return _held(self.open(url, "HEAD", missing_ok=True))
+
+    def _arrived(self, digest: str) -> bool:
+        """Whether a failed upload's blob is in the registry after all: one HEAD, tried once.
+
+        Its fault is the upload's own, which the upload's loop counts and tries again. A HEAD
+        retried on its own would wait outside that loop's count of the time lost, and its last
+        error would escape the loop: a registry that accepts connections and never answers held
+        a run 60 s (the failed step) and two more 60 s timeouts (the HEAD's tries).
+        """
+        exchange = Exchange(
+            self.url("blobs", self._checked(digest, "blob")), "HEAD", missing_ok=True
+        )
+        try:
+            return _held(self._once(exchange))
+        except Fault:
+            return False
 
     def mount(self, digest: str, source_repository: str) -> bool:
         """Link a blob from another repository of this registry; False if it cannot.
@@ -375,7 +410,7 @@ class RepositoryClient:
             try:
                 return self._upload_once(source, digest, chunk)
             except Fault:
-                if known and self.blob_exists(known):
+                if known and self._arrived(known):
                     return known
                 raise
 
@@ -445,5 +480,15 @@ class RepositoryClient:
             )
         url = urllib.parse.urljoin(f"{self.scheme}://{self.ref.api_host}/", location)
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-            raise RegistryError(f"{self.label}: upload location {location[:100]!r} is not HTTP")
+            raise RegistryError(
+                f"{self.label}: upload location {transport.shown(location)[:100]!r} is not HTTP"
+            )
         return url
+
+
+def _held(response: Any) -> bool:
+    """Did a HEAD (None: its 404) find the blob? The response is closed."""
+    if response is None:
+        return False
+    response.close()
+    return True

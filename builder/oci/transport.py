@@ -147,12 +147,23 @@ def unanswered(exc: BaseException, error: UserError) -> UserError:
     return Fault(error, reason(exc))
 
 
+def shown(url: str) -> str:
+    """`url` as an error line may show it: scheme, host and path, without a user and password
+    and without the query. An upload Location's query carries the registry's signed session
+    state (`_state`), a redirect to blob storage a signature and often a session token
+    (`X-Amz-Signature`, `X-Amz-Security-Token`: whoever holds the URL may read the blob), and
+    error lines end up in CI logs."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
 def whole(response: Any, body: bytes, limit: int) -> bytes:
     """`body`, read from `response` up to `limit` bytes; a fault if the connection ended
     before its Content-Length (http.client hands a short read over without a word)."""
     missing = response.length or 0
     if len(body) < limit and missing > 0:
-        cut = RegistryUnreachable(f"{response.url}: the body ended {missing} bytes short")
+        cut = RegistryUnreachable(f"{shown(response.url)}: the body ended {missing} bytes short")
         raise Fault(cut, "a body cut short")
     return body
 
