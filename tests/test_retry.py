@@ -375,7 +375,8 @@ def test_an_upload_to_a_registry_that_never_answers_fails_within_the_budget() ->
 def test_a_referrers_answer_cut_short_is_asked_for_again() -> None:
     """The referrers API's index has no digest to check: a body cut short was parsed as it
     was, a malformed index, never asked for again."""
-    entry = {"digest": "sha256:" + "1" * 64, "size": 10, "artifactType": "x"}
+    digest = "sha256:" + "1" * 64
+    entry = {"digest": digest, "size": 10, "artifactType": "x"}
     listing = json.dumps({"schemaVersion": 2, "manifests": [entry]}).encode()
     sent: list[str] = []
 
@@ -394,7 +395,7 @@ def test_a_referrers_answer_cut_short_is_asked_for_again() -> None:
         found = api_listing(client, "sha256:" + "2" * 64)
     finally:
         server.close()
-    assert found == (Referrer(entry["digest"], 10, "x"),) and len(sent) == 2
+    assert found == (Referrer(digest, 10, "x"),) and len(sent) == 2
     assert len(lines) == 1 and "a body cut short" in lines[0]
 
 
