@@ -11,10 +11,12 @@ cut short. Each of those is answered by trying again after a wait that grows exp
 
 Two bounds make a registry that is down fail the run instead of hanging it: the tries of one
 request (`Policy.tries`), and the time one run may lose to faults (`Policy.budget`: the failed
-tries' own durations and the waits, summed over every request of the run). With the real
-policy a registry that answers 503 to everything fails a run within seconds of its first 503,
-and one that accepts connections and never answers within about two minutes (two 60 s
-timeouts and a wait: the budget is spent, and that request fails).
+tries' own durations and the waits, summed over every request of the run; the try that
+overruns it is the last). With the real policy a registry that answers 503 to everything fails
+a run within seconds of its first 503, and one that accepts connections and never answers
+within about two minutes (two 60 s timeouts and a wait: the budget is spent, and that request
+fails). A run is one template: a fleet rebuild gives each template a `Retries` of its own
+(builder.orchestration.commands.rebuild), so one template's bad luck is not the fleet's.
 
 The decisions are pure functions of the policy (`retryable`, `backoff`, `retry_after`,
 `wait`); `Retries` is the one mutable part, one per run: it holds the clock, the sleep and the
