@@ -427,3 +427,41 @@ def test_a_url_shown_has_no_query_nor_password() -> None:
     assert (
         shown("http://127.0.0.1:5000/v2/x/manifests/1") == "http://127.0.0.1:5000/v2/x/manifests/1"
     )
+
+
+def test_a_401_on_a_patch_midway_renews_the_token_and_the_session_goes_on(tmp_path) -> None:
+    """A token that expires between two PATCHes of a chunked upload: the registry refused the
+    second before touching the session (auth comes first), so the same PATCH is sent again
+    with a new token to the same session: no chunk lost or doubled, no new session."""
+    uploads, issued, patched = Uploads(), [], []
+
+    def answer(handler) -> None:  # type: ignore[no-untyped-def]
+        body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        auth = handler.headers.get("Authorization", "")
+        realm = f'Bearer realm="http://127.0.0.1:{server.port}/token",service="x"'
+        if handler.path.startswith("/token"):
+            issued.append(f"t{len(issued)}")
+            status, headers, reply = 200, {}, json.dumps({"token": issued[-1]}).encode()
+        elif not auth or (auth == "Bearer t0" and handler.command == "PATCH" and patched):
+            status, headers, reply = 401, {"WWW-Authenticate": realm}, b""  # t0 expired
+        else:
+            patched.extend([auth] if handler.command == "PATCH" else [])
+            status, headers, reply = uploads.route(handler.command, handler.path, body)
+        handler.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(reply))}.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(reply)
+
+    server, clock, lines, client = serve(lambda method, path: (500, {}, b""))
+    for verb in ("GET", "HEAD", "POST", "PUT", "PATCH"):
+        setattr(server.httpd.RequestHandlerClass, f"do_{verb}", answer)
+    path = tmp_path / "big"
+    path.write_bytes(bytes(range(256)) * 400)
+    try:
+        digest = client.upload_blob(path, chunk=30_000)
+    finally:
+        server.close()
+    assert uploads.stored[digest] == path.read_bytes() and list(uploads.sessions) == ["s0"]
+    assert issued == ["t0", "t1"] and patched[:2] == ["Bearer t0", "Bearer t1"]
+    assert clock.slept == [] and lines == []
