@@ -21,7 +21,7 @@ fails). A run is one template: a fleet rebuild gives each template a `Retries` o
 The decisions are pure functions of the policy (`retryable`, `backoff`, `retry_after`,
 `wait`); `Retries` is the one mutable part, one per run: it holds the clock, the sleep and the
 random source (injected by tests, so that they need no real waiting), the budget spent, the
-line said for each retry, and the record of them all (report.json's `retries`).
+line said for each retry, and the record of them all (report.json's `registry_retries`).
 """
 
 from __future__ import annotations

@@ -218,6 +218,8 @@ def test_a_registry_down_midway_then_back(bad_day: dict[str, Any], registry: Reg
     assert "Traceback" not in failed.stderr + failed.stdout
     assert f"registry {proxy.host} answered 503" in lines[0] and "after 5 tries" in lines[0]
     assert f"/v2/{NAMESPACE}/down/manifests/sha256:" in lines[0]  # repository and object
+    retried = json.loads((work / "down" / "report.json").read_text())["registry_retries"]
+    assert [one["answer"] for one in retried].count("503") >= 4  # the failed push's record
     assert registry_tags(registry, f"{NAMESPACE}/down") == []
     assert (work / "template.yaml").read_text() == template
     log = proxy.log[mark:]

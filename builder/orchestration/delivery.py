@@ -175,6 +175,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
 
     A failed production raises (once the other arches end) and a failed verification returns
     before anything is written: no tag moves, the template is untouched, no state is recorded.
+    A failed push raises too, report.json recording the registry retries that led to it.
     """
     produced = _produce_and_verify(producer, plan, delivery, run)
     outcome = Outcome(plan, producer.path, produced, producer.label)
@@ -183,9 +184,13 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     )
     if outcome.succeeded and delivery.push is not None:
         recorded = delivery.state.path if delivery.state else None
-        outcome.pushed, outcome.node_update, outcome.written = _write(
-            producer, produced, delivery.push, run, recorded, delivery.sign
-        )
+        try:
+            outcome.pushed, outcome.node_update, outcome.written = _write(
+                producer, produced, delivery.push, run, recorded, delivery.sign
+            )
+        except UserError:  # a registry down midway: its retries are what the operator needs
+            update_report(run.output, {"registry_retries": run.retries.to_list()})
+            raise
         if delivery.template:
             _point_template(outcome, delivery)
     _report(outcome, delivery, run)
