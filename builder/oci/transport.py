@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from builder.errors import IntegrityError, RegistryError, RegistryUnreachable, UserError
+from builder.errors import (
+    IntegrityError,
+    RegistryAuthError,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUnreachable,
+    UserError,
+)
+from builder.oci.auth import AUTH_HINT
+from builder.oci.name import ImageRef
 from builder.retry import Retries, retryable
 
 TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
@@ -156,6 +165,39 @@ def shown(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def unreachable(label: str, host: str, exc: BaseException, url: str = "") -> RegistryUnreachable:
+    """A request without an answer: the registry, the reason, the object asked for."""
+    why = f"{reason(exc)}{f' for {shown(url)}' if url else ''}"
+    return RegistryUnreachable(f"{label}: registry {host} is unreachable: {why}")
+
+
+def http_error(label: str, ref: ImageRef, signed_in: bool, code: int, url: str) -> RegistryError:
+    """An error answer as its typed error: the registry, the repository, the object."""
+    host, url = ref.api_host, shown(url)
+    if code in (401, 403):
+        how = "with the given credentials" if signed_in else "without credentials"
+        return RegistryAuthError(
+            f"{label}: registry {host} refused access ({code} unauthorized {how}) — "
+            + AUTH_HINT.format(host=ref.registry)
+        )
+    if code == 404:
+        what = "manifest" if "/manifests/" in url else "blob"
+        return RegistryNotFound(
+            f"{label}: not found in registry {host} "
+            f"(no {what} {url.rsplit('/', 1)[-1]} in {ref.repository})"
+        )
+    kind = RegistryUnreachable if code == 429 or code >= 500 else RegistryError
+    return kind(f"{label}: registry {host} answered {code} for {url}")
+
+
+def held(response: Any) -> bool:
+    """Did a HEAD (None: its 404) find what it asked for? The response is closed."""
+    if response is None:
+        return False
+    response.close()
+    return True
 
 
 def whole(response: Any, body: bytes, limit: int) -> bytes:
