@@ -213,8 +213,10 @@ def whole(response: Any, body: bytes, limit: int) -> bytes:
 class Fault(RegistryError):
     """One try's transient failure: `error` is what the caller gets if it was the last try.
 
-    A RegistryError, so that a stream's `__exit__` does not drain on it; `_retrying` turns
-    every fault into its error, so none leaves the client.
+    A RegistryError, so that a stream's `__exit__` does not drain on it (and one that escaped
+    would still be one `error:` line); `retrying` turns every fault into its error, so none
+    leaves the client but from the reads of a `RepositoryClient.blob` stream, whose one caller
+    (`upload_blob`, reading a stream source) is inside its own loop.
     """
 
     def __init__(self, error: UserError, answer: str, asked: str | None = None) -> None:
