@@ -11,19 +11,22 @@ cut short. Each of those is answered by trying again after a wait that grows exp
 
 Two bounds make a registry that is down fail the run instead of hanging it: the tries of one
 request (`Policy.tries`), and the time one run may lose to faults (`Policy.budget`: the failed
-tries' own durations and the waits, summed over every request of the run). With the real
-policy a registry that answers 503 to everything fails a run within seconds of its first 503,
-and one that accepts connections and never answers within about two minutes (two 60 s
-timeouts and a wait: the budget is spent, and that request fails).
+tries' own durations and the waits, summed over every request of the run; the try that
+overruns it is the last). With the real policy a registry that answers 503 to everything fails
+a run within seconds of its first 503, and one that accepts connections and never answers
+within about two minutes (two 60 s timeouts and a wait: the budget is spent, and that request
+fails). A run is one template: a fleet rebuild gives each template a `Retries` of its own
+(builder.orchestration.commands.rebuild), so one template's bad luck is not the fleet's.
 
 The decisions are pure functions of the policy (`retryable`, `backoff`, `retry_after`,
 `wait`); `Retries` is the one mutable part, one per run: it holds the clock, the sleep and the
 random source (injected by tests, so that they need no real waiting), the budget spent, the
-line said for each retry, and the record of them all (report.json's `retries`).
+line said for each retry, and the record of them all (report.json's `registry_retries`).
 """
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import random
 import threading
@@ -64,18 +67,20 @@ def backoff(policy: Policy, attempt: int, jitter: float) -> float:
 
 def retry_after(value: str | None, now: float) -> float | None:
     """Seconds a `Retry-After` header asks for (delta-seconds or an HTTP date, against the
-    wall-clock `now`); None when absent or unreadable. A date in the past asks for 0."""
+    wall-clock `now`); None when absent or unreadable. A date in the past asks for 0; a huge
+    number is returned as it is (`wait` caps it). Header values arrive decoded as Latin-1, so
+    `²` is a "digit" to `str.isdigit` but no number: only ASCII digits count."""
     if not value or not value.strip():
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return float(text)
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        return None  # an HTTP date is always GMT; one without a zone is not one
+    if when.tzinfo is None:  # asctime's form names no zone: every HTTP date is GMT
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - now)
 
 

@@ -218,6 +218,9 @@ def test_a_registry_down_midway_then_back(bad_day: dict[str, Any], registry: Reg
     assert "Traceback" not in failed.stderr + failed.stdout
     assert f"registry {proxy.host} answered 503" in lines[0] and "after 5 tries" in lines[0]
     assert f"/v2/{NAMESPACE}/down/manifests/sha256:" in lines[0]  # repository and object
+    retried = json.loads((work / "down" / "report.json").read_text())["registry_retries"]
+    failing = [one for one in retried if one["request"].startswith(f"PUT {NAMESPACE}/down/man")]
+    assert len(failing) >= 4 and failing[-1]["answer"] == "503"  # the failed push's record
     assert registry_tags(registry, f"{NAMESPACE}/down") == []
     assert (work / "template.yaml").read_text() == template
     log = proxy.log[mark:]

@@ -19,12 +19,14 @@ import re
 from collections.abc import Callable
 
 import pytest
-from support.fakeregistry import Reply, Server
+from support.fakeregistry import INDEX, Reply, Server
 
 from builder.errors import RegistryAuthError, RegistryError, RegistryUnreachable
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
+from builder.oci.referrers import Referrer, api_listing
+from builder.oci.transport import TIMEOUT, shown
 from builder.retry import POLICY, Policy, Retries, backoff, retry_after, retryable, wait
 
 
@@ -53,6 +55,34 @@ def test_retry_after_in_seconds_or_an_http_date_and_capped() -> None:
     assert wait(policy, 1, 0.0, 2.0) == 2.0  # longer than the backoff: the registry's wish
     assert wait(policy, 1, 0.0, 3600.0) == 30.0  # capped
     assert wait(policy, 4, 0.0, 0.1) == backoff(policy, 4, 0.0)  # never shorter than backoff
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "-5",
+        "1.5",
+        "soon",
+        "\u00b2",
+        "3\u00b9",
+        "Mon, 99 Foo 2020 99:99:99 GMT",
+        "Wed, 21 Oct 99999 07:28:00 GMT",
+    ],
+)
+def test_a_retry_after_that_is_no_number_nor_date_is_ignored(value: str) -> None:
+    """Negative, fractional, garbage, a Latin-1 superscript digit (`str.isdigit` says yes,
+    `float` says no), an impossible date: none is a wish, none an exception."""
+    assert retry_after(value, 1_700_000_000.0) is None
+    assert wait(POLICY, 1, 0.0, retry_after(value, 1_700_000_000.0)) == backoff(POLICY, 1, 0.0)
+
+
+def test_a_huge_or_old_retry_after_is_capped_or_nothing() -> None:
+    now = 1_700_000_000.0
+    assert wait(POLICY, 1, 0.0, retry_after("9" * 400, now)) == POLICY.retry_after_cap
+    assert retry_after("Sun Nov  6 08:49:37 1994", now) == 0.0  # asctime's form: GMT, past
+    later = email.utils.formatdate(now + 5, usegmt=True)  # RFC 850's form, as old servers do
+    rfc850 = email.utils.parsedate_to_datetime(later).strftime("%A, %d-%b-%y %H:%M:%S GMT")
+    assert retry_after(rfc850, now) == pytest.approx(5)
 
 
 class Clock:
@@ -114,6 +144,22 @@ def test_a_503_then_a_429_then_the_answer() -> None:
     assert len(server.seen) == 3 and clock.slept[1] >= 2.0  # the Retry-After honoured
     assert "answered 503 to GET team/x/manifests/1 (try 1 of 5)" in lines[0]
     assert [one["answer"] for one in client.retries.to_list()] == ["503", "429"]
+
+
+def test_a_registry_sending_a_superscript_retry_after_is_tried_again() -> None:
+    """The header as http.client decodes it (Latin-1): once, `float` raised out of the loop."""
+    answers = [(503, {"Retry-After": "\u00b2"}, b"")]
+    answer = manifest_route([])
+
+    def route(method: str, path: str) -> Reply:
+        return answers.pop(0) if answers else answer(method, path)
+
+    server, clock, lines, client = serve(route)
+    try:
+        client.manifest("1")
+    finally:
+        server.close()
+    assert len(server.seen) == 2 and clock.slept == [backoff(POLICY, 1, 0.0)] and len(lines) == 1
 
 
 @pytest.mark.parametrize("status", [400, 403, 404])
@@ -303,3 +349,119 @@ def test_a_refused_connection_is_tried_again_and_named_in_the_error() -> None:
     message = str(caught.value)
     assert "registry 127.0.0.1:9 is unreachable" in message
     assert "for http://127.0.0.1:9/v2/team/x/manifests/1 (after 5 tries)" in message
+
+
+def test_an_upload_to_a_registry_that_never_answers_fails_within_the_budget() -> None:
+    """Each request plays a 60 s timeout (the clock moved on, then no usable answer). The HEAD
+    asking whether the failed upload's blob arrived is part of the upload's try: counted in
+    the run's budget, not retried on its own past it, its error not the upload's."""
+    clocks: list[Clock] = []
+
+    def route(method: str, path: str) -> Reply:
+        clocks[0].now += TIMEOUT
+        return 504, {}, b""
+
+    server, clock, _lines, client = serve(route)
+    clocks.append(clock)
+    try:
+        with pytest.raises(RegistryUnreachable) as caught:
+            client.upload_blob(b"layer")
+    finally:
+        server.close()
+    assert [method for method, _path, _auth in server.seen] == ["POST", "HEAD"]
+    assert clock.now <= POLICY.budget and "/v2/team/x/blobs/uploads/" in str(caught.value)
+
+
+def test_a_referrers_answer_cut_short_is_asked_for_again() -> None:
+    """The referrers API's index has no digest to check: a body cut short was parsed as it
+    was, a malformed index, never asked for again."""
+    digest = "sha256:" + "1" * 64
+    entry = {"digest": digest, "size": 10, "artifactType": "x"}
+    listing = json.dumps({"schemaVersion": 2, "manifests": [entry]}).encode()
+    sent: list[str] = []
+
+    def answer(handler) -> None:  # type: ignore[no-untyped-def]
+        sent.append(handler.path)
+        handler.send_response(200)
+        handler.send_header("Content-Type", INDEX)
+        handler.send_header("Content-Length", str(len(listing)))
+        handler.end_headers()
+        handler.wfile.write(listing[: len(listing) // 2] if len(sent) == 1 else listing)
+        handler.close_connection = True
+
+    server, _clock, lines, client = serve(lambda method, path: (500, {}, b""))
+    server.httpd.RequestHandlerClass.do_GET = answer  # type: ignore[attr-defined]
+    try:
+        found = api_listing(client, "sha256:" + "2" * 64)
+    finally:
+        server.close()
+    assert found == (Referrer(digest, 10, "x"),) and len(sent) == 2
+    assert len(lines) == 1 and "a body cut short" in lines[0]
+
+
+def test_no_upload_state_nor_signature_in_what_the_operator_sees() -> None:
+    """An upload Location's query (the registry's signed `_state`; a storage signature and
+    session token on other registries) is in no retry line, record or error."""
+    secret = "_state=SIGNED-STATE&X-Amz-Security-Token=TOKEN"
+
+    def route(method: str, path: str) -> Reply:
+        if method == "POST":
+            return 202, {"Location": f"/v2/team/x/blobs/uploads/s0?{secret}"}, b""
+        return (404 if method == "HEAD" else 500), {}, b""
+
+    server, _clock, lines, client = serve(route)
+    try:
+        with pytest.raises(RegistryUnreachable) as caught:
+            client.upload_blob(b"layer")
+    finally:
+        server.close()
+    assert any("_state" in path for _method, path, _auth in server.seen)  # it was sent
+    seen = "\n".join([str(caught.value), *lines, json.dumps(client.retries.to_list())])
+    assert "uploads/s0" in str(caught.value)
+    assert not any(word in seen for word in ("_state", "SIGNED", "TOKEN", "Amz"))
+
+
+def test_a_url_shown_has_no_query_nor_password() -> None:
+    signed = "https://user:pw@bucket.s3.example/blobs/ab?X-Amz-Signature=s&X-Amz-Credential=c"
+    assert shown(signed) == "https://bucket.s3.example/blobs/ab"
+    assert (
+        shown("http://127.0.0.1:5000/v2/x/manifests/1") == "http://127.0.0.1:5000/v2/x/manifests/1"
+    )
+
+
+def test_a_401_on_a_patch_midway_renews_the_token_and_the_session_goes_on(tmp_path) -> None:
+    """A token that expires between two PATCHes of a chunked upload: the registry refused the
+    second before touching the session (auth comes first), so the same PATCH is sent again
+    with a new token to the same session: no chunk lost or doubled, no new session."""
+    uploads, issued, patched = Uploads(), [], []
+
+    def answer(handler) -> None:  # type: ignore[no-untyped-def]
+        body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        auth = handler.headers.get("Authorization", "")
+        realm = f'Bearer realm="http://127.0.0.1:{server.port}/token",service="x"'
+        if handler.path.startswith("/token"):
+            issued.append(f"t{len(issued)}")
+            status, headers, reply = 200, {}, json.dumps({"token": issued[-1]}).encode()
+        elif not auth or (auth == "Bearer t0" and handler.command == "PATCH" and patched):
+            status, headers, reply = 401, {"WWW-Authenticate": realm}, b""  # t0 expired
+        else:
+            patched.extend([auth] if handler.command == "PATCH" else [])
+            status, headers, reply = uploads.route(handler.command, handler.path, body)
+        handler.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(reply))}.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(reply)
+
+    server, clock, lines, client = serve(lambda method, path: (500, {}, b""))
+    for verb in ("GET", "HEAD", "POST", "PUT", "PATCH"):
+        setattr(server.httpd.RequestHandlerClass, f"do_{verb}", answer)
+    path = tmp_path / "big"
+    path.write_bytes(bytes(range(256)) * 400)
+    try:
+        digest = client.upload_blob(path, chunk=30_000)
+    finally:
+        server.close()
+    assert uploads.stored[digest] == path.read_bytes() and list(uploads.sessions) == ["s0"]
+    assert issued == ["t0", "t1"] and patched[:2] == ["Bearer t0", "Bearer t1"]
+    assert clock.slept == [] and lines == []

@@ -347,7 +347,7 @@ def local_image(
             reporter.warn(
                 f"{error}; using the engine's copy of the base as it is: it may be older than"
                 " what the registry names now, and its digest and layers not the registry's"
-                " (a push uploads them instead of mounting them)"
+                " (a push to its registry uploads them instead of mounting them)"
             )
             return local
         if remote and remote in held_digests(ref, local):

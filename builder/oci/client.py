@@ -1,15 +1,13 @@
 """A distribution API client (stdlib urllib) for one repository: the registry's primitives.
 
-Reads verify while they stream: a manifest or blob that does not hash to the digest asked for
-(or the digest the registry announced) raises IntegrityError naming both digests, and every
-read is bounded. Writes are the primitives `remote.write` sequences: blob existence,
-cross-repository mount, monolithic and chunked upload, and a manifest PUT that returns the
-digest. Authentication is basic or bearer-token (with a password or an identity token) from
-the `Credentials` the caller passes. Credentials go only to the registry's own origin: an
-upload Location or a redirect on another host gets no Authorization, and a token realm must be
-HTTPS (plain HTTP on loopback only). Every request is tried again on faults as the run's
-`Retries` says (builder.retry, through builder.oci.transport); failures are typed
-(`builder.errors`): unreachable (network, 5xx, 429, after the tries), auth, other errors.
+Reads verify while they stream: a manifest or blob not hashing to the digest asked for (or
+announced) raises IntegrityError naming both, and every read is bounded. Writes are what
+`remote.write` sequences: blob existence, mount, monolithic and chunked upload, a manifest PUT
+returning the digest. Authentication is basic or bearer-token (a password or an identity
+token) from the caller's `Credentials`, sent only to the registry's own origin (an upload
+Location or redirect elsewhere gets none; a token realm must be HTTPS, but on loopback). Every
+request is tried again on faults as the run's `Retries` says (builder.retry, through
+builder.oci.transport); failures are typed (`builder.errors`): unreachable, auth, other.
 """
 
 from __future__ import annotations
@@ -30,12 +28,10 @@ from builder.errors import (
     IntegrityError,
     RegistryAuthError,
     RegistryError,
-    RegistryNotFound,
     RegistryUnreachable,
 )
 from builder.oci import transport
 from builder.oci.auth import (
-    AUTH_HINT,
     MAX_TOKEN_ANSWER,
     Credentials,
     is_loopback,
@@ -143,25 +139,10 @@ class RepositoryClient:
         return transport.retrying(self.retries, host or self.ref.api_host, text, attempt_once)
 
     def _unreachable(self, host: str, exc: BaseException, url: str = "") -> RegistryUnreachable:
-        why = f"{transport.reason(exc)}{f' for {url}' if url else ''}"  # the object asked for
-        return RegistryUnreachable(f"{self.label}: registry {host} is unreachable: {why}")
+        return transport.unreachable(self.label, host, exc, url)
 
     def _http_error(self, code: int, url: str) -> RegistryError:
-        host = self.ref.api_host
-        if code in (401, 403):
-            how = "with the given credentials" if self.credentials else "without credentials"
-            return RegistryAuthError(
-                f"{self.label}: registry {host} refused access ({code} unauthorized {how}) — "
-                + AUTH_HINT.format(host=self.ref.registry)
-            )
-        if code == 404:
-            what = "manifest" if "/manifests/" in url else "blob"
-            return RegistryNotFound(
-                f"{self.label}: not found in registry {host} "
-                f"(no {what} {url.rsplit('/', 1)[-1]} in {self.ref.repository})"
-            )
-        kind = RegistryUnreachable if code == 429 or code >= 500 else RegistryError
-        return kind(f"{self.label}: registry {host} answered {code} for {url}")
+        return transport.http_error(self.label, self.ref, self.credentials is not None, code, url)
 
     def _authenticate(self, challenge: str, method: str, scopes: tuple[str, ...]) -> bool:
         """Set the Authorization header a 401 challenge asks for; False if there is none."""
@@ -182,7 +163,8 @@ class RepositoryClient:
         if not trusted_realm(realm):
             raise RegistryAuthError(
                 f"{self.label}: registry {self.ref.api_host} asks for credentials at"
-                f" {realm[:100]!r}; only an https token service is trusted with them"
+                f" {transport.shown(realm)[:100]!r}; only an https token service is trusted"
+                " with them"
             )
         action = "pull" if method in ("GET", "HEAD") else "pull,push"
         wanted = [fields.get("scope") or f"repository:{self.ref.repository}:{action}", *scopes]
@@ -215,7 +197,7 @@ class RepositoryClient:
                 raise transport.unanswered(exc, self._unreachable(host, exc, realm)) from None
             except ValueError:
                 raise RegistryError(
-                    f"{self.label}: token service {realm} answered no JSON"
+                    f"{self.label}: token service {transport.shown(realm)} answered no JSON"
                 ) from None
 
         host = urllib.parse.urlsplit(realm).netloc
@@ -245,9 +227,7 @@ class RepositoryClient:
 
         def fetch() -> tuple[bytes, str]:
             with self._once(exchange) as response:
-                body = transport.whole(
-                    response, self._read(response, MAX_MANIFEST + 1), MAX_MANIFEST + 1
-                )
+                body = self._whole(response, MAX_MANIFEST + 1)
                 served = response.headers.get("Docker-Content-Digest")
             if len(body) > MAX_MANIFEST:
                 raise RegistryError(
@@ -263,19 +243,30 @@ class RepositoryClient:
 
         return self._retrying(exchange.text, fetch)
 
+    def document(self, url: str, accept: str, limit: int) -> tuple[str, bytes] | None:
+        """A small document's Content-Type and body, up to `limit` bytes (None: a 404), read
+        inside the retry loop: one cut short or reset midway (the referrers API's answer has
+        no digest to check) is asked for again, not handed over as a malformed document."""
+        exchange = Exchange(url, accept=accept, missing_ok=True)
+
+        def fetch() -> tuple[str, bytes] | None:
+            response = self._once(exchange)
+            if response is None:
+                return None
+            with response:
+                return response.headers.get("Content-Type") or "", self._whole(response, limit)
+
+        return self._retrying(exchange.text, fetch)
+
     def read_blob(self, digest: str, consume: Callable[[VerifiedBlob], T]) -> T:
         """`consume(stream)` over the blob `digest`, verified as it streams and at its end.
 
-        A body cut off or not matching its digest is a fault: the blob is fetched again and
-        `consume` called again on the new stream, from its start (bounded by the policy; the
-        last mismatch is the IntegrityError). Bytes already handed to a consumer cannot be
-        taken back, so a read is not resumed mid-stream: the whole consuming operation is
-        tried again, and `consume` must be restartable, what it made of a failed stream not
-        counting. Each caller's is: a layer's facts are laid over the lower ones only once its
-        whole tar was read (builder.base.layers), a file is rewritten from its start, bytes
-        are returned. Spooling every blob to a temporary file first would make that hold for
-        any consumer, at the price of a layer's size in scratch space and a second pass over
-        it on every read, also on the clean path.
+        A body cut off or not matching is a fault: `consume` is called again on a new stream,
+        from its start (bounded by the policy; the last mismatch is the IntegrityError), so it
+        must be restartable, what it made of a failed stream not counting (each caller's is: a
+        layer is laid over the lower ones once its whole tar was read, builder.base.layers; a
+        file is rewritten from its start). Spooling every blob first would make any consumer
+        restartable, at a layer's size in scratch space and a second pass on the clean path.
         """
         exchange = Exchange(self.url("blobs", self._checked(digest, "blob")))
 
@@ -304,6 +295,10 @@ class RepositoryClient:
 
         return self.read_blob(digest, bounded)
 
+    def _whole(self, response: Any, limit: int) -> bytes:
+        """Up to `limit` bytes of `response`; a fault if it ended before its Content-Length."""
+        return transport.whole(response, self._read(response, limit), limit)
+
     def _read(self, response: Any, limit: int) -> bytes:
         try:
             return response.read(limit)
@@ -314,10 +309,17 @@ class RepositoryClient:
     # -- writing ------------------------------------------------------------------------------
     def blob_exists(self, digest: str) -> bool:
         url = self.url("blobs", self._checked(digest, "blob"))
-        response = self.open(url, "HEAD", missing_ok=True)
-        if response is not None:
-            response.close()
-        return response is not None
+        return transport.held(self.open(url, "HEAD", missing_ok=True))
+
+    def _arrived(self, digest: str) -> bool:
+        """Is a failed upload's blob there after all? One HEAD, tried once: its fault is the
+        upload's, counted in the run's budget by the upload's loop (retried on its own, a
+        registry that never answers held a run a failed step's 60 s, then the HEAD's 2 x 60 s)."""
+        url = self.url("blobs", self._checked(digest, "blob"))
+        try:
+            return transport.held(self._once(Exchange(url, "HEAD", missing_ok=True)))
+        except Fault:
+            return False
 
     def mount(self, digest: str, source_repository: str) -> bool:
         """Link a blob from another repository of this registry; False if it cannot.
@@ -353,18 +355,15 @@ class RepositoryClient:
     def upload_blob(self, source: Source, digest: str | None = None, chunk: int = CHUNK) -> str:
         """Upload bytes, a file or a stream; returns its digest (checked if `digest` is given).
 
-        Bytes and files up to `chunk` go in one PUT; larger files and streams go in PATCHes
-        of `chunk` bytes, hashed as they go, then a closing PUT naming the digest. A stream is
-        given as a function opening it (another registry's blob: `blob`), so that it can be
-        read again from its start.
+        Bytes and files up to `chunk` go in one PUT; larger files and streams in PATCHes of
+        `chunk` bytes, hashed as they go, then a closing PUT naming the digest. A stream is a
+        function opening it (another registry's blob: `blob`), to read it again from its start.
 
-        A fault in any step (the POST, a PATCH, the closing PUT, the stream's source) ends
-        that session: its state is stale once the registry took bytes unheard of, so it is
-        never continued. The blob is asked for (HEAD: a reply dropped after the registry
-        stored it is the common case), else a new session sends everything again, the file
-        or the stream opened again: a blob streamed across registries is fetched again, not
-        spooled (no scratch space the size of a layer on the clean path, and such a copy is
-        rare: the target is asked and mounted from first).
+        A fault in any step (the POST, a PATCH, the closing PUT, the stream's source) ends the
+        session (stale once the registry took bytes unheard of): the blob is asked for (HEAD:
+        a reply lost after the registry stored it is the common case), else a new session
+        sends it all again; a blob streamed across registries is fetched again, not spooled
+        (no layer-sized scratch space on the clean path; the target is mounted from first).
         """
         if isinstance(source, Path) and source.stat().st_size <= chunk:
             source = source.read_bytes()
@@ -375,7 +374,7 @@ class RepositoryClient:
             try:
                 return self._upload_once(source, digest, chunk)
             except Fault:
-                if known and self.blob_exists(known):
+                if known and self._arrived(known):
                     return known
                 raise
 
@@ -445,5 +444,7 @@ class RepositoryClient:
             )
         url = urllib.parse.urljoin(f"{self.scheme}://{self.ref.api_host}/", location)
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-            raise RegistryError(f"{self.label}: upload location {location[:100]!r} is not HTTP")
+            raise RegistryError(
+                f"{self.label}: upload location {transport.shown(location)[:100]!r} is not HTTP"
+            )
         return url

@@ -148,14 +148,13 @@ def attached_document(registry: RepositoryClient, referrer: Referrer) -> bytes:
 
 def api_listing(registry: RepositoryClient, subject_digest: str) -> tuple[Referrer, ...] | None:
     """The referrers API's answer; None where the registry has no such API (404)."""
-    url = registry.url("referrers", subject_digest)
-    response = registry.open(url, accept=OCI_INDEX, missing_ok=True)
-    if response is None:
+    found = registry.document(registry.url("referrers", subject_digest), OCI_INDEX, MAX_DOCUMENT)
+    if found is None:
         return None
-    with response:
-        if OCI_INDEX not in (response.headers.get("Content-Type") or ""):
-            return None  # something else answered the path: not the API
-        return _parsed(registry, response.read(MAX_DOCUMENT))
+    content_type, body = found
+    if OCI_INDEX not in content_type:
+        return None  # something else answered the path: not the API
+    return _parsed(registry, body)
 
 
 def fallback_listing(registry: RepositoryClient, subject_digest: str) -> tuple[Referrer, ...]:

@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from builder.errors import IntegrityError, RegistryError, RegistryUnreachable, UserError
+from builder.errors import (
+    IntegrityError,
+    RegistryAuthError,
+    RegistryError,
+    RegistryNotFound,
+    RegistryUnreachable,
+    UserError,
+)
+from builder.oci.auth import AUTH_HINT
+from builder.oci.name import ImageRef
 from builder.retry import Retries, retryable
 
 TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
@@ -147,12 +156,56 @@ def unanswered(exc: BaseException, error: UserError) -> UserError:
     return Fault(error, reason(exc))
 
 
+def shown(url: str) -> str:
+    """`url` as an error line may show it: scheme, host and path, without a user and password
+    and without the query. An upload Location's query carries the registry's signed session
+    state (`_state`), a redirect to blob storage a signature and often a session token
+    (`X-Amz-Signature`, `X-Amz-Security-Token`: whoever holds the URL may read the blob), and
+    error lines end up in CI logs."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def unreachable(label: str, host: str, exc: BaseException, url: str = "") -> RegistryUnreachable:
+    """A request without an answer: the registry, the reason, the object asked for."""
+    why = f"{reason(exc)}{f' for {shown(url)}' if url else ''}"
+    return RegistryUnreachable(f"{label}: registry {host} is unreachable: {why}")
+
+
+def http_error(label: str, ref: ImageRef, signed_in: bool, code: int, url: str) -> RegistryError:
+    """An error answer as its typed error: the registry, the repository, the object."""
+    host, url = ref.api_host, shown(url)
+    if code in (401, 403):
+        how = "with the given credentials" if signed_in else "without credentials"
+        return RegistryAuthError(
+            f"{label}: registry {host} refused access ({code} unauthorized {how}) — "
+            + AUTH_HINT.format(host=ref.registry)
+        )
+    if code == 404:
+        what = "manifest" if "/manifests/" in url else "blob"
+        return RegistryNotFound(
+            f"{label}: not found in registry {host} "
+            f"(no {what} {url.rsplit('/', 1)[-1]} in {ref.repository})"
+        )
+    kind = RegistryUnreachable if code == 429 or code >= 500 else RegistryError
+    return kind(f"{label}: registry {host} answered {code} for {url}")
+
+
+def held(response: Any) -> bool:
+    """Did a HEAD (None: its 404) find what it asked for? The response is closed."""
+    if response is None:
+        return False
+    response.close()
+    return True
+
+
 def whole(response: Any, body: bytes, limit: int) -> bytes:
     """`body`, read from `response` up to `limit` bytes; a fault if the connection ended
     before its Content-Length (http.client hands a short read over without a word)."""
     missing = response.length or 0
     if len(body) < limit and missing > 0:
-        cut = RegistryUnreachable(f"{response.url}: the body ended {missing} bytes short")
+        cut = RegistryUnreachable(f"{shown(response.url)}: the body ended {missing} bytes short")
         raise Fault(cut, "a body cut short")
     return body
 
@@ -160,8 +213,10 @@ def whole(response: Any, body: bytes, limit: int) -> bytes:
 class Fault(RegistryError):
     """One try's transient failure: `error` is what the caller gets if it was the last try.
 
-    A RegistryError, so that a stream's `__exit__` does not drain on it; `_retrying` turns
-    every fault into its error, so none leaves the client.
+    A RegistryError, so that a stream's `__exit__` does not drain on it (and one that escaped
+    would still be one `error:` line); `retrying` turns every fault into its error, so none
+    leaves the client but from the reads of a `RepositoryClient.blob` stream, whose one caller
+    (`upload_blob`, reading a stream source) is inside its own loop.
     """
 
     def __init__(self, error: UserError, answer: str, asked: str | None = None) -> None:

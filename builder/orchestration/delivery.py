@@ -182,6 +182,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
 
     A failed production raises (once the other arches end) and a failed verification returns
     before anything is written: no tag moves, the template is untouched, no state is recorded.
+    A failed push raises too, report.json recording the registry retries that led to it.
     """
     produced = _produce_and_verify(producer, plan, delivery, run)
     outcome = Outcome(plan, producer.path, produced, producer.label)
@@ -191,9 +192,13 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     if outcome.succeeded and delivery.push is not None:
         recorded = delivery.state.path if delivery.state else None
         started = time.monotonic()
-        outcome.pushed, outcome.node_update, outcome.written = _write(
-            producer, produced, delivery.push, run, recorded, delivery.sign
-        )
+        try:
+            outcome.pushed, outcome.node_update, outcome.written = _write(
+                producer, produced, delivery.push, run, recorded, delivery.sign
+            )
+        except UserError:  # a registry down midway: its retries are what the operator needs
+            update_report(run.output, {"registry_retries": run.retries.to_list()})
+            raise
         outcome.push_seconds = time.monotonic() - started
         if delivery.template:
             _point_template(outcome, delivery)
