@@ -32,8 +32,8 @@ from builder.analysis.index import (
     uv_python,
 )
 from builder.analysis.requirements import RequirementSet
-from builder.analysis.resolve import _failure
 from builder.analysis.target import ARCHES, Target, shipped_facts
+from builder.analysis.unresolvable import unresolvable
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
 from builder.retry import POLICY
@@ -206,7 +206,7 @@ def test_a_dependency_against_a_base_pin_is_named_with_the_pin(tmp_path: Path) -
     failed = subprocess.run(command, capture_output=True, text=True, env=uv_environment())
     assert failed.returncode != 0
     facts = replace(shipped_facts(), distributions={"bsi-dep": "4.0"})
-    error = _failure(failed.stderr, RequirementSet((), ()), Target(facts, (AMD64,)), AMD64)
+    error = unresolvable(failed.stderr, RequirementSet((), ()), Target(facts, (AMD64,)), AMD64)
     assert str(error) == (
         "cannot resolve for amd64: all versions of bsi-app depend on bsi-dep<3, but the base"
         " image pins"

@@ -52,19 +52,11 @@ from builder.analysis.stale import (
     stale_picks,
 )
 from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
+from builder.analysis.unresolvable import not_found, origin, unresolvable
 from builder.cache import Cache
 from builder.errors import UserError
 
-NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
 NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")
-CAUSE = re.compile(r"cause: (.*?)(?:\n\s*\n|\Z)", re.S)
-# uv's derivation of a dependency that disagrees with a pin: "botocore>=1.44.8 depends on
-# python-dateutil>=2.1,<3.0.0 and python-dateutil==4.0.0, we can conclude …", or "all versions
-# of bsi-app depend on …"
-PIN_CONFLICT = re.compile(
-    r"((?:all versions of )?\S+) (depends?) on (\S+?) and ([A-Za-z0-9._-]+)==(\S+?),"
-)
-MAX_CAUSE = 400  # characters of uv's explanation an error line carries
 MAX_SOURCE_ROUNDS = 10
 RESOLUTION_TTL_SECONDS = 3600
 
@@ -152,51 +144,6 @@ def _wheel_file(entry: dict, cache: Cache) -> RemoteFile:
     return RemoteFile(filename, url, sha256, entry.get("size"), built_from=source)
 
 
-def _origin(requirements: RequirementSet, name: str) -> str:
-    for requirement in requirements.requirements:
-        if requirement.name == name:
-            return f"{requirement} ({requirement.origin})"
-    return f"{name} (a dependency)"
-
-
-def _failure(
-    stderr: str, requirements: RequirementSet, target: Target[BaseFacts], arch: Arch
-) -> UserError:
-    if match := NOT_FOUND.search(stderr):
-        name = canonicalize_name(match.group(1))
-        return UserError(
-            f"{_origin(requirements, name)}: no such distribution on the package index"
-        )
-    if conflict := _base_conflict(stderr, target):
-        return UserError(f"cannot resolve for {arch.name}: {conflict}")
-    cause_match = CAUSE.search(stderr)
-    cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
-    if len(cause) > MAX_CAUSE:
-        cause = cause[:MAX_CAUSE].rsplit(" ", 1)[0] + " …"
-    base_pins = [
-        f"{name}=={version}"
-        for name, version in sorted(target.base.distributions.items())
-        if re.search(rf"\b{re.escape(name)}\b", cause, re.I)
-    ]
-    hint = f" (the base image pins {', '.join(base_pins)})" if base_pins else ""
-    return UserError(f"cannot resolve for {arch.name}: {cause}{hint}")
-
-
-def _base_conflict(stderr: str, target: Target[BaseFacts]) -> str | None:
-    """A dependency that disagrees with a distribution the base pins, as uv derived it (the
-    last derivation: the newest release it tried), or None. A requirement that names the pinned
-    distribution itself is refused before resolving (`check_against_base`); one of its
-    dependencies only shows here, among uv's hundreds of lines about every older release."""
-    for dependent, verb, wanted, name, version in reversed(PIN_CONFLICT.findall(stderr)):
-        if target.base.distributions.get(canonicalize_name(name)) == version:
-            return (
-                f"{dependent} {verb} on {wanted}, but the base image"
-                f" pins {canonicalize_name(name)}=={version} (its /app/deps comes first on"
-                " PYTHONPATH)"
-            )
-    return None
-
-
 class _WheelsExist(Exception):
     """uv hinted at building a distribution whose matching release has a usable wheel: the
     resolution failed for another reason (a conflict), which its own explanation gives."""
@@ -258,7 +205,7 @@ def _build_from_source(
     wanted = f"{name}{specifier}" if specifier else name
     if not candidates:
         raise UserError(
-            f"{_origin(requirements, name)}: no release matching {wanted} has a wheel for"
+            f"{origin(requirements, name)}: no release matching {wanted} has a wheel for"
             f" CPython {target.python_version} on {arch.machine}; {suggestion}"
         )
     version = candidates[0]
@@ -266,7 +213,7 @@ def _build_from_source(
         raise _WheelsExist(name)  # uv tried older releases, sdist-only: not why it failed
     if version in wheeled:  # wheels exist, just not for us: compiled for other targets
         raise UserError(
-            f"{_origin(requirements, name)}: {name}=={version} has no wheel for"
+            f"{origin(requirements, name)}: {name}=={version} has no wheel for"
             f" cp{''.join(map(str, target.python_tuple))} manylinux {arch.machine} and its"
             f" source compiles native code; {suggestion}"
         )
@@ -275,7 +222,7 @@ def _build_from_source(
     evidence = compiled_code_evidence(sdist)
     if evidence:
         raise UserError(
-            f"{_origin(requirements, name)}: {name}=={version} has only a source distribution"
+            f"{origin(requirements, name)}: {name}=={version} has only a source distribution"
             f" and it compiles native code ({evidence}); {suggestion}"
         )
     wheel, _ = build_pure_wheel(sdist, sdists[version], cache)
@@ -365,17 +312,17 @@ def resolve(
                 needs_source = [
                     canonicalize_name(n) for n in NEEDS_SOURCE_BUILD.findall(result.stderr)
                 ]
-                if not needs_source or NOT_FOUND.search(result.stderr):
-                    raise _failure(result.stderr, requirements, target, arch)
+                if not needs_source or not_found(result.stderr):
+                    raise unresolvable(result.stderr, requirements, target, arch)
                 try:
                     built.extend(
                         _build_from_source(name, target, arch, requirements, cache, find_links)
                         for name in needs_source
                     )
                 except _WheelsExist:
-                    raise _failure(result.stderr, requirements, target, arch) from None
+                    raise unresolvable(result.stderr, requirements, target, arch) from None
             else:
-                raise _failure(result.stderr, requirements, target, arch)
+                raise unresolvable(result.stderr, requirements, target, arch)
             pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
             return (*_packages(tomllib.loads(pylock), target, cache), pylock)
 

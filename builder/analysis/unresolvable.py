@@ -1,0 +1,77 @@
+"""What uv's failure to resolve a set means, said in one line that names the culprit.
+
+uv explains a failure as a derivation, release by release: for boto3, whose botocore wants
+python-dateutil<3 while the base pins 4.0.0, hundreds of lines. The error line names a missing
+distribution, else a dependency that disagrees with a distribution the base pins (with the
+pin), else uv's own cause, cut short, with any base pin it mentions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from packaging.utils import canonicalize_name
+
+from builder.analysis.requirements import RequirementSet
+from builder.analysis.target import Arch, BaseFacts, Target
+from builder.errors import UserError
+
+NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
+CAUSE = re.compile(r"cause: (.*?)(?:\n\s*\n|\Z)", re.S)
+# uv's derivation of a dependency that disagrees with a pin: "botocore>=1.44.8 depends on
+# python-dateutil>=2.1,<3.0.0 and python-dateutil==4.0.0, we can conclude …", or "all versions
+# of bsi-app depend on …"
+PIN_CONFLICT = re.compile(
+    r"((?:all versions of )?\S+) (depends?) on (\S+?) and ([A-Za-z0-9._-]+)==(\S+?),"
+)
+MAX_CAUSE = 400  # characters of uv's explanation an error line carries
+
+
+def origin(requirements: RequirementSet, name: str) -> str:
+    """How an error names `name`: the requirement line that asked for it, or a dependency."""
+    for requirement in requirements.requirements:
+        if requirement.name == name:
+            return f"{requirement} ({requirement.origin})"
+    return f"{name} (a dependency)"
+
+
+def unresolvable(
+    stderr: str, requirements: RequirementSet, target: Target[BaseFacts], arch: Arch
+) -> UserError:
+    """The one-line error for uv's failed resolution for `arch` (its stderr)."""
+    if match := NOT_FOUND.search(stderr):
+        name = canonicalize_name(match.group(1))
+        return UserError(f"{origin(requirements, name)}: no such distribution on the package index")
+    if conflict := _base_conflict(stderr, target):
+        return UserError(f"cannot resolve for {arch.name}: {conflict}")
+    cause_match = CAUSE.search(stderr)
+    cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
+    if len(cause) > MAX_CAUSE:
+        cause = cause[:MAX_CAUSE].rsplit(" ", 1)[0] + " …"
+    base_pins = [
+        f"{name}=={version}"
+        for name, version in sorted(target.base.distributions.items())
+        if re.search(rf"\b{re.escape(name)}\b", cause, re.I)
+    ]
+    hint = f" (the base image pins {', '.join(base_pins)})" if base_pins else ""
+    return UserError(f"cannot resolve for {arch.name}: {cause}{hint}")
+
+
+def _base_conflict(stderr: str, target: Target[BaseFacts]) -> str | None:
+    """A dependency that disagrees with a distribution the base pins, as uv derived it (the
+    last derivation: the newest release it tried), or None. A requirement that names the pinned
+    distribution itself is refused before resolving (`check_against_base`); one of its
+    dependencies only shows here, among uv's hundreds of lines about every older release."""
+    for dependent, verb, wanted, name, version in reversed(PIN_CONFLICT.findall(stderr)):
+        if target.base.distributions.get(canonicalize_name(name)) == version:
+            return (
+                f"{dependent} {verb} on {wanted}, but the base image"
+                f" pins {canonicalize_name(name)}=={version} (its /app/deps comes first on"
+                " PYTHONPATH)"
+            )
+    return None
+
+
+def not_found(stderr: str) -> bool:
+    """Did uv fail because a distribution is on no index?"""
+    return NOT_FOUND.search(stderr) is not None
