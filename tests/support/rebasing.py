@@ -132,7 +132,11 @@ def rebase_plan(
         ),
         base_image=base,
         base_reference=ImageRef.parse(base),
-        arches=(SimpleNamespace(arch="amd64", apt_packages=(), wheels=wheels),),
+        arches=(
+            SimpleNamespace(
+                arch="amd64", apt_packages=(), wheels=wheels, installed_programs=lambda: ()
+            ),
+        ),
         import_modules=modules,
         runtime_checks=(),
         pythonpath_entry="/app/deps-extra",
