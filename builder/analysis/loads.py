@@ -164,6 +164,20 @@ def evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str | 
     return None
 
 
+def _walked(tree: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.AST]:
+    """Every node of `tree` in ast.walk's (breadth-first) order, each child's parent recorded."""
+    nodes = [tree]
+    for node in nodes:  # grows as it goes: breadth first
+        for field in node._fields:
+            value = getattr(node, field, None)
+            children = value if isinstance(value, list) else (value,)
+            for child in children:
+                if isinstance(child, ast.AST):
+                    parents[child] = node
+                    nodes.append(child)
+    return nodes
+
+
 class Module:
     """Name bindings of one module, enough to follow a name back to its literal strings."""
 
@@ -179,9 +193,11 @@ class Module:
         # names() per (node, depth, bindings): names assigned from each other many times over
         # would otherwise be followed once per path, exponentially in the depth.
         self.memo: dict[tuple[int, int, tuple[tuple[str, Scalar], ...]], list[str]] = {}
-        for node in ast.walk(tree):
-            for child in ast.iter_child_nodes(node):
-                self.parents[child] = node
+        # Every node once, in ast.walk's order: the scans below go over these lists rather than
+        # walking the tree again (ast.walk was most of a cold inspection's time).
+        self.nodes = _walked(tree, self.parents)
+        self.calls = [node for node in self.nodes if isinstance(node, ast.Call)]
+        for node in self.nodes:
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if isinstance(target, ast.Name):
@@ -342,8 +358,8 @@ def _analyse(module: Module) -> tuple[list[LoadSite], list[Helper]]:
     """The module's own load sites, and its top-level helpers other modules may call."""
     sites: list[LoadSite] = []
     helpers: list[Helper] = []
-    for node in ast.walk(module.tree):
-        if not isinstance(node, ast.Call) or not node.args:
+    for node in module.calls:
+        if not node.args:
             continue
         called = _called(node)
         if called not in LOADERS and called not in FINDERS:
@@ -360,8 +376,8 @@ def _analyse(module: Module) -> tuple[list[LoadSite], list[Helper]]:
         arguments = function.args
         skip = len(arguments.posonlyargs) + len(arguments.args) if position < 0 else 0
         helper = Helper(f"{module.name}.{function.name}", position, skip)
-        for call in ast.walk(module.tree):
-            if not isinstance(call, ast.Call) or _called(call) != function.name:
+        for call in module.calls:
+            if _called(call) != function.name:
                 continue
             if names := module.arguments(call, helper):
                 sites.append(module.site(call, names))
@@ -373,8 +389,8 @@ def _analyse(module: Module) -> tuple[list[LoadSite], list[Helper]]:
 def _imported_sites(module: Module, helpers: Mapping[str, list[Helper]]) -> list[LoadSite]:
     """Calls to helpers that `module` imports from another module of the wheel."""
     sites = []
-    for node in ast.walk(module.tree):
-        if not isinstance(node, ast.Call) or (qualified := module.resolve(node.func)) is None:
+    for node in module.calls:
+        if (qualified := module.resolve(node.func)) is None:
             continue
         for helper in helpers.get(qualified, []):
             if names := module.arguments(node, helper):

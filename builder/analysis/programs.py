@@ -109,7 +109,7 @@ class _Bindings:
         self.scoped: dict[str, list[tuple[ast.AST | None, ast.AST]]] = {}
         self.augmented: dict[str, list[tuple[ast.AST | None, ast.AST]]] = {}
         self.attributes: dict[str, list[ast.AST]] = {}
-        for node in ast.walk(module.tree):
+        for node in module.nodes:
             if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
@@ -348,9 +348,7 @@ def _analyse(reader: _Reader, module: Module) -> tuple[list[LoadSite], list[_Run
     """The module's own sites, and its top-level helpers whose parameter gets run."""
     sites: list[LoadSite] = []
     runners: list[_Runner] = []
-    for node in ast.walk(module.tree):
-        if not isinstance(node, ast.Call):
-            continue
+    for node in module.calls:
         qualified = module.resolve(node.func)
         if qualified is None or qualified not in RUNNERS:
             continue
@@ -365,8 +363,8 @@ def _analyse(reader: _Reader, module: Module) -> tuple[list[LoadSite], list[_Run
             continue
         function, index = found
         runner = _Runner(f"{module.name}.{function.name}", index, kind)
-        for call in ast.walk(module.tree):
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name | ast.Attribute):
+        for call in module.calls:
+            if isinstance(call.func, ast.Name | ast.Attribute):
                 named = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
                 if named == function.name:
                     sites += _caller_sites(reader, module, call, runner)
@@ -421,6 +419,9 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
         runners |= {runner.qualified: runner for runner in exported}
     if not runners:
         return ordered(sites)
+    # A call can reach a runner only under the runner's own name: only such calls are worth
+    # looking up as re-exports (each lookup parses the package that would re-export it).
+    called_as = {qualified.rpartition(".")[2] for qualified in runners}
     for path in paths:
         if path in unparsed and not _mentions_runner_of(read(path), runners):
             continue
@@ -428,10 +429,12 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
         if loaded is None:
             continue
         module = loaded[0]
-        for node in ast.walk(module.tree):
-            if not isinstance(node, ast.Call) or (qualified := module.resolve(node.func)) is None:
+        for node in module.calls:
+            if (qualified := module.resolve(node.func)) is None:
                 continue
-            runner = runners.get(qualified) or runners.get(reader.reexported(qualified) or "")
+            runner = runners.get(qualified)
+            if runner is None and qualified.rpartition(".")[2] in called_as:
+                runner = runners.get(reader.reexported(qualified) or "")
             if runner is not None:
                 sites += _caller_sites(reader, module, node, runner)
     return ordered(sites)
