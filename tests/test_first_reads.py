@@ -6,6 +6,7 @@ from pathlib import Path
 
 from support.wheelfactory import make_wheel
 
+from builder.image import first_reads as reading
 from builder.image.first_reads import first_reads, laid_out, module_name, wheel_first_reads
 
 SOURCES = {
@@ -60,3 +61,44 @@ def test_a_wheels_first_reads_are_the_same_on_every_call(tmp_path: Path) -> None
     first = wheel_first_reads(wheel)
     assert first[:2] == ("pkg/__init__.py", "pkg/core.py")
     assert first == wheel_first_reads(wheel)
+
+
+def test_imports_are_read_line_by_line_as_the_module_runs_them() -> None:
+    """The reading follows if/try/with at module level, not functions, classes or loops, and
+    not text in docstrings; a statement spans its brackets and continuations, and a module of
+    syntax the tool's own Python cannot parse (3.12's `type`) is still read."""
+    source = b'''"""Doc.
+
+import in_docstring
+"""
+# a comment with """ opens no string
+from . import (
+    one,  # a comment (
+    two,
+)
+import three, \\
+    four
+if True:
+    try:
+        from .five import x
+    except ImportError:
+        import six
+def f():
+    import in_function
+    if True:
+        import in_function_block
+class C:
+    import in_class
+for _ in ():
+    import in_loop
+with open:
+    import seven
+type Alias = int
+x = """
+import in_string
+"""
+'''
+    found = reading._imports("pkg", "pkg/__init__.py", source)
+    assert found == [
+        "pkg", "pkg.one", "pkg.two", "three", "four", "pkg.five", "pkg.five.x", "six", "seven",
+    ]  # fmt: skip
