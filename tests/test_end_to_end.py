@@ -41,6 +41,16 @@ def test_the_union_build_verified_every_library_hardened(union_image: Built) -> 
     assert all(spent >= 0 for spent in image["seconds"].values())
     assert image["seconds"]["verify"] > 1  # a hardened container started, the set imported
     assert "push_seconds" not in image  # nothing was pushed
+    # ... and when: each wheel inspected, laid out and compiled after it arrived (a pipeline)
+    timeline = union_image.report["timeline"]
+    assert list(timeline["steps"])[:2] == ["base", "resolve"]
+    assert {"downloads", "inspections", "plan", "layers", "bytecode"} <= set(timeline["steps"])
+    assert all(began <= ended for began, ended in timeline["steps"].values())
+    wheels = {w["filename"] for w in union_image.report["architectures"]["amd64"]["wheels"]}
+    assert set(timeline["wheels"]) == wheels
+    for stages in timeline["wheels"].values():
+        assert set(stages) == {"arrived", "inspected", "laid_out", "compiled"}
+        assert all(stages["arrived"] <= stages[later] for later in stages)
 
 
 def test_beautifulsoup4_imports_hardened(union_image: Built, test_env: dict) -> None:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import functools
+import heapq
 import multiprocessing
 import os
 import shutil
 import tempfile
+import threading
 import zipfile
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,29 +292,83 @@ def inspect_wheel(path: Path, sha256: str, cache: Cache) -> WheelInspection:
 
 
 def inspect_as_ready(
-    ready: Iterable[tuple[Path, str]], cache: Cache, workers: int = DEFAULT_WORKERS
+    ready: Iterable[tuple[Path, str]],
+    cache: Cache,
+    workers: int = DEFAULT_WORKERS,
+    done: Callable[[str], None] | None = None,
 ) -> dict[str, WheelInspection]:
     """sha256 -> inspection of each (path, sha256) `ready` yields, e.g. as its download ends.
 
-    Each uncached wheel goes to a worker process the moment it arrives, so inspection overlaps
-    the downloads. pyelftools is pure Python and CPU bound (threads would serialize on the GIL);
-    the workers come from a forkserver, not a fork of this process, whose download and layer
-    threads may hold locks a forked child would inherit held. The pool starts with the first
-    uncached wheel: a set inspected before starts no process (the pool's semaphores alone
-    start multiprocessing's resource tracker, an interpreter of its own).
+    Each uncached wheel goes to a worker process as it arrives, so inspection overlaps the
+    downloads; the largest waiting goes first (_LargestFirst). pyelftools is pure Python and
+    CPU bound (threads would serialize on the GIL); the workers come from a forkserver, not a
+    fork of this process, whose download and layer threads may hold locks a forked child would
+    inherit held. The pool starts with the first uncached wheel: a set inspected before starts
+    no process (the pool's semaphores alone start multiprocessing's resource tracker, an
+    interpreter of its own). `done(sha256)` is called as each inspection ends (a timeline).
     """
     found: dict[str, WheelInspection] = {}
-    pending: dict[str, Future[WheelInspection]] = {}
     with contextlib.ExitStack() as stack:
-        pool: ProcessPoolExecutor | None = None
+        queue: _LargestFirst | None = None
         for path, sha256 in ready:
             cached = cached_inspection(cache, path.name, sha256)
             if cached is not None:
                 found[sha256] = cached
-            elif sha256 not in pending:
-                if pool is None:
-                    pool = stack.enter_context(
-                        ProcessPoolExecutor(max_workers=workers, mp_context=_WORKERS)
-                    )
-                pending[sha256] = pool.submit(inspect_wheel, path, sha256, cache)
+                if done is not None:
+                    done(sha256)
+                continue
+            if queue is None:
+                pool = ProcessPoolExecutor(max_workers=workers, mp_context=_WORKERS)
+                queue = _LargestFirst(stack.enter_context(pool), workers, cache, done)
+            queue.add(path, sha256)
+        pending = queue.results if queue is not None else {}
         return found | {sha256: future.result() for sha256, future in pending.items()}
+
+
+class _LargestFirst:
+    """Wheels inspected by `workers` processes, the largest waiting one first.
+
+    A set's downloads end close together, the largest last; taken in arrival order, scipy's
+    and sympy's inspections (seconds each) started last and ended alone on one core.
+    """
+
+    def __init__(
+        self,
+        pool: ProcessPoolExecutor,
+        workers: int,
+        cache: Cache,
+        done: Callable[[str], None] | None,
+    ) -> None:
+        self.pool, self.workers, self.cache, self.done = pool, workers, cache, done
+        self.lock = threading.RLock()  # a job that ended at once calls back on this thread
+        self.waiting: list[tuple[int, str, Path]] = []  # a heap: (-wheel bytes, sha256, path)
+        self.running = 0
+        self.results: dict[str, Future[WheelInspection]] = {}
+
+    def add(self, path: Path, sha256: str) -> None:
+        with self.lock:
+            if sha256 in self.results:
+                return
+            self.results[sha256] = Future()
+            heapq.heappush(self.waiting, (-path.stat().st_size, sha256, path))
+            self._start()
+
+    def _start(self) -> None:
+        with self.lock:
+            while self.running < self.workers and self.waiting:
+                _, sha256, path = heapq.heappop(self.waiting)
+                self.running += 1
+                job = self.pool.submit(inspect_wheel, path, sha256, self.cache)
+                job.add_done_callback(functools.partial(self._ended, sha256))
+
+    def _ended(self, sha256: str, job: Future[WheelInspection]) -> None:
+        error = job.exception()
+        if error is not None:
+            self.results[sha256].set_exception(error)
+        else:
+            self.results[sha256].set_result(job.result())
+        if self.done is not None:
+            self.done(sha256)
+        with self.lock:
+            self.running -= 1
+            self._start()  # after a failure too: every result is waited for, as before

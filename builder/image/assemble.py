@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import tarfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ from builder.image.extras import (
     check_layer_count,
     created_by,
     distribution_layers,
+    own_layers_as_ready,
 )
 from builder.image.layer import ZIP_EPOCH, lock_hash
 from builder.image.render import lock_of
@@ -76,25 +77,53 @@ def plan_layers(
         return dict(zip(arches, pool.map(one, arches), strict=True))
 
 
+def start_own_layers(
+    pool: ThreadPoolExecutor,
+    pins: Mapping[str, Sequence[tuple[str, str, str]]],
+    ready: Iterable[tuple[Path, str]],
+    cache: Cache,
+    budget: int = EXTRAS_LAYERS,
+    done: Callable[[str], None] | None = None,
+) -> Future[None] | None:
+    """Write each wheel's own layer as `ready` yields it (path, sha256), as its download ends.
+
+    While every arch's set fits `budget`, each distribution gets a layer of its own
+    (analysis.layering), so a wheel's layer needs no other wheel, unless a later distribution
+    shadows one of its files, which needs every wheel's file list. Shadowing is rare: the layer
+    written here is the one `start_layers` then finds in the cache, and a shadowed wheel's
+    layer is written again there without those files. None: the set is grouped, or nothing to
+    write (`ready` is then left unread). `done(sha256)` as each is written.
+    """
+    if not pins or any(len(arch_pins) > budget for arch_pins in pins.values()):
+        return None
+    return pool.submit(own_layers_as_ready, ready, EXTRA_DEPS, cache, done)
+
+
+def reused_layers(
+    pins: Mapping[str, Sequence[tuple[str, str, str]]], reuse_locks: Mapping[str, str] | None
+) -> bool:
+    """Whether every arch's lock hash equals `reuse_locks`: a rebase reuses its layers."""
+    locks = {arch: lock_hash(lock_of(arch_pins)) for arch, arch_pins in pins.items()}
+    return reuse_locks is not None and locks == reuse_locks
+
+
 def start_layers(
     pool: ThreadPoolExecutor,
     pins: Mapping[str, Sequence[tuple[str, str, str]]],
     wheels: Mapping[str, Path],
     cache: Cache,
-    reuse_locks: Mapping[str, str] | None = None,
     budget: int = EXTRAS_LAYERS,
+    after: Future[None] | None = None,
 ) -> dict[str, Future[tuple[ExtrasLayer, ...]]]:
-    """Start each arch's extras layers from its (name, version, sha256) pins, before the plan.
+    """Start each arch's extras layers from its (name, version, sha256) pins, before the plan;
+    once `after` (start_own_layers' writing) ended, so that no layer is written twice."""
 
-    None is started when every arch's lock hash equals `reuse_locks`: a rebase reuses them.
-    """
-    locks = {arch: lock_of(arch_pins) for arch, arch_pins in pins.items()}
-    if reuse_locks is not None and {a: lock_hash(t) for a, t in locks.items()} == reuse_locks:
-        return {}
-    return {
-        arch: pool.submit(distribution_layers, pins[arch], wheels, EXTRA_DEPS, cache, budget)
-        for arch in locks
-    }
+    def stack(arch: str) -> tuple[ExtrasLayer, ...]:
+        if after is not None:
+            after.result()
+        return distribution_layers(pins[arch], wheels, EXTRA_DEPS, cache, budget)
+
+    return {arch: pool.submit(stack, arch) for arch in pins}
 
 
 def plan_epoch(plan: Plan) -> int:

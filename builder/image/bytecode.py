@@ -278,10 +278,16 @@ class CompileQueue:
     ended hides the compile behind the downloads still running, and taking the one with the
     most source first keeps the biggest (scipy, sympy: seconds each) from ending last, alone
     on one core. `compiler` is called by each job: it waits for a Compiler still starting.
+    `done(sha256)` is called as each wheel's compile ends (a run's timeline).
     """
 
-    def __init__(self, compiler: Callable[[], Compiler], pool: Executor) -> None:
-        self.compiler, self.pool = compiler, pool
+    def __init__(
+        self,
+        compiler: Callable[[], Compiler],
+        pool: Executor,
+        done: Callable[[str], None] | None = None,
+    ) -> None:
+        self.compiler, self.pool, self.done = compiler, pool, done
         self.waiting: list[tuple[int, str, Path]] = []  # a heap: (-source bytes, sha256, wheel)
         self.jobs: dict[str, Future[Compiled]] = {}
         self.lock = threading.Lock()
@@ -304,7 +310,10 @@ class CompileQueue:
         compiler = self.compiler()
         with self.lock:
             _, sha, wheel = heapq.heappop(self.waiting)
-        return compiler.compile(sha, wheel)
+        compiled = compiler.compile(sha, wheel)
+        if self.done is not None:
+            self.done(sha)
+        return compiled
 
     def results(self) -> dict[str, Compiled]:
         """Every queued wheel's bytecode by sha256, once all are compiled (add no more)."""

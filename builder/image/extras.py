@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NotRequired, TypedDict
@@ -179,6 +179,24 @@ def distribution_layers(
         stack.append(ExtrasLayer(DISTRIBUTION, group.names, label, layer, shas, left))
     cache.put_record("extras-layers", key, StackRecord(layers=[_record(one) for one in stack]))
     return tuple(stack)
+
+
+def own_layers_as_ready(
+    ready: Iterable[tuple[Path, str]],
+    root: str,
+    cache: Cache,
+    done: Callable[[str], None] | None = None,
+) -> None:
+    """Each (path, sha256) `ready` yields written as a layer of its own, nothing shadowed, in
+    the order they come (each wheel once): distribution_layers finds them by the same key.
+    `done(sha256)` is called as each is written (a run's timeline)."""
+    written: set[str] = set()
+    for path, sha256 in ready:
+        if sha256 not in written:
+            written.add(sha256)
+            wheels_layer(LayerWheels(((sha256, path),)), root, cache)
+            if done is not None:
+                done(sha256)
 
 
 def installed_size(wheel: Path) -> int:

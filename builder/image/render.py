@@ -224,11 +224,12 @@ def render(
     secrets: Secrets = Secrets(),
     labels: Mapping[str, str] | None = None,
     bytecode: Mapping[str, Mapping[str, object]] | None = None,
+    timeline: Mapping[str, object] | None = None,
 ) -> None:
     """Write the build context to `output`, replacing it only once it is complete.
 
     `bytecode`: each arch's bytecode facts (interpreter, modules compiled, sources skipped, the
-    bytes it adds), for report.json.
+    bytes it adds), for report.json; `timeline`: when the steps so far happened, for it too.
 
     Each arch's extras layers are hard-linked from the cache: no wheel is copied, and a
     rerun gives BuildKit nothing new to hash (it reads the layer files only for a hand build).
@@ -253,6 +254,8 @@ def render(
                 report["architectures"][arch.arch]["extras_layers"] = [o.to_dict() for o in stack]
             if arch.arch in (bytecode or {}):
                 report["architectures"][arch.arch]["bytecode"] = dict((bytecode or {})[arch.arch])
+        if timeline is not None:
+            report["timeline"] = dict(timeline)
         (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         # hadolint finds it when run in the context; it justifies each ignored rule.
         (staging / ".hadolint.yaml").write_text(

@@ -48,6 +48,7 @@ from builder.orchestration.rebuild_state import (
     rebase_blocker,
     state_of,
 )
+from builder.orchestration.timeline import Timeline
 from builder.reporter import Reporter
 from builder.retry import Retries
 
@@ -141,10 +142,14 @@ def build(
         if client is not None:
             engines = stack.enter_context(connect(settings.engines, client))
         retries = Retries(reporter)  # the run's: every registry request, one budget, one record
-        base = base_profile(settings.base_image, client, cache, reporter, retries)
-        arches = target_arches(settings.arches, base, client, cache, reporter, retries)
+        timeline = Timeline()
+        with timeline.step("base"):
+            base = base_profile(settings.base_image, client, cache, reporter, retries)
+            arches = target_arches(settings.arches, base, client, cache, reporter, retries)
         compiling = engines.compiling_client(arches) if engines is not None else None
-        request = request_for(settings, options, base, arches, cache, compiling)
+        request = replace(
+            request_for(settings, options, base, arches, cache, compiling), timeline=timeline
+        )
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
         plan = prepare(request, planned=stages.start if engines is not None else None)
         planned(plan)

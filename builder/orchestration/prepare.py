@@ -38,7 +38,13 @@ from builder.analysis.wheels import inspect_as_ready
 from builder.attest.contents import without_credentials
 from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache
-from builder.image.assemble import plan_epoch, plan_layers, start_layers
+from builder.image.assemble import (
+    plan_epoch,
+    plan_layers,
+    reused_layers,
+    start_layers,
+    start_own_layers,
+)
 from builder.image.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.image.extras import (
     BytecodeFacts,
@@ -53,6 +59,7 @@ from builder.image.labels import created, image_labels
 from builder.image.render import Secrets, check_output, lock_text, render
 from builder.image.tags import extras_hash
 from builder.oci.name import ImageRef
+from builder.orchestration.timeline import Timeline
 
 DOWNLOADS = 8  # wheel downloads at once
 
@@ -73,6 +80,7 @@ class Request:
     platform_version: str | None = None  # for labels and tags; default: the base image's tag
     bytecode: bool = True  # compile the extras' .pyc (with an engine to run the base's python3)
     engine: docker.DockerClient | None = None  # runs the compile; None: no bytecode
+    timeline: Timeline = field(default_factory=Timeline)  # when what happened: report.json's
 
     @property
     def compiles(self) -> bool:
@@ -87,8 +95,9 @@ def prepare(
 ) -> Plan:
     """Resolve, fetch, inspect and plan for every arch, then render the context.
 
-    Each wheel is inspected as soon as its download ends; each arch's extras layers (they need
-    only the chosen wheels) are written meanwhile. `planned` gets the plan as soon as it exists,
+    Each wheel is inspected, and its own layer written, as soon as its download ends; only
+    what needs every wheel (grouping a large set, a file one distribution shadows in another)
+    waits for the last one. `planned` gets the plan as soon as it exists,
     while the layers may still be written (produce_build.SystemStages starts the apt builds). When
     every arch's lock hash equals `reuse_locks` (the previous build's: a rebase reuses its
     layers) no layer is written, unless the extras get bytecode: the base's interpreter decides
@@ -101,25 +110,32 @@ def prepare(
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
     indexes = requirements.indexes()
+    timeline = request.timeline
     with (  # exits in reverse: downloads, jobs, compiles; the compiler's container goes last
         ExitStack() as stack,
         ThreadPoolExecutor(max_workers=COMPILERS) as compiling,
         cancelled_on_error(compiling) as compile_pool,  # a failure waits for no queued compile
-        ThreadPoolExecutor(max_workers=3 + len(target.arches)) as pool,
+        ThreadPoolExecutor(max_workers=4 + len(target.arches)) as pool,
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
     ):
         queue = None
         if request.engine is not None and request.compiles:  # starts while resolving
             starting = pool.submit(_start_compiler, request, target, stack)
-            queue = CompileQueue(starting.result, compile_pool)
-        resolutions: list[Resolution] = list(
-            pool.map(
-                lambda arch: resolve(
-                    requirements, target, arch, request.cache, request.refresh, request.overrides
-                ),
-                target.arches,
+            queue = CompileQueue(starting.result, compile_pool, timeline.marker("compiled"))
+        with timeline.step("resolve"):
+            resolutions: list[Resolution] = list(
+                pool.map(
+                    lambda arch: resolve(
+                        requirements,
+                        target,
+                        arch,
+                        request.cache,
+                        request.refresh,
+                        request.overrides,
+                    ),
+                    target.arches,
+                )
             )
-        )
         chosen = {
             resolution.arch.name: {
                 package.name: choose_wheel(package, target, resolution.arch)
@@ -135,15 +151,32 @@ def prepare(
             ]
             for r in resolutions
         }
+        timeline.name({file.sha256: file.filename for file in files})
+        fetching = timeline.now()
         downloads = start_downloads(files, request.cache, indexes, fetch)
-        inspecting = pool.submit(inspect_as_ready, _as_ready(downloads), request.cache)
+        arrived = timeline.marker("arrived")
+        for sha, future in downloads.items():
+            future.add_done_callback(_marking(arrived, sha))
+        inspected = timeline.marker("inspected")
+        inspecting = pool.submit(
+            inspect_as_ready, _as_ready(downloads), request.cache, done=inspected
+        )
         if queue is not None:  # each wheel compiled as soon as it is here (every arch's once)
             feeding = pool.submit(queue.add_as_ready, _as_ready(downloads))
-        paths = {sha: future.result() for sha, future in downloads.items()}
         budget = group_budget(request.compiles)
-        reuse = None if request.compiles else reuse_locks
-        writing = start_layers(pool, pins, paths, request.cache, reuse, budget)
+        # a rebase onto the same interpreter reuses every layer; bytecode decides that later
+        reused = not request.compiles and reused_layers(pins, reuse_locks)
+        own = None
+        if not reused:
+            laid_out = timeline.marker("laid_out")
+            own = start_own_layers(
+                pool, pins, _as_ready(downloads), request.cache, budget, laid_out
+            )
+        paths = {sha: future.result() for sha, future in downloads.items()}
+        timeline.record("downloads", fetching)
+        writing = {} if reused else start_layers(pool, pins, paths, request.cache, budget, own)
         inspections = inspecting.result()
+        timeline.record("inspections", fetching)
         arch_plans = tuple(
             plan_arch(
                 resolution,
@@ -163,9 +196,11 @@ def prepare(
             import_modules=import_modules(direct, arch_plans),
             runtime_checks=runtime_checks(arch_plans),
         )
+        timeline.record("plan", fetching)
         if planned is not None:
             planned(plan)
         layers = {arch: future.result() for arch, future in writing.items()}
+        timeline.record("layers", fetching)
         facts: dict[str, BytecodeFacts] = {}
         if queue is not None:
             feeding.result()  # every wheel queued
@@ -175,6 +210,7 @@ def prepare(
             layers, facts = with_bytecode(layers, parts, interpreter, EXTRA_DEPS, request.cache)
             remember_interpreter(request.cache, plan.base_image, interpreter)
             plan = replace(plan, bytecode=interpreter.build)
+            timeline.record("bytecode", fetching)
     render(
         plan,
         request.output,
@@ -183,6 +219,7 @@ def prepare(
         request.secrets,
         finish(plan, request, layers).labels,
         {arch: one.to_dict() for arch, one in facts.items()},
+        timeline.to_dict(),
     )
     return plan
 
@@ -218,6 +255,11 @@ def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str
     arrived = {future: sha for sha, future in downloads.items()}
     for future in as_completed(arrived):
         yield future.result(), arrived[future]
+
+
+def _marking(mark: Callable[[str], None], sha256: str) -> Callable[[Future[Path]], None]:
+    """A download's callback: `sha256` arrived (the timeline's mark)."""
+    return lambda _: mark(sha256)
 
 
 def _start_compiler(request: Request, target: Target[BaseFacts], stack: ExitStack) -> Compiler:
