@@ -69,10 +69,21 @@ RUNNERS: Mapping[str, tuple[int, str, str]] = MappingProxyType(
 PROBES = frozenset({"shutil.which", "distutils.spawn.find_executable"})
 # Only files that name subprocess or call a runner are parsed (most of a wheel set runs
 # nothing; "which" and "exec" alone are English and Python words in too many files).
-MARKER = re.compile(
-    rb"subprocess|\b(?:system|popen|exec[lv]p?e?|spawn[lv]p?e?|posix_spawnp?|which"
-    rb"|find_executable)\s*\("
+# A call is found where a word is (bytes.find), then matched there: one regex tried at every
+# position of 69 MB of sources took 4.7 s of a cold inspection, the finds 0.3 s.
+RUNNER_WORDS = (
+    b"system",
+    b"popen",
+    b"exec",
+    b"spawn",
+    b"posix_spawn",
+    b"which",
+    b"find_executable",
 )
+CALL = re.compile(
+    rb"(?:system|popen|exec[lv]p?e?|spawn[lv]p?e?|posix_spawnp?|which|find_executable)\s*\("
+)
+WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 # A handler for one of these that does not raise carries on without the program.
 PROGRAM_ERRORS = LOAD_ERRORS | {"FileNotFoundError", "PermissionError"}
 # Calls that hand their argument's value through: Path('dot'), str(x), os.fspath(x), list(x).
@@ -83,7 +94,17 @@ Groups = list[tuple[str, ...]]  # needs, each a tuple of alternative names
 
 
 def mentions_runner(source: bytes) -> bool:
-    return MARKER.search(source) is not None
+    """Whether `source` names subprocess or calls a runner by name (a word: `os.system(`,
+    not `filesystem(`)."""
+    if b"subprocess" in source:
+        return True
+    for word in RUNNER_WORDS:
+        at = source.find(word)
+        while at >= 0:
+            if (at == 0 or source[at - 1] not in WORD_BYTES) and CALL.match(source, at):
+                return True
+            at = source.find(word, at + 1)
+    return False
 
 
 def _merged(groups: Groups) -> Groups:
