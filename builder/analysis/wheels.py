@@ -10,6 +10,7 @@ from __future__ import annotations
 import calendar
 import contextlib
 import functools
+import gc
 import heapq
 import multiprocessing
 import os
@@ -201,13 +202,24 @@ def _read_sources(
     zf: zipfile.ZipFile, sources: Mapping[str, zipfile.ZipInfo]
 ) -> tuple[list[LoadSite], list[LoadSite]]:
     """Load sites and program sites of the wheel's Python files (`sources`: tree path →
-    member). Each scan reads the files again rather than holding a big wheel's sources."""
+    member). Each scan reads the files again rather than holding a big wheel's sources.
+
+    The cycle collector is off meanwhile: the scans hold many syntax trees (millions of
+    objects, none in a cycle, so reference counting frees them), and its passes over them
+    were 10-25 % of a large wheel's inspection (sympy 2.1 s, 1.6 s without).
+    """
 
     def read(tree_path: str) -> bytes:
         info = sources[tree_path]
         return b"" if info.file_size > SOURCE_LIMIT else zf.read(info)
 
-    return scan_sources(sources, read), scan_programs(sources, read)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return scan_sources(sources, read), scan_programs(sources, read)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _parse_filename(filename: str) -> tuple[str, str, tuple[str, ...]]:

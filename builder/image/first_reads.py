@@ -108,10 +108,12 @@ def first_reads(paths: Iterable[str], source: Callable[[str], bytes]) -> tuple[s
 def _imports(name: str, path: str, data: bytes) -> list[str]:
     """The modules a source's module-level imports name (relative ones made absolute)."""
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
-    strings: list[tuple[int, int]] | None = None
+    lines = list(IMPORT_LINE.finditer(data))
+    if not lines:
+        return []
+    strings = _triple_quoted(data, lines[-1].start())  # the strings above the last import
     found: list[str] = []
-    for line in IMPORT_LINE.finditer(data):
-        strings = _triple_quoted(data) if strings is None else strings
+    for line in lines:
         start = line.start()
         if _inside(strings, start) or not _module_level(data, start, len(line[1]), strings):
             continue
@@ -134,12 +136,12 @@ def _imports(name: str, path: str, data: bytes) -> list[str]:
     return found
 
 
-def _triple_quoted(data: bytes) -> list[tuple[int, int]]:
-    """(start, end) of the triple-quoted strings (docstrings), in order; quotes in a comment
-    open none."""
+def _triple_quoted(data: bytes, until: int) -> list[tuple[int, int]]:
+    """(start, end) of the triple-quoted strings (docstrings) that start before `until`, in
+    order; quotes in a comment open none."""
     spans: list[tuple[int, int]] = []
     position = 0
-    while found := TRIPLE_QUOTE.search(data, position):
+    while (found := TRIPLE_QUOTE.search(data, position, until)) is not None:
         if found[0] == b"#":
             position = data.find(b"\n", found.end())
             if position < 0:
