@@ -13,6 +13,7 @@ from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
 from builder.image.bytecode import source_of
+from builder.image.extras import distribution_layers, own_layers_as_ready
 from builder.image.layer import LayerWheels, shadowed_files, wheels_layer, write_tar
 
 ROOT = "/app/deps-extra"
@@ -91,3 +92,25 @@ def test_the_same_wheel_gives_the_same_layer_in_two_sets(tmp_path: Path) -> None
 def test_pyc_paths_name_their_sources() -> None:
     assert source_of("pkg/sub/__pycache__/mod.cpython-313.pyc") == "pkg/sub/mod.py"
     assert source_of("__pycache__/top.cpython-313.pyc") == "top.py"
+
+
+def test_layers_written_as_wheels_arrive_are_the_stack_written_after(tmp_path: Path) -> None:
+    """A wheel's own layer is written as its download ends, before shadowing is known
+    (start_own_layers): the stack is the same as when every layer waits for the whole set,
+    and the wheel whose file a later one shadows gets its layer without that file."""
+    wheels = _set(tmp_path)
+    pins = [(w.name.split("-")[0], "1.0", sha256_of(w)) for w in wheels]
+    by_sha = {sha256_of(w): w for w in wheels}
+    after_all = distribution_layers(pins, by_sha, ROOT, Cache(tmp_path / "after-all"))
+    early_cache = Cache(tmp_path / "early")
+    marked: list[str] = []
+    own_layers_as_ready(
+        reversed([(w, sha256_of(w)) for w in wheels]), ROOT, early_cache, marked.append
+    )
+    assert marked == [sha256_of(w) for w in reversed(wheels)]
+    early = distribution_layers(pins, by_sha, ROOT, early_cache)
+    assert [one.layer.diff_id for one in early] == [one.layer.diff_id for one in after_all]
+    shadowing = next(one for one in early if one.shadowed)
+    assert shadowing.shadowed == {"shared/conf.py"}
+    with tarfile.open(shadowing.layer.path) as archive:
+        assert f"{ROOT[1:]}/shared/conf.py" not in archive.getnames()
