@@ -23,7 +23,6 @@ carries on, and a `which` lookup (a probe the code answers itself), are optional
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -40,7 +39,7 @@ from builder.analysis.loads import (
     parse,
     worth_reading,
 )
-from builder.analysis.program_names import first_word, launched, program_name
+from builder.analysis.program_names import first_word, launched, mentions_runner, program_name
 
 NAME, ARGV = "name", "argv"  # the argument is one program name / a command (list or string)
 # Fully qualified callable -> (position of the program argument, its keyword, what it holds).
@@ -67,23 +66,6 @@ RUNNERS: Mapping[str, tuple[int, str, str]] = MappingProxyType(
     }
 )
 PROBES = frozenset({"shutil.which", "distutils.spawn.find_executable"})
-# Only files that name subprocess or call a runner are parsed (most of a wheel set runs
-# nothing; "which" and "exec" alone are English and Python words in too many files).
-# A call is found where a word is (bytes.find), then matched there: one regex tried at every
-# position of 69 MB of sources took 4.7 s of a cold inspection, the finds 0.3 s.
-RUNNER_WORDS = (
-    b"system",
-    b"popen",
-    b"exec",
-    b"spawn",
-    b"posix_spawn",
-    b"which",
-    b"find_executable",
-)
-CALL = re.compile(
-    rb"(?:system|popen|exec[lv]p?e?|spawn[lv]p?e?|posix_spawnp?|which|find_executable)\s*\("
-)
-WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 # A handler for one of these that does not raise carries on without the program.
 PROGRAM_ERRORS = LOAD_ERRORS | {"FileNotFoundError", "PermissionError"}
 # Calls that hand their argument's value through: Path('dot'), str(x), os.fspath(x), list(x).
@@ -91,20 +73,6 @@ PASS_THROUGH = frozenset({"Path", "PurePath", "PosixPath", "str", "fspath", "lis
 MAX_DEPTH = 8  # bindings followed from a site; a program name is never further away
 
 Groups = list[tuple[str, ...]]  # needs, each a tuple of alternative names
-
-
-def mentions_runner(source: bytes) -> bool:
-    """Whether `source` names subprocess or calls a runner by name (a word: `os.system(`,
-    not `filesystem(`)."""
-    if b"subprocess" in source:
-        return True
-    for word in RUNNER_WORDS:
-        at = source.find(word)
-        while at >= 0:
-            if (at == 0 or source[at - 1] not in WORD_BYTES) and CALL.match(source, at):
-                return True
-            at = source.find(word, at + 1)
-    return False
 
 
 def _merged(groups: Groups) -> Groups:
