@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,32 @@ def test_a_wheel_that_cannot_be_read_fails_the_inspection_without_a_hang(tmp_pat
     others = [wheel(tmp_path, "a"), wheel(tmp_path, "b")]
     with pytest.raises(UserError, match=r"broken-1\.0-py3-none-any\.whl: not a readable wheel"):
         inspect_as_ready([(broken, sha256_of(broken)), *others], cache, workers=1)
+
+
+class _BreakingPool:
+    """A pool whose first job waits for the test and whose next submit fails, as a
+    ProcessPoolExecutor does once a worker died (BrokenProcessPool)."""
+
+    def __init__(self) -> None:
+        self.first: Future[wheels.WheelInspection] = Future()
+        self.submits = 0
+
+    def submit(self, *args: object) -> Future[wheels.WheelInspection]:
+        self.submits += 1
+        if self.submits > 1:
+            raise RuntimeError("a child process terminated abruptly")
+        return self.first
+
+
+def test_wheels_still_waiting_when_the_pool_breaks_fail_rather_than_hang(tmp_path: Path) -> None:
+    pool = _BreakingPool()
+    queue = wheels._LargestFirst(pool, 1, Cache(tmp_path / "cache"), None)  # type: ignore[arg-type]
+    first, second, third = (wheel(tmp_path, name) for name in ("first", "second", "third"))
+    for path, sha in (first, second, third):
+        queue.add(path, sha)
+    assert pool.submits == 1  # one worker: the others wait
+    done = inspect_wheel(*first, Cache(tmp_path / "other"))
+    pool.first.set_result(done)  # its end starts the next: the pool is broken by then
+    assert queue.results[first[1]].result(timeout=5) == done
+    for _, sha in (second, third):
+        assert "terminated abruptly" in str(queue.results[sha].exception(timeout=5))

@@ -369,8 +369,14 @@ class _LargestFirst:
         with self.lock:
             while self.running < self.workers and self.waiting:
                 _, sha256, path = heapq.heappop(self.waiting)
+                try:
+                    job = self.pool.submit(inspect_wheel, path, sha256, self.cache)
+                except Exception as error:  # a broken pool (a worker died): none will start
+                    for _, waiting, _ in [(0, sha256, path), *self.waiting]:
+                        self.results[waiting].set_exception(error)
+                    self.waiting.clear()
+                    return
                 self.running += 1
-                job = self.pool.submit(inspect_wheel, path, sha256, self.cache)
                 job.add_done_callback(functools.partial(self._ended, sha256))
 
     def _ended(self, sha256: str, job: Future[WheelInspection]) -> None:
