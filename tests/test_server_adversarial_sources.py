@@ -18,13 +18,16 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from support.sandboxserver import ServerProcess, as_sandbox_user
+from support.sandboxserver import SERVER_PYTHON, ServerProcess, as_sandbox_user
+
+from builder.runtime import SERVER
 
 
 @pytest.fixture
@@ -169,3 +172,35 @@ def test_a_command_cannot_make_its_server_the_oom_killers_choice_nor_trace_it(
         assert json.loads(server.request("POST", "/execute", command)[2])["stdout"] == "1000\n"
     finally:
         assert server.stop() == 0
+
+
+REAPED_SENDER = """
+import os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from sandbox_server import supervisor
+server = supervisor.Supervisor()
+proc, _ = server.spawn(["true"], {}, os.open(".", os.O_RDONLY))
+server.release(proc)  # reaped: gone from /proc before a signal it sent would be read
+stranger = subprocess.Popen(["true"])
+stranger.wait()  # gone too, but never one of the server's commands
+print(server.sent_from_below(proc.pid), server.sent_from_below(stranger.pid))
+supervisor.REAPED_MEMORY = 0.0  # past the memory: an old pid proves nothing
+print(server.sent_from_below(proc.pid))
+"""
+
+
+def test_a_stop_signal_from_a_command_reaped_before_it_is_read_is_still_ignored(
+    tmp_path: Path,
+) -> None:
+    """The race the signal test above lost under load: the command signals the server and
+    ends, the server reaps it, and only then reads the signal; the sender is gone from /proc.
+    The server remembers whom it reaped (not as PID 1 here, where nothing else would)."""
+    result = subprocess.run(
+        [SERVER_PYTHON, "-I", "-c", REAPED_SENDER, str(SERVER)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False", "False"]

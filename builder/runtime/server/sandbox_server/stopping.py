@@ -7,9 +7,11 @@ server therefore blocks both signals in every thread and waits for them in one
 (every process a command starts stays one, the server being their subreaper) is ignored. The
 container runtime signals from outside the container's pid namespace (the sender shows as pid
 0), the kernel's terminal SIGINT as pid 0 too, and an operator's ``kill`` is no descendant:
-those stop the server. A sender already gone when the signal is read cannot be placed: as PID 1
-(a container) every process it could have been is a descendant, so it is ignored; otherwise it
-stops the server (a command that signals and is reaped at once can still win that race).
+those stop the server. A sender already gone when the signal is read is placed by what the
+server reaped: its descendants' pids are kept for a few seconds around their reaping (a
+command that signals and is reaped at once used to win that race where the server is not
+PID 1, as in the tests). As PID 1 (a container) every process it could have been is a
+descendant, so it is ignored.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ MARKER_VAR = "SANDBOX_EXEC_ID"
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 COMMAND_OOM_SCORE_ADJ = b"1000"
+# How long a reaped descendant's pid still counts as one for a stop signal it sent: a signal is
+# read within milliseconds, and a pid is reused only after the kernel went round its range.
+REAPED_MEMORY = 5.0
 # (limit, count) of the cgroup's processes: cgroup v2, then v1's pids controller
 PIDS_FILES = (
     ("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids.current"),
@@ -166,6 +169,7 @@ class Supervisor:
         guard_server_process()
         self._lock = threading.Lock()
         self._leaders: dict[int, str] = {}  # running commands' main pids -> marker
+        self._reaped: dict[int, float] = {}  # descendants reaped lately -> when (monotonic)
 
     def spawn(
         self, argv: list[str], env: dict[str, str], cwd_fd: int
@@ -188,9 +192,19 @@ class Supervisor:
 
     def release(self, proc: subprocess.Popen[bytes]) -> None:
         """Reap the command's main process and forget it."""
+        with self._lock:  # remembered before it is reaped: no moment where it is neither
+            self._remember_reaped(proc.pid)
         proc.wait()
         with self._lock:
             self._leaders.pop(proc.pid, None)
+            self._remember_reaped(proc.pid)
+
+    def _remember_reaped(self, pid: int) -> None:
+        """Keep the pid of a descendant about to be reaped for REAPED_MEMORY seconds (under
+        the lock): a stop signal it sent just before it ended may be read after it was reaped."""
+        now = time.monotonic()
+        self._reaped = {p: at for p, at in self._reaped.items() if now - at < REAPED_MEMORY}
+        self._reaped[pid] = now
 
     def _victims(self, table: dict[int, tuple[int, str]], leader: int, marker: str) -> set[int]:
         roots = [leader] if leader in table else []
@@ -230,7 +244,10 @@ class Supervisor:
             return False
         table = process_table()
         if sender not in table:
-            return self.pid == 1
+            reaped = self._reaped.get(sender)
+            return self.pid == 1 or (
+                reaped is not None and time.monotonic() - reaped < REAPED_MEMORY
+            )
         seen: set[int] = set()
         while sender in table and sender not in seen:
             seen.add(sender)
@@ -260,6 +277,7 @@ class Supervisor:
             owned = set(self._leaders)
             for pid, (ppid, state) in process_table().items():
                 if state == "Z" and ppid == self.pid and pid not in owned:
+                    self._remember_reaped(pid)  # before: a signal it sent is read after
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(pid, os.WNOHANG)
 
