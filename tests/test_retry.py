@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from support.fakeregistry import INDEX, Reply, Server
@@ -286,15 +287,21 @@ def test_a_lost_answer_to_the_closing_put_asks_whether_the_blob_arrived(tmp_path
     assert uploads.stored[digest] == data and len(uploads.sessions) == 1  # no second session
 
 
-def test_a_failed_patch_starts_a_new_session_from_the_start(tmp_path) -> None:
-    uploads = Uploads(fail_patch=True)
-    server, _clock, client = upload_server(uploads)
+def chunked_upload(server: Server, client: RepositoryClient, tmp_path: Path) -> tuple[str, Path]:
+    """A 100 KiB file uploaded in 30 KB PATCHes (four of them), the server closed after:
+    (its digest, the file)."""
     path = tmp_path / "big"
     path.write_bytes(bytes(range(256)) * 400)
     try:
-        digest = client.upload_blob(path, chunk=30_000)
+        return client.upload_blob(path, chunk=30_000), path
     finally:
         server.close()
+
+
+def test_a_failed_patch_starts_a_new_session_from_the_start(tmp_path) -> None:
+    uploads = Uploads(fail_patch=True)
+    server, _clock, client = upload_server(uploads)
+    digest, path = chunked_upload(server, client, tmp_path)
     assert uploads.stored[digest] == path.read_bytes()
     assert len(uploads.sessions) == 2 and bytes(uploads.sessions["s0"]) == b""
 
@@ -456,12 +463,7 @@ def test_a_401_on_a_patch_midway_renews_the_token_and_the_session_goes_on(tmp_pa
     server, clock, lines, client = serve(lambda method, path: (500, {}, b""))
     for verb in ("GET", "HEAD", "POST", "PUT", "PATCH"):
         setattr(server.httpd.RequestHandlerClass, f"do_{verb}", answer)
-    path = tmp_path / "big"
-    path.write_bytes(bytes(range(256)) * 400)
-    try:
-        digest = client.upload_blob(path, chunk=30_000)
-    finally:
-        server.close()
+    digest, path = chunked_upload(server, client, tmp_path)
     assert uploads.stored[digest] == path.read_bytes() and list(uploads.sessions) == ["s0"]
     assert issued == ["t0", "t1"] and patched[:2] == ["Bearer t0", "Bearer t1"]
     assert clock.slept == [] and lines == []
