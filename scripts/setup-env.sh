@@ -176,6 +176,20 @@ engine_answers() {
 	timeout 10 "$DOCKER" info >/dev/null 2>&1
 }
 
+# A machine stopped without stopping dockerd keeps its pid files in /run. dockerd only asks
+# whether *a* process has the recorded pid, so once another process reuses it dockerd refuses to
+# start ("pid file found"), and the containerd it supervises would be taken for running (and
+# later killed by that pid). A pid file naming no process of the expected name is removed.
+remove_stale_pidfile() { # file, command name
+	local file="$1" name="$2" pid comm=""
+	[[ -f "$file" ]] || return 0
+	pid="$(tr -cd '0-9' <"$file")"
+	[[ -n "$pid" ]] && comm="$(cat "/proc/$pid/comm" 2>/dev/null || true)"
+	[[ -n "$pid" && "$comm" == "$name" ]] && return 0
+	say "engine: removing stale pid file $file (pid ${pid:-none} is ${comm:-not running})"
+	rm -f "$file"
+}
+
 step_engine() {
 	if engine_answers; then
 		say "engine: answering ($("$DOCKER" version --format '{{.Server.Version}}' 2>/dev/null))"
@@ -183,6 +197,8 @@ step_engine() {
 	fi
 	need_root "starting dockerd"
 	mkdir -p "$STATE_LOG_DIR"
+	remove_stale_pidfile /var/run/docker.pid dockerd
+	remove_stale_pidfile /var/run/docker/containerd/containerd.pid containerd
 	local log="$STATE_LOG_DIR/dockerd.log"
 	say "engine: starting dockerd (log: $log)"
 	# setsid: keep it out of this shell's process group, so ^C on `make test` does not stop it.
@@ -659,4 +675,7 @@ main() {
 	say "ready in $((SECONDS - start)) s"
 }
 
-main "$@"
+# Sourced (tests/test_setup_env.py reads single steps), it defines its functions and runs nothing.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+	main "$@"
+fi

@@ -26,6 +26,7 @@ DATA_ROOT = Path("/var/lib") / NAME
 EXEC_ROOT = Path("/run") / NAME
 SOCKET = EXEC_ROOT / "docker.sock"
 PIDFILE = EXEC_ROOT / "dockerd.pid"
+CONTAINERD_PIDFILE = EXEC_ROOT / "containerd" / "containerd.pid"
 LOG = DATA_ROOT.with_suffix(".log")
 URL = f"unix://{SOCKET}"
 START_TIMEOUT = 60.0
@@ -45,6 +46,8 @@ class SecondEngine:
         self._bridge()
         DATA_ROOT.mkdir(parents=True, exist_ok=True)
         EXEC_ROOT.mkdir(parents=True, exist_ok=True)
+        for pidfile, name in ((PIDFILE, "dockerd"), (CONTAINERD_PIDFILE, "containerd")):
+            _remove_if_stale(pidfile, name)
         with LOG.open("ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -103,3 +106,18 @@ class SecondEngine:
             subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True)
             subprocess.run(["ip", "addr", "add", BRIDGE_ADDRESS, "dev", BRIDGE], check=True)
         subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True)
+
+
+def _remove_if_stale(pidfile: Path, name: str) -> None:
+    """Remove a pid file left by a daemon killed with its machine, as setup-env.sh does for the
+    first engine: dockerd refuses to start while any process holds the recorded pid."""
+    try:
+        pid = pidfile.read_text().strip()
+    except FileNotFoundError:
+        return
+    try:
+        running = Path(f"/proc/{pid}/comm").read_text().strip() if pid.isdigit() else ""
+    except OSError:
+        running = ""
+    if running != name:
+        pidfile.unlink(missing_ok=True)
