@@ -185,6 +185,8 @@ remove_stale_pidfile() { # file, command name
 	[[ -f "$file" ]] || return 0
 	pid="$(tr -cd '0-9' <"$file")"
 	[[ -n "$pid" ]] && comm="$(cat "/proc/$pid/comm" 2>/dev/null || true)"
+	# a killed daemon not yet reaped (a zombie) still answers to its pid, and to its name
+	[[ -n "$comm" ]] && grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null && comm="$comm, a zombie"
 	[[ -n "$pid" && "$comm" == "$name" ]] && return 0
 	say "engine: removing stale pid file $file (pid ${pid:-none} is ${comm:-not running})"
 	rm -f "$file"

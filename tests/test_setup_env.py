@@ -9,6 +9,7 @@ found"). The script removes such a file before it starts dockerd. These tests so
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,37 @@ def test_a_pid_file_naming_no_process_is_removed(tmp_path: Path) -> None:
     done = remove_stale_pidfile(pidfile, "containerd")
     assert not pidfile.exists()
     assert "is not running" in done.stdout
+
+
+ZOMBIE_PARENT = """
+import os, time
+child = os.fork()
+if child == 0:
+    os._exit(0)
+print(child, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_pid_file_naming_a_killed_daemon_not_yet_reaped_is_removed(tmp_path: Path) -> None:
+    """A zombie keeps its pid and its name, and dockerd would take it for running."""
+    parent = subprocess.Popen(["python3", "-c", ZOMBIE_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        zombie = int(parent.stdout.readline())
+        status = Path(f"/proc/{zombie}/status")
+        deadline = time.monotonic() + 10
+        while "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the child has yet to exit
+        assert "State:\tZ" in status.read_text() and "Name:\tpython3" in status.read_text()
+        pidfile = tmp_path / "docker.pid"
+        pidfile.write_text(str(zombie))
+        done = remove_stale_pidfile(pidfile, "python3")
+        assert not pidfile.exists()
+        assert "a zombie" in done.stdout
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 def test_a_pid_file_naming_the_running_daemon_is_kept(

@@ -110,14 +110,15 @@ class SecondEngine:
 
 def _remove_if_stale(pidfile: Path, name: str) -> None:
     """Remove a pid file left by a daemon killed with its machine, as setup-env.sh does for the
-    first engine: dockerd refuses to start while any process holds the recorded pid."""
+    first engine: dockerd refuses to start while any process (a zombie too) holds the pid."""
     try:
         pid = pidfile.read_text().strip()
     except FileNotFoundError:
         return
     try:
-        running = Path(f"/proc/{pid}/comm").read_text().strip() if pid.isdigit() else ""
+        status = Path(f"/proc/{pid}/status").read_text() if pid.isdigit() else ""
     except OSError:
-        running = ""
-    if running != name:
+        status = ""
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    if fields.get("Name") != name or fields.get("State", "").startswith("Z"):
         pidfile.unlink(missing_ok=True)
