@@ -18,6 +18,11 @@ within about two minutes (two 60 s timeouts and a wait: the budget is spent, and
 fails). A run is one template: a fleet rebuild gives each template a `Retries` of its own
 (builder.orchestration.commands.rebuild), so one template's bad luck is not the fleet's.
 
+A body that trickles is a fault too (`SteadyBody`): the 60 s timeout bounds each receive, not
+a transfer, so a registry or index sending a byte every 59 s would otherwise hold a run for
+days. A body moving less than `Policy.stall_floor` bytes in a `stall_window` is `Stalled`, a
+timeout, tried again as one.
+
 The decisions are pure functions of the policy (`retryable`, `backoff`, `retry_after`,
 `wait`); `Retries` is the one mutable part, one per run: it holds the clock, the sleep and the
 random source (injected by tests, so that they need no real waiting), the budget spent, the
@@ -33,9 +38,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+RECEIVE = 1 << 20  # bytes asked of one receive
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class Policy:
     longest: float = 10.0  # seconds: the longest backoff between two tries
     retry_after_cap: float = 30.0  # seconds: the longest a Retry-After is waited on
     budget: float = 120.0  # seconds a run may lose to faults: failed tries and waits
+    stall_window: float = 60.0  # seconds over which a body's progress is measured
+    stall_floor: int = 64 << 10  # bytes a body must move in each window (about 1 KiB/s)
 
 
 POLICY = Policy()  # what every real run uses
@@ -183,3 +191,50 @@ class Retries:
     def to_list(self) -> list[dict[str, object]]:
         with self.lock:
             return [one.to_dict() for one in self.record]
+
+
+class Stalled(TimeoutError):
+    """A body that moved fewer bytes in a window than the policy's floor: a trickle, a fault."""
+
+
+class SteadyBody:
+    """A response's body, read one receive at a time so that a trickle is seen.
+
+    Each receive returns what arrived (`read1`), so every piece is counted as it comes; at the
+    end of each `stall_window` (real time: what a stalled run loses) the bytes it moved are
+    checked against the floor. `read` keeps a file's meaning: `size` bytes, fewer only at the
+    end of the body.
+    """
+
+    def __init__(
+        self, response: Any, policy: Policy = POLICY, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.response = response
+        self.policy = policy
+        self.clock = clock
+        self.since = clock()  # when the current window began
+        self.moved = 0  # bytes in the current window
+
+    def read(self, size: int = -1) -> bytes:
+        pieces: list[bytes] = []
+        got = 0
+        while size < 0 or got < size:
+            piece = self.response.read1(RECEIVE if size < 0 else min(RECEIVE, size - got))
+            if not piece:
+                break
+            pieces.append(piece)
+            got += len(piece)
+            self._count(len(piece))
+        return b"".join(pieces)
+
+    def close(self) -> None:
+        self.response.close()
+
+    def _count(self, size: int) -> None:
+        self.moved += size
+        now = self.clock()
+        if now - self.since < self.policy.stall_window:
+            return
+        if self.moved < self.policy.stall_floor:
+            raise Stalled(f"stalled: {self.moved} bytes in {now - self.since:.0f} s")
+        self.since, self.moved = now, 0

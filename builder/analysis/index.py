@@ -46,7 +46,7 @@ from uv import find_uv_bin
 from builder.analysis.requirements import DEFAULT_INDEX
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
-from builder.retry import POLICY, Policy, retry_after, retryable, wait
+from builder.retry import POLICY, Policy, SteadyBody, retry_after, retryable, wait
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
@@ -92,8 +92,8 @@ def _credentials(indexes: Sequence[str]) -> dict[str, str]:
 
 T = TypeVar("T")
 # What a try of an index request may fail with and be tried again: no answer (refused, reset,
-# closed, timed out), a body cut short, a retryable status (HTTPError is a URLError), a file
-# not matching its lock (ValueError from the cache's writer).
+# closed, timed out, a trickle: builder.retry.Stalled), a body cut short, a retryable status
+# (HTTPError is a URLError), a file not matching its lock (ValueError from the cache's writer).
 INDEX_FAULTS = (urllib.error.URLError, OSError, http.client.HTTPException, ValueError)
 
 
@@ -172,7 +172,7 @@ def _download_once(file: RemoteFile, cache: Cache, indexes: Sequence[str]) -> No
         cache.writing_blob(file.sha256, file.filename) as out,
         _open(file.url, indexes) as response,
     ):
-        shutil.copyfileobj(response, out, CHUNK)
+        shutil.copyfileobj(SteadyBody(response), out, CHUNK)  # a file cut short: its hash
 
 
 def download_all(
@@ -250,9 +250,13 @@ def index_files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
 
 
 def _listing(page: str, indexes: Sequence[str]) -> tuple[str, bytes]:
-    """A project page's content type and whole body (one try)."""
+    """A project page's content type and whole body (one try; cut short or stalled, a fault)."""
     with _open(page, indexes, accept=f"{SIMPLE_JSON}, text/html;q=0.1") as response:
-        return response.headers.get("Content-Type", ""), response.read()
+        body = SteadyBody(response).read()
+        missing = getattr(response, "length", None)  # an HTTP answer's bytes still expected
+        if missing:  # what http.client's own read() would have raised
+            raise http.client.IncompleteRead(body, missing)
+        return response.headers.get("Content-Type", ""), body
 
 
 def compiled_code_evidence(sdist: Path) -> str | None:

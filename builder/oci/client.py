@@ -42,7 +42,7 @@ from builder.oci.auth import (
 from builder.oci.name import DIGEST_RE, TAG_RE, ImageRef
 from builder.oci.transport import Exchange, Fault, VerifiedBlob
 from builder.oci.v1 import MANIFEST_TYPES, digest_of
-from builder.retry import Retries
+from builder.retry import Retries, SteadyBody
 
 MAX_MANIFEST = 16 << 20
 MAX_JSON_BLOB = 64 << 20
@@ -190,7 +190,8 @@ class RepositoryClient:
             request = token_request(realm, service, scopes, self.credentials)
             try:
                 with self.opener.open(request, timeout=transport.TIMEOUT) as response:
-                    return token_of(response.read(MAX_TOKEN_ANSWER))  # cut: not JSON
+                    body = SteadyBody(response, self.retries.policy)
+                    return token_of(body.read(MAX_TOKEN_ANSWER))  # cut: not JSON
             except urllib.error.HTTPError as exc:
                 raise transport.answered(exc, self._http_error(exc.code, realm)) from None
             except transport.NETWORK_ERRORS as exc:
@@ -271,7 +272,8 @@ class RepositoryClient:
         exchange = Exchange(self.url("blobs", self._checked(digest, "blob")))
 
         def once() -> T:
-            with VerifiedBlob(self._once(exchange), digest, self.label, self._read) as blob:
+            body = SteadyBody(self._once(exchange), self.retries.policy)
+            with VerifiedBlob(body, digest, self.label, self.ref.api_host) as blob:
                 return consume(blob)
 
         return self._retrying(exchange.text, once)
@@ -280,7 +282,8 @@ class RepositoryClient:
         """A blob as a stream (opened as `open` retries); a fault in its body is `Fault`, for
         the caller that can begin again (`upload_blob` re-opens a stream source)."""
         url = self.url("blobs", self._checked(digest, "blob"))
-        return VerifiedBlob(self.open(url), digest, self.label, self._read)
+        body = SteadyBody(self.open(url), self.retries.policy)
+        return VerifiedBlob(body, digest, self.label, self.ref.api_host)
 
     def small_blob(self, digest: str) -> bytes:
         """A config blob's bytes, verified; larger than MAX_JSON_BLOB is an error, not a read."""
@@ -297,14 +300,9 @@ class RepositoryClient:
 
     def _whole(self, response: Any, limit: int) -> bytes:
         """Up to `limit` bytes of `response`; a fault if it ended before its Content-Length."""
-        return transport.whole(response, self._read(response, limit), limit)
-
-    def _read(self, response: Any, limit: int) -> bytes:
-        try:
-            return response.read(limit)
-        except transport.NETWORK_ERRORS as exc:
-            error = self._unreachable(self.ref.api_host, exc, getattr(response, "url", ""))
-            raise transport.unanswered(exc, error) from None
+        body = SteadyBody(response, self.retries.policy)
+        read = transport.read_body(body, limit, self.label, self.ref.api_host)
+        return transport.whole(response, read, limit)
 
     # -- writing ------------------------------------------------------------------------------
     def blob_exists(self, digest: str) -> bool:

@@ -30,9 +30,9 @@ from builder.errors import (
 )
 from builder.oci.auth import AUTH_HINT
 from builder.oci.name import ImageRef
-from builder.retry import Retries, retryable
+from builder.retry import Retries, SteadyBody, retryable
 
-TIMEOUT = 60  # seconds per request; a blob is streamed, so this bounds each read
+TIMEOUT = 60  # seconds per receive; a trickling body is builder.retry's `Stalled`
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
 T = TypeVar("T")
 
@@ -70,17 +70,15 @@ class VerifiedBlob:
     off or not matching is a `Fault` (`RepositoryClient.read_blob` reads it again).
     """
 
-    def __init__(
-        self, response: Any, digest: str, label: str, read: Callable[[Any, int], bytes]
-    ) -> None:
-        self.response = response
+    def __init__(self, body: SteadyBody, digest: str, label: str, host: str) -> None:
+        self.body = body
         self.digest = digest
         self.label = label  # how messages name the repository
-        self.reader = read  # the client's bounded read, its network errors faults
+        self.host = host  # and the registry
         self.hasher = hashlib.sha256()
 
     def read(self, size: int = -1) -> bytes:
-        data = self.reader(self.response, size)
+        data = read_body(self.body, size, self.label, self.host)
         self.hasher.update(data)
         return data
 
@@ -108,7 +106,7 @@ class VerifiedBlob:
                 with contextlib.suppress(RegistryUnreachable):  # the original error stands
                     self.finish()
         finally:
-            self.response.close()
+            self.body.close()
 
 
 @dataclass(frozen=True)
@@ -198,6 +196,16 @@ def held(response: Any) -> bool:
         return False
     response.close()
     return True
+
+
+def read_body(body: SteadyBody, size: int, label: str, host: str) -> bytes:
+    """`size` bytes of `body` (fewer at its end); a network error, a stall included, is a
+    `Fault` naming the registry `host` and the object read."""
+    try:
+        return body.read(size)
+    except NETWORK_ERRORS as exc:
+        error = unreachable(label, host, exc, getattr(body.response, "url", ""))
+        raise unanswered(exc, error) from None
 
 
 def whole(response: Any, body: bytes, limit: int) -> bytes:

@@ -10,7 +10,10 @@ those `plan` says to fail. Faults, by kind:
 - `drop-after`: the registry asked and answered, the connection closed without the answer (an
   upload's bytes taken, the client told nothing: the common case);
 - `cut`: the registry's answer with its full Content-Length but half its body, then closed
-  (a HEAD or an empty body: as `drop-after`).
+  (a HEAD or an empty body: as `drop-after`);
+- `trickle`: the registry's answer, its body sent `plan.trickle` bytes at a time with
+  `plan.trickle_every` seconds between them (each piece well within a read's timeout), until
+  the client goes away.
 
 Which requests fail is deterministic: a request is known by its method and path (query
 dropped), and `random.Random(f"{seed}:{method} {path}")` decides once whether it fails its
@@ -35,7 +38,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-KINDS = ("500", "502", "503", "429", "drop-before", "drop-after", "cut")
+KINDS = ("500", "502", "503", "429", "drop-before", "drop-after", "cut")  # what a draw picks
+TRICKLE = "trickle"  # only where a rule asks: a trickle lasts as long as the client waits
 CHUNK = 1 << 20
 
 
@@ -60,6 +64,8 @@ class Plan:
     rules: tuple[Rule, ...] = ()
     down_after: str | None = None  # a pattern: after its first match, every request is a 503
     agent: str = "Python-urllib"
+    trickle: int = 16  # bytes a `trickle` sends at a time
+    trickle_every: float = 0.1  # seconds between them
 
 
 @dataclass(frozen=True)
@@ -168,18 +174,26 @@ class FaultProxy:
                     self.send_header("Content-Length", "0")
                 self.end_headers()
                 limit = size // 2 if kind == "cut" else size
+                piece = state.plan.trickle if kind == TRICKLE else CHUNK
                 sent = 0
                 while self.command != "HEAD" and sent < limit:
-                    chunk = response.read(min(CHUNK, limit - sent))
+                    if kind == TRICKLE and sent:
+                        time.sleep(state.plan.trickle_every)
+                    chunk = response.read(min(piece, limit - sent))
                     if not chunk:
                         break
-                    self.wfile.write(chunk)
+                    try:
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                    except OSError:  # the client gave up on a trickle
+                        upstream_connection.close()
+                        return self.record(kind or "forward", None)
                     sent += len(chunk)
                 upstream_connection.close()
                 if kind == "cut":
                     self.wfile.flush()
                     return self.drop("cut")
-                return self.record("forward", response.status)
+                return self.record(kind or "forward", response.status)
 
             do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = answer
 
