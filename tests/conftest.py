@@ -403,16 +403,17 @@ def union_image(
     reference_image: str, shared_cache: Path, test_env: dict, package_index: str, tmp_path_factory
 ) -> Iterator[Built]:
     """One image for the tests that only look at a built image: beautifulsoup4 (pure Python),
-    lightgbm (libgomp1, found in its ELF needs), python-magic (libmagic, loaded through ctypes)
-    and psycopg (libpq, found through find_library) — planned, built and verified hardened by
-    one CLI run on the reference base, instead of one build each."""
+    lightgbm (libgomp1, found in its ELF needs), python-magic (libmagic, loaded through ctypes),
+    psycopg (libpq, found through find_library) and Wand (MagickWand, whose name is computed at
+    run time: ctypes.toml names it) — planned, built and verified hardened by one CLI run on
+    the reference base, instead of one build each."""
     from support.images import build, docker
 
     tmp_path = tmp_path_factory.mktemp("union")
     tag = f"bsi-e2e/union-{SESSION}:test"
     result = build(
         tmp_path, shared_cache, reference_image,
-        "beautifulsoup4\nlightgbm\npython-magic\npsycopg\n", tag,
+        "beautifulsoup4\nlightgbm\npython-magic\npsycopg\nWand\n", tag,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     report = json.loads((tmp_path / "context" / "report.json").read_text())

@@ -145,3 +145,33 @@ def test_an_unknown_program_left_out_is_an_error(shared_cache: Path, tmp_path: P
         " for amd64"
     )
     assert not out.exists()
+
+
+def test_a_wrapper_of_a_program_debian_does_not_ship_is_refused(
+    shared_cache: Path, tmp_path: Path
+) -> None:
+    """pdfkit finds wkhtmltopdf with `which` and runs the path printed; trixie has no
+    wkhtmltopdf. Importing pdfkit succeeds, so an image built anyway would pass its import
+    checks and fail at the first page: refused, unless the operator leaves it out by name."""
+    req = tmp_path / "requirements.txt"
+    req.write_text("pdfkit\n")
+    out = tmp_path / "refused"
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "-r", str(req), "--output", str(out),
+         "--cache-dir", str(shared_cache), "--no-build", "--arch", "amd64"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    (line,) = [one for one in result.stderr.splitlines() if one.startswith("error:")]
+    assert line.startswith("error: pdfkit==") and line.endswith(
+        " runs wkhtmltopdf, which no Debian 13 package ships for amd64: what runs it would fail"
+        " in the image (to build without it: --without-program wkhtmltopdf)"
+    )
+    assert not out.exists()
+    stdout, report = plan(tmp_path, shared_cache, ["pdfkit"], "--without-program", "wkhtmltopdf")
+    left_out = "warning: wkhtmltopdf left out by without-programs (no Debian 13 package ships it"
+    assert left_out in stdout
+    for arch in ARCHES:
+        assert report["architectures"][arch]["apt_packages"] == []

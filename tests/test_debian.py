@@ -86,6 +86,7 @@ def test_dynamic_loads_table() -> None:
         check="import magic; assert 'text' in magic.from_buffer(b'hello world')",
     )
     assert {"pyzbar", "cairocffi", "cairosvg", "weasyprint", "pyvips", "psycopg"} <= set(loads)
+    assert loads["wand"].sonames == ("libMagickWand-7.Q16.so.10",) and loads["wand"].reason
     for name, load in loads.items():
         assert name == load.distribution
         assert load.reason or not (load.sonames or load.packages), name

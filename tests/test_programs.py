@@ -429,3 +429,24 @@ def download(deb):
     plan = plan_for(tmp_path, [wheel(tmp_path, "pypandoc", {"pypandoc/__init__.py": source})])
     assert plan.apt_packages == ("pandoc",)
     assert plan.optional_packages == ("binutils",)
+
+
+def test_a_curated_program_debian_does_not_ship_is_refused_unless_left_out(tmp_path: Path) -> None:
+    """pdfkit's shape: `which wkhtmltopdf` (which the base has), then the path it printed."""
+    source = b"""\
+import subprocess
+def configure():
+    return subprocess.Popen(['which', 'wkhtmltopdf'], stdout=subprocess.PIPE).communicate()[0]
+def render(path, options):
+    return subprocess.Popen([path, *options, '-', '-'], stdout=subprocess.PIPE)
+"""
+    pdfkit = wheel(tmp_path, "pdfkit", {"pdfkit/configuration.py": source})
+    assert package_for_program("wkhtmltopdf", AMD64) is None
+    with pytest.raises(UserError, match=r"^pdfkit==1\.0 runs wkhtmltopdf, which no Debian 13"):
+        plan_for(tmp_path, [pdfkit])
+    plan = plan_for(tmp_path, [pdfkit], without=frozenset({"wkhtmltopdf"}))
+    assert plan.apt_packages == () and plan.programs == ()
+    assert plan.warnings == (
+        "warning: wkhtmltopdf left out by without-programs (no Debian 13 package ships it for"
+        " amd64): pdfkit==1.0 cannot run it, what needs it will fail in the image",
+    )

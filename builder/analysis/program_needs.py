@@ -122,21 +122,28 @@ def program_needs(
     without: Collection[str] = (),
 ) -> tuple[tuple[ProgramNeed, ...], tuple[str, ...]]:
     """Every program the set runs that the base does not carry, as packages, sorted; and a
-    warning for each required program left out, each curated one Debian does not ship and
-    each name left out that nothing in the set runs.
+    warning for each required program left out and each name left out that nothing in the set
+    runs.
 
-    A name left out that is neither a program nor a package of Debian 13 is an operator's
-    typo (`ffmepg`), refused: leaving nothing out silently would install what they said no to.
+    A required program Debian 13 does not ship (pdfkit's wkhtmltopdf) is refused, as a library
+    it does not ship is: the image would pass its import checks and fail at the first call.
+    The operator who wants the image anyway leaves the program out by name, and is warned.
+    A name left out that is neither a program nor a package of Debian 13 (nor such a curated
+    program) is an operator's typo (`ffmepg`), refused: leaving nothing out silently would
+    install what they said no to.
     """
-    for name in sorted(without):
-        if package_for_program(name, arch) is None and not known_package(name, arch):
-            raise UserError(
-                f"without-programs: {name!r} is neither a program nor a package Debian 13"
-                f" ships for {arch.name}"
-            )
     table = program_table()
+    curated = {name for entry in table.entries.values() for name in entry.required or ()}
+    for name in sorted(without):
+        if name in curated or package_for_program(name, arch) or known_package(name, arch):
+            continue
+        raise UserError(
+            f"without-programs: {name!r} is neither a program nor a package Debian 13"
+            f" ships for {arch.name}"
+        )
     found: dict[tuple[str, str], dict[str, tuple[bool, str]]] = {}  # -> label -> optional, why
     warnings: list[str] = []
+    unshipped: set[str] = set()  # curated programs left out that Debian does not ship
     for wheel in wheels:
         runs = _runs(wheel, table, base_packages, arch)
         required, why = _decide(wheel, runs, table)
@@ -146,10 +153,18 @@ def program_needs(
             found.setdefault((run.program, run.package), {})[label] = (optional, why)
         for program in sorted(required - {run.program for run in runs}):
             package = package_for_program(program, arch)
+            if package is None and program not in without:
+                raise UserError(
+                    f"{wheel.pin} runs {program}, which no Debian 13 package ships for"
+                    f" {arch.name}: what runs it would fail in the image (to build without"
+                    f" it: --without-program {program})"
+                )
             if package is None:
+                unshipped.add(program)
                 warnings.append(
-                    f"warning: {wheel.pin} runs {program}; no Debian 13 package ships it for"
-                    f" {arch.name}: what runs it will fail in the image"
+                    f"warning: {program} left out by without-programs (no Debian 13 package"
+                    f" ships it for {arch.name}): {wheel.pin} cannot run it, what needs it will"
+                    " fail in the image"
                 )
             elif package not in base_packages:
                 found.setdefault((program, package), {})[f"{wheel.pin}: curated"] = (False, why)
@@ -166,7 +181,7 @@ def program_needs(
                 f"warning: {need.program} ({need.package}) left out by without-programs:"
                 f" {users} cannot run it, what needs it will fail in the image"
             )
-    named = {need.program for need in needs} | {need.package for need in needs}
+    named = {need.program for need in needs} | {need.package for need in needs} | unshipped
     warnings += [
         f"warning: without-programs: nothing in the set runs {name}; leaving it out changes nothing"
         for name in sorted(set(without) - named)
