@@ -1,12 +1,15 @@
 """Where a run's progress lines and notes go: one object, made by the CLI, carried in records.
 
 Progress goes to stdout (the CLI's `note`), a test's list, or nowhere; stderr is kept for the
-one-line error. Every layer that tells the user something takes the reporter it was given
-rather than printing, so a library caller decides where the lines go.
+one-line error, and for the notes of a command whose stdout is its product (`sbom`'s document,
+`verify --json`'s report, `base`'s image names). Every layer that tells the user something
+takes the reporter it was given rather than printing, so a library caller decides where the
+lines go.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,3 +37,4 @@ class Reporter:
 
 
 QUIET = Reporter(lambda line: None)
+TO_STDERR = Reporter(lambda line: print(line, file=sys.stderr, flush=True))

@@ -24,6 +24,7 @@ import pytest
 from conftest import Registry as LocalRegistry
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
+from support.faultproxy import FaultProxy, Plan, Rule
 from support.registryhelp import tool
 from support.wheelfactory import compile_so, make_wheel
 from support.wheelindex import serve_wheel
@@ -212,6 +213,29 @@ def test_sbom_prints_what_an_earlier_run_attached(registry: LocalRegistry, pushe
     statement = tool(registry, "sbom", tag, "--arch", "amd64", "--provenance")
     assert statement.returncode == 0, statement.stderr
     assert json.loads(statement.stdout)["predicateType"] == "https://slsa.dev/provenance/v1"
+
+
+def test_sbom_through_a_flaky_registry_says_its_retries_beside_the_document(
+    registry: LocalRegistry, pushed: Pushed
+) -> None:
+    """`sbom` reads with the run's policy and says each retry, on stderr: its stdout is the
+    document alone, byte for byte what a clean registry gives."""
+    tag = pushed.report["tags"][0]
+    rules = (
+        Rule(r"^GET /v2/.*/manifests/", "503"),  # the tag's index
+        Rule(r"^GET /v2/.*/referrers/", "drop-before"),
+    )
+    proxy = FaultProxy(registry.host, Plan(rules=rules))
+    try:
+        result = tool(registry, "sbom", tag.replace(registry.host, proxy.host, 1))
+    finally:
+        proxy.close()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n").encode() == attached(registry, pushed)[SBOM]
+    notes = result.stderr.splitlines()
+    assert len(notes) >= 2 and all(line.startswith("note: registry ") for line in notes), notes
+    assert any(f"registry {proxy.host} answered 503 to GET " in line for line in notes)
+    assert any("/referrers/" in line and "(try 1 of 5)" in line for line in notes)
 
 
 def test_sbom_names_an_image_with_nothing_attached(

@@ -23,6 +23,7 @@ from support.faultproxy import TRICKLE, FaultProxy, Plan, Rule
 
 from builder.credentials import Credentials
 from builder.errors import RegistryUnreachable
+from builder.oci import transport
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.v1 import digest_of
@@ -163,3 +164,29 @@ def test_a_registry_that_only_trickles_fails_the_request_on_one_line(stored) -> 
     assert message.endswith(f"(after {FAST.tries} tries)")
     assert len(client.retries.record) == FAST.tries - 1
     assert took < FAST.tries * (FAST.stall_window + 1) + 5
+
+
+def test_a_chunk_longer_than_the_timeout_to_send_still_uploads(
+    stored, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow uplink: the proxy reads the body at 8 MiB/s, so a 40 MiB chunk takes 5 s to send,
+    with a 2 s timeout. Handed to the socket whole, the timeout bounded the whole body and
+    every try timed out; sent a block at a time, each block has the timeout to itself."""
+    registry, repository, _data, _digest = stored
+    monkeypatch.setattr(transport, "TIMEOUT", 2)
+    chunk = os.urandom(40 << 20)
+    proxy = FaultProxy(registry.host, Plan(read_rate=8 << 20))
+    try:
+        client = through(proxy, registry, repository)
+        started = time.monotonic()
+        digest = client.upload_blob(chunk, chunk=len(chunk))
+        took = time.monotonic() - started
+    finally:
+        proxy.close()
+    assert digest == digest_of(chunk) and client.retries.record == []
+    assert took > 2 * transport.TIMEOUT  # the body really went slower than the timeout
+    direct = RepositoryClient(
+        ImageRef.parse(f"{registry.host}/{repository}"),
+        credentials=Credentials(registry.user, registry.password, "test"),
+    )
+    assert direct.read_blob(digest, lambda blob: len(blob.read())) == len(chunk)

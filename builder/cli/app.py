@@ -19,9 +19,10 @@ from builder.cli.base import base_command
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
 from builder.cli.sbom import sbom_command
+from builder.cli.shared import ENGINE_OPTION, REPORTER, WITHOUT_PROGRAM_OPTION, note
+from builder.cli.verify import verify_command
 from builder.errors import UserError
 from builder.orchestration import DEFAULT_JOBS
-from builder.reporter import Reporter
 
 if TYPE_CHECKING:
     from builder.analysis.plan import Plan
@@ -30,24 +31,6 @@ if TYPE_CHECKING:
 
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
-
-
-ENGINE_OPTION = click.option(
-    "--engine",
-    "engine_urls",
-    multiple=True,
-    metavar="ARCH=URL",
-    help="Build, load, verify ARCH's image on this Docker engine (repeatable; over the config's"
-    " [engines]): unix:///PATH, tcp://HOST:PORT[?certs=DIR], ssh://[USER@]HOST[:PORT].",
-)
-WITHOUT_PROGRAM_OPTION = click.option(
-    "--without-program",
-    "without_programs",
-    multiple=True,
-    metavar="NAME",
-    help="A program (or its package) the code runs, left out on purpose (repeatable; over the"
-    " config's without-programs): not installed, a warning says so, verify reports it left out.",
-)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -361,90 +344,6 @@ def show_outcome(outcome: Outcome) -> None:
         note(line)
 
 
-def note(line: str) -> None:
-    """Progress and notes go to stdout; stderr carries only the one-line error."""
-    click.echo(line)
-
-
-REPORTER = Reporter(note)
 main.add_command(sbom_command)
 main.add_command(base_command)
-
-
-@main.command("verify")
-@click.argument("image", type=Reference())
-@click.option(
-    "-r",
-    "--requirement",
-    "requirements",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Import every top-level module of the distributions this file names, and run every"
-    " program they need.",
-)
-@click.option("--import", "modules", multiple=True, metavar="MODULE", help="Module to import.")
-@click.option(
-    "--check", "snippets", multiple=True, metavar="CODE", help="Python snippet that must run."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@WITHOUT_PROGRAM_OPTION
-@click.option(
-    "--key",
-    type=click.Path(path_type=Path),
-    help="cosign public key: IMAGE (pushed) must be signed and attested with it, checked first.",
-)
-@click.option(
-    "--client",
-    "clients",
-    type=click.Choice(["sdk"]),
-    multiple=True,
-    help="Also drive the image with this client and fail if it cannot run (sdk: the upstream"
-    " k8s-agent-sandbox SDK, which otherwise runs only when installed).",
-)
-@reports_errors
-def verify_command(
-    image: ImageRef,
-    requirements: Path | None,
-    modules: tuple[str, ...],
-    snippets: tuple[str, ...],
-    as_json: bool,
-    without_programs: tuple[str, ...],
-    key: Path | None,
-    clients: tuple[str, ...],
-) -> None:
-    """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
-    from builder import credentials
-    from builder.analysis.requirements import distribution_names
-    from builder.cache import Cache, default_root
-    from builder.cli.soci import soci_check
-    from builder.engines.connection import image_architecture
-    from builder.image.attachments import attached_sbom
-    from builder.orchestration.delivery import program_expectations
-    from builder.orchestration.prepare import programs_needed
-    from builder.sign.check import check_signed
-    from builder.sign.keys import load_public_key
-    from builder.verify.run import Installed, verify_image
-
-    if key is not None:  # the signatures first: nothing unsigned is run
-        public = load_public_key(key)
-        lines = check_signed(credentials.registry(image, image.as_written), public)
-        if not as_json:  # --json prints the report alone
-            click.echo("\n".join(lines))
-    installed = Installed()
-    if requirements:  # its distributions' modules, and the programs they need for its arch
-        arch, left_out = image_architecture(image), frozenset(without_programs)
-        needs = programs_needed(requirements, image, arch, left_out, Cache(default_root()))
-        installed = Installed(distribution_names(requirements), program_expectations(needs))
-    report = verify_image(
-        image,
-        modules=modules,
-        checks=snippets,
-        installed=installed,
-        sdk=True if "sdk" in clients else None,
-        sbom=attached_sbom(image),
-    )
-    if soci := soci_check(image):
-        report.checks.append(soci)
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
-    if not report.passed:
-        failed = ", ".join(check.name for check in report.failed)
-        raise UserError(f"verification of {image.as_written} failed: {failed}")
+main.add_command(verify_command)

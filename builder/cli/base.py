@@ -55,6 +55,8 @@ def base_command(
     """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
     from builder.cache import Cache, default_root
     from builder.image.reference_base import build_base, build_base_index
+    from builder.reporter import TO_STDERR
+    from builder.retry import Retries
 
     cache = Cache(cache_dir or default_root())
     wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
@@ -67,6 +69,7 @@ def base_command(
         click.echo(f"{name} {image_id}")
         return
     pushed = build_base_index(
-        tag, wanted, base_image=base_image, cache=cache, log=sys.stderr, soci=not no_soci
-    )
+        tag, wanted, base_image=base_image, cache=cache, log=sys.stderr, soci=not no_soci,
+        retries=Retries(TO_STDERR),  # its stdout is the pushed reference; notes beside the log
+    )  # fmt: skip
     click.echo(f"{tag.as_written} {pushed.reference}")

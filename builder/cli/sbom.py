@@ -40,11 +40,13 @@ def _print_attached(reference: ImageRef, arch: str | None, want_provenance: bool
     from builder.attest import provenance, sbom
     from builder.errors import UserError
     from builder.image.attachments import read_attached
+    from builder.reporter import TO_STDERR
+    from builder.retry import Retries
 
     kind, media_type = (
         ("provenance", provenance.MEDIA_TYPE) if want_provenance else ("SBOM", sbom.MEDIA_TYPE)
     )
-    found = read_attached(reference, media_type, arch)
+    found = read_attached(reference, media_type, arch, Retries(TO_STDERR))  # stdout: the document
     missing = [one for one in found if one.document is None]
     if missing:
         names = ", ".join(f"{reference.as_written} ({one.arch}, {one.digest})" for one in missing)

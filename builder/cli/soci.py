@@ -13,15 +13,16 @@ from builder.verify.report import Check
 
 if TYPE_CHECKING:
     from builder.oci.name import ImageRef
+    from builder.retry import Retries
 
 
-def soci_check(image: ImageRef) -> Check | None:
+def soci_check(image: ImageRef, retries: Retries) -> Check | None:
     """Its SOCI index names only the image's layers and each ztoc matches its layer; None when
     `image` names no registry or carries no index (nothing to check)."""
     from builder.image.soci import attached_index_problems
 
     try:
-        found = attached_index_problems(image)
+        found = attached_index_problems(image, retries)
     except (RegistryError, UserError) as error:
         return Check("soci", False, f"the SOCI index could not be read: {error}")
     if found is None:

@@ -39,6 +39,7 @@ from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import read
 from builder.oci.v1 import ConfigFile, Index, Platform, digest_of
 from builder.reporter import QUIET, Reporter
+from builder.retry import Retries
 
 SBOM_FILE = "sbom-{arch}.cdx.json"
 PROVENANCE_FILE = "provenance-{arch}.intoto.json"
@@ -106,6 +107,7 @@ def plan_facts(
     repository: str,
     extras_layers: Mapping[str, str],
     reporter: Reporter = QUIET,
+    retries: Retries | None = None,
 ) -> ImageFactsRequest:
     """What an extension image's facts need from its plan; `produced`: arch, name, config.
 
@@ -123,7 +125,7 @@ def plan_facts(
         environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
         entries=tuple(e for e in dict.fromkeys((DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
         wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
-        base_wheels=base_wheels(plan.base_reference, arch, reporter),
+        base_wheels=base_wheels(plan.base_reference, arch, reporter, retries),
         base_packages=plan.base.packages.get(arch),
         apt_packages=frozenset(planned.apt_packages),
         extras_layers=extras_layers,
@@ -199,11 +201,13 @@ class Attached:
     document: bytes | None  # None: nothing of that type is attached
 
 
-def read_attached(ref: ImageRef, artifact_type: str, arch: str | None = None) -> list[Attached]:
+def read_attached(
+    ref: ImageRef, artifact_type: str, arch: str | None = None, retries: Retries | None = None
+) -> list[Attached]:
     """The `artifact_type` document attached to each arch image `ref` names (an index: the
-    arch asked, or every one it lists; an image: that image)."""
+    arch asked, or every one it lists; an image: that image), read as `retries` say."""
     reference = str(ref)
-    registry = credentials.registry(ref, reference)
+    registry = credentials.registry(ref, reference, retries)
     found = read(registry)
     if isinstance(found, Index):
         wanted = (
@@ -227,14 +231,16 @@ def read_attached(ref: ImageRef, artifact_type: str, arch: str | None = None) ->
     return result
 
 
-def base_wheels(ref: ImageRef, arch: str, reporter: Reporter = QUIET) -> Mapping[str, WheelOrigin]:
+def base_wheels(
+    ref: ImageRef, arch: str, reporter: Reporter = QUIET, retries: Retries | None = None
+) -> Mapping[str, WheelOrigin]:
     """The wheels the base's /app/deps came from, as the base's own SBOM names them; none when
     the base names no registry or carries no SBOM, or (with a warning: the SBOM is poorer for
     it) when its registry cannot be reached even after the retries."""
     if ref.is_hub:
         return {}
     try:
-        found = read_attached(ref, sbom.MEDIA_TYPE, arch)
+        found = read_attached(ref, sbom.MEDIA_TYPE, arch, retries)
     except RegistryUnreachable as error:
         reporter.warn(f"{error}; the SBOM names no origin for the base's /app/deps wheels")
         return {}
@@ -244,7 +250,7 @@ def base_wheels(ref: ImageRef, arch: str, reporter: Reporter = QUIET) -> Mapping
     return sbom.wheel_origins(document, DEPS) if document else {}
 
 
-def attached_sbom(ref: ImageRef) -> bytes | None:
+def attached_sbom(ref: ImageRef, retries: Retries | None = None) -> bytes | None:
     """The SBOM attached to a pushed image (of an index: the engine's arch, the image verify
     runs), for verify to compare; None when `ref` names no registry (a local image, a Hub
     name), or nothing is attached to it."""
@@ -253,7 +259,7 @@ def attached_sbom(ref: ImageRef) -> bytes | None:
     client = engine_client()
     arch = native_arch(client) if client else None
     try:
-        found = read_attached(ref, sbom.MEDIA_TYPE, arch)
+        found = read_attached(ref, sbom.MEDIA_TYPE, arch, retries)
     except (RegistryError, UserError):
         return None
     return found[0].document if found else None

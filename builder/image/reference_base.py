@@ -44,6 +44,7 @@ from builder.oci.name import ImageRef
 from builder.oci.referrers import Artifact
 from builder.oci.remote import Written
 from builder.oci.v1 import Image
+from builder.retry import Retries
 from builder.runtime import copy_server
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
@@ -177,12 +178,13 @@ def build_base_index(
     cache: Cache | None = None,
     log: Log | None = None,
     soci: bool = True,
+    retries: Retries | None = None,
 ) -> Written:
     """Build the reference base for each arch and push it to `ref`'s registry as one index.
 
     Several arches cannot live under one local tag, so `ref` must name a registry
     (`host/repo:tag`); each arch is also tagged locally as `<ref as written>-<arch>`. Without
-    `soci` no SOCI index is attached (`--no-soci`).
+    `soci` no SOCI index is attached (`--no-soci`). The push tries again as `retries` say.
     """
     tag = ref.as_written
     names_registry = not ref.is_hub or tag.startswith(("docker.io/", "index.docker.io/"))
@@ -200,7 +202,7 @@ def build_base_index(
     }
     repository = ref.with_tag(None)
     (log or Discard()).write(f"pushing {', '.join(images)} to {repository} by digest ...\n")
-    target = credentials.registry(repository, str(repository))
+    target = credentials.registry(repository, str(repository), retries)
     cache = cache or Cache(default_root())
     attach = partial(_attachments, client, base_image, images, str(repository), cache, soci)
     pushed, _ = push_engine_images(client, images, target, [ref.tag], cache, base_image, attach)

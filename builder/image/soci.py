@@ -288,7 +288,9 @@ def soci_record(
     )
 
 
-def attached_index_problems(ref: ImageRef) -> tuple[str, list[str]] | None:
+def attached_index_problems(
+    ref: ImageRef, retries: Retries | None = None
+) -> tuple[str, list[str]] | None:
     """The SOCI indexes attached to the pushed image `ref` (of an index: every arch image it
     names, each with its own index, as a node of that arch reads it), checked: each names only
     layers of its image, and each ztoc's spans, windows and file table match its layer's bytes
@@ -296,10 +298,10 @@ def attached_index_problems(ref: ImageRef) -> tuple[str, list[str]] | None:
     an arch image without an index, when another has one, is a problem too. None when `ref`
     names no registry or no index is attached (--no-soci, or no layer the tool gzipped); else
     the indexes' digests and what is wrong (empty: all agrees). An index that cannot be read
-    is a RegistryError or a UserError."""
+    is a RegistryError or a UserError. Read as `retries` say."""
     if ref.is_hub:  # a local name, or Docker Hub: not where this tool pushes
         return None
-    registry = credentials.registry(ref, str(ref))
+    registry = credentials.registry(ref, str(ref), retries)
     found = read(registry)
     if isinstance(found, Index):
         images = [(entry.platform, read(registry, entry.digest)) for entry in found.manifests]

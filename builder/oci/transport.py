@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import io
 import socket
 import urllib.error
 import urllib.parse
@@ -122,8 +123,17 @@ class Exchange:
     scopes: tuple[str, ...] = ()
 
     def request(self, authorization: str | None) -> urllib.request.Request:
-        """The request to send; `authorization` is never forwarded to a redirect target."""
-        request = urllib.request.Request(self.url, data=self.data, method=self.method)
+        """The request to send; `authorization` is never forwarded to a redirect target.
+
+        A body goes as a stream of its length: http.client then sends it a block at a time,
+        each block within the timeout. Handed over as bytes, it is one `sendall`, whose timeout
+        bounds the whole body: a 16 MiB chunk on a link slower than about 280 kB/s would time
+        out on every try.
+        """
+        data = None if self.data is None else io.BytesIO(self.data)
+        request = urllib.request.Request(self.url, data=data, method=self.method)
+        if self.data is not None:
+            request.add_header("Content-Length", str(len(self.data)))
         accept = {"Accept": self.accept} if self.accept else {}
         for name, value in {**(self.headers or {}), **accept}.items():
             request.add_header(name, value)

@@ -235,7 +235,9 @@ def _produce_and_verify(
 
                 began = time.monotonic()
                 made = (one.arch, one.engine_name, one.config)
-                facts = plan_facts(plan, made, repository, one.holding_layers, run.reporter)
+                facts = plan_facts(
+                    plan, made, repository, one.holding_layers, run.reporter, run.retries
+                )
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
                 one.seconds["facts"] = time.monotonic() - began
             if delivery.verify:

@@ -19,9 +19,10 @@ Which requests fail is deterministic: a request is known by its method and path 
 dropped), and `random.Random(f"{seed}:{method} {path}")` decides once whether it fails its
 first try, its first two, or none, and how. `rules` force a fault on the first requests
 matching a pattern (the first GET of the base's manifest, say); `down_after` makes every
-request after the first matching one a 503 (a registry that goes down midway). Only requests
-whose User-Agent starts with `plan.agent` are touched (the tool's urllib; the engine's own
-pulls go through clean). Request bodies must carry a Content-Length (the tool's do; the
+request after the first matching one a 503 (a registry that goes down midway); `read_rate`
+reads every request's body at that many bytes a second, as a slow uplink delivers it. Only
+requests whose User-Agent starts with `plan.agent` are faulted (the tool's urllib; the engine's
+own pulls go through clean). Request bodies must carry a Content-Length (the tool's do; the
 engine's chunked pushes go to the registry itself). `log` records every request: its time,
 method, path, what was done, the status answered and the User-Agent.
 """
@@ -66,6 +67,7 @@ class Plan:
     agent: str = "Python-urllib"
     trickle: int = 16  # bytes a `trickle` sends at a time
     trickle_every: float = 0.1  # seconds between them
+    read_rate: int = 0  # bytes a second the proxy reads a request's body at (0: at once)
 
 
 @dataclass(frozen=True)
@@ -138,9 +140,20 @@ class FaultProxy:
                 with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
 
+            def read_body(self, length: int, rate: int) -> bytes:
+                """The request's body, read at `rate` bytes a second (a slow uplink)."""
+                if not rate:
+                    return self.rfile.read(length) if length else b""
+                pieces, got, step = [], 0, CHUNK >> 4
+                while got < length:
+                    pieces.append(self.rfile.read(min(step, length - got)))
+                    got += len(pieces[-1])
+                    time.sleep(len(pieces[-1]) / rate)
+                return b"".join(pieces)
+
             def answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                body = self.read_body(length, state.plan.read_rate)
                 kind = state.decide(self.command, self.path, self.headers.get("User-Agent", ""))
                 if kind == "drop-before":
                     return self.drop(kind)

@@ -1,0 +1,37 @@
+"""What more than one command takes: the options build and rebuild (or build and verify) share,
+and the reporter that prints a run's progress and notes.
+
+Apart from builder/cli/app.py so that a command in a module of its own (verify) uses the same
+option and the same printing as the group's commands.
+"""
+
+from __future__ import annotations
+
+import click
+
+from builder.reporter import Reporter
+
+ENGINE_OPTION = click.option(
+    "--engine",
+    "engine_urls",
+    multiple=True,
+    metavar="ARCH=URL",
+    help="Build, load, verify ARCH's image on this Docker engine (repeatable; over the config's"
+    " [engines]): unix:///PATH, tcp://HOST:PORT[?certs=DIR], ssh://[USER@]HOST[:PORT].",
+)
+WITHOUT_PROGRAM_OPTION = click.option(
+    "--without-program",
+    "without_programs",
+    multiple=True,
+    metavar="NAME",
+    help="A program (or its package) the code runs, left out on purpose (repeatable; over the"
+    " config's without-programs): not installed, a warning says so, verify reports it left out.",
+)
+
+
+def note(line: str) -> None:
+    """Progress and notes go to stdout; stderr carries only the one-line error."""
+    click.echo(line)
+
+
+REPORTER = Reporter(note)

@@ -1,0 +1,106 @@
+"""Command line `verify IMAGE`: run an image hardened and check the runtime contract. Parses
+and prints only.
+
+Apart from builder/cli/app.py (which registers it) so that module stays within its size; the
+checks are builder.verify.run.verify_image. Its registry reads (the signatures, the attached
+SBOM and SOCI index) try again on faults and say so: on stdout beside the table, on stderr with
+--json (whose stdout is the report alone).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from builder.cli.errors import reports_errors
+from builder.cli.references import Reference
+from builder.cli.shared import REPORTER, WITHOUT_PROGRAM_OPTION
+from builder.errors import UserError
+
+if TYPE_CHECKING:
+    from builder.oci.name import ImageRef
+
+
+@click.command("verify")
+@click.argument("image", type=Reference())
+@click.option(
+    "-r",
+    "--requirement",
+    "requirements",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Import every top-level module of the distributions this file names, and run every"
+    " program they need.",
+)
+@click.option("--import", "modules", multiple=True, metavar="MODULE", help="Module to import.")
+@click.option(
+    "--check", "snippets", multiple=True, metavar="CODE", help="Python snippet that must run."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@WITHOUT_PROGRAM_OPTION
+@click.option(
+    "--key",
+    type=click.Path(path_type=Path),
+    help="cosign public key: IMAGE (pushed) must be signed and attested with it, checked first.",
+)
+@click.option(
+    "--client",
+    "clients",
+    type=click.Choice(["sdk"]),
+    multiple=True,
+    help="Also drive the image with this client and fail if it cannot run (sdk: the upstream"
+    " k8s-agent-sandbox SDK, which otherwise runs only when installed).",
+)
+@reports_errors
+def verify_command(
+    image: ImageRef,
+    requirements: Path | None,
+    modules: tuple[str, ...],
+    snippets: tuple[str, ...],
+    as_json: bool,
+    without_programs: tuple[str, ...],
+    key: Path | None,
+    clients: tuple[str, ...],
+) -> None:
+    """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
+    from builder import credentials
+    from builder.analysis.requirements import distribution_names
+    from builder.cache import Cache, default_root
+    from builder.cli.soci import soci_check
+    from builder.engines.connection import image_architecture
+    from builder.image.attachments import attached_sbom
+    from builder.orchestration.delivery import program_expectations
+    from builder.orchestration.prepare import programs_needed
+    from builder.reporter import TO_STDERR
+    from builder.retry import Retries
+    from builder.sign.check import check_signed
+    from builder.sign.keys import load_public_key
+    from builder.verify.run import Installed, verify_image
+
+    retries = Retries(TO_STDERR if as_json else REPORTER)  # --json prints the report alone
+    if key is not None:  # the signatures first: nothing unsigned is run
+        public = load_public_key(key)
+        lines = check_signed(credentials.registry(image, image.as_written, retries), public)
+        if not as_json:  # --json prints the report alone
+            click.echo("\n".join(lines))
+    installed = Installed()
+    if requirements:  # its distributions' modules, and the programs they need for its arch
+        arch, left_out = image_architecture(image), frozenset(without_programs)
+        needs = programs_needed(requirements, image, arch, left_out, Cache(default_root()))
+        installed = Installed(distribution_names(requirements), program_expectations(needs))
+    report = verify_image(
+        image,
+        modules=modules,
+        checks=snippets,
+        installed=installed,
+        sdk=True if "sdk" in clients else None,
+        sbom=attached_sbom(image, retries),
+    )
+    if soci := soci_check(image, retries):
+        report.checks.append(soci)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
+    if not report.passed:
+        failed = ", ".join(check.name for check in report.failed)
+        raise UserError(f"verification of {image.as_written} failed: {failed}")
