@@ -265,7 +265,7 @@ def test_only_the_orchestration_sequences_producers_verification_and_writes() ->
         "builder.orchestration.delivery.deliver": {"builder/orchestration/commands.py"},
         "builder.verify.run.verify_image": {
             "builder/orchestration/delivery.py",
-            "builder/cli/app.py",
+            "builder/cli/verify.py",
         },
         "builder.oci.remote.write": {
             "builder/orchestration/delivery.py",

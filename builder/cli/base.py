@@ -68,8 +68,14 @@ def base_command(
         )
         click.echo(f"{name} {image_id}")
         return
+    retries = Retries(TO_STDERR)  # its stdout is the pushed reference: notes beside the log
     pushed = build_base_index(
-        tag, wanted, base_image=base_image, cache=cache, log=sys.stderr, soci=not no_soci,
-        retries=Retries(TO_STDERR),  # its stdout is the pushed reference; notes beside the log
-    )  # fmt: skip
+        tag,
+        wanted,
+        base_image=base_image,
+        cache=cache,
+        log=sys.stderr,
+        soci=not no_soci,
+        retries=retries,
+    )
     click.echo(f"{tag.as_written} {pushed.reference}")
