@@ -128,23 +128,30 @@ def test_a_reviewers_picks(shared_cache: Path, tmp_path: Path) -> None:
     assert "runs git -> git" in stdout and "runs tesseract -> tesseract-ocr" in stdout
 
 
-def test_an_unknown_program_left_out_is_an_error(shared_cache: Path, tmp_path: Path) -> None:
-    req = tmp_path / "requirements.txt"
-    req.write_text("pydub\n")
-    out = tmp_path / "context"
+def refused(tmp: Path, cache: Path, requirement: str, *args: str) -> str:
+    """The one `error:` line of a plan that must fail (exit 1, no context written)."""
+    req = tmp / "requirements.txt"
+    req.write_text(f"{requirement}\n")
+    out = tmp / "refused"
     result = subprocess.run(
         [sys.executable, "-m", "builder", "-r", str(req), "--output", str(out),
-         "--cache-dir", str(shared_cache), "--no-build", "--without-program", "ffmepg"],
+         "--cache-dir", str(cache), "--no-build", "--arch", "amd64", *args],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=tmp,
     )  # fmt: skip
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert not out.exists()
+    (line,) = [one for one in result.stderr.splitlines() if one.startswith("error:")]
+    return line
+
+
+def test_an_unknown_program_left_out_is_an_error(shared_cache: Path, tmp_path: Path) -> None:
+    line = refused(tmp_path, shared_cache, "pydub", "--without-program", "ffmepg")
+    assert line == (
         "error: without-programs: 'ffmepg' is neither a program nor a package Debian 13 ships"
         " for amd64"
     )
-    assert not out.exists()
 
 
 def test_a_wrapper_of_a_program_debian_does_not_ship_is_refused(
@@ -153,23 +160,11 @@ def test_a_wrapper_of_a_program_debian_does_not_ship_is_refused(
     """pdfkit finds wkhtmltopdf with `which` and runs the path printed; trixie has no
     wkhtmltopdf. Importing pdfkit succeeds, so an image built anyway would pass its import
     checks and fail at the first page: refused, unless the operator leaves it out by name."""
-    req = tmp_path / "requirements.txt"
-    req.write_text("pdfkit\n")
-    out = tmp_path / "refused"
-    result = subprocess.run(
-        [sys.executable, "-m", "builder", "-r", str(req), "--output", str(out),
-         "--cache-dir", str(shared_cache), "--no-build", "--arch", "amd64"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 1
-    (line,) = [one for one in result.stderr.splitlines() if one.startswith("error:")]
+    line = refused(tmp_path, shared_cache, "pdfkit")
     assert line.startswith("error: pdfkit==") and line.endswith(
         " runs wkhtmltopdf, which no Debian 13 package ships for amd64: what runs it would fail"
         " in the image (to build without it: --without-program wkhtmltopdf)"
     )
-    assert not out.exists()
     stdout, report = plan(tmp_path, shared_cache, ["pdfkit"], "--without-program", "wkhtmltopdf")
     left_out = "warning: wkhtmltopdf left out by without-programs (no Debian 13 package ships it"
     assert left_out in stdout
