@@ -128,6 +128,21 @@ def test_a_reviewers_picks(shared_cache: Path, tmp_path: Path) -> None:
     assert "runs git -> git" in stdout and "runs tesseract -> tesseract-ocr" in stdout
 
 
+def test_textract_s_parsers_run_their_programs_through_a_shared_method(
+    shared_cache: Path, tmp_path: Path
+) -> None:
+    """Each textract parser runs its program through `self.run` (ShellParser.run): reading
+    follows the method, and the curated entry installs the PDF and .doc programs."""
+    stdout, report = plan(tmp_path, shared_cache, ["textract"])
+    for arch in ARCHES:
+        record = report["architectures"][arch]
+        assert set(record["apt_packages"]) == {"antiword", "poppler-utils"}, record["programs"]
+        assert {"sox", "tesseract-ocr", "unrtf"} <= set(record["optional_apt_packages"])
+        sites = {n["program"]: n for n in record["programs"]}
+        assert any("textract/parsers/doc_parser.py:" in w for w in sites["antiword"]["needed_by"])
+    assert "runs antiword -> antiword, runs pdftotext -> poppler-utils" in stdout
+
+
 def refused(tmp: Path, cache: Path, requirement: str, *args: str) -> str:
     """The one `error:` line of a plan that must fail (exit 1, no context written)."""
     req = tmp / "requirements.txt"

@@ -450,3 +450,56 @@ def render(path, options):
         "warning: wkhtmltopdf left out by without-programs (no Debian 13 package ships it for"
         " amd64): pdfkit==1.0 cannot run it, what needs it will fail in the image",
     )
+
+
+SHELL_PARSER = b"""\
+import subprocess
+class BaseParser(object):
+    def process(self, filename):
+        return self.extract(filename)
+class ShellParser(BaseParser):
+    def run(self, args):
+        try:
+            pipe = subprocess.Popen(args, stdout=subprocess.PIPE)
+        except OSError as e:
+            raise RuntimeError(' '.join(args)) from e
+        return pipe.communicate()
+class Fallback(ShellParser):
+    def extract(self, filename):
+        return self.run(['unrtf', '--text', filename])
+"""
+
+
+def test_a_method_running_its_parameter_is_followed_into_derived_classes() -> None:
+    """textract's shape: ShellParser.run(self, args) runs what each format's parser passes,
+    from modules of its own (`from .utils import ShellParser`) or its own module."""
+    sources = {
+        "tx/parsers/utils.py": SHELL_PARSER,
+        "tx/parsers/doc_parser.py": b"""\
+from .utils import ShellParser
+class Parser(ShellParser):
+    def extract(self, filename, **kwargs):
+        stdout, stderr = self.run(['antiword', filename])
+        return stdout
+""",
+        "tx/parsers/pdf_parser.py": b"""\
+from . import utils
+class Parser(utils.ShellParser):
+    def extract(self, filename):
+        return self.run(['pdftotext', filename, '-'])[0]
+""",
+        "tx/parsers/other.py": b"""\
+from .utils import BaseParser
+class Unrelated(BaseParser):
+    def run(self, args):
+        return args
+    def extract(self, filename):
+        return self.run(['not-a-program-run', filename])
+""",
+    }
+    found = {(site.path, site.names) for site in scan_sources(sources, sources.__getitem__)}
+    assert found == {
+        ("tx/parsers/doc_parser.py", ("antiword",)),
+        ("tx/parsers/pdf_parser.py", ("pdftotext",)),
+        ("tx/parsers/utils.py", ("unrtf",)),
+    }
