@@ -1,4 +1,5 @@
-"""One retry policy for every registry request: what is retried, how long to wait, when to stop.
+"""One retry policy for every registry and package index request: what is retried, how long to
+wait, when to stop.
 
 Registries have bad days (docs/usage.md, "When a registry fails"): Docker Hub answers 429 with
 `Retry-After`, registries and their proxies answer 500/502/503/504 under load, load balancers
@@ -122,9 +123,11 @@ class Retried:
     wait: float  # seconds waited before the next try
     attempt: int  # the try that failed, 1-based
     tries: int  # of how many
+    service: str = "registry"  # or "index": a package index (listings, wheel downloads)
 
     def to_dict(self) -> dict[str, object]:
         return {
+            "service": self.service,
             "registry": self.registry,
             "request": self.request,
             "answer": self.answer,
@@ -138,7 +141,8 @@ class Retried:
 class Retries:
     """One run's retries: the policy, the clocks, the budget left, and what was retried.
 
-    Shared by every registry client of the run (its threads too: the record is locked). The
+    Shared by every registry client of the run and its index requests (listings, wheel
+    downloads: builder.analysis.index), its threads too (the record is locked). The
     clock measures how long a failed try took (monotonic); `wall` is what an HTTP-date
     `Retry-After` is read against.
     """
@@ -161,6 +165,7 @@ class Retries:
         attempt: int,
         started: float,
         asked: str | None = None,
+        service: str = "registry",
     ) -> bool:
         """After failed try `attempt` (begun at `started` on `clock`): wait and say so, and
         True; False when the request's tries or the run's budget are spent (the caller
@@ -174,11 +179,11 @@ class Retries:
                 self.spent = self.policy.budget  # later requests fail at their first fault
                 return False
             self.spent += lost
-            one = Retried(registry, request, answer, pause, attempt, self.policy.tries)
+            one = Retried(registry, request, answer, pause, attempt, self.policy.tries, service)
             self.record.append(one)
         said = f"answered {answer}" if answer.isdigit() else f"failed ({answer})"
         self.speaker.note(
-            f"registry {registry} {said} to {request}"
+            f"{service} {registry} {said} to {request}"
             f" (try {attempt} of {self.policy.tries}); trying again in {pause:.1f} s"
         )
         self.sleep(pause)
@@ -200,10 +205,11 @@ class Stalled(TimeoutError):
 class SteadyBody:
     """A response's body, read one receive at a time so that a trickle is seen.
 
-    Each receive returns what arrived (`read1`), so every piece is counted as it comes; at the
-    end of each `stall_window` (real time: what a stalled run loses) the bytes it moved are
-    checked against the floor. `read` keeps a file's meaning: `size` bytes, fewer only at the
-    end of the body.
+    Each receive returns what arrived (`read1`), so every piece is counted as it comes, with
+    the time the receive waited for it. Once `stall_window` seconds were spent waiting (time
+    the caller spends between reads does not count: an upload sending what it read is not
+    the source stalling), the bytes of that window are checked against the floor. `read`
+    keeps a file's meaning: `size` bytes, fewer only at the end of the body.
     """
 
     def __init__(
@@ -212,29 +218,30 @@ class SteadyBody:
         self.response = response
         self.policy = policy
         self.clock = clock
-        self.since = clock()  # when the current window began
+        self.waited = 0.0  # seconds spent receiving in the current window
         self.moved = 0  # bytes in the current window
 
     def read(self, size: int = -1) -> bytes:
         pieces: list[bytes] = []
         got = 0
         while size < 0 or got < size:
+            began = self.clock()
             piece = self.response.read1(RECEIVE if size < 0 else min(RECEIVE, size - got))
             if not piece:
                 break
             pieces.append(piece)
             got += len(piece)
-            self._count(len(piece))
+            self._count(len(piece), self.clock() - began)
         return b"".join(pieces)
 
     def close(self) -> None:
         self.response.close()
 
-    def _count(self, size: int) -> None:
+    def _count(self, size: int, seconds: float) -> None:
         self.moved += size
-        now = self.clock()
-        if now - self.since < self.policy.stall_window:
+        self.waited += seconds
+        if self.waited < self.policy.stall_window:
             return
         if self.moved < self.policy.stall_floor:
-            raise Stalled(f"stalled: {self.moved} bytes in {now - self.since:.0f} s")
-        self.since, self.moved = now, 0
+            raise Stalled(f"stalled: {self.moved} bytes in {self.waited:.0f} s")
+        self.waited, self.moved = 0.0, 0

@@ -445,10 +445,12 @@ def render(path, options):
     with pytest.raises(UserError, match=r"^pdfkit==1\.0 runs wkhtmltopdf, which no Debian 13"):
         plan_for(tmp_path, [pdfkit])
     plan = plan_for(tmp_path, [pdfkit], without=frozenset({"wkhtmltopdf"}))
-    assert plan.apt_packages == () and plan.programs == ()
+    assert plan.apt_packages == ()
+    (need,) = plan.programs  # reported left out, with no package
+    assert (need.program, need.package, need.left_out) == ("wkhtmltopdf", None, True)
     assert plan.warnings == (
-        "warning: wkhtmltopdf left out by without-programs (no Debian 13 package ships it for"
-        " amd64): pdfkit==1.0 cannot run it, what needs it will fail in the image",
+        "warning: wkhtmltopdf (no Debian 13 package ships it for amd64) left out by"
+        " without-programs: pdfkit==1.0 cannot run it, what needs it will fail in the image",
     )
 
 

@@ -52,7 +52,7 @@ INDEX: Mapping[str, list[RemoteFile]] = {
 
 @pytest.fixture
 def synthetic_index(monkeypatch: pytest.MonkeyPatch) -> None:
-    def files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
+    def files(indexes: Sequence[str], name: str, retries: object = None) -> list[RemoteFile]:
         return INDEX.get(name, [])
 
     monkeypatch.setattr(stale, "index_files", files)
@@ -102,7 +102,7 @@ def test_resolution_notes_come_only_with_a_held_back_version(
 
     def fresher(packages: list[LockedPackage]) -> list[str]:
         warnings, rebuilt = resolve_module._fresher_sources(
-            packages, requirements, TARGET, AMD64, Cache(tmp_path / "c"), tmp_path, via
+            packages, requirements, TARGET, AMD64, Cache(tmp_path / "c"), tmp_path, via, None
         )
         assert rebuilt == []
         return warnings

@@ -77,6 +77,16 @@ def test_a_body_that_slows_down_midway_stalls_in_its_own_window() -> None:
         body.read()
 
 
+def test_time_the_caller_spends_between_reads_is_no_stall() -> None:
+    """An upload of another registry's blob sends each chunk it read before reading on: a
+    minute spent sending is not the source stalling."""
+    body, response = steady([b"z" * 10] * 6, seconds=0.5)  # 20 bytes a second while reading
+    for _ in range(3):
+        assert body.read(20) == b"z" * 20
+        response.clock[0] += 100.0  # the caller's own work between reads
+    assert body.read() == b""
+
+
 def test_a_read_keeps_a_files_meaning() -> None:
     body, response = steady([b"abc", b"de", b"fgh"], seconds=0.0)
     assert body.read(5) == b"abcde"  # size bytes, across receives

@@ -36,7 +36,8 @@ from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.analysis.unresolvable import unresolvable
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
-from builder.retry import POLICY
+from builder.reporter import Reporter
+from builder.retry import POLICY, Retries
 
 AMD64 = ARCHES["amd64"]
 
@@ -138,18 +139,32 @@ def test_an_operator_s_own_uv_retry_setting_wins(
 def test_the_tool_s_own_listing_and_download_weather_an_index_s_503s(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "w", "bsi-flaky", "1.0", "py3-none-any", {"bsi_flaky.py": b"x"})
     seen: list[str] = []
+    lines: list[str] = []
+    retries = Retries(Reporter(lines.append), sleep=lambda seconds: None)
     with serve_wheel(wheel, "bsi-flaky", failing=2, seen=seen) as port:
         index = f"http://127.0.0.1:{port}/simple"
-        (listed,) = index_files([index], "bsi-flaky")
+        (listed,) = index_files([index], "bsi-flaky", retries)
         seen.append("-- listed")
         with serve_wheel(wheel, "bsi-flaky", failing=1, seen=seen) as second:
             moved = RemoteFile(
                 listed.filename, listed.url.replace(str(port), str(second)), listed.sha256
             )
-            path = download(moved, Cache(tmp_path / "cache"), [index])
+            path = download(moved, Cache(tmp_path / "cache"), [index], retries)
     assert sha256_of(path) == listed.sha256
     statuses = [line.split()[-1] for line in seen]
     assert statuses == ["503", "503", "200", "listed", "503", "200"]
+    # said and recorded as the run's registry retries are, as an index's, in the same budget
+    assert [line.split(" (try")[0] for line in lines] == [
+        f"note: index 127.0.0.1:{port} answered 503 to GET /simple/bsi-flaky/",
+        f"note: index 127.0.0.1:{port} answered 503 to GET /simple/bsi-flaky/",
+        f"note: index 127.0.0.1:{second} answered 503 to GET /files/{wheel.name}",
+    ]
+    assert [(one["service"], one["try"]) for one in retries.to_list()] == [
+        ("index", 1),
+        ("index", 2),
+        ("index", 1),
+    ]
+    assert 0 < retries.spent < POLICY.budget
 
 
 def test_a_file_that_never_matches_its_lock_is_fetched_again_then_refused(tmp_path: Path) -> None:
@@ -171,7 +186,7 @@ def test_what_an_index_answers_for_good_is_not_tried_again() -> None:
         raise urllib.error.HTTPError("http://127.0.0.1/x", 404, "Not Found", Message(), None)
 
     with pytest.raises(urllib.error.HTTPError):
-        retried(missing, sleep=lambda seconds: None)
+        retried(missing, "http://127.0.0.1/x", Retries(sleep=lambda seconds: None))
     assert calls == [1]
     waits: list[float] = []
 
@@ -180,7 +195,7 @@ def test_what_an_index_answers_for_good_is_not_tried_again() -> None:
         raise ConnectionResetError("reset by peer")
 
     with pytest.raises(INDEX_FAULTS):
-        retried(reset, sleep=waits.append)
+        retried(reset, "http://127.0.0.1/x", Retries(sleep=waits.append))
     assert len(calls) == 1 + POLICY.tries and len(waits) == POLICY.tries - 1
     assert all(0 < wait <= POLICY.longest for wait in waits)
 

@@ -247,10 +247,24 @@ def test_program_checks_run_each_program_and_name_who_needs_a_missing_one(
                 ProgramExpectation("pydub==0.25.1", "ls", "coreutils"),
                 ProgramExpectation("moviepy==2.2.1", "ls", "coreutils"),
                 ProgramExpectation("pydub==0.25.1", "bsi-left-ffmpeg", "ffmpeg", left_out=True),
+                ProgramExpectation("pdfkit==1.0.0", "bsi-wkhtmltopdf", None),  # Debian has none
+                ProgramExpectation("pdfkit==1.0.0", "bsi-left-wkhtml", None, left_out=True),
             ],
         )
     }
-    assert list(checks) == ["program bsi-left-ffmpeg", "program bsi-no-such-pdftoppm", "program ls"]
+    assert list(checks) == [
+        "program bsi-left-ffmpeg",
+        "program bsi-left-wkhtml",
+        "program bsi-no-such-pdftoppm",
+        "program bsi-wkhtmltopdf",
+        "program ls",
+    ]
+    unshipped = checks["program bsi-wkhtmltopdf"]
+    assert not unshipped.passed and unshipped.detail == (
+        "pdfkit==1.0.0 runs bsi-wkhtmltopdf, which is not on the commands' PATH (and no Debian"
+        " 13 package ships it)"
+    )
+    assert checks["program bsi-left-wkhtml"].detail.endswith("(no Debian 13 package)")
     missing = checks["program bsi-no-such-pdftoppm"]
     assert not missing.passed
     assert missing.detail == (

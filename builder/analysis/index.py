@@ -16,7 +16,6 @@ import base64
 import http.client
 import json
 import os
-import random
 import re
 import shutil
 import socket
@@ -24,7 +23,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import tomllib
 import urllib.error
 import urllib.parse
@@ -46,7 +44,7 @@ from uv import find_uv_bin
 from builder.analysis.requirements import DEFAULT_INDEX
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
-from builder.retry import POLICY, Policy, SteadyBody, retry_after, retryable, wait
+from builder.retry import Retries, SteadyBody, retryable
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
@@ -97,34 +95,38 @@ T = TypeVar("T")
 INDEX_FAULTS = (urllib.error.URLError, OSError, http.client.HTTPException, ValueError)
 
 
-def _index_fault(error: BaseException) -> tuple[bool, float | None]:
-    """Is `error` one to try again, and the seconds its `Retry-After` asks for."""
+def _index_fault(error: BaseException) -> tuple[str, str | None] | None:
+    """How a retry line names `error`'s answer, and its `Retry-After`; None when it is not one
+    to try again (an answer for good, or a name that does not resolve)."""
     if isinstance(error, urllib.error.HTTPError):
-        asked = retry_after(
-            error.headers.get("Retry-After") if error.headers else None, time.time()
-        )
-        return retryable(error.code), asked
-    if isinstance(error, urllib.error.URLError) and isinstance(error.reason, socket.gaierror):
-        return False, None  # a name that does not resolve: seconds will not change it
-    return True, None
+        if not retryable(error.code):
+            return None
+        return str(error.code), error.headers.get("Retry-After") if error.headers else None
+    reason = error.reason if isinstance(error, urllib.error.URLError) else error
+    if isinstance(reason, socket.gaierror):
+        return None  # a name that does not resolve: seconds will not change it
+    return (str(reason) or type(reason).__name__)[:100], None
 
 
-def retried(
-    attempt: Callable[[], T],
-    policy: Policy = POLICY,
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """`attempt()` until it does not fault, at most `policy.tries` times with the policy's
-    backoff; the last fault is raised as it is (the caller names it in its one line)."""
-    for tries in range(1, policy.tries + 1):
+def retried(attempt: Callable[[], T], url: str, retries: Retries | None = None) -> T:
+    """`attempt()` (a request to `url`) until it does not fault, as the run's `retries` allow:
+    the registry's policy and budget, each retry said and recorded as an index's. The last
+    fault is raised as it is (the caller names it in its one line)."""
+    retries = retries or Retries()
+    parts = urllib.parse.urlsplit(url)
+    host, text = parts.netloc.rpartition("@")[2], f"GET {parts.path[:160]}"
+    tries = 1
+    while True:
+        started = retries.clock()
         try:
             return attempt()
         except INDEX_FAULTS as error:
-            again, asked = _index_fault(error)
-            if not again or tries == policy.tries:
+            if (fault := _index_fault(error)) is None:
                 raise
-            sleep(wait(policy, tries, random.random(), asked))
-    raise AssertionError("unreachable")
+            answer, asked = fault
+            if not retries.again(host, text, answer, tries, started, asked, service="index"):
+                raise
+        tries += 1
 
 
 def _open(url: str, indexes: Sequence[str], accept: str | None = None):
@@ -138,17 +140,20 @@ def _open(url: str, indexes: Sequence[str], accept: str | None = None):
     return urllib.request.urlopen(request, timeout=120)
 
 
-def download(file: RemoteFile, cache: Cache, indexes: Sequence[str] = ()) -> Path:
-    """The cached copy of `file`, downloading it (streamed, hash-checked) only if missing."""
+def download(
+    file: RemoteFile, cache: Cache, indexes: Sequence[str] = (), retries: Retries | None = None
+) -> Path:
+    """The cached copy of `file`, downloading it (streamed, hash-checked) only if missing,
+    trying again on faults as the run's `retries` say."""
     return cache.made_once(
         "download",
         file.sha256,
         lambda: cache.find_blob(file.sha256, file.filename),
-        lambda: _fetch(file, cache, indexes),
+        lambda: _fetch(file, cache, indexes, retries),
     )
 
 
-def _fetch(file: RemoteFile, cache: Cache, indexes: Sequence[str]) -> Path:
+def _fetch(file: RemoteFile, cache: Cache, indexes: Sequence[str], retries: Retries | None) -> Path:
     """Stream `file` into the cache, checking its hash; one line naming it when that fails."""
     try:
         if file.url.startswith("file://"):
@@ -156,7 +161,7 @@ def _fetch(file: RemoteFile, cache: Cache, indexes: Sequence[str]) -> Path:
             with cache.writing_blob(file.sha256, file.filename) as out, source.open("rb") as src:
                 shutil.copyfileobj(src, out, CHUNK)
         else:
-            retried(lambda: _download_once(file, cache, indexes))
+            retried(lambda: _download_once(file, cache, indexes), file.url, retries)
     except ValueError as error:
         raise UserError(str(error)) from None
     except INDEX_FAULTS as error:
@@ -185,14 +190,21 @@ def download_all(
 
 
 def start_downloads(
-    files: Sequence[RemoteFile], cache: Cache, indexes: Sequence[str], pool: ThreadPoolExecutor
+    files: Sequence[RemoteFile],
+    cache: Cache,
+    indexes: Sequence[str],
+    pool: ThreadPoolExecutor,
+    retries: Retries | None = None,
 ) -> dict[str, Future[Path]]:
     """Start each distinct file's download on `pool`: sha256 -> its cached path, when done.
 
     A caller can work on each wheel as it arrives (inspection) instead of after the last one.
     """
     unique = {file.sha256: file for file in files}
-    return {sha256: pool.submit(download, file, cache, indexes) for sha256, file in unique.items()}
+    return {
+        sha256: pool.submit(download, file, cache, indexes, retries)
+        for sha256, file in unique.items()
+    }
 
 
 class _Anchors(HTMLParser):
@@ -206,13 +218,16 @@ class _Anchors(HTMLParser):
             self.links.append(href)
 
 
-def index_files(indexes: Sequence[str], name: str) -> list[RemoteFile]:
-    """Every file with a sha256 that the indexes list for a project (PEP 691, or PEP 503 HTML)."""
+def index_files(
+    indexes: Sequence[str], name: str, retries: Retries | None = None
+) -> list[RemoteFile]:
+    """Every file with a sha256 that the indexes list for a project (PEP 691, or PEP 503 HTML),
+    each listing tried again on faults as the run's `retries` say."""
     files: list[RemoteFile] = []
     for index in indexes or (DEFAULT_INDEX,):
         page = f"{index.rstrip('/')}/{canonicalize_name(name)}/"
         try:
-            content_type, body = retried(partial(_listing, page, indexes))
+            content_type, body = retried(partial(_listing, page, indexes), page, retries)
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 continue

@@ -230,10 +230,17 @@ def plan_arch(
     programs, program_warnings = program_needs(inspected, base_packages, arch, without_programs)
     warnings += program_warnings
     kept = [need for need in programs if not need.left_out]
+    if unshipped := [run for run in kept if run.package is None]:  # imports, fails when called
+        program = unshipped[0]
+        raise UserError(
+            f"{', '.join(program.distributions)} runs {program.program}, which no Debian 13"
+            f" package ships for {arch.name}: what runs it would fail in the image (to build"
+            f" without it: --without-program {program.program})"
+        )
     required = {lib.package for lib in libraries if not lib.optional} - base_packages
-    required |= {need.package for need in kept if not need.optional}
+    required |= {run.package for run in kept if run.package and not run.optional}
     optional = {lib.package for lib in libraries if lib.optional} - base_packages - required
-    optional |= {need.package for need in kept if need.optional} - required
+    optional |= {run.package for run in kept if run.package and run.optional} - required
     installed = tuple(sorted(required | optional if with_optional else required))
     return ArchPlan(
         arch=arch.name,

@@ -50,7 +50,7 @@ class ProgramNeed:
     """A program the set's code runs, and the package that ships it."""
 
     program: str
-    package: str
+    package: str | None  # None: no Debian 13 package ships it (a curated program)
     needed_by: tuple[str, ...]  # "dist==version: path.py:line", sorted
     optional: bool = False  # installed only with --with-optional
     left_out: bool = False  # the operator said no (without-programs)
@@ -125,12 +125,11 @@ def program_needs(
     warning for each required program left out and each name left out that nothing in the set
     runs.
 
-    A required program Debian 13 does not ship (pdfkit's wkhtmltopdf) is refused, as a library
-    it does not ship is: the image would pass its import checks and fail at the first call.
-    The operator who wants the image anyway leaves the program out by name, and is warned.
-    A name left out that is neither a program nor a package of Debian 13 (nor such a curated
-    program) is an operator's typo (`ffmepg`), refused: leaving nothing out silently would
-    install what they said no to.
+    A required program Debian 13 does not ship (pdfkit's wkhtmltopdf) is a need without a
+    package: a plan refuses it (builder.analysis.plan) as it refuses a library Debian does not
+    ship, and `verify -r` looks for it on the image's PATH. A name left out that is neither a
+    program nor a package of Debian 13 (nor such a curated program) is an operator's typo
+    (`ffmepg`), refused: leaving nothing out silently would install what they said no to.
     """
     table = program_table()
     curated = {name for entry in table.entries.values() for name in entry.required or ()}
@@ -141,9 +140,8 @@ def program_needs(
             f"without-programs: {name!r} is neither a program nor a package Debian 13"
             f" ships for {arch.name}"
         )
-    found: dict[tuple[str, str], dict[str, tuple[bool, str]]] = {}  # -> label -> optional, why
+    found: dict[tuple[str, str | None], dict[str, tuple[bool, str]]] = {}  # label: optional, why
     warnings: list[str] = []
-    unshipped: set[str] = set()  # curated programs left out that Debian does not ship
     for wheel in wheels:
         runs = _runs(wheel, table, base_packages, arch)
         required, why = _decide(wheel, runs, table)
@@ -152,21 +150,8 @@ def program_needs(
             optional = run.program not in required
             found.setdefault((run.program, run.package), {})[label] = (optional, why)
         for program in sorted(required - {run.program for run in runs}):
-            package = package_for_program(program, arch)
-            if package is None and program not in without:
-                raise UserError(
-                    f"{wheel.pin} runs {program}, which no Debian 13 package ships for"
-                    f" {arch.name}: what runs it would fail in the image (to build without"
-                    f" it: --without-program {program})"
-                )
-            if package is None:
-                unshipped.add(program)
-                warnings.append(
-                    f"warning: {program} left out by without-programs (no Debian 13 package"
-                    f" ships it for {arch.name}): {wheel.pin} cannot run it, what needs it will"
-                    " fail in the image"
-                )
-            elif package not in base_packages:
+            package = package_for_program(program, arch)  # None: Debian 13 does not ship it
+            if package not in base_packages:
                 found.setdefault((program, package), {})[f"{wheel.pin}: curated"] = (False, why)
     needs = []
     for (program, package), labels in sorted(found.items()):
@@ -177,11 +162,12 @@ def program_needs(
     for need in needs:
         if need.left_out and not need.optional:
             users = ", ".join(need.distributions)
+            package = need.package or f"no Debian 13 package ships it for {arch.name}"
             warnings.append(
-                f"warning: {need.program} ({need.package}) left out by without-programs:"
+                f"warning: {need.program} ({package}) left out by without-programs:"
                 f" {users} cannot run it, what needs it will fail in the image"
             )
-    named = {need.program for need in needs} | {need.package for need in needs} | unshipped
+    named = {need.program for need in needs} | {need.package or "" for need in needs}
     warnings += [
         f"warning: without-programs: nothing in the set runs {name}; leaving it out changes nothing"
         for name in sorted(set(without) - named)

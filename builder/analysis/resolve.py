@@ -55,6 +55,7 @@ from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
 from builder.analysis.unresolvable import not_found, origin, unresolvable
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.retry import Retries
 
 NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")
 MAX_SOURCE_ROUNDS = 10
@@ -181,10 +182,11 @@ def _build_from_source(
     requirements: RequirementSet,
     cache: Cache,
     find_links: Path,
+    retries: Retries | None,
 ) -> str:
     """Build the newest matching pure-Python sdist of `name` into `find_links`; refuse others."""
     specifier = _specifier_for(name, requirements)
-    files = index_files(requirements.indexes(), name)
+    files = index_files(requirements.indexes(), name, retries)
     wheeled: set[Version] = set()
     sdists: dict[Version, RemoteFile] = {}
     for file in files:
@@ -218,7 +220,7 @@ def _build_from_source(
             f" source compiles native code; {suggestion}"
         )
     requirements.check_hashes([sdists[version]])  # before its build backend runs here
-    sdist = download(sdists[version], cache, requirements.indexes())
+    sdist = download(sdists[version], cache, requirements.indexes(), retries)
     evidence = compiled_code_evidence(sdist)
     if evidence:
         raise UserError(
@@ -279,13 +281,15 @@ def resolve(
     cache: Cache,
     refresh: bool = False,
     overrides: Sequence[Path] = (),
+    retries: Retries | None = None,
 ) -> Resolution:
     """Pin every distribution for `arch` with the wheels usable there, base pins as constraints.
 
     `overrides` are uv override files (`uv pip compile --override`): they replace what the
     dependencies ask for, or drop a dependency with a never-true marker. An identical
     resolution from the last hour is reused (no index traffic at all on a rerun); `refresh`
-    forces a new one, as every platform-upgrade rebuild does.
+    forces a new one, as every platform-upgrade rebuild does. The tool's own index requests
+    (listings, sources) try again on faults as the run's `retries` say; uv retries its own.
     """
     check_against_base(requirements, target, arch)
     key = _resolution_key(requirements, target, arch, overrides)
@@ -316,7 +320,9 @@ def resolve(
                     raise unresolvable(result.stderr, requirements, target, arch)
                 try:
                     built.extend(
-                        _build_from_source(name, target, arch, requirements, cache, find_links)
+                        _build_from_source(
+                            name, target, arch, requirements, cache, find_links, retries
+                        )
                         for name in needs_source
                     )
                 except _WheelsExist:
@@ -337,7 +343,7 @@ def resolve(
             return parse_via(result.stdout) if result.returncode == 0 else {}
 
         warnings, rebuilt = _fresher_sources(
-            packages, requirements, target, arch, cache, find_links, via
+            packages, requirements, target, arch, cache, find_links, via, retries
         )
         if rebuilt:
             packages, provided, pylock = compile_set()
@@ -368,6 +374,7 @@ def _fresher_sources(
     cache: Cache,
     find_links: Path,
     via: Callable[[], Mapping[str, Sequence[str]]],
+    retries: Retries | None,
 ) -> tuple[list[str], list[StalePick]]:
     """Warnings for stale picks, and the picks whose newer pure-Python source is now built
     into `find_links` (so that resolving again prefers it); notes for versions another
@@ -377,7 +384,7 @@ def _fresher_sources(
     }
     specifiers = {name: _specifier_for(name, requirements) for name in locked}
     indexes = requirements.indexes()
-    listings = index_listings(locked, indexes)  # one index request per name, for both checks
+    listings = index_listings(locked, indexes, retries)  # one request a name, for both checks
     warnings = pinned_notes(
         locked, {r.name: r.requirement.specifier for r in requirements.requirements}, listings
     )
@@ -391,7 +398,7 @@ def _fresher_sources(
             warnings.append(pick.message())
             continue
         requirements.check_hashes([pick.sdist])  # before its build backend runs here
-        sdist = download(pick.sdist, cache, indexes)
+        sdist = download(pick.sdist, cache, indexes, retries)
         if compiled_code_evidence(sdist):
             warnings.append(f"{pick.message()} that compiles native code")
             continue

@@ -28,6 +28,7 @@ from packaging.version import Version
 
 from builder.analysis.index import RemoteFile, index_files
 from builder.analysis.target import Arch, BaseFacts, Target
+from builder.retry import Retries
 
 WORKERS = 8
 
@@ -162,11 +163,13 @@ def _stale(
     )
 
 
-def index_listings(names: Iterable[str], indexes: Sequence[str]) -> dict[str, list[RemoteFile]]:
+def index_listings(
+    names: Iterable[str], indexes: Sequence[str], retries: Retries | None = None
+) -> dict[str, list[RemoteFile]]:
     """Name -> the files the indexes list for it, fetched in parallel, each name once."""
     unique = sorted(set(names))
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        listed = pool.map(lambda name: index_files(indexes, name), unique)
+        listed = pool.map(lambda name: index_files(indexes, name, retries), unique)
         return dict(zip(unique, listed, strict=True))
 
 

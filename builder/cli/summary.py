@@ -42,7 +42,8 @@ def summary(plan: Plan, report: Report | None = None) -> str:
                 if any(by.startswith(pin) for by in lib.needed_by)
             ]
             needs += [
-                f"runs {need.program} -> {need.package}{' (left out)' * need.left_out}"
+                f"runs {need.program} -> {need.package or 'no Debian 13 package'}"
+                f"{' (left out)' * need.left_out}"
                 for need in arch.programs
                 if pin in need.distributions and (not need.optional or need.left_out)
             ]

@@ -148,7 +148,8 @@ def build(
             arches = target_arches(settings.arches, base, client, cache, reporter, retries)
         compiling = engines.compiling_client(arches) if engines is not None else None
         request = replace(
-            request_for(settings, options, base, arches, cache, compiling), timeline=timeline
+            request_for(settings, options, base, arches, cache, compiling, retries),
+            timeline=timeline,
         )
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
         plan = prepare(request, planned=stages.start if engines is not None else None)
@@ -172,9 +173,11 @@ def request_for(
     arches: tuple[str, ...],
     cache: Cache,
     compiling: docker.DockerClient | None,
+    retries: Retries,
 ) -> Request:
     """What `prepare` is asked, from a run's settings and options: the base and the arches it
-    targets, and the engine that compiles the bytecode (None: no bytecode)."""
+    targets, the engine that compiles the bytecode (None: no bytecode), and the run's retries
+    (its index requests try again as its registry requests do, in one budget)."""
     return Request(
         requirement_files=settings.requirements,
         constraint_files=settings.constraints,
@@ -190,6 +193,7 @@ def request_for(
         platform_version=settings.platform_version,
         bytecode=settings.bytecode and not options.no_bytecode,
         engine=compiling,
+        retries=retries,
     )
 
 
@@ -282,7 +286,7 @@ def rebuild(
         )
         options = BuildOptions(refresh=True)  # an upgrade must see what the index offers now
         compiling = engines.compiling_client(arches)
-        request = request_for(settings, options, base, arches, cache, compiling)
+        request = request_for(settings, options, base, arches, cache, compiling, retries)
         ahead = None
         if previous is not None and rebasing:
             wanted = {arch: previous.apt_packages.get(arch, ()) for arch in arches}

@@ -60,6 +60,7 @@ from builder.image.render import Secrets, check_output, lock_text, render
 from builder.image.tags import extras_hash
 from builder.oci.name import ImageRef
 from builder.orchestration.timeline import Timeline
+from builder.retry import Retries
 
 DOWNLOADS = 8  # wheel downloads at once
 
@@ -81,6 +82,7 @@ class Request:
     bytecode: bool = True  # compile the extras' .pyc (with an engine to run the base's python3)
     engine: docker.DockerClient | None = None  # runs the compile; None: no bytecode
     timeline: Timeline = field(default_factory=Timeline)  # when what happened: report.json's
+    retries: Retries = field(default_factory=Retries)  # the run's: its index requests' too
 
     @property
     def compiles(self) -> bool:
@@ -132,6 +134,7 @@ def prepare(
                         request.cache,
                         request.refresh,
                         request.overrides,
+                        request.retries,
                     ),
                     target.arches,
                 )
@@ -153,7 +156,7 @@ def prepare(
         }
         timeline.name({file.sha256: file.filename for file in files})
         fetching = timeline.now()
-        downloads = start_downloads(files, request.cache, indexes, fetch)
+        downloads = start_downloads(files, request.cache, indexes, fetch, request.retries)
         arrived = timeline.marker("arrived")
         for sha, future in downloads.items():
             future.add_done_callback(_marking(arrived, sha))

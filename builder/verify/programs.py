@@ -53,7 +53,7 @@ class ProgramExpectation:
 
     distribution: str  # "pdf2image==1.17.0", or the name as a requirements file gives it
     program: str
-    package: str
+    package: str | None  # None: no Debian 13 package ships it (installed some other way)
     left_out: bool = False
 
 
@@ -70,27 +70,30 @@ def program_checks(sandbox: Sandbox, expected: Sequence[ProgramExpectation]) -> 
         users = ", ".join(sorted({e.distribution for e in needing}))
         package = needing[0].package
         if all(e.left_out for e in needing):
-            detail = f"left out (without-programs): {users} cannot run {program} ({package})"
+            shipped = package or "no Debian 13 package"
+            detail = f"left out (without-programs): {users} cannot run {program} ({shipped})"
             checks.append(Check(f"program {program}", True, detail))
             continue
         checks.append(_check(program, found.get(program), users, package))
     return checks
 
 
-def _check(program: str, seen: dict | None, users: str, package: str) -> Check:
+def _check(program: str, seen: dict | None, users: str, package: str | None) -> Check:
     name = f"program {program}"
     if seen is None:
+        remedy = f": install {package}" if package else " (and no Debian 13 package ships it)"
         return Check(
-            name,
-            False,
-            f"{users} runs {program}, which is not on the commands' PATH: install {package}",
+            name, False, f"{users} runs {program}, which is not on the commands' PATH{remedy}"
         )
     tries = seen.get("tries") or []
     last = tries[-1] if tries else {}
     if "error" in last or LOADER_FAILURE in last.get("stderr", "") or last.get("code", 0) < 0:
         why = last.get("error") or last.get("stderr") or f"killed by signal {-last['code']}"
         return Check(
-            name, False, f"{users} runs {program} ({package}), which cannot start: {short(why)}"
+            name,
+            False,
+            f"{users} runs {program} ({package or 'no Debian 13 package'}), which cannot start:"
+            f" {short(why)}",
         )
     ran = f"{seen['path']} {last.get('option', '')} -> exit {last.get('code')}"
     return Check(name, True, f"for {users}: {ran}: {short(last.get('line', ''), 80)}")
