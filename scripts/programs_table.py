@@ -46,8 +46,14 @@ def table(wheel_dir: Path, direct: Collection[str]) -> list[str]:
         if not found:
             continue
         needs, _ = program_needs([wheel], base, arch)
-        required = sorted({f"{n.program} → {n.package}" for n in needs if not n.optional})
-        optional = sorted({n.package for n in needs if n.optional})
+        required = sorted(
+            {
+                f"{n.program} → {n.package or 'no Debian 13 package'}"
+                for n in needs
+                if not n.optional
+            }
+        )
+        optional = sorted({n.package for n in needs if n.optional and n.package})
         why = " / ".join(sorted({n.why for n in needs})) or NO_NEED
         label = f"{wheel.name} {wheel.version}" + ("" if wheel.name in direct else " (dependency)")
         lines.append(
