@@ -169,16 +169,22 @@ class Retries:
     ) -> bool:
         """After failed try `attempt` (begun at `started` on `clock`): wait and say so, and
         True; False when the request's tries or the run's budget are spent (the caller
-        raises its error, with its last answer)."""
+        raises its error, with its last answer).
+
+        The budget is the registry's: a package index's requests (`service="index"`) are
+        bounded by their tries alone, as they always were. They run eight at a time, and
+        eight timeouts of one hiccup, summed, would spend in one go the budget that tells a
+        registry that is down from one having a bad minute."""
         if attempt >= self.policy.tries:
             return False
         pause = wait(self.policy, attempt, self.jitter(), retry_after(asked, self.wall()))
         with self.lock:
             lost = self.clock() - started + pause
-            if self.spent + lost > self.policy.budget:
-                self.spent = self.policy.budget  # later requests fail at their first fault
-                return False
-            self.spent += lost
+            if service == "registry":
+                if self.spent + lost > self.policy.budget:
+                    self.spent = self.policy.budget  # later requests fail at their first fault
+                    return False
+                self.spent += lost
             one = Retried(registry, request, answer, pause, attempt, self.policy.tries, service)
             self.record.append(one)
         said = f"answered {answer}" if answer.isdigit() else f"failed ({answer})"

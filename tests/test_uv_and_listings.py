@@ -164,7 +164,7 @@ def test_the_tool_s_own_listing_and_download_weather_an_index_s_503s(tmp_path: P
         ("index", 2),
         ("index", 1),
     ]
-    assert 0 < retries.spent < POLICY.budget
+    assert retries.spent == 0  # an index's faults are bounded by their tries, not the budget
 
 
 def test_a_file_that_never_matches_its_lock_is_fetched_again_then_refused(tmp_path: Path) -> None:
@@ -176,6 +176,27 @@ def test_a_file_that_never_matches_its_lock_is_fetched_again_then_refused(tmp_pa
         with pytest.raises(UserError, match=f"{wheel.name}: sha256 .* does not match the lock"):
             download(wrong, Cache(tmp_path / "cache"))
     assert len(seen) == POLICY.tries
+
+
+def test_an_index_s_timeouts_do_not_spend_the_registry_s_budget() -> None:
+    """Eight downloads timing out together must not leave the registry no budget: an index's
+    faults are bounded by their tries; the same faults of a registry by the budget."""
+    clock = [0.0]
+    retries = Retries(clock=lambda: clock[0], sleep=lambda seconds: None)
+    tries: list[int] = []
+
+    def times_out() -> None:
+        tries.append(1)
+        clock[0] += 60.0  # a read timeout
+        raise TimeoutError("timed out")
+
+    with pytest.raises(TimeoutError):
+        retried(times_out, "https://pypi.example/simple/six/", retries)
+    assert len(tries) == POLICY.tries and retries.spent == 0
+    assert [one.service for one in retries.record] == ["index"] * (POLICY.tries - 1)
+    started = clock[0]
+    clock[0] += 3 * 60.0  # a registry's tries of as long spend the budget (120 s) at once
+    assert not retries.again("registry.example", "GET x/blobs/y", "timed out", 1, started)
 
 
 def test_what_an_index_answers_for_good_is_not_tried_again() -> None:

@@ -110,8 +110,9 @@ def _index_fault(error: BaseException) -> tuple[str, str | None] | None:
 
 def retried(attempt: Callable[[], T], url: str, retries: Retries | None = None) -> T:
     """`attempt()` (a request to `url`) until it does not fault, as the run's `retries` allow:
-    the registry's policy and budget, each retry said and recorded as an index's. The last
-    fault is raised as it is (the caller names it in its one line)."""
+    the registry's policy, bounded by its tries (not the registry's budget), each retry said
+    and recorded as an index's. The last fault is raised as it is (the caller names it in its
+    one line)."""
     retries = retries or Retries()
     parts = urllib.parse.urlsplit(url)
     host, text = parts.netloc.rpartition("@")[2], f"GET {parts.path[:160]}"
