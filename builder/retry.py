@@ -67,6 +67,14 @@ def retryable(status: int | None) -> bool:
     return status is None or status in RETRYABLE_STATUSES
 
 
+def reason(exc: BaseException) -> str:
+    """A network error in a few words, as a retry line names it: `connection reset`, `timed
+    out`, … (a registry's or an index's)."""
+    why = getattr(exc, "reason", None) or exc
+    text = str(why) or type(why).__name__
+    return text[:100]
+
+
 def backoff(policy: Policy, attempt: int, jitter: float) -> float:
     """The wait after failed try `attempt` (1-based): base * 2^(attempt-1), capped at
     `longest`, scaled by `jitter` in [0, 1) into its upper half (never less than half)."""

@@ -44,7 +44,7 @@ from uv import find_uv_bin
 from builder.analysis.requirements import DEFAULT_INDEX
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
-from builder.retry import Retries, SteadyBody, retryable
+from builder.retry import Retries, SteadyBody, reason, retryable
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
@@ -102,10 +102,9 @@ def _index_fault(error: BaseException) -> tuple[str, str | None] | None:
         if not retryable(error.code):
             return None
         return str(error.code), error.headers.get("Retry-After") if error.headers else None
-    reason = error.reason if isinstance(error, urllib.error.URLError) else error
-    if isinstance(reason, socket.gaierror):
+    if isinstance(getattr(error, "reason", error), socket.gaierror):
         return None  # a name that does not resolve: seconds will not change it
-    return (str(reason) or type(reason).__name__)[:100], None
+    return reason(error), None
 
 
 def retried(attempt: Callable[[], T], url: str, retries: Retries | None = None) -> T:

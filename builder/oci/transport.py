@@ -31,7 +31,7 @@ from builder.errors import (
 )
 from builder.oci.auth import AUTH_HINT
 from builder.oci.name import ImageRef
-from builder.retry import Retries, SteadyBody, retryable
+from builder.retry import Retries, SteadyBody, reason, retryable
 
 TIMEOUT = 60  # seconds per receive; a trickling body is builder.retry's `Stalled`
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
@@ -242,10 +242,3 @@ class Fault(RegistryError):
         self.error = error
         self.answer = answer  # what the retry line says the registry did
         self.asked = asked  # its Retry-After header
-
-
-def reason(exc: BaseException) -> str:
-    """A network error in a few words: `connection reset`, `timed out`, …"""
-    reason = getattr(exc, "reason", None) or exc
-    text = str(reason) or type(reason).__name__
-    return text[:100]
