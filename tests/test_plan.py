@@ -5,10 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from packaging import _manylinux
 from support.plans import SOURCE, TAG, plan_for
 from support.wheelfactory import compile_so, make_wheel
 
+from builder.analysis.target import ARCHES, Arch
 from builder.errors import UserError
+
+
+@pytest.mark.parametrize("arch", ARCHES.values(), ids=ARCHES.keys())
+def test_manylinux_tags_are_the_ones_pip_accepts_on_glibc_2_41(
+    arch: Arch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's platform tags are what packaging (pip's tag rule) yields for a machine of
+    this arch whose glibc is trixie's: down to 2_5 on x86_64, 2_17 on aarch64, aliases too."""
+    monkeypatch.setattr(_manylinux, "_get_glibc_version", lambda: (2, 41))
+    monkeypatch.setattr(_manylinux, "_get_manylinux_module", lambda: None)
+    assert arch.platforms() == list(_manylinux.platform_tags([arch.machine]))
+    oldest = {"x86_64": "manylinux1", "aarch64": "manylinux2014"}[arch.machine]
+    assert arch.platforms()[-1] == f"{oldest}_{arch.machine}"
 
 
 def test_linked_library_becomes_its_debian_package(tmp_path: Path) -> None:
@@ -57,7 +72,8 @@ def test_too_new_glibc_symbol_is_refused(tmp_path: Path) -> None:
     "tag",
     ["cp313-cp313-musllinux_1_2_x86_64", "cp313-cp313t-manylinux_2_17_x86_64",
      "cp312-cp312-manylinux_2_17_x86_64", "cp313-cp313-linux_x86_64",
-     "cp313-cp313-manylinux_2_42_x86_64", "cp313-cp313-manylinux_2_17_aarch64"],
+     "cp313-cp313-manylinux_2_42_x86_64", "cp313-cp313-manylinux_2_17_aarch64",
+     "cp313-cp313-manylinux_2_4_x86_64"],
 )  # fmt: skip
 def test_wheels_the_target_cannot_use_are_refused(tmp_path: Path, tag: str) -> None:
     wheel = make_wheel(tmp_path, "picky", "1.0", tag, {"picky/__init__.py": b""})
@@ -68,7 +84,10 @@ def test_wheels_the_target_cannot_use_are_refused(tmp_path: Path, tag: str) -> N
 @pytest.mark.parametrize(
     "tag",
     ["cp313-abi3-manylinux_2_28_x86_64", "cp39-abi3-manylinux2014_x86_64",
-     "py3-none-any", "py2.py3-none-any", "cp313-cp313-manylinux_2_41_x86_64"],
+     "py3-none-any", "py2.py3-none-any", "cp313-cp313-manylinux_2_41_x86_64",
+     # legacy tags pip installs on x86_64 (libclang's, nvidia-cuda-nvrtc's, playwright's)
+     "py2.py3-none-manylinux2010_x86_64", "py3-none-manylinux_2_12_x86_64",
+     "py3-none-manylinux1_x86_64", "cp313-cp313-manylinux_2_5_x86_64.manylinux1_x86_64"],
 )  # fmt: skip
 def test_wheels_the_target_accepts(tmp_path: Path, tag: str) -> None:
     wheel = make_wheel(tmp_path, "fine", "1.0", tag, {"fine/__init__.py": b""})

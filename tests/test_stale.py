@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from builder.analysis import resolve as resolve_module
 from builder.analysis import stale
@@ -16,6 +17,7 @@ from builder.analysis.resolve import LockedPackage
 from builder.analysis.stale import HeldBack, index_listings, parse_via, stale_picks
 from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.cache import Cache
+from builder.errors import UserError
 
 AMD64 = ARCHES["amd64"]
 TARGET = Target(shipped_facts(), (AMD64,))
@@ -47,6 +49,9 @@ INDEX: Mapping[str, list[RemoteFile]] = {
         remote("wheelless-3.0-cp313-cp313-win_amd64.whl", "2025-06-01T00:00:00Z"),
     ],
     "current": [remote("current-1.0-py3-none-any.whl")],
+    # the index lists it under the project, but the name parses as `lister-2-0-dev` 9429
+    "lister": [remote("lister-4.1-py3-none-any.whl"), remote("lister-2.0-dev-9429.tar.gz")],
+    "unbuildable": [remote("unbuildable-1.0-py3-none-any.whl"), remote("unbuildable-2.0.tar.gz")],
 }
 
 
@@ -115,3 +120,46 @@ def test_resolution_notes_come_only_with_a_held_back_version(
         " held back by pinner's requirement"
     ]
     assert asked == [True]
+
+
+def test_a_file_named_for_another_project_is_no_release(synthetic_index: None) -> None:
+    """As pip and uv read an index: `lister-2.0-dev-9429.tar.gz` is no newer lister release."""
+    assert list(stale.releases("lister", INDEX["lister"])) == [Version("4.1")]
+    listings = index_listings(["lister"], ["https://index.invalid/simple"])
+    assert stale_picks({"lister": "4.1"}, {}, listings, TARGET, AMD64) == ([], [])
+
+
+def test_the_check_for_newer_releases_never_fails_a_plan(
+    synthetic_index: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newer source that cannot be fetched or built, or an index that cannot be listed, is
+    said; the resolution the resolver made stands."""
+    requirements_file = tmp_path / "requirements.txt"
+    requirements_file.write_text("unbuildable\n")
+    requirements = read_requirements((requirements_file,), ())
+
+    def download(*args: object) -> Path:
+        raise UserError("unbuildable-2.0.tar.gz: building a wheel from source failed")
+
+    monkeypatch.setattr(resolve_module, "download", download)
+    packages = [LockedPackage("unbuildable", "1.0", ())]
+    warnings, rebuilt = resolve_module._fresher_sources(
+        packages, requirements, TARGET, AMD64, Cache(tmp_path / "c"), tmp_path, dict, None
+    )
+    assert rebuilt == []
+    (warning,) = warnings
+    assert warning.startswith("warning: unbuildable==1.0 (2025-01-02) chosen, but the newest")
+    assert warning.endswith("its source was not built: unbuildable-2.0.tar.gz: building a wheel"
+                            " from source failed")  # fmt: skip
+
+    def unreachable(indexes: Sequence[str], name: str, retries: object = None) -> list:
+        raise UserError(f"{name}: index https://index.invalid/simple unreachable (timed out)")
+
+    monkeypatch.setattr(stale, "index_files", unreachable)
+    warnings, rebuilt = resolve_module._fresher_sources(
+        packages, requirements, TARGET, AMD64, Cache(tmp_path / "c"), tmp_path, dict, None
+    )
+    assert (warnings, rebuilt) == (
+        ["note: newer releases not checked: unbuildable: index https://index.invalid/simple"
+         " unreachable (timed out)"], [],
+    )  # fmt: skip

@@ -384,7 +384,10 @@ def _fresher_sources(
     }
     specifiers = {name: _specifier_for(name, requirements) for name in locked}
     indexes = requirements.indexes()
-    listings = index_listings(locked, indexes, retries)  # one request a name, for both checks
+    try:
+        listings = index_listings(locked, indexes, retries)  # one request a name, for both checks
+    except UserError as error:  # the check informs: the resolution itself stands
+        return [f"note: newer releases not checked: {error}"], []
     warnings = pinned_notes(
         locked, {r.name: r.requirement.specifier for r in requirements.requirements}, listings
     )
@@ -397,17 +400,36 @@ def _fresher_sources(
         if pick.sdist is None:
             warnings.append(pick.message())
             continue
-        requirements.check_hashes([pick.sdist])  # before its build backend runs here
-        sdist = download(pick.sdist, cache, indexes, retries)
-        if compiled_code_evidence(sdist):
-            warnings.append(f"{pick.message()} that compiles native code")
-            continue
-        wheel, _ = build_pure_wheel(sdist, pick.sdist, cache)
-        link = find_links / wheel.name
-        if not link.exists():
-            link.symlink_to(wheel)
-        rebuilt.append(pick)
+        try:
+            why_not = _build_fresher(pick, pick.sdist, requirements, cache, find_links, retries)
+        except UserError as error:  # the check informs: the wheel the resolver chose stands
+            why_not = f"; its source was not built: {error}"
+        if why_not:
+            warnings.append(f"{pick.message()}{why_not}")
+        else:
+            rebuilt.append(pick)
     return warnings, rebuilt
+
+
+def _build_fresher(
+    pick: StalePick,
+    source: RemoteFile,
+    requirements: RequirementSet,
+    cache: Cache,
+    find_links: Path,
+    retries: Retries | None,
+) -> str:
+    """Build the newer pure-Python `source` into `find_links` (so that resolving again prefers
+    it); what keeps the older wheel when it may not be built, else "". Raises on a failure."""
+    requirements.check_hashes([source])  # before its build backend runs here
+    sdist = download(source, cache, requirements.indexes(), retries)
+    if compiled_code_evidence(sdist):
+        return " that compiles native code"
+    wheel, _ = build_pure_wheel(sdist, source, cache)
+    link = find_links / wheel.name
+    if not link.exists():
+        link.symlink_to(wheel)
+    return ""
 
 
 def _packages(

@@ -108,21 +108,29 @@ def parse_via(output: str) -> dict[str, tuple[str, ...]]:
     return via
 
 
-def releases(files: Sequence[RemoteFile]) -> dict[Version, Release]:
-    """Files grouped by version; yanked files left out, as resolvers do."""
+def releases(name: str, files: Sequence[RemoteFile]) -> dict[Version, Release]:
+    """`name`'s files grouped by version, read as pip and uv read them: yanked files and files
+    whose name parses as another project's are left out (the index lists
+    `selenium-2.0-dev-9429.tar.gz` under selenium, but that names `selenium-2-0-dev` 9429)."""
+    project = canonicalize_name(name)
     found: dict[Version, Release] = {}
     for file in files:
         if file.yanked:
             continue
         try:
             if file.filename.endswith(".whl"):
-                version = parse_wheel_filename(file.filename)[1]
-                found.setdefault(version, Release(version)).wheels.append(file)
+                parsed, version = parse_wheel_filename(file.filename)[:2]
             else:
-                version = parse_sdist_filename(file.filename)[1]
-                found.setdefault(version, Release(version)).sdist = file
+                parsed, version = parse_sdist_filename(file.filename)
         except (InvalidWheelFilename, InvalidSdistFilename):
             continue
+        if parsed != project:
+            continue
+        release = found.setdefault(version, Release(version))
+        if file.filename.endswith(".whl"):
+            release.wheels.append(file)
+        else:
+            release.sdist = file
     return found
 
 
@@ -134,7 +142,7 @@ def _stale(
     target: Target[BaseFacts],
     arch: Arch,
 ) -> StalePick | HeldBack | None:
-    by_version = releases(files)
+    by_version = releases(name, files)
     current = Version(chosen)
     allowed = [
         v
@@ -203,7 +211,7 @@ def pinned_notes(
     for name, specifier in sorted(pins.items()):
         if name not in locked or not any(s.operator in {"==", "==="} for s in specifier):
             continue
-        newer = [v for v in releases(listings[name]) if v > Version(locked[name])]
+        newer = [v for v in releases(name, listings[name]) if v > Version(locked[name])]
         stable = [v for v in newer if not v.is_prerelease]
         if stable:
             notes.append(f"note: {name}=={locked[name]} is pinned; newest release: {max(stable)}")

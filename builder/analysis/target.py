@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from packaging.tags import Tag
 
 GLIBC_MAJOR, GLIBC_MINOR = 2, 41
-OLDEST_MANYLINUX_MINOR = 17
 LEGACY_ALIASES = MappingProxyType({17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"})
 
 
@@ -35,6 +34,9 @@ class Arch:
     machine: str  # uname -m and wheel platform suffix: x86_64
     triplet: str  # multiarch directory: x86_64-linux-gnu
     loader: str  # the dynamic loader's soname, never a package to install
+    # The oldest manylinux glibc minor a wheel may target here, as pip (packaging) rules: 2.5 on
+    # x86_64, where manylinux1 began; 2.17 on aarch64, the first glibc released for it.
+    oldest_manylinux_minor: int
 
     @property
     def uv_platform(self) -> str:
@@ -44,7 +46,7 @@ class Arch:
     def platforms(self) -> list[str]:
         """Wheel platform tags the target accepts, most specific first."""
         tags = []
-        for minor in range(GLIBC_MINOR, OLDEST_MANYLINUX_MINOR - 1, -1):
+        for minor in range(GLIBC_MINOR, self.oldest_manylinux_minor - 1, -1):
             tags.append(f"manylinux_{GLIBC_MAJOR}_{minor}_{self.machine}")
             if minor in LEGACY_ALIASES:
                 tags.append(f"{LEGACY_ALIASES[minor]}_{self.machine}")
@@ -53,8 +55,8 @@ class Arch:
 
 ARCHES: Mapping[str, Arch] = MappingProxyType(
     {
-        "amd64": Arch("amd64", "x86_64", "x86_64-linux-gnu", "ld-linux-x86-64.so.2"),
-        "arm64": Arch("arm64", "aarch64", "aarch64-linux-gnu", "ld-linux-aarch64.so.1"),
+        "amd64": Arch("amd64", "x86_64", "x86_64-linux-gnu", "ld-linux-x86-64.so.2", 5),
+        "arm64": Arch("arm64", "aarch64", "aarch64-linux-gnu", "ld-linux-aarch64.so.1", 17),
     }
 )
 
