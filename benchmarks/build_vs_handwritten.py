@@ -42,12 +42,19 @@ RUN --mount=type=secret,id=ca,target=/tmp/ca.pem \\
 
 FROM ${BASE_IMAGE}
 USER 0:0
-RUN apt-get update && apt-get install -y --no-install-recommends {apt} \\
-    && rm -rf /var/lib/apt/lists/*
-COPY --from=builder /app/deps-extra /app/deps-extra
+{apt}COPY --from=builder /app/deps-extra /app/deps-extra
 ENV PYTHONPATH=/app/deps:/app/deps-extra
 USER 65532:65532
 """
+
+
+def handwritten(apt: list[str]) -> str:
+    """The hand-written Dockerfile, with an apt step for `apt` (none when it is empty)."""
+    step = (
+        f"RUN apt-get update && apt-get install -y --no-install-recommends {' '.join(apt)} \\\n"
+        "    && rm -rf /var/lib/apt/lists/*\n"
+    )
+    return HANDWRITTEN.replace("{apt}", step if apt else "")
 
 
 def timed(command: list[str], env: dict[str, str]) -> float:
@@ -88,10 +95,11 @@ def main() -> None:
         ours_cold = timed(ours, env)
         ours_warm = timed(ours, env)
         report = json.loads((work / "context" / "report.json").read_text())
-        apt = " ".join(report["architectures"]["amd64"]["apt_packages"]) or "ca-certificates"
+        packages = report["architectures"]["amd64"]["apt_packages"]
+        apt = " ".join(packages) or "none"
         hand = work / "handwritten"
         hand.mkdir()
-        (hand / "Dockerfile").write_text(HANDWRITTEN.replace("{apt}", apt))
+        (hand / "Dockerfile").write_text(handwritten(packages))
         (hand / "requirements.txt").write_text(args.r.read_text())
         theirs = [DOCKER, "build", "-t", f"bsi-bench-{run}/handwritten",
                   "--build-arg", f"BASE_IMAGE={hand_base}",
