@@ -52,3 +52,35 @@ def test_library_loaded_directly_is_not_a_plugin(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, [wheel])
     assert plan.apt_packages == ("libgomp1",)
     assert not plan.libraries[0].optional
+
+
+def transport_wheel(tmp_path: Path, loader_code: bytes = b"") -> Path:
+    """nvshmemlike: an extension module linking its host library, and beside that library a
+    transport plugin the host library opens by name (it links libgomp; NVSHMEM's UCX transport
+    links libucx the same way), which no file links."""
+    host = compile_so(tmp_path, SOURCE, "libhost.so.3", soname="libhost.so.3")
+    transport = compile_so(tmp_path, SOURCE, "transport_ucx.so.6", libs=["gomp"])
+    extension = compile_so(
+        tmp_path, SOURCE, "core.so", libs=[":libhost.so.3"], libdirs=[host.parent],
+        rpath="$ORIGIN/lib",
+    )  # fmt: skip
+    return make_wheel(tmp_path, "nvshmemlike", "1.0", TAG, {
+        f"nvshmemlike/_core{EXTENSION_SUFFIX}": extension.read_bytes(),
+        "nvshmemlike/lib/libhost.so.3": host.read_bytes(),
+        "nvshmemlike/lib/transport_ucx.so.6": transport.read_bytes(),
+        "nvshmemlike/__init__.py": loader_code,
+    })  # fmt: skip
+
+
+def test_a_plugin_beside_the_library_that_opens_it_is_optional(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, [transport_wheel(tmp_path)])
+    assert (plan.apt_packages, plan.optional_packages) == ((), ("libgomp1",))
+    (library,) = plan.libraries
+    assert library.needed_by == ("nvshmemlike==1.0: nvshmemlike/lib/transport_ucx.so.6",)
+
+
+def test_a_library_python_loads_beside_reached_ones_is_required(tmp_path: Path) -> None:
+    """Named by a ctypes load of the package's own code, it is loaded at import: not a plugin."""
+    code = b"import ctypes, os\nctypes.CDLL('transport_ucx.so.6')\n"
+    plan = plan_for(tmp_path, [transport_wheel(tmp_path, code)])
+    assert (plan.apt_packages, plan.optional_packages) == (("libgomp1",), ())

@@ -13,8 +13,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from builder.analysis.debian import package_for, sonames_for_load, split_symbol_version
+from builder.analysis.debian import (
+    library_stems,
+    package_for,
+    sonames_for_load,
+    split_symbol_version,
+)
 from builder.analysis.elf import ElfFile
+from builder.analysis.gpu import accelerator_only, driver_library
 from builder.analysis.target import ARCHES, Arch
 from builder.analysis.wheels import WheelInspection
 
@@ -52,6 +58,7 @@ class LoadNeed:
     package: str
     needed_by: tuple[str, ...]  # "dist==version: path.py:line", sorted
     optional: bool = False  # every site that loads it carries on without it
+    reason: str = ""  # why it is optional when no guard says so (another accelerator's path)
 
 
 @dataclass(frozen=True)
@@ -144,9 +151,16 @@ def _is_extension(path: str) -> bool:
 def optional_files(
     wheels: Sequence[WheelInspection], resolutions: Sequence[NeedSource], machine: str | None
 ) -> frozenset[str]:
-    """Labels of files nothing loads unless asked: plugins no file links and Python cannot
-    import, and what only they link. Everything else is reachable from an extension module
-    or a library loaded directly (ctypes)."""
+    """Labels of files nothing loads unless asked, and what only they link.
+
+    Loaded for sure: extension modules, what they link, and libraries Python code loads
+    (ctypes). Loaded on demand: plugins under a `plugins/` directory that no file links, and
+    libraries that no file links, no Python load names and that sit beside a library an
+    extension module reaches: a native library's own plugins, which it opens by name when
+    that transport or backend is chosen (NVSHMEM's `nvshmem_transport_ucx.so`, cuFile's
+    `libcufile_rdma.so`). A lone library no file links (lightgbm's `lib_lightgbm.so`, opened
+    through a computed path) stays loaded for sure.
+    """
     files = dict(_files(wheels, machine))
     label_of = {elf.path: label for label, elf in files.items()}
     edges: dict[str, set[str]] = {}
@@ -154,18 +168,35 @@ def optional_files(
         if resolution.provider in label_of:
             edges.setdefault(resolution.path, set()).add(label_of[resolution.provider])
     linked = set().union(*edges.values())
-    roots = [
+    extensions = [label for label, elf in files.items() if _is_extension(elf.path)]
+    beside = {posixpath.dirname(files[label].path) for label in _reach(extensions, edges)}
+    named = _python_loaded_names(wheels)
+    roots = extensions + [
         label
         for label, elf in files.items()
-        if _is_extension(elf.path) or (label not in linked and not PLUGIN_DIR.search(elf.path))
+        if label not in linked
+        and not PLUGIN_DIR.search(elf.path)
+        and (posixpath.dirname(elf.path) not in beside or _names(elf) & named)
     ]
+    return frozenset(files) - _reach(roots, edges)
+
+
+def _reach(roots: Sequence[str], edges: Mapping[str, set[str]]) -> set[str]:
+    """Every label `roots` reach through DT_NEEDED, themselves included."""
     reached: set[str] = set()
-    while roots:
-        label = roots.pop()
+    pending = list(roots)
+    while pending:
+        label = pending.pop()
         if label not in reached:
             reached.add(label)
-            roots += edges.get(label, ())
-    return frozenset(files) - reached
+            pending += edges.get(label, ())
+    return reached
+
+
+def _python_loaded_names(wheels: Sequence[WheelInspection]) -> set[str]:
+    """File names the set's Python code loads (ctypes/cffi), as written and unversioned."""
+    names = {posixpath.basename(n) for w in wheels for site in w.loads for n in site.names}
+    return names | {stem for name in names for stem in library_stems(name)}
 
 
 def external_needs(
@@ -185,39 +216,50 @@ def external_needs(
     )
 
 
+@dataclass(frozen=True)
+class Loads:
+    """What the set's Python code loads by name: libraries Debian packages provide, libraries
+    the GPU node provides (the NVIDIA driver's), and a warning for each name nothing provides."""
+
+    needs: tuple[LoadNeed, ...]
+    node: tuple[NativeNeed, ...]
+    warnings: tuple[str, ...]
+
+
 def load_needs(
     wheels: Sequence[WheelInspection], provided_by_base: frozenset[str], arch: Arch
-) -> tuple[tuple[LoadNeed, ...], tuple[str, ...]]:
+) -> Loads:
     """Libraries the set's Python code loads by name (ctypes/cffi) that the base and the set
-    do not ship, as Debian packages; and a warning for each name Debian has no library for.
+    do not ship, as Debian packages or the GPU node's; and a warning for each name Debian has
+    no library for.
 
     A load site lists candidates tried in turn: the first one the system can satisfy counts;
-    names only another OS uses (`.dll`, `.dylib`) are ignored. A library only loaded where
-    the code carries on without it is optional.
+    names only another OS uses (`.dll`, `.dylib`) are ignored, and so is a load the set
+    satisfies itself (`cudart` beside the CUDA wheel's libcudart.so.13). A library only loaded
+    where the code carries on without it is optional; so is one only another accelerator's
+    path loads (AMD's HIP, Intel's Level Zero), with that reason.
     """
     shipped = {name for _, elf in _files(wheels, arch.machine) for name in _names(elf)}
+    shipped |= {stem for name in shipped for stem in library_stems(name)}
     needs: dict[tuple[str, str], dict[str, bool]] = {}  # -> label -> optional
+    reasons: dict[tuple[str, str], str] = {}
+    node: dict[str, set[str]] = {}
     warnings = []
     for wheel in wheels:
         for site in wheel.loads:
             label = f"{wheel.pin}: {site.where}"
-            options = [(name, sonames_for_load(name, arch)) for name in site.names]
-            linux = [(name, sonames) for name, sonames in options if sonames is not None]
-            if not linux or any(
-                posixpath.basename(name) in shipped or set(sonames) & (shipped | provided_by_base)
-                for name, sonames in linux
-            ):
+            linux = _linux_candidates(site.names, arch)
+            if not linux or _satisfied(linux, shipped | provided_by_base):
                 continue
-            found = next(
-                (
-                    (sonames[0], package)
-                    for _, sonames in linux
-                    if sonames
-                    if (package := package_for(sonames[0], arch))
-                ),
-                None,
-            )
-            if found is None:
+            if driver := next((n for n, _ in linux if driver_library(n)), None):
+                node.setdefault(posixpath.basename(driver), set()).add(label)
+                continue
+            found = _debian_library(linux, arch)
+            if reason := next((r for n, _ in linux if (r := accelerator_only(n))), None):
+                key = found or (posixpath.basename(linux[0][0]), "")
+                needs.setdefault(key, {})[label] = True
+                reasons[key] = reason
+            elif found is None:
                 names = " or ".join(name for name, _ in linux)
                 warnings.append(
                     f"warning: {label} loads {names} at run time; no Debian 13 package"
@@ -225,10 +267,64 @@ def load_needs(
                 )
             else:
                 needs.setdefault(found, {})[label] = site.optional
-    return tuple(
-        LoadNeed(soname, package, tuple(sorted(labels)), all(labels.values()))
-        for (soname, package), labels in sorted(needs.items())
-    ), tuple(warnings)
+    return Loads(
+        needs=tuple(
+            LoadNeed(soname, package, tuple(sorted(by)), all(by.values()), reasons.get(key, ""))
+            for key, by in sorted(needs.items())
+            for soname, package in [key]
+        ),
+        node=tuple(NativeNeed(name, tuple(sorted(by))) for name, by in sorted(node.items())),
+        warnings=tuple(warnings),
+    )
+
+
+def _linux_candidates(names: Sequence[str], arch: Arch) -> list[tuple[str, tuple[str, ...]]]:
+    """A load site's candidate names Linux can open, each with the Debian sonames it may be."""
+    options = [(name, sonames_for_load(name, arch)) for name in names]
+    return [(name, sonames) for name, sonames in options if sonames is not None]
+
+
+def _satisfied(linux: Sequence[tuple[str, tuple[str, ...]]], present: set[str]) -> bool:
+    """Some candidate is a file or soname the set or the base already has."""
+    return any(
+        posixpath.basename(name) in present
+        or library_stems(name) & present
+        or set(sonames) & present
+        for name, sonames in linux
+    )
+
+
+def _debian_library(
+    linux: Sequence[tuple[str, tuple[str, ...]]], arch: Arch
+) -> tuple[str, str] | None:
+    """The first candidate Debian ships: its soname and package."""
+    return next(
+        (
+            (sonames[0], package)
+            for _, sonames in linux
+            if sonames
+            if (package := package_for(sonames[0], arch))
+        ),
+        None,
+    )
+
+
+def linked_distributions(
+    wheels: Sequence[WheelInspection], provided_by_base: frozenset[str], loader: str
+) -> frozenset[str]:
+    """Names of the distributions whose files another distribution's files link (DT_NEEDED):
+    dropping one of them breaks the loader wherever that file is loaded."""
+    owner = {
+        elf.path: wheel.name
+        for wheel in wheels
+        for elf in wheel.elf_files
+        if elf.machine == LOADER_MACHINES.get(loader)
+    }
+    return frozenset(
+        owner[need.provider]
+        for need in resolve_needs(wheels, provided_by_base, loader)
+        if need.provider in owner and owner[need.provider] != need.path.partition("==")[0]
+    )
 
 
 def _newer(wanted: tuple[int, ...], maximum: tuple[int, ...]) -> bool:

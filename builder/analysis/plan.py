@@ -8,16 +8,28 @@ a symbol newer than trixie's) is raised here, before any build.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from packaging.utils import parse_wheel_filename
 
 from builder.analysis import debian
+from builder.analysis.gpu import (
+    DriverLibrary,
+    GpuWeight,
+    driver_library,
+    gpu_weight,
+    weight_warnings,
+)
 from builder.analysis.index import RemoteFile, redact
-from builder.analysis.natives import external_needs, load_needs, symbol_problems
+from builder.analysis.natives import (
+    external_needs,
+    linked_distributions,
+    load_needs,
+    symbol_problems,
+)
 from builder.analysis.program_needs import ProgramNeed, program_needs
 from builder.analysis.resolve import LockedPackage, Resolution
-from builder.analysis.sizes import gpu_warnings, size_figures
+from builder.analysis.sizes import size_figures
 from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
 from builder.analysis.wheels import WheelInspection
 from builder.contract import DEPS_EXTRA
@@ -48,6 +60,7 @@ class NativeLibrary:
     needed_by: tuple[str, ...]
     how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi)
     optional: bool = False  # only on-demand plugins or guarded loads need it: on request
+    reason: str = ""  # why it is optional when no guard or plugin says so
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,8 @@ class ArchPlan:
     warnings: tuple[str, ...] = ()
     programs: tuple[ProgramNeed, ...] = ()  # programs the code runs, and their packages
     apt_size: int | None = None  # bytes the apt stage adds (Installed-Size); None: unknown
+    gpu_node: tuple[NodeLibrary, ...] = ()  # the NVIDIA driver's: the GPU node provides them
+    gpu_weight: GpuWeight | None = None  # GPU-only distributions, also one of `warnings`
 
     def installed_programs(self) -> tuple[ProgramNeed, ...]:
         """The programs this arch's image carries (what verification runs), and those left
@@ -88,8 +103,12 @@ class Plan:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """Every arch's warnings, once each, for stderr."""
-        return tuple(dict.fromkeys(line for arch in self.arches for line in arch.warnings))
+        """Every arch's warnings, once each, for stderr; the GPU weight once for the arches it
+        holds for, each arch's bytes named."""
+        weights = [arch.gpu_weight for arch in self.arches if arch.gpu_weight]
+        own = {line for weight in weights for line in weight_warnings([weight])}
+        lines = [line for arch in self.arches for line in arch.warnings if line not in own]
+        return tuple(dict.fromkeys([*lines, *weight_warnings(weights)]))
 
     def to_dict(self) -> dict:
         """The report.json shape; `architectures.<arch>.packages` lists what gets installed."""
@@ -116,6 +135,7 @@ class Plan:
                         for need in arch.programs
                     ],
                     "provided_by_base": list(arch.provided_by_base),
+                    "provided_by_gpu_node": [asdict(lib) for lib in arch.gpu_node],
                     "built_from_source": list(arch.built_from_source),
                     "warnings": list(arch.warnings),
                 }
@@ -146,6 +166,18 @@ def choose_wheel(
     return best[1], best[2]
 
 
+@dataclass(frozen=True)
+class NodeLibrary:
+    """A library the GPU node provides, never the image: the NVIDIA driver's own, which the
+    container toolkit mounts for the capability named (builder/data/gpu.toml)."""
+
+    soname: str
+    needed_by: tuple[str, ...]
+    how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi)
+    capability: str  # NVIDIA_DRIVER_CAPABILITIES that mounts it: compute, utility, …
+    reason: str
+
+
 def plan_arch(
     resolution: Resolution,
     chosen: Mapping[str, tuple[RemoteFile, str]],
@@ -159,9 +191,50 @@ def plan_arch(
 
     Needs only plugins loaded on demand have (and programs only side features run) are listed
     but installed only `with_optional`; `without_programs` (program or package names) are
-    never installed.
+    never installed. The NVIDIA driver's libraries are the GPU node's, never installed.
     """
     arch = resolution.arch
+    wheels = _planned_wheels(resolution, chosen, inspections)
+    inspected = [inspections[w.sha256] for w in wheels]
+    _refuse_too_new_symbols(inspected, arch)
+    base_sonames = target.base.sonames.get(arch.name, frozenset())
+    libraries, node, warnings = _native_libraries(inspected, base_sonames, arch)
+    libraries += _tabled_libraries(wheels, base_sonames, arch)
+    linked = linked_distributions(inspected, base_sonames, arch.loader)
+    weight = gpu_weight(arch.name, wheels, linked)
+    gpu = weight_warnings([weight]) if weight else []
+    base_packages = target.base.packages.get(arch.name, frozenset())
+    programs, program_warnings = program_needs(inspected, base_packages, arch, without_programs)
+    kept = [need for need in programs if not need.left_out]
+    _refuse_unshipped_programs(kept, arch)
+    required = {lib.package for lib in libraries if not lib.optional} - base_packages
+    required |= {run.package for run in kept if run.package and not run.optional}
+    optional = {lib.package for lib in libraries if lib.optional and lib.package}
+    optional -= base_packages | required
+    optional |= {run.package for run in kept if run.package and run.optional} - required
+    installed = tuple(sorted(required | optional if with_optional else required))
+    return ArchPlan(
+        arch=arch.name,
+        wheels=tuple(wheels),
+        libraries=tuple(sorted(libraries, key=lambda lib: (lib.package, lib.soname))),
+        apt_packages=installed,
+        provided_by_base=resolution.provided_by_base,
+        built_from_source=resolution.built_from_source,
+        optional_packages=tuple(sorted(optional)),
+        warnings=tuple(dict.fromkeys([*resolution.warnings, *warnings, *gpu, *program_warnings])),
+        programs=programs,
+        apt_size=debian.added_size(installed, base_packages, arch),
+        gpu_node=node,
+        gpu_weight=weight,
+    )
+
+
+def _planned_wheels(
+    resolution: Resolution,
+    chosen: Mapping[str, tuple[RemoteFile, str]],
+    inspections: Mapping[str, WheelInspection],
+) -> list[PlannedWheel]:
+    """Each locked distribution's chosen wheel, with what its inspection found."""
     wheels = []
     for package in resolution.packages:
         file, tag = chosen[package.name]
@@ -180,7 +253,11 @@ def plan_arch(
                 newest=inspection.newest,
             )
         )
-    inspected = [inspections[w.sha256] for w in wheels]
+    return wheels
+
+
+def _refuse_too_new_symbols(inspected: Sequence[WheelInspection], arch: Arch) -> None:
+    """A symbol version newer than trixie's libraries define fails at load: refuse it now."""
     problems = symbol_problems(inspected, debian.symbol_maxima())
     if problems:
         first = problems[0]
@@ -188,10 +265,19 @@ def plan_arch(
             f"{first.path} needs {first.version} from {first.library}, newer than Debian 13"
             f" provides ({first.maximum}) on {arch.name}"
         )
-    base_sonames = target.base.sonames.get(arch.name, frozenset())
-    warnings = [*resolution.warnings]
-    libraries = []
+
+
+def _native_libraries(
+    inspected: Sequence[WheelInspection], base_sonames: frozenset[str], arch: Arch
+) -> tuple[list[NativeLibrary], tuple[NodeLibrary, ...], list[str]]:
+    """Linked and run-time loaded libraries → Debian packages; the GPU node's libraries apart;
+    warnings for optional and loaded names Debian lacks. Raises on a required library Debian
+    does not ship."""
+    libraries, node, warnings = [], [], []
     for need in external_needs(inspected, base_sonames, arch.loader):
+        if driver := driver_library(need.soname):
+            node.append(_node_library(need.soname, need.needed_by, "linked", driver))
+            continue
         found = debian.package_for(need.soname, arch) if need.optional else None
         if need.optional and found is None:
             warnings.append(
@@ -203,15 +289,51 @@ def plan_arch(
         libraries.append(
             NativeLibrary(need.soname, apt, need.needed_by, "linked", optional=need.optional)
         )
-    loaded, unmapped = load_needs(inspected, base_sonames, arch)
-    warnings += unmapped
+    loads = load_needs(inspected, base_sonames, arch)
+    warnings += loads.warnings
     libraries += [
         NativeLibrary(
-            need.soname, need.package, need.needed_by, "loaded at run time", need.optional
+            need.soname,
+            need.package,
+            need.needed_by,
+            "loaded at run time",
+            need.optional,
+            need.reason,
         )
-        for need in loaded
+        for need in loads.needs
     ]
+    for need in loads.node:
+        driver = driver_library(need.soname)
+        assert driver is not None  # load_needs set it apart for being one
+        node.append(_node_library(need.soname, need.needed_by, "loaded at run time", driver))
+    return libraries, _merged(node), warnings
+
+
+def _node_library(
+    soname: str, needed_by: tuple[str, ...], how: str, driver: DriverLibrary
+) -> NodeLibrary:
+    return NodeLibrary(soname, needed_by, how, driver.capability, driver.reason)
+
+
+def _merged(node: Sequence[NodeLibrary]) -> tuple[NodeLibrary, ...]:
+    """One record a soname: linked wins over loaded, the files that need it together."""
+    by_soname: dict[str, NodeLibrary] = {}
+    for library in sorted(node, key=lambda lib: (lib.soname, lib.how != "linked")):
+        if (kept := by_soname.get(library.soname)) is None:
+            by_soname[library.soname] = library
+        else:
+            needed_by = tuple(sorted({*kept.needed_by, *library.needed_by}))
+            by_soname[library.soname] = replace(kept, needed_by=needed_by)
+    return tuple(by_soname.values())
+
+
+def _tabled_libraries(
+    wheels: Sequence[PlannedWheel], base_sonames: frozenset[str], arch: Arch
+) -> list[NativeLibrary]:
+    """What the curated run-time loading table (builder/data/ctypes.toml) says a distribution
+    loads by names its code computes."""
     tabled = debian.dynamic_loads()
+    libraries = []
     for wheel in wheels:
         entry = tabled.get(wheel.name)
         if entry is None:
@@ -225,35 +347,19 @@ def plan_arch(
         libraries += [
             NativeLibrary("", package, by, "loaded at run time") for package in entry.packages
         ]
-    warnings += gpu_warnings(wheels)
-    base_packages = target.base.packages.get(arch.name, frozenset())
-    programs, program_warnings = program_needs(inspected, base_packages, arch, without_programs)
-    warnings += program_warnings
-    kept = [need for need in programs if not need.left_out]
-    if unshipped := [run for run in kept if run.package is None]:  # imports, fails when called
+    return libraries
+
+
+def _refuse_unshipped_programs(kept: Sequence[ProgramNeed], arch: Arch) -> None:
+    """A required program Debian 13 does not ship: what runs it would fail in the image (it
+    imports, and fails when called)."""
+    if unshipped := [run for run in kept if run.package is None]:
         program = unshipped[0]
         raise UserError(
             f"{', '.join(program.distributions)} runs {program.program}, which no Debian 13"
             f" package ships for {arch.name}: what runs it would fail in the image (to build"
             f" without it: --without-program {program.program})"
         )
-    required = {lib.package for lib in libraries if not lib.optional} - base_packages
-    required |= {run.package for run in kept if run.package and not run.optional}
-    optional = {lib.package for lib in libraries if lib.optional} - base_packages - required
-    optional |= {run.package for run in kept if run.package and run.optional} - required
-    installed = tuple(sorted(required | optional if with_optional else required))
-    return ArchPlan(
-        arch=arch.name,
-        wheels=tuple(wheels),
-        libraries=tuple(sorted(libraries, key=lambda lib: (lib.package, lib.soname))),
-        apt_packages=installed,
-        provided_by_base=resolution.provided_by_base,
-        built_from_source=resolution.built_from_source,
-        optional_packages=tuple(sorted(optional)),
-        warnings=tuple(dict.fromkeys(warnings)),
-        programs=programs,
-        apt_size=debian.added_size(installed, base_packages, arch),
-    )
 
 
 def _package(soname: str, needed_by: str, arch: Arch) -> str:

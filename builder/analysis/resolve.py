@@ -46,6 +46,7 @@ from builder.analysis.index import (
 from builder.analysis.requirements import RequirementSet
 from builder.analysis.stale import (
     StalePick,
+    held_back_notes,
     index_listings,
     parse_via,
     pinned_notes,
@@ -394,7 +395,7 @@ def _fresher_sources(
     stale, held = stale_picks(locked, specifiers, listings, target, arch)
     if held:
         dependents = via()
-        warnings += [note for pick in held if (note := pick.message(dependents))]
+        warnings += held_back_notes(held, dependents)
     rebuilt = []
     for pick in stale:
         if pick.sdist is None:

@@ -37,7 +37,8 @@ def summary(plan: Plan, report: Report | None = None) -> str:
         for wheel in arch.wheels:
             pin = f"{wheel.name}=={wheel.version}"
             needs = [
-                f"{lib.soname or '(run time)'} -> {lib.package}{' (optional)' * lib.optional}"
+                f"{lib.soname or '(run time)'} -> {lib.package or 'no Debian 13 package'}"
+                f"{' (optional)' * lib.optional}"
                 for lib in arch.libraries
                 if any(by.startswith(pin) for by in lib.needed_by)
             ]
@@ -67,6 +68,12 @@ def summary(plan: Plan, report: Report | None = None) -> str:
         if arch.provided_by_base:
             lines.append(
                 f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
+            )
+        if arch.gpu_node:
+            driver = ", ".join(f"{lib.soname} ({lib.capability})" for lib in arch.gpu_node)
+            lines.append(
+                "  provided by the GPU node (the NVIDIA driver's, mounted by its container"
+                f" toolkit; never installed): {driver}"
             )
         apt = " ".join(arch.apt_packages) or "none"
         if arch.apt_packages and arch.apt_size is not None:
