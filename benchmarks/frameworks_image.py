@@ -16,7 +16,7 @@ the tool's image also what its plan holds of GPU-only wheels (nvidia-*, cuda-*, 
 
     .venv/bin/python benchmarks/frameworks_image.py --base-image bsi-reference:test [-r FILE]
 
-Needs the engine, the reference base and the index, and about 35 GB of free disk at its peak
+Needs the engine, the reference base and the index, and about 20 GB of free disk at its peak
 (each image is removed once measured, and the tool's cache with it). BuildKit's cache keeps the
 hand-written builder stage (several GB) until the engine's own collection: it is not pruned (see
 build_vs_handwritten.py for why).

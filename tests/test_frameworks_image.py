@@ -1,7 +1,7 @@
 """PyPI's default `sentence-transformers` (torch with its CUDA wheels) built, verified and run.
 
 One CLI run plans, builds and verifies the set for amd64 on the reference base (about 3 GB of
-wheels, a 6.6 GB image: the shared cache keeps the wheels for any other test of the run that
+wheels, a 6.3 GB image: the shared cache keeps the wheels for any other test of the run that
 plans torch). Then a hardened sandbox (uid 65532, read-only root, no capabilities, no network,
 HF_HUB_OFFLINE=1) makes a small BERT sentence model in its workspace, with a vocabulary it writes
 itself (nothing from the hub), and a second sandbox loads it from there and embeds sentences: what
