@@ -24,6 +24,12 @@ CAUSE = re.compile(r"cause: (.*?)(?:\n\s*\n|\Z)", re.S)
 PIN_CONFLICT = re.compile(
     r"((?:all versions of )?\S+) (depends?) on (\S+?) and ([A-Za-z0-9._-]+)==(\S+?),"
 )
+# uv's hint when the newest release has wheels, only not for this platform: "Wheels are
+# available for `tensorflow-cpu` (v2.21.0) on the following platforms: `manylinux_2_27_x86_64`,
+# `win_amd64`"
+PLATFORM_HINT = re.compile(
+    r"Wheels are available for `([^`]+)` \(v([^)]+)\) on the following platforms: ([^\n]+)"
+)
 MAX_CAUSE = 400  # characters of uv's explanation an error line carries
 
 
@@ -44,6 +50,13 @@ def unresolvable(
         return UserError(f"{origin(requirements, name)}: no such distribution on the package index")
     if conflict := _base_conflict(stderr, target):
         return UserError(f"cannot resolve for {arch.name}: {conflict}")
+    if hint := PLATFORM_HINT.search(stderr):
+        name, version = canonicalize_name(hint.group(1)), hint.group(2)
+        platforms = ", ".join(re.findall(r"`([^`]+)`", hint.group(3)))
+        return UserError(
+            f"{origin(requirements, name)}: no wheel for {arch.name} ({arch.machine}) on the"
+            f" package index; its newest release {version} has wheels only for {platforms}"
+        )
     cause_match = CAUSE.search(stderr)
     cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
     if len(cause) > MAX_CAUSE:
