@@ -113,11 +113,11 @@ def held_back_notes(held: Sequence[HeldBack], via: Mapping[str, Sequence[str]]) 
         families.setdefault(root(pick.name), []).append(pick)
     notes = []
     for members in families.values():
-        if len(members) == 1:
-            notes += [note for note in [members[0].message(via)] if note]
-            continue
         names = {pick.name for pick in members}
         holders = sorted({d for pick in members for d in pick.dependents(via)} - names)
+        if len(members) == 1 or not holders:  # alone, or holding each other back
+            notes += [note for pick in members if (note := pick.message(via))]
+            continue
         chosen = ", ".join(f"{p.name}=={p.chosen} (newest {p.newest})" for p in members)
         notes.append(
             f"note: {len(members)} distributions chosen older than their newest release with a"

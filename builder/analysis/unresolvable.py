@@ -50,13 +50,8 @@ def unresolvable(
         return UserError(f"{origin(requirements, name)}: no such distribution on the package index")
     if conflict := _base_conflict(stderr, target):
         return UserError(f"cannot resolve for {arch.name}: {conflict}")
-    if hint := PLATFORM_HINT.search(stderr):
-        name, version = canonicalize_name(hint.group(1)), hint.group(2)
-        platforms = ", ".join(re.findall(r"`([^`]+)`", hint.group(3)))
-        return UserError(
-            f"{origin(requirements, name)}: no wheel for {arch.name} ({arch.machine}) on the"
-            f" package index; its newest release {version} has wheels only for {platforms}"
-        )
+    if platform := _platform_gap(stderr, requirements, arch):
+        return UserError(platform)
     cause_match = CAUSE.search(stderr)
     cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
     if len(cause) > MAX_CAUSE:
@@ -68,6 +63,23 @@ def unresolvable(
     ]
     hint = f" (the base image pins {', '.join(base_pins)})" if base_pins else ""
     return UserError(f"cannot resolve for {arch.name}: {cause}{hint}")
+
+
+def _platform_gap(stderr: str, requirements: RequirementSet, arch: Arch) -> str | None:
+    """A distribution whose releases have wheels, only none for this arch, when uv's cause is
+    about it (tensorflow-cpu on arm64): what that release has instead, or None."""
+    cause = CAUSE.search(stderr)
+    for hint in PLATFORM_HINT.finditer(stderr):
+        name, version = hint.group(1), hint.group(2)
+        if cause is None or name not in cause.group(1):
+            continue
+        platforms = ", ".join(re.findall(r"`([^`]+)`", hint.group(3)))
+        return (
+            f"{origin(requirements, canonicalize_name(name))}: no wheel for {arch.name}"
+            f" ({arch.machine}) on the package index; release {version} has wheels only for"
+            f" {platforms}"
+        )
+    return None
 
 
 def _base_conflict(stderr: str, target: Target[BaseFacts]) -> str | None:
