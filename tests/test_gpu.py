@@ -122,13 +122,13 @@ def test_a_load_the_set_ships_unversioned_is_satisfied(tmp_path: Path) -> None:
 
 
 def test_a_versioned_load_wants_its_own_soname(tmp_path: Path) -> None:
-    """`libssl.so.3` is not satisfied by a vendored `libssl.so.1.1`: Debian's libssl3t64."""
-    old = compile_so(tmp_path, SOURCE, "libssl.so.1.1", soname="libssl.so.1.1")
-    wheel = make_wheel(tmp_path, "tlsish", "1.0", TAG, {
-        "tlsish/vendor/libssl.so.1.1": old.read_bytes(),
-        "tlsish/__init__.py": b"import ctypes\nctypes.CDLL('libssl.so.3')\n",
+    """`libpq.so.5` is not satisfied by a vendored `libpq.so.4`: Debian's libpq5."""
+    old = compile_so(tmp_path, SOURCE, "libpq.so.4", soname="libpq.so.4")
+    wheel = make_wheel(tmp_path, "pqish", "1.0", TAG, {
+        "pqish/vendor/libpq.so.4": old.read_bytes(),
+        "pqish/__init__.py": b"import ctypes\nctypes.CDLL('libpq.so.5')\n",
     })  # fmt: skip
-    assert plan_for(tmp_path, [wheel]).apt_packages == ("libssl3t64",)
+    assert plan_for(tmp_path, [wheel]).apt_packages == ("libpq5",)
 
 
 @pytest.mark.parametrize(
