@@ -10,10 +10,12 @@ requirements file may be anything (`-r /proc/self/environ`), and the error lands
 from __future__ import annotations
 
 import codecs
+import ipaddress
 import locale
 import os
 import re
 import shlex
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,13 +304,36 @@ class _Reader:
         elif option in ("-c", "--constraint"):
             self.read(path.parent / value, as_constraints=True, seen=seen)
         elif option in ("-i", "--index-url"):
-            self.index_url = value
+            self.index_url = _index_url(value, option, origin)
         elif option == "--extra-index-url":
-            self.extra_index_urls += (value,)
+            self.extra_index_urls += (_index_url(value, option, origin),)
         elif option in ("-e", "--editable"):
             raise UserError(f"{origin}: editable requirement {excerpt(value)} is not supported")
         else:
             raise UserError(f"{origin}: option {_option_name(option)} is not supported")
+
+
+def _index_url(url: str, option: str, origin: str) -> str:
+    """`url`, unless it names an index over plain http on another host than this machine's
+    loopback (a test's or a local mirror's). pip ignores such an index unless its host is
+    declared trusted: anyone on the path could serve other files, with the hashes to match,
+    and read the credentials the URL carries."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() != "http" or _loopback(parts.hostname or ""):
+        return url
+    raise UserError(
+        f"{origin}: {option} {excerpt(url)}: plain http is not accepted for an index on another"
+        " host; use https (plain http only on loopback: 127.0.0.1, ::1, localhost)"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _hashes(options: list[str], origin: str) -> frozenset[str]:

@@ -18,7 +18,7 @@ import time
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -40,9 +40,11 @@ from builder.analysis.index import (
     compiled_code_evidence,
     download,
     index_files,
+    redact,
     uv_environment,
     uv_python,
 )
+from builder.analysis.origins import as_given, parse_origins
 from builder.analysis.requirements import RequirementSet
 from builder.analysis.stale import (
     StalePick,
@@ -68,6 +70,7 @@ class LockedPackage:
     name: str  # PEP 503 normalized
     version: str
     wheels: tuple[RemoteFile, ...]  # the wheels the resolver found usable for this arch
+    index: str = ""  # the index it came from, credentials removed ("": not known)
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ def _uv_compile(
     ]
     if annotated:
         command += ["--format", "requirements.txt", "--annotation-style", "line"]
+        command += ["--emit-index-annotation"]
     else:
         command += ["--format", "pylock.toml"]
         command += ["--output-file", str(workdir / f"pylock.{arch.name}.toml")]
@@ -243,7 +247,7 @@ def _resolution_key(
 ) -> str:
     """Everything a resolution depends on, hashed: a change in any of it means a new one."""
     facts = {
-        "schema": 3,
+        "schema": 4,
         "overrides": [path.read_text() for path in overrides],
         "uv": metadata.version("uv"),
         "arch": arch.name,
@@ -267,7 +271,7 @@ def _cached(cache: Cache, key: str, target: Target[BaseFacts], arch: Arch) -> Re
         return None  # a wheel built from source (or its record) has left the cache: resolve again
     return Resolution(
         arch,
-        packages,
+        _with_origins(packages, record["origins"]),
         provided,
         tuple(record["built"]),
         record["pylock"],
@@ -336,18 +340,32 @@ def resolve(
         packages, provided, pylock = compile_set()
         # uv keeps the versions of an existing output file: start afresh to pick up new wheels
         (workdir / f"pylock.{arch.name}.toml").unlink()
+        annotated: list[str] = []
 
-        def via() -> dict[str, tuple[str, ...]]:
-            result = _uv_compile(
-                workdir, target, arch, requirements, find_links, overrides, annotated=True
-            )
-            return parse_via(result.stdout) if result.returncode == 0 else {}
+        def annotations() -> str:
+            """uv's `# via` and `# from` annotations of the set, asked for once when needed."""
+            if not annotated:
+                result = _uv_compile(
+                    workdir, target, arch, requirements, find_links, overrides, annotated=True
+                )
+                annotated.append(result.stdout if result.returncode == 0 else "")
+            return annotated[0]
 
+        origins = _origins(packages, requirements, annotations)
+        packages = _with_origins(packages, origins)
         warnings, rebuilt = _fresher_sources(
-            packages, requirements, target, arch, cache, find_links, via, retries
+            packages,
+            requirements,
+            target,
+            arch,
+            cache,
+            find_links,
+            lambda: parse_via(annotations()),
+            retries,
         )
         if rebuilt:
             packages, provided, pylock = compile_set()
+            packages = _with_origins(packages, origins)
             versions = {p.name: p.version for p in packages}
             for pick in rebuilt:
                 if versions.get(pick.name) == pick.newest:
@@ -362,9 +380,32 @@ def resolve(
     cache.put_record(
         "resolution",
         key,
-        {"at": time.time(), "built": built, "pylock": pylock, "warnings": warnings},
+        {
+            "at": time.time(),
+            "built": built,
+            "pylock": pylock,
+            "warnings": warnings,
+            "origins": origins,
+        },
     )
     return Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
+
+
+def _origins(
+    packages: Sequence[LockedPackage], requirements: RequirementSet, annotations: Callable[[], str]
+) -> dict[str, str]:
+    """Name -> the index each distribution came from (builder.analysis.origins): the only
+    index when there is one (no uv run needed), else the one uv names in its `annotations`."""
+    indexes = requirements.indexes()
+    if len(indexes) == 1:
+        return {package.name: redact(indexes[0]).rstrip("/") for package in packages}
+    return parse_origins(annotations())
+
+
+def _with_origins(
+    packages: Sequence[LockedPackage], origins: Mapping[str, str]
+) -> tuple[LockedPackage, ...]:
+    return tuple(replace(package, index=origins.get(package.name, "")) for package in packages)
 
 
 def _fresher_sources(
@@ -379,14 +420,16 @@ def _fresher_sources(
 ) -> tuple[list[str], list[StalePick]]:
     """Warnings for stale picks, and the picks whose newer pure-Python source is now built
     into `find_links` (so that resolving again prefers it); notes for versions another
-    distribution holds back (`via`: uv's annotations, asked for only then)."""
+    distribution holds back (`via`: uv's annotations, asked for only then). Each is looked up
+    on the index it came from: what uv could have chosen (builder.analysis.origins)."""
     locked = {
         p.name: p.version for p in packages if not any(w.url.startswith("file:") for w in p.wheels)
     }
     specifiers = {name: _specifier_for(name, requirements) for name in locked}
     indexes = requirements.indexes()
-    try:
-        listings = index_listings(locked, indexes, retries)  # one request a name, for both checks
+    where = {p.name: as_given(p.index, indexes) for p in packages if p.name in locked}
+    try:  # one request a name, for both checks
+        listings = index_listings(locked, indexes, retries, where)
     except UserError as error:  # the check informs: the resolution itself stands
         return [f"note: newer releases not checked: {error}"], []
     warnings = pinned_notes(

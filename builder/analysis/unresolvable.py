@@ -3,7 +3,9 @@
 uv explains a failure as a derivation, release by release: for boto3, whose botocore wants
 python-dateutil<3 while the base pins 4.0.0, hundreds of lines. The error line names a missing
 distribution, else a dependency that disagrees with a distribution the base pins (with the
-pin), else uv's own cause, cut short, with any base pin it mentions.
+pin), else an index uv could not read (unreachable, refusing its credentials: PyTorch's own
+index from a network that cannot reach it), else uv's own cause, cut short, with any base pin
+it mentions.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 
 from packaging.utils import canonicalize_name
 
+from builder.analysis.index import redact
 from builder.analysis.requirements import RequirementSet
 from builder.analysis.target import Arch, BaseFacts, Target
 from builder.errors import UserError
@@ -24,6 +27,9 @@ CAUSE = re.compile(r"cause: (.*?)(?:\n\s*\n|\Z)", re.S)
 PIN_CONFLICT = re.compile(
     r"((?:all versions of )?\S+) (depends?) on (\S+?) and ([A-Za-z0-9._-]+)==(\S+?),"
 )
+# "error: Failed to fetch: https://download.pytorch.org/whl/cpu/torch/" then "  cause: …" lines
+FETCH_FAILED = re.compile(r"Failed to fetch: `?([^`\s]+)`?")
+CAUSE_LINE = re.compile(r"^\s*cause: (.+)$", re.M)
 MAX_CAUSE = 400  # characters of uv's explanation an error line carries
 
 
@@ -44,6 +50,8 @@ def unresolvable(
         return UserError(f"{origin(requirements, name)}: no such distribution on the package index")
     if conflict := _base_conflict(stderr, target):
         return UserError(f"cannot resolve for {arch.name}: {conflict}")
+    if unread := _unread_index(stderr):
+        return UserError(f"cannot resolve for {arch.name}: {unread}")
     cause_match = CAUSE.search(stderr)
     cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
     if len(cause) > MAX_CAUSE:
@@ -70,6 +78,19 @@ def _base_conflict(stderr: str, target: Target[BaseFacts]) -> str | None:
                 " PYTHONPATH)"
             )
     return None
+
+
+def _unread_index(stderr: str) -> str | None:
+    """The index uv could not read, the project it asked for and uv's last cause, or None."""
+    if not (match := FETCH_FAILED.search(stderr)):
+        return None
+    url = redact(match.group(1))
+    causes = CAUSE_LINE.findall(stderr, match.end())
+    why = " ".join(causes[-1].split())[:MAX_CAUSE] if causes else "no answer"
+    if not url.endswith("/"):  # not a project's page (`<index>/<project>/`)
+        return f"fetching {url} failed ({why})"
+    index, _, project = url.rstrip("/").rpartition("/")
+    return f"the index {index} could not be read for {project} ({why})"
 
 
 def not_found(stderr: str) -> bool:

@@ -124,7 +124,7 @@ def plan_facts(
         base_digest=plan.base.digest or "",
         environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
         entries=tuple(e for e in dict.fromkeys((DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
-        wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
+        wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256, w.index) for w in planned.wheels},
         base_wheels=base_wheels(plan.base_reference, arch, reporter, retries),
         base_packages=plan.base.packages.get(arch),
         apt_packages=frozenset(planned.apt_packages),

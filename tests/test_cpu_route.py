@@ -1,0 +1,128 @@
+"""PyTorch's CPU route, by its mechanism: a second index serving `+cpu` local versions beside
+PyPI (docs/usage.md). PyTorch's own index is not reachable from the test machine; a loopback
+PEP 503 index serving a distribution the test builds stands in for it, with its links
+percent-encoded as PyTorch's are (`%2Bcpu`). The run plans, builds and verifies a real image,
+and says where each distribution came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from support.images import build, docker, run_hardened
+from support.wheelfactory import make_wheel
+from support.wheelindex import serve_wheel
+
+PROJECT = "bsi-torchlike"
+INIT = b"import filelock\n\nBUILD = 'cpu'\n"  # a dependency only PyPI serves, as torch's filelock
+
+
+def _cpu_wheels(tmp_path: Path) -> list[Path]:
+    """Two `+cpu` releases of a pure distribution that needs filelock from PyPI."""
+    files = {"bsi_torchlike/__init__.py": INIT}
+    return [
+        make_wheel(
+            tmp_path / "wheels",
+            PROJECT,
+            version,
+            "py3-none-any",
+            files,
+            top_level=["bsi_torchlike"],
+            requires=["filelock"],
+        )
+        for version in ("2.0+cpu", "2.1+cpu")
+    ]
+
+
+@pytest.mark.usefixtures("docker_client", "package_index")
+def test_a_cpu_build_from_its_own_index_beside_pypi_builds_and_says_where_it_came_from(
+    tmp_path: Path, reference_image: str, test_env: dict
+) -> None:
+    pinned, newer = _cpu_wheels(tmp_path)
+    tag = f"bsi-e2e/cpu-route-{uuid.uuid4().hex[:12]}:test"
+    cache = tmp_path / "cache"
+    with serve_wheel(pinned, PROJECT, credentials="ci:idx-token", more=(newer,)) as port:
+        index = f"http://127.0.0.1:{port}/simple"
+        requirements = f"--extra-index-url http://ci:idx-token@127.0.0.1:{port}/simple\n"
+        requirements += f"{PROJECT}==2.0+cpu\n"
+        try:
+            result = build(tmp_path, cache, reference_image, requirements, tag)
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            run = run_hardened(
+                test_env,
+                tag,
+                "import importlib.metadata as m, bsi_torchlike, filelock\n"
+                "print(m.version('bsi-torchlike'), bsi_torchlike.BUILD, m.version('filelock'))",
+            )
+        finally:
+            docker(test_env, "rmi", "-f", tag, check=False)
+        again = subprocess.run(  # the same set again, plan only: the cached resolution
+            [sys.executable, "-m", "builder", "-r", str(tmp_path / "requirements.txt"),
+             "--no-build", "--arch", "amd64", "--output", str(tmp_path / "again"),
+             "--cache-dir", str(cache)],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    assert "idx-token" not in result.stdout + result.stderr + again.stdout + again.stderr
+    assert "PASS  import bsi_torchlike" in result.stdout
+    assert "PASS  sbom" in result.stdout  # the SBOM names 2.0+cpu as the image holds it
+    report = json.loads((tmp_path / "context" / "report.json").read_text())
+    assert report["image"]["verification"]["passed"] is True
+    wheels = {w["name"]: w for w in report["architectures"]["amd64"]["wheels"]}
+    assert wheels[PROJECT]["version"] == "2.0+cpu"
+    assert wheels[PROJECT]["filename"] == "bsi_torchlike-2.0+cpu-py3-none-any.whl"
+    assert wheels[PROJECT]["index"] == index  # credentials removed
+    assert wheels["filelock"]["index"] == "https://pypi.org/simple"
+    assert "idx-token" not in json.dumps(report)
+    # the table's index column
+    row = next(line.split() for line in result.stdout.splitlines() if f" {PROJECT} " in line)
+    assert row[1] == "2.0+cpu" and index in row
+    filelock = next(line.split() for line in result.stdout.splitlines() if " filelock " in line)
+    assert "PyPI" in filelock
+    # the check for newer releases read the index the distribution came from
+    assert f"note: {PROJECT}==2.0+cpu is pinned; newest release: 2.1+cpu" in result.stderr
+    # the image holds the +cpu build, which imports, hardened, beside PyPI's filelock
+    assert run.returncode == 0, run.stderr
+    version, build_kind, filelock_version = run.stdout.split()
+    assert (version, build_kind) == ("2.0+cpu", "cpu")
+    assert filelock_version == wheels["filelock"]["version"]
+    # a rerun reads the resolution from the cache, origins included
+    assert again.returncode == 0, again.stderr[-2000:]
+    cached = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert {w["name"]: w["index"] for w in cached["architectures"]["amd64"]["wheels"]} == {
+        name: wheel["index"] for name, wheel in wheels.items()
+    }
+
+
+@pytest.mark.usefixtures("package_index")
+def test_an_index_that_does_not_answer_fails_in_one_line_naming_it(tmp_path: Path) -> None:
+    """As PyTorch's index from a network that cannot reach it: one line, naming the index and
+    the project asked for (uv's retries set to none, as an operator may: each would wait)."""
+    with socket.socket() as closed:  # a port nothing listens on: bound, never listening
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        requirements = tmp_path / "requirements.txt"
+        requirements.write_text(
+            f"--extra-index-url http://127.0.0.1:{port}/simple\ntorch==2.9.0+cpu\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "builder", "-r", str(requirements), "--no-build",
+             "--arch", "amd64", "--output", str(tmp_path / "out"),
+             "--cache-dir", str(tmp_path / "cache")],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "UV_HTTP_RETRIES": "0"},
+        )  # fmt: skip
+    assert result.returncode == 1
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(
+        f"error: cannot resolve for amd64: the index http://127.0.0.1:{port}/simple could not be"
+        " read for torch ("
+    ), result.stderr
+    assert "refused" in error
+    assert not (tmp_path / "out").exists()
