@@ -20,6 +20,9 @@ from support.images import build, docker, run_hardened
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
+from builder.config import load_config
+from builder.errors import UserError
+
 PROJECT = "bsi-torchlike"
 INIT = b"import filelock\n\nBUILD = 'cpu'\n"  # a dependency only PyPI serves, as torch's filelock
 
@@ -126,3 +129,65 @@ def test_an_index_that_does_not_answer_fails_in_one_line_naming_it(tmp_path: Pat
     ), result.stderr
     assert "refused" in error
     assert not (tmp_path / "out").exists()
+
+
+def _plan_only(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A plan-only run whose HTTPS goes to a proxy that refuses: the first index uv asks is
+    named in the error line, without any network (and without uv's retries, each a wait)."""
+    with socket.socket() as closed:  # bound, never listening: a connection is refused
+        closed.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        return subprocess.run(
+            [sys.executable, "-m", "builder", *args, "--no-build",
+             "--cache-dir", str(tmp_path / "cache")],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path,
+            env={**os.environ, "HTTPS_PROXY": proxy, "https_proxy": proxy, "UV_HTTP_RETRIES": "0"},
+        )  # fmt: skip
+
+
+def test_torch_backend_sends_torch_to_pytorchs_cpu_index_from_the_flag_or_the_config(
+    tmp_path: Path,
+) -> None:
+    """uv's --torch-backend, passed through: torch is asked of PyTorch's CPU index, not PyPI
+    (the index is unreachable here, so the run stops at that question, in one line)."""
+    (tmp_path / "requirements.txt").write_text("torch\n")
+    (tmp_path / "build-sandbox-image.toml").write_text(
+        'requirements = ["requirements.txt"]\nbase-repository = "sandbox-runtime"\n'
+        'platform-version = "3.13-trixie"\narchitectures = ["amd64"]\ntorch-backend = "cpu"\n'
+    )
+    default = _plan_only(tmp_path, "-r", "requirements.txt", "--arch", "amd64")
+    flag = _plan_only(
+        tmp_path, "-r", "requirements.txt", "--arch", "amd64", "--torch-backend", "cpu"
+    )
+    config = _plan_only(tmp_path, "--config", "build-sandbox-image.toml")
+    asked = "error: cannot resolve for amd64: the index {} could not be read for torch ("
+    for run, index in (
+        (default, "https://pypi.org/simple"),
+        (flag, "https://download.pytorch.org/whl/cpu"),
+        (config, "https://download.pytorch.org/whl/cpu"),
+    ):
+        assert run.returncode == 1
+        (error,) = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert error.startswith(asked.format(index)), run.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("auto", "the build machine's GPU"), ("cu12;8", "is not one of uv's"), ("7", "must be")],
+)
+def test_a_torch_backend_that_names_no_build_is_refused(
+    tmp_path: Path, value: str, why: str
+) -> None:
+    (tmp_path / "requirements.txt").write_text("torch\n")
+    config = tmp_path / "build-sandbox-image.toml"
+    quoted = value if value.isdigit() else f'"{value}"'
+    config.write_text(
+        'requirements = ["requirements.txt"]\nbase-repository = "sandbox-runtime"\n'
+        f'platform-version = "3.13-trixie"\ntorch-backend = {quoted}\n'
+    )
+    with pytest.raises(UserError, match=why) as refused:
+        load_config(config)
+    assert str(refused.value).startswith(f"{config}: ")
+    if not value.isdigit():
+        flag = _plan_only(tmp_path, "-r", "requirements.txt", "--torch-backend", value)
+        assert flag.returncode == 2 and why in flag.stderr

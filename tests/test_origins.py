@@ -24,6 +24,7 @@ from builder.attest.sbom_render import sbom_document
 from builder.cache import Cache
 from builder.cli.summary import summary
 from builder.errors import UserError
+from builder.image.attachments import wheel_origin
 
 AMD64 = ARCHES["amd64"]
 CPU = "bsi-cpu-build"
@@ -171,7 +172,7 @@ def test_the_sbom_names_another_index_in_the_purl_and_reads_it_back() -> None:
         base_debian=(),
         python=(
             dist(CPU, "1.0+cpu", "https://ci:s3cret@download.example/whl/cpu"),
-            dist("filelock", "3.20.0", "https://pypi.org/simple"),
+            dist("filelock", "3.20.0", ""),  # PyPI's: named by no qualifier (wheel_origin)
         ),
         created=timestamp(1_700_000_000),
         tool_version="0.1.0",
@@ -182,6 +183,15 @@ def test_the_sbom_names_another_index_in_the_purl_and_reads_it_back() -> None:
     assert purls[CPU] == f"pkg:pypi/{CPU}@1.0%2Bcpu?repository_url=https://download.example/whl/cpu"
     assert purls["filelock"] == "pkg:pypi/filelock@3.20.0"
     assert ("pypi", CPU, "1.0+cpu") in {(i.kind, i.name, i.version) for i in listed(document)[1]}
-    read = wheel_origins(document, "/app/deps-extra")
+    read = wheel_origins(document, "/app/deps-extra")  # as an image on this one reads its base
     assert read[CPU].index == "https://download.example/whl/cpu"
     assert read["filelock"].index == ""
+
+
+def test_the_sbom_names_pypi_by_no_qualifier(tmp_path: Path) -> None:
+    """purl's default repository is PyPI: its wheels carry no `repository_url`."""
+    cpu, dep = _wheels(tmp_path)
+    arch = plan_for(tmp_path, [cpu, dep])
+    pypi, mirror = "https://pypi.org/simple/", "https://mirror.example/simple"
+    assert wheel_origin(replace(arch.wheels[0], index=pypi)).index == ""
+    assert wheel_origin(replace(arch.wheels[0], index=mirror)).index == mirror

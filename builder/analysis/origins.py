@@ -12,12 +12,12 @@ reads the same index, so it compares what uv could have chosen.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from packaging.utils import canonicalize_name
 
 from builder.analysis.index import redact
-from builder.analysis.requirements import DEFAULT_INDEX
+from builder.analysis.requirements import DEFAULT_INDEX, RequirementSet
 
 PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==\S+")
 FROM_LINE = re.compile(r"^\s+# from (\S+)\s*$")
@@ -38,6 +38,17 @@ def parse_origins(output: str) -> dict[str, str]:
         elif (match := FROM_LINE.match(line)) and name and match.group(1).startswith("http"):
             found[name] = redact(match.group(1)).rstrip("/")
     return found
+
+
+def origins_of(
+    names: Iterable[str], requirements: RequirementSet, annotations: Callable[[], str]
+) -> dict[str, str]:
+    """Name -> the index each distribution came from: the only index when there is one and uv
+    picks no other (no uv run needed), else the one uv names in its `annotations`."""
+    indexes = requirements.indexes()
+    if len(indexes) == 1 and not requirements.torch_backend:
+        return {name: redact(indexes[0]).rstrip("/") for name in names}
+    return parse_origins(annotations())
 
 
 def is_default(index: str) -> bool:

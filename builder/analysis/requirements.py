@@ -10,12 +10,10 @@ requirements file may be anything (`-r /proc/self/environ`), and the error lands
 from __future__ import annotations
 
 import codecs
-import ipaddress
 import locale
 import os
 import re
 import shlex
-import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
+from builder.analysis.index_options import index_url
 from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.errors import UserError
 
@@ -123,6 +122,9 @@ class RequirementSet:
     extra_index_urls: tuple[str, ...] = ()
     # pip's hash-checking mode: on with --require-hashes or as soon as any line has a --hash.
     hash_checking: bool = False
+    # uv's --torch-backend (`cpu`): the PyTorch family from PyTorch's own index for that build,
+    # everything else from the indexes above (None: PyPI's torch, with its CUDA wheels)
+    torch_backend: str | None = None
 
     def indexes(self) -> tuple[str, ...]:
         """Every index to search, the main one (PyPI unless replaced) first."""
@@ -304,36 +306,13 @@ class _Reader:
         elif option in ("-c", "--constraint"):
             self.read(path.parent / value, as_constraints=True, seen=seen)
         elif option in ("-i", "--index-url"):
-            self.index_url = _index_url(value, option, origin)
+            self.index_url = index_url(value, option, origin)
         elif option == "--extra-index-url":
-            self.extra_index_urls += (_index_url(value, option, origin),)
+            self.extra_index_urls += (index_url(value, option, origin),)
         elif option in ("-e", "--editable"):
             raise UserError(f"{origin}: editable requirement {excerpt(value)} is not supported")
         else:
             raise UserError(f"{origin}: option {_option_name(option)} is not supported")
-
-
-def _index_url(url: str, option: str, origin: str) -> str:
-    """`url`, unless it names an index over plain http on another host than this machine's
-    loopback (a test's or a local mirror's). pip ignores such an index unless its host is
-    declared trusted: anyone on the path could serve other files, with the hashes to match,
-    and read the credentials the URL carries."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme.lower() != "http" or _loopback(parts.hostname or ""):
-        return url
-    raise UserError(
-        f"{origin}: {option} {excerpt(url)}: plain http is not accepted for an index on another"
-        " host; use https (plain http only on loopback: 127.0.0.1, ::1, localhost)"
-    )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _hashes(options: list[str], origin: str) -> frozenset[str]:

@@ -40,11 +40,10 @@ from builder.analysis.index import (
     compiled_code_evidence,
     download,
     index_files,
-    redact,
     uv_environment,
     uv_python,
 )
-from builder.analysis.origins import as_given, parse_origins
+from builder.analysis.origins import as_given, origins_of
 from builder.analysis.requirements import RequirementSet
 from builder.analysis.stale import (
     StalePick,
@@ -55,7 +54,7 @@ from builder.analysis.stale import (
     stale_picks,
 )
 from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
-from builder.analysis.unresolvable import not_found, origin, unresolvable
+from builder.analysis.unresolvable import check_against_base, not_found, origin, unresolvable
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.retry import Retries
@@ -83,22 +82,6 @@ class Resolution:
     warnings: tuple[str, ...] = ()  # stale picks, pins with newer releases
 
 
-def check_against_base(
-    requirements: RequirementSet, target: Target[BaseProfile], arch: Arch
-) -> None:
-    """Refuse a requirement the base's pinned version does not satisfy, before resolving."""
-    environment = target.marker_environment(arch)
-    for requirement in (*requirements.requirements, *requirements.constraints):
-        pinned = target.base.distributions.get(requirement.name)
-        if pinned is None or not requirement.applies(environment):
-            continue
-        if not requirement.requirement.specifier.contains(pinned, prereleases=True):
-            raise UserError(
-                f"{requirement} ({requirement.origin}) conflicts with the base image"
-                f" {target.base.image}, which pins {requirement.name}=={pinned}"
-            )
-
-
 def _uv_compile_command(
     requirements_in: Path, target: Target[BaseFacts], arch: Arch, requirements: RequirementSet
 ) -> list[str]:
@@ -113,6 +96,8 @@ def _uv_compile_command(
         command += ["--index-url", requirements.index_url]
     for extra in requirements.extra_index_urls:
         command += ["--extra-index-url", extra]
+    if requirements.torch_backend:
+        command += ["--torch-backend", requirements.torch_backend]
     return command
 
 
@@ -254,6 +239,7 @@ def _resolution_key(
         "requirements": [str(r) for r in requirements.requirements],
         "constraints": [str(c) for c in requirements.constraints],
         "indexes": requirements.indexes(),
+        "torch_backend": requirements.torch_backend,
         "base": target.base.to_dict(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
@@ -351,17 +337,10 @@ def resolve(
                 annotated.append(result.stdout if result.returncode == 0 else "")
             return annotated[0]
 
-        origins = _origins(packages, requirements, annotations)
+        origins = origins_of([p.name for p in packages], requirements, annotations)
         packages = _with_origins(packages, origins)
         warnings, rebuilt = _fresher_sources(
-            packages,
-            requirements,
-            target,
-            arch,
-            cache,
-            find_links,
-            lambda: parse_via(annotations()),
-            retries,
+            packages, requirements, target, arch, cache, find_links, annotations, retries
         )
         if rebuilt:
             packages, provided, pylock = compile_set()
@@ -377,29 +356,9 @@ def resolve(
                     )
                 else:
                     warnings.append(pick.message())
-    cache.put_record(
-        "resolution",
-        key,
-        {
-            "at": time.time(),
-            "built": built,
-            "pylock": pylock,
-            "warnings": warnings,
-            "origins": origins,
-        },
-    )
+    record = dict(at=time.time(), built=built, pylock=pylock, warnings=warnings, origins=origins)
+    cache.put_record("resolution", key, record)
     return Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
-
-
-def _origins(
-    packages: Sequence[LockedPackage], requirements: RequirementSet, annotations: Callable[[], str]
-) -> dict[str, str]:
-    """Name -> the index each distribution came from (builder.analysis.origins): the only
-    index when there is one (no uv run needed), else the one uv names in its `annotations`."""
-    indexes = requirements.indexes()
-    if len(indexes) == 1:
-        return {package.name: redact(indexes[0]).rstrip("/") for package in packages}
-    return parse_origins(annotations())
 
 
 def _with_origins(
@@ -415,12 +374,12 @@ def _fresher_sources(
     arch: Arch,
     cache: Cache,
     find_links: Path,
-    via: Callable[[], Mapping[str, Sequence[str]]],
+    annotations: Callable[[], str],
     retries: Retries | None,
 ) -> tuple[list[str], list[StalePick]]:
     """Warnings for stale picks, and the picks whose newer pure-Python source is now built
     into `find_links` (so that resolving again prefers it); notes for versions another
-    distribution holds back (`via`: uv's annotations, asked for only then). Each is looked up
+    distribution holds back (uv's `annotations`, asked for only then). Each is looked up
     on the index it came from: what uv could have chosen (builder.analysis.origins)."""
     locked = {
         p.name: p.version for p in packages if not any(w.url.startswith("file:") for w in p.wheels)
@@ -437,7 +396,7 @@ def _fresher_sources(
     )
     stale, held = stale_picks(locked, specifiers, listings, target, arch)
     if held:
-        dependents = via()
+        dependents = parse_via(annotations())
         warnings += held_back_notes(held, dependents)
     rebuilt = []
     for pick in stale:

@@ -16,7 +16,7 @@ from packaging.utils import canonicalize_name
 
 from builder.analysis.index import redact
 from builder.analysis.requirements import RequirementSet
-from builder.analysis.target import Arch, BaseFacts, Target
+from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
 from builder.errors import UserError
 
 NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
@@ -63,6 +63,22 @@ def unresolvable(
     ]
     hint = f" (the base image pins {', '.join(base_pins)})" if base_pins else ""
     return UserError(f"cannot resolve for {arch.name}: {cause}{hint}")
+
+
+def check_against_base(
+    requirements: RequirementSet, target: Target[BaseProfile], arch: Arch
+) -> None:
+    """Refuse a requirement the base's pinned version does not satisfy, before resolving."""
+    environment = target.marker_environment(arch)
+    for requirement in (*requirements.requirements, *requirements.constraints):
+        pinned = target.base.distributions.get(requirement.name)
+        if pinned is None or not requirement.applies(environment):
+            continue
+        if not requirement.requirement.specifier.contains(pinned, prereleases=True):
+            raise UserError(
+                f"{requirement} ({requirement.origin}) conflicts with the base image"
+                f" {target.base.image}, which pins {requirement.name}=={pinned}"
+            )
 
 
 def _base_conflict(stderr: str, target: Target[BaseFacts]) -> str | None:

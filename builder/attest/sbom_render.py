@@ -25,7 +25,6 @@ from cyclonedx.schema import OutputFormat, SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
-from builder.analysis.origins import is_default
 from builder.attest.contents import DebianPackage, PythonDistribution, without_credentials
 from builder.attest.sbom import DISTRO, PROPERTY, TOOL, ImageContents, serial_number
 from builder.errors import UserError
@@ -111,7 +110,7 @@ def _pypi(dist: PythonDistribution) -> Component:
     """A distribution's component; its purl names the index it came from when that is not
     PyPI (purl's `repository_url` qualifier: a `+cpu` torch from PyTorch's own index)."""
     index = without_credentials(dist.wheel.index) if dist.wheel else ""
-    qualifiers = {"repository_url": index} if index and not is_default(index) else None
+    qualifiers = {"repository_url": index} if index else None
     purl = PackageURL(type="pypi", name=dist.name, version=dist.version, qualifiers=qualifiers)
     properties = [Property(name=f"{PROPERTY}:location", value=dist.location)]
     if dist.layer:
