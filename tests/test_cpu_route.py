@@ -20,6 +20,7 @@ from support.images import build, docker, run_hardened
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
+from builder.analysis.target import shipped_facts
 from builder.config import load_config
 from builder.errors import UserError
 
@@ -191,3 +192,33 @@ def test_a_torch_backend_that_names_no_build_is_refused(
     if not value.isdigit():
         flag = _plan_only(tmp_path, "-r", "requirements.txt", "--torch-backend", value)
         assert flag.returncode == 2 and why in flag.stderr
+
+
+def test_an_extra_index_that_mirrors_a_base_pin_hides_pypis_version_and_the_error_says_so(
+    tmp_path: Path,
+) -> None:
+    """PyTorch's CPU index mirrors torch's dependencies (typing-extensions among them), at its
+    own versions. uv takes a project from the first index that lists it, extra ones first: a
+    base pin the mirror lacks cannot be met, although PyPI has it. The error says why."""
+    pinned = shipped_facts().distributions["typing-extensions"]
+    mirrored = make_wheel(
+        tmp_path / "wheels", "typing-extensions", "4.0.0", "py3-none-any",
+        {"typing_extensions.py": b""},
+    )  # fmt: skip
+    cpu = make_wheel(
+        tmp_path / "wheels", PROJECT, "2.0+cpu", "py3-none-any", {"bsi_torchlike/__init__.py": b""},
+        requires=["typing-extensions>=4"],
+    )  # fmt: skip
+    with serve_wheel(cpu, PROJECT, others={"typing-extensions": mirrored}) as port:
+        (tmp_path / "requirements.txt").write_text(
+            f"--extra-index-url http://127.0.0.1:{port}/simple\n{PROJECT}==2.0+cpu\n"
+        )
+        result = _plan_only(tmp_path, "-r", "requirements.txt", "--arch", "amd64")
+    assert result.returncode == 1
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert f"there is no version of typing-extensions=={pinned}" in error, error
+    assert error.endswith(
+        f"(the base image pins typing-extensions=={pinned}); with several indexes uv takes"
+        " typing-extensions only from the first that lists it (--extra-index-url ones before"
+        " --index-url): the others' versions are not seen"
+    ), error

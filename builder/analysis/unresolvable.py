@@ -30,6 +30,9 @@ PIN_CONFLICT = re.compile(
 # "error: Failed to fetch: https://download.pytorch.org/whl/cpu/torch/" then "  cause: …" lines
 FETCH_FAILED = re.compile(r"Failed to fetch: `?([^`\s]+)`?")
 CAUSE_LINE = re.compile(r"^\s*cause: (.+)$", re.M)
+# uv's "there is no version of typing-extensions==4.16.0": with several indexes, often a version
+# another index has, which uv never asks once the first index lists the project
+NO_VERSION = re.compile(r"there is no version of ([A-Za-z0-9][A-Za-z0-9._-]*)")
 MAX_CAUSE = 400  # characters of uv's explanation an error line carries
 
 
@@ -62,6 +65,12 @@ def unresolvable(
         if re.search(rf"\b{re.escape(name)}\b", cause, re.I)
     ]
     hint = f" (the base image pins {', '.join(base_pins)})" if base_pins else ""
+    if len(requirements.indexes()) > 1 and (hidden := NO_VERSION.search(cause)):
+        hint += (
+            f"; with several indexes uv takes {canonicalize_name(hidden.group(1))} only from the"
+            " first that lists it (--extra-index-url ones before --index-url): the others'"
+            " versions are not seen"
+        )
     return UserError(f"cannot resolve for {arch.name}: {cause}{hint}")
 
 

@@ -16,8 +16,7 @@ from urllib.parse import quote, unquote
 class OneWheelIndex(http.server.BaseHTTPRequestHandler):
     """`/simple/<project>/` lists the wheels with their sha256; `/files/<name>` serves one."""
 
-    wheels: tuple[Path, ...]
-    project: str
+    listed: dict[str, tuple[Path, ...]]  # project -> the files its page lists
     credentials: str | None = None  # "user:password" that Basic auth must present
     failing: list[int]  # [n]: the next n requests are answered 503 (an index's bad day)
     seen: list[str]  # "METHOD path status" of every request, in order
@@ -38,11 +37,13 @@ class OneWheelIndex(http.server.BaseHTTPRequestHandler):
                 self.send_header("WWW-Authenticate", 'Basic realm="private"')
                 self.end_headers()
                 return
-        served = {wheel.name: wheel for wheel in self.wheels}
+        served = {wheel.name: wheel for files in self.listed.values() for wheel in files}
         path = unquote(self.path)
-        if path.rstrip("/") == f"/simple/{self.project}":
+        project = path.rstrip("/").removeprefix("/simple/")
+        if path.startswith("/simple/") and project in self.listed:
             digests = {
-                name: hashlib.sha256(w.read_bytes()).hexdigest() for name, w in served.items()
+                wheel.name: hashlib.sha256(wheel.read_bytes()).hexdigest()
+                for wheel in self.listed[project]
             }
             body = "".join(
                 f'<a href="/files/{quote(name)}#sha256={sha}">{name}</a>\n'
@@ -82,9 +83,10 @@ def serve_wheel(
     failing: int = 0,
     seen: list[str] | None = None,
     more: tuple[Path, ...] = (),
+    others: dict[str, Path] | None = None,
 ) -> Iterator[int]:
     """Serve `wheel` (and `more` files of the same project) as `project` on a free loopback
-    port; yields the port.
+    port, and each of `others` (project -> its one file) beside it; yields the port.
 
     `failing`: the first that many requests are answered 503; `seen` receives every request.
     """
@@ -92,8 +94,7 @@ def serve_wheel(
         "Handler",
         (OneWheelIndex,),
         {
-            "wheels": (wheel, *more),
-            "project": project,
+            "listed": {project: (wheel, *more), **{p: (f,) for p, f in (others or {}).items()}},
             "credentials": credentials,
             "failing": [failing],
             "seen": [] if seen is None else seen,
