@@ -87,7 +87,7 @@ class PipelineConfig:
     sign_key: Path | None = None  # cosign's encrypted key or a PKCS#8 PEM (builder.sign.keys)
     soci: bool = True  # attach a SOCI index (lazy loading) to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
-    torch_backend: str | None = None  # uv's --torch-backend (builder.analysis.requirements)
+    torch_backend: str | None = None  # uv's --torch-backend (builder.analysis.index_options)
 
     @property
     def base_image(self) -> ImageRef:
