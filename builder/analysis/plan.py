@@ -59,6 +59,7 @@ class PlannedWheel:
     size: int = 0  # download, bytes
     installed_size: int = 0  # unpacked, bytes
     newest: int = 0  # the newest date inside the wheel (WheelInspection.newest)
+    index: str = ""  # the index it came from, credentials removed (builder.analysis.origins)
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,7 @@ def _planned_wheels(
                 size=inspection.size,
                 installed_size=inspection.installed_size,
                 newest=inspection.newest,
+                index=package.index,
             )
         )
     return wheels

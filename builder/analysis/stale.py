@@ -210,12 +210,17 @@ def _stale(
 
 
 def index_listings(
-    names: Iterable[str], indexes: Sequence[str], retries: Retries | None = None
+    names: Iterable[str],
+    indexes: Sequence[str],
+    retries: Retries | None = None,
+    where: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, list[RemoteFile]]:
-    """Name -> the files the indexes list for it, fetched in parallel, each name once."""
+    """Name -> the files the indexes list for it, fetched in parallel, each name once;
+    `where`: the indexes to read for a name (the one it came from), when not all of them."""
     unique = sorted(set(names))
+    only = where or {}
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        listed = pool.map(lambda name: index_files(indexes, name, retries), unique)
+        listed = pool.map(lambda name: index_files(only.get(name, indexes), name, retries), unique)
         return dict(zip(unique, listed, strict=True))
 
 
