@@ -38,7 +38,7 @@ def test_override_drops_gpu_dependency_and_image_verifies(
         "--arch", "amd64", "--no-build",
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr
-    (warning,) = [line for line in planned.stderr.splitlines() if "on a GPU" in line]
+    (warning,) = [line for line in planned.stderr.splitlines() if "only works on a GPU" in line]
     advice = re.findall(r"`([^`]+ ; python_version < '0')`", warning)
     assert advice == [f"{GPU_DEPENDENCY} ; python_version < '0'"], warning
     overrides = tmp_path / "overrides.txt"
