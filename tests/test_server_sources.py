@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.sandboxserver import NamespacedServer, ServerProcess, health_limit
+from support.sandboxserver import NamespacedServer, ServerProcess, health_limit, processes_with
 
 from builder.verify.starve import ATTACK
 
@@ -165,14 +165,18 @@ def test_one_outside_source_over_its_share_gets_503_at_once_another_is_served(
 def test_one_source_over_its_command_share_gets_503_another_runs(base: Path) -> None:
     server = NamespacedServer(base, "--max-executes-per-source", "2")
     first, second = server.sources
+    marked = "3.0173"  # a sleep no other test runs: its processes say the share is taken
     sleepers = [
-        threading.Thread(target=execute_from, args=(server, first, ["sleep", "3"]), daemon=True)
+        threading.Thread(target=execute_from, args=(server, first, ["sleep", marked]), daemon=True)
         for _ in range(2)
     ]
     try:
         for thread in sleepers:
             thread.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30  # both commands running: wait for that, not a time
+        while len(processes_with(marked)) < 2:
+            assert time.monotonic() < deadline, "the two sleepers did not start"
+            time.sleep(0.02)
         started = time.monotonic()
         status, head = execute_from(server, first, ["true"])
         assert (status, time.monotonic() - started < 0.5) == (503, True), head

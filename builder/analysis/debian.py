@@ -28,7 +28,7 @@ _FOREIGN = re.compile(
     re.I,
 )
 # A file name whose suffix is a word other than `so` (`interface.cpp`, `script.ld`) is no
-# library, whatever the code does with it.
+# library, whatever the code does with it, unless Debian ships one so named (MagickWand-7.Q16).
 _NOT_A_LIBRARY = re.compile(r"\.(?!so$)[A-Za-z]\w*$")
 # Windows and macOS system libraries code names without a suffix in its other-OS branches.
 _FOREIGN_NAMES = frozenset(
@@ -282,8 +282,6 @@ def sonames_for_load(name: str, arch: Arch) -> tuple[str, ...] | None:
     name = name.rsplit("/", 1)[-1]
     if not name or _FOREIGN.search(name) or name.lower() in _FOREIGN_NAMES:
         return None
-    if _NOT_A_LIBRARY.search(name):
-        return None
     match = _VERSIONED.fullmatch(name)
     if match and match["version"]:
         return (name,)
@@ -291,7 +289,10 @@ def sonames_for_load(name: str, arch: Arch) -> tuple[str, ...] | None:
     stems = [f"{bare}.so", f"lib{bare}.so"]
     if not bare.startswith("lib"):
         stems.reverse()
-    return next((found for stem in stems if (found := _versions_of(stem, arch))), ())
+    found = next((found for stem in stems if (found := _versions_of(stem, arch))), ())
+    if not found and _NOT_A_LIBRARY.search(name):
+        return None  # `interface.cpp`, `script.ld`: not what MagickWand-7.Q16 is
+    return found
 
 
 def library_stems(name: str) -> frozenset[str]:

@@ -41,10 +41,12 @@ class GpuTable:
     replacements: Mapping[str, str]  # distribution -> its CPU route
     driver: tuple[DriverLibrary, ...]
     accelerators: Mapping[str, str]  # soname pattern -> why only that accelerator loads it
+    plugins: Mapping[str, str]  # tree path pattern -> what opens it, and when
 
 
 @cache
 def gpu_table() -> GpuTable:
+    """builder/data/gpu.toml, read once a process."""
     table = tomllib.loads(resources.files("builder.data").joinpath("gpu.toml").read_text())
     return GpuTable(
         patterns=tuple(table["patterns"]),
@@ -54,13 +56,25 @@ def gpu_table() -> GpuTable:
             for pattern, entry in table.get("driver", {}).items()
         ),
         accelerators=MappingProxyType(dict(table.get("accelerators", {}))),
+        plugins=MappingProxyType(dict(table.get("plugins", {}))),
     )
 
 
 def driver_library(soname: str) -> DriverLibrary | None:
-    """The driver library `soname` (or a name a load tries) is, when the GPU node provides it."""
-    name = soname.rsplit("/", 1)[-1]
-    return next((d for d in gpu_table().driver if fnmatch.fnmatchcase(name, d.pattern)), None)
+    """The driver library `soname` (or a name a load tries: `cuda`, `nvidia-ml`) is, when the
+    GPU node provides it."""
+    base = soname.rsplit("/", 1)[-1]
+    names = (base, f"lib{base.removeprefix('lib')}.so")
+    return next(
+        (d for d in gpu_table().driver for n in names if fnmatch.fnmatchcase(n, d.pattern)), None
+    )
+
+
+def on_demand_plugin(path: str) -> str | None:
+    """Why the shared library at tree path `path` is opened only on demand by its own
+    package's native code (NVSHMEM's transports, cuFile's RDMA plugin), or None."""
+    plugins = gpu_table().plugins.items()
+    return next((why for pattern, why in plugins if fnmatch.fnmatchcase(path, pattern)), None)
 
 
 def accelerator_only(name: str) -> str | None:
@@ -98,21 +112,25 @@ class GpuWeight:
         return f"{human(self.download)} download, {human(self.installed)} installed"
 
 
-def gpu_weight(arch: str, wheels: Sequence[Sized], linked: Collection[str]) -> GpuWeight | None:
+def gpu_weight(
+    arch: str,
+    wheels: Sequence[Sized],
+    requires: Mapping[str, Collection[str]],
+    links: Collection[tuple[str, str]],
+) -> GpuWeight | None:
     """The GPU-only distributions of one arch's set, with the CPU routes known for what pulls
-    them; dropping with --override is offered only for those no other distribution's code links
-    (`linked`): removing a library an import loads breaks the import."""
+    them, and --override lines for those `droppable` says can go without breaking an import."""
     gpu = sorted((w for w in wheels if is_gpu_only(w.name)), key=lambda w: w.name)
     if not gpu:
         return None
     present = {w.name for w in wheels}
     replacements = gpu_table().replacements
     routes = [f"{name} → {replacements[name]}" for name in sorted(present & set(replacements))]
-    if droppable := [w.name for w in gpu if w.name not in linked]:
-        lines = "; ".join(f"`{name} ; python_version < '0'`" for name in droppable)
+    if dropped := droppable([w.name for w in gpu], requires, links):
+        lines = "; ".join(f"`{name} ; python_version < '0'`" for name in dropped)
         routes.append(
-            f"drop {', '.join(droppable)} with --override"
-            f" ({'a line' if len(droppable) == 1 else 'lines'} {lines})"
+            f"drop {', '.join(dropped)} with --override"
+            f" ({'a line' if len(dropped) == 1 else 'lines'} {lines})"
         )
     return GpuWeight(
         arch=arch,
@@ -121,6 +139,45 @@ def gpu_weight(arch: str, wheels: Sequence[Sized], linked: Collection[str]) -> G
         installed=sum(w.installed_size for w in gpu),
         routes=tuple(routes),
     )
+
+
+def droppable(
+    gpu: Sequence[str],
+    requires: Mapping[str, Collection[str]],
+    links: Collection[tuple[str, str]],
+) -> list[str]:
+    """The GPU-only distributions an override may drop without breaking an import.
+
+    Dropping one also drops what only it requires, so none of that may be linked by the set's
+    code (torch links cuBLAS, which it gets through the metapackage cuda-toolkit); and what a
+    GPU distribution or a framework that links GPU libraries itself requires stays, since its
+    Python code may import it (torch requires triton). xgboost's NCCL, which xgboost requires
+    but opens only on a GPU, may go. `requires`: each distribution of the set -> the names its
+    metadata requires; `links`: (linker, provider) pairs from DT_NEEDED.
+    """
+    linked = {provider for _, provider in links}
+    gpu_linkers = {linker for linker, provider in links if is_gpu_only(provider)}
+    requirers: dict[str, set[str]] = {}
+    for name, wanted in requires.items():
+        for dependency in wanted:
+            requirers.setdefault(dependency, set()).add(name)
+    return [
+        name
+        for name in gpu
+        if not _closure(name, requires) & linked
+        and not any(is_gpu_only(r) or r in gpu_linkers for r in requirers.get(name, ()))
+    ]
+
+
+def _closure(name: str, requires: Mapping[str, Collection[str]]) -> set[str]:
+    """`name` and what it requires within the set, transitively."""
+    found, pending = set(), [name]
+    while pending:
+        current = pending.pop()
+        if current in requires and current not in found:
+            found.add(current)
+            pending += requires[current]
+    return found
 
 
 def weight_warnings(weights: Sequence[GpuWeight]) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 
 from packaging.utils import parse_wheel_filename
 
@@ -23,7 +24,7 @@ from builder.analysis.gpu import (
 from builder.analysis.index import RemoteFile, redact
 from builder.analysis.natives import (
     external_needs,
-    linked_distributions,
+    link_edges,
     load_needs,
     symbol_problems,
 )
@@ -39,6 +40,13 @@ from builder.oci.name import ImageRef
 EXTRA_DEPS = DEPS_EXTRA  # what the extension installs into, appended to PYTHONPATH
 
 
+class How(StrEnum):
+    """How the code reaches a native library (report.json says the value)."""
+
+    LINKED = "linked"  # DT_NEEDED of an ELF file
+    LOADED = "loaded at run time"  # ctypes / cffi from Python code
+
+
 @dataclass(frozen=True)
 class PlannedWheel:
     name: str
@@ -51,6 +59,7 @@ class PlannedWheel:
     size: int = 0  # download, bytes
     installed_size: int = 0  # unpacked, bytes
     newest: int = 0  # the newest date inside the wheel (WheelInspection.newest)
+    index: str = ""  # the index it came from, credentials removed (builder.analysis.origins)
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ class NativeLibrary:
     soname: str
     package: str
     needed_by: tuple[str, ...]
-    how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi)
+    how: How
     optional: bool = False  # only on-demand plugins or guarded loads need it: on request
     reason: str = ""  # why it is optional when no guard or plugin says so
 
@@ -173,7 +182,7 @@ class NodeLibrary:
 
     soname: str
     needed_by: tuple[str, ...]
-    how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi)
+    how: How
     capability: str  # NVIDIA_DRIVER_CAPABILITIES that mounts it: compute, utility, …
     reason: str
 
@@ -200,8 +209,9 @@ def plan_arch(
     base_sonames = target.base.sonames.get(arch.name, frozenset())
     libraries, node, warnings = _native_libraries(inspected, base_sonames, arch)
     libraries += _tabled_libraries(wheels, base_sonames, arch)
-    linked = linked_distributions(inspected, base_sonames, arch.loader)
-    weight = gpu_weight(arch.name, wheels, linked)
+    requires = {inspection.name: inspection.requires for inspection in inspected}
+    links = link_edges(inspected, base_sonames, arch.loader)
+    weight = gpu_weight(arch.name, wheels, requires, links)
     gpu = weight_warnings([weight]) if weight else []
     base_packages = target.base.packages.get(arch.name, frozenset())
     programs, program_warnings = program_needs(inspected, base_packages, arch, without_programs)
@@ -251,6 +261,7 @@ def _planned_wheels(
                 size=inspection.size,
                 installed_size=inspection.installed_size,
                 newest=inspection.newest,
+                index=package.index,
             )
         )
     return wheels
@@ -276,7 +287,13 @@ def _native_libraries(
     libraries, node, warnings = [], [], []
     for need in external_needs(inspected, base_sonames, arch.loader):
         if driver := driver_library(need.soname):
-            node.append(_node_library(need.soname, need.needed_by, "linked", driver))
+            node.append(_node_library(need.soname, need.needed_by, How.LINKED, driver))
+            if not need.optional:
+                warnings.append(
+                    f"warning: {need.needed_by[0]} links {need.soname}, the NVIDIA driver's:"
+                    " what loads it works only on a GPU node (on a CPU node, verification"
+                    " fails there)"
+                )
             continue
         found = debian.package_for(need.soname, arch) if need.optional else None
         if need.optional and found is None:
@@ -287,7 +304,7 @@ def _native_libraries(
             continue
         apt = found or _package(need.soname, need.needed_by[0], arch)
         libraries.append(
-            NativeLibrary(need.soname, apt, need.needed_by, "linked", optional=need.optional)
+            NativeLibrary(need.soname, apt, need.needed_by, How.LINKED, optional=need.optional)
         )
     loads = load_needs(inspected, base_sonames, arch)
     warnings += loads.warnings
@@ -296,29 +313,27 @@ def _native_libraries(
             need.soname,
             need.package,
             need.needed_by,
-            "loaded at run time",
+            How.LOADED,
             need.optional,
             need.reason,
         )
         for need in loads.needs
     ]
-    for need in loads.node:
-        driver = driver_library(need.soname)
-        assert driver is not None  # load_needs set it apart for being one
-        node.append(_node_library(need.soname, need.needed_by, "loaded at run time", driver))
+    node += [_node_library(n.soname, n.needed_by, How.LOADED, n.driver) for n in loads.node]
     return libraries, _merged(node), warnings
 
 
 def _node_library(
-    soname: str, needed_by: tuple[str, ...], how: str, driver: DriverLibrary
+    soname: str, needed_by: tuple[str, ...], how: How, driver: DriverLibrary
 ) -> NodeLibrary:
+    """The plan's record of one driver library, with the capability that mounts it."""
     return NodeLibrary(soname, needed_by, how, driver.capability, driver.reason)
 
 
 def _merged(node: Sequence[NodeLibrary]) -> tuple[NodeLibrary, ...]:
     """One record a soname: linked wins over loaded, the files that need it together."""
     by_soname: dict[str, NodeLibrary] = {}
-    for library in sorted(node, key=lambda lib: (lib.soname, lib.how != "linked")):
+    for library in sorted(node, key=lambda lib: (lib.soname, lib.how is not How.LINKED)):
         if (kept := by_soname.get(library.soname)) is None:
             by_soname[library.soname] = library
         else:
@@ -342,11 +357,9 @@ def _tabled_libraries(
         for soname in entry.sonames:
             if soname not in base_sonames:
                 libraries.append(
-                    NativeLibrary(soname, _package(soname, by[0], arch), by, "loaded at run time")
+                    NativeLibrary(soname, _package(soname, by[0], arch), by, How.LOADED)
                 )
-        libraries += [
-            NativeLibrary("", package, by, "loaded at run time") for package in entry.packages
-        ]
+        libraries += [NativeLibrary("", package, by, How.LOADED) for package in entry.packages]
     return libraries
 
 

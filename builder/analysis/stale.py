@@ -113,11 +113,11 @@ def held_back_notes(held: Sequence[HeldBack], via: Mapping[str, Sequence[str]]) 
         families.setdefault(root(pick.name), []).append(pick)
     notes = []
     for members in families.values():
-        if len(members) == 1:
-            notes += [note for note in [members[0].message(via)] if note]
-            continue
         names = {pick.name for pick in members}
         holders = sorted({d for pick in members for d in pick.dependents(via)} - names)
+        if len(members) == 1 or not holders:  # alone, or holding each other back
+            notes += [note for pick in members if (note := pick.message(via))]
+            continue
         chosen = ", ".join(f"{p.name}=={p.chosen} (newest {p.newest})" for p in members)
         notes.append(
             f"note: {len(members)} distributions chosen older than their newest release with a"
@@ -210,12 +210,17 @@ def _stale(
 
 
 def index_listings(
-    names: Iterable[str], indexes: Sequence[str], retries: Retries | None = None
+    names: Iterable[str],
+    indexes: Sequence[str],
+    retries: Retries | None = None,
+    where: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, list[RemoteFile]]:
-    """Name -> the files the indexes list for it, fetched in parallel, each name once."""
+    """Name -> the files the indexes list for it, fetched in parallel, each name once;
+    `where`: the indexes to read for a name (the one it came from), when not all of them."""
     unique = sorted(set(names))
+    only = where or {}
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        listed = pool.map(lambda name: index_files(indexes, name, retries), unique)
+        listed = pool.map(lambda name: index_files(only.get(name, indexes), name, retries), unique)
         return dict(zip(unique, listed, strict=True))
 
 

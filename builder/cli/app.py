@@ -126,6 +126,13 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 )
 @WITHOUT_PROGRAM_OPTION
 @click.option(
+    "--torch-backend",
+    metavar="BUILD",
+    callback=lambda _context, _parameter, value: _torch_backend(value),
+    help="PyTorch's own build from its own index, passed to uv: `cpu` for no CUDA wheels"
+    " (docs/usage.md).",
+)
+@click.option(
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -172,6 +179,7 @@ def main(
     overrides: tuple[Path, ...],
     with_optional: bool,
     without_programs: tuple[str, ...],
+    torch_backend: str | None,
     config_path: Path | None,
     no_bytecode: bool,
     sign_key: Path | None,
@@ -210,6 +218,7 @@ def main(
             sign_key=sign_key,
             soci=not no_soci,
             without_programs=without_programs,
+            torch_backend=torch_backend,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -321,6 +330,18 @@ def rebuild(
         return
     show_outcome(found.outcome)
     click.echo(f"state recorded in {config.state}; {config.path} now names {platform_version}")
+
+
+def _torch_backend(value: str | None) -> str | None:
+    """--torch-backend, checked as the config's key is; a usage error when it names no build."""
+    if value is None:
+        return None
+    from builder.analysis.index_options import torch_backend
+
+    try:
+        return torch_backend(value, "--torch-backend")
+    except UserError as error:
+        raise click.BadParameter(str(error).removeprefix("--torch-backend: ")) from None
 
 
 def show_outcome(outcome: Outcome) -> None:

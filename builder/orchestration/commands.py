@@ -190,6 +190,7 @@ def request_for(
         overrides=options.overrides,
         with_optional=options.with_optional,
         without_programs=frozenset(settings.without_programs),
+        torch_backend=settings.torch_backend,
         platform_version=settings.platform_version,
         bytecode=settings.bytecode and not options.no_bytecode,
         engine=compiling,
