@@ -129,6 +129,18 @@ def gpu_only_bytes(report: dict) -> tuple[int, int]:
     return gpu, total
 
 
+def tool_steps(report: dict) -> str:
+    """Where the tool's run went: its steps to the build context (seconds from its start, as
+    report.json's timeline has them), then the image's phases (seconds each)."""
+    steps = ", ".join(
+        f"{name} {began:.0f}-{ended:.0f}"
+        for name, (began, ended) in report["timeline"]["steps"].items()
+    )
+    phases = report["image"]["arches"]["amd64"]["seconds"]
+    spent = ", ".join(f"{phase} {seconds:.0f}" for phase, seconds in phases.items())
+    return f"the tool's run: {steps} s from its start; then {spent} s"
+
+
 def gb(size: int) -> str:
     return f"{size / 1e9:6.2f} GB"
 
@@ -185,6 +197,7 @@ def main() -> None:
           f"{len(report['architectures']['amd64']['packages'])}, installed {gb(total)}, "
           f"of which GPU-only wheels (nvidia-*, cuda-*, triton) {gb(gpu)}")  # fmt: skip
     report_table(ours_measured, hand_measured)
+    print(tool_steps(report))
 
 
 if __name__ == "__main__":
