@@ -205,10 +205,8 @@ class Module:
             elif isinstance(node, ast.AnnAssign | ast.NamedExpr) and node.value is not None:
                 if isinstance(node.target, ast.Name):
                     self.assigned.setdefault(node.target.id, []).append(node.value)
-            elif isinstance(node, ast.For | ast.comprehension) and isinstance(
-                node.target, ast.Name
-            ):
-                self.loops.setdefault(node.target.id, []).append(node.iter)
+            elif isinstance(node, ast.For | ast.comprehension):
+                self._loop(node.target, node.iter)
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 self.functions.setdefault(node.name, node)
             elif isinstance(node, ast.Import):
@@ -219,6 +217,15 @@ class Module:
                 source = self._absolute(node)
                 for alias in node.names:
                     self.imports[alias.asname or alias.name] = f"{source}.{alias.name}"
+
+    def _loop(self, target: ast.AST, iterable: ast.AST) -> None:
+        """`for name in X`, and `for i, name in enumerate(X)` (audioread's candidates)."""
+        if isinstance(target, ast.Name):
+            self.loops.setdefault(target.id, []).append(iterable)
+        elif isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            call = iterable if isinstance(iterable, ast.Call) and iterable.args else None
+            if call is not None and getattr(call.func, "id", None) == "enumerate":
+                self._loop(target.elts[1], call.args[0])
 
     def _absolute(self, node: ast.ImportFrom) -> str:
         """The module an `from X import` names, relative levels resolved against this one."""

@@ -92,7 +92,7 @@ def _decide(
     wheel: WheelInspection, runs: Sequence[_Run], table: ProgramTable
 ) -> tuple[set[str], str]:
     """The wheel's required programs, and why; every other run of it is optional."""
-    entry = table.entries.get(wheel.name)
+    entry = table.entry(wheel.name, wheel.version)  # curated for this release, or none
     if entry is not None and entry.optional:
         return set(), f"curated: {entry.reason}"
     if entry is not None and entry.required is not None:
@@ -132,7 +132,7 @@ def program_needs(
     (`ffmepg`), refused: leaving nothing out silently would install what they said no to.
     """
     table = program_table()
-    curated = {name for entry in table.entries.values() for name in entry.required or ()}
+    curated = {n for found in table.ranges.values() for e in found for n in e.required or ()}
     for name in sorted(without):
         if name in curated or package_for_program(name, arch) or known_package(name, arch):
             continue

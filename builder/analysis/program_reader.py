@@ -80,6 +80,26 @@ def _default(function: ast.AST, name: str) -> ast.AST | None:
     return next((default for argument, default in pairs if argument.arg == name), None)
 
 
+def on_self(call: ast.Call) -> str | None:
+    """`self.name(...)` / `cls.name(...)`: the method's name."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return func.attr if func.value.id in ("self", "cls") else None
+    return None
+
+
+def own_method(module: Module, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The method `self.name(...)` calls when the class it is called in defines it (python-
+    gnupg's `cmd = self.make_args(args)`, whose list starts with `self.gpgbinary`)."""
+    name = on_self(call)
+    function = module.enclosing(call) if name is not None else None
+    owner = module.parents.get(function) if function is not None else None
+    if not isinstance(owner, ast.ClassDef):
+        return None
+    methods = (n for n in owner.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    return next((n for n in methods if n.name == name), None)
+
+
 def _empty(node: ast.AST) -> bool:
     return isinstance(node, ast.List | ast.Tuple) and not node.elts
 
@@ -139,29 +159,14 @@ class Reader:
         table = bindings[1]
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             return [(node.value if kind == NAME else first_word(node.value),)]
-        if kind == ARGV and isinstance(node, ast.List | ast.Tuple):
-            if not node.elts:
-                return []
-            literal = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
-            words = [value if isinstance(value, str) else None for value in literal]
-            start = launched(words)  # ["env", "dot", "-V"]: dot
-            if start >= len(node.elts):
-                return []
-            head = node.elts[start]
-            if isinstance(head, ast.Starred):
-                return self.groups(module, head.value, ARGV, depth, env)
-            return self.groups(module, head, NAME, depth, env)
-        if kind == ARGV and isinstance(node, ast.JoinedStr) and node.values:
-            head = node.values[0]
-            if isinstance(head, ast.Constant):
-                return self.groups(module, head, ARGV, depth, env)
-            if isinstance(head, ast.FormattedValue):
-                return self.groups(module, head.value, NAME, depth, env)
-        if kind == ARGV and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            side = node.right if _empty(node.left) else node.left
-            return self.groups(module, side, ARGV, depth, env)
+        if kind == ARGV and (command := self._command(module, node, depth, env)) is not None:
+            return command
         if env and (text := evaluate(node, env)) is not None:
             return [(text if kind == NAME else first_word(text),)]
+        if kind == NAME and isinstance(node, ast.List | ast.Tuple | ast.Set):
+            # Where one name is expected, a collection is candidates tried in turn (a helper
+            # looping over its parameter, called with `("ffmpeg", "avconv")`): one choice.
+            return _merged([g for e in node.elts for g in self.groups(module, e, NAME, depth, env)])
         if isinstance(node, ast.IfExp):
             body = self.groups(module, node.body, kind, depth, env)
             return _merged(body + self.groups(module, node.orelse, kind, depth, env))
@@ -176,6 +181,34 @@ class Reader:
         if isinstance(node, ast.Call):
             return self._call(module, node, kind, depth)
         return []
+
+    def _command(
+        self, module: Module, node: ast.AST, depth: int, env: Mapping[str, Scalar]
+    ) -> Groups | None:
+        """The program a command's own syntax starts with (a list's first element, an
+        f-string's first part, the left of `+`); None when `node` is no such syntax."""
+        if isinstance(node, ast.List | ast.Tuple):
+            if not node.elts:
+                return []
+            literal = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            words = [value if isinstance(value, str) else None for value in literal]
+            start = launched(words)  # ["env", "dot", "-V"]: dot
+            if start >= len(node.elts):
+                return []
+            head = node.elts[start]
+            if isinstance(head, ast.Starred):
+                return self.groups(module, head.value, ARGV, depth, env)
+            return self.groups(module, head, NAME, depth, env)
+        if isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant):
+                return self.groups(module, head, ARGV, depth, env)
+            if isinstance(head, ast.FormattedValue):
+                return self.groups(module, head.value, NAME, depth, env)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            side = node.right if _empty(node.left) else node.left
+            return self.groups(module, side, ARGV, depth, env)
+        return None
 
     def _name(
         self, module: Module, table: _Bindings, node: ast.Name, kind: str, depth: int
@@ -230,6 +263,9 @@ class Reader:
             return self.groups(module, node.args[-1], kind, depth)  # os.path.join(dir, name)
         if isinstance(func, ast.Name) and func.id in module.functions:
             return self._returns(module, module.functions[func.id], node, kind, depth)
+        if (method := own_method(module, node)) is not None:  # cmd = self.make_args(args)
+            shifted = ast.Call(func, [ast.Name("self", ast.Load()), *node.args], node.keywords)
+            return self._returns(module, method, shifted, kind, depth)
         found = self.definition(qualified) if qualified else None
         if found is not None and found[1] in found[0].functions:
             other, name = found
