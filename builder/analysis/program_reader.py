@@ -11,12 +11,22 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterable, Mapping
+from enum import Enum
 from types import MappingProxyType
 
 from builder.analysis.loads import Module, Scalar, bind, evaluate, module_name, parse, worth_reading
 from builder.analysis.program_names import first_word, launched
 
-NAME, ARGV = "name", "argv"  # the argument is one program name / a command (list or string)
+
+class Kind(Enum):
+    """What an expression that reaches a run holds."""
+
+    NAME = "name"  # one program name
+    ARGV = "argv"  # a command: a list whose first element, or a string whose first word, runs
+    CANDIDATES = "candidates"  # names a helper tries in turn (`for command in commands`)
+
+
+NAME, ARGV, CANDIDATES = Kind.NAME, Kind.ARGV, Kind.CANDIDATES
 PROBES = frozenset({"shutil.which", "distutils.spawn.find_executable"})
 # Calls that hand their argument's value through: Path('dot'), str(x), os.fspath(x), list(x).
 PASS_THROUGH = frozenset({"Path", "PurePath", "PosixPath", "str", "fspath", "list", "tuple"})
@@ -111,7 +121,7 @@ class Reader:
         self.paths = {module_name(path): path for path in paths if worth_reading(path)}
         self.read = read
         self.modules: dict[str, tuple[Module, _Bindings] | None] = {}
-        self.memo: dict[tuple[int, str, tuple[tuple[str, Scalar], ...]], Groups] = {}
+        self.memo: dict[tuple[int, Kind, tuple[tuple[str, Scalar], ...]], Groups] = {}
 
     def module(self, name: str) -> tuple[Module, _Bindings] | None:
         if name not in self.modules:
@@ -137,7 +147,7 @@ class Reader:
         self,
         module: Module,
         node: ast.AST,
-        kind: str,
+        kind: Kind,
         depth: int = 0,
         env: Mapping[str, Scalar] = MappingProxyType({}),
     ) -> Groups:
@@ -152,20 +162,19 @@ class Reader:
         return self.memo[key]
 
     def _groups(
-        self, module: Module, node: ast.AST, kind: str, depth: int, env: Mapping[str, Scalar]
+        self, module: Module, node: ast.AST, kind: Kind, depth: int, env: Mapping[str, Scalar]
     ) -> Groups:
         bindings = self.module(module.name)
         assert bindings is not None, "a module is read before its nodes are"
         table = bindings[1]
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return [(node.value if kind == NAME else first_word(node.value),)]
+            return [(node.value if kind != ARGV else first_word(node.value),)]
         if kind == ARGV and (command := self._command(module, node, depth, env)) is not None:
             return command
         if env and (text := evaluate(node, env)) is not None:
-            return [(text if kind == NAME else first_word(text),)]
-        if kind == NAME and isinstance(node, ast.List | ast.Tuple | ast.Set):
-            # Where one name is expected, a collection is candidates tried in turn (a helper
-            # looping over its parameter, called with `("ffmpeg", "avconv")`): one choice.
+            return [(text if kind != ARGV else first_word(text),)]
+        if kind == CANDIDATES and isinstance(node, ast.List | ast.Tuple | ast.Set):
+            # Names a helper loops over (called with `("ffmpeg", "avconv")`): one choice.
             return _merged([g for e in node.elts for g in self.groups(module, e, NAME, depth, env)])
         if isinstance(node, ast.IfExp):
             body = self.groups(module, node.body, kind, depth, env)
@@ -211,7 +220,7 @@ class Reader:
         return None
 
     def _name(
-        self, module: Module, table: _Bindings, node: ast.Name, kind: str, depth: int
+        self, module: Module, table: _Bindings, node: ast.Name, kind: Kind, depth: int
     ) -> Groups:
         scope = module.enclosing(node)
         values = table.values(table.scoped, node.id, scope)
@@ -228,7 +237,7 @@ class Reader:
         return found or self._imported(module, node, kind, depth)
 
     def _attribute(
-        self, module: Module, table: _Bindings, node: ast.Attribute, kind: str, depth: int
+        self, module: Module, table: _Bindings, node: ast.Attribute, kind: Kind, depth: int
     ) -> Groups:
         """`self.x`/`cls.x`: what this module assigns to that attribute (or the class body to
         the name); `module.X`: a sibling module's constant."""
@@ -238,7 +247,7 @@ class Reader:
         found = [g for value in values for g in self.groups(module, value, kind, depth)]
         return found or self._imported(module, node, kind, depth)
 
-    def _imported(self, module: Module, node: ast.AST, kind: str, depth: int) -> Groups:
+    def _imported(self, module: Module, node: ast.AST, kind: Kind, depth: int) -> Groups:
         """A constant of a sibling module (`dot_command.DOT_BINARY`, `from .x import CMD`)."""
         qualified = module.resolve(node)
         found = self.definition(qualified) if qualified else None
@@ -247,7 +256,7 @@ class Reader:
         other, name = found
         return self.groups(other, ast.Name(id=name, ctx=ast.Load()), kind, depth)
 
-    def _call(self, module: Module, node: ast.Call, kind: str, depth: int) -> Groups:
+    def _call(self, module: Module, node: ast.Call, kind: Kind, depth: int) -> Groups:
         func = node.func
         called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
         qualified = module.resolve(func)
@@ -277,7 +286,7 @@ class Reader:
         module: Module,
         function: ast.FunctionDef | ast.AsyncFunctionDef,
         call: ast.Call,
-        kind: str,
+        kind: Kind,
         depth: int,
     ) -> Groups:
         """What a helper returns, its parameters bound to the call's literals: one choice."""
@@ -287,4 +296,4 @@ class Reader:
         for inner in sorted(returns, key=lambda n: (n.lineno, n.col_offset)):
             if inner.value is not None:
                 found += self.groups(module, inner.value, kind, depth, bound)
-        return _merged(found) if kind == NAME else found
+        return _merged(found) if kind != ARGV else found

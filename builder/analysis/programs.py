@@ -38,10 +38,19 @@ from builder.analysis.loads import (
     worth_reading,
 )
 from builder.analysis.program_names import launched, mentions_runner, program_name
-from builder.analysis.program_reader import ARGV, NAME, PROBES, Groups, Reader, on_self
+from builder.analysis.program_reader import (
+    ARGV,
+    CANDIDATES,
+    NAME,
+    PROBES,
+    Groups,
+    Kind,
+    Reader,
+    on_self,
+)
 
 # Fully qualified callable -> (position of the program argument, its keyword, what it holds).
-RUNNERS: Mapping[str, tuple[int, str, str]] = MappingProxyType(
+RUNNERS: Mapping[str, tuple[int, str, Kind]] = MappingProxyType(
     {
         **{f"subprocess.{f}": (0, "args", ARGV) for f in ("run", "call", "check_call", "Popen")},
         "subprocess.check_output": (0, "args", ARGV),
@@ -80,7 +89,7 @@ class _Runner:
 
     qualified: str  # pkg.mod.function, or pkg.mod.Class.method
     position: int
-    kind: str  # NAME or ARGV
+    kind: Kind  # what the caller's argument holds
     method: bool = False
     keyword: str = ""  # the parameter's name: `call(program="tool")`
     probe: bool = False  # the helper looks the name up (`shutil.which`) rather than runs it
@@ -140,7 +149,7 @@ def _runner_called(module: Module, call: ast.Call) -> str | None:
     return qualified
 
 
-def _head(module: Module, node: ast.AST, kind: str, depth: int = 0) -> tuple[ast.AST, str]:
+def _head(module: Module, node: ast.AST, kind: Kind, depth: int = 0) -> tuple[ast.AST, Kind]:
     """What names the program in a run's argument, through the function's own assignments:
     `cmd = [program] + args` ... `Popen(cmd)` -> (`program`, NAME), so that a helper whose
     parameter is the program (not the whole command) is found."""
@@ -167,7 +176,7 @@ def _head(module: Module, node: ast.AST, kind: str, depth: int = 0) -> tuple[ast
     return node, kind
 
 
-def _parameter_runner(module: Module, argument: ast.AST, kind: str, probe: bool) -> _Runner | None:
+def _parameter_runner(module: Module, argument: ast.AST, kind: Kind, probe: bool) -> _Runner | None:
     """The runner a helper is when what it runs comes from its parameter (the command, the
     program at its head, or candidates it loops over), named as its callers name it."""
     head, kind = _head(module, argument, kind)
@@ -175,6 +184,8 @@ def _parameter_runner(module: Module, argument: ast.AST, kind: str, probe: bool)
         return None
     function, index = found
     positional = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+    if isinstance(head, ast.Name) and head.id != positional[index]:
+        kind = CANDIDATES  # `for command in commands`: the parameter holds names tried in turn
     if (owner := _method_of(module, function)) is not None:
         qualified = f"{module.name}.{owner.name}.{function.name}"
         return _Runner(qualified, index - 1, kind, True, positional[index], probe)
