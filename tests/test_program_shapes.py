@@ -128,6 +128,42 @@ def find():
     }
 
 
+def test_values_a_helper_answers_itself_are_no_programs() -> None:
+    """sympy's shape: preview(viewer=...) writes a buffer for "BytesIO" and runs any other
+    viewer; pydot's: call_graphviz(program=prog) runs what it is given, "dot" by default."""
+    source = b"""\
+import shutil, subprocess
+def preview(expr, viewer=None):
+    if viewer == "file":
+        pass
+    elif viewer == "BytesIO":
+        pass
+    elif not shutil.which(viewer):
+        raise OSError(viewer)
+    if viewer == "file":
+        return expr
+    elif viewer == "BytesIO":
+        return expr
+    else:
+        subprocess.run([viewer, expr])
+def show(expr):
+    preview(expr, viewer="BytesIO")
+    preview(expr, viewer="evince")
+def call_graphviz(program, arguments):
+    if program == "dot":
+        arguments = ["-q", *arguments]
+    program_with_args = [program] + arguments
+    return subprocess.Popen(program_with_args)
+def create(prog="dot"):
+    return call_graphviz(program=prog, arguments=["-Tpng"])
+"""
+    assert {(s.names, s.optional) for s in scan_source("sym/preview.py", source)} == {
+        (("evince",), True),
+        (("evince",), False),
+        (("dot",), False),
+    }
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHES))
 def test_programs_only_alternatives_provide(arch: str) -> None:
     """Debian links /usr/bin/java (nc, cc, magick...) through update-alternatives: no package

@@ -93,6 +93,7 @@ class _Runner:
     method: bool = False
     keyword: str = ""  # the parameter's name: `call(program="tool")`
     probe: bool = False  # the helper looks the name up (`shutil.which`) rather than runs it
+    handled: frozenset[str] = frozenset()  # values the helper answers itself (`== "BytesIO"`)
 
 
 def _method_of(module: Module, function: ast.AST) -> ast.ClassDef | None:
@@ -176,6 +177,24 @@ def _head(module: Module, node: ast.AST, kind: Kind, depth: int = 0) -> tuple[as
     return node, kind
 
 
+def _handled(module: Module, function: ast.AST, parameter: str, run: ast.AST) -> frozenset[str]:
+    """Literals the helper's branches around the run rule out (the run in the `else` of
+    `if viewer == "BytesIO"`, or in the body of `!=`): values it answers itself, never run
+    (sympy's `preview(viewer="BytesIO")` writes a buffer)."""
+    found = set()
+    child, node = run, module.parents.get(run)
+    while node is not None and child is not function:
+        test = node.test if isinstance(node, ast.If) else None
+        if isinstance(node, ast.If) and isinstance(test, ast.Compare):
+            value = getattr(test.comparators[0], "value", None)
+            named = isinstance(test.left, ast.Name) and test.left.id == parameter
+            branch = node.orelse if isinstance(test.ops[0], ast.Eq) else node.body
+            if named and isinstance(test.ops[0], ast.Eq | ast.NotEq) and child in branch:
+                found.update([value] if isinstance(value, str) else [])
+        child, node = node, module.parents.get(node)
+    return frozenset(found)
+
+
 def _parameter_runner(module: Module, argument: ast.AST, kind: Kind, probe: bool) -> _Runner | None:
     """The runner a helper is when what it runs comes from its parameter (the command, the
     program at its head, or candidates it loops over), named as its callers name it."""
@@ -186,10 +205,12 @@ def _parameter_runner(module: Module, argument: ast.AST, kind: Kind, probe: bool
     positional = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
     if isinstance(head, ast.Name) and head.id != positional[index]:
         kind = CANDIDATES  # `for command in commands`: the parameter holds names tried in turn
+    handled = _handled(module, function, positional[index], argument)
     if (owner := _method_of(module, function)) is not None:
         qualified = f"{module.name}.{owner.name}.{function.name}"
-        return _Runner(qualified, index - 1, kind, True, positional[index], probe)
-    return _Runner(f"{module.name}.{function.name}", index, kind, False, positional[index], probe)
+        return _Runner(qualified, index - 1, kind, True, positional[index], probe, handled)
+    qualified = f"{module.name}.{function.name}"
+    return _Runner(qualified, index, kind, False, positional[index], probe, handled)
 
 
 def _local_callers(reader: Reader, module: Module, runner: _Runner) -> list[LoadSite]:
@@ -242,7 +263,8 @@ def _caller_sites(
     if argument is None:
         return []
     groups = reader.groups(module, argument, runner.kind)
-    return _sites(module, call, groups, probe=runner.probe)
+    kept = [tuple(name for name in group if name not in runner.handled) for group in groups]
+    return _sites(module, call, kept, probe=runner.probe)
 
 
 def _mentions_runner_of(source: bytes, runners: Mapping[str, _Runner]) -> bool:
