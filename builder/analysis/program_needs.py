@@ -12,7 +12,12 @@ decided as for libraries, by what the code needs to do its main job:
   graphviz -> graphviz): that package is required;
 - any other program is a side feature (matplotlib's LaTeX, pandas' clipboard, imageio's DICOM
   converter): optional, installed with --with-optional;
-- a curated entry decides where reading cannot (pypandoc, imageio-ffmpeg), with its reason.
+- a curated entry decides where reading cannot (pypandoc, imageio-ffmpeg), with its reason;
+  one true of a range of releases only (kaleido 0.x ships Chromium, 1.x needs it) decides for
+  the version the plan resolved, and reading decides a release no entry covers.
+
+A program Debian installs only as an alternatives link (`java`) maps to the package providing
+the link through the curated table's `alternatives` (analysis.debian.package_for_program).
 
 A site's alternatives (`avconv` or `ffmpeg`) are satisfied by the first one Debian 13 ships,
 or by the base when it has any of them. The operator may leave a program out (by its name or

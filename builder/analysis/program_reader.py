@@ -1,10 +1,12 @@
 """How a name in a wheel's code leads to the programs it can name: analysis.programs' reader.
 
-A site's argument is followed through a module constant, an attribute, `pathlib.Path('dot')`,
-a list built then extended, a small helper's returns (its parameters bound to the call's
-literals), a constant or function of a sibling module, and candidates tried in turn. The
-result is groups: each group one need, its names alternatives (a conditional, an `or`, a
-helper's several returns, a loop over candidates are one choice of the code).
+A site's argument is followed through a module constant, an attribute (set from a parameter
+whose default names the program: `def __init__(self, executable="ffmpeg")`),
+`pathlib.Path('dot')`, a list built then extended, a small helper's returns (its parameters
+bound to the call's literals), a method of the same class returning the command
+(`self.make_args(args)`), a constant or function of a sibling module, and candidates tried in
+turn. The result is groups: each group one need, its names alternatives (a conditional, an
+`or`, a helper's several returns, a loop over candidates are one choice of the code).
 """
 
 from __future__ import annotations

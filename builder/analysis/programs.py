@@ -6,15 +6,19 @@ lookups `shutil.which` and `distutils.spawn.find_executable` name the program in
 an argument list: an ELF scan cannot see it, and importing the wrapper succeeds without it.
 
 The program is followed through the indirections wrappers use: a module constant
-(`tesseract_cmd = 'tesseract'`), an attribute (`cls.converter`), `pathlib.Path('dot')`, a
-list built then extended (`cmd_args += (tesseract_cmd, ...)`), a small helper returning the
-name or the list (`_get_command_path("pdfinfo")`, graphviz's `dot_command.command()`), a
-constant or function of a sibling module, candidates tried in turn (`avconv` or `ffmpeg`, a
-loop over names), a helper whose parameter is what gets run (`execute.run_check(cmd)`), and
-a method whose parameter is run, called on `self` in classes deriving from its own (textract's
-`ShellParser.run`). Following a name is analysis.program_reader's; the module reading (bindings,
-helpers, guards) is analysis.loads'; what differs from a library load is that an argument
-list names one program, its first element.
+(`tesseract_cmd = 'tesseract'`), an attribute (`cls.converter`), `pathlib.Path('dot')`, a list
+built then extended (`cmd_args += (tesseract_cmd, ...)`), a small helper returning the name or
+the list (`_get_command_path("pdfinfo")`, graphviz's `dot_command.command()`), a constant or
+function of a sibling module, candidates tried in turn (`avconv` or `ffmpeg`, a loop over
+names), a helper whose parameter is what gets run (`execute.run_check(cmd)`), and a method
+whose parameter is run, called on `self` in classes deriving from its own (textract's
+`ShellParser.run`). A runner may be called through a module-level alias (ffmpy's `popen =
+subprocess.Popen`); a helper's parameter may be only the program at the command's head (pydot's
+`call_graphviz(program=prog, ...)`, callers read by position or keyword) or the candidates it
+loops over (audioread's `popen_multiple(COMMANDS, ...)`), and a value the helper rules out
+around the run (`if viewer == "BytesIO": ... else: run([viewer])`) is none. Following a name is
+analysis.program_reader's; the module reading (bindings, helpers, guards) is analysis.loads';
+what differs from a library load is that an argument list names one program, its first element.
 
 A site's names are alternatives (any one satisfies it) when the code chooses among them: a
 conditional, an `or`, a helper's several returns, a loop over candidates. Names reaching a
