@@ -14,7 +14,12 @@ from packaging.specifiers import SpecifierSet
 from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
-from builder.analysis.debian import ProgramEntry, package_for_program, program_table
+from builder.analysis.debian import (
+    ProgramEntry,
+    _program_entry,
+    package_for_program,
+    program_table,
+)
 from builder.analysis.programs import scan_source, scan_sources
 from builder.analysis.target import ARCHES
 
@@ -213,3 +218,10 @@ def test_a_release_no_entry_covers_is_decided_by_its_code() -> None:
     assert program_table().entry("kaleido", "1.5.1") is not None
     assert program_table().entry("pdfkit", "0.6.1") is not None  # no range: every release
     assert program_table().entry("no-such-distribution", "1.0") is None
+
+
+def test_a_curated_range_that_is_no_specifier_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"programs.toml \[kaleido\]: bad versions 'one'"):
+        _program_entry("kaleido", {"versions": "one", "optional": True, "reason": "x"})
+    with pytest.raises(ValueError, match="decides without a reason"):
+        _program_entry("kaleido", {"versions": ">=1", "required": ["chromium"]})
