@@ -29,11 +29,13 @@ if TYPE_CHECKING:
     from builder.oci.name import ImageRef
     from builder.orchestration.delivery import Outcome
 
+TOOL = "build-sandbox-image"  # the distribution whose metadata `--version` reads
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name=TOOL, message=f"{TOOL} %(version)s")
 @click.option(
     "-r",
     "--requirement",
