@@ -16,7 +16,7 @@ import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -158,6 +158,7 @@ class Assembly:
     created: str
     tag: str
     apt_layer: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)  # set besides PYTHONPATH (the home's)
 
 
 def assemble(
@@ -198,7 +199,7 @@ def assemble(
                 for i, one in enumerate(extras, 1)
             ],
             ConfigChange(
-                {"PYTHONPATH": f"$PYTHONPATH:{root}"},
+                {"PYTHONPATH": f"$PYTHONPATH:{root}", **assembly.env},
                 contract.SANDBOX_USER,
                 assembly.labels,
                 assembly.created,

@@ -1,0 +1,54 @@
+"""The sandbox user's home, made and seeded before the server serves.
+
+Images name a home on the writable /tmp (``HOME``, ``XDG_CACHE_HOME``, ``XDG_CONFIG_HOME``, and
+``MPLCONFIGDIR`` with matplotlib) and ship caches built at image-build time, read-only, in a
+seed directory (``--home-seed``). A library ignores a cache dir it cannot write even when it
+holds a valid cache (matplotlib's issue 32246), so the seed is copied into the home: every
+command the server runs, and any ``python3`` started beside it, finds the caches built and never
+builds them again. A file already in the home (a container restarted on a kept /tmp) is left
+as it is. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+
+# The variables that name directories inside the home: made with it, so each is writable.
+DIRECTORIES = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "MPLCONFIGDIR")
+
+
+def prepare_home(environ: Mapping[str, str], seed: str) -> str:
+    """Make ``$HOME`` and the directories inside it, copy in what ``seed`` holds; one line for
+    the log saying what happened (a home that cannot be made is said, not fatal)."""
+    home = environ.get("HOME", "")
+    if not os.path.isabs(home) or home == "/":
+        return f"home: HOME is {home or 'not set'}; nothing made"
+    try:
+        os.makedirs(home, mode=0o700, exist_ok=True)
+        copied = _seed(seed, home) if os.path.isdir(seed) else 0
+        for name in DIRECTORIES:
+            inside = environ.get(name, "")
+            if inside.startswith(home.rstrip("/") + "/"):
+                os.makedirs(inside, mode=0o700, exist_ok=True)
+    except OSError as error:
+        return (
+            f"home: {home} cannot be made ({error.strerror}); libraries that keep caches there"
+            " will warn or build them again (docs/contract.md: no writable /tmp)"
+        )
+    return f"home: {home}, {copied} files seeded from {seed}"
+
+
+def _seed(seed: str, home: str) -> int:
+    """Copy every regular file under ``seed`` that the home lacks; how many were copied."""
+    copied = 0
+    for root, _dirs, names in os.walk(seed):
+        target = os.path.join(home, os.path.relpath(root, seed))
+        os.makedirs(target, mode=0o700, exist_ok=True)
+        for name in names:
+            source, destination = os.path.join(root, name), os.path.join(target, name)
+            if os.path.isfile(source) and not os.path.lexists(destination):
+                shutil.copyfile(source, destination)
+                copied += 1
+    return copied
