@@ -38,10 +38,11 @@ def home_env(home: Path) -> dict[str, str]:
     }
 
 
-def started(tmp_path: Path, home: Path, seed: Path) -> ServerProcess:
+def started(tmp_path: Path, home: Path, seed: Path, fallback: str = "") -> ServerProcess:
     workspace = tmp_path / "workspace"
     workspace.mkdir(exist_ok=True)
-    return ServerProcess(workspace, "--home-seed", str(seed), env=home_env(home))
+    flags = ("--home-seed", str(seed), "--home-fallback", fallback)
+    return ServerProcess(workspace, *flags, env=home_env(home))
 
 
 LOOK = """
@@ -97,4 +98,28 @@ def test_a_home_that_cannot_be_made_is_said_and_the_server_still_serves(tmp_path
     finally:
         process.stop()
     assert result["stdout"] == "served\n"
-    assert f"home: {blocked / 'home'} cannot be made (Not a directory)" in process.log.read_text()
+    told = process.log.read_text()
+    assert f"home: {blocked / 'home'} cannot be made (Not a directory); libraries" in told
+
+
+def test_without_a_writable_home_commands_get_the_fallback_seeded(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    fallback = tmp_path / "shm" / "home"
+    process = started(tmp_path, blocked / "home", seed_dir(tmp_path), str(fallback))
+    try:
+        result = Sandbox(process.port, workspace=str(process.workspace)).python(LOOK)
+        env = Sandbox(process.port, workspace=str(process.workspace)).python(
+            "import json, os; print(json.dumps(dict(os.environ)))"
+        )
+    finally:
+        process.stop()
+    assert result["exit_code"] == 0, result["stderr"]
+    assert json.loads(result["stdout"])["files"] == SEEDED
+    seen = json.loads(env["stdout"])
+    assert seen["HOME"] == str(fallback)
+    assert seen["MPLCONFIGDIR"] == f"{fallback}/.config/matplotlib"
+    assert seen["XDG_CACHE_HOME"] == f"{fallback}/.cache"
+    told = process.log.read_text()
+    assert f"cannot be made (Not a directory); commands get HOME={fallback}, 2 files" in told
+    assert list(process.workspace.iterdir()) == []

@@ -103,8 +103,8 @@ def verify_command(
         installed=installed,
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image, retries),
-        strict=strict,
     )
+    report.strict = strict
     if soci := soci_check(image, retries):
         report.checks.append(soci)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())

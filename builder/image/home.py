@@ -25,6 +25,7 @@ import binascii
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import docker
 import docker.errors
@@ -40,7 +41,7 @@ from builder.image.layer import Layer, keep, written
 SEED_FORMAT = "home-seed/1"  # bump when the script, the environment or the tar layout changes
 # What builds a distribution's caches in its home, run once at image-build time (as docker-stacks
 # build matplotlib's font list: import its font manager with the Agg backend).
-SEEDS: Mapping[str, str] = {"matplotlib": "import matplotlib.font_manager"}
+SEEDS: Mapping[str, str] = MappingProxyType({"matplotlib": "import matplotlib.font_manager"})
 MPLCONFIGDIR = f"{HOME}/.config/matplotlib"  # matplotlib's config and cache dir, in the home
 
 # Runs in the assembled image: each seed's code, then every regular file under $HOME (relative

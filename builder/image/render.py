@@ -19,7 +19,7 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from builder.analysis.plan import Plan
-from builder.contract import BYTECODE_BY_STEP, HOME, HOME_SEED, SANDBOX_USER
+from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL, HOME, HOME_SEED, SANDBOX_USER
 from builder.errors import UserError
 from builder.image.extras import LAYER_FILE, ExtrasLayer
 from builder.image.home import SEEDS, distribution_names, home_env, plan_names, seeds_of
@@ -269,14 +269,13 @@ def render(
     labels: Mapping[str, str] | None = None,
     bytecode: Mapping[str, Mapping[str, object]] | None = None,
     timeline: Mapping[str, object] | None = None,
-    compile_step: bool = False,
 ) -> None:
     """Write the build context to `output`, replacing it only once it is complete.
 
     `bytecode`: each arch's bytecode facts (interpreter, modules compiled, sources skipped, the
-    bytes it adds), for report.json; `timeline`: when the steps so far happened, for it too;
-    `compile_step`: the Dockerfile compiles the bytecode (see `dockerfile`), and report.json
-    says so (`bytecode_step`).
+    bytes it adds), for report.json; `timeline`: when the steps so far happened, for it too.
+    When `labels` say no engine compiled the bytecode (BYTECODE_BY_STEP), the Dockerfile
+    compiles it (see `dockerfile`), and report.json says so (`bytecode_step`).
 
     Each arch's extras layers are hard-linked from the cache: no wheel is copied, and a
     rerun gives BuildKit nothing new to hash (it reads the layer files only for a hand build).
@@ -289,6 +288,7 @@ def render(
         raise UserError(f"{output}: cannot write the build context ({error.strerror})") from None
     try:
         stacks = {arch: len(stack) for arch, stack in layers.items()}
+        compile_step = (labels or {}).get(BYTECODE_LABEL) == BYTECODE_BY_STEP
         (staging / "Dockerfile").write_text(
             dockerfile(plan, secrets, labels, stacks, compile_step=compile_step)
         )

@@ -216,8 +216,7 @@ def prepare(
             plan = replace(plan, bytecode=interpreter.build)
             timeline.record("bytecode", fetching)
     labels = dict(finish(plan, request, layers).labels)
-    step = request.bytecode and not request.compiles  # no engine compiled it: the Dockerfile will
-    if step:
+    if request.bytecode and not request.compiles:  # no engine compiled it: the Dockerfile will
         labels[BYTECODE_LABEL] = BYTECODE_BY_STEP
     render(
         plan,
@@ -228,7 +227,6 @@ def prepare(
         labels,
         {arch: one.to_dict() for arch, one in facts.items()},
         timeline.to_dict(),
-        compile_step=step,
     )
     return plan
 

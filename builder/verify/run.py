@@ -55,7 +55,6 @@ def verify_image(
     startup_timeout: float | None = None,
     sdk: bool | None = None,
     sbom: bytes | None = None,
-    strict: bool = False,
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
@@ -79,7 +78,8 @@ def verify_image(
     interpreter, reported otherwise ("none": built without; absent: another tool's image).
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
     holds (every distribution on PYTHONPATH and every dpkg package, both ways).
-    `strict`: a warning (an import that wrote to stderr or stdout) fails the report.
+    A warning (an import that wrote to stderr or stdout) fails the report once it is made
+    `strict` (`verify --strict`).
     """
     own_client = engine is None
     if engine is None:
@@ -88,7 +88,7 @@ def verify_image(
             raise UserError("Docker engine not reachable: verify runs the image on it")
         engine = Engine.local(client)
     name = image.as_written if isinstance(image, ImageRef) else image
-    report = VerifyReport(name, strict=strict)
+    report = VerifyReport(name)
     try:
         if isinstance(image, ImageRef):
             found = local_image(image, engine.client)

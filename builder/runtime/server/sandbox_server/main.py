@@ -94,6 +94,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="caches built into the image, copied into $HOME at start (see home.py)",
     )
     parser.add_argument(
+        "--home-fallback",
+        default=env_default("SANDBOX_HOME_FALLBACK", "/dev/shm/home"),
+        help="the commands' home when $HOME cannot be made (no writable /tmp); empty: none",
+    )
+    parser.add_argument(
         "--spool-dir",
         default=os.environ.get("SANDBOX_SPOOL_DIR"),
         help="where command output is spooled (default: $TMPDIR, /tmp, /var/tmp, else memory)",
@@ -120,7 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.workspace, exist_ok=True)
-    print(prepare_home(os.environ, args.home_seed), file=sys.stderr, flush=True)
+    told = prepare_home(os.environ, args.home_seed, args.home_fallback)
+    print(told, file=sys.stderr, flush=True)
     umask = os.umask(0o022)
     os.umask(umask)
     config = Config(
