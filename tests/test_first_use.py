@@ -10,6 +10,7 @@ example SandboxTemplate mounts it (and once without any writable /tmp).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.images import Built, build, docker
+from support.images import Built, build, docker, run_hardened
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
@@ -248,3 +249,40 @@ def test_without_a_writable_tmp_execute_stays_quiet_and_the_workspace_clean(
             "home: /tmp/home cannot be made (Read-only file system); commands get"
             " HOME=/dev/shm/home, 1 files seeded from /opt/sandbox/home"
         ) in told, told
+
+
+def test_a_no_build_context_builds_an_image_with_the_bytecode_and_the_seed(
+    own_base: str, shared_cache: Path, test_env: dict, package_index: str, tmp_path: Path
+) -> None:
+    (tmp_path / "requirements.txt").write_text("matplotlib\n")
+    context = tmp_path / "context"
+    planned = subprocess.run(
+        [sys.executable, "-m", "builder", "-r", "requirements.txt", "--output", str(context),
+         "--cache-dir", str(shared_cache), "--no-build", "--arch", "amd64"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert "bytecode compiled by the Dockerfile's own step" in planned.stdout
+    tag = f"bsi-e2e/first-use-hand-{uuid.uuid4().hex[:8]}:test"
+    built = subprocess.run(
+        [test_env["docker"], "build", "-q", "--platform", "linux/amd64",
+         "--build-arg", f"BASE_IMAGE={own_base}", "-t", tag, str(context)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "DOCKER_BUILDKIT": "1"},
+    )  # fmt: skip
+    try:
+        assert built.returncode == 0, built.stderr[-3000:]
+        verified = subprocess.run(
+            [sys.executable, "-m", "builder", "verify", tag, "--import", "matplotlib",
+             "--import", "matplotlib.pyplot", "--strict"],
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr
+        lines = verified.stdout.splitlines()
+        bytecode = next(line for line in lines if line.split()[1:2] == ["bytecode"])
+        assert bytecode.startswith("PASS") and "loaded from .pyc" in bytecode, bytecode
+        seed = run_hardened(
+            test_env, tag, "import os; print(os.listdir('/opt/sandbox/home/.config/matplotlib'))"
+        )
+        assert seed.returncode == 0 and "fontlist-v" in seed.stdout, seed.stderr
+    finally:
+        docker(test_env, "rmi", "-f", tag, check=False)
