@@ -167,9 +167,11 @@ def assemble(
     extras: Sequence[ExtrasLayer],
     assembly: Assembly,
     cache: Cache,
+    held: int = 0,
 ) -> Assembled:
     """The system image plus the `extras` layers, loaded into the engine (unless it has
-    it) and tagged.
+    it) and tagged. The engine holds the bottom `held` of them already (in an image it has),
+    so their tars are not sent again.
 
     The exact config needs the system image's, which only its save gives, after a few seconds;
     so the first time, the extras layers are loaded meanwhile under a provisional config
@@ -206,7 +208,7 @@ def assemble(
             ),
         )
         data = canonical(config)
-        image_id = load(client, data, [] if preloading else tars)
+        image_id = load(client, data, [] if preloading else tars[held:])
     finally:  # the final image holds the layers now (or nothing does): the save may have failed
         if preloading and preloading.done() and not preloading.exception():
             client.api.remove_image(preloading.result(), noprune=False)

@@ -239,13 +239,11 @@ class BuildProducer:
             apt_layer=bool(arch_plan.apt_packages),
             env=home_env(plan_names(self.plan)),
         )
-        cache = self.finish.cache
-        built = assemble(engine.client, system, self.finish.layers[arch], assembly, cache)
-        if seeds := seeds_of(names):  # run once to build their caches: a layer above the extras
-            epoch = max(one.layer.source_date_epoch for one in built.extras)
-            layer = seed_layer(engine.client, built.image_id, seeds, epoch, cache)
-            seeded = ExtrasLayer(HOME_SEED, seeds, " ".join(seeds), layer)
-            built = assemble(engine.client, system, (*built.extras, seeded), assembly, cache)
+        built = assemble(
+            engine.client, system, self.finish.layers[arch], assembly, self.finish.cache
+        )
+        if seeds := seeds_of(names):
+            built = self._seeded(engine.client, built, assembly, seeds)
         return Produced(
             arch,
             built.image_id,
@@ -262,6 +260,24 @@ class BuildProducer:
             },
             seconds={"build": built_at - started, "load": time.monotonic() - built_at},
         )
+
+    def _seeded(
+        self,
+        client: docker.DockerClient,
+        built: Assembled,
+        assembly: Assembly,
+        seeds: tuple[str, ...],
+    ) -> Assembled:
+        """`built` run once to build the caches of `seeds` (builder.image.home), assembled
+        again with them as a layer above the extras: only that layer travels to the engine,
+        which holds the others in `built`. `built` stays in the engine untagged (its layers
+        are the new image's), so a rerun finds it and its seed without loading anything."""
+        cache = self.finish.cache
+        epoch = max(one.layer.source_date_epoch for one in built.extras)
+        layer = seed_layer(client, built.image_id, seeds, epoch, cache)
+        seeded = ExtrasLayer(HOME_SEED, seeds, " ".join(seeds), layer)
+        extras = (*built.extras, seeded)
+        return assemble(client, built.system_id, extras, assembly, cache, held=len(built.extras))
 
     def _value(
         self, built: Assembled, target: RepositoryClient, scratch: Path
