@@ -77,6 +77,14 @@ def own_base(test_env: dict, docker_client: Any) -> Iterator[str]:
     docker(test_env, "rmi", "-f", tag, check=False)
 
 
+def noisy_wheel(directory: Path) -> Path:
+    source = f"import sys\nprint({NOISE!r}, file=sys.stderr)\n".encode()
+    return make_wheel(
+        directory, "bsi-noisy", "1.0", "py3-none-any",
+        {"bsi_noisy/__init__.py": source}, top_level=["bsi_noisy"],
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def first_use_image(
     own_base: str,
@@ -86,13 +94,8 @@ def first_use_image(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Built]:
     tmp_path = tmp_path_factory.mktemp("first-use")
-    source = f"import sys\nprint({NOISE!r}, file=sys.stderr)\n".encode()
-    wheel = make_wheel(
-        tmp_path / "wheels", "bsi-noisy", "1.0", "py3-none-any",
-        {"bsi_noisy/__init__.py": source}, top_level=["bsi_noisy"],
-    )  # fmt: skip
     tag = f"bsi-e2e/first-use-{uuid.uuid4().hex[:8]}:test"
-    with serve_wheel(wheel, "bsi-noisy") as port:
+    with serve_wheel(noisy_wheel(tmp_path / "wheels"), "bsi-noisy") as port:
         index = f"--extra-index-url http://127.0.0.1:{port}/simple\n"
         result = build(tmp_path, shared_cache, own_base, index + REQUIREMENTS, tag)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
@@ -168,6 +171,19 @@ def test_the_build_hears_the_noisy_import_and_names_its_distribution(
     checks = first_use_image.report["image"]["verification"]["checks"]
     statuses = {check["name"]: check["status"] for check in checks}
     assert statuses["import bsi_noisy"] == "warn" and statuses["import matplotlib"] == "pass"
+
+
+def test_a_strict_build_fails_on_the_noisy_import(
+    first_use_image: Built, own_base: str, shared_cache: Path, tmp_path: Path
+) -> None:
+    with serve_wheel(noisy_wheel(tmp_path / "wheels"), "bsi-noisy") as port:
+        index = f"--extra-index-url http://127.0.0.1:{port}/simple\n"
+        result = build(
+            tmp_path, shared_cache, own_base, index + REQUIREMENTS, first_use_image.tag, "--strict"
+        )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr
+    assert any(line.startswith("FAIL  import bsi_noisy") for line in result.stdout.splitlines())
+    assert result.stderr.strip().splitlines()[-1].endswith("failed: import bsi_noisy")
 
 
 def test_verify_strict_fails_the_noisy_import(first_use_image: Built) -> None:

@@ -78,6 +78,11 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
     "--no-verify", is_flag=True, help="Do not verify the built image (nor gate a push on it)."
 )
 @click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail verification on a warning too (an import that writes to stderr or stdout).",
+)
+@click.option(
     "--push",
     "push_repository",
     type=Reference("push target", repository=True),
@@ -162,6 +167,7 @@ def main(
     no_build: bool,
     tag: str | None,
     no_verify: bool,
+    strict: bool,
     push_repository: ImageRef | None,
     platform_version: str | None,
     template: Path | None,
@@ -235,7 +241,9 @@ def main(
         click.echo(summary(plan, json.loads((settings.output / "report.json").read_text())))
         click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
 
-    options = BuildOptions(refresh, overrides, with_optional, no_bytecode, not no_verify, tag)
+    options = BuildOptions(
+        refresh, overrides, with_optional, no_bytecode, not no_verify, tag, strict=strict
+    )
     built = build(settings, options, config, client, cache, REPORTER, show_plan)
     if built.outcome is None or built.delivery is None:
         why = "--no-build" if no_build else "no Docker engine reachable"
