@@ -14,6 +14,8 @@
     soci = false                    # optional, as --no-soci: attach no SOCI index (default true)
     without-programs = ["ffmpeg"]   # optional, as --without-program: never install these
                                     # programs' packages (names of programs or of packages)
+    torch-backend = "cpu"           # optional, as --torch-backend: PyTorch's CPU build from
+                                    # its own index (uv's --torch-backend), no CUDA wheels
 
     [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
     arm64 = "ssh://builder@arm64-host"
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
+from builder.analysis.index_options import torch_backend
 from builder.engines.connection import EngineURL
 from builder.engines.per_arch import known_arch
 from builder.errors import UserError
@@ -56,6 +59,7 @@ KNOWN_KEYS = frozenset(
         "engines",
         "sign-key",
         "without-programs",
+        "torch-backend",
     }
 )
 # setting -> BuildKit secret id
@@ -83,6 +87,7 @@ class PipelineConfig:
     sign_key: Path | None = None  # cosign's encrypted key or a PKCS#8 PEM (builder.sign.keys)
     soci: bool = True  # attach a SOCI index (lazy loading) to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
+    torch_backend: str | None = None  # uv's --torch-backend (builder.analysis.index_options)
 
     @property
     def base_image(self) -> ImageRef:
@@ -141,6 +146,7 @@ def load_config(path: Path) -> PipelineConfig:
     without = data.get("without-programs", [])
     if not isinstance(without, list) or not all(isinstance(v, str) and v for v in without):
         raise UserError(f"{path}: 'without-programs' must be a list of program names")
+    backend = text("torch-backend")
     engines = data.get("engines", {})
     if not isinstance(engines, dict) or not all(isinstance(v, str) for v in engines.values()):
         raise UserError(f"{path}: [engines] must map arches to engine URLs")
@@ -170,6 +176,7 @@ def load_config(path: Path) -> PipelineConfig:
         sign_key=here / sign_key if sign_key else None,
         soci=soci,
         without_programs=tuple(without),
+        torch_backend=torch_backend(backend, f"{path}: torch-backend") if backend else None,
     )
 
 
@@ -212,6 +219,7 @@ class RunSettings:
     sign_key: Path | None = None
     soci: bool = True  # attach a SOCI index to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
+    torch_backend: str | None = None  # uv's --torch-backend: PyTorch's own build (cpu)
 
 
 def merge(
@@ -242,6 +250,7 @@ def merge(
         sign_key=flags.sign_key or config.sign_key,
         soci=flags.soci and config.soci,
         without_programs=tuple(dict.fromkeys(config.without_programs + flags.without_programs)),
+        torch_backend=flags.torch_backend or config.torch_backend,
     )
 
 

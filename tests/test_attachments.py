@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -167,6 +168,11 @@ def test_the_sbom_is_valid_and_lists_the_wheel_and_the_apt_package(
     by_name = {c["name"]: c for c in data["components"]}
     gompy = by_name["gompy"]
     assert gompy["hashes"] == [{"alg": "SHA-256", "content": pushed.wheel_sha256}]
+    # not PyPI's: the purl names its index (credentials removed); PyPI's pandas names none
+    assert re.fullmatch(
+        r"pkg:pypi/gompy@1\.0\?repository_url=http://127\.0\.0\.1:\d+/simple", gompy["purl"]
+    )
+    assert INDEX_LOGIN.encode() not in document
     assert {"name": "build-sandbox-image:location", "value": "/app/deps-extra"} in gompy[
         "properties"
     ]
@@ -182,6 +188,7 @@ def test_the_sbom_is_valid_and_lists_the_wheel_and_the_apt_package(
     pandas = by_name["pandas"]  # the base's /app/deps, its wheel as the base's own SBOM says
     (wheel,) = [w for w in chosen_wheels("amd64") if w.name == "pandas"]
     assert pandas["hashes"] == [{"alg": "SHA-256", "content": wheel.file.sha256}]
+    assert pandas["purl"] == f"pkg:pypi/pandas@{wheel.version}"
     assert {"name": "build-sandbox-image:location", "value": "/app/deps"} in pandas["properties"]
 
 

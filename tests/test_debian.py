@@ -112,6 +112,13 @@ def test_foreign_and_unknown_run_time_names(arch: Arch) -> None:
     assert sonames_for_load("libvips.42.dylib", arch) is None
     assert sonames_for_load("msvcrt", arch) is None
     assert sonames_for_load("zzqnosuchlib", arch) == ()
+    for name in ("ucrtbase", "msvcr110", "/System/Library/Frameworks/IOKit.framework/IOKit"):
+        assert sonames_for_load(name, arch) is None  # another OS's names
+    for name in ("codegen/aoti_runtime/interface.cpp", "script.ld"):
+        assert sonames_for_load(name, arch) is None  # no library at all
+    # a dot in a real library's name: Debian's own names win over the suffix rule
+    assert sonames_for_load("MagickWand-7.Q16", arch)[0] == "libMagickWand-7.Q16.so.10"
+    assert sonames_for_load("libpython3.13", arch)[0] == "libpython3.13.so.1"
 
 
 def test_symbol_maxima() -> None:

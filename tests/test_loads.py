@@ -112,6 +112,11 @@ def test_only_candidate_files_are_read() -> None:
     assert worth_reading("pkg/loader.py")
     assert not worth_reading("pkg/tests/test_loader.py")
     assert not worth_reading("pkg/data.json")
+    # sources shipped as data: no import reaches them
+    assert not worth_reading("pkg/third-party/template.py")
+    assert not worth_reading("pkg/examples-1.0/run.py")
+    assert not worth_reading("pkg/1.0.py")
+    assert worth_reading("pkg/_vendor/six.py")
     assert scan_source("pkg/x.py", b"import os\nprint(1)\n") == []
     assert scan_source("pkg/x.py", b"ctypes = (\n") == []  # unparsable: nothing, no crash
 

@@ -52,3 +52,47 @@ def test_library_loaded_directly_is_not_a_plugin(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, [wheel])
     assert plan.apt_packages == ("libgomp1",)
     assert not plan.libraries[0].optional
+
+
+def transport_wheel(tmp_path: Path, directory: str) -> Path:
+    """An extension module linking its host library, and beside that library a transport the
+    host library opens by name (it links libgomp; NVSHMEM's UCX transport links libucx the same
+    way), which no file links."""
+    host = compile_so(tmp_path, SOURCE, "libhost.so.3", soname="libhost.so.3")
+    transport = compile_so(tmp_path, SOURCE, "nvshmem_transport_ucx.so.6", libs=["gomp"])
+    extension = compile_so(
+        tmp_path, SOURCE, "core.so", libs=[":libhost.so.3"], libdirs=[host.parent],
+        rpath=f"$ORIGIN/../{directory.split('/', 1)[1]}",
+    )  # fmt: skip
+    return make_wheel(tmp_path, "nvidia-nvshmem-cu13", "3.0", TAG, {
+        f"nvidia/nvshmem/_core{EXTENSION_SUFFIX}": extension.read_bytes(),
+        f"{directory}/libhost.so.3": host.read_bytes(),
+        f"{directory}/nvshmem_transport_ucx.so.6": transport.read_bytes(),
+    })  # fmt: skip
+
+
+def test_a_plugin_its_library_opens_on_demand_is_optional(tmp_path: Path) -> None:
+    """NVSHMEM's transports (builder/data/gpu.toml's plugins): what they link is optional."""
+    plan = plan_for(tmp_path, [transport_wheel(tmp_path, "nvidia/nvshmem/lib")])
+    assert (plan.apt_packages, plan.optional_packages) == ((), ("libgomp1",))
+    (library,) = plan.libraries
+    assert library.needed_by == (
+        "nvidia-nvshmem-cu13==3.0: nvidia/nvshmem/lib/nvshmem_transport_ucx.so.6",
+    )
+
+
+def test_a_library_no_table_names_is_loaded_for_sure(tmp_path: Path) -> None:
+    """The same shape elsewhere may be a library Python opens through a computed path
+    (torch's libtorch_global_deps.so): its needs stay required."""
+    plan = plan_for(tmp_path, [transport_wheel(tmp_path, "nvidia/other/lib")])
+    assert (plan.apt_packages, plan.optional_packages) == (("libgomp1",), ())
+
+
+def test_an_extension_named_like_a_library_is_an_extension(tmp_path: Path) -> None:
+    """pyarrow's core module is `pyarrow/lib.cpython-313-….so`: what it links is required even
+    beside a plugin directory's files."""
+    extension = compile_so(tmp_path, SOURCE, "lib.so", libs=["gomp"])
+    wheel = make_wheel(tmp_path, "arrowish", "1.0", TAG, {
+        f"arrowish/plugins/lib{EXTENSION_SUFFIX}": extension.read_bytes(),
+    })  # fmt: skip
+    assert plan_for(tmp_path, [wheel]).apt_packages == ("libgomp1",)

@@ -1,20 +1,23 @@
-"""On the engine: an override drops xgboost's GPU-only NCCL runtime, and the image still works.
+"""On the engine: the plan's own advice drops xgboost's GPU-only NCCL runtime, and the image
+still works.
 
 xgboost's Linux wheels depend on `nvidia-nccl-cu13` (hundreds of MB that do nothing without a
-GPU). The operator's way out is a uv override; the image built with it must lack the library,
-stop warning about it, pass verify and train a model when run hardened (XGBClassifier is
-xgboost's scikit-learn API, so scikit-learn is requested too).
+GPU). The plan's GPU warning offers a uv override for it (nothing in the set links NCCL); the
+test takes the override lines from that warning, and the image built with them must lack the
+library, stop warning about it, pass verify and train a model when run hardened (XGBClassifier
+is xgboost's scikit-learn API, so scikit-learn is requested too).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from support.images import build, docker, run_hardened
 
-from builder.analysis.sizes import is_gpu_only
+from builder.analysis.gpu import is_gpu_only
 
 pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 
@@ -30,8 +33,16 @@ TRAIN = (
 def test_override_drops_gpu_dependency_and_image_verifies(
     tmp_path: Path, reference_image: str, test_env: dict
 ) -> None:
+    planned = build(
+        tmp_path, tmp_path / "cache", reference_image, "xgboost\nscikit-learn\n", "unused",
+        "--arch", "amd64", "--no-build",
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    (warning,) = [line for line in planned.stderr.splitlines() if "only works on a GPU" in line]
+    advice = re.findall(r"`([^`]+ ; python_version < '0')`", warning)
+    assert advice == [f"{GPU_DEPENDENCY} ; python_version < '0'"], warning
     overrides = tmp_path / "overrides.txt"
-    overrides.write_text(f"{GPU_DEPENDENCY} ; python_version < '0'\n")
+    overrides.write_text("".join(f"{line}\n" for line in advice))
     tag = "bsi-e2e/xgboost-cpu:test"
     result = build(
         tmp_path, tmp_path / "cache", reference_image, "xgboost\nscikit-learn\n", tag,

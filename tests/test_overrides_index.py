@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from support.plans import reference_profile
 
+from builder.analysis.gpu import is_gpu_only
 from builder.analysis.requirements import read_requirements
 from builder.analysis.resolve import resolve
-from builder.analysis.sizes import is_gpu_only
 from builder.analysis.target import ARCHES, Target
 from builder.cache import Cache
 

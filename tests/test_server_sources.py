@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.sandboxserver import NamespacedServer, ServerProcess, health_limit
+from support.sandboxserver import NamespacedServer, ServerProcess, health_limit, processes_with
 
 from builder.verify.starve import ATTACK
 
@@ -97,6 +97,18 @@ def namespaced(base: Path) -> Iterator[NamespacedServer]:
         assert server.stop() == 0
 
 
+def once_refused(server: NamespacedServer, source: str, request: bytes) -> tuple[int, bytes, float]:
+    """`ask` until the server answers 503, once it has taken the connections just opened (it
+    accepts them on its own thread: no fixed wait is long enough on a loaded machine); the
+    last answer, with how long that one took."""
+    deadline = time.monotonic() + 20
+    while True:
+        status, head, seconds = ask(server, source, request)
+        if status == 503 or time.monotonic() > deadline:
+            return status, head, seconds
+        time.sleep(0.05)
+
+
 def test_a_starve_from_loopback_leaves_the_outside_served_and_no_slot_held(
     namespaced: NamespacedServer, tmp_path: Path
 ) -> None:
@@ -145,8 +157,7 @@ def test_one_outside_source_over_its_share_gets_503_at_once_another_is_served(
     first, second = server.sources
     held = [server.connect_from(first) for _ in range(4)]
     try:
-        time.sleep(0.2)
-        status, head, seconds = ask(server, first, FULL_REQUEST)
+        status, head, seconds = once_refused(server, first, FULL_REQUEST)
         assert (status, seconds < 0.5) == (503, True), (head, seconds)
         assert b"\r\nRetry-After: 1\r\n" in head
         assert ask(server, second, FULL_REQUEST)[0] == 200
@@ -165,14 +176,18 @@ def test_one_outside_source_over_its_share_gets_503_at_once_another_is_served(
 def test_one_source_over_its_command_share_gets_503_another_runs(base: Path) -> None:
     server = NamespacedServer(base, "--max-executes-per-source", "2")
     first, second = server.sources
+    marked = "3.0173"  # a sleep no other test runs: its processes say the share is taken
     sleepers = [
-        threading.Thread(target=execute_from, args=(server, first, ["sleep", "3"]), daemon=True)
+        threading.Thread(target=execute_from, args=(server, first, ["sleep", marked]), daemon=True)
         for _ in range(2)
     ]
     try:
         for thread in sleepers:
             thread.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30  # both commands running: wait for that, not a time
+        while len(processes_with(marked)) < 2:
+            assert time.monotonic() < deadline, "the two sleepers did not start"
+            time.sleep(0.02)
         started = time.monotonic()
         status, head = execute_from(server, first, ["true"])
         assert (status, time.monotonic() - started < 0.5) == (503, True), head
@@ -192,9 +207,8 @@ def test_health_beyond_the_connection_limit_is_answered_and_says_why_not_ok(
     first, second = server.sources
     held = [server.connect_from(second) for _ in range(4)]
     try:
-        time.sleep(0.2)
         limit = health_limit()
-        status, head, seconds = ask(server, first, HEALTH_REQUEST)
+        status, head, seconds = once_refused(server, first, HEALTH_REQUEST)
         assert (status, seconds < limit) == (503, True), (head, seconds, limit)
         answer = whole_answer(server, first, HEALTH_REQUEST)
         body = json.loads(answer.partition(b"\r\n\r\n")[2])

@@ -101,13 +101,20 @@ def test_resolution_notes_come_only_with_a_held_back_version(
     requirements = read_requirements((requirements_file,), ())
     asked = []
 
-    def via() -> dict[str, tuple[str, ...]]:
+    def annotations() -> str:  # uv's annotated output, asked for only when needed
         asked.append(True)
-        return parse_via(UV_OUTPUT)
+        return UV_OUTPUT
 
     def fresher(packages: list[LockedPackage]) -> list[str]:
         warnings, rebuilt = resolve_module._fresher_sources(
-            packages, requirements, TARGET, AMD64, Cache(tmp_path / "c"), tmp_path, via, None
+            packages,
+            requirements,
+            TARGET,
+            AMD64,
+            Cache(tmp_path / "c"),
+            tmp_path,
+            annotations,
+            None,
         )
         assert rebuilt == []
         return warnings

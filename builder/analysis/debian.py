@@ -24,7 +24,14 @@ from packaging.version import InvalidVersion
 from builder.analysis.target import Arch
 
 _DATA = resources.files("builder.data")
-_FOREIGN = re.compile(r"\.(dll|dylib|framework)$|\\", re.I)  # another OS's library names
+# Another OS's library names: Windows and macOS suffixes, a backslash, macOS system paths.
+_FOREIGN = re.compile(
+    r"\.(dll|dylib|framework)$|\\|^/(System|Library)/|\.framework/|^(ucrtbase|vcruntime\d*|msvc[rp]\d*)$",
+    re.I,
+)
+# A file name whose suffix is a word other than `so` (`interface.cpp`, `script.ld`) is no
+# library, whatever the code does with it, unless Debian ships one so named (MagickWand-7.Q16).
+_NOT_A_LIBRARY = re.compile(r"\.(?!so$)[A-Za-z]\w*$")
 # Windows and macOS system libraries code names without a suffix in its other-OS branches.
 _FOREIGN_NAMES = frozenset(
     [
@@ -326,6 +333,8 @@ def sonames_for_load(name: str, arch: Arch) -> tuple[str, ...] | None:
     """The sonames a run-time load of `name` can open on Debian, best first; None for a name
     only another OS uses. `libX.so.N` is itself; `X`, `libX` and `libX.so` are what
     `ctypes.util.find_library("X")` (and cffi's dlopen of a bare name) would find."""
+    if _FOREIGN.search(name):
+        return None
     name = name.rsplit("/", 1)[-1]
     if not name or _FOREIGN.search(name) or name.lower() in _FOREIGN_NAMES:
         return None
@@ -336,7 +345,21 @@ def sonames_for_load(name: str, arch: Arch) -> tuple[str, ...] | None:
     stems = [f"{bare}.so", f"lib{bare}.so"]
     if not bare.startswith("lib"):
         stems.reverse()
-    return next((found for stem in stems if (found := _versions_of(stem, arch))), ())
+    found = next((found for stem in stems if (found := _versions_of(stem, arch))), ())
+    if not found and _NOT_A_LIBRARY.search(name):
+        return None  # `interface.cpp`, `script.ld`: not what MagickWand-7.Q16 is
+    return found
+
+
+def library_stems(name: str) -> frozenset[str]:
+    """The unversioned file names (`libX.so`) a load of `name` may open: what matches a library
+    the wheel set ships as `libX.so.N` (a load of `cudart` finds the CUDA wheel's libcudart)."""
+    name = name.rsplit("/", 1)[-1]
+    match = _VERSIONED.fullmatch(name)
+    if match:
+        return frozenset([match["stem"]])
+    bare = name.removeprefix("lib")
+    return frozenset([f"lib{bare}.so", f"{name}.so"])
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

@@ -83,11 +83,16 @@ def mentions_loader(source: bytes) -> bool:
 
 
 def worth_reading(path: str) -> bool:
-    """A .py file outside test directories: the code the sandbox may run."""
+    """A .py file an import can reach outside test directories: the code the sandbox may run.
+    Sources shipped as data (a template under `third-party/`, a module named `1.0.py`) are no
+    module: every part of the path must be a name `import` can spell."""
     parts = path.split("/")
     if not path.endswith(".py") or SKIPPED_DIRS.intersection(parts[:-1]):
         return False
-    return parts[-1].removesuffix(".py") not in {"conftest", "setup"}
+    module = parts[-1].removesuffix(".py")
+    if not all(part.isidentifier() for part in [*parts[:-1], module]):
+        return False
+    return module not in {"conftest", "setup"}
 
 
 def module_name(path: str) -> str:

@@ -11,15 +11,28 @@ import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
 
-from builder.analysis.debian import package_for, sonames_for_load, split_symbol_version
+from builder.analysis.debian import (
+    library_stems,
+    package_for,
+    sonames_for_load,
+    split_symbol_version,
+)
 from builder.analysis.elf import ElfFile
+from builder.analysis.gpu import (
+    DriverLibrary,
+    accelerator_only,
+    driver_library,
+    on_demand_plugin,
+)
 from builder.analysis.target import ARCHES, Arch
 from builder.analysis.wheels import WheelInspection
 
 ORIGIN_TOKENS = ("${ORIGIN}", "$ORIGIN")
 KERNEL_PROVIDED = ("linux-vdso", "linux-gate")  # mapped by the kernel, never a file
+_VERSIONED_NAME = re.compile(r".+\.so(\.\d+)+")  # libssl.so.3: one soname, not any version
 LOADER_MACHINES = MappingProxyType({arch.loader: arch.machine for arch in ARCHES.values()})
 
 # How a DT_NEEDED entry is satisfied.
@@ -52,6 +65,7 @@ class LoadNeed:
     package: str
     needed_by: tuple[str, ...]  # "dist==version: path.py:line", sorted
     optional: bool = False  # every site that loads it carries on without it
+    reason: str = ""  # why it is optional when no guard says so (another accelerator's path)
 
 
 @dataclass(frozen=True)
@@ -136,17 +150,27 @@ def resolve_needs(
 
 
 def _is_extension(path: str) -> bool:
-    """Python can import it: `name.so`, `name.cpython-313-….so` or `name.abi3.so`."""
+    """Python can import it: `name.cpython-313-….so` or `name.abi3.so` (pyarrow's
+    `lib.cpython-313-x86_64-linux-gnu.so` too), or a plain `name.so` not named like a library."""
     name = posixpath.basename(path)
-    return bool(EXTENSION_NAME.fullmatch(name)) and not name.startswith("lib")
+    match = EXTENSION_NAME.fullmatch(name)
+    if match is None:
+        return False
+    return bool(match.group(1)) or not name.startswith("lib")
 
 
 def optional_files(
     wheels: Sequence[WheelInspection], resolutions: Sequence[NeedSource], machine: str | None
 ) -> frozenset[str]:
-    """Labels of files nothing loads unless asked: plugins no file links and Python cannot
-    import, and what only they link. Everything else is reachable from an extension module
-    or a library loaded directly (ctypes)."""
+    """Labels of files nothing loads unless asked, and what only they link.
+
+    Loaded on demand: plugins under a `plugins/` directory that no file links and Python cannot
+    import (Qt's platform plugins), and the libraries a package's own native code opens by name
+    only when asked (builder/data/gpu.toml's `plugins`: NVSHMEM's transports, cuFile's RDMA
+    plugin), each with its reason. Every other file is reachable from an extension module or
+    loaded directly: a library no file links may be opened by Python through a computed path
+    (lightgbm's `lib_lightgbm.so`, torch's `libtorch_global_deps.so`), so it counts as loaded.
+    """
     files = dict(_files(wheels, machine))
     label_of = {elf.path: label for label, elf in files.items()}
     edges: dict[str, set[str]] = {}
@@ -157,15 +181,26 @@ def optional_files(
     roots = [
         label
         for label, elf in files.items()
-        if _is_extension(elf.path) or (label not in linked and not PLUGIN_DIR.search(elf.path))
+        if _is_extension(elf.path)
+        or (
+            label not in linked
+            and not PLUGIN_DIR.search(elf.path)
+            and on_demand_plugin(elf.path) is None
+        )
     ]
+    return frozenset(files) - _reach(roots, edges)
+
+
+def _reach(roots: Sequence[str], edges: Mapping[str, set[str]]) -> set[str]:
+    """Every label `roots` reach through DT_NEEDED, themselves included."""
     reached: set[str] = set()
-    while roots:
-        label = roots.pop()
+    pending = list(roots)
+    while pending:
+        label = pending.pop()
         if label not in reached:
             reached.add(label)
-            roots += edges.get(label, ())
-    return frozenset(files) - reached
+            pending += edges.get(label, ())
+    return reached
 
 
 def external_needs(
@@ -185,50 +220,174 @@ def external_needs(
     )
 
 
+@dataclass(frozen=True)
+class NodeNeed:
+    """A library of the NVIDIA driver's the set's code loads: the GPU node provides it."""
+
+    driver: DriverLibrary
+    soname: str
+    needed_by: tuple[str, ...]  # "dist==version: path.py:line", sorted
+
+
+@dataclass(frozen=True)
+class Loads:
+    """What the set's Python code loads by name: libraries Debian packages provide (or none,
+    for another accelerator's runtime), libraries the GPU node provides (the NVIDIA driver's),
+    and a warning for each name nothing provides."""
+
+    needs: tuple[LoadNeed, ...]
+    node: tuple[NodeNeed, ...]
+    warnings: tuple[str, ...]
+
+
+class LoadKind(Enum):
+    """Who answers one load site of the set's Python code."""
+
+    DEBIAN = "a Debian package"
+    GPU_NODE = "the GPU node"
+    ACCELERATOR = "another accelerator's runtime"
+    NOBODY = "nobody"
+
+
+@dataclass(frozen=True)
+class SiteAnswer:
+    kind: LoadKind
+    soname: str = ""
+    package: str = ""  # DEBIAN, or ACCELERATOR when Debian ships that runtime
+    reason: str = ""  # ACCELERATOR: why only that accelerator's path loads it
+    driver: DriverLibrary | None = None  # GPU_NODE: which of the driver's libraries
+
+
 def load_needs(
     wheels: Sequence[WheelInspection], provided_by_base: frozenset[str], arch: Arch
-) -> tuple[tuple[LoadNeed, ...], tuple[str, ...]]:
+) -> Loads:
     """Libraries the set's Python code loads by name (ctypes/cffi) that the base and the set
-    do not ship, as Debian packages; and a warning for each name Debian has no library for.
+    do not ship, as Debian packages or the GPU node's; and a warning for each name Debian has
+    no library for.
 
-    A load site lists candidates tried in turn: the first one the system can satisfy counts;
-    names only another OS uses (`.dll`, `.dylib`) are ignored. A library only loaded where
-    the code carries on without it is optional.
+    A load site lists candidates tried in turn: a site any candidate of which the set or the
+    base satisfies needs nothing (an unversioned `cudart` beside the CUDA wheel's
+    libcudart.so.13 too); else the first candidate that Debian, the GPU node or another
+    accelerator answers decides. Names only another OS uses are ignored. A library only loaded
+    where the code carries on without it is optional; so is one only another accelerator's
+    path loads (AMD's HIP, Intel's Level Zero), with that reason.
     """
     shipped = {name for _, elf in _files(wheels, arch.machine) for name in _names(elf)}
+    present = shipped | provided_by_base
+    present_stems = {stem for name in present for stem in library_stems(name)}
     needs: dict[tuple[str, str], dict[str, bool]] = {}  # -> label -> optional
+    reasons: dict[tuple[str, str], str] = {}
+    node: dict[str, tuple[DriverLibrary, set[str]]] = {}
     warnings = []
     for wheel in wheels:
         for site in wheel.loads:
             label = f"{wheel.pin}: {site.where}"
-            options = [(name, sonames_for_load(name, arch)) for name in site.names]
-            linux = [(name, sonames) for name, sonames in options if sonames is not None]
-            if not linux or any(
-                posixpath.basename(name) in shipped or set(sonames) & (shipped | provided_by_base)
-                for name, sonames in linux
-            ):
+            linux = _linux_candidates(site.names, arch)
+            if not linux or _satisfied(linux, present, present_stems):
                 continue
-            found = next(
-                (
-                    (sonames[0], package)
-                    for _, sonames in linux
-                    if sonames
-                    if (package := package_for(sonames[0], arch))
-                ),
-                None,
-            )
-            if found is None:
+            answer = _answer(linux, arch)
+            key = (answer.soname, answer.package)
+            if answer.kind is LoadKind.GPU_NODE and answer.driver:
+                node.setdefault(answer.soname, (answer.driver, set()))[1].add(label)
+            elif answer.kind is LoadKind.ACCELERATOR:
+                needs.setdefault(key, {})[label] = True
+                reasons[key] = answer.reason
+            elif answer.kind is LoadKind.DEBIAN:
+                needs.setdefault(key, {})[label] = site.optional
+            else:
                 names = " or ".join(name for name, _ in linux)
                 warnings.append(
                     f"warning: {label} loads {names} at run time; no Debian 13 package"
                     f" provides it for {arch.name}"
                 )
-            else:
-                needs.setdefault(found, {})[label] = site.optional
-    return tuple(
-        LoadNeed(soname, package, tuple(sorted(labels)), all(labels.values()))
-        for (soname, package), labels in sorted(needs.items())
-    ), tuple(warnings)
+    return Loads(
+        needs=tuple(_load_need(key, by, reasons) for key, by in sorted(needs.items())),
+        node=tuple(
+            NodeNeed(driver, name, tuple(sorted(by))) for name, (driver, by) in sorted(node.items())
+        ),
+        warnings=tuple(warnings),
+    )
+
+
+def _load_need(
+    key: tuple[str, str], by: Mapping[str, bool], reasons: Mapping[tuple[str, str], str]
+) -> LoadNeed:
+    """One library's load sites as a need: optional when every site is, with the reason only
+    then (a site that needs it for sure makes another site's accelerator reason moot)."""
+    optional = all(by.values())
+    soname, package = key
+    reason = reasons.get(key, "") if optional else ""
+    return LoadNeed(soname, package, tuple(sorted(by)), optional, reason)
+
+
+def _linux_candidates(names: Sequence[str], arch: Arch) -> list[tuple[str, tuple[str, ...]]]:
+    """A load site's candidate names Linux can open, each with the Debian sonames it may be."""
+    options = [(name, sonames_for_load(name, arch)) for name in names]
+    return [(name, sonames) for name, sonames in options if sonames is not None]
+
+
+def _satisfied(
+    linux: Sequence[tuple[str, tuple[str, ...]]], present: set[str], stems: set[str]
+) -> bool:
+    """Some candidate is a file or soname the set or the base already has. A versioned name
+    (`libssl.so.3`) wants that very soname; an unversioned one (`cudart`, `libcudart.so`) any
+    version, as the package's own path logic or the loader would find it."""
+    return any(
+        posixpath.basename(name) in present
+        or set(sonames) & present
+        or (not _VERSIONED_NAME.fullmatch(posixpath.basename(name)) and library_stems(name) & stems)
+        for name, sonames in linux
+    )
+
+
+def _answer(linux: Sequence[tuple[str, tuple[str, ...]]], arch: Arch) -> SiteAnswer:
+    """Who answers a load site the set does not satisfy: its candidates in order, the first
+    that Debian ships, the GPU node provides or another accelerator's path alone loads."""
+    for name, sonames in linux:
+        base = posixpath.basename(name)
+        if driver := driver_library(base):
+            return SiteAnswer(LoadKind.GPU_NODE, base, driver=driver)
+        reason = accelerator_only(base)
+        if found := _debian_library([(name, sonames)], arch):
+            kind = LoadKind.ACCELERATOR if reason else LoadKind.DEBIAN
+            return SiteAnswer(kind, found[0], found[1], reason or "")
+        if reason:
+            return SiteAnswer(LoadKind.ACCELERATOR, base, "", reason)
+    return SiteAnswer(LoadKind.NOBODY)
+
+
+def _debian_library(
+    linux: Sequence[tuple[str, tuple[str, ...]]], arch: Arch
+) -> tuple[str, str] | None:
+    """The first candidate Debian ships: its soname and package."""
+    return next(
+        (
+            (sonames[0], package)
+            for _, sonames in linux
+            if sonames
+            if (package := package_for(sonames[0], arch))
+        ),
+        None,
+    )
+
+
+def link_edges(
+    wheels: Sequence[WheelInspection], provided_by_base: frozenset[str], loader: str
+) -> frozenset[tuple[str, str]]:
+    """(linker, provider) distribution names where a file of one links (DT_NEEDED) a file of
+    another: dropping the provider breaks the loader wherever the linker's file is loaded."""
+    owner = {
+        elf.path: wheel.name
+        for wheel in wheels
+        for elf in wheel.elf_files
+        if elf.machine == LOADER_MACHINES.get(loader)
+    }
+    return frozenset(
+        (linker, owner[need.provider])
+        for need in resolve_needs(wheels, provided_by_base, loader)
+        if need.provider in owner
+        and (linker := need.path.partition("==")[0]) != owner[need.provider]
+    )
 
 
 def _newer(wanted: tuple[int, ...], maximum: tuple[int, ...]) -> bool:

@@ -8,16 +8,29 @@ a symbol newer than trixie's) is raised here, before any build.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 
 from packaging.utils import parse_wheel_filename
 
 from builder.analysis import debian
+from builder.analysis.gpu import (
+    DriverLibrary,
+    GpuWeight,
+    driver_library,
+    gpu_weight,
+    weight_warnings,
+)
 from builder.analysis.index import RemoteFile, redact
-from builder.analysis.natives import external_needs, load_needs, symbol_problems
+from builder.analysis.natives import (
+    external_needs,
+    link_edges,
+    load_needs,
+    symbol_problems,
+)
 from builder.analysis.program_needs import ProgramNeed, program_needs
 from builder.analysis.resolve import LockedPackage, Resolution
-from builder.analysis.sizes import gpu_warnings, size_figures
+from builder.analysis.sizes import size_figures
 from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
 from builder.analysis.wheels import WheelInspection
 from builder.contract import DEPS_EXTRA
@@ -25,6 +38,13 @@ from builder.errors import UserError
 from builder.oci.name import ImageRef
 
 EXTRA_DEPS = DEPS_EXTRA  # what the extension installs into, appended to PYTHONPATH
+
+
+class How(StrEnum):
+    """How the code reaches a native library (report.json says the value)."""
+
+    LINKED = "linked"  # DT_NEEDED of an ELF file
+    LOADED = "loaded at run time"  # ctypes / cffi from Python code
 
 
 @dataclass(frozen=True)
@@ -39,6 +59,7 @@ class PlannedWheel:
     size: int = 0  # download, bytes
     installed_size: int = 0  # unpacked, bytes
     newest: int = 0  # the newest date inside the wheel (WheelInspection.newest)
+    index: str = ""  # the index it came from, credentials removed (builder.analysis.origins)
 
 
 @dataclass(frozen=True)
@@ -46,8 +67,9 @@ class NativeLibrary:
     soname: str
     package: str
     needed_by: tuple[str, ...]
-    how: str  # "linked" (DT_NEEDED) or "loaded at run time" (ctypes/cffi)
+    how: How
     optional: bool = False  # only on-demand plugins or guarded loads need it: on request
+    reason: str = ""  # why it is optional when no guard or plugin says so
 
 
 @dataclass(frozen=True)
@@ -62,6 +84,8 @@ class ArchPlan:
     warnings: tuple[str, ...] = ()
     programs: tuple[ProgramNeed, ...] = ()  # programs the code runs, and their packages
     apt_size: int | None = None  # bytes the apt stage adds (Installed-Size); None: unknown
+    gpu_node: tuple[NodeLibrary, ...] = ()  # the NVIDIA driver's: the GPU node provides them
+    gpu_weight: GpuWeight | None = None  # GPU-only distributions, also one of `warnings`
 
     def installed_programs(self) -> tuple[ProgramNeed, ...]:
         """The programs this arch's image carries (what verification runs), and those left
@@ -88,8 +112,12 @@ class Plan:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """Every arch's warnings, once each, for stderr."""
-        return tuple(dict.fromkeys(line for arch in self.arches for line in arch.warnings))
+        """Every arch's warnings, once each, for stderr; the GPU weight once for the arches it
+        holds for, each arch's bytes named."""
+        weights = [arch.gpu_weight for arch in self.arches if arch.gpu_weight]
+        own = {line for weight in weights for line in weight_warnings([weight])}
+        lines = [line for arch in self.arches for line in arch.warnings if line not in own]
+        return tuple(dict.fromkeys([*lines, *weight_warnings(weights)]))
 
     def to_dict(self) -> dict:
         """The report.json shape; `architectures.<arch>.packages` lists what gets installed."""
@@ -116,6 +144,7 @@ class Plan:
                         for need in arch.programs
                     ],
                     "provided_by_base": list(arch.provided_by_base),
+                    "provided_by_gpu_node": [asdict(lib) for lib in arch.gpu_node],
                     "built_from_source": list(arch.built_from_source),
                     "warnings": list(arch.warnings),
                 }
@@ -146,6 +175,18 @@ def choose_wheel(
     return best[1], best[2]
 
 
+@dataclass(frozen=True)
+class NodeLibrary:
+    """A library the GPU node provides, never the image: the NVIDIA driver's own, which the
+    container toolkit mounts for the capability named (builder/data/gpu.toml)."""
+
+    soname: str
+    needed_by: tuple[str, ...]
+    how: How
+    capability: str  # NVIDIA_DRIVER_CAPABILITIES that mounts it: compute, utility, …
+    reason: str
+
+
 def plan_arch(
     resolution: Resolution,
     chosen: Mapping[str, tuple[RemoteFile, str]],
@@ -159,9 +200,51 @@ def plan_arch(
 
     Needs only plugins loaded on demand have (and programs only side features run) are listed
     but installed only `with_optional`; `without_programs` (program or package names) are
-    never installed.
+    never installed. The NVIDIA driver's libraries are the GPU node's, never installed.
     """
     arch = resolution.arch
+    wheels = _planned_wheels(resolution, chosen, inspections)
+    inspected = [inspections[w.sha256] for w in wheels]
+    _refuse_too_new_symbols(inspected, arch)
+    base_sonames = target.base.sonames.get(arch.name, frozenset())
+    libraries, node, warnings = _native_libraries(inspected, base_sonames, arch)
+    libraries += _tabled_libraries(wheels, base_sonames, arch)
+    requires = {inspection.name: inspection.requires for inspection in inspected}
+    links = link_edges(inspected, base_sonames, arch.loader)
+    weight = gpu_weight(arch.name, wheels, requires, links)
+    gpu = weight_warnings([weight]) if weight else []
+    base_packages = target.base.packages.get(arch.name, frozenset())
+    programs, program_warnings = program_needs(inspected, base_packages, arch, without_programs)
+    kept = [need for need in programs if not need.left_out]
+    _refuse_unshipped_programs(kept, arch)
+    required = {lib.package for lib in libraries if not lib.optional} - base_packages
+    required |= {run.package for run in kept if run.package and not run.optional}
+    optional = {lib.package for lib in libraries if lib.optional and lib.package}
+    optional -= base_packages | required
+    optional |= {run.package for run in kept if run.package and run.optional} - required
+    installed = tuple(sorted(required | optional if with_optional else required))
+    return ArchPlan(
+        arch=arch.name,
+        wheels=tuple(wheels),
+        libraries=tuple(sorted(libraries, key=lambda lib: (lib.package, lib.soname))),
+        apt_packages=installed,
+        provided_by_base=resolution.provided_by_base,
+        built_from_source=resolution.built_from_source,
+        optional_packages=tuple(sorted(optional)),
+        warnings=tuple(dict.fromkeys([*resolution.warnings, *warnings, *gpu, *program_warnings])),
+        programs=programs,
+        apt_size=debian.added_size(installed, base_packages, arch),
+        gpu_node=node,
+        gpu_weight=weight,
+    )
+
+
+def _planned_wheels(
+    resolution: Resolution,
+    chosen: Mapping[str, tuple[RemoteFile, str]],
+    inspections: Mapping[str, WheelInspection],
+) -> list[PlannedWheel]:
+    """Each locked distribution's chosen wheel, with what its inspection found."""
     wheels = []
     for package in resolution.packages:
         file, tag = chosen[package.name]
@@ -178,9 +261,14 @@ def plan_arch(
                 size=inspection.size,
                 installed_size=inspection.installed_size,
                 newest=inspection.newest,
+                index=package.index,
             )
         )
-    inspected = [inspections[w.sha256] for w in wheels]
+    return wheels
+
+
+def _refuse_too_new_symbols(inspected: Sequence[WheelInspection], arch: Arch) -> None:
+    """A symbol version newer than trixie's libraries define fails at load: refuse it now."""
     problems = symbol_problems(inspected, debian.symbol_maxima())
     if problems:
         first = problems[0]
@@ -188,10 +276,25 @@ def plan_arch(
             f"{first.path} needs {first.version} from {first.library}, newer than Debian 13"
             f" provides ({first.maximum}) on {arch.name}"
         )
-    base_sonames = target.base.sonames.get(arch.name, frozenset())
-    warnings = [*resolution.warnings]
-    libraries = []
+
+
+def _native_libraries(
+    inspected: Sequence[WheelInspection], base_sonames: frozenset[str], arch: Arch
+) -> tuple[list[NativeLibrary], tuple[NodeLibrary, ...], list[str]]:
+    """Linked and run-time loaded libraries → Debian packages; the GPU node's libraries apart;
+    warnings for optional and loaded names Debian lacks. Raises on a required library Debian
+    does not ship."""
+    libraries, node, warnings = [], [], []
     for need in external_needs(inspected, base_sonames, arch.loader):
+        if driver := driver_library(need.soname):
+            node.append(_node_library(need.soname, need.needed_by, How.LINKED, driver))
+            if not need.optional:
+                warnings.append(
+                    f"warning: {need.needed_by[0]} links {need.soname}, the NVIDIA driver's:"
+                    " what loads it works only on a GPU node (on a CPU node, verification"
+                    " fails there)"
+                )
+            continue
         found = debian.package_for(need.soname, arch) if need.optional else None
         if need.optional and found is None:
             warnings.append(
@@ -201,17 +304,51 @@ def plan_arch(
             continue
         apt = found or _package(need.soname, need.needed_by[0], arch)
         libraries.append(
-            NativeLibrary(need.soname, apt, need.needed_by, "linked", optional=need.optional)
+            NativeLibrary(need.soname, apt, need.needed_by, How.LINKED, optional=need.optional)
         )
-    loaded, unmapped = load_needs(inspected, base_sonames, arch)
-    warnings += unmapped
+    loads = load_needs(inspected, base_sonames, arch)
+    warnings += loads.warnings
     libraries += [
         NativeLibrary(
-            need.soname, need.package, need.needed_by, "loaded at run time", need.optional
+            need.soname,
+            need.package,
+            need.needed_by,
+            How.LOADED,
+            need.optional,
+            need.reason,
         )
-        for need in loaded
+        for need in loads.needs
     ]
+    node += [_node_library(n.soname, n.needed_by, How.LOADED, n.driver) for n in loads.node]
+    return libraries, _merged(node), warnings
+
+
+def _node_library(
+    soname: str, needed_by: tuple[str, ...], how: How, driver: DriverLibrary
+) -> NodeLibrary:
+    """The plan's record of one driver library, with the capability that mounts it."""
+    return NodeLibrary(soname, needed_by, how, driver.capability, driver.reason)
+
+
+def _merged(node: Sequence[NodeLibrary]) -> tuple[NodeLibrary, ...]:
+    """One record a soname: linked wins over loaded, the files that need it together."""
+    by_soname: dict[str, NodeLibrary] = {}
+    for library in sorted(node, key=lambda lib: (lib.soname, lib.how is not How.LINKED)):
+        if (kept := by_soname.get(library.soname)) is None:
+            by_soname[library.soname] = library
+        else:
+            needed_by = tuple(sorted({*kept.needed_by, *library.needed_by}))
+            by_soname[library.soname] = replace(kept, needed_by=needed_by)
+    return tuple(by_soname.values())
+
+
+def _tabled_libraries(
+    wheels: Sequence[PlannedWheel], base_sonames: frozenset[str], arch: Arch
+) -> list[NativeLibrary]:
+    """What the curated run-time loading table (builder/data/ctypes.toml) says a distribution
+    loads by names its code computes."""
     tabled = debian.dynamic_loads()
+    libraries = []
     for wheel in wheels:
         entry = tabled.get(wheel.name)
         if entry is None:
@@ -220,40 +357,22 @@ def plan_arch(
         for soname in entry.sonames:
             if soname not in base_sonames:
                 libraries.append(
-                    NativeLibrary(soname, _package(soname, by[0], arch), by, "loaded at run time")
+                    NativeLibrary(soname, _package(soname, by[0], arch), by, How.LOADED)
                 )
-        libraries += [
-            NativeLibrary("", package, by, "loaded at run time") for package in entry.packages
-        ]
-    warnings += gpu_warnings(wheels)
-    base_packages = target.base.packages.get(arch.name, frozenset())
-    programs, program_warnings = program_needs(inspected, base_packages, arch, without_programs)
-    warnings += program_warnings
-    kept = [need for need in programs if not need.left_out]
-    if unshipped := [run for run in kept if run.package is None]:  # imports, fails when called
+        libraries += [NativeLibrary("", package, by, How.LOADED) for package in entry.packages]
+    return libraries
+
+
+def _refuse_unshipped_programs(kept: Sequence[ProgramNeed], arch: Arch) -> None:
+    """A required program Debian 13 does not ship: what runs it would fail in the image (it
+    imports, and fails when called)."""
+    if unshipped := [run for run in kept if run.package is None]:
         program = unshipped[0]
         raise UserError(
             f"{', '.join(program.distributions)} runs {program.program}, which no Debian 13"
             f" package ships for {arch.name}: what runs it would fail in the image (to build"
             f" without it: --without-program {program.program})"
         )
-    required = {lib.package for lib in libraries if not lib.optional} - base_packages
-    required |= {run.package for run in kept if run.package and not run.optional}
-    optional = {lib.package for lib in libraries if lib.optional} - base_packages - required
-    optional |= {run.package for run in kept if run.package and run.optional} - required
-    installed = tuple(sorted(required | optional if with_optional else required))
-    return ArchPlan(
-        arch=arch.name,
-        wheels=tuple(wheels),
-        libraries=tuple(sorted(libraries, key=lambda lib: (lib.package, lib.soname))),
-        apt_packages=installed,
-        provided_by_base=resolution.provided_by_base,
-        built_from_source=resolution.built_from_source,
-        optional_packages=tuple(sorted(optional)),
-        warnings=tuple(dict.fromkeys(warnings)),
-        programs=programs,
-        apt_size=debian.added_size(installed, base_packages, arch),
-    )
 
 
 def _package(soname: str, needed_by: str, arch: Arch) -> str:

@@ -24,6 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
+from builder.analysis.index_options import index_url
 from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.errors import UserError
 
@@ -121,6 +122,9 @@ class RequirementSet:
     extra_index_urls: tuple[str, ...] = ()
     # pip's hash-checking mode: on with --require-hashes or as soon as any line has a --hash.
     hash_checking: bool = False
+    # uv's --torch-backend (`cpu`): the PyTorch family from PyTorch's own index for that build,
+    # everything else from the indexes above (None: PyPI's torch, with its CUDA wheels)
+    torch_backend: str | None = None
 
     def indexes(self) -> tuple[str, ...]:
         """Every index to search, the main one (PyPI unless replaced) first."""
@@ -302,9 +306,9 @@ class _Reader:
         elif option in ("-c", "--constraint"):
             self.read(path.parent / value, as_constraints=True, seen=seen)
         elif option in ("-i", "--index-url"):
-            self.index_url = value
+            self.index_url = index_url(value, option, origin)
         elif option == "--extra-index-url":
-            self.extra_index_urls += (value,)
+            self.extra_index_urls += (index_url(value, option, origin),)
         elif option in ("-e", "--editable"):
             raise UserError(f"{origin}: editable requirement {excerpt(value)} is not supported")
         else:

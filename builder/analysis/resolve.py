@@ -18,7 +18,7 @@ import time
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -43,16 +43,18 @@ from builder.analysis.index import (
     uv_environment,
     uv_python,
 )
+from builder.analysis.origins import as_given, origins_of
 from builder.analysis.requirements import RequirementSet
 from builder.analysis.stale import (
     StalePick,
+    held_back_notes,
     index_listings,
     parse_via,
     pinned_notes,
     stale_picks,
 )
 from builder.analysis.target import Arch, BaseFacts, BaseProfile, Target
-from builder.analysis.unresolvable import not_found, origin, unresolvable
+from builder.analysis.unresolvable import check_against_base, not_found, origin, unresolvable
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.retry import Retries
@@ -67,6 +69,7 @@ class LockedPackage:
     name: str  # PEP 503 normalized
     version: str
     wheels: tuple[RemoteFile, ...]  # the wheels the resolver found usable for this arch
+    index: str = ""  # the index it came from, credentials removed ("": not known)
 
 
 @dataclass(frozen=True)
@@ -77,22 +80,6 @@ class Resolution:
     built_from_source: tuple[str, ...]  # "name==version" built into pure wheels on the host
     pylock: str  # uv's PEP 751 lock for this arch, extras and base alike
     warnings: tuple[str, ...] = ()  # stale picks, pins with newer releases
-
-
-def check_against_base(
-    requirements: RequirementSet, target: Target[BaseProfile], arch: Arch
-) -> None:
-    """Refuse a requirement the base's pinned version does not satisfy, before resolving."""
-    environment = target.marker_environment(arch)
-    for requirement in (*requirements.requirements, *requirements.constraints):
-        pinned = target.base.distributions.get(requirement.name)
-        if pinned is None or not requirement.applies(environment):
-            continue
-        if not requirement.requirement.specifier.contains(pinned, prereleases=True):
-            raise UserError(
-                f"{requirement} ({requirement.origin}) conflicts with the base image"
-                f" {target.base.image}, which pins {requirement.name}=={pinned}"
-            )
 
 
 def _uv_compile_command(
@@ -109,6 +96,8 @@ def _uv_compile_command(
         command += ["--index-url", requirements.index_url]
     for extra in requirements.extra_index_urls:
         command += ["--extra-index-url", extra]
+    if requirements.torch_backend:
+        command += ["--torch-backend", requirements.torch_backend]
     return command
 
 
@@ -129,6 +118,7 @@ def _uv_compile(
     ]
     if annotated:
         command += ["--format", "requirements.txt", "--annotation-style", "line"]
+        command += ["--emit-index-annotation"]
     else:
         command += ["--format", "pylock.toml"]
         command += ["--output-file", str(workdir / f"pylock.{arch.name}.toml")]
@@ -242,13 +232,14 @@ def _resolution_key(
 ) -> str:
     """Everything a resolution depends on, hashed: a change in any of it means a new one."""
     facts = {
-        "schema": 3,
+        "schema": 4,
         "overrides": [path.read_text() for path in overrides],
         "uv": metadata.version("uv"),
         "arch": arch.name,
         "requirements": [str(r) for r in requirements.requirements],
         "constraints": [str(c) for c in requirements.constraints],
         "indexes": requirements.indexes(),
+        "torch_backend": requirements.torch_backend,
         "base": target.base.to_dict(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
@@ -266,7 +257,7 @@ def _cached(cache: Cache, key: str, target: Target[BaseFacts], arch: Arch) -> Re
         return None  # a wheel built from source (or its record) has left the cache: resolve again
     return Resolution(
         arch,
-        packages,
+        _with_origins(packages, record["origins"]),
         provided,
         tuple(record["built"]),
         record["pylock"],
@@ -335,18 +326,25 @@ def resolve(
         packages, provided, pylock = compile_set()
         # uv keeps the versions of an existing output file: start afresh to pick up new wheels
         (workdir / f"pylock.{arch.name}.toml").unlink()
+        annotated: list[str] = []
 
-        def via() -> dict[str, tuple[str, ...]]:
-            result = _uv_compile(
-                workdir, target, arch, requirements, find_links, overrides, annotated=True
-            )
-            return parse_via(result.stdout) if result.returncode == 0 else {}
+        def annotations() -> str:
+            """uv's `# via` and `# from` annotations of the set, asked for once when needed."""
+            if not annotated:
+                result = _uv_compile(
+                    workdir, target, arch, requirements, find_links, overrides, annotated=True
+                )
+                annotated.append(result.stdout if result.returncode == 0 else "")
+            return annotated[0]
 
+        origins = origins_of([p.name for p in packages], requirements, annotations)
+        packages = _with_origins(packages, origins)
         warnings, rebuilt = _fresher_sources(
-            packages, requirements, target, arch, cache, find_links, via, retries
+            packages, requirements, target, arch, cache, find_links, annotations, retries
         )
         if rebuilt:
             packages, provided, pylock = compile_set()
+            packages = _with_origins(packages, origins)
             versions = {p.name: p.version for p in packages}
             for pick in rebuilt:
                 if versions.get(pick.name) == pick.newest:
@@ -358,12 +356,15 @@ def resolve(
                     )
                 else:
                     warnings.append(pick.message())
-    cache.put_record(
-        "resolution",
-        key,
-        {"at": time.time(), "built": built, "pylock": pylock, "warnings": warnings},
-    )
+    record = dict(at=time.time(), built=built, pylock=pylock, warnings=warnings, origins=origins)
+    cache.put_record("resolution", key, record)
     return Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
+
+
+def _with_origins(
+    packages: Sequence[LockedPackage], origins: Mapping[str, str]
+) -> tuple[LockedPackage, ...]:
+    return tuple(replace(package, index=origins.get(package.name, "")) for package in packages)
 
 
 def _fresher_sources(
@@ -373,19 +374,21 @@ def _fresher_sources(
     arch: Arch,
     cache: Cache,
     find_links: Path,
-    via: Callable[[], Mapping[str, Sequence[str]]],
+    annotations: Callable[[], str],
     retries: Retries | None,
 ) -> tuple[list[str], list[StalePick]]:
     """Warnings for stale picks, and the picks whose newer pure-Python source is now built
     into `find_links` (so that resolving again prefers it); notes for versions another
-    distribution holds back (`via`: uv's annotations, asked for only then)."""
+    distribution holds back (uv's `annotations`, asked for only then). Each is looked up
+    on the index it came from: what uv could have chosen (builder.analysis.origins)."""
     locked = {
         p.name: p.version for p in packages if not any(w.url.startswith("file:") for w in p.wheels)
     }
     specifiers = {name: _specifier_for(name, requirements) for name in locked}
     indexes = requirements.indexes()
-    try:
-        listings = index_listings(locked, indexes, retries)  # one request a name, for both checks
+    where = {p.name: as_given(p.index, indexes) for p in packages if p.name in locked}
+    try:  # one request a name, for both checks
+        listings = index_listings(locked, indexes, retries, where)
     except UserError as error:  # the check informs: the resolution itself stands
         return [f"note: newer releases not checked: {error}"], []
     warnings = pinned_notes(
@@ -393,8 +396,8 @@ def _fresher_sources(
     )
     stale, held = stale_picks(locked, specifiers, listings, target, arch)
     if held:
-        dependents = via()
-        warnings += [note for pick in held if (note := pick.message(dependents))]
+        dependents = parse_via(annotations())
+        warnings += held_back_notes(held, dependents)
     rebuilt = []
     for pick in stale:
         if pick.sdist is None:

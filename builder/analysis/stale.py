@@ -73,9 +73,13 @@ class HeldBack:
     chosen: str
     newest: str
 
+    def dependents(self, via: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+        """The distributions whose requirement may hold it back, when uv told."""
+        return tuple(name for name in via.get(self.name, ()) if name != self.name)
+
     def message(self, via: Mapping[str, Sequence[str]]) -> str | None:
         """A note naming the distributions whose requirement holds it back, when uv told."""
-        dependents = [name for name in via.get(self.name, ()) if name != self.name]
+        dependents = self.dependents(via)
         if not dependents:
             return None  # only the user's own requirement or a constraint: nothing to add
         who = (
@@ -87,6 +91,40 @@ class HeldBack:
             f"note: {self.name}=={self.chosen} chosen, not the newest {self.newest} (which has"
             f" a usable wheel): held back by {who}"
         )
+
+
+def held_back_notes(held: Sequence[HeldBack], via: Mapping[str, Sequence[str]]) -> list[str]:
+    """One note for each family pinned together: held-back distributions joined through the
+    requirements that hold them back (torch pins cuda-toolkit and NCCL; cuda-toolkit pins the
+    other CUDA wheels) are said in one line, naming who holds the family back from outside it."""
+    told = [pick for pick in held if pick.dependents(via)]
+    family = {name: name for pick in told for name in (pick.name, *pick.dependents(via))}
+
+    def root(name: str) -> str:
+        while family[name] != name:
+            name = family[name]
+        return name
+
+    for pick in told:
+        for dependent in pick.dependents(via):
+            family[root(pick.name)] = root(dependent)
+    families: dict[str, list[HeldBack]] = {}
+    for pick in told:
+        families.setdefault(root(pick.name), []).append(pick)
+    notes = []
+    for members in families.values():
+        names = {pick.name for pick in members}
+        holders = sorted({d for pick in members for d in pick.dependents(via)} - names)
+        if len(members) == 1 or not holders:  # alone, or holding each other back
+            notes += [note for pick in members if (note := pick.message(via))]
+            continue
+        chosen = ", ".join(f"{p.name}=={p.chosen} (newest {p.newest})" for p in members)
+        notes.append(
+            f"note: {len(members)} distributions chosen older than their newest release with a"
+            f" usable wheel, held back together by {' and '.join(holders)}'s requirements:"
+            f" {chosen}"
+        )
+    return notes
 
 
 VIA_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\S+\s+# via (.+)$")
@@ -172,12 +210,17 @@ def _stale(
 
 
 def index_listings(
-    names: Iterable[str], indexes: Sequence[str], retries: Retries | None = None
+    names: Iterable[str],
+    indexes: Sequence[str],
+    retries: Retries | None = None,
+    where: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, list[RemoteFile]]:
-    """Name -> the files the indexes list for it, fetched in parallel, each name once."""
+    """Name -> the files the indexes list for it, fetched in parallel, each name once;
+    `where`: the indexes to read for a name (the one it came from), when not all of them."""
     unique = sorted(set(names))
+    only = where or {}
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        listed = pool.map(lambda name: index_files(indexes, name, retries), unique)
+        listed = pool.map(lambda name: index_files(only.get(name, indexes), name, retries), unique)
         return dict(zip(unique, listed, strict=True))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import email.parser
 import functools
 import gc
 import heapq
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from builder.analysis.elf import ElfFile, ElfRecord, UnreadableElf, is_elf, read_elf
 from builder.analysis.loads import LoadRecord, LoadSite, scan_sources, worth_reading
@@ -34,7 +36,7 @@ from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 
 RECORD_KIND = "inspect"
-SCHEMA = 8  # bump whenever WheelInspection or the way it is derived changes
+SCHEMA = 10  # bump whenever WheelInspection or the way it is derived changes
 LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
 MODULE_SUFFIXES = (".py", ".pyc", ".so")
 SOURCE_LIMIT = 4 << 20  # a .py file bigger than this is generated data, not a loader
@@ -61,6 +63,7 @@ class WheelRecord(TypedDict):
     size: int
     installed_size: int
     newest: int
+    requires: list[str]
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class WheelInspection:
     size: int = 0  # the wheel file, bytes
     installed_size: int = 0  # every member unpacked, bytes
     newest: int = 0  # the newest member date, UTC seconds (newest_date): SOURCE_DATE_EPOCH's
+    # Names its METADATA requires (Requires-Dist), markers and extras aside: who may import whom,
+    # as much as the metadata says (what --override may drop without orphaning a linked library)
+    requires: tuple[str, ...] = ()
 
     @property
     def is_pure(self) -> bool:
@@ -105,6 +111,7 @@ class WheelInspection:
             "size": self.size,
             "installed_size": self.installed_size,
             "newest": self.newest,
+            "requires": list(self.requires),
         }
 
     @classmethod
@@ -123,6 +130,7 @@ class WheelInspection:
             size=data["size"],
             installed_size=data["installed_size"],
             newest=int(data["newest"]),  # a damaged record fails here and is read again
+            requires=tuple(data["requires"]),
         )
 
 
@@ -257,6 +265,7 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
             loads, programs = _read_sources(zf, sources)
             member = path.name
             top_level = _top_level(zf, members, tree_paths)
+            requires = _requires(zf, members)
             installed_size = sum(info.file_size for info in infos)
             newest = newest_date(infos)
     except UnreadableElf as exc:
@@ -277,7 +286,25 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
         size=path.stat().st_size,
         installed_size=installed_size,
         newest=newest,
+        requires=requires,
     )
+
+
+def _requires(zf: zipfile.ZipFile, members: Sequence[str]) -> tuple[str, ...]:
+    """The distribution names METADATA's Requires-Dist lines name, sorted; a line that does
+    not parse is left out (the resolver already read the same metadata)."""
+    listing = [m for m in members if m.count("/") == 1 and m.endswith(".dist-info/METADATA")]
+    if not listing:
+        return ()
+    with zf.open(listing[0]) as handle:
+        metadata = email.parser.BytesParser().parse(handle, headersonly=True)
+    names = set()
+    for line in metadata.get_all("Requires-Dist") or []:
+        try:
+            names.add(canonicalize_name(Requirement(str(line)).name))
+        except InvalidRequirement:
+            continue
+    return tuple(sorted(names))
 
 
 def cached_inspection(cache: Cache, filename: str, sha256: str) -> WheelInspection | None:

@@ -41,6 +41,7 @@ class WheelOrigin:
     filename: str
     url: str
     sha256: str
+    index: str = ""  # the index it came from when not PyPI, credentials removed ("": PyPI)
 
 
 @dataclass(frozen=True)

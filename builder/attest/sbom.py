@@ -131,11 +131,21 @@ def wheel_origins(document: bytes | str, location: str) -> dict[str, WheelOrigin
                 str(properties[f"{PROPERTY}:wheel"]),
                 str(references[0]["url"]),
                 str(hashes[0]["content"]),
+                _repository_url(component.get("purl")),
             )
         except (KeyError, TypeError, IndexError):
             continue
         found[str(component.get("name"))] = origin
     return found
+
+
+def _repository_url(purl: object) -> str:
+    """The index a component's purl names (`repository_url`), "" for PyPI or an unreadable one."""
+    try:
+        qualifiers = PackageURL.from_string(str(purl)).qualifiers
+    except ValueError:
+        return ""
+    return str(qualifiers.get("repository_url", "")) if isinstance(qualifiers, dict) else ""
 
 
 def timestamp(epoch: int) -> datetime:

@@ -107,7 +107,11 @@ def _deb(package: DebianPackage, arch: str, in_base: set[tuple[str, str, str]]) 
 
 
 def _pypi(dist: PythonDistribution) -> Component:
-    purl = PackageURL(type="pypi", name=dist.name, version=dist.version)
+    """A distribution's component; its purl names the index it came from when that is not
+    PyPI (purl's `repository_url` qualifier: a `+cpu` torch from PyTorch's own index)."""
+    index = without_credentials(dist.wheel.index) if dist.wheel else ""
+    qualifiers = {"repository_url": index} if index else None
+    purl = PackageURL(type="pypi", name=dist.name, version=dist.version, qualifiers=qualifiers)
     properties = [Property(name=f"{PROPERTY}:location", value=dist.location)]
     if dist.layer:
         properties.append(Property(name=f"{PROPERTY}:layer", value=dist.layer))

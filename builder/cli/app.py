@@ -29,11 +29,13 @@ if TYPE_CHECKING:
     from builder.oci.name import ImageRef
     from builder.orchestration.delivery import Outcome
 
+TOOL = "build-sandbox-image"  # the distribution whose metadata `--version` reads
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name=TOOL, message=f"{TOOL} %(version)s")
 @click.option(
     "-r",
     "--requirement",
@@ -74,6 +76,11 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 @click.option("--tag", help="Name for the built image.")
 @click.option(
     "--no-verify", is_flag=True, help="Do not verify the built image (nor gate a push on it)."
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail verification on a warning too (an import that writes to stderr or stdout).",
 )
 @click.option(
     "--push",
@@ -126,6 +133,13 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 )
 @WITHOUT_PROGRAM_OPTION
 @click.option(
+    "--torch-backend",
+    metavar="BUILD",
+    callback=lambda _context, _parameter, value: _torch_backend(value),
+    help="PyTorch's own build from its own index, passed to uv: `cpu` for no CUDA wheels"
+    " (docs/usage.md).",
+)
+@click.option(
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -160,6 +174,7 @@ def main(
     no_build: bool,
     tag: str | None,
     no_verify: bool,
+    strict: bool,
     push_repository: ImageRef | None,
     platform_version: str | None,
     template: Path | None,
@@ -172,6 +187,7 @@ def main(
     overrides: tuple[Path, ...],
     with_optional: bool,
     without_programs: tuple[str, ...],
+    torch_backend: str | None,
     config_path: Path | None,
     no_bytecode: bool,
     sign_key: Path | None,
@@ -210,6 +226,7 @@ def main(
             sign_key=sign_key,
             soci=not no_soci,
             without_programs=without_programs,
+            torch_backend=torch_backend,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -233,7 +250,9 @@ def main(
         click.echo(summary(plan, json.loads((settings.output / "report.json").read_text())))
         click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
 
-    options = BuildOptions(refresh, overrides, with_optional, no_bytecode, not no_verify, tag)
+    options = BuildOptions(
+        refresh, overrides, with_optional, no_bytecode, not no_verify, tag, strict=strict
+    )
     built = build(settings, options, config, client, cache, REPORTER, show_plan)
     if built.outcome is None or built.delivery is None:
         why = "--no-build" if no_build else "no Docker engine reachable"
@@ -321,6 +340,18 @@ def rebuild(
         return
     show_outcome(found.outcome)
     click.echo(f"state recorded in {config.state}; {config.path} now names {platform_version}")
+
+
+def _torch_backend(value: str | None) -> str | None:
+    """--torch-backend, checked as the config's key is; a usage error when it names no build."""
+    if value is None:
+        return None
+    from builder.analysis.index_options import torch_backend
+
+    try:
+        return torch_backend(value, "--torch-backend")
+    except UserError as error:
+        raise click.BadParameter(str(error).removeprefix("--torch-backend: ")) from None
 
 
 def show_outcome(outcome: Outcome) -> None:

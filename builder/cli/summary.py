@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from builder.analysis.plan import Plan
+from builder.analysis.origins import is_default
+from builder.analysis.plan import ArchPlan, Plan, PlannedWheel
 from builder.analysis.sizes import human, size_figures
 from builder.image.extras import BytecodeRecord, ExtrasLayerFacts
 from builder.oci.remote import Written
@@ -26,47 +27,38 @@ class Report(TypedDict, total=False):
     """What the summary reads of the context's report.json."""
 
     architectures: dict[str, ArchReport]
+    bytecode_step: str  # the Dockerfile compiles the bytecode (a --no-build context)
 
 
 def summary(plan: Plan, report: Report | None = None) -> str:
-    """The human table: distribution, version, wheel tag, sizes, native needs -> Debian package;
-    then the extras' layers and bytecode, from the context's report.json."""
+    """The human table: distribution, version, wheel tag, sizes, the index it came from (when
+    not PyPI alone), native needs -> Debian package; then the extras' layers and bytecode,
+    from the context's report.json."""
     lines = [f"base: {plan.base_image} (python {plan.base.python_version}, {plan.base.source})"]
     for arch in plan.arches:
-        rows = [("distribution", "version", "wheel tag", "download", "installed", "native needs")]
-        for wheel in arch.wheels:
-            pin = f"{wheel.name}=={wheel.version}"
-            needs = [
-                f"{lib.soname or '(run time)'} -> {lib.package}{' (optional)' * lib.optional}"
-                for lib in arch.libraries
-                if any(by.startswith(pin) for by in lib.needed_by)
-            ]
-            needs += [
-                f"runs {need.program} -> {need.package or 'no Debian 13 package'}"
-                f"{' (left out)' * need.left_out}"
-                for need in arch.programs
-                if pin in need.distributions and (not need.optional or need.left_out)
-            ]
-            size, installed = human(wheel.size), human(wheel.installed_size)
-            needed = ", ".join(needs) or "-"
-            rows.append((wheel.name, wheel.version, wheel.tag, size, installed, needed))
-        total = size_figures(arch.wheels)
-        rows.append(("total", "", "", human(total["download"]), human(total["installed"]), ""))
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        rows = _wheel_rows(arch)
+        fixed = len(rows[0]) - 1  # the last column (native needs) takes what it needs
+        widths = [max(len(row[i]) for row in rows) for i in range(fixed)]
         lines.append(f"\n{arch.arch}:")
         lines += [
             "  "
             + "  ".join(
                 cell.rjust(width) if i in (3, 4) else cell.ljust(width)
-                for i, (cell, width) in enumerate(zip(row[:5], widths, strict=True))
+                for i, (cell, width) in enumerate(zip(row[:fixed], widths, strict=True))
             )
             + "  "
-            + row[5]
+            + row[fixed]
             for row in rows
         ]
         if arch.provided_by_base:
             lines.append(
                 f"  provided by the base (not installed again): {', '.join(arch.provided_by_base)}"
+            )
+        if arch.gpu_node:
+            driver = ", ".join(f"{lib.soname} ({lib.capability})" for lib in arch.gpu_node)
+            lines.append(
+                "  provided by the GPU node (the NVIDIA driver's, mounted by its container"
+                f" toolkit; never installed): {driver}"
             )
         apt = " ".join(arch.apt_packages) or "none"
         if arch.apt_packages and arch.apt_size is not None:
@@ -79,6 +71,43 @@ def summary(plan: Plan, report: Report | None = None) -> str:
             )
         lines += _extras_lines(arch.arch, report or {})
     return "\n".join(lines)
+
+
+def _wheel_rows(arch: ArchPlan) -> list[list[str]]:
+    """The table's header, a row a wheel and the totals; with an `index` column when a
+    distribution came from another index than PyPI (a CPU build of PyTorch, a private one)."""
+    indexed = any(wheel.index and not is_default(wheel.index) for wheel in arch.wheels)
+    header = ["distribution", "version", "wheel tag", "download", "installed"]
+    rows = [[*header, *(["index"] * indexed), "native needs"]]
+    for wheel in arch.wheels:
+        pin = f"{wheel.name}=={wheel.version}"
+        needs = [
+            f"{lib.soname or '(run time)'} -> {lib.package or 'no Debian 13 package'}"
+            f"{' (optional)' * lib.optional}"
+            for lib in arch.libraries
+            if any(by.startswith(pin) for by in lib.needed_by)
+        ]
+        needs += [
+            f"runs {need.program} -> {need.package or 'no Debian 13 package'}"
+            f"{' (left out)' * need.left_out}"
+            for need in arch.programs
+            if pin in need.distributions and (not need.optional or need.left_out)
+        ]
+        row = [wheel.name, wheel.version, wheel.tag, human(wheel.size), human(wheel.installed_size)]
+        if indexed:
+            row.append(_origin(wheel))
+        rows.append([*row, ", ".join(needs) or "-"])
+    total = size_figures(arch.wheels)
+    rows.append(["total", "", "", human(total["download"]), human(total["installed"])])
+    rows[-1] += [""] * (len(rows[0]) - len(rows[-1]))
+    return rows
+
+
+def _origin(wheel: PlannedWheel) -> str:
+    """A wheel's index as the table says it: PyPI by name, another by its URL."""
+    if wheel.index:
+        return "PyPI" if is_default(wheel.index) else wheel.index
+    return wheel.url if wheel.url == "built from source" else "unknown"
 
 
 def _extras_lines(arch: str, report: Report) -> list[str]:
@@ -94,6 +123,8 @@ def _extras_lines(arch: str, report: Report) -> list[str]:
         compiled = bytecode.get("compiled", 0) if bytecode else 0
         size = human(int(bytecode.get("size") or 0) if bytecode else 0)
         line += f" + {kinds.count('bytecode')} bytecode ({compiled} modules compiled, {size})"
+    elif report.get("bytecode_step"):
+        line += "; bytecode compiled by the Dockerfile's own step (no engine compiled it here)"
     else:
         line += "; no bytecode (modules compile at every sandbox start)"
     return [line]

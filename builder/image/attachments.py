@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 import docker
 
 from builder import credentials
-from builder.analysis.plan import EXTRA_DEPS, Plan
+from builder.analysis.origins import is_default
+from builder.analysis.plan import EXTRA_DEPS, Plan, PlannedWheel
 from builder.analysis.target import ARCHES, Target
 from builder.attest import provenance, sbom
 from builder.attest.contents import (
@@ -124,12 +125,19 @@ def plan_facts(
         base_digest=plan.base.digest or "",
         environment=Target(plan.base, (ARCHES[arch],)).marker_environment(ARCHES[arch]),
         entries=tuple(e for e in dict.fromkeys((DEPS, plan.pythonpath_entry, EXTRA_DEPS))),
-        wheels={w.name: WheelOrigin(w.filename, w.url, w.sha256) for w in planned.wheels},
+        wheels={w.name: wheel_origin(w) for w in planned.wheels},
         base_wheels=base_wheels(plan.base_reference, arch, reporter, retries),
         base_packages=plan.base.packages.get(arch),
         apt_packages=frozenset(planned.apt_packages),
         extras_layers=extras_layers,
     )
+
+
+def wheel_origin(wheel: PlannedWheel) -> WheelOrigin:
+    """What the SBOM says of a wheel: its file, and its index when that is not PyPI (purl's
+    default, which its `repository_url` qualifier names only otherwise)."""
+    index = "" if is_default(wheel.index) else wheel.index
+    return WheelOrigin(wheel.filename, wheel.url, wheel.sha256, index)
 
 
 def attestable(

@@ -38,6 +38,7 @@ from builder.analysis.wheels import inspect_as_ready
 from builder.attest.contents import without_credentials
 from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache
+from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
 from builder.image.assemble import (
     plan_epoch,
     plan_layers,
@@ -78,6 +79,7 @@ class Request:
     overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
     with_optional: bool = False  # also install what only on-demand plugins need
     without_programs: frozenset[str] = frozenset()  # programs (or packages) never installed
+    torch_backend: str | None = None  # uv's --torch-backend: PyTorch's own build (cpu)
     platform_version: str | None = None  # for labels and tags; default: the base image's tag
     bytecode: bool = True  # compile the extras' .pyc (with an engine to run the base's python3)
     engine: docker.DockerClient | None = None  # runs the compile; None: no bytecode
@@ -108,7 +110,10 @@ def prepare(
     as its download ends (builder.image.bytecode.CompileQueue): the compile is the longest
     step of a cold build, so it starts as early as it can.
     """
-    requirements = read_requirements(request.requirement_files, request.constraint_files)
+    requirements = replace(
+        read_requirements(request.requirement_files, request.constraint_files),
+        torch_backend=request.torch_backend,
+    )
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
     indexes = requirements.indexes()
@@ -214,13 +219,16 @@ def prepare(
             remember_interpreter(request.cache, plan.base_image, interpreter)
             plan = replace(plan, bytecode=interpreter.build)
             timeline.record("bytecode", fetching)
+    labels = dict(finish(plan, request, layers).labels)
+    if request.bytecode and not request.compiles:  # no engine compiled it: the Dockerfile will
+        labels[BYTECODE_LABEL] = BYTECODE_BY_STEP
     render(
         plan,
         request.output,
         layers,
         {r.arch.name: r.pylock for r in resolutions},
         request.secrets,
-        finish(plan, request, layers).labels,
+        labels,
         {arch: one.to_dict() for arch, one in facts.items()},
         timeline.to_dict(),
     )
@@ -333,6 +341,7 @@ def build_parameters(plan: Plan, request: Request) -> BuildParameters:
         flags={
             "with_optional": request.with_optional,
             "without_programs": " ".join(sorted(request.without_programs)),
+            "torch_backend": request.torch_backend or "",
             "indexes": " ".join(without_credentials(url) for url in indexes),
             "apt_secrets": ",".join(
                 name

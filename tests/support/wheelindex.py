@@ -1,4 +1,5 @@
-"""A loopback PEP 503 index serving one wheel, optionally behind Basic credentials, for tests."""
+"""A loopback PEP 503 index serving one project's wheels, optionally behind Basic credentials,
+for tests. Links are percent-encoded as PyTorch's index writes them (`torch-2.9.0%2Bcpu-…`)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 
 class OneWheelIndex(http.server.BaseHTTPRequestHandler):
-    """`/simple/<project>/` lists the wheel with its sha256; `/files/<name>` serves it."""
+    """`/simple/<project>/` lists the wheels with their sha256; `/files/<name>` serves one."""
 
-    wheel: Path
-    project: str
+    listed: dict[str, tuple[Path, ...]]  # project -> the files its page lists
     credentials: str | None = None  # "user:password" that Basic auth must present
     failing: list[int]  # [n]: the next n requests are answered 503 (an index's bad day)
     seen: list[str]  # "METHOD path status" of every request, in order
@@ -36,12 +37,21 @@ class OneWheelIndex(http.server.BaseHTTPRequestHandler):
                 self.send_header("WWW-Authenticate", 'Basic realm="private"')
                 self.end_headers()
                 return
-        name = self.wheel.name
-        if self.path.rstrip("/") == f"/simple/{self.project}":
-            sha = hashlib.sha256(self.wheel.read_bytes()).hexdigest()
-            body, kind = f'<a href="/files/{name}#sha256={sha}">{name}</a>'.encode(), "text/html"
-        elif self.path == f"/files/{name}":
-            body, kind = self.wheel.read_bytes(), "application/octet-stream"
+        served = {wheel.name: wheel for files in self.listed.values() for wheel in files}
+        path = unquote(self.path)
+        project = path.rstrip("/").removeprefix("/simple/")
+        if path.startswith("/simple/") and project in self.listed:
+            digests = {
+                wheel.name: hashlib.sha256(wheel.read_bytes()).hexdigest()
+                for wheel in self.listed[project]
+            }
+            body = "".join(
+                f'<a href="/files/{quote(name)}#sha256={sha}">{name}</a>\n'
+                for name, sha in digests.items()
+            ).encode()
+            kind = "text/html"
+        elif path.startswith("/files/") and path[7:] in served:
+            body, kind = served[path[7:]].read_bytes(), "application/octet-stream"
         else:
             self._answer(404)
             return
@@ -72,8 +82,11 @@ def serve_wheel(
     credentials: str | None = None,
     failing: int = 0,
     seen: list[str] | None = None,
+    more: tuple[Path, ...] = (),
+    others: dict[str, Path] | None = None,
 ) -> Iterator[int]:
-    """Serve `wheel` as `project` on a free loopback port; yields the port.
+    """Serve `wheel` (and `more` files of the same project) as `project` on a free loopback
+    port, and each of `others` (project -> its one file) beside it; yields the port.
 
     `failing`: the first that many requests are answered 503; `seen` receives every request.
     """
@@ -81,8 +94,7 @@ def serve_wheel(
         "Handler",
         (OneWheelIndex,),
         {
-            "wheel": wheel,
-            "project": project,
+            "listed": {project: (wheel, *more), **{p: (f,) for p, f in (others or {}).items()}},
             "credentials": credentials,
             "failing": [failing],
             "seen": [] if seen is None else seen,
