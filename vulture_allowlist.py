@@ -10,6 +10,7 @@ from builder.analysis.wheels import WheelInspection, WheelRecord
 from builder.attest.provenance import ExternalParameters, ResourceDescriptor
 from builder.base.profile import ArchFacts
 from builder.cli import app
+from builder.cli.summary import Report
 from builder.image.extras import LayerRecord
 from builder.image.layer import LayerFacts, shadowed_files
 from builder.oci.name import ImageRef
@@ -46,3 +47,4 @@ LayerFacts.tar_size  # report.json
 DescriptorRecord.mediaType, DescriptorRecord.artifactType  # OCI documents
 ManifestDocument.schemaVersion, IndexDocument.schemaVersion
 RaceLayout.writable  # the race's setup output
+Report.bytecode_step  # report.json, read by the summary

@@ -16,9 +16,16 @@ PORT = 8888
 WORKSPACE = "/workspace"  # writable, the root of every file route and the default cwd
 DEPS = "/app/deps"  # the base image's libraries
 DEPS_EXTRA = "/app/deps-extra"  # the extension's libraries, appended after the base's
-# the image label naming the interpreter build that compiled DEPS_EXTRA's .pyc, or "none"
+# the image label naming the interpreter build that compiled DEPS_EXTRA's .pyc, or "none", or
+# BYTECODE_BY_STEP: compiled by the Dockerfile's own step (a context written with --no-build)
 BYTECODE_LABEL = "org.build-sandbox-image.bytecode"
+BYTECODE_BY_STEP = "dockerfile"
 TIMEOUT_EXIT_CODE = 124  # a command killed for running past timeout_seconds
+# The sandbox user's home, on the writable /tmp the platform mounts (docs/contract.md says why
+# there); HOME, XDG_CACHE_HOME and XDG_CONFIG_HOME name it in every image the tool builds.
+HOME = "/tmp/home"
+# Caches built at image-build time (read-only, root-owned), copied into HOME by the server at start
+HOME_SEED = "/opt/sandbox/home"
 
 # Routes. File routes take a workspace-relative path, percent-encoded with `/` as %2F.
 HEALTH = "/"  # GET -> 200

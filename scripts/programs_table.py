@@ -43,9 +43,9 @@ def table(wheel_dir: Path, direct: Collection[str]) -> list[str]:
     ]
     for wheel in inspected:
         found = sorted({name for site in wheel.programs for name in site.names})
-        if not found:
-            continue
         needs, _ = program_needs([wheel], base, arch)
+        if not found and not needs:
+            continue
         required = sorted(
             {
                 f"{n.program} → {n.package or 'no Debian 13 package'}"
@@ -57,10 +57,11 @@ def table(wheel_dir: Path, direct: Collection[str]) -> list[str]:
         why = " / ".join(sorted({n.why for n in needs})) or NO_NEED
         label = f"{wheel.name} {wheel.version}" + ("" if wheel.name in direct else " (dependency)")
         lines.append(
-            f"| {label} | {', '.join(found)} | {'; '.join(required) or '—'}"
+            f"| {label} | {', '.join(found) or '—'} | {'; '.join(required) or '—'}"
             f" | {', '.join(optional) or '—'} | {why} |"
         )
-    none = sorted(w.name for w in inspected if not w.programs and w.name in direct)
+    listed = {line.split(" ")[1] for line in lines[2:]}
+    none = sorted(w.name for w in inspected if w.name in direct and w.name not in listed)
     return [*lines, "", f"Run no program: {', '.join(none)}."]
 
 

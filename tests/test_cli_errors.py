@@ -6,6 +6,9 @@ All but the hash test fail before any index traffic; the hash test resolves agai
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from importlib import metadata
 from pathlib import Path
 
 import click
@@ -120,3 +123,12 @@ def test_given_hashes_are_honoured(tmp_path: Path) -> None:
     assert f"--hash=sha256:{actual}" in (tmp_path / "out" / "requirements-amd64.lock").read_text()
     requirements(tmp_path, b"--require-hashes\nsoupsieve==2.6\n", name)
     assert_one_error_line(run(tmp_path, "-r", name), f"{name}:2: soupsieve needs an == pin")
+
+
+def test_version_prints_the_installed_distributions_version_and_exits_0(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "--version"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"build-sandbox-image {metadata.version('build-sandbox-image')}\n"
+    assert result.stderr == ""

@@ -195,7 +195,14 @@ def test_dockerfile_follows_the_recipe_and_passes_hadolint(tmp_path: Path, cache
     assert "ENV PYTHONPATH=${PYTHONPATH:+${PYTHONPATH}:}/app/deps-extra" in final
     assert any(line.startswith("LABEL ") for line in final)
     assert any("org.build-sandbox-image.version=" in line for line in final)
-    assert any('org.build-sandbox-image.bytecode="none"' in line for line in final)  # no compile
+    # no engine compiled the bytecode: the Dockerfile's own step does, and the label says so
+    assert any('org.build-sandbox-image.bytecode="dockerfile"' in line for line in final)
+    assert any("compileall.compile_dir('/app/deps-extra'" in line for line in final)
+    assert "bytecode compiled by the Dockerfile's own step" in result.stdout
+    assert report(out)["bytecode_step"] == "dockerfile"
+    # the sandbox user's home, on the writable /tmp; no seed step without matplotlib
+    assert "ENV HOME=/tmp/home \\" in final and "MPLCONFIGDIR" not in "\n".join(final)
+    assert not any("/opt/sandbox/home" in line for line in final)
     assert all((out / add.split()[1]).is_file() for add in adds)
     assert not (out / "wheels").exists()  # no wheel is copied into a context or a layer
     hadolint = subprocess.run(  # in the context, with the config the context carries

@@ -234,8 +234,11 @@ def test_the_index_maps_programs_to_packages_on_both_arches() -> None:
 def test_every_curated_decision_has_a_reason() -> None:
     table = program_table()
     assert {"python3", "pip"} <= table.provided and "xdg-open" in table.desktop
-    for entry in table.entries.values():
+    entries = [entry for found in table.ranges.values() for entry in found]
+    assert len(entries) > len(table.entries)  # kaleido's two ranges
+    for entry in entries:
         assert entry.reason or (entry.required is None and not entry.optional)
+    assert all(alternative.reason for alternative in table.alternatives.values())
 
 
 WRAPPER = b"""\

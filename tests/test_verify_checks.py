@@ -27,9 +27,9 @@ from support.sandboxserver import (
 from builder.verify import client, hardening, race
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
 from builder.verify.client import Machine, Sandbox, multipart_filename
-from builder.verify.discovery import import_checks
+from builder.verify.discovery import import_alone, import_checks
 from builder.verify.programs import ProgramExpectation, program_checks
-from builder.verify.report import run_check
+from builder.verify.report import Status, VerifyReport, run_check
 from builder.verify.run import served_checks
 from builder.verify.sdk import sdk_installed
 
@@ -199,7 +199,7 @@ def test_an_import_that_kills_the_interpreter_is_named_and_the_others_still_pass
     assert "No module named 'no_such_module_bsi'" in checks["import no_such_module_bsi"].detail
     # Before the crash: from the shared interpreter (timed), whatever a module printed.
     assert checks["import json"].detail.endswith("s)") and "; " in checks["import json"].detail
-    assert checks["import bsi_prints"].detail.endswith("s)")
+    assert "s); no distribution found: printed on stdout" in checks["import bsi_prints"].detail
     # After it: each in its own interpreter.
     assert checks["import csv"].passed and "; " not in checks["import csv"].detail
 
@@ -276,3 +276,58 @@ def test_program_checks_run_each_program_and_name_who_needs_a_missing_one(
     assert found.detail.startswith("for moviepy==2.2.1, pydub==0.25.1: ")
     left = checks["program bsi-left-ffmpeg"]
     assert left.passed and left.detail.startswith("left out (without-programs): pydub==0.25.1")
+
+
+# A distribution in the workspace (on `python3 -c`'s sys.path): its dist-info names its module.
+NOISY_FILES = {
+    "bsi_noisy.py": b"import warnings\nwarnings.warn('bsi_noisy: a warning at import')\n",
+    "bsi_noisy-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: bsi-noisy\nVersion: 1.0\n",
+    "bsi_noisy-1.0.dist-info/top_level.txt": b"bsi_noisy\n",
+    "bsi_fd_noisy.py": b"import os\nos.write(2, b'\\n  written to fd 2 at import\\n')\n",
+    "bsi_quiet.py": b"VALUE = 1\n",
+}
+
+
+def test_an_import_that_writes_to_stderr_is_a_warning_naming_its_distribution(
+    server: Sandbox,
+) -> None:
+    for name, source in NOISY_FILES.items():
+        assert server.upload(name, source).status == 200
+    modules = ["bsi_noisy", "bsi_fd_noisy", "bsi_quiet", "bsi_prints"]
+    assert server.upload("bsi_prints.py", CRASHING_MODULES["bsi_prints.py"].encode()).status == 200
+    try:
+        shared = {check.name: check for check in import_checks(server, modules).checks}
+        alone = import_alone(server, "bsi_noisy")
+    finally:
+        for name in [*NOISY_FILES, "bsi_prints.py"]:
+            server.delete(name.split("/")[0])
+    noisy, fd_noisy = shared["import bsi_noisy"], shared["import bsi_fd_noisy"]
+    assert noisy.passed and noisy.warning, noisy
+    assert "bsi-noisy: wrote to stderr at import: " in noisy.detail
+    assert "UserWarning: bsi_noisy: a warning at import" in noisy.detail
+    assert fd_noisy.warning and fd_noisy.detail.endswith(
+        "no distribution found: wrote to stderr at import: written to fd 2 at import"
+    ), fd_noisy.detail
+    assert "printed on stdout at import: printed at import" in shared["import bsi_prints"].detail
+    assert not shared["import bsi_quiet"].warning, shared["import bsi_quiet"]
+    # a module imported alone (the shared interpreter failed) is heard too
+    assert alone.passed and alone.warning and "bsi-noisy: wrote to stderr" in alone.detail
+    lenient = VerifyReport("image", list(shared.values()))
+    assert lenient.passed
+    assert [lenient.status(check) for check in shared.values()] == [Status.WARN] * 2 + [
+        Status.PASS,
+        Status.WARN,
+    ]
+    assert "WARN  import bsi_noisy" in lenient.table()
+    assert lenient.table().endswith("4/4 checks passed, 3 with a warning")
+    strict = VerifyReport("image", list(shared.values()), strict=True)
+    assert not strict.passed
+    assert [check.name for check in strict.failed] == [
+        "import bsi_noisy",
+        "import bsi_fd_noisy",
+        "import bsi_prints",
+    ]
+    record = strict.to_dict()
+    assert record["strict"] is True and record["passed"] is False
+    assert [c["status"] for c in record["checks"]] == ["fail", "fail", "pass", "fail"]
+    assert [c["passed"] for c in lenient.to_dict()["checks"]] == [True] * 4

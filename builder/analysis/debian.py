@@ -12,12 +12,14 @@ import gzip
 import re
 import tomllib
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion
 
 from builder.analysis.target import Arch
 
@@ -117,9 +119,14 @@ def package_for(soname: str, arch: Arch) -> str | None:
 
 
 def package_for_program(name: str, arch: Arch) -> str | None:
-    """The package apt should install for the program `name`, or None if trixie has none."""
+    """The package apt should install for the program `name`, or None if trixie has none: a
+    file of the package by that name (the index), else the package whose alternatives link
+    provides it (programs.toml's `alternatives`: `java` -> default-jre-headless)."""
     listed = program_index(arch).get(name)
-    return listed.partition(",")[0] if listed else None
+    if listed:
+        return listed.partition(",")[0]
+    alternative = program_table().alternatives.get(name)
+    return alternative.package if alternative is not None else None
 
 
 @cache
@@ -207,38 +214,87 @@ class ProgramEntry:
     optional: bool  # every program it runs is optional
     reason: str
     check: str | None  # one line of Python proving its program works in the image
+    versions: SpecifierSet = field(
+        default_factory=SpecifierSet
+    )  # the releases it is true of; empty: all
+
+    def covers(self, version: str) -> bool:
+        """Whether the entry is true of `version` (pre-releases included: a plan may pin one)."""
+        try:
+            return self.versions.contains(version, prereleases=True)
+        except InvalidVersion:  # a legacy version string: only an entry for every release
+            return not str(self.versions)
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A program Debian installs only as an alternatives link (`/usr/bin/java` ->
+    `/etc/alternatives/java` -> `/usr/lib/jvm/.../bin/java`): no package's file under that
+    name, so the Contents-made index cannot name it."""
+
+    package: str
+    reason: str
 
 
 @dataclass(frozen=True)
 class ProgramTable:
-    """builder/data/programs.toml: programs the base has, desktop-only ones, curated entries."""
+    """builder/data/programs.toml: programs the base has, desktop-only ones, programs only
+    alternatives provide, curated entries (per distribution, each for a range of releases)."""
 
     provided: frozenset[str]
     desktop: frozenset[str]
-    entries: Mapping[str, ProgramEntry]
+    entries: Mapping[str, ProgramEntry]  # the first entry of each: its check, for verify
+    alternatives: Mapping[str, Alternative]
+    ranges: Mapping[str, tuple[ProgramEntry, ...]]
+
+    def entry(self, distribution: str, version: str) -> ProgramEntry | None:
+        """The curated entry true of this release, if any: otherwise reading decides."""
+        found = self.ranges.get(distribution, ())
+        return next((entry for entry in found if entry.covers(version)), None)
+
+
+def _program_entry(name: str, entry: Mapping[str, object]) -> ProgramEntry:
+    """One curated entry; one that decides without a reason, or has a bad range, is refused."""
+    required = entry.get("required")
+    try:
+        versions = SpecifierSet(str(entry.get("versions", "")))
+    except InvalidSpecifier:
+        raise ValueError(f"programs.toml [{name}]: bad versions {entry['versions']!r}") from None
+    check = entry.get("check")
+    found = ProgramEntry(
+        distribution=canonicalize_name(name),
+        required=tuple(map(str, required)) if isinstance(required, list) else None,
+        optional=bool(entry.get("optional", False)),
+        reason=str(entry.get("reason", "")),
+        check=str(check) if check is not None else None,
+        versions=versions,
+    )
+    if (found.required is not None or found.optional) and not found.reason:
+        raise ValueError(f"programs.toml [{name}]: decides without a reason")
+    return found
 
 
 @cache
 def program_table() -> ProgramTable:
-    """The curated programs table; an entry that decides without a reason is refused."""
+    """The curated programs table (`[[name]]` for several entries, each with its `versions`)."""
     table = tomllib.loads(_DATA.joinpath("programs.toml").read_text())
     provided = frozenset(table.pop("provided", ()))
     desktop = frozenset(table.pop("desktop", ()))
-    entries: dict[str, ProgramEntry] = {}
-    for name, entry in table.items():
-        distribution = canonicalize_name(name)
-        required = entry.get("required")
-        found = ProgramEntry(
-            distribution=distribution,
-            required=tuple(required) if required is not None else None,
-            optional=bool(entry.get("optional", False)),
-            reason=entry.get("reason", ""),
-            check=entry.get("check"),
-        )
-        if (found.required is not None or found.optional) and not found.reason:
-            raise ValueError(f"programs.toml [{name}]: decides without a reason")
-        entries[distribution] = found
-    return ProgramTable(provided, desktop, MappingProxyType(entries))
+    alternatives = {
+        name: Alternative(str(value["package"]), str(value["reason"]))
+        for name, value in table.pop("alternatives", {}).items()
+    }
+    ranges: dict[str, tuple[ProgramEntry, ...]] = {}
+    for name, value in table.items():
+        listed = value if isinstance(value, list) else [value]
+        ranges[canonicalize_name(name)] = tuple(_program_entry(name, one) for one in listed)
+    return ProgramTable(
+        provided,
+        desktop,
+        MappingProxyType({name: found[0] for name, found in ranges.items()}),
+        MappingProxyType(alternatives),
+        MappingProxyType(ranges),
+    )
 
 
 @cache

@@ -45,8 +45,7 @@ class LoadRecord(TypedDict):
 
 @dataclass(frozen=True)
 class LoadSite:
-    """One place in a wheel that loads a native library (or runs a program: analysis.programs)
-    by name, with the names it tries."""
+    """One place in a wheel loading a native library (or running a program) by names it tries."""
 
     path: str  # tree path of the .py file
     line: int
@@ -147,10 +146,8 @@ def bind(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> di
 
 
 def evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str | None:
-    """A string built from literals and bound parameters (f-string, +), else None.
-
-    Bounded in depth: a generated `x + "a" + "a" + ...` must not exhaust the Python stack.
-    """
+    """A string built from literals and bound parameters (f-string, +), else None; bounded in
+    depth (a generated `x + "a" + "a" + ...` must not exhaust the Python stack)."""
     if depth > MAX_EXPRESSION_DEPTH:
         return None
     depth += 1
@@ -210,10 +207,8 @@ class Module:
             elif isinstance(node, ast.AnnAssign | ast.NamedExpr) and node.value is not None:
                 if isinstance(node.target, ast.Name):
                     self.assigned.setdefault(node.target.id, []).append(node.value)
-            elif isinstance(node, ast.For | ast.comprehension) and isinstance(
-                node.target, ast.Name
-            ):
-                self.loops.setdefault(node.target.id, []).append(node.iter)
+            elif isinstance(node, ast.For | ast.comprehension):
+                self._loop(node.target, node.iter)
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 self.functions.setdefault(node.name, node)
             elif isinstance(node, ast.Import):
@@ -224,6 +219,14 @@ class Module:
                 source = self._absolute(node)
                 for alias in node.names:
                     self.imports[alias.asname or alias.name] = f"{source}.{alias.name}"
+
+    def _loop(self, target: ast.AST, iterable: ast.AST) -> None:
+        """`for name in X`, and `for i, name in enumerate(X)` (audioread's candidates)."""
+        call = iterable if isinstance(iterable, ast.Call) and iterable.args else None
+        if call and getattr(call.func, "id", None) == "enumerate" and isinstance(target, ast.Tuple):
+            target, iterable = target.elts[-1], call.args[0]
+        if isinstance(target, ast.Name):
+            self.loops.setdefault(target.id, []).append(iterable)
 
     def _absolute(self, node: ast.ImportFrom) -> str:
         """The module an `from X import` names, relative levels resolved against this one."""
@@ -281,8 +284,7 @@ class Module:
         return list(dict.fromkeys(found))
 
     def parameter(self, node: ast.AST) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, int] | None:
-        """(helper, position) when `node` is a helper's parameter, or a loop over its *args
-        (position -1): then the helper's callers name the library."""
+        """(helper, position) when `node` is a helper's parameter, or loops over its *args (-1)."""
         function = self.enclosing(node)
         if function is None or not isinstance(node, ast.Name):
             return None

@@ -12,7 +12,12 @@ decided as for libraries, by what the code needs to do its main job:
   graphviz -> graphviz): that package is required;
 - any other program is a side feature (matplotlib's LaTeX, pandas' clipboard, imageio's DICOM
   converter): optional, installed with --with-optional;
-- a curated entry decides where reading cannot (pypandoc, imageio-ffmpeg), with its reason.
+- a curated entry decides where reading cannot (pypandoc, imageio-ffmpeg), with its reason;
+  one true of a range of releases only (kaleido 0.x ships Chromium, 1.x needs it) decides for
+  the version the plan resolved, and reading decides a release no entry covers.
+
+A program Debian installs only as an alternatives link (`java`) maps to the package providing
+the link through the curated table's `alternatives` (analysis.debian.package_for_program).
 
 A site's alternatives (`avconv` or `ffmpeg`) are satisfied by the first one Debian 13 ships,
 or by the base when it has any of them. The operator may leave a program out (by its name or
@@ -92,7 +97,7 @@ def _decide(
     wheel: WheelInspection, runs: Sequence[_Run], table: ProgramTable
 ) -> tuple[set[str], str]:
     """The wheel's required programs, and why; every other run of it is optional."""
-    entry = table.entries.get(wheel.name)
+    entry = table.entry(wheel.name, wheel.version)  # curated for this release, or none
     if entry is not None and entry.optional:
         return set(), f"curated: {entry.reason}"
     if entry is not None and entry.required is not None:
@@ -132,7 +137,7 @@ def program_needs(
     (`ffmepg`), refused: leaving nothing out silently would install what they said no to.
     """
     table = program_table()
-    curated = {name for entry in table.entries.values() for name in entry.required or ()}
+    curated = {n for found in table.ranges.values() for e in found for n in e.required or ()}
     for name in sorted(without):
         if name in curated or package_for_program(name, arch) or known_package(name, arch):
             continue

@@ -1,22 +1,34 @@
 """How a name in a wheel's code leads to the programs it can name: analysis.programs' reader.
 
-A site's argument is followed through a module constant, an attribute, `pathlib.Path('dot')`,
-a list built then extended, a small helper's returns (its parameters bound to the call's
-literals), a constant or function of a sibling module, and candidates tried in turn. The
-result is groups: each group one need, its names alternatives (a conditional, an `or`, a
-helper's several returns, a loop over candidates are one choice of the code).
+A site's argument is followed through a module constant, an attribute (set from a parameter
+whose default names the program: `def __init__(self, executable="ffmpeg")`),
+`pathlib.Path('dot')`, a list built then extended, a small helper's returns (its parameters
+bound to the call's literals), a method of the same class returning the command
+(`self.make_args(args)`), a constant or function of a sibling module, and candidates tried in
+turn. The result is groups: each group one need, its names alternatives (a conditional, an
+`or`, a helper's several returns, a loop over candidates are one choice of the code).
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterable, Mapping
+from enum import Enum
 from types import MappingProxyType
 
 from builder.analysis.loads import Module, Scalar, bind, evaluate, module_name, parse, worth_reading
 from builder.analysis.program_names import first_word, launched
 
-NAME, ARGV = "name", "argv"  # the argument is one program name / a command (list or string)
+
+class Kind(Enum):
+    """What an expression that reaches a run holds."""
+
+    NAME = "name"  # one program name
+    ARGV = "argv"  # a command: a list whose first element, or a string whose first word, runs
+    CANDIDATES = "candidates"  # names a helper tries in turn (`for command in commands`)
+
+
+NAME, ARGV, CANDIDATES = Kind.NAME, Kind.ARGV, Kind.CANDIDATES
 PROBES = frozenset({"shutil.which", "distutils.spawn.find_executable"})
 # Calls that hand their argument's value through: Path('dot'), str(x), os.fspath(x), list(x).
 PASS_THROUGH = frozenset({"Path", "PurePath", "PosixPath", "str", "fspath", "list", "tuple"})
@@ -80,6 +92,26 @@ def _default(function: ast.AST, name: str) -> ast.AST | None:
     return next((default for argument, default in pairs if argument.arg == name), None)
 
 
+def on_self(call: ast.Call) -> str | None:
+    """`self.name(...)` / `cls.name(...)`: the method's name."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return func.attr if func.value.id in ("self", "cls") else None
+    return None
+
+
+def own_method(module: Module, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The method `self.name(...)` calls when the class it is called in defines it (python-
+    gnupg's `cmd = self.make_args(args)`, whose list starts with `self.gpgbinary`)."""
+    name = on_self(call)
+    function = module.enclosing(call) if name is not None else None
+    owner = module.parents.get(function) if function is not None else None
+    if not isinstance(owner, ast.ClassDef):
+        return None
+    methods = (n for n in owner.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    return next((n for n in methods if n.name == name), None)
+
+
 def _empty(node: ast.AST) -> bool:
     return isinstance(node, ast.List | ast.Tuple) and not node.elts
 
@@ -91,7 +123,7 @@ class Reader:
         self.paths = {module_name(path): path for path in paths if worth_reading(path)}
         self.read = read
         self.modules: dict[str, tuple[Module, _Bindings] | None] = {}
-        self.memo: dict[tuple[int, str, tuple[tuple[str, Scalar], ...]], Groups] = {}
+        self.memo: dict[tuple[int, Kind, tuple[tuple[str, Scalar], ...]], Groups] = {}
 
     def module(self, name: str) -> tuple[Module, _Bindings] | None:
         if name not in self.modules:
@@ -117,7 +149,7 @@ class Reader:
         self,
         module: Module,
         node: ast.AST,
-        kind: str,
+        kind: Kind,
         depth: int = 0,
         env: Mapping[str, Scalar] = MappingProxyType({}),
     ) -> Groups:
@@ -132,36 +164,20 @@ class Reader:
         return self.memo[key]
 
     def _groups(
-        self, module: Module, node: ast.AST, kind: str, depth: int, env: Mapping[str, Scalar]
+        self, module: Module, node: ast.AST, kind: Kind, depth: int, env: Mapping[str, Scalar]
     ) -> Groups:
         bindings = self.module(module.name)
         assert bindings is not None, "a module is read before its nodes are"
         table = bindings[1]
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return [(node.value if kind == NAME else first_word(node.value),)]
-        if kind == ARGV and isinstance(node, ast.List | ast.Tuple):
-            if not node.elts:
-                return []
-            literal = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
-            words = [value if isinstance(value, str) else None for value in literal]
-            start = launched(words)  # ["env", "dot", "-V"]: dot
-            if start >= len(node.elts):
-                return []
-            head = node.elts[start]
-            if isinstance(head, ast.Starred):
-                return self.groups(module, head.value, ARGV, depth, env)
-            return self.groups(module, head, NAME, depth, env)
-        if kind == ARGV and isinstance(node, ast.JoinedStr) and node.values:
-            head = node.values[0]
-            if isinstance(head, ast.Constant):
-                return self.groups(module, head, ARGV, depth, env)
-            if isinstance(head, ast.FormattedValue):
-                return self.groups(module, head.value, NAME, depth, env)
-        if kind == ARGV and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            side = node.right if _empty(node.left) else node.left
-            return self.groups(module, side, ARGV, depth, env)
+            return [(node.value if kind != ARGV else first_word(node.value),)]
+        if kind == ARGV and (command := self._command(module, node, depth, env)) is not None:
+            return command
         if env and (text := evaluate(node, env)) is not None:
-            return [(text if kind == NAME else first_word(text),)]
+            return [(text if kind != ARGV else first_word(text),)]
+        if kind == CANDIDATES and isinstance(node, ast.List | ast.Tuple | ast.Set):
+            # Names a helper loops over (called with `("ffmpeg", "avconv")`): one choice.
+            return _merged([g for e in node.elts for g in self.groups(module, e, NAME, depth, env)])
         if isinstance(node, ast.IfExp):
             body = self.groups(module, node.body, kind, depth, env)
             return _merged(body + self.groups(module, node.orelse, kind, depth, env))
@@ -177,8 +193,36 @@ class Reader:
             return self._call(module, node, kind, depth)
         return []
 
+    def _command(
+        self, module: Module, node: ast.AST, depth: int, env: Mapping[str, Scalar]
+    ) -> Groups | None:
+        """The program a command's own syntax starts with (a list's first element, an
+        f-string's first part, the left of `+`); None when `node` is no such syntax."""
+        if isinstance(node, ast.List | ast.Tuple):
+            if not node.elts:
+                return []
+            literal = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            words = [value if isinstance(value, str) else None for value in literal]
+            start = launched(words)  # ["env", "dot", "-V"]: dot
+            if start >= len(node.elts):
+                return []
+            head = node.elts[start]
+            if isinstance(head, ast.Starred):
+                return self.groups(module, head.value, ARGV, depth, env)
+            return self.groups(module, head, NAME, depth, env)
+        if isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant):
+                return self.groups(module, head, ARGV, depth, env)
+            if isinstance(head, ast.FormattedValue):
+                return self.groups(module, head.value, NAME, depth, env)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            side = node.right if _empty(node.left) else node.left
+            return self.groups(module, side, ARGV, depth, env)
+        return None
+
     def _name(
-        self, module: Module, table: _Bindings, node: ast.Name, kind: str, depth: int
+        self, module: Module, table: _Bindings, node: ast.Name, kind: Kind, depth: int
     ) -> Groups:
         scope = module.enclosing(node)
         values = table.values(table.scoped, node.id, scope)
@@ -195,7 +239,7 @@ class Reader:
         return found or self._imported(module, node, kind, depth)
 
     def _attribute(
-        self, module: Module, table: _Bindings, node: ast.Attribute, kind: str, depth: int
+        self, module: Module, table: _Bindings, node: ast.Attribute, kind: Kind, depth: int
     ) -> Groups:
         """`self.x`/`cls.x`: what this module assigns to that attribute (or the class body to
         the name); `module.X`: a sibling module's constant."""
@@ -205,7 +249,7 @@ class Reader:
         found = [g for value in values for g in self.groups(module, value, kind, depth)]
         return found or self._imported(module, node, kind, depth)
 
-    def _imported(self, module: Module, node: ast.AST, kind: str, depth: int) -> Groups:
+    def _imported(self, module: Module, node: ast.AST, kind: Kind, depth: int) -> Groups:
         """A constant of a sibling module (`dot_command.DOT_BINARY`, `from .x import CMD`)."""
         qualified = module.resolve(node)
         found = self.definition(qualified) if qualified else None
@@ -214,7 +258,7 @@ class Reader:
         other, name = found
         return self.groups(other, ast.Name(id=name, ctx=ast.Load()), kind, depth)
 
-    def _call(self, module: Module, node: ast.Call, kind: str, depth: int) -> Groups:
+    def _call(self, module: Module, node: ast.Call, kind: Kind, depth: int) -> Groups:
         func = node.func
         called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
         qualified = module.resolve(func)
@@ -230,6 +274,9 @@ class Reader:
             return self.groups(module, node.args[-1], kind, depth)  # os.path.join(dir, name)
         if isinstance(func, ast.Name) and func.id in module.functions:
             return self._returns(module, module.functions[func.id], node, kind, depth)
+        if (method := own_method(module, node)) is not None:  # cmd = self.make_args(args)
+            shifted = ast.Call(func, [ast.Name("self", ast.Load()), *node.args], node.keywords)
+            return self._returns(module, method, shifted, kind, depth)
         found = self.definition(qualified) if qualified else None
         if found is not None and found[1] in found[0].functions:
             other, name = found
@@ -241,7 +288,7 @@ class Reader:
         module: Module,
         function: ast.FunctionDef | ast.AsyncFunctionDef,
         call: ast.Call,
-        kind: str,
+        kind: Kind,
         depth: int,
     ) -> Groups:
         """What a helper returns, its parameters bound to the call's literals: one choice."""
@@ -251,4 +298,4 @@ class Reader:
         for inner in sorted(returns, key=lambda n: (n.lineno, n.col_offset)):
             if inner.value is not None:
                 found += self.groups(module, inner.value, kind, depth, bound)
-        return _merged(found) if kind == NAME else found
+        return _merged(found) if kind != ARGV else found

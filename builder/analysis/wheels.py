@@ -36,7 +36,7 @@ from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 
 RECORD_KIND = "inspect"
-SCHEMA = 9  # bump whenever WheelInspection or the way it is derived changes
+SCHEMA = 10  # bump whenever WheelInspection or the way it is derived changes
 LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
 MODULE_SUFFIXES = (".py", ".pyc", ".so")
 SOURCE_LIMIT = 4 << 20  # a .py file bigger than this is generated data, not a loader

@@ -29,11 +29,13 @@ if TYPE_CHECKING:
     from builder.oci.name import ImageRef
     from builder.orchestration.delivery import Outcome
 
+TOOL = "build-sandbox-image"  # the distribution whose metadata `--version` reads
 DEFAULT_OUTPUT = Path("sandbox-image")
 EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the image
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name=TOOL, message=f"{TOOL} %(version)s")
 @click.option(
     "-r",
     "--requirement",
@@ -74,6 +76,11 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 @click.option("--tag", help="Name for the built image.")
 @click.option(
     "--no-verify", is_flag=True, help="Do not verify the built image (nor gate a push on it)."
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail verification on a warning too (an import that writes to stderr or stdout).",
 )
 @click.option(
     "--push",
@@ -167,6 +174,7 @@ def main(
     no_build: bool,
     tag: str | None,
     no_verify: bool,
+    strict: bool,
     push_repository: ImageRef | None,
     platform_version: str | None,
     template: Path | None,
@@ -242,7 +250,9 @@ def main(
         click.echo(summary(plan, json.loads((settings.output / "report.json").read_text())))
         click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
 
-    options = BuildOptions(refresh, overrides, with_optional, no_bytecode, not no_verify, tag)
+    options = BuildOptions(
+        refresh, overrides, with_optional, no_bytecode, not no_verify, tag, strict=strict
+    )
     built = build(settings, options, config, client, cache, REPORTER, show_plan)
     if built.outcome is None or built.delivery is None:
         why = "--no-build" if no_build else "no Docker engine reachable"

@@ -27,6 +27,7 @@ class Report(TypedDict, total=False):
     """What the summary reads of the context's report.json."""
 
     architectures: dict[str, ArchReport]
+    bytecode_step: str  # the Dockerfile compiles the bytecode (a --no-build context)
 
 
 def summary(plan: Plan, report: Report | None = None) -> str:
@@ -122,6 +123,8 @@ def _extras_lines(arch: str, report: Report) -> list[str]:
         compiled = bytecode.get("compiled", 0) if bytecode else 0
         size = human(int(bytecode.get("size") or 0) if bytecode else 0)
         line += f" + {kinds.count('bytecode')} bytecode ({compiled} modules compiled, {size})"
+    elif report.get("bytecode_step"):
+        line += "; bytecode compiled by the Dockerfile's own step (no engine compiled it here)"
     else:
         line += "; no bytecode (modules compile at every sandbox start)"
     return [line]

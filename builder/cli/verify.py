@@ -53,6 +53,11 @@ if TYPE_CHECKING:
     help="Also drive the image with this client and fail if it cannot run (sdk: the upstream"
     " k8s-agent-sandbox SDK, which otherwise runs only when installed).",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail on a warning too (an import that writes to stderr or stdout).",
+)
 @reports_errors
 def verify_command(
     image: ImageRef,
@@ -63,6 +68,7 @@ def verify_command(
     without_programs: tuple[str, ...],
     key: Path | None,
     clients: tuple[str, ...],
+    strict: bool,
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
     from builder import credentials
@@ -98,6 +104,7 @@ def verify_command(
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image, retries),
     )
+    report.strict = strict
     if soci := soci_check(image, retries):
         report.checks.append(soci)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())

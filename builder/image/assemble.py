@@ -16,7 +16,7 @@ import tarfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -158,6 +158,7 @@ class Assembly:
     created: str
     tag: str
     apt_layer: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)  # set besides PYTHONPATH (the home's)
 
 
 def assemble(
@@ -166,9 +167,11 @@ def assemble(
     extras: Sequence[ExtrasLayer],
     assembly: Assembly,
     cache: Cache,
+    held: int = 0,
 ) -> Assembled:
     """The system image plus the `extras` layers, loaded into the engine (unless it has
-    it) and tagged.
+    it) and tagged. The engine holds the bottom `held` of them already (in an image it has),
+    so their tars are not sent again.
 
     The exact config needs the system image's, which only its save gives, after a few seconds;
     so the first time, the extras layers are loaded meanwhile under a provisional config
@@ -198,14 +201,14 @@ def assemble(
                 for i, one in enumerate(extras, 1)
             ],
             ConfigChange(
-                {"PYTHONPATH": f"$PYTHONPATH:{root}"},
+                {"PYTHONPATH": f"$PYTHONPATH:{root}", **assembly.env},
                 contract.SANDBOX_USER,
                 assembly.labels,
                 assembly.created,
             ),
         )
         data = canonical(config)
-        image_id = load(client, data, [] if preloading else tars)
+        image_id = load(client, data, [] if preloading else tars[held:])
     finally:  # the final image holds the layers now (or nothing does): the save may have failed
         if preloading and preloading.done() and not preloading.exception():
             client.api.remove_image(preloading.result(), noprune=False)

@@ -257,7 +257,7 @@ class Compiler:
             ["-c", COMPILE_SCRIPT, self.root], f"compiling {wheel.name}", _sources_tar(wheel)
         )
         pycs, summary = _pyc_members(output)
-        temp, digest = written(self.cache, lambda out: _write_tar(out, pycs.items(), "", 0))
+        temp, digest = written(self.cache, lambda out: normalized_tar(out, pycs.items(), "", 0))
         tar = self.cache.blob_path(digest, "bytecode.tar")
         tar.parent.mkdir(parents=True, exist_ok=True)
         temp.chmod(0o644)
@@ -368,7 +368,9 @@ def bytecode_layer(
                     files[member.name] = extracted.read()
     pyc_of = {source_of(name): name for name in files}
     first = [pyc_of[source] for part in parts for source in part.first if source in pyc_of]
-    temp, digest = written(cache, lambda out: _write_tar(out, files.items(), root, epoch, first))
+    temp, digest = written(
+        cache, lambda out: normalized_tar(out, files.items(), root, epoch, first)
+    )
     layer = keep(temp, digest, cache, epoch)
     cache.put_record("bytecode-layer", key, {"diff_id": layer.diff_id, "size": layer.size})
     return BytecodeLayer(layer, interpreter, compiled, skipped)
@@ -418,7 +420,7 @@ def _pyc_members(output: bytes) -> tuple[dict[str, bytes], CompileSummary]:
     return pycs, summary
 
 
-def _write_tar(
+def normalized_tar(
     out: IO[bytes] | Any,
     files: Iterable[tuple[str, bytes]],
     root: str,

@@ -48,6 +48,7 @@ EXTRAS_LAYERS = 48  # layers for /app/deps-extra
 IMAGE_LAYERS = 64  # layers in the whole image: base, apt and extras
 DISTRIBUTION = "distribution"  # a layer of installed wheels
 BYTECODE = "bytecode"  # a layer of their .pyc
+HOME_SEED = "home"  # the caches built at image-build time for the home (builder.image.home)
 LAYER_FILE = "deps-extra-{arch}-{index:02d}.tar"  # in the context, ADDed in this order
 STACK_FORMAT = "extras-layers/2"  # bump when the grouping or the record changes
 HISTORY = re.compile(r" # (\S+) (.+) in /\S*$")  # the kind and label created_by writes
@@ -85,7 +86,7 @@ class StackRecord(TypedDict):
 class ExtrasLayer:
     """One layer of the extras: what it holds (its kind and distributions) and its tar."""
 
-    kind: str  # DISTRIBUTION or BYTECODE
+    kind: str  # DISTRIBUTION, BYTECODE or HOME_SEED
     names: tuple[str, ...]  # the distributions in it (normalized names)
     label: str  # how its history line names it: a distribution, or "bucket N"
     layer: Layer
@@ -97,9 +98,12 @@ class ExtrasLayer:
 
 
 def created_by(arch: str, index: int, extras: ExtrasLayer, root: str) -> str:
-    """An extras layer's history line; the rebase path finds the extras by `root` in it."""
-    what = f"{extras.kind} {extras.label}"
-    return f"ADD {LAYER_FILE.format(arch=arch, index=index)} / # {what} in {root}"
+    """An extras layer's history line; the rebase path finds the extras by `root` in it (a home
+    seed's names it as what the caches were built from, and keeps it above the extras)."""
+    added = f"ADD {LAYER_FILE.format(arch=arch, index=index)} /"
+    if extras.kind == HOME_SEED:
+        return f"{added} # home seed of {extras.label}, built from {root}"
+    return f"{added} # {extras.kind} {extras.label} in {root}"
 
 
 def holding_layers(added: Sequence[tuple[str, str]], names: Iterable[str]) -> dict[str, str]:

@@ -19,9 +19,10 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from builder.analysis.plan import Plan
-from builder.contract import SANDBOX_USER
+from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL, HOME, HOME_SEED, SANDBOX_USER
 from builder.errors import UserError
 from builder.image.extras import LAYER_FILE, ExtrasLayer
+from builder.image.home import SEEDS, distribution_names, home_env, plan_names, seeds_of
 
 TOOL = "build-sandbox-image"
 MARKER = f".{TOOL}"  # first line "build-sandbox-image <version>", then every path written
@@ -56,8 +57,13 @@ def dockerfile(
     secrets: Secrets = Secrets(),
     labels: Mapping[str, str] | None = None,
     stacks: Mapping[str, int] | None = None,
+    compile_step: bool = False,
 ) -> str:
     """The Dockerfile of the recipe in DESIGN.md, for every arch of the plan.
+
+    `compile_step`: no engine compiled the extras' bytecode for this context (`--no-build`), so
+    a step of the final stage compiles it as the tool does, and the image built from it is the
+    tool's in what it holds (its layers' bytes differ: a RUN step's files carry its clock).
 
     The tool builds only the `system` stage with BuildKit and puts the very layer files the
     final stage ADDs on top of it itself (builder.image.assemble), so the layers' bytes never
@@ -98,7 +104,11 @@ def dockerfile(
         "# hadolint ignore=DL3006",
         "FROM extras-${TARGETARCH}",
         f"ENV PYTHONPATH=${{PYTHONPATH:+${{PYTHONPATH}}:}}{extra}",
+        *_home_lines(plan),
     ]
+    steps = (_compile_lines(extra) if compile_step else []) + _seed_lines(plan)
+    if steps:
+        lines += ["USER 0:0", *steps]
     if labels:
         entries = [f'{key}="{value}"' for key, value in sorted(labels.items())]
         lines += [f"LABEL {entries[0]}" + (" \\" if len(entries) > 1 else "")]
@@ -108,6 +118,40 @@ def dockerfile(
         ]
     lines += [f"USER {SANDBOX_USER}", ""]
     return "\n".join(lines)
+
+
+def _home_lines(plan: Plan) -> list[str]:
+    """The home's environment (builder.image.home)."""
+    env = home_env(plan_names(plan))
+    return ["ENV " + " \\\n    ".join(f"{key}={value}" for key, value in env.items())]
+
+
+def _seed_lines(plan: Plan) -> list[str]:
+    """A root step that builds the caches the tool builds into its image (builder.image.home),
+    which the server copies into the home at start; none when no arch installs a seed."""
+    seeds = seeds_of(set.intersection(*(set(distribution_names(a)) for a in plan.arches)))
+    if not seeds:
+        return []
+    code = "; ".join(SEEDS[name] for name in seeds)
+    return [
+        f"# {', '.join(seeds)}: caches built now, copied into $HOME by the server at start",
+        "RUN --mount=type=tmpfs,target=/tmp \\",
+        f'    MPLBACKEND=Agg PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 python3 -c "{code}" \\',
+        f"    && mkdir -p {HOME_SEED} && cp -R {HOME}/. {HOME_SEED}/ \\",
+        f"    && chmod -R u=rwX,go=rX {HOME_SEED}",
+    ]
+
+
+def _compile_lines(root: str) -> list[str]:
+    """A root step compiling every module under `root` as builder.image.bytecode does (hash-
+    based .pyc never checked against the read-only sources; one that does not compile is
+    skipped, as pip skips it), by an interpreter whose PYTHONPATH cannot shadow the stdlib."""
+    mode = "py_compile.PycInvalidationMode.UNCHECKED_HASH"
+    return [
+        "# the extras' bytecode: no engine compiled it for this context (--no-build)",
+        "RUN PYTHONPATH='' PYTHONHASHSEED=0 python3 -s -P -c \"import compileall, py_compile; \\",
+        f"    compileall.compile_dir('{root}', quiet=2, invalidation_mode={mode})\"",
+    ]
 
 
 # The archive's indexes, kept between builds and never in a layer. One id for every arch (this
@@ -230,6 +274,8 @@ def render(
 
     `bytecode`: each arch's bytecode facts (interpreter, modules compiled, sources skipped, the
     bytes it adds), for report.json; `timeline`: when the steps so far happened, for it too.
+    When `labels` say no engine compiled the bytecode (BYTECODE_BY_STEP), the Dockerfile
+    compiles it (see `dockerfile`), and report.json says so (`bytecode_step`).
 
     Each arch's extras layers are hard-linked from the cache: no wheel is copied, and a
     rerun gives BuildKit nothing new to hash (it reads the layer files only for a hand build).
@@ -242,8 +288,13 @@ def render(
         raise UserError(f"{output}: cannot write the build context ({error.strerror})") from None
     try:
         stacks = {arch: len(stack) for arch, stack in layers.items()}
-        (staging / "Dockerfile").write_text(dockerfile(plan, secrets, labels, stacks))
+        compile_step = (labels or {}).get(BYTECODE_LABEL) == BYTECODE_BY_STEP
+        (staging / "Dockerfile").write_text(
+            dockerfile(plan, secrets, labels, stacks, compile_step=compile_step)
+        )
         report = plan.to_dict()
+        if compile_step:
+            report["bytecode_step"] = BYTECODE_BY_STEP
         for arch in plan.arches:
             (staging / f"requirements-{arch.arch}.lock").write_text(lock_text(plan, arch.arch))
             (staging / f"pylock.{arch.arch}.toml").write_text(pylocks[arch.arch])

@@ -76,11 +76,13 @@ def delivery_for(
     state: StateRecord | None,
     verify: bool = True,
     sign: SigningKey | None = None,
+    strict: bool = False,
 ) -> Delivery:
     """What a run does with its images, from its settings (a `rebuild`'s: its config's); a
     run from a config records what it pushed in `state`, for `rebuild` to diff against."""
     return Delivery(
         verify=verify,
+        strict=strict,
         push=push_target(plan, request, settings.push_repository, settings.soci),
         template=settings.template,
         container=settings.container,
@@ -101,6 +103,7 @@ class BuildOptions:
     no_bytecode: bool = False
     verify: bool = True
     tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
+    strict: bool = False  # a verification warning (a noisy import) fails the build too
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,9 @@ def build(
         state = None
         if config is not None:  # merged: the flag's platform version, else the config's
             state = StateRecord(config.state, settings.platform_version or config.platform_version)
-        delivery = delivery_for(plan, request, settings, state, verify=options.verify, sign=key)
+        delivery = delivery_for(
+            plan, request, settings, state, verify=options.verify, sign=key, strict=options.strict
+        )
         run = Run(engines, cache, settings.output, reporter, retries)
         return Built(
             plan, delivery, build_images(plan, request, delivery, stages, run, options.tag)

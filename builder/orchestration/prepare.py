@@ -38,6 +38,7 @@ from builder.analysis.wheels import inspect_as_ready
 from builder.attest.contents import without_credentials
 from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache
+from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
 from builder.image.assemble import (
     plan_epoch,
     plan_layers,
@@ -218,13 +219,16 @@ def prepare(
             remember_interpreter(request.cache, plan.base_image, interpreter)
             plan = replace(plan, bytecode=interpreter.build)
             timeline.record("bytecode", fetching)
+    labels = dict(finish(plan, request, layers).labels)
+    if request.bytecode and not request.compiles:  # no engine compiled it: the Dockerfile will
+        labels[BYTECODE_LABEL] = BYTECODE_BY_STEP
     render(
         plan,
         request.output,
         layers,
         {r.arch.name: r.pylock for r in resolutions},
         request.secrets,
-        finish(plan, request, layers).labels,
+        labels,
         {arch: one.to_dict() for arch, one in facts.items()},
         timeline.to_dict(),
     )

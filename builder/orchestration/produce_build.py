@@ -34,8 +34,15 @@ from builder.engines.connection import holds_image
 from builder.engines.per_arch import Engines
 from builder.image.assemble import Assembled, Assembly, assemble
 from builder.image.build import BuildSpec, Log, base_logins, build_image, secret_arguments
-from builder.image.extras import DISTRIBUTION
+from builder.image.extras import DISTRIBUTION, HOME_SEED, ExtrasLayer
 from builder.image.from_engine import assembled_image, base_layers
+from builder.image.home import (
+    distribution_names,
+    home_env,
+    plan_names,
+    seed_layer,
+    seeds_of,
+)
 from builder.image.render import Secrets, dockerfile
 from builder.oci.client import RepositoryClient
 from builder.oci.remote import Blobs
@@ -221,17 +228,22 @@ class BuildProducer:
         system = self.stages.built(arch, log) or build_image(self.context, spec, log)
         built_at = time.monotonic()
         tag = self.local_tag(arch)
+        arch_plan = next(a for a in self.plan.arches if a.arch == arch)
+        names = distribution_names(arch_plan)
         assembly = Assembly(
             arch,
             self.plan.pythonpath_entry,
             self.finish.labels,
             self.finish.created,
             tag,
-            apt_layer=bool(next(a.apt_packages for a in self.plan.arches if a.arch == arch)),
+            apt_layer=bool(arch_plan.apt_packages),
+            env=home_env(plan_names(self.plan)),
         )
         built = assemble(
             engine.client, system, self.finish.layers[arch], assembly, self.finish.cache
         )
+        if seeds := seeds_of(names):
+            built = self._seeded(engine.client, built, assembly, seeds)
         return Produced(
             arch,
             built.image_id,
@@ -248,6 +260,24 @@ class BuildProducer:
             },
             seconds={"build": built_at - started, "load": time.monotonic() - built_at},
         )
+
+    def _seeded(
+        self,
+        client: docker.DockerClient,
+        built: Assembled,
+        assembly: Assembly,
+        seeds: tuple[str, ...],
+    ) -> Assembled:
+        """`built` run once to build the caches of `seeds` (builder.image.home), assembled
+        again with them as a layer above the extras: only that layer travels to the engine,
+        which holds the others in `built`. `built` stays in the engine untagged (its layers
+        are the new image's), so a rerun finds it and its seed without loading anything."""
+        cache = self.finish.cache
+        epoch = max(one.layer.source_date_epoch for one in built.extras)
+        layer = seed_layer(client, built.image_id, seeds, epoch, cache)
+        seeded = ExtrasLayer(HOME_SEED, seeds, " ".join(seeds), layer)
+        extras = (*built.extras, seeded)
+        return assemble(client, built.system_id, extras, assembly, cache, held=len(built.extras))
 
     def _value(
         self, built: Assembled, target: RepositoryClient, scratch: Path

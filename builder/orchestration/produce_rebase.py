@@ -33,6 +33,7 @@ from builder.image.apt import AptImage, build_apt_image, saved_layer
 from builder.image.assemble import load
 from builder.image.extras import holding_layers
 from builder.image.gzipped import gzipped
+from builder.image.home import home_env, plan_names
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config, top
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
@@ -77,7 +78,7 @@ class RebaseProducer:
         self.olds = credentials.registry(previous.image, retries=run.retries)
         self.pool = ThreadPoolExecutor(max_workers=len(plan.arches))
         self.change = ConfigChange(
-            {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}"},
+            {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}", **home_env(plan_names(plan))},
             contract.SANDBOX_USER,
             finish.labels,
             finish.created,

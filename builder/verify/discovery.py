@@ -26,6 +26,7 @@ from builder.verify.report import (
     last_line,
     run_check,
     short,
+    warned,
 )
 
 SKIP_TOP_LEVEL = frozenset({"test", "tests", "testing", "docs", "doc", "examples", "benchmarks"})
@@ -99,14 +100,47 @@ report = os.fdopen(os.dup(1), "w")  # the results' own stream: what modules prin
 os.dup2(2, 1)
 names, root = json.loads(sys.argv[1]), sys.argv[2] + "/"
 sys.dont_write_bytecode = True  # a module without a valid .pyc stays one, wherever it lives
+owners = None
+
+def heard(sink, stream):
+    # the first line an import wrote to one of its streams (fd 1 or 2), and the distributions
+    # that own the module (read only when something was written)
+    global owners
+    os.lseek(sink, 0, os.SEEK_SET)
+    text = os.read(sink, 65536).decode(errors="replace")
+    os.close(sink)
+    first = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    if not first:
+        return None
+    if owners is None:
+        from importlib.metadata import packages_distributions
+        owners = packages_distributions()
+    found = owners.get(name.split(".")[0], [])
+    return {"stream": stream, "line": first[:300], "distributions": found}
+
 began = time.monotonic()
 for name in names:
     started = time.monotonic()
+    sinks = {stream: os.memfd_create("bsi-" + stream) for stream in ("stderr", "stdout")}
+    kept = os.dup(2)
+    os.dup2(sinks["stdout"], 1)
+    os.dup2(sinks["stderr"], 2)
     try:
         module = importlib.import_module(name)
         line = {"ok": True, "file": getattr(module, "__file__", None) or ""}
     except BaseException as error:  # SystemExit too: the module's failure, not the batch's
         line = {"ok": False, "error": traceback.format_exception_only(error)[-1].strip()}
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os.dup2(kept, 1)
+    os.dup2(kept, 2)
+    os.close(kept)
+    noise = [found for stream, sink in sinks.items() if (found := heard(sink, stream))]
+    if noise:
+        line["noise"] = noise[0]
     line.update(module=name, seconds=round(time.monotonic() - started, 2))
     report.write(json.dumps(line) + "\\n")
     report.flush()
@@ -167,14 +201,25 @@ os._exit(0)  # every result is out: tearing down what was imported only costs (~
 """
 
 
+class Noise(TypedDict):
+    """What an import wrote (IMPORTS_SCRIPT's `noise`): the stream, its first line, and the
+    distributions owning the module (`importlib.metadata.packages_distributions`)."""
+
+    stream: str  # stderr, else stdout
+    line: str
+    distributions: list[str]
+
+
 class ImportLine(TypedDict):
-    """One module's line from IMPORTS_SCRIPT: `file` when it imported, `error` when not."""
+    """One module's line from IMPORTS_SCRIPT: `file` when it imported, `error` when not, and
+    `noise` when it wrote to stderr or stdout."""
 
     module: str
     ok: bool
     seconds: float
     file: NotRequired[str]
     error: NotRequired[str]
+    noise: NotRequired[Noise]
 
 
 class ImportSummary(TypedDict):
@@ -238,13 +283,10 @@ def import_checks(
         line = lines.get(module)
         if line and line.get("ok") is True:
             where = short(str(line.get("file") or ""), 80) or "built-in"
-            done.append(
-                Check(
-                    f"import {module}", True, f"import {module} ({where}; {line.get('seconds')}s)"
-                )
-            )
+            detail = f"import {module} ({where}; {line.get('seconds')}s)"
+            done.append(noisy(Check(f"import {module}", True, detail), line.get("noise")))
         else:  # failed or never reached: this module alone, in a fresh interpreter, decides
-            done.append(run_check(f"import {module}", partial(check_import, sandbox, module)))
+            done.append(import_alone(sandbox, module))
     if bytecode is not None and modules:
         done.append(bytecode_check(summary, required=bytecode))
     return Checked(done, tuple(summary.get("reads") or ()) if summary else ())
@@ -270,17 +312,49 @@ def bytecode_check(summary: ImportSummary | None, required: bool) -> Check:
     return Check("bytecode", not required, detail)
 
 
-def check_import(sandbox: Sandbox, module: str) -> str:
-    code = (
-        f"import importlib; m = importlib.import_module({module!r});"
-        " print(getattr(m, '__file__', None) or '')"
-    )
-    result = sandbox.python(code)
+def noisy(check: Check, noise: Noise | None) -> Check:
+    """`check` as a warning naming what its import wrote and the distribution it came from:
+    an agent reads a warning at import as an error, and stdout is what the platform reads."""
+    if noise is None:
+        return check
+    owners = ", ".join(noise.get("distributions") or []) or "no distribution found"
+    wrote = "wrote to stderr" if noise.get("stream") == "stderr" else "printed on stdout"
+    return warned(check, f"{owners}: {wrote} at import: {short(noise.get('line', ''), 200)}")
+
+
+# Alone in a fresh interpreter: the module's file and the distributions owning it, as the last
+# line of stdout (whatever the module printed comes before it). Anything on stderr is its noise.
+ALONE_SCRIPT = """
+import importlib, json, sys
+from importlib.metadata import packages_distributions
+name = sys.argv[1]
+module = importlib.import_module(name)
+print()
+print(json.dumps({"file": getattr(module, "__file__", None) or "",
+                  "distributions": packages_distributions().get(name.split(".")[0], [])}))
+"""
+
+
+def import_alone(sandbox: Sandbox, module: str) -> Check:
+    """`import module` in a fresh interpreter: its failure, or a warning if it was noisy."""
+    heard: list[Noise] = []
+    check = run_check(f"import {module}", partial(check_import, sandbox, module, heard))
+    return noisy(check, heard[0]) if heard else check
+
+
+def check_import(sandbox: Sandbox, module: str, heard: list[Noise] | None = None) -> str:
+    """`import module` alone; the first line it wrote to stderr, if any, is added to `heard`."""
+    result = sandbox.python(ALONE_SCRIPT, module)
     expect(
         result["exit_code"] == 0,
         f"import {module} failed (exit {result['exit_code']}): {last_line(result['stderr'])}",
     )
-    return f"import {module} ({short(result['stdout'].strip(), 80) or 'built-in'})"
+    found = json.loads((result["stdout"].strip().splitlines() or ["{}"])[-1])
+    first = next((line.strip() for line in result["stderr"].splitlines() if line.strip()), "")
+    if first and heard is not None:
+        owners = [str(name) for name in found.get("distributions") or []]
+        heard.append(Noise(stream="stderr", line=first[:300], distributions=owners))
+    return f"import {module} ({short(str(found.get('file') or ''), 80) or 'built-in'})"
 
 
 def check_snippet(sandbox: Sandbox, snippet: str) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import http.client
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any, TypedDict
 
 
@@ -32,16 +33,31 @@ def last_line(text: str) -> str:
     return short((text.strip().splitlines() or ["?"])[-1])
 
 
+class Status(Enum):
+    """How a check's line reads: a warning passes, unless the report is strict."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
     passed: bool
     detail: str
+    warning: bool = False  # passed, but with something an agent would trip on (a noisy import)
+
+
+def warned(check: Check, why: str) -> Check:
+    """`check` as a warning, `why` added to its detail (a failed check stays failed)."""
+    return replace(check, detail=f"{check.detail}; {why}", warning=check.passed)
 
 
 class CheckRecord(TypedDict):
     name: str
     passed: bool
+    status: str  # Status' value: pass, warn, fail
     detail: str
 
 
@@ -50,6 +66,7 @@ class VerifyRecord(TypedDict):
 
     image: str
     passed: bool
+    strict: bool
     checks: list[CheckRecord]
 
 
@@ -67,24 +84,30 @@ class VerifyReport:
     image: str
     checks: list[Check] = field(default_factory=list)
     first_import_reads: tuple[str, ...] = ()  # absolute paths in the image, symlinks resolved
+    strict: bool = False  # a warning fails the report (`verify --strict`)
+
+    def status(self, check: Check) -> Status:
+        """A check's line: a warning is a failure in a strict report."""
+        if not check.passed or (check.warning and self.strict):
+            return Status.FAIL
+        return Status.WARN if check.warning else Status.PASS
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(check.passed for check in self.checks)
+        return bool(self.checks) and not self.failed
 
     @property
     def failed(self) -> list[Check]:
-        return [check for check in self.checks if not check.passed]
+        return [check for check in self.checks if self.status(check) is Status.FAIL]
 
     def table(self) -> str:
         width = max((len(check.name) for check in self.checks), default=0)
         lines = [f"verify {self.image}"]
-        lines += [
-            f"{'PASS' if c.passed else 'FAIL'}  {c.name.ljust(width)}  {c.detail}"
-            for c in self.checks
-        ]
+        lines += [f"{self.status(c).name}  {c.name.ljust(width)}  {c.detail}" for c in self.checks]
         passed = len(self.checks) - len(self.failed)
-        lines.append(f"{passed}/{len(self.checks)} checks passed")
+        warnings = sum(self.status(check) is Status.WARN for check in self.checks)
+        tail = f", {warnings} with a warning" if warnings else ""
+        lines.append(f"{passed}/{len(self.checks)} checks passed{tail}")
         return "\n".join(lines)
 
     @classmethod
@@ -99,18 +122,25 @@ class VerifyReport:
         return cls(
             f"{label} ({', '.join(arch for arch, _ in reports)})",
             [
-                Check(f"[{arch}] {check.name}", check.passed, check.detail)
+                replace(check, name=f"[{arch}] {check.name}")
                 for arch, report in reports
                 for check in report.checks
             ],
+            strict=any(report.strict for _, report in reports),
         )
 
     def to_dict(self) -> VerifyRecord:
         return VerifyRecord(
             image=self.image,
             passed=self.passed,
+            strict=self.strict,
             checks=[
-                CheckRecord(name=check.name, passed=check.passed, detail=check.detail)
+                CheckRecord(
+                    name=check.name,
+                    passed=self.status(check) is not Status.FAIL,
+                    status=self.status(check).value,
+                    detail=check.detail,
+                )
                 for check in self.checks
             ],
         )

@@ -78,6 +78,8 @@ def verify_image(
     interpreter, reported otherwise ("none": built without; absent: another tool's image).
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
     holds (every distribution on PYTHONPATH and every dpkg package, both ways).
+    A warning (an import that wrote to stderr or stdout) fails the report once it is made
+    `strict` (`verify --strict`).
     """
     own_client = engine is None
     if engine is None:

@@ -26,6 +26,7 @@ Modules, protocol apart from the application (as in ``http.server``):
   limits      concurrent executes, in all and per source
   config      limits and defaults fixed at start-up
   stopping    stop signals, honoured only from outside the server's own process tree
+  home        the sandbox user's home, made and seeded from the image's caches at start
   main        flags and ``SANDBOX_*`` variables, signals, the reaper thread
 
 Hardening (the commands run as the same user as the server and may race it):

@@ -6,11 +6,13 @@ import argparse
 import contextlib
 import os
 import resource
+import sys
 import threading
 import time
 
 from .app import SandboxServer
 from .config import MIB, Config
+from .home import prepare_home
 from .stopping import block_stop_signals, wait_for_stop
 
 REAP_SECONDS = 1.0
@@ -87,6 +89,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         name = "SANDBOX_" + flag.upper().replace("-", "_")
         parser.add_argument(f"--{flag}", type=kind, default=env_default(name, default), help=text)
     parser.add_argument(
+        "--home-seed",
+        default=env_default("SANDBOX_HOME_SEED", "/opt/sandbox/home"),
+        help="caches built into the image, copied into $HOME at start (see home.py)",
+    )
+    parser.add_argument(
+        "--home-fallback",
+        default=env_default("SANDBOX_HOME_FALLBACK", "/dev/shm/home"),
+        help="the commands' home when $HOME cannot be made (no writable /tmp); empty: none",
+    )
+    parser.add_argument(
         "--spool-dir",
         default=os.environ.get("SANDBOX_SPOOL_DIR"),
         help="where command output is spooled (default: $TMPDIR, /tmp, /var/tmp, else memory)",
@@ -113,6 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.workspace, exist_ok=True)
+    told = prepare_home(os.environ, args.home_seed, args.home_fallback)
+    print(told, file=sys.stderr, flush=True)
     umask = os.umask(0o022)
     os.umask(umask)
     config = Config(
