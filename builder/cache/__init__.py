@@ -46,6 +46,13 @@ def default_root() -> Path:
     return Path(xdg) / "build-sandbox-image"
 
 
+def touch(path: Path) -> None:
+    """Mark `path` used now, by the clock a run's start is read from (time.time()): the
+    kernel's own file times trail it by up to a tick, which a prune's comparison would miss."""
+    now = time.time()
+    os.utime(path, (now, now))
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -86,7 +93,7 @@ class Cache:
             return None
         with self.exclusive(USE_LOCK, sha256):
             try:
-                os.utime(path)
+                touch(path)
             except FileNotFoundError:
                 return None
         return path
@@ -137,7 +144,7 @@ class Cache:
             final.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(temp, 0o644)
             os.replace(temp, final)
-            os.utime(final)
+            touch(final)
         return final
 
     def add_blob(self, source: Path, filename: str) -> tuple[Path, str]:
@@ -198,7 +205,7 @@ class Cache:
         path = self._record_path(kind, key)
         try:
             value = json.loads(path.read_text())
-            os.utime(path)
+            touch(path)
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         return value
@@ -210,6 +217,7 @@ class Cache:
         text = json.dumps(value, sort_keys=True)
         try:
             if path.read_text() == text:
+                touch(path)
                 return
         except (FileNotFoundError, UnicodeDecodeError):
             pass
@@ -218,3 +226,4 @@ class Cache:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(temp, path)
+        touch(path)

@@ -5,10 +5,10 @@ distribution's bytecode, a ztoc), a record (`<kind>/xx/<key>.json`), or a file o
 registry's blob memory). Its last use is its mtime: the cache touches every entry it finds
 (builder.cache). Running runs are the flock-ed files under `runs/`: the oldest one's start,
 less `CLOCK_SLACK`, is the horizon, and no entry touched since is removed, nor any temporary
-file written since (a download in progress). A blob's directory is removed under the lock the
-cache takes to find or place that blob, after its mtime is read again under it: a run finds a
-blob whole or not at all, and one it found stays. A record is read in one go, so removing it
-needs no lock (a reader has its bytes, or a miss).
+file written since (a download in progress); with no run, the horizon is now. A blob's
+directory is removed under the lock the cache takes to find or place that blob, after its mtime
+is read again under it: a run finds a blob whole or not at all, and one it found stays. A
+record is read in one go, so removing it needs no lock (a reader has its bytes, or a miss).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from types import MappingProxyType
 
 from builder.cache import RUNS, USE_LOCK, Cache
 
-CLOCK_SLACK = 2.0  # seconds: a file's time (the kernel's coarse clock) may trail time.time()
+CLOCK_SLACK = 2.0  # seconds: a temporary file's time (the kernel's coarse clock) trails a run's
+# start (time.time()) by up to a tick; entries are touched by time.time() (builder.cache.touch)
 TEMP_PREFIXES = (".partial-", ".gzip-", ".layer-", ".base-layer-")  # unfinished writes
 NOT_RECORDS = frozenset({"blobs", "locks", RUNS})  # the root's directories holding no records
 
@@ -154,7 +155,7 @@ def prune(cache: Cache, keep: int | None, older_than: float | None = None) -> Pr
     started, nor the root's own files. Unfinished writes of runs that ended go too."""
     now = time.time()
     starts = running_starts(cache)
-    horizon = min([now, *starts]) - CLOCK_SLACK
+    horizon = min([now, *(start - CLOCK_SLACK for start in starts)])
     found = entries(cache)
     total = sum(entry.size for entry in found)
     removable = sorted((e for e in found if e.kind is not Kind.OTHER), key=lambda e: e.used)
@@ -165,7 +166,8 @@ def prune(cache: Cache, keep: int | None, older_than: float | None = None) -> Pr
         due = old or (keep is not None and total > keep) or entry.kind is Kind.UNFINISHED
         if not due:
             continue
-        if entry.used >= horizon or not _remove(cache, entry, horizon):
+        since = horizon if entry.kind is not Kind.UNFINISHED else min(horizon, now - CLOCK_SLACK)
+        if entry.used >= since or not _remove(cache, entry, since):
             held += entry.kind is not Kind.UNFINISHED
             continue
         removed, freed, total = removed + 1, freed + entry.size, total - entry.size
@@ -231,19 +233,22 @@ def _entry(path: Path, kind: Kind) -> Entry:
 
 
 def _newest(path: Path) -> float:
-    """The newest mtime of `path` and, for a directory, of what it holds (0: gone)."""
+    """The newest mtime of the files `path` is or holds: a file's is its last use (a blob's
+    directory's own is only its making); an empty directory's own (0: gone)."""
     try:
         newest = path.stat().st_mtime
     except FileNotFoundError:
         return 0.0
-    if path.is_dir():
-        for top, directories, names in os.walk(path):
-            for name in (*directories, *names):
-                try:
-                    newest = max(newest, os.stat(os.path.join(top, name)).st_mtime)
-                except FileNotFoundError:
-                    continue
-    return newest
+    if not path.is_dir():
+        return newest
+    times = []
+    for top, _, names in os.walk(path):
+        for name in names:
+            try:
+                times.append(os.stat(os.path.join(top, name)).st_mtime)
+            except FileNotFoundError:
+                continue
+    return max(times, default=newest)
 
 
 def _delete(path: Path) -> None:

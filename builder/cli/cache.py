@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 SECONDS_PER_DAY = 86_400
 
 
-class BadSize(click.ClickException):
-    """A size that is not one: the one `error:` line and exit 1 of every UserError, though click
-    raises it while parsing (before anything is built or removed)."""
+class BadValue(click.ClickException):
+    """A size or an age that is not one: the one `error:` line and exit 1 of every UserError,
+    though click raises it while parsing (before anything is built or removed)."""
 
     exit_code = 1
 
@@ -43,7 +43,24 @@ class Size(click.ParamType):
         try:
             return parse_size(str(value), what)
         except UserError as error:
-            raise BadSize(str(error)) from None
+            raise BadValue(str(error)) from None
+
+
+class Days(click.ParamType):
+    """An age in days (fractions allowed), in seconds."""
+
+    name = "days"
+
+    def convert(
+        self, value: Any, _param: click.Parameter | None, _ctx: click.Context | None
+    ) -> float:
+        try:
+            days = float(value)
+        except ValueError:
+            days = -1.0
+        if not days >= 0:  # NaN too
+            raise BadValue(f"--older-than: {str(value)[:40]!r} is not a number of days (e.g. 7)")
+        return days * SECONDS_PER_DAY
 
 
 CACHE_DIR_OPTION = click.option(
@@ -64,14 +81,14 @@ CACHE_MAX_OPTION = click.option(
 @reports_errors
 def cache_command(context: click.Context, cache_dir: Path | None, as_json: bool) -> None:
     """Show the cache's size by kind and its location; `prune` and `clean` trim it."""
-    context.obj = cache_dir
+    context.obj = cache_dir or context.find_root().params.get("cache_dir")
     if context.invoked_subcommand is not None:
         return
     from builder.cache import Cache, default_root
     from builder.cache.bound import human
     from builder.cache.prune import usage
 
-    found = usage(Cache(cache_dir or default_root()))
+    found = usage(Cache(context.obj or default_root()))
     if as_json:
         click.echo(json.dumps(found.to_dict(), indent=2))
         return
@@ -93,7 +110,7 @@ def cache_command(context: click.Context, cache_dir: Path | None, as_json: bool)
 )
 @click.option(
     "--older-than",
-    type=click.FloatRange(min=0),
+    type=Days(),
     metavar="DAYS",
     help="Remove every entry unused for this many days (with --keep: then more, to fit).",
 )
@@ -110,8 +127,7 @@ def prune_command(
     cache = Cache(cache_dir or context.obj or default_root())
     if keep is None and older_than is None:
         keep = default_bound(cache.root)
-    age = None if older_than is None else older_than * SECONDS_PER_DAY
-    show_pruned(prune(cache, keep, age), cache.root)
+    show_pruned(prune(cache, keep, older_than), cache.root)
 
 
 @cache_command.command("clean")
