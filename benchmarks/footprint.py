@@ -73,12 +73,14 @@ class Peak:
 
 
 def du(paths: list[Path]) -> int:
-    """Bytes on disk under `paths`, each file once (hard links counted once across them)."""
+    """Bytes on disk under `paths`, each file once (hard links counted once across them), on
+    their own file system only: a running container's overlay mount under the engine's root
+    (`merged/`) is a view of layers counted already, not disk of its own."""
     existing = [str(path) for path in paths if path.exists()]
     if not existing:
         return 0
     out = subprocess.run(
-        ["du", "-s", "-c", "-B1", *existing], capture_output=True, text=True, check=False
+        ["du", "-x", "-s", "-c", "-B1", *existing], capture_output=True, text=True, check=False
     ).stdout
     return int(out.strip().splitlines()[-1].split()[0])
 
