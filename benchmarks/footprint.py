@@ -156,10 +156,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-image", required=True)
     parser.add_argument("--every", type=float, default=1.0, help="seconds between samples")
-    parser.add_argument("--only-example", action="store_true", help="skip the larger set")
+    parser.add_argument("--sets", choices=("both", "example", "larger"), default="both")
     args = parser.parse_args()
-    one_set("example", REPO / "examples" / "requirements.txt", args.base_image, args.every)
-    if not args.only_example:
+    if args.sets != "larger":
+        one_set("example", REPO / "examples" / "requirements.txt", args.base_image, args.every)
+    if args.sets != "example":
         with tempfile.TemporaryDirectory(prefix="bsi-footprint-set-") as temp:
             larger = Path(temp) / "requirements.txt"
             larger.write_text(LARGER)
