@@ -212,3 +212,21 @@ def test_the_cache_command_reads_the_cache_it_is_given(tmp_path: Path) -> None:
     shown = json.loads(result.stdout)
     assert shown["location"] == str(cache.root) and shown["total"] == usage(cache).total
     assert shown["kinds"]["wheels"] == {"size": 5000, "entries": 2}
+
+
+def test_a_closing_prune_that_fails_warns_and_leaves_the_runs_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, paths = filled(tmp_path)
+
+    def broken(*_: object, **__: object) -> Pruned:
+        raise PermissionError(13, "Permission denied", str(cache.root / "blobs"))
+
+    monkeypatch.setattr("builder.cache.bound.prune", broken)
+    with pytest.raises(KeyError), bounded_use(cache, 1) as bound:
+        raise KeyError("the run's own failure")  # still what the caller sees
+    assert (
+        bound.summary()
+        == f"warning: cache: not pruned to its bound (Permission denied: {cache.root / 'blobs'})"
+    )
+    assert all(path.exists() for path in paths.values())

@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -50,7 +50,8 @@ def touch(path: Path) -> None:
     """Mark `path` used now, by the clock a run's start is read from (time.time()): the
     kernel's own file times trail it by up to a tick, which a prune's comparison would miss."""
     now = time.time()
-    os.utime(path, (now, now))
+    with suppress(PermissionError):  # a cache another user wrote, read here: not ours to mark
+        os.utime(path, (now, now))
 
 
 def sha256_of(path: Path) -> str:

@@ -80,12 +80,15 @@ class Bounded:
 
     limit: int  # bytes; 0: unbounded
     pruned: Pruned | None = None
+    failed: str | None = None  # why the closing prune could not run (the build stands)
 
     def summary(self) -> str | None:
         """One line for the run's output: said when unbounded, or when the prune removed or
         had to keep something; a prune with nothing to do is silent."""
         if self.limit == 0:
             return "cache: unbounded (--cache-max 0 / cache-max = 0): nothing is pruned"
+        if self.failed:
+            return f"warning: cache: not pruned to its bound ({self.failed})"
         pruned = self.pruned
         if pruned is None or (pruned.removed == 0 and pruned.left <= self.limit):
             return None
@@ -108,4 +111,7 @@ def bounded_use(cache: Cache, limit: int | None) -> Iterator[Bounded]:
             yield bound
     finally:
         if bound.limit:
-            bound.pruned = prune(cache, keep=bound.limit)
+            try:
+                bound.pruned = prune(cache, keep=bound.limit)
+            except OSError as error:  # never hides the run's own outcome
+                bound.failed = f"{error.strerror}: {error.filename}"
