@@ -172,7 +172,6 @@ def prune(cache: Cache, keep: int | None, older_than: float | None = None) -> Pr
             continue
         removed, freed, total = removed + 1, freed + entry.size, total - entry.size
         kinds[entry.kind] = kinds.get(entry.kind, 0) + entry.size
-    _drop_empty(cache.root)
     return Pruned(removed, freed, total, held, len(starts), kinds)
 
 
@@ -256,16 +255,6 @@ def _delete(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
-
-def _drop_empty(root: Path) -> None:
-    """Remove the blobs' fan-out directories a prune emptied (a blob's writer makes its own
-    again, builder.cache.Cache.place); a record's writer does not, so the records' stay."""
-    for fan in _listing(root / "blobs"):
-        try:
-            fan.rmdir()
-        except OSError:
-            continue
 
 
 def _listing(directory: Path) -> list[Path]:
