@@ -9,7 +9,7 @@ from builder.analysis.loads import scan_source
 from builder.analysis.wheels import WheelInspection, WheelRecord
 from builder.attest.provenance import ExternalParameters, ResourceDescriptor
 from builder.base.profile import ArchFacts
-from builder.cli import app
+from builder.cli import app, cache
 from builder.cli.summary import Report
 from builder.image.extras import LayerRecord
 from builder.image.layer import LayerFacts, shadowed_files
@@ -35,6 +35,8 @@ Ztoc.build_tool  # the writer a ztoc names, read back (tests/test_ztoc.py)
 # Entry points: click registers a command by its decorator, never by name.
 app.verify_command
 app.base_command
+cache.prune_command
+cache.clean_command
 
 # JSON field names a TypedDict declares: written and read as string keys, which vulture does
 # not see as uses of the field.

@@ -16,6 +16,9 @@
                                     # programs' packages (names of programs or of packages)
     torch-backend = "cpu"           # optional, as --torch-backend: PyTorch's CPU build from
                                     # its own index (uv's --torch-backend), no CUDA wheels
+    cache-max = "5GB"               # optional, as --cache-max: the cache's bound at the end of
+                                    # every build (default: the smaller of 20 GB and 10 % of
+                                    # its file system; 0: unbounded)
 
     [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
     arm64 = "ssh://builder@arm64-host"
@@ -34,6 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from builder.analysis.index_options import torch_backend
+from builder.cache.bound import parse_size
 from builder.engines.connection import EngineURL
 from builder.engines.per_arch import known_arch
 from builder.errors import UserError
@@ -60,6 +64,7 @@ KNOWN_KEYS = frozenset(
         "sign-key",
         "without-programs",
         "torch-backend",
+        "cache-max",
     }
 )
 # setting -> BuildKit secret id
@@ -88,6 +93,7 @@ class PipelineConfig:
     soci: bool = True  # attach a SOCI index (lazy loading) to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
     torch_backend: str | None = None  # uv's --torch-backend (builder.analysis.index_options)
+    cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
 
     @property
     def base_image(self) -> ImageRef:
@@ -147,6 +153,7 @@ def load_config(path: Path) -> PipelineConfig:
     if not isinstance(without, list) or not all(isinstance(v, str) and v for v in without):
         raise UserError(f"{path}: 'without-programs' must be a list of program names")
     backend = text("torch-backend")
+    cache_max = _size(data.get("cache-max"), f"{path}: 'cache-max'")
     engines = data.get("engines", {})
     if not isinstance(engines, dict) or not all(isinstance(v, str) for v in engines.values()):
         raise UserError(f"{path}: [engines] must map arches to engine URLs")
@@ -177,7 +184,17 @@ def load_config(path: Path) -> PipelineConfig:
         soci=soci,
         without_programs=tuple(without),
         torch_backend=torch_backend(backend, f"{path}: torch-backend") if backend else None,
+        cache_max=cache_max,
     )
+
+
+def _size(value: object, what: str) -> int | None:
+    """A size setting: a number of bytes, or a string as --cache-max takes it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise UserError(f'{what} must be a size such as "20GB" (or 0 for unbounded)')
+    return parse_size(str(value), what)
 
 
 def set_platform_version(config: PipelineConfig, version: str) -> None:
@@ -220,6 +237,7 @@ class RunSettings:
     soci: bool = True  # attach a SOCI index to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
     torch_backend: str | None = None  # uv's --torch-backend: PyTorch's own build (cpu)
+    cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
 
 
 def merge(
@@ -251,6 +269,7 @@ def merge(
         soci=flags.soci and config.soci,
         without_programs=tuple(dict.fromkeys(config.without_programs + flags.without_programs)),
         torch_backend=flags.torch_backend or config.torch_backend,
+        cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
     )
 
 

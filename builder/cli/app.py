@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from builder.analysis.target import ARCHES, REFERENCE_BASE
 from builder.cli.base import base_command
+from builder.cli.cache import CACHE_MAX_OPTION, cache_command
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
 from builder.cli.sbom import sbom_command
@@ -116,6 +117,7 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
     help="apt auth.conf for a private mirror, passed as a BuildKit secret.",
 )
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
+@CACHE_MAX_OPTION
 @click.option(
     "--refresh", is_flag=True, help="Resolve again even if this input was resolved within the hour."
 )
@@ -183,6 +185,7 @@ def main(
     apt_ca_bundle: Path | None,
     apt_auth: Path | None,
     cache_dir: Path | None,
+    cache_max: int | None,
     refresh: bool,
     overrides: tuple[Path, ...],
     with_optional: bool,
@@ -198,6 +201,7 @@ def main(
     if context.invoked_subcommand is not None:
         return
     from builder.cache import Cache, default_root
+    from builder.cache.bound import bounded_use
     from builder.cli.summary import summary
     from builder.config import RunSettings, load_config, merge
     from builder.engines.connection import engine_client
@@ -227,6 +231,7 @@ def main(
             soci=not no_soci,
             without_programs=without_programs,
             torch_backend=torch_backend,
+            cache_max=cache_max,
         ),
         config,
         output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
@@ -253,7 +258,10 @@ def main(
     options = BuildOptions(
         refresh, overrides, with_optional, no_bytecode, not no_verify, tag, strict=strict
     )
-    built = build(settings, options, config, client, cache, REPORTER, show_plan)
+    with bounded_use(cache, settings.cache_max) as bound:
+        built = build(settings, options, config, client, cache, REPORTER, show_plan)
+    if line := bound.summary():
+        note(line)
     if built.outcome is None or built.delivery is None:
         why = "--no-build" if no_build else "no Docker engine reachable"
         click.echo(f"not building ({why}); build each arch with BuildKit:")
@@ -285,6 +293,7 @@ def main(
     help=f"Only report: exit 0 if up to date, {EXIT_REBUILD_NEEDED} if a rebuild is needed.",
 )
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
+@CACHE_MAX_OPTION
 @click.option(
     "--jobs",
     type=click.IntRange(min=1),
@@ -299,6 +308,7 @@ def rebuild(
     platform_version: str,
     check: bool,
     cache_dir: Path | None,
+    cache_max: int | None,
     jobs: int,
     engine_urls: tuple[str, ...],
 ) -> None:
@@ -308,6 +318,7 @@ def rebuild(
     ending in a table.
     """
     from builder.cache import Cache, default_root
+    from builder.cache.bound import bounded_use
     from builder.cli.fleet import show_fleet
     from builder.cli.summary import summary
     from builder.config import load_config, with_engines
@@ -324,12 +335,19 @@ def rebuild(
     if client is None:
         raise UserError("rebuild: no Docker engine reachable to probe the new base")
     cache = Cache(cache_dir or default_root())
+    limit = cache_max if cache_max is not None or config is None else config.cache_max
+    with bounded_use(cache, limit) as bound:
+        if config is None:
+            fleet = Fleet(config_paths, platform_version, jobs, check)
+            needed = show_fleet(rebuild_fleet(fleet, Shared(client, cache, REPORTER)), fleet)
+        else:
+            found = run_rebuild(config, platform_version, client, cache, REPORTER, check_only=check)
+    if line := bound.summary():
+        note(line)
     if config is None:
-        fleet = Fleet(config_paths, platform_version, jobs, check)
-        if show_fleet(rebuild_fleet(fleet, Shared(client, cache, REPORTER)), fleet):
+        if needed:
             sys.exit(EXIT_REBUILD_NEEDED)
         return
-    found = run_rebuild(config, platform_version, client, cache, REPORTER, check_only=check)
     click.echo(summary(found.plan))
     click.echo("\nchanges since the last build:" if found.changes else "\nno changes: up to date")
     for line in found.changes:
@@ -378,3 +396,4 @@ def show_outcome(outcome: Outcome) -> None:
 main.add_command(sbom_command)
 main.add_command(base_command)
 main.add_command(verify_command)
+main.add_command(cache_command)

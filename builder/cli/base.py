@@ -17,6 +17,7 @@ from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
 
 if TYPE_CHECKING:
+    from builder.cache import Cache
     from builder.oci.name import ImageRef
 
 
@@ -54,12 +55,20 @@ def base_command(
 ) -> None:
     """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
     from builder.cache import Cache, default_root
+
+    cache = Cache(cache_dir or default_root())
+    with cache.in_use():  # a prune meanwhile keeps what this build uses
+        _build(tag, base_image, cache, tuple(dict.fromkeys(arches)) or ("amd64",), no_soci)
+
+
+def _build(
+    tag: ImageRef, base_image: ImageRef, cache: Cache, wanted: tuple[str, ...], no_soci: bool
+) -> None:
+    """The base's build, for the arches `wanted`, while the cache is in use."""
     from builder.image.reference_base import build_base, build_base_index
     from builder.reporter import TO_STDERR
     from builder.retry import Retries
 
-    cache = Cache(cache_dir or default_root())
-    wanted = tuple(dict.fromkeys(arches)) or ("amd64",)
     # one arch: `tag` is the engine's local name; several: the index's registry reference
     if len(wanted) == 1:
         name = tag.as_written

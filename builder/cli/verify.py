@@ -94,7 +94,9 @@ def verify_command(
     installed = Installed()
     if requirements:  # its distributions' modules, and the programs they need for its arch
         arch, left_out = image_architecture(image), frozenset(without_programs)
-        needs = programs_needed(requirements, image, arch, left_out, Cache(default_root()))
+        cache = Cache(default_root())
+        with cache.in_use():  # a prune meanwhile keeps what this reads
+            needs = programs_needed(requirements, image, arch, left_out, cache)
         installed = Installed(distribution_names(requirements), program_expectations(needs))
     report = verify_image(
         image,

@@ -54,10 +54,12 @@ from builder.contract import SANDBOX_USER
 from builder.engines.connection import demultiplexed
 from builder.errors import UserError
 from builder.image.first_reads import LAYOUT_FORMAT, cached_first_reads, laid_out
+from builder.image.gzipped import packed
 from builder.image.install_layout import installed_python_sources
 from builder.image.layer import Layer, keep, written
 
-BYTECODE_FORMAT = "bytecode/1"  # bump when the compile recipe or the tar layout changes
+BYTECODE_FORMAT = "bytecode/2"  # bump when the compile recipe or the tar layout changes
+COMPILED_FILE = "bytecode.tar.gz"  # a distribution's .pyc, gzipped in the cache (gzipped.packed)
 LAYER_KEY = f"{BYTECODE_FORMAT}\n{LAYOUT_FORMAT}"  # a bytecode layer's: its order is the layout's
 # Distributions compiled at once, each a fresh interpreter: one per core, as uv compiles. The
 # compiling engine is always one reached over a unix socket (Engines.compiling_client), so its
@@ -246,7 +248,7 @@ class Compiler:
             f"{BYTECODE_FORMAT}\n{wheel_sha256}\n{self.interpreter.build}\n{self.root}".encode()
         ).hexdigest()
         record = self.cache.get_record("bytecode", key)
-        if record and (tar := self.cache.find_blob(record["tar"], "bytecode.tar")):
+        if record and (tar := self.cache.find_blob(record["tar"], COMPILED_FILE)):
             found = record["compiled"], tuple(record["skipped"])
             first = cached_first_reads(wheel, wheel_sha256, self.cache)
             return Compiled(wheel_sha256, tar, *found, first)
@@ -257,11 +259,9 @@ class Compiler:
             ["-c", COMPILE_SCRIPT, self.root], f"compiling {wheel.name}", _sources_tar(wheel)
         )
         pycs, summary = _pyc_members(output)
-        temp, digest = written(self.cache, lambda out: normalized_tar(out, pycs.items(), "", 0))
-        tar = self.cache.blob_path(digest, "bytecode.tar")
-        tar.parent.mkdir(parents=True, exist_ok=True)
-        temp.chmod(0o644)
-        temp.replace(tar)
+        pack = packed(lambda out: normalized_tar(out, pycs.items(), "", 0))
+        temp, digest = written(self.cache, pack)
+        tar = self.cache.place(temp, digest, COMPILED_FILE)
         skipped = tuple(sorted(summary["skipped"]))
         self.cache.put_record(
             "bytecode", key, {"tar": digest, "compiled": len(pycs), "skipped": skipped}

@@ -22,6 +22,7 @@ format, one cache, and each tar's bytes checked against its diff ID as they are 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import struct
@@ -57,6 +58,20 @@ class Blob:
     size: int
     spans: tuple[int, ...]  # compressed offset where each span's deflate data starts
     span_size: int  # uncompressed bytes per span (the last may hold fewer)
+
+
+def packed(write: Callable[[IO[bytes]], object]) -> Callable[[IO[bytes]], None]:
+    """`write` gzipping into the file it is given (no name, mtime 0: the same bytes give the
+    same digest): a cache entry only a build reads back, kept in its smallest quick form (a
+    distribution's bytecode: 43.6 MB -> 16.1 MB for the example set at level 1)."""
+
+    def gzipping(out: IO[bytes]) -> None:
+        with gzip.GzipFile(
+            filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=out, mtime=0
+        ) as into:
+            write(into)  # type: ignore[arg-type]
+
+    return gzipping
 
 
 def deflate_span(data: bytes) -> bytes:
@@ -157,11 +172,8 @@ def _compress(source: IO[bytes], diff_id: str, cache: Cache, what: str) -> Blob:
                 written += len(piece)
         if f"sha256:{reader.digest.hexdigest()}" != diff_id:
             raise UserError(f"{what} is not {diff_id}")
-        final = cache.blob_path(digest.hexdigest(), "layer.tar.gz")
-        final.parent.mkdir(parents=True, exist_ok=True)
         size = os.path.getsize(temp)
-        os.chmod(temp, 0o644)
-        os.replace(temp, final)
+        final = cache.place(Path(temp), digest.hexdigest(), "layer.tar.gz")
     finally:
         if os.path.exists(temp):
             os.unlink(temp)

@@ -357,11 +357,8 @@ def written(cache: Cache, write: Callable[[IO[bytes]], object]) -> tuple[Path, s
 
 def keep(temp: Path, diff_id: str, cache: Cache, epoch: int) -> Layer:
     """Move a written tar to its place in the cache (read by builders: mode 0644)."""
-    final = cache.blob_path(diff_id, "layer.tar")
-    final.parent.mkdir(parents=True, exist_ok=True)
     size = temp.stat().st_size
-    temp.chmod(0o644)
-    temp.replace(final)
+    final = cache.place(temp, diff_id, "layer.tar")
     return Layer(final, f"sha256:{diff_id}", size, epoch)
 
 

@@ -4,6 +4,13 @@ Everything is written to a temporary name and renamed into place, so a crash or 
 run never leaves a half-written entry that a later run would trust. An entry that is slow to
 make (a download) is made under `exclusive`, so a fleet's templates (threads) or parallel runs
 (processes) that need the same one wait for the first instead of making it again.
+
+Every entry found is touched (its mtime is its last use: what a prune removes first is what was
+used least recently), a blob under its `exclusive` lock of kind `USE_LOCK`, which a prune
+takes too before it removes one. A run says it is using the cache with `in_use`: a prune
+(builder.cache.prune) never removes an entry touched since the oldest running run started, so
+an entry a run found stays until that run ends, and one it has not looked for yet is either
+there whole or not at all (a miss, made again).
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ import json
 import os
 import re
 import tempfile
+import time
+import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -25,6 +34,8 @@ from builder.errors import UserError
 T = TypeVar("T")
 CHUNK = 1 << 20
 _HEX64 = re.compile("[0-9a-f]{64}")
+USE_LOCK = "use-blob"  # `exclusive` kind held while a blob is touched (found) or pruned
+RUNS = "runs"  # one file per run using the cache, flock-ed by it while it runs
 
 
 def default_root() -> Path:
@@ -33,6 +44,14 @@ def default_root() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "build-sandbox-image"
+
+
+def touch(path: Path) -> None:
+    """Mark `path` used now, by the clock a run's start is read from (time.time()): the
+    kernel's own file times trail it by up to a tick, which a prune's comparison would miss."""
+    now = time.time()
+    with suppress(PermissionError):  # a cache another user wrote, read here: not ours to mark
+        os.utime(path, (now, now))
 
 
 def sha256_of(path: Path) -> str:
@@ -68,15 +87,42 @@ class Cache:
         return self.root / "blobs" / sha256[:2] / sha256 / filename
 
     def find_blob(self, sha256: str, filename: str) -> Path | None:
+        """The blob's path, touched as used now, under the lock a prune takes to remove it: once
+        found, it is newer than any running run's start, which a prune leaves alone."""
         path = self.blob_path(sha256, filename)
-        return path if path.is_file() else None
+        if not path.parent.is_dir():
+            return None
+        with self.exclusive(USE_LOCK, sha256):
+            try:
+                touch(path)
+            except FileNotFoundError:
+                return None
+        return path
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Held by a run while it uses the cache: a file under `runs/` naming its start, locked
+        until it ends (or dies), so a prune keeps whatever the run touched since."""
+        runs = self.root / RUNS
+        runs.mkdir(parents=True, exist_ok=True)
+        name = f"{os.getpid()}-{uuid.uuid4().hex}"
+        path, temp = runs / name, runs / f".{name}"
+        with temp.open("w") as held:  # locked before a prune can see it: renamed once locked
+            fcntl.flock(held, fcntl.LOCK_EX)
+            held.write(repr(time.time()))
+            held.flush()
+            temp.rename(path)
+            try:
+                yield
+            finally:
+                path.unlink(missing_ok=True)
 
     @contextmanager
     def writing_blob(self, sha256: str, filename: str) -> Iterator[IO[bytes]]:
         """Open a temporary file that becomes the blob only if it hashes to `sha256`."""
-        final = self.blob_path(sha256, filename)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=final.parent, prefix=".partial-")
+        self.blob_path(sha256, filename)  # both parts checked before anything is written
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=self.root, prefix=".partial-")
         try:
             with os.fdopen(fd, "wb") as handle:
                 hashing = _HashingWriter(handle)
@@ -84,11 +130,23 @@ class Cache:
             actual = hashing.digest.hexdigest()
             if actual != sha256:
                 raise ValueError(f"{filename}: sha256 {actual} does not match the lock ({sha256})")
-            os.chmod(temp, 0o644)  # build contexts hard-link blobs; builders must read them
-            os.replace(temp, final)
+            self.place(Path(temp), sha256, filename)
         finally:
             if os.path.exists(temp):
                 os.unlink(temp)
+
+    def place(self, temp: Path, sha256: str, filename: str) -> Path:
+        """Rename a finished temporary file (in the cache's root) into place as the blob, readable
+        by builders (build contexts hard-link blobs), under the lock a prune takes to remove the
+        blob's directory: a prune never removes the directory between its making and the rename.
+        """
+        final = self.blob_path(sha256, filename)
+        with self.exclusive(USE_LOCK, sha256):
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(temp, 0o644)
+            os.replace(temp, final)
+            touch(final)
+        return final
 
     def add_blob(self, source: Path, filename: str) -> tuple[Path, str]:
         """Copy a local file (a wheel built on the host) into the cache."""
@@ -143,10 +201,15 @@ class Cache:
         return self.root / kind / key[:2] / f"{key}.json"
 
     def get_record(self, kind: str, key: str) -> Any | None:
+        """The record, touched as used now (a record is read whole in one go: a prune that
+        removes it meanwhile leaves this read its bytes, or a miss)."""
+        path = self._record_path(kind, key)
         try:
-            return json.loads(self._record_path(kind, key).read_text())
+            value = json.loads(path.read_text())
+            touch(path)
         except (FileNotFoundError, json.JSONDecodeError):
             return None
+        return value
 
     def put_record(self, kind: str, key: str, value: Any) -> None:
         """Record `value` atomically; a record that already says the same is left as it is (a
@@ -155,6 +218,7 @@ class Cache:
         text = json.dumps(value, sort_keys=True)
         try:
             if path.read_text() == text:
+                touch(path)
                 return
         except (FileNotFoundError, UnicodeDecodeError):
             pass
@@ -163,3 +227,4 @@ class Cache:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(temp, path)
+        touch(path)
