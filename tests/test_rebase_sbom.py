@@ -159,7 +159,11 @@ def stacked(
     (output / "report.json").write_text("{}")
     wheels = [
         SimpleNamespace(
-            name=name, filename=files[name].name, url=f"https://x/{files[name].name}", sha256=sha
+            name=name,
+            filename=files[name].name,
+            url=f"https://x/{files[name].name}",
+            sha256=sha,
+            index="",  # PyPI's (PlannedWheel.index)
         )
         for name, sha in shas.items()
     ]
