@@ -5,21 +5,21 @@ standard library calls on a subclass (`readinto`, `do_GET`, ...) are `ignore_nam
 pyproject.toml's [tool.vulture].
 """
 
-from builder.analysis.loads import scan_source
-from builder.analysis.wheels import WheelInspection, WheelRecord
 from builder.attest.provenance import ExternalParameters, ResourceDescriptor
 from builder.base.profile import ArchFacts
 from builder.cli import app, cache
 from builder.cli.summary import Report
-from builder.image.extras import LayerRecord
-from builder.image.layer import LayerFacts, shadowed_files
+from builder.inspect.loads import scan_source
+from builder.inspect.wheels import WheelInspection, WheelRecord
+from builder.layers.extras import LayerRecord
+from builder.layers.layer import LayerFacts, shadowed_files
 from builder.oci.name import ImageRef
 from builder.oci.v1 import DescriptorRecord, IndexDocument, ManifestDocument
 from builder.oci.ztoc import Ztoc
 from builder.reporter import QUIET
 from builder.runtime import SERVER_ENTRY, SERVER_PACKAGE
 from builder.sign.keys import PublicKey
-from builder.verify.race import RaceLayout
+from builder.verify.hardened.race import RaceLayout
 
 # Used by the tests only: small pieces they pin behaviour down through.
 QUIET  # a reporter that says nothing (tests/test_upgrade.py, tests/test_rebase_*.py)

@@ -45,7 +45,7 @@ from upgrade import derived_base, timed  # noqa: E402
 
 from builder.cache import Cache  # noqa: E402
 from builder.contract import DEPS_EXTRA  # noqa: E402
-from builder.image.bytecode import COMPILERS, CompileQueue, Compiler  # noqa: E402
+from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler  # noqa: E402
 
 DEFAULT_SET = "scikit-learn\nmatplotlib\nsympy\n"
 ROLE = "org.build-sandbox-image.role=bytecode"  # the compile container's label

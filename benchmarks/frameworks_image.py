@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from build_vs_handwritten import CA_BUNDLE, DOCKER, derived_base, handwritten  # noqa: E402
 
-from builder.image.gzipped import compress_stream  # noqa: E402
+from builder.layers.gzipped import compress_stream  # noqa: E402
 
 DEFAULT_SET = "sentence-transformers\n"
 GPU_ONLY = ("nvidia-", "cuda-", "triton")  # distribution names a CPU sandbox never loads

@@ -8,7 +8,7 @@ base and measures what a sandbox pays, so the layout is chosen on figures:
 
     a  hand-written: a builder stage `pip install --target --no-deps` (timestamp .pyc)
     b  one deps-extra layer, no bytecode (the tool today)
-    c  one deps-extra layer + one bytecode layer (unchecked-hash .pyc, builder.image.bytecode)
+    c  one deps-extra layer + one bytecode layer (unchecked-hash .pyc, builder.layers.bytecode)
     d  one layer per distribution (largest lowest) + one bytecode layer
     e  one layer per distribution + one bytecode layer per distribution (2N layers)
     f  one layer per distribution, each holding its own bytecode (N layers)
@@ -53,8 +53,8 @@ from typing import Any, TypeVar
 import docker
 
 from builder.cache import Cache, sha256_of
-from builder.image.bytecode import Compiled, CompileQueue, Compiler, Interpreter, bytecode_layer
-from builder.image.layer import (
+from builder.layers.bytecode import Compiled, CompileQueue, Compiler, Interpreter, bytecode_layer
+from builder.layers.layer import (
     Layer,
     LayerWheels,
     keep,
@@ -258,7 +258,7 @@ def per_distribution(
     order: Sequence[Path], wheels: Sequence[Path], shas: dict[Path, str], cache: Cache
 ) -> tuple[Layer, ...]:
     """One layer per wheel in `order`, each leaving out what a later wheel (lock order) installs,
-    as builder.image.extras writes them."""
+    as builder.layers.extras writes them."""
     shadowed = shadowed_files(wheels)
     return tuple(
         wheels_layer(LayerWheels(((shas[w], w),), shadowed[w]), ROOT, cache) for w in order

@@ -24,10 +24,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from builder.assemble.build import BuildSpec, build_image  # noqa: E402
+from builder.assemble.from_engine import push_engine_images  # noqa: E402
 from builder.credentials import from_environment, registry  # noqa: E402
 from builder.engines.connection import engine_client  # noqa: E402
-from builder.image.build import BuildSpec, build_image  # noqa: E402
-from builder.image.from_engine import push_engine_images  # noqa: E402
 from builder.oci.name import ImageRef  # noqa: E402
 
 STEP = re.compile(r"^\[arm64\] #(\d+) \[(.+?)\] (RUN .*)$")

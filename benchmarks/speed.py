@@ -50,7 +50,7 @@ from bytecode import (  # noqa: E402
 from upgrade import derived_base, timed  # noqa: E402
 
 from builder.cache import Cache  # noqa: E402
-from builder.image.bytecode import COMPILERS  # noqa: E402
+from builder.layers.bytecode import COMPILERS  # noqa: E402
 
 PY_SPY = Path(sys.executable).parent / "py-spy"
 RATE = 50  # samples per second and thread
@@ -58,16 +58,16 @@ RATE = 50  # samples per second and thread
 PHASES = (
     ("imports at start", ("<module> (",)),
     ("base probe", ("builder/base/",)),
-    ("resolution (uv), stale picks", ("analysis/resolve.py", "analysis/stale.py")),
-    ("downloads", ("analysis/index.py",)),
-    ("wheel inspection: ELF, run-time loads", ("analysis/wheels.py", "analysis/elf.py")),
-    ("wheel inspection: ELF, run-time loads", ("analysis/loads.py",)),
-    ("planning: natives, Debian packages", ("builder/analysis/",)),
-    ("bytecode compile (waiting on the engine)", ("image/bytecode.py",)),
-    ("layer writing and hashing", ("image/layer.py", "image/extras.py", "builder/cache.py")),
-    ("gzip of layers for the push", ("image/gzipped.py",)),
-    ("BuildKit system stage", ("image/build.py", "orchestration/produce_build.py")),
-    ("assembly: docker load and save", ("image/assemble.py", "image/saved.py")),
+    ("resolution (uv), stale picks", ("resolve/uv.py", "resolve/stale.py")),
+    ("downloads", ("resolve/index.py",)),
+    ("wheel inspection: ELF, run-time loads", ("inspect/wheels.py", "inspect/elf.py")),
+    ("wheel inspection: ELF, run-time loads", ("inspect/loads.py",)),
+    ("planning: natives, Debian packages", ("builder/plan/",)),
+    ("bytecode compile (waiting on the engine)", ("layers/bytecode.py",)),
+    ("layer writing and hashing", ("layers/layer.py", "layers/extras.py", "builder/cache/")),
+    ("gzip of layers for the push", ("layers/gzipped.py",)),
+    ("BuildKit system stage", ("assemble/build.py", "orchestration/produce_build.py")),
+    ("assembly: docker load and save", ("assemble/assemble.py", "assemble/saved.py")),
     ("orchestration: waiting on the steps above", ("builder/orchestration/",)),
     ("render, report, the rest of builder", ("builder/",)),
 )

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from builder.analysis.index_options import torch_backend
 from builder.cache.bound import parse_size
 from builder.engines.connection import EngineURL
 from builder.engines.per_arch import known_arch
 from builder.errors import UserError
 from builder.oci.name import TAG_RE, ImageRef
+from builder.resolve.index_options import torch_backend
 
 KNOWN_KEYS = frozenset(
     {
@@ -92,7 +92,7 @@ class PipelineConfig:
     sign_key: Path | None = None  # cosign's encrypted key or a PKCS#8 PEM (builder.sign.keys)
     soci: bool = True  # attach a SOCI index (lazy loading) to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
-    torch_backend: str | None = None  # uv's --torch-backend (builder.analysis.index_options)
+    torch_backend: str | None = None  # uv's --torch-backend (builder.resolve.index_options)
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
 
     @property

@@ -150,7 +150,7 @@ class Retries:
     """One run's retries: the policy, the clocks, the budget left, and what was retried.
 
     Shared by every registry client of the run and its index requests (listings, wheel
-    downloads: builder.analysis.index), its threads too (the record is locked). The
+    downloads: builder.resolve.index), its threads too (the record is locked). The
     clock measures how long a failed try took (monotonic); `wall` is what an HTTP-date
     `Retry-After` is read against.
     """

@@ -3,7 +3,7 @@
 The shipped profile is what `build-sandbox-image` assumes when no engine can reach the base, so
 it must come from the reference runtime image itself, not be written by hand. It holds the facts
 only: which image they hold for is the caller's (the default base is
-builder.analysis.target.REFERENCE_BASE), and only a live probe pins a digest.
+builder.resolve.target.REFERENCE_BASE), and only a live probe pins a digest.
 
 Usage: scripts/gen_base_profile.py IMAGE [--out PATH]
 """

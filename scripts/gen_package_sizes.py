@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))  # run as a plain script from a checkout
 
 from gen_soname_index import index_arguments, write_lines  # noqa: E402  (the same family)
 
-from builder.analysis.target import ARCHES  # noqa: E402
+from builder.resolve.target import ARCHES  # noqa: E402
 
 DATA = REPO / "builder" / "data"
 

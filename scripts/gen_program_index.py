@@ -29,7 +29,7 @@ from gen_soname_index import (  # noqa: E402  (this directory: the same family)
     write_index,
 )
 
-from builder.analysis.target import ARCHES  # noqa: E402
+from builder.resolve.target import ARCHES  # noqa: E402
 
 PATH_DIRECTORIES = ("usr/bin/", "bin/", "usr/sbin/", "sbin/")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a plain script from a checkout
 
-from builder.analysis.target import ARCHES  # noqa: E402
+from builder.resolve.target import ARCHES  # noqa: E402
 
 SHARED_LIBRARY = re.compile(r"[^/]+\.so(\.[^/]*)?")
 UNWANTED_SUFFIXES = ("-dev", "-dbg", "-dbgsym")

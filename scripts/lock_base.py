@@ -1,7 +1,7 @@
 """Regenerate the reference base's hash locks: builder/runtime/pylock.{amd64,arm64}.toml.
 
 Resolves builder/runtime/requirements.in with uv for CPython <profile python> on manylinux
-x86_64 and aarch64 (the same resolution the extension builds use, see builder.analysis.resolve).
+x86_64 and aarch64 (the same resolution the extension builds use, see builder.resolve.uv).
 
     python scripts/lock_base.py            re-lock at the versions of builder/data/base-profile.json
                                            (fresh hashes and URLs, same versions)
@@ -18,12 +18,17 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from builder.analysis.requirements import read_requirements
-from builder.analysis.resolve import resolve
-from builder.analysis.target import ARCHES, REFERENCE_BASE, Target, shipped_profile
 from builder.cache import Cache, default_root
-from builder.image.reference_base import LOCK_HEADER, RUNTIME_DIR, lock_path, locked_versions
 from builder.oci.name import ImageRef
+from builder.orchestration.reference_base import (
+    LOCK_HEADER,
+    RUNTIME_DIR,
+    lock_path,
+    locked_versions,
+)
+from builder.resolve.requirements import read_requirements
+from builder.resolve.target import ARCHES, REFERENCE_BASE, Target, shipped_profile
+from builder.resolve.uv import resolve
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
     python scripts/push_images.py REGISTRY/REPO:TAG ARCH=IMAGE [ARCH=IMAGE ...]
 
-Each image goes up by digest (the tool's own path: builder.image.from_engine and
+Each image goes up by digest (the tool's own path: builder.assemble.from_engine and
 builder.oci.remote.write), the index names each with its platform under TAG, and each image is
 also tagged TAG-ARCH. Nothing is pushed when TAG already names an index of exactly these
 images (their configs are the engine's image ids) and each TAG-ARCH names its image, so a
@@ -24,10 +24,10 @@ import docker.errors
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a plain script
 
 from builder import credentials
+from builder.assemble.from_engine import push_engine_images
 from builder.cache import Cache
 from builder.engines.connection import engine_client
 from builder.errors import UserError
-from builder.image.from_engine import push_engine_images
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, read, resolve, write

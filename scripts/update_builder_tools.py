@@ -6,7 +6,7 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from builder.analysis.index import DEFAULT_INDEX, index_files
+from builder.resolve.index import DEFAULT_INDEX, index_files
 
 TOOLS = Path(__file__).resolve().parent.parent / "builder" / "data" / "builder-tools.toml"
 

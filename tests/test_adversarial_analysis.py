@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from builder.analysis.loads import scan_source, scan_sources
+from builder.inspect.loads import scan_source, scan_sources
 
 
 def test_deeply_nested_expression_is_skipped_not_a_crash():

@@ -14,13 +14,13 @@ import pytest
 from support.fakeregistry import INDEX, MANIFEST, Content, Server
 from support.registryhelp import layer_tar
 
-from builder.analysis.target import ARCHES
 from builder.base.from_registry import probe_registry
 from builder.base.layers import LD_CACHE_MAGIC, Layers, ld_cache_entries
 from builder.base.platforms import offered_arches
 from builder.cache import Cache
 from builder.errors import RegistryError
 from builder.oci.name import ImageRef
+from builder.resolve.target import ARCHES
 
 
 @pytest.fixture

@@ -9,14 +9,14 @@ from click.testing import CliRunner
 from support.credhelp import write_docker_config
 from support.registryhelp import forget_credentials
 
-from builder.analysis.target import REFERENCE_BASE
 from builder.cli.app import main
 from builder.config import RunSettings, load_config, merge, set_platform_version
 from builder.credentials import lookup
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.orchestration import commands
-from builder.orchestration.rebuild_state import load_state
+from builder.publish.state import load_state
+from builder.resolve.target import REFERENCE_BASE
 
 BASE = 'requirements = ["r.txt"]\nbase-repository = "reg.example/rt"\nplatform-version = "1.0"\n'
 DEFAULT_BASE = ImageRef.parse(REFERENCE_BASE)  # what the CLI passes when --base-image is not given

@@ -1,7 +1,7 @@
 """The apt step: the Debian packages land in the layer, apt's scratch never does.
 
 The binary cache, the downloaded .debs and the tool's apt config live in a tmpfs for the RUN
-(builder.image.render.apt_steps); a real one-step build on the stand-in base shows the layer.
+(builder.context.render.apt_steps); a real one-step build on the stand-in base shows the layer.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from builder.assemble.apt import build_apt_image, saved_layer
+from builder.assemble.build import BuildSpec, build_image
 from builder.cache import Cache
+from builder.context.render import APT_CONFIG, APT_RETRIES, APT_SETUP, Secrets, apt_steps
 from builder.engines.connection import Engine
-from builder.image.apt import build_apt_image, saved_layer
-from builder.image.build import BuildSpec, build_image
-from builder.image.render import APT_CONFIG, APT_RETRIES, APT_SETUP, Secrets, apt_steps
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 

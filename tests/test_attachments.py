@@ -31,15 +31,15 @@ from support.wheelfactory import compile_so, make_wheel
 from support.wheelindex import serve_wheel
 
 from builder.cache import Cache
+from builder.context.render import check_output
 from builder.engines.connection import Engine
-from builder.image.attachments import read_attached
-from builder.image.reference_base import build_base_index, chosen_wheels, locked_packages
-from builder.image.render import check_output
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
 from builder.oci.ztoc import SOCI_INDEX
+from builder.orchestration.reference_base import build_base_index, chosen_wheels, locked_packages
+from builder.publish.attachments import read_attached
 from builder.verify.run import verify_image
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
@@ -139,7 +139,7 @@ def test_the_sbom_and_provenance_are_found_through_the_fallback_tag(
 ) -> None:
     documents = attached(registry, pushed)
     # and a SOCI index: built from another cache, the image takes its base's layers' ztocs from
-    # the index `base` attached to the base (builder.image.soci.base_ztocs)
+    # the index `base` attached to the base (builder.layers.soci.base_ztocs)
     assert set(documents) == {SBOM, INTOTO, SOCI_INDEX}
     assert pushed.report["soci"]["ztocs"] and pushed.report["soci"]["index"]
     assert documents[SBOM] == (pushed.context / "sbom-amd64.cdx.json").read_bytes()

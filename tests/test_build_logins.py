@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from builder.image.build import base_logins
+from builder.assemble.build import base_logins
 from builder.oci.name import ImageRef
 
 LOCAL = "127.0.0.1:5000"

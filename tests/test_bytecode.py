@@ -1,4 +1,4 @@
-"""Bytecode compiled by the base's own interpreter (builder.image.bytecode), on the real engine.
+"""Bytecode compiled by the base's own interpreter (builder.layers.bytecode), on the real engine.
 
 The reproducibility traps the module guards against are shown to be real here first (a shared
 interpreter and a random hash seed each change the bytes), so the tests that the compiler's
@@ -22,8 +22,8 @@ from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
-from builder.image import bytecode, first_reads
-from builder.image.bytecode import CompileQueue, Compiler, bytecode_layer
+from builder.layers import bytecode, first_reads
+from builder.layers.bytecode import CompileQueue, Compiler, bytecode_layer
 
 pytestmark = pytest.mark.usefixtures("docker_client")
 

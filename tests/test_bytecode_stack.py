@@ -1,4 +1,4 @@
-"""The extras' bytecode layers (builder.image.extras.with_bytecode) on the real engine: compiled
+"""The extras' bytecode layers (builder.layers.extras.with_bytecode) on the real engine: compiled
 once by the native interpreter for every arch, byte for byte the same from two cold caches, and
 an arm64 image built from the amd64 compile imports from its .pyc without writing anything."""
 
@@ -12,13 +12,13 @@ import pytest
 from support.compilehelp import compile_all
 from support.wheelfactory import make_wheel
 
+from builder.assemble.assemble import Assembly, assemble
 from builder.cache import Cache, sha256_of
 from builder.contract import BYTECODE_LABEL
 from builder.engines.connection import Engine
-from builder.image import bytecode
-from builder.image.assemble import Assembly, assemble
-from builder.image.bytecode import Compiler
-from builder.image.extras import BYTECODE, DISTRIBUTION, distribution_layers, with_bytecode
+from builder.layers import bytecode
+from builder.layers.bytecode import Compiler
+from builder.layers.extras import BYTECODE, DISTRIBUTION, distribution_layers, with_bytecode
 from builder.verify.run import verify_image
 
 pytestmark = pytest.mark.usefixtures("docker_client")

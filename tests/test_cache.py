@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.analysis.index import RemoteFile, download, redact
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.resolve.index import download
+from builder.resolve.resolution import RemoteFile, redact
 
 
 def test_download_checks_the_hash_and_keeps_nothing_on_mismatch(tmp_path: Path) -> None:

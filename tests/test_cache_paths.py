@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.analysis.index import RemoteFile, download
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.resolve.index import download
+from builder.resolve.resolution import RemoteFile
 
 SHA = "ab" * 32
 

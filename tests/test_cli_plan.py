@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.analysis.target import shipped_facts
-from builder.image.render import APT_LISTS, APT_SCRATCH, APT_UPDATE
+from builder.context.render import APT_LISTS, APT_SCRATCH, APT_UPDATE
+from builder.resolve.target import shipped_facts
 
 pytestmark = pytest.mark.usefixtures("package_index")
 

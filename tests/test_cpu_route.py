@@ -20,9 +20,9 @@ from support.images import build, docker, run_hardened
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
-from builder.analysis.target import shipped_facts
 from builder.config import load_config
 from builder.errors import UserError
+from builder.resolve.target import shipped_facts
 
 PROJECT = "bsi-torchlike"
 INIT = b"import filelock\n\nBUILD = 'cpu'\n"  # a dependency only PyPI serves, as torch's filelock

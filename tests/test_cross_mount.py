@@ -23,7 +23,6 @@ import pytest
 from conftest import Registry as LocalRegistry
 from support.registryhelp import layer_tar
 
-from builder.blob_memory import MAX_HOLDERS, FileBlobMemory
 from builder.credentials import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -31,7 +30,8 @@ from builder.oci.remote import Blobs, LocalFile, write
 from builder.oci.transport import Exchange
 from builder.oci.v1 import Descriptor, Image, digest_of
 from builder.orchestration.node_update import baseline, chain_ids, node_update, previous_images
-from builder.orchestration.rebuild_state import BuildState
+from builder.publish.blob_memory import MAX_HOLDERS, FileBlobMemory
+from builder.publish.state import BuildState
 
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from builder.analysis.debian import (
+from builder.plan.debian import (
     DynamicLoad,
     dynamic_loads,
     package_for,
@@ -21,7 +21,7 @@ from builder.analysis.debian import (
     symbol_maxima,
     version_tuple,
 )
-from builder.analysis.target import ARCHES, Arch
+from builder.resolve.target import ARCHES, Arch
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_ARCHES = pytest.mark.parametrize("arch", list(ARCHES.values()), ids=list(ARCHES))

@@ -9,9 +9,18 @@ from pathlib import Path
 import pytest
 from support.wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
 
-from builder.analysis import wheels as inspection_module
-from builder.analysis.elf import ElfFile, is_elf, read_elf
-from builder.analysis.natives import (
+from builder.cache import Cache, sha256_of
+from builder.errors import UserError
+from builder.inspect import wheels as inspection_module
+from builder.inspect.elf import ElfFile, is_elf, read_elf
+from builder.inspect.wheels import (
+    RECORD_KIND,
+    WheelInspection,
+    derive_top_level,
+    inspect_as_ready,
+    inspect_wheel,
+)
+from builder.plan.natives import (
     BY_RPATH,
     BY_WHEEL_SET,
     NativeNeed,
@@ -20,16 +29,7 @@ from builder.analysis.natives import (
     resolve_needs,
     symbol_problems,
 )
-from builder.analysis.target import ARCHES
-from builder.analysis.wheels import (
-    RECORD_KIND,
-    WheelInspection,
-    derive_top_level,
-    inspect_as_ready,
-    inspect_wheel,
-)
-from builder.cache import Cache, sha256_of
-from builder.errors import UserError
+from builder.resolve.target import ARCHES
 
 LOADER = ARCHES["amd64"].loader
 BASE = frozenset({"libc.so.6", "libm.so.6", "libgcc_s.so.1"})

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from builder.assemble.build import BuildSpec, build_image
 from builder.config import load_config, with_engines
 from builder.engines import per_arch as engines_module
 from builder.engines.connection import Engine, EngineURL
 from builder.engines.per_arch import Engines, connect, engine_flags
 from builder.errors import UserError
-from builder.image.build import BuildSpec, build_image
 
 CONFIG = """\
 requirements = ["requirements.txt"]

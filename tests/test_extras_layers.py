@@ -1,4 +1,4 @@
-"""The extras as one layer per distribution (builder.image.extras): digests that depend on the
+"""The extras as one layer per distribution (builder.layers.extras): digests that depend on the
 wheel alone, a bump that rewrites only its own layer, a budget kept, and the stack holding what
 one `pip install --target` of the set holds."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 from support.wheelfactory import make_wheel
 
-from builder.analysis.layering import BUCKETS
 from builder.cache import Cache, sha256_of
-from builder.image.extras import DISTRIBUTION, distribution_layers
-from builder.image.layer import write_tar
+from builder.layers.extras import DISTRIBUTION, distribution_layers
+from builder.layers.layer import write_tar
+from builder.plan.layering import BUCKETS
 
 ROOT = "/app/deps-extra"
 

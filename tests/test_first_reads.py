@@ -6,8 +6,8 @@ from pathlib import Path
 
 from support.wheelfactory import make_wheel
 
-from builder.image import first_reads as reading
-from builder.image.first_reads import first_reads, laid_out, module_name, wheel_first_reads
+from builder.layers import first_reads as reading
+from builder.layers.first_reads import first_reads, laid_out, module_name, wheel_first_reads
 
 SOURCES = {
     "pkg/__init__.py": b"from . import core\nfrom .sub import helper\nimport json\n",

@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import builder.analysis.index as index
 import builder.engines.connection
 import builder.orchestration.fleet
-from builder.analysis.index import RemoteFile, download
+import builder.resolve.index as index
 from builder.cache import Cache
 from builder.cli.app import main
 from builder.errors import UserError
@@ -28,6 +27,8 @@ from builder.oci.name import ImageRef
 from builder.orchestration.commands import Rebuild
 from builder.orchestration.fleet import Fleet, Shared, SharedBases, rebuild_fleet
 from builder.reporter import Reporter
+from builder.resolve.index import download
+from builder.resolve.resolution import RemoteFile
 
 WAIT = 30  # seconds a thread may take to get where the test waits for it (never reached)
 

@@ -16,14 +16,14 @@ import pytest
 from support.clirun import assert_one_error_line
 from support.plans import reference_profile
 
-from builder.analysis.index import download_all
-from builder.analysis.plan import ArchPlan, Plan, choose_wheel, plan_arch
-from builder.analysis.requirements import RequirementSet, read_requirements
-from builder.analysis.resolve import resolve
-from builder.analysis.target import ARCHES as ARCH
-from builder.analysis.target import Arch, BaseProfile, Target
-from builder.analysis.wheels import inspect_wheel
 from builder.cache import Cache
+from builder.inspect.wheels import inspect_wheel
+from builder.plan.plan import ArchPlan, Plan, choose_wheel, plan_arch
+from builder.resolve.index import download_all
+from builder.resolve.requirements import RequirementSet, read_requirements
+from builder.resolve.target import ARCHES as ARCH
+from builder.resolve.target import Arch, BaseProfile, Target
+from builder.resolve.uv import resolve
 
 pytestmark = pytest.mark.usefixtures("package_index")
 

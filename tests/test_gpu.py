@@ -12,13 +12,13 @@ import pytest
 from support.plans import SOURCE, TAG, plan_for, reference_profile
 from support.wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
 
-from builder.analysis.gpu import accelerator_only, driver_library, droppable, gpu_weight
-from builder.analysis.plan import Plan
-from builder.analysis.requirements import RequirementSet
-from builder.analysis.stale import HeldBack, held_back_notes
-from builder.analysis.target import ARCHES, Target, shipped_facts
-from builder.analysis.unresolvable import unresolvable
 from builder.cli.summary import summary
+from builder.plan.gpu import accelerator_only, driver_library, droppable, gpu_weight
+from builder.plan.plan import Plan
+from builder.resolve.requirements import RequirementSet
+from builder.resolve.stale import HeldBack, held_back_notes
+from builder.resolve.target import ARCHES, Target, shipped_facts
+from builder.resolve.unresolvable import unresolvable
 
 
 @pytest.mark.parametrize(

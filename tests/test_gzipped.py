@@ -16,8 +16,8 @@ import pytest
 
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.image import gzipped as gzipped_module
-from builder.image.gzipped import Blob, ahead, cached_gzip, gzipped, gzipped_from
+from builder.layers import gzipped as gzipped_module
+from builder.layers.gzipped import Blob, ahead, cached_gzip, gzipped, gzipped_from
 
 
 def layer_tar(path: Path, size: int = 3 << 20) -> tuple[Path, str]:
@@ -114,7 +114,7 @@ def test_ahead_gives_each_layer_its_ztoc_after_its_blob(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a SOCI index to attach, the push finds the layer's ztoc in the cache as well."""
-    from builder.image import soci
+    from builder.layers import soci
 
     tar = tmp_path / "layer.tar"
     with tarfile.open(tar, "w", format=tarfile.PAX_FORMAT) as archive:

@@ -19,9 +19,9 @@ import pytest
 from support import sandboxserver
 from support.sandboxserver import SERVER_PYTHONPATH, NamespacedServer, sandbox_of, start_namespaced
 
-from builder.verify import hardening
 from builder.verify.checks import CONTRACT
 from builder.verify.client import Sandbox
+from builder.verify.hardened import hardening
 from builder.verify.report import run_check
 
 UNHARDENED = Path(__file__).resolve().parent / "support" / "unhardened_server.py"

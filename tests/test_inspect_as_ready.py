@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from support.wheelfactory import make_wheel
 
-from builder.analysis import wheels
-from builder.analysis.wheels import RECORD_KIND, inspect_as_ready, inspect_wheel
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
+from builder.inspect import wheels
+from builder.inspect.wheels import RECORD_KIND, inspect_as_ready, inspect_wheel
 
 
 def wheel(tmp_path: Path, name: str) -> tuple[Path, str]:

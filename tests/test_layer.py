@@ -16,14 +16,14 @@ import pytest
 from support.unpack import unpack
 from support.wheelfactory import make_wheel
 
-from builder.analysis import wheels as wheels_module
-from builder.analysis.wheels import WheelInspection, inspect_wheel
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
-from builder.image import gzipped as gzipped_module
-from builder.image import layer as layer_module
-from builder.image.gzipped import gzipped, spans_of
-from builder.image.layer import (
+from builder.inspect import wheels as wheels_module
+from builder.inspect.wheels import WheelInspection, inspect_wheel
+from builder.layers import gzipped as gzipped_module
+from builder.layers import layer as layer_module
+from builder.layers.gzipped import gzipped, spans_of
+from builder.layers.layer import (
     ZIP_EPOCH,
     Layer,
     LayerWheels,
@@ -36,7 +36,7 @@ ROOT = "/app/deps-extra"
 
 
 def layer_of(files: list[Path], cache: Cache) -> Layer:
-    """The layer of `files` as builder.image.extras writes one group: its wheels by sha256."""
+    """The layer of `files` as builder.layers.extras writes one group: its wheels by sha256."""
     return wheels_layer(LayerWheels(tuple((sha256_of(f), f) for f in files)), ROOT, cache)
 
 
@@ -105,7 +105,7 @@ def test_layout_is_pip_target_with_fixed_metadata(tmp_path: Path) -> None:
     files_in_order = [entry.name for entry in entries if not entry.isdir()]
     assert names[: len(directories)] == sorted(directories)  # directories first, sorted
     assert names[:2] == ["app", "app/deps-extra"]
-    # what importing the top-level modules reads leads (builder.image.first_reads), then sorted
+    # what importing the top-level modules reads leads (builder.layers.first_reads), then sorted
     assert files_in_order[:2] == ["app/deps-extra/alpha/__init__.py", "app/deps-extra/beta.py"]
     assert files_in_order[2:] == sorted(files_in_order[2:])
     assert {e.mtime for e in entries} == {layer.source_date_epoch}
@@ -139,7 +139,7 @@ def test_the_epoch_is_read_once_per_wheel_and_a_stale_record_is_not_trusted(
     tmp_path: Path,
 ) -> None:
     """A wheel's newest date is part of its inspection, cached by sha256: the plan's epoch
-    (image.assemble.plan_epoch) is what the zips say, and a second plan opens no zip for it.
+    (assemble.assemble.plan_epoch) is what the zips say, and a second plan opens no zip for it.
     A record without the date (an older schema, or a damaged one) is read again, not used."""
     files = wheels(tmp_path)
     cache = Cache(tmp_path / "c")

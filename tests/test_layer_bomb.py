@@ -13,13 +13,13 @@ import pytest
 from support.fakeregistry import MANIFEST, Content, Server
 from support.registryhelp import forget_credentials, layer_tar
 
-from builder.analysis.target import ARCHES
 from builder.base import layers as layers_module
 from builder.base.from_registry import probe_registry
 from builder.base.layers import Layers, Oversized
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.oci.name import ImageRef
+from builder.resolve.target import ARCHES
 
 GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 STATUS = b"Package: libc6\nStatus: install ok installed\nVersion: 2.41-12\n\n"

@@ -1,10 +1,10 @@
-"""How distributions are grouped into layers (builder.analysis.layering)."""
+"""How distributions are grouped into layers (builder.plan.layering)."""
 
 from __future__ import annotations
 
 import pytest
 
-from builder.analysis.layering import BUCKETS, LayerGroup, Member, bucket_of, group_layers
+from builder.plan.layering import BUCKETS, LayerGroup, Member, bucket_of, group_layers
 
 MB = 1_000_000
 

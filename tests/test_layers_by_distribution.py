@@ -1,4 +1,4 @@
-"""One layer per distribution (builder.image.layer.wheels_layer): the same wheel gives the same
+"""One layer per distribution (builder.layers.layer.wheels_layer): the same wheel gives the same
 layer in any set, and the stacked layers hold exactly what one `pip install --target` of the
 set (the single-layer writer) holds, whichever order they stack in."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
-from builder.image.bytecode import source_of
-from builder.image.extras import distribution_layers, own_layers_as_ready
-from builder.image.layer import LayerWheels, shadowed_files, wheels_layer, write_tar
+from builder.layers.bytecode import source_of
+from builder.layers.extras import distribution_layers, own_layers_as_ready
+from builder.layers.layer import LayerWheels, shadowed_files, wheels_layer, write_tar
 
 ROOT = "/app/deps-extra"
 

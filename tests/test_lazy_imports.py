@@ -81,7 +81,7 @@ def test_a_build_starts_without_sbom_signing_template_or_elf_libraries() -> None
     assert not tops(loaded) & set(NOT_ON_A_RERUN), sorted(tops(loaded) & set(NOT_ON_A_RERUN))
     assert "cryptography.hazmat.primitives.serialization" not in loaded  # builder.sign.keys
     # the verifier and the SBOM reading: only a run that verifies or pushes imports them
-    assert "builder.verify.run" not in loaded and "builder.image.attachments" not in loaded
+    assert "builder.verify.run" not in loaded and "builder.publish.attachments" not in loaded
     # docker-py imports paramiko for ssh://; its body (0.3 s) runs only when first used
     assert "paramiko.transport" not in loaded
 

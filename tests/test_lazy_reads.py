@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builder.image.lazy_reads import LayerSpans, spans_read
+from builder.layers.lazy_reads import LayerSpans, spans_read
 from builder.oci.ztoc import Checkpoint, FileEntry, Ztoc
 
 SPAN = 100  # uncompressed bytes a span holds, scaled down

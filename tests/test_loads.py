@@ -9,9 +9,9 @@ import pytest
 from support.plans import AMD64, plan_for
 from support.wheelfactory import make_wheel
 
-from builder.analysis.loads import LoadSite, scan_source, worth_reading
-from builder.analysis.wheels import inspect_wheel
 from builder.cache import Cache, sha256_of
+from builder.inspect.loads import LoadSite, scan_source, worth_reading
+from builder.inspect.wheels import inspect_wheel
 
 PURE = "py3-none-any"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
-from builder.analysis.loads import LoadSite, scan_sources
-from builder.analysis.wheels import inspect_wheel
 from builder.cache import Cache, sha256_of
+from builder.inspect.loads import LoadSite, scan_sources
+from builder.inspect.wheels import inspect_wheel
 
 PURE = "py3-none-any"
 INIT = b"""\

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from support.plans import reference_profile
 
-from builder.analysis.plan import Plan
 from builder.cache import Cache
 from builder.orchestration.prepare import Request, prepare
+from builder.plan.plan import Plan
 
 pytestmark = pytest.mark.usefixtures("package_index")
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from builder import credentials
+from builder.assemble import from_engine
 from builder.errors import RegistryError
-from builder.image import from_engine
 from builder.oci.name import ImageRef
 from builder.oci.remote import resolve
 from builder.oci.v1 import DOCKER_LAYER, DOCKER_MANIFEST, OCI_INDEX, Platform, digest_of

@@ -1,4 +1,4 @@
-"""Where each distribution came from (builder.analysis.origins): the index uv took it from, as
+"""Where each distribution came from (builder.resolve.origins): the index uv took it from, as
 the resolution, the plan's table, report.json and the SBOM say it, credentials removed; and
 which indexes are read at all (plain http only on loopback)."""
 
@@ -13,18 +13,18 @@ from support.plans import plan_for, reference_profile
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
-from builder.analysis.origins import as_given, is_default
-from builder.analysis.plan import ArchPlan, Plan
-from builder.analysis.requirements import read_requirements
-from builder.analysis.resolve import resolve
-from builder.analysis.target import ARCHES, Target
 from builder.attest.contents import PythonDistribution, WheelOrigin, distribution
 from builder.attest.sbom import ImageContents, listed, timestamp, wheel_origins
 from builder.attest.sbom_render import sbom_document
 from builder.cache import Cache
 from builder.cli.summary import summary
 from builder.errors import UserError
-from builder.image.attachments import wheel_origin
+from builder.plan.plan import ArchPlan, Plan
+from builder.publish.attachments import wheel_origin
+from builder.resolve.origins import as_given, is_default
+from builder.resolve.requirements import read_requirements
+from builder.resolve.target import ARCHES, Target
+from builder.resolve.uv import resolve
 
 AMD64 = ARCHES["amd64"]
 CPU = "bsi-cpu-build"

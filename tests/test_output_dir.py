@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from support.plans import reference_profile
 
-from builder.analysis.plan import ArchPlan, Plan
+from builder.context.render import MARKER, render, update_report
 from builder.errors import UserError
-from builder.image.extras import ExtrasLayer
-from builder.image.layer import Layer
-from builder.image.render import MARKER, render, update_report
+from builder.layers.extras import ExtrasLayer
+from builder.layers.layer import Layer
+from builder.plan.plan import ArchPlan, Plan
 
 
 def empty_plan() -> Plan:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from support.images import build, docker, run_hardened
 
-from builder.analysis.gpu import is_gpu_only
+from builder.plan.gpu import is_gpu_only
 
 pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 

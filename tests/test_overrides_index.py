@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from support.plans import reference_profile
 
-from builder.analysis.gpu import is_gpu_only
-from builder.analysis.requirements import read_requirements
-from builder.analysis.resolve import resolve
-from builder.analysis.target import ARCHES, Target
 from builder.cache import Cache
+from builder.plan.gpu import is_gpu_only
+from builder.resolve.requirements import read_requirements
+from builder.resolve.target import ARCHES, Target
+from builder.resolve.uv import resolve
 
 pytestmark = pytest.mark.usefixtures("package_index")
 

@@ -9,8 +9,8 @@ from packaging import _manylinux
 from support.plans import SOURCE, TAG, plan_for
 from support.wheelfactory import compile_so, make_wheel
 
-from builder.analysis.target import ARCHES, Arch
 from builder.errors import UserError
+from builder.resolve.target import ARCHES, Arch
 
 
 @pytest.mark.parametrize("arch", ARCHES.values(), ids=ARCHES.keys())

@@ -17,14 +17,14 @@ import docker.models.containers
 import pytest
 from support.wheelfactory import compile_so
 
-from builder.analysis.debian import packages_providing
-from builder.analysis.target import ARCHES, BaseProfile, shipped_facts
 from builder.base.probe import PROBE_LABEL, _repo_digest, probe_base
 from builder.base.profile import base_problems, profile_differences
 from builder.cache import Cache
 from builder.engines.connection import engine_client
 from builder.errors import UserError
 from builder.oci.name import ImageRef
+from builder.plan.debian import packages_providing
+from builder.resolve.target import ARCHES, BaseProfile, shipped_facts
 
 AMD64, ARM64 = ARCHES["amd64"], ARCHES["arm64"]
 

@@ -14,14 +14,14 @@ from packaging.specifiers import SpecifierSet
 from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
-from builder.analysis.debian import (
+from builder.inspect.programs import scan_source, scan_sources
+from builder.plan.debian import (
     ProgramEntry,
     _program_entry,
     package_for_program,
     program_table,
 )
-from builder.analysis.programs import scan_source, scan_sources
-from builder.analysis.target import ARCHES
+from builder.resolve.target import ARCHES
 
 PURE = "py3-none-any"
 

@@ -1,5 +1,5 @@
-"""Reading the programs Python code runs (builder/analysis/programs.py), and what the plan makes
-of them (builder/analysis/program_needs.py): synthetic sources for each call form, small
+"""Reading the programs Python code runs (builder/inspect/programs.py), and what the plan makes
+of them (builder/plan/program_needs.py): synthetic sources for each call form, small
 wheels shaped like pdf2image, pytesseract, pydub, graphviz and matplotlib, the index lookup.
 """
 
@@ -11,11 +11,11 @@ import pytest
 from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
-from builder.analysis.debian import added_size, package_for_program, program_table
-from builder.analysis.program_names import program_name
-from builder.analysis.programs import scan_source, scan_sources
-from builder.analysis.target import ARCHES, shipped_facts
 from builder.errors import UserError
+from builder.inspect.program_names import program_name
+from builder.inspect.programs import scan_source, scan_sources
+from builder.plan.debian import added_size, package_for_program, program_table
+from builder.resolve.target import ARCHES, shipped_facts
 
 PURE = "py3-none-any"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.images import build, docker, run_hardened
 
-from builder.analysis.debian import program_table
+from builder.plan.debian import program_table
 
 pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from builder.context import labels
 from builder.errors import UserError
-from builder.image import labels
 from builder.oci.mutate import ConfigChange, NewLayer, append, top
 from builder.oci.v1 import (
     DOCKER_LAYER,

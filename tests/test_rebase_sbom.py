@@ -1,7 +1,7 @@
 """A rebase's SBOM names, for every extra, the layer that holds its files, as a build's does.
 
 The rebase reuses the previous image's extras layers as they are; which distributions each
-holds is read back from their history lines (builder.image.extras.holding_layers): a
+holds is read back from their history lines (builder.layers.extras.holding_layers): a
 distribution's own layer names it, a bucket holds the names its hash sends there, a bytecode
 layer holds none, and an image of before layers by distribution has one layer holding all.
 """
@@ -26,11 +26,10 @@ from support.rebasing import own_base, rebase_plan
 from support.wheelfactory import make_wheel
 
 from builder import credentials
-from builder.analysis.layering import bucket_of
 from builder.attest import sbom
 from builder.cache import Cache, sha256_of
 from builder.engines.per_arch import Engines
-from builder.image.extras import (
+from builder.layers.extras import (
     BYTECODE,
     DISTRIBUTION,
     ExtrasLayer,
@@ -38,8 +37,8 @@ from builder.image.extras import (
     distribution_layers,
     holding_layers,
 )
-from builder.image.gzipped import gzipped
-from builder.image.layer import Layer
+from builder.layers.gzipped import gzipped
+from builder.layers.layer import Layer
 from builder.oci.mutate import ConfigChange, NewLayer, append
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
@@ -47,6 +46,7 @@ from builder.oci.remote import Blobs, write
 from builder.orchestration.delivery import Delivery, Run, Target, deliver
 from builder.orchestration.prepare import Finish
 from builder.orchestration.produce_rebase import Previous, RebaseProducer
+from builder.plan.layering import bucket_of
 from builder.reporter import QUIET
 
 ROOT = "/app/deps-extra"

@@ -24,10 +24,10 @@ import pytest
 from click.testing import CliRunner
 from packaging.utils import parse_wheel_filename
 
-from builder.analysis.target import ARCHES, Target, shipped_facts
+from builder.assemble.build import BuildSpec, build_image
 from builder.cli import app as cli
-from builder.image import reference_base as reference
-from builder.image.build import BuildSpec, build_image
+from builder.orchestration import reference_base as reference
+from builder.resolve.target import ARCHES, Target, shipped_facts
 from builder.runtime import SERVER, SERVER_PACKAGE
 from builder.verify.checks import CONTRACT
 from builder.verify.container import LABEL, image_user_check

@@ -24,7 +24,6 @@ from typing import NamedTuple
 import pytest
 from support.registryhelp import layer_tar
 
-from builder.analysis.target import shipped_profile
 from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.credentials import Credentials
@@ -34,6 +33,7 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, resolve, write
 from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.reporter import QUIET, Reporter
+from builder.resolve.target import shipped_profile
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 

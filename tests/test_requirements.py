@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder.analysis.requirements import MAX_NESTING, read_requirements
 from builder.errors import UserError
+from builder.resolve.requirements import MAX_NESTING, read_requirements
 
 
 def write(path: Path, text: str) -> Path:

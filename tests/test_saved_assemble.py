@@ -20,18 +20,18 @@ import pytest
 from support.images import local_images
 from support.registryhelp import layer_tar
 
+from builder.assemble import assemble as assemble_module
+from builder.assemble import from_engine
+from builder.assemble.assemble import Assembly, assemble
+from builder.assemble.build import BuildSpec, build_image
+from builder.assemble.from_engine import assembled_image
+from builder.assemble.saved import cached_config, read_save
 from builder.cache import Cache
 from builder.credentials import Credentials
 from builder.errors import UserError
-from builder.image import assemble as assemble_module
-from builder.image import from_engine
-from builder.image.assemble import Assembly, assemble
-from builder.image.build import BuildSpec, build_image
-from builder.image.extras import ExtrasLayer
-from builder.image.from_engine import assembled_image
-from builder.image.gzipped import gzipped
-from builder.image.layer import Layer
-from builder.image.saved import cached_config, read_save
+from builder.layers.extras import ExtrasLayer
+from builder.layers.gzipped import gzipped
+from builder.layers.layer import Layer
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import write

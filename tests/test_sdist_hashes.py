@@ -18,9 +18,9 @@ import pytest
 from support.clirun import assert_one_error_line, requirements, run
 from support.wheelindex import serve_wheel
 
-from builder.analysis.index import RemoteFile
-from builder.analysis.requirements import read_requirements
 from builder.errors import UserError
+from builder.resolve.requirements import read_requirements
+from builder.resolve.resolution import RemoteFile
 
 PROJECT = "bsi-sdist-only"
 SDIST_FILES = {

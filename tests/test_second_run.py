@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from support.plans import reference_profile
 
-from builder.analysis import index as fetch
-from builder.analysis import resolve
-from builder.analysis import wheels as inspect
 from builder.cache import Cache
+from builder.inspect import wheels as inspect
 from builder.orchestration.prepare import Request, prepare
+from builder.resolve import index as fetch
+from builder.resolve import uv as resolve
 
 pytestmark = pytest.mark.usefixtures("package_index")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from support.sandboxserver import NamespacedServer, ServerProcess, health_limit, processes_with
 
-from builder.verify.starve import ATTACK
+from builder.verify.hardened.starve import ATTACK
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 

@@ -32,7 +32,6 @@ from builder.attest import provenance, sbom
 from builder.cache import Cache
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
-from builder.image import attachments
 from builder.oci import remote
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -40,6 +39,7 @@ from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import Blobs, InMemory, write
 from builder.oci.v1 import Descriptor, Image, canonical, digest_of
 from builder.orchestration import delivery
+from builder.publish import attachments
 from builder.reporter import QUIET
 from builder.sign.check import check_signed
 from builder.sign.cosign import DSSE_ENVELOPE, att_tag, sig_tag, signed_push

@@ -7,8 +7,8 @@ from pathlib import Path
 from support.plans import TAG, plan_for, reference_profile
 from support.wheelfactory import make_wheel
 
-from builder.analysis.plan import Plan
 from builder.cli.summary import summary
+from builder.plan.plan import Plan
 
 
 def test_sizes_per_distribution_and_total(tmp_path: Path) -> None:

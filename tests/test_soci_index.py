@@ -14,10 +14,10 @@ from support.wheelfactory import make_wheel
 from builder.cache import Cache, sha256_of
 from builder.config import RunSettings, load_config, merge, settings_of
 from builder.errors import UserError
-from builder.image import soci as soci_module
-from builder.image.gzipped import gzipped, spans_of
-from builder.image.layer import LayerWheels, wheels_layer
-from builder.image.soci import attached_index_problems, base_ztocs, soci_index, soci_record
+from builder.layers import soci as soci_module
+from builder.layers.gzipped import gzipped, spans_of
+from builder.layers.layer import LayerWheels, wheels_layer
+from builder.layers.soci import attached_index_problems, base_ztocs, soci_index, soci_record
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -26,7 +26,7 @@ from builder.oci.remote import Blobs, LocalFile, attach, resolve, write
 from builder.oci.v1 import DOCKER_LAYER, Descriptor, Image, Index, Platform, digest_of
 from builder.oci.ztoc import SOCI_INDEX, LayerZtoc, SociIndex, ztoc_bytes
 
-SIZE = 9 << 20  # a layer of three spans (builder.image.gzipped.SPAN: 4 MiB of tar)
+SIZE = 9 << 20  # a layer of three spans (builder.layers.gzipped.SPAN: 4 MiB of tar)
 REFERENCE = ImageRef.parse("python:3.13-slim-trixie")
 CONFIG = b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}'
 
@@ -248,7 +248,7 @@ def test_base_tag_pushes_the_reference_base_with_an_index_of_its_own_layers(
     """`base --tag` (one arch here) saves and gzips the base's layers itself: each one gets
     a ztoc, the SBOM and provenance beside the index, and the pushed base checks clean; an
     image on it built from another cache reuses its ztocs through that index."""
-    from builder.image.reference_base import build_base_index
+    from builder.orchestration.reference_base import build_base_index
 
     monkeypatch.setenv("BSI_REGISTRY_USER", registry.user)
     monkeypatch.setenv("BSI_REGISTRY_PASSWORD", registry.password)

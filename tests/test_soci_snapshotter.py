@@ -29,8 +29,8 @@ from support.registryhelp import tool
 from support.socinode import SociNode, TlsRegistry
 
 from builder.cache import Cache
-from builder.image.gzipped import spans_of
-from builder.image.soci import attached_index_problems
+from builder.layers.gzipped import spans_of
+from builder.layers.soci import attached_index_problems
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef

@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from builder.analysis import resolve as resolve_module
-from builder.analysis import stale
-from builder.analysis.index import RemoteFile
-from builder.analysis.requirements import read_requirements
-from builder.analysis.resolve import LockedPackage
-from builder.analysis.stale import HeldBack, index_listings, parse_via, stale_picks
-from builder.analysis.target import ARCHES, Target, shipped_facts
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.resolve import stale
+from builder.resolve import uv as resolve_module
+from builder.resolve.requirements import read_requirements
+from builder.resolve.resolution import LockedPackage, RemoteFile
+from builder.resolve.stale import HeldBack, index_listings, parse_via, stale_picks
+from builder.resolve.target import ARCHES, Target, shipped_facts
 
 AMD64 = ARCHES["amd64"]
 TARGET = Target(shipped_facts(), (AMD64,))

@@ -12,10 +12,10 @@ from typing import Any, cast
 import docker.errors
 import pytest
 
+from builder.assemble.build import BuildSpec
 from builder.cache import Cache
 from builder.engines.connection import Engine
 from builder.errors import UserError
-from builder.image.build import BuildSpec
 from builder.oci.name import ImageRef
 from builder.orchestration import produce_build
 from builder.orchestration.produce_build import SystemStages

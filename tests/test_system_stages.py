@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from builder.assemble.build import BuildSpec
 from builder.base.probe import probe_base
 from builder.cache import Cache
 from builder.contract import BYTECODE_LABEL
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
-from builder.image.build import BuildSpec
 from builder.oci.name import ImageRef
 from builder.orchestration import produce_build
 from builder.orchestration.prepare import Request, finish, prepare

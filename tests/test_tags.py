@@ -7,7 +7,7 @@ import re
 import pytest
 
 from builder.errors import UserError
-from builder.image.tags import extras_hash, image_tag
+from builder.publish.tags import extras_hash, image_tag
 
 # --- naming -------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from builder.errors import UserError
-from builder.image.template import apply_hint, set_image, warm_pool_warnings
+from builder.publish.template import apply_hint, set_image, warm_pool_warnings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NEW = "127.0.0.1:5000/team/python-sandbox@sha256:" + "0123456789abcdef" * 4

@@ -17,7 +17,7 @@ from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.orchestration import delivery
 from builder.orchestration.delivery import Produced
-from builder.orchestration.rebuild_state import (
+from builder.publish.state import (
     BuildState,
     changes,
     load_state,

@@ -19,24 +19,24 @@ import pytest
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
-from builder.analysis.index import (
+from builder.cache import Cache, sha256_of
+from builder.errors import UserError
+from builder.reporter import Reporter
+from builder.resolve.index import (
     INDEX_FAULTS,
     SIMPLE_JSON,
     UV,
     UV_HTTP_RETRIES,
-    RemoteFile,
     download,
     index_files,
     retried,
     uv_environment,
     uv_python,
 )
-from builder.analysis.requirements import RequirementSet
-from builder.analysis.target import ARCHES, Target, shipped_facts
-from builder.analysis.unresolvable import unresolvable
-from builder.cache import Cache, sha256_of
-from builder.errors import UserError
-from builder.reporter import Reporter
+from builder.resolve.requirements import RequirementSet
+from builder.resolve.resolution import RemoteFile
+from builder.resolve.target import ARCHES, Target, shipped_facts
+from builder.resolve.unresolvable import unresolvable
 from builder.retry import POLICY, Retries
 
 AMD64 = ARCHES["amd64"]

@@ -16,9 +16,9 @@ from support.wheelfactory import make_wheel
 
 from builder.cache import Cache, sha256_of
 from builder.errors import UserError
-from builder.image import gzipped as gzipped_module
-from builder.image.gzipped import gzipped
-from builder.image.layer import LayerWheels, wheels_layer
+from builder.layers import gzipped as gzipped_module
+from builder.layers.gzipped import gzipped
+from builder.layers.layer import LayerWheels, wheels_layer
 from builder.oci import ztoc, ztoc_read
 from builder.oci.v1 import DOCKER_LAYER, OCI_MANIFEST, Descriptor, digest_of
 

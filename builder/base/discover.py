@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import docker
 
-from builder.analysis.target import BaseProfile, shipped_facts, shipped_profile
 from builder.base.from_registry import probe_registry
 from builder.base.probe import probe_base
 from builder.base.profile import base_problems, profile_differences
@@ -12,6 +11,7 @@ from builder.cache import Cache
 from builder.errors import RegistryUnreachable
 from builder.oci.name import ImageRef
 from builder.reporter import Reporter
+from builder.resolve.target import BaseProfile, shipped_facts, shipped_profile
 from builder.retry import Retries
 
 

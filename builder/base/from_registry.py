@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypedDict, cast
 
-from builder.analysis.target import ARCHES, Arch, BaseProfile
 from builder.base.layers import Layers
 from builder.base.profile import (
     DEBIAN_VERSION,
@@ -32,6 +31,7 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Index, Platform
+from builder.resolve.target import ARCHES, Arch, BaseProfile
 from builder.retry import Retries
 
 RECORD_KIND = "registry-probe"

@@ -2,7 +2,7 @@
 
 Each layer is applied in order with its whiteouts (`.wh.<name>` hides a lower path,
 `.wh..wh..opq` empties a lower directory), keeping only what the base facts need: symlinks,
-shared libraries (their soname, via `builder.analysis.elf`), METADATA of the distributions on
+shared libraries (their soname, via `builder.inspect.elf`), METADATA of the distributions on
 PYTHONPATH, the dpkg status and file lists, and ld.so.cache. `facts()` then reports what the
 engine probe's in-container script reports, from the merged tree. A layer is gunzipped here,
 not by tarfile, so the bytes it inflates to are counted and cut off at MAX_UNPACKED: a small
@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from builder.analysis.elf import read_elf
-from builder.analysis.target import Arch
 from builder.base.profile import DEBIAN_VERSION, ArchFacts, installed_packages
+from builder.inspect.elf import read_elf
+from builder.resolve.target import Arch
 
 MAX_LIBRARY = 256 << 20  # a shared library read whole to find its DT_SONAME
 MAX_TEXT = 64 << 20  # METADATA, dpkg status and lists, ld.so.cache

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 import docker
 import docker.errors
 
-from builder.analysis.target import ARCHES
 from builder.cache import Cache
 from builder.credentials import registry
 from builder.errors import RegistryError, UserError
@@ -22,6 +21,7 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import offered
 from builder.oci.v1 import Platform
 from builder.reporter import QUIET, Reporter
+from builder.resolve.target import ARCHES
 from builder.retry import Retries
 
 PLATFORMS_RECORD = "platforms"  # cache records: a manifest digest -> the arches it offers

@@ -19,7 +19,6 @@ import docker
 import docker.errors
 import requests
 
-from builder.analysis.target import ARCHES, BaseProfile
 from builder.base.profile import (
     ArchFacts,
     installed_packages,
@@ -31,6 +30,7 @@ from builder.engines.connection import failure_reason, held_digests, local_image
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.reporter import QUIET, Reporter
+from builder.resolve.target import ARCHES, BaseProfile
 from builder.retry import Retries
 
 PROBE_TIMEOUT = 120

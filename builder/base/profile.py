@@ -13,10 +13,10 @@ import re
 from collections.abc import Mapping
 from typing import NotRequired, TypedDict
 
-from builder.analysis.debian import packages_providing
-from builder.analysis.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseFacts, BaseProfile
 from builder.contract import DEPS, SANDBOX_UID
 from builder.oci.name import ImageRef
+from builder.plan.debian import packages_providing
+from builder.resolve.target import ARCHES, GLIBC_MAJOR, GLIBC_MINOR, BaseFacts, BaseProfile
 
 TARGET_PYTHON = "3.13"
 TARGET_GLIBC = f"{GLIBC_MAJOR}.{GLIBC_MINOR}"

@@ -11,6 +11,9 @@ takes too before it removes one. A run says it is using the cache with `in_use`:
 (builder.cache.prune) never removes an entry touched since the oldest running run started, so
 an entry a run found stays until that run ends, and one it has not looked for yet is either
 there whole or not at all (a miss, made again).
+
+Every stage keeps what it made here, so the cache imports nothing of the project but the errors
+(tests/test_layout.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from builder.analysis.target import ARCHES, REFERENCE_BASE
 from builder.cli.base import base_command
 from builder.cli.cache import CACHE_MAX_OPTION, cache_command
 from builder.cli.errors import reports_errors
@@ -24,11 +23,12 @@ from builder.cli.shared import ENGINE_OPTION, REPORTER, WITHOUT_PROGRAM_OPTION, 
 from builder.cli.verify import verify_command
 from builder.errors import UserError
 from builder.orchestration import DEFAULT_JOBS
+from builder.resolve.target import ARCHES, REFERENCE_BASE
 
 if TYPE_CHECKING:
-    from builder.analysis.plan import Plan
     from builder.oci.name import ImageRef
     from builder.orchestration.delivery import Outcome
+    from builder.plan.plan import Plan
 
 TOOL = "build-sandbox-image"  # the distribution whose metadata `--version` reads
 DEFAULT_OUTPUT = Path("sandbox-image")
@@ -364,7 +364,7 @@ def _torch_backend(value: str | None) -> str | None:
     """--torch-backend, checked as the config's key is; a usage error when it names no build."""
     if value is None:
         return None
-    from builder.analysis.index_options import torch_backend
+    from builder.resolve.index_options import torch_backend
 
     try:
         return torch_backend(value, "--torch-backend")

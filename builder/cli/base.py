@@ -1,7 +1,7 @@
 """Command line `base`: build the reference runtime base. Parses and prints only.
 
 Apart from builder/cli/app.py (which registers it) so that module stays within its size; the
-build is builder.image.reference_base.
+build is builder.orchestration.reference_base.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from builder.analysis.target import ARCHES
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
+from builder.resolve.target import ARCHES
 
 if TYPE_CHECKING:
     from builder.cache import Cache
@@ -65,7 +65,7 @@ def _build(
     tag: ImageRef, base_image: ImageRef, cache: Cache, wanted: tuple[str, ...], no_soci: bool
 ) -> None:
     """The base's build, for the arches `wanted`, while the cache is in use."""
-    from builder.image.reference_base import build_base, build_base_index
+    from builder.orchestration.reference_base import build_base, build_base_index
     from builder.reporter import TO_STDERR
     from builder.retry import Retries
 

@@ -22,7 +22,7 @@ ERROR_CHARS = 600  # an error line longer than this is cut
 
 def error_line(message: str) -> str:
     """The one stderr line for a failure: newlines folded, URL credentials masked, bounded."""
-    from builder.analysis.requirements import redact_credentials  # only a failure pays for it
+    from builder.resolve.requirements import redact_credentials  # only a failure pays for it
 
     line = redact_credentials(" ".join(message.split()))
     return f"error: {line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS] + '…'}"

@@ -1,7 +1,7 @@
 """Command line `sbom REF`: print what is attached to a pushed image. Parses and prints only.
 
 Apart from builder/cli/app.py (which registers it) so that module stays within its size; the
-reading is builder.image.attachments.read_attached.
+reading is builder.publish.attachments.read_attached.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from builder.analysis.target import ARCHES
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
+from builder.resolve.target import ARCHES
 
 if TYPE_CHECKING:
     from builder.oci.name import ImageRef
@@ -39,7 +39,7 @@ def sbom_command(reference: ImageRef, arch: str | None, want_provenance: bool) -
 def _print_attached(reference: ImageRef, arch: str | None, want_provenance: bool) -> None:
     from builder.attest import provenance, sbom
     from builder.errors import UserError
-    from builder.image.attachments import read_attached
+    from builder.publish.attachments import read_attached
     from builder.reporter import TO_STDERR
     from builder.retry import Retries
 

@@ -1,7 +1,7 @@
 """verify's `soci` line: the SOCI index attached to a pushed image, checked. Words only.
 
 Apart from builder/cli/app.py so that module stays within its size; the check itself is
-builder.image.soci.attached_index_problems.
+builder.layers.soci.attached_index_problems.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def soci_check(image: ImageRef, retries: Retries) -> Check | None:
     """Its SOCI index names only the image's layers and each ztoc matches its layer; None when
     `image` names no registry or carries no index (nothing to check)."""
-    from builder.image.soci import attached_index_problems
+    from builder.layers.soci import attached_index_problems
 
     try:
         found = attached_index_problems(image, retries)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from builder.analysis.origins import is_default
-from builder.analysis.plan import ArchPlan, Plan, PlannedWheel
-from builder.analysis.sizes import human, size_figures
-from builder.image.extras import BytecodeRecord, ExtrasLayerFacts
+from builder.layers.extras import BytecodeRecord, ExtrasLayerFacts
 from builder.oci.remote import Written
 from builder.orchestration.node_update import NodeUpdate
+from builder.plan.plan import ArchPlan, Plan, PlannedWheel
+from builder.plan.sizes import human, size_figures
+from builder.resolve.origins import is_default
 
 
 class ArchReport(TypedDict, total=False):

@@ -72,14 +72,14 @@ def verify_command(
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
     from builder import credentials
-    from builder.analysis.requirements import distribution_names
     from builder.cache import Cache, default_root
     from builder.cli.soci import soci_check
     from builder.engines.connection import image_architecture
-    from builder.image.attachments import attached_sbom
     from builder.orchestration.delivery import program_expectations
     from builder.orchestration.prepare import programs_needed
+    from builder.publish.attachments import attached_sbom
     from builder.reporter import TO_STDERR
+    from builder.resolve.requirements import distribution_names
     from builder.retry import Retries
     from builder.sign.check import check_signed
     from builder.sign.keys import load_public_key

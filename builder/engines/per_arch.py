@@ -26,7 +26,6 @@ from types import MappingProxyType
 
 import docker
 
-from builder.analysis.target import ARCHES
 from builder.engines.connection import (
     API_TIMEOUT,
     LOOPBACK,
@@ -36,6 +35,7 @@ from builder.engines.connection import (
     native_arch,
 )
 from builder.errors import UserError
+from builder.resolve.target import ARCHES
 
 CONNECT_DEADLINE = 8.0  # seconds for every named engine to answer, together (< 10 s promised)
 

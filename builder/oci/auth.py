@@ -8,12 +8,13 @@ own origin, and to a token service that is HTTPS (plain HTTP only on loopback).
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+
+from builder.oci.name import is_loopback
 
 AUTH_HINT = "log in (docker login {host}) or set BSI_REGISTRY_USER/BSI_REGISTRY_PASSWORD"
 CLIENT_ID = "build-sandbox-image"
@@ -33,17 +34,6 @@ class Credentials:
         """The Basic Authorization header value of this login."""
         pair = f"{self.username}:{self.secret}".encode()
         return "Basic " + base64.b64encode(pair).decode()
-
-
-def is_loopback(host: str) -> bool:
-    """Loopback registries speak plain HTTP and never go through a proxy."""
-    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def trusted_realm(realm: str) -> bool:

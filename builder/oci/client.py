@@ -31,15 +31,8 @@ from builder.errors import (
     RegistryUnreachable,
 )
 from builder.oci import transport
-from builder.oci.auth import (
-    MAX_TOKEN_ANSWER,
-    Credentials,
-    is_loopback,
-    token_of,
-    token_request,
-    trusted_realm,
-)
-from builder.oci.name import DIGEST_RE, TAG_RE, ImageRef
+from builder.oci.auth import MAX_TOKEN_ANSWER, Credentials, token_of, token_request, trusted_realm
+from builder.oci.name import DIGEST_RE, TAG_RE, ImageRef, is_loopback
 from builder.oci.transport import Exchange, Fault, VerifiedBlob
 from builder.oci.v1 import MANIFEST_TYPES, digest_of
 from builder.retry import Retries, SteadyBody

@@ -9,7 +9,9 @@ once, where the text enters (CLI, config, state); inside, references travel as `
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import urllib.parse
 from dataclasses import dataclass, field, replace
 
 from builder.errors import UserError
@@ -137,3 +139,19 @@ class ImageRef:
         name = head + slash + last.partition(":")[0]
         written = name + (f":{tag}" if tag else "") + (f"@{self.digest}" if self.digest else "")
         return replace(self, tag=tag, text=written if self.text else "")
+
+
+def is_loopback(host: str) -> bool:
+    """Is `host` (a name or an address, with or without a port) this machine's loopback?
+    Loopback registries and indexes speak plain HTTP and never go through a proxy."""
+    try:
+        return ipaddress.ip_address(host).is_loopback  # a bare address, IPv6 unbracketed too
+    except ValueError:
+        pass
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

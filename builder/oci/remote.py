@@ -10,9 +10,9 @@ verified on both ends), each manifest is PUT by digest, then the images' attachm
 (builder.oci.referrers), an index after its images, and only then are tags moved: until the
 last PUT no tag has changed, so a failure part-way leaves the old tags as they were.
 
-The memory is the caller's (a file in the tool's cache, builder.blob_memory): the core asks it
-where a blob may be mounted from and tells it, after a write succeeded, which blobs the target
-now holds. A mount that fails for any reason (the other repository deleted it, no pull right
+The memory is the caller's (a file in the tool's cache, builder.publish.blob_memory): the core
+asks it where a blob may be mounted from and tells it, after a write succeeded, which blobs the
+target now holds. A mount that fails for any reason (the other repository deleted it, no pull right
 on it, a registry without mounts) falls back to the upload, so a stale memory costs a request,
 never a push.
 """

@@ -11,7 +11,7 @@ an SBOM, the image itself is unchanged.
 
 `soci create` finds checkpoints by inflating the layer and stopping at deflate block ends,
 storing for each the bit offset and the 32 KiB of output before it (the dictionary the next
-bytes may refer to). The tool writes its own gzip (builder.image.gzipped): ONE member whose
+bytes may refer to). The tool writes its own gzip (builder.layers.gzipped): ONE member whose
 spans each start with a fresh dictionary after a full flush, so a checkpoint is just the span's
 byte offsets (bits 0); its window is still stored (the reader always sets it as the
 dictionary), as the 32 KiB of tar before it. Everything here is a pure function of the gzip
@@ -57,7 +57,7 @@ LAYER_DIGEST = "com.amazon.soci.image-layer-digest"
 LAYER_MEDIA_TYPE = "com.amazon.soci.image-layer-mediaType"
 BUILD_TOOL_ANNOTATION = "com.amazon.soci.build-tool-identifier"
 WINDOW = 32768  # deflate's dictionary: what a checkpoint stores of the output before it
-GZIP_HEADER = 10  # the fixed header builder.image.gzipped writes: the first span starts here
+GZIP_HEADER = 10  # the fixed header builder.layers.gzipped writes: the first span starts here
 CHUNK = 1 << 20  # bytes per read of a layer's inflated tar
 TYPES = MappingProxyType(
     {
@@ -231,7 +231,7 @@ def zinfo(span_size: int, points: Sequence[Checkpoint]) -> bytes:
 
 def ztoc_bytes(blob_path: Path, span_size: int, spans: Sequence[int]) -> bytes:
     """The ztoc of the tool's gzip layer `blob_path`, cut at `spans` every `span_size` bytes
-    of tar (builder.image.gzipped's format: checkpoints at full flushes, bit offset 0)."""
+    of tar (builder.layers.gzipped's format: checkpoints at full flushes, bit offset 0)."""
     if not spans or spans[0] != GZIP_HEADER:
         raise UserError(f"{blob_path}: its spans do not start after the gzip header")
     with blob_path.open("rb") as blob:

@@ -20,15 +20,12 @@ from typing import TYPE_CHECKING
 
 import docker
 
-from builder.analysis.plan import Plan
-from builder.analysis.target import BaseProfile
 from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.config import PipelineConfig, RunSettings, set_platform_version, settings_of
+from builder.context.render import Secrets
 from builder.engines.per_arch import Engines, connect
-from builder.image.gzipped import ahead as gzip_ahead
-from builder.image.render import Secrets
-from builder.image.tags import image_tag
+from builder.layers.gzipped import ahead as gzip_ahead
 from builder.oci.name import ImageRef
 from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
 from builder.orchestration.prepare import (
@@ -41,15 +38,18 @@ from builder.orchestration.prepare import (
 )
 from builder.orchestration.produce_build import BuildProducer, SystemStages, target_arches
 from builder.orchestration.produce_rebase import AptAhead, Previous, RebaseProducer
-from builder.orchestration.rebuild_state import (
+from builder.orchestration.timeline import Timeline
+from builder.plan.plan import Plan
+from builder.publish.state import (
     BuildState,
     changes,
     load_state,
     rebase_blocker,
     state_of,
 )
-from builder.orchestration.timeline import Timeline
+from builder.publish.tags import image_tag
 from builder.reporter import Reporter
+from builder.resolve.target import BaseProfile
 from builder.retry import Retries
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ def build_images(
     ]
     ztoc = None
     if delivery.push and delivery.push.soci:
-        from builder.image.soci import layer_ztoc  # flatbuffers: only a push with an index
+        from builder.layers.soci import layer_ztoc  # flatbuffers: only a push with an index
 
         ztoc = layer_ztoc
     with gzip_ahead(pushing if delivery.push else (), request.cache, then=ztoc):

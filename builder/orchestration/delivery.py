@@ -10,7 +10,7 @@ started at once (those native on their engine first, so a native image never wai
 and verified as it arrives, on the engine that made it (`run.engines.for_arch(arch)`:
 builder.engines.per_arch); only when every arch passed is anything written
 (builder.oci.remote.write: each image by digest with its SBOM, provenance and SOCI index
-attached, builder.image.soci, then the index, the tags last; with a signing key the cosign
+attached, builder.layers.soci, then the index, the tags last; with a signing key the cosign
 signatures and attestations go in before the tags, builder.sign), so a failure
 leaves every tag and the template as they were. Then the template is pointed at the digest (with
 the warm-pool warnings), and report.json and the state are written.
@@ -28,15 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from builder import credentials
-from builder.analysis.plan import Plan
-from builder.analysis.program_needs import ProgramNeed
 from builder.attest.provenance import BuildParameters
-from builder.blob_memory import blob_memory
 from builder.cache import Cache
+from builder.context.render import add_to_output, update_report
 from builder.engines.connection import runs_emulated
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
-from builder.image.render import add_to_output, update_report
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Artifact
@@ -49,18 +46,21 @@ from builder.orchestration.node_update import (
     previous_images,
     total,
 )
-from builder.orchestration.rebuild_state import save_state, state_of
 from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
+from builder.plan.plan import Plan
+from builder.plan.program_needs import ProgramNeed
+from builder.publish.blob_memory import blob_memory
+from builder.publish.state import save_state, state_of
 from builder.reporter import Reporter
 from builder.retry import Retries
 from builder.verify.report import VerifyReport
 
 if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a run needs them,
     # the SBOM reading and the verifier (some 40 modules) only when a run verifies or pushes
-    from builder.image.attachments import Attestable
-    from builder.image.soci import SociRecord
-    from builder.image.template import TemplateChange
+    from builder.layers.soci import SociRecord
     from builder.oci.ztoc import SociIndex
+    from builder.publish.attachments import Attestable
+    from builder.publish.template import TemplateChange
     from builder.sign.keys import SigningKey
     from builder.verify.programs import ProgramExpectation
 
@@ -116,7 +116,7 @@ class Target:
     repository: ImageRef
     tag: str
     annotations: Mapping[str, str] = field(default_factory=dict)
-    soci: bool = True  # attach a SOCI index (builder.image.soci) to each image
+    soci: bool = True  # attach a SOCI index (builder.layers.soci) to each image
     base: ImageRef | None = None  # the images' base: its own SOCI index lends its layers' ztocs
 
 
@@ -232,7 +232,7 @@ def _produce_and_verify(
             one = future.result()
             engine = run.engines.for_arch(one.arch)
             if delivery.verify or delivery.push:  # its SBOM is verified, or attached
-                from builder.image.attachments import attestable, plan_facts
+                from builder.publish.attachments import attestable, plan_facts
 
                 began = time.monotonic()
                 made = (one.arch, one.engine_name, one.config)
@@ -289,7 +289,7 @@ def _write(
     unpacks, in all; and what writing each arch recorded.
 
     The bytes written are checked to carry the config verified, byte for byte. Blobs other
-    repositories of the registry hold are mounted from them (builder.blob_memory).
+    repositories of the registry hold are mounted from them (builder.publish.blob_memory).
     With a signing key, each image and the index are signed (and each image's SBOM and
     provenance attested) after the manifests and before the tag moves (builder.sign).
     """
@@ -360,7 +360,7 @@ def _soci_indexes(
 ) -> dict[str, tuple[SociIndex | None, SociRecord]]:
     """Each image's SOCI index (None: no layer of it is indexed) and its report record (with
     what its verification's import of the set read, when it was verified)."""
-    from builder.image.soci import base_ztocs, soci_index, soci_record  # flatbuffers: a push's
+    from builder.layers.soci import base_ztocs, soci_index, soci_record  # flatbuffers: a push's
 
     found = {}
     for one, image in zip(produced, images, strict=True):
@@ -404,7 +404,7 @@ def _write_attachments(one: Produced, output: Path) -> tuple[str, ...] | None:
 
 def _point_template(outcome: Outcome, delivery: Delivery) -> None:
     """Name the pushed digest in the template; warn of warm pools that keep old pods."""
-    from builder.image.template import apply_hint, set_image, warm_pool_warnings
+    from builder.publish.template import apply_hint, set_image, warm_pool_warnings
 
     assert outcome.pushed is not None and delivery.template is not None
     change = set_image(delivery.template, outcome.pushed.reference, delivery.container)

@@ -22,16 +22,16 @@ from pathlib import Path
 
 import docker
 
-from builder.analysis.requirements import redact_credentials
-from builder.analysis.target import BaseProfile
 from builder.cache import Cache
 from builder.config import PipelineConfig, load_config
 from builder.errors import DEBUG_VARIABLE, UserError, failure_message
 from builder.oci.name import ImageRef
 from builder.orchestration import DEFAULT_JOBS
 from builder.orchestration.commands import rebuild
-from builder.orchestration.rebuild_state import load_state
+from builder.publish.state import load_state
 from builder.reporter import Reporter
+from builder.resolve.requirements import redact_credentials
+from builder.resolve.target import BaseProfile
 
 REASON_CHARS = 300  # a failed template's reason in the table is cut here
 

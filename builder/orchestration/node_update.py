@@ -31,7 +31,7 @@ from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.remote import platform_image, read
 from builder.oci.v1 import Image, Platform
-from builder.orchestration.rebuild_state import load_state
+from builder.publish.state import load_state
 from builder.reporter import QUIET, Reporter
 
 

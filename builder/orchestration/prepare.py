@@ -15,39 +15,22 @@ from pathlib import Path
 
 import docker
 
-from builder.analysis.index import start_downloads
-from builder.analysis.plan import (
-    EXTRA_DEPS,
-    Plan,
-    choose_wheel,
-    import_modules,
-    plan_arch,
-    runtime_checks,
-)
-from builder.analysis.program_needs import ProgramNeed, program_needs
-from builder.analysis.requirements import read_requirements
-from builder.analysis.resolve import Resolution, resolve
-from builder.analysis.target import (
-    BaseFacts,
-    BaseProfile,
-    Target,
-    arch_named,
-    shipped_profile,
-)
-from builder.analysis.wheels import inspect_as_ready
-from builder.attest.contents import without_credentials
-from builder.attest.provenance import BuildParameters, input_files
-from builder.cache import Cache
-from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
-from builder.image.assemble import (
+from builder.assemble.assemble import (
     plan_epoch,
     plan_layers,
     reused_layers,
     start_layers,
     start_own_layers,
 )
-from builder.image.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
-from builder.image.extras import (
+from builder.attest.contents import without_credentials
+from builder.attest.provenance import BuildParameters, input_files
+from builder.cache import Cache
+from builder.context.labels import created, image_labels
+from builder.context.render import Secrets, check_output, lock_text, render
+from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
+from builder.inspect.wheels import inspect_as_ready
+from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
+from builder.layers.extras import (
     BytecodeFacts,
     ExtrasLayer,
     group_budget,
@@ -55,12 +38,30 @@ from builder.image.extras import (
     remember_interpreter,
     with_bytecode,
 )
-from builder.image.interpreter import base_compiler
-from builder.image.labels import created, image_labels
-from builder.image.render import Secrets, check_output, lock_text, render
-from builder.image.tags import extras_hash
+from builder.layers.interpreter import base_compiler
 from builder.oci.name import ImageRef
 from builder.orchestration.timeline import Timeline
+from builder.plan.plan import (
+    EXTRA_DEPS,
+    Plan,
+    choose_wheel,
+    import_modules,
+    plan_arch,
+    runtime_checks,
+)
+from builder.plan.program_needs import ProgramNeed, program_needs
+from builder.publish.tags import extras_hash
+from builder.resolve.index import start_downloads
+from builder.resolve.requirements import read_requirements
+from builder.resolve.resolution import Resolution
+from builder.resolve.target import (
+    BaseFacts,
+    BaseProfile,
+    Target,
+    arch_named,
+    shipped_profile,
+)
+from builder.resolve.uv import resolve
 from builder.retry import Retries
 
 DOWNLOADS = 8  # wheel downloads at once
@@ -107,7 +108,7 @@ def prepare(
     layers) no layer is written, unless the extras get bytecode: the base's interpreter decides
     then whether the previous bytecode layers still fit. The base's python3 (its container
     started while the set resolves) compiles every arch's wheels once, natively, each as soon
-    as its download ends (builder.image.bytecode.CompileQueue): the compile is the longest
+    as its download ends (builder.layers.bytecode.CompileQueue): the compile is the longest
     step of a cold build, so it starts as early as it can.
     """
     requirements = replace(

@@ -2,12 +2,12 @@
 
 ko-style: BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer),
 started while the deps-extra layers are still being written (`SystemStages`); then
-builder.image.assemble puts the extras layers on it and loads the result into the engine. Each
+builder.assemble.assemble puts the extras layers on it and loads the result into the engine. Each
 arch's stage is built, and its image loaded, on that arch's engine (builder.engines.per_arch);
 the layers are written here, on the host, whichever engine takes them.
 `BuildProducer.produce` makes one arch's image; builder.orchestration.delivery runs every arch
 at once, verifies and writes them. The OCI value written is made from exactly the blobs the
-engine was given (builder.image.from_engine), only when a push asks for it.
+engine was given (builder.assemble.from_engine), only when a push asks for it.
 """
 
 from __future__ import annotations
@@ -25,31 +25,31 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.analysis.plan import Plan
-from builder.analysis.target import ARCHES, BaseProfile
+from builder.assemble.assemble import Assembled, Assembly, assemble
+from builder.assemble.build import BuildSpec, Log, base_logins, build_image, secret_arguments
+from builder.assemble.from_engine import assembled_image, base_layers
 from builder.base.platforms import offered_arches, select_arches
 from builder.cache import Cache
+from builder.context.render import Secrets, dockerfile
 from builder.credentials import Credentials
 from builder.engines.connection import holds_image
 from builder.engines.per_arch import Engines
-from builder.image.assemble import Assembled, Assembly, assemble
-from builder.image.build import BuildSpec, Log, base_logins, build_image, secret_arguments
-from builder.image.extras import DISTRIBUTION, HOME_SEED, ExtrasLayer
-from builder.image.from_engine import assembled_image, base_layers
-from builder.image.home import (
+from builder.layers.extras import DISTRIBUTION, HOME_SEED, ExtrasLayer
+from builder.layers.home import (
     distribution_names,
     home_env,
     plan_names,
     seed_layer,
     seeds_of,
 )
-from builder.image.render import Secrets, dockerfile
 from builder.oci.client import RepositoryClient
 from builder.oci.remote import Blobs
 from builder.oci.v1 import Image
 from builder.orchestration.delivery import Produced
 from builder.orchestration.prepare import Finish
+from builder.plan.plan import Plan
 from builder.reporter import QUIET, Reporter
+from builder.resolve.target import ARCHES, BaseProfile
 from builder.retry import Retries
 
 SYSTEM_STAGE = "system"  # the Dockerfile stage BuildKit builds: the base and the apt layer
@@ -268,7 +268,7 @@ class BuildProducer:
         assembly: Assembly,
         seeds: tuple[str, ...],
     ) -> Assembled:
-        """`built` run once to build the caches of `seeds` (builder.image.home), assembled
+        """`built` run once to build the caches of `seeds` (builder.layers.home), assembled
         again with them as a layer above the extras: only that layer travels to the engine,
         which holds the others in `built`. `built` stays in the engine untagged (its layers
         are the new image's), so a rerun finds it and its seed without loading anything."""
@@ -326,6 +326,6 @@ class _Said:
     def __init__(self, reporter: Reporter, prefix: str) -> None:
         self.reporter, self.prefix = reporter, prefix
 
-    def write(self, text: str) -> int:  # builder.image.build writes whole lines
+    def write(self, text: str) -> int:  # builder.assemble.build writes whole lines
         self.reporter.say(self.prefix + text.rstrip("\n"))
         return len(text)

@@ -24,22 +24,22 @@ import docker
 import docker.errors
 
 from builder import contract, credentials
-from builder.analysis.plan import EXTRA_DEPS, Plan
-from builder.blob_memory import blob_memory
+from builder.assemble.apt import AptImage, build_apt_image, saved_layer
+from builder.assemble.assemble import load
 from builder.credentials import engine_auth
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
-from builder.image.apt import AptImage, build_apt_image, saved_layer
-from builder.image.assemble import load
-from builder.image.extras import holding_layers
-from builder.image.gzipped import gzipped
-from builder.image.home import home_env, plan_names
+from builder.layers.extras import holding_layers
+from builder.layers.gzipped import gzipped
+from builder.layers.home import home_env, plan_names
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config, top
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
 from builder.oci.v1 import Image, Platform, canonical
 from builder.orchestration.delivery import Produced, Run
 from builder.orchestration.prepare import Finish
+from builder.plan.plan import EXTRA_DEPS, Plan
+from builder.publish.blob_memory import blob_memory
 
 
 @dataclass(frozen=True)

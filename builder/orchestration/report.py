@@ -22,7 +22,7 @@ from builder.orchestration.node_update import NodeUpdate
 from builder.verify.report import VerifyReport
 
 if TYPE_CHECKING:  # flatbuffers (builder.oci.ztoc) only when a push writes an index
-    from builder.image.soci import SociRecord
+    from builder.layers.soci import SociRecord
 
 
 @dataclass(frozen=True)

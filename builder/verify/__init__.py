@@ -2,10 +2,11 @@
 
 `client` (the contract's HTTP client, which the tests use too), `checks` (the contract checks,
 runnable against any host:port, so the tests run them against the server process as well),
-`hardening` (the adversarial ones among them: symlink-swap race, detached processes, flood),
+`hardened` (the adversarial ones: symlink-swap race, detached processes, floods, starvation),
 `sdk` (the upstream SDK's round trip), `discovery` (distributions -> modules to import),
-`container` (the hardened run) and `run` (`verify_image`, wiring them). May import
-`builder.contract`, the engine client and the errors; never `builder.analysis` (the CLI reads
-a requirements file and hands verify the distribution names), `builder.image`, `builder.base`
-or the orchestration modules (tests/test_layout.py holds it to that).
+`programs` (the programs the plan says the image runs), `sbom_check` (the attached SBOM against
+the image), `container` (the hardened run), `report` (what failed, said once) and `run`
+(`verify_image`, wiring them). May import `builder.contract`, the engine client and the errors;
+never another stage (the CLI reads a requirements file and hands verify the distribution
+names), `builder.base` or the orchestration modules (tests/test_layout.py holds it to that).
 """

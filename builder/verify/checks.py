@@ -33,10 +33,10 @@ from urllib.parse import quote
 
 from builder import contract
 from builder.verify.client import ExecuteReply, Sandbox, encoded, python_json
-from builder.verify.hardening import check_detached, check_flood, leftovers
-from builder.verify.race import check_race
+from builder.verify.hardened.hardening import check_detached, check_flood, leftovers
+from builder.verify.hardened.race import check_race
+from builder.verify.hardened.starve import check_starve
 from builder.verify.report import expect, short
-from builder.verify.starve import check_starve
 
 TIMEOUT_SECONDS = 2  # what the timeout check asks for
 TIMEOUT_SLACK = 20.0  # how late the 124 may come back

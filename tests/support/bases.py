@@ -9,9 +9,9 @@ from typing import Any
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from builder.analysis.index import download, index_files
+from builder.assemble.build import BuildSpec, build_image
 from builder.cache import Cache
-from builder.image.build import BuildSpec, build_image
+from builder.resolve.index import download, index_files
 
 
 def newest_pure_wheel(cache: Cache, name: str, version: str | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""Wheels compiled the way a build compiles them: through builder.image.bytecode.CompileQueue."""
+"""Wheels compiled the way a build compiles them: through builder.layers.bytecode.CompileQueue."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from builder.image import bytecode
-from builder.image.bytecode import Compiled, CompileQueue, Compiler
+from builder.layers import bytecode
+from builder.layers.bytecode import Compiled, CompileQueue, Compiler
 
 
 def compile_all(compiler: Compiler, wheels: Sequence[tuple[str, Path]]) -> list[Compiled]:

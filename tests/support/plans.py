@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.analysis.index import RemoteFile
-from builder.analysis.plan import ArchPlan, choose_wheel, plan_arch
-from builder.analysis.resolve import LockedPackage, Resolution
-from builder.analysis.target import (
+from builder.cache import Cache, sha256_of
+from builder.inspect.wheels import inspect_wheel
+from builder.oci.name import ImageRef
+from builder.plan.plan import ArchPlan, choose_wheel, plan_arch
+from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution
+from builder.resolve.target import (
     ARCHES,
     REFERENCE_BASE,
     BaseProfile,
@@ -16,9 +18,6 @@ from builder.analysis.target import (
     shipped_facts,
     shipped_profile,
 )
-from builder.analysis.wheels import inspect_wheel
-from builder.cache import Cache, sha256_of
-from builder.oci.name import ImageRef
 
 AMD64 = ARCHES["amd64"]
 TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"

@@ -17,7 +17,7 @@ import pytest
 
 from builder import credentials
 from builder.cache import Cache
-from builder.image.gzipped import gzipped
+from builder.layers.gzipped import gzipped
 from builder.oci.client import RepositoryClient
 from builder.oci.mutate import ConfigChange, NewLayer, append
 from builder.oci.name import ImageRef

@@ -32,8 +32,8 @@ import pytest
 
 from builder.runtime import copy_server
 from builder.verify.client import Sandbox
-from builder.verify.hardening import HEALTH_LIMIT, NATIVE_START
-from builder.verify.starve import ATTACK
+from builder.verify.hardened.hardening import HEALTH_LIMIT, NATIVE_START
+from builder.verify.hardened.starve import ATTACK
 
 SERVER = Path(
     os.environ.get(
@@ -656,10 +656,10 @@ def flood(server: ServerProcess, concurrent: int = 8) -> dict[str, object]:
 def starve(
     server: NamespacedServer, connections: int, seconds: float, python: tuple[str, ...]
 ) -> dict[str, object]:
-    """The starve attack (builder/verify/starve.py's) from the server's side, run by ``python``
-    (e.g. ``setpriv`` to uid 65532 and an interpreter) for ``seconds``, while from outside
-    ``GET /`` is asked every 50 ms and ``/execute`` every 250 ms: what the attack got, and what
-    the outside got."""
+    """The starve attack (builder/verify/hardened/starve.py's) from the server's side, run by
+    ``python`` (e.g. ``setpriv`` to uid 65532 and an interpreter) for ``seconds``, while from
+    outside ``GET /`` is asked every 50 ms and ``/execute`` every 250 ms: what the attack got,
+    and what the outside got."""
     marker = server.workspace / f"starve-{secrets.token_hex(4)}"
     inside = ("nsenter", "-t", str(server.proc.pid), "-n", *python, "-c", ATTACK)
     argv = [*inside, str(connections), str(seconds), "3", str(server.port), str(marker)]

@@ -1,0 +1,278 @@
+"""Full builds end the way rebases do: the tool, not BuildKit, puts /app/deps-extra on top.
+
+BuildKit builds only the Dockerfile's `system` stage (the base plus the apt layer: small, and
+dependent on the base anyway). The extras layers are builder.layers.extras' reproducible blobs
+(one per distribution), and the final config (env, user, labels, history) is written by
+builder.oci.mutate, the same code the rebase path uses. The result is `docker load`ed (only the
+new layers travel: the engine already has every layer below them) so it can be verified, and
+pushed later from exactly these blobs: the same wheel gives the same diff ID in the engine and
+the same digest in any registry, whatever the day, the machine, the set or the base.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from builder import contract
+from builder.assemble.saved import cached_config, read_save
+from builder.cache import Cache
+from builder.context.render import lock_of
+from builder.engines.connection import holds_image
+from builder.errors import UserError
+from builder.layers.bytecode import Interpreter
+from builder.layers.extras import (
+    EXTRAS_LAYERS,
+    ExtrasLayer,
+    cached_bytecode,
+    check_layer_count,
+    created_by,
+    distribution_layers,
+    own_layers_as_ready,
+)
+from builder.layers.layer import ZIP_EPOCH, lock_hash
+from builder.oci.mutate import ConfigChange, NewLayer, bare_config, extend_config
+from builder.oci.v1 import ConfigFile, canonical, digest_of
+from builder.plan.plan import EXTRA_DEPS, Plan
+
+CHUNK = 1 << 20
+BLOCK = 512
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """One arch's image as the tool wrote it: loaded in the engine under `image_id`."""
+
+    arch: str
+    image_id: str  # the digest of `config`: the engine's id for it after docker load
+    config: bytes
+    system_id: str  # the BuildKit-built system stage: every layer below deps-extra
+    extras: tuple[ExtrasLayer, ...]  # bottom to top
+
+
+def plan_layers(
+    plan: Plan, cache: Cache, interpreter: Interpreter | None, budget: int
+) -> dict[str, tuple[ExtrasLayer, ...]]:
+    """Each arch's extras layers (built once per lock, in parallel; then a cache lookup), with
+    the bytecode layers `interpreter` compiled for them (found in the cache) unless None."""
+
+    def one(arch: str) -> tuple[ExtrasLayer, ...]:
+        chosen = next(a.wheels for a in plan.arches if a.arch == arch)
+        paths = _wheel_paths(plan, arch, cache)
+        pins = [(w.name, w.version, w.sha256) for w in chosen]
+        by_sha = {w.sha256: path for w, path in zip(chosen, paths, strict=True)}
+        stack = distribution_layers(pins, by_sha, plan.pythonpath_entry, cache, budget)
+        return cached_bytecode(stack, interpreter, cache)[0] if interpreter else stack
+
+    arches = [a.arch for a in plan.arches]
+    with ThreadPoolExecutor(max_workers=len(arches)) as pool:
+        return dict(zip(arches, pool.map(one, arches), strict=True))
+
+
+def start_own_layers(
+    pool: ThreadPoolExecutor,
+    pins: Mapping[str, Sequence[tuple[str, str, str]]],
+    ready: Iterable[tuple[Path, str]],
+    cache: Cache,
+    budget: int = EXTRAS_LAYERS,
+    done: Callable[[str], None] | None = None,
+) -> Future[None] | None:
+    """Write each wheel's own layer as `ready` yields it (path, sha256), as its download ends.
+
+    While every arch's set fits `budget`, each distribution gets a layer of its own
+    (plan.layering), so a wheel's layer needs no other wheel, unless a later distribution
+    shadows one of its files, which needs every wheel's file list. Shadowing is rare: the layer
+    written here is the one `start_layers` then finds in the cache, and a shadowed wheel's
+    layer is written again there without those files. None: the set is grouped, or nothing to
+    write (`ready` is then left unread). `done(sha256)` as each is written.
+    """
+    if not pins or any(len(arch_pins) > budget for arch_pins in pins.values()):
+        return None
+    return pool.submit(own_layers_as_ready, ready, EXTRA_DEPS, cache, done)
+
+
+def reused_layers(
+    pins: Mapping[str, Sequence[tuple[str, str, str]]], reuse_locks: Mapping[str, str] | None
+) -> bool:
+    """Whether every arch's lock hash equals `reuse_locks`: a rebase reuses its layers."""
+    locks = {arch: lock_hash(lock_of(arch_pins)) for arch, arch_pins in pins.items()}
+    return reuse_locks is not None and locks == reuse_locks
+
+
+def start_layers(
+    pool: ThreadPoolExecutor,
+    pins: Mapping[str, Sequence[tuple[str, str, str]]],
+    wheels: Mapping[str, Path],
+    cache: Cache,
+    budget: int = EXTRAS_LAYERS,
+    after: Future[None] | None = None,
+) -> dict[str, Future[tuple[ExtrasLayer, ...]]]:
+    """Start each arch's extras layers from its (name, version, sha256) pins, before the plan;
+    once `after` (start_own_layers' writing) ended, so that no layer is written twice."""
+
+    def stack(arch: str) -> tuple[ExtrasLayer, ...]:
+        if after is not None:
+            after.result()
+        return distribution_layers(pins[arch], wheels, EXTRA_DEPS, cache, budget)
+
+    return {arch: pool.submit(stack, arch) for arch in pins}
+
+
+def plan_epoch(plan: Plan) -> int:
+    """The plan's SOURCE_DATE_EPOCH: the newest of its locks' (one `created` for every arch).
+
+    What source_date_epoch reads from the wheels' zip directories, taken from their inspections
+    (cached by sha256): it needs no layer written (the rebase path) and no zip opened again.
+    """
+    return max([ZIP_EPOCH, *(wheel.newest for arch in plan.arches for wheel in arch.wheels)])
+
+
+def _wheel_paths(plan: Plan, arch: str, cache: Cache) -> list[Path]:
+    chosen = next(a.wheels for a in plan.arches if a.arch == arch)
+    paths = []
+    for wheel in chosen:
+        path = cache.find_blob(wheel.sha256, wheel.filename)
+        if path is None:
+            raise UserError(f"{wheel.filename}: not in the cache; run the build again")
+        paths.append(path)
+    return paths
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """How a system stage becomes one arch's image: where the deps-extra layer goes, the config
+    it gets, the local tag. With `apt_layer` the save also keeps the system stage's top layer
+    (the apt layer) for the push."""
+
+    arch: str
+    root: str  # the PYTHONPATH entry the layer fills: /app/deps-extra
+    labels: Mapping[str, str]
+    created: str
+    tag: str
+    apt_layer: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)  # set besides PYTHONPATH (the home's)
+
+
+def assemble(
+    client: docker.DockerClient,
+    system_id: str,
+    extras: Sequence[ExtrasLayer],
+    assembly: Assembly,
+    cache: Cache,
+    held: int = 0,
+) -> Assembled:
+    """The system image plus the `extras` layers, loaded into the engine (unless it has
+    it) and tagged. The engine holds the bottom `held` of them already (in an image it has),
+    so their tars are not sent again.
+
+    The exact config needs the system image's, which only its save gives, after a few seconds;
+    so the first time, the extras layers are loaded meanwhile under a provisional config
+    (the same layers), and the final config follows with no layer to send.
+    """
+    arch, root = assembly.arch, assembly.root
+    found = client.images.get(system_id).attrs
+    if found.get("Architecture") != arch:
+        raise UserError(f"image {system_id}: built as {found.get('Architecture')}, not {arch}")
+    below: list[str] = list((found.get("RootFS") or {}).get("Layers") or [])
+    check_layer_count(len(below), len(extras), f"the {arch} image")
+    tars = [one.layer.path for one in extras]
+    diff_ids = [one.layer.diff_id for one in extras]
+    base = cached_config(system_id, cache)
+    preloading: Future[str] | None = None
+    try:
+        if base is None:
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                preloading = pool.submit(_preload, client, arch, [*below, *diff_ids], tars)
+                keep = below[-1] if assembly.apt_layer and below else None
+                base = read_save(client, system_id, cache, keep_layer=keep).config
+            preloading.result()
+        config = extend_config(
+            base,
+            [  # digests: when pushed
+                NewLayer("", one.layer.diff_id, one.layer.size, created_by(arch, i, one, root))
+                for i, one in enumerate(extras, 1)
+            ],
+            ConfigChange(
+                {"PYTHONPATH": f"$PYTHONPATH:{root}", **assembly.env},
+                contract.SANDBOX_USER,
+                assembly.labels,
+                assembly.created,
+            ),
+        )
+        data = canonical(config)
+        image_id = load(client, data, [] if preloading else tars[held:])
+    finally:  # the final image holds the layers now (or nothing does): the save may have failed
+        if preloading and preloading.done() and not preloading.exception():
+            client.api.remove_image(preloading.result(), noprune=False)
+    tag = assembly.tag
+    repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
+    client.api.tag(image_id, repository, name or "latest")
+    return Assembled(arch, image_id, data, system_id, tuple(extras))
+
+
+def load(client: docker.DockerClient, config: bytes, tops: Sequence[Path]) -> str:
+    """Load the image `config` describes into the engine (unless it has it); its image id.
+
+    Only the top layers' tars travel (`tops`, bottom to top; none when the engine has them
+    too): the engine must already hold every layer below them (an image it has built or
+    pulled on exactly those diff IDs), else docker load fails.
+    """
+    image_id = digest_of(config)
+    if not holds_image(client, image_id):
+        diff_ids = ConfigFile.parse(config).diff_ids
+        for line in client.api.load_image(_load_stream(image_id, config, diff_ids, tops)):
+            if "error" in line:
+                raise UserError(f"docker load of {image_id}: {line['error']}")
+    return image_id
+
+
+def _preload(
+    client: docker.DockerClient, arch: str, diff_ids: Sequence[str], tops: Sequence[Path]
+) -> str:
+    """Load `tops` on the layers below them under a config that names only them; its id.
+
+    The config is this run's own (a random label): another run assembling the same layer at
+    once must not find it loaded, rely on it, and see this run remove it.
+    """
+    provisional = bare_config(arch, diff_ids, {"bsi.provisional": uuid.uuid4().hex})
+    return load(client, provisional, tops)
+
+
+def _load_stream(
+    image_id: str, config: bytes, diff_ids: Sequence[str], tops: Sequence[Path]
+) -> Iterator[bytes]:
+    """A `docker save`-format tar holding the config and at most the top layers (plain tars).
+
+    The engine skips reading the layers it has (the system image's, and the top ones when they
+    were preloaded): the manifest names files the archive need not hold.
+    """
+    hex_id = image_id.removeprefix("sha256:")
+    layers = [f"{index}/layer.tar" for index in range(len(diff_ids))]
+    manifest = json.dumps([{"Config": f"{hex_id}.json", "RepoTags": None, "Layers": layers}])
+    yield from _member(f"{hex_id}.json", len(config), iter([config]))
+    for index, top in enumerate(tops, len(diff_ids) - len(tops)):
+        yield from _member(layers[index], top.stat().st_size, _chunks(top))
+    yield from _member("manifest.json", len(manifest), iter([manifest.encode()]))
+    yield b"\0" * (2 * BLOCK)
+
+
+def _member(name: str, size: int, body: Iterator[bytes]) -> Iterator[bytes]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = size, 0o644
+    yield info.tobuf(tarfile.PAX_FORMAT)
+    yield from body
+    yield b"\0" * (-size % BLOCK)
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while data := handle.read(CHUNK):
+            yield data

@@ -1,0 +1,383 @@
+"""The layers of /app/deps-extra, written by the tool so the same wheels give the same bytes.
+
+A BuildKit `COPY`/`RUN pip install` records the day's mtimes and the base's /app, so its diff ID
+changes with every build and every platform upgrade. Here a group of locked wheels (one layer of
+builder.layers.extras' stack) is unpacked the way `pip install --target --no-deps` lays them out
+(purelib and platlib at the root, `.data/scripts` and console scripts in `bin/`, `.dist-info`
+with INSTALLER and a rewritten RECORD; headers and data files are dropped as `--target` drops
+them) straight into a tar: entries sorted, every mtime the wheels' SOURCE_DATE_EPOCH, owner 0:0,
+modes normalized. The tar stays uncompressed in the cache (a plan, `docker load` and a hand
+build's `ADD` take it as it is); builder.layers.gzipped compresses it only when it is pushed.
+Members are inflated on threads ahead of the writer (zlib releases the GIL), a large one in
+chunks while the writer hashes and writes the one before, so writing is not bound by one core
+and memory stays bounded by a large library's size.
+
+No `.pyc` goes in these layers: builder.layers.bytecode compiles them with the base's own
+interpreter into layers of their own, so these stay base-independent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import queue
+import tarfile
+import tempfile
+import threading
+import zipfile
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TypedDict
+
+from builder.cache import Cache
+from builder.errors import UserError
+from builder.inspect.wheels import newest_date
+from builder.layers.first_reads import (
+    LAYOUT_FORMAT,
+    cached_first_reads,
+    laid_out,
+    wheel_first_reads,
+)
+from builder.layers.install_layout import DIR_MODE, Entry, install_entries
+
+# bump when the tar settings change; the order within a layer, and the installed paths the
+# cached first reads name, have their own version (first_reads.LAYOUT_FORMAT)
+LAYER_FORMAT = f"deps-extra-layer/4 {LAYOUT_FORMAT}"
+ZIP_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
+CHUNK = 1 << 20
+BLOCK = 512
+RECORD = 20 * BLOCK  # tar pads its end to whole records
+READ_AHEAD = 64 << 20  # uncompressed bytes inflated ahead of the writer
+READERS = os.cpu_count() or 1
+STREAMED = 8 << 20  # members larger than this stream through the writer in chunks
+QUEUED = 8  # chunks of a streamed member inflated ahead of the writer
+
+
+class LayerFacts(TypedDict):
+    """A layer tar's facts in report.json's `extras_layers` (docs/report.md)."""
+
+    diff_id: str
+    tar_size: int  # a push adds the gzip blob's "digest" and "size"
+    source_date_epoch: int
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A layer tar in the cache, uncompressed (builder.layers.gzipped makes its registry blob)."""
+
+    path: Path  # the tar
+    diff_id: str  # sha256:… of the tar: its name in an image config
+    size: int  # of the tar
+    source_date_epoch: int
+
+    def to_dict(self) -> LayerFacts:
+        return LayerFacts(
+            diff_id=self.diff_id, tar_size=self.size, source_date_epoch=self.source_date_epoch
+        )
+
+
+def lock_hash(lock_text: str) -> str:
+    """A lock's fingerprint, with the layout version.
+
+    Equal fingerprints mean the same extras layers: the build state records it, and a rebase
+    whose lock has not changed reuses the layers the image has.
+    """
+    return hashlib.sha256(f"{LAYER_FORMAT}\n{lock_text}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class LayerWheels:
+    """The wheels of one layer of the extras, and the files left to a later distribution.
+
+    `shadowed`: paths (under the root) these wheels install that a later wheel of the set
+    installs too. pip lets the later install win; with one layer per distribution the winner's
+    layer may sit below, so the loser's layer leaves those files out and the image holds what
+    one `pip install --target` of the set would.
+    """
+
+    wheels: tuple[tuple[str, Path], ...]  # (sha256, file), in lock order
+    shadowed: frozenset[str] = frozenset()
+
+
+def shadowed_files(wheels: Sequence[Path]) -> dict[Path, frozenset[str]]:
+    """For each wheel, the files it installs that a later wheel (lock order) installs too.
+
+    Directories are merged, never shadowed: a namespace package such as `google/` stays in
+    every layer that has modules under it.
+    """
+    by_group = shadowed_by_group(wheels, range(len(wheels)))
+    return {wheel: by_group[index] for index, wheel in enumerate(wheels)}
+
+
+def shadowed_by_group(wheels: Sequence[Path], group_of: Sequence[int]) -> dict[int, frozenset[str]]:
+    """For each layer (wheel i goes to layer `group_of[i]`), the files it must leave out.
+
+    A file belongs to the layer of the last wheel (lock order) installing it, pip's winner;
+    every other layer holding a wheel that installs it leaves it out. Within one layer the
+    writer already lets the later wheel win.
+    """
+    installed: list[set[str]] = []
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            installed.append({e.path for e in install_entries(archive, 0, wheel.name)})
+    winner: dict[str, int] = {}
+    for index in reversed(range(len(wheels))):
+        for path in installed[index]:
+            winner.setdefault(path, group_of[index])
+    shadowed: dict[int, set[str]] = {group: set() for group in group_of}
+    for index, paths in enumerate(installed):
+        group = group_of[index]
+        shadowed[group] |= {path for path in paths if winner[path] != group}
+    return {group: frozenset(paths) for group, paths in shadowed.items()}
+
+
+def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
+    """One layer of the extras: its wheels installed under `root`, cached by what decides it.
+
+    Its bytes depend only on those wheels, the root, the layout version and what a later
+    distribution shadows, so the same wheel gives the same layer in every set and on any base.
+    """
+    key_text = "\n".join(
+        [LAYER_FORMAT, root, *(sha for sha, _ in group.wheels), *sorted(group.shadowed)]
+    )
+    key = hashlib.sha256(key_text.encode()).hexdigest()
+    record = cache.get_record("wheels-layer", key)
+    if record and (path := cache.find_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+        return Layer(path, record["diff_id"], record["size"], record["sde"])
+    files = [path for _, path in group.wheels]
+    epoch = source_date_epoch(files)
+    first = [path for sha, wheel in group.wheels for path in cached_first_reads(wheel, sha, cache)]
+    layer = _store(
+        cache, epoch, lambda out: write_tar(out, files, root, epoch, group.shadowed, first)
+    )
+    cache.put_record(
+        "wheels-layer", key, {"diff_id": layer.diff_id, "size": layer.size, "sde": epoch}
+    )
+    return layer
+
+
+def source_date_epoch(wheels: Iterable[Path]) -> int:
+    """The newest timestamp inside the locked wheels: a date the lock itself fixes."""
+    newest = ZIP_EPOCH
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            newest = max(newest, newest_date(archive.infolist()))
+    return newest
+
+
+def write_tar(
+    out: IO[bytes] | Any,
+    wheels: Sequence[Path],
+    root: str,
+    epoch: int,
+    shadowed: frozenset[str] = frozenset(),
+    first: Sequence[str] | None = None,
+) -> None:
+    """Write the sorted, normalized tar of `wheels` installed under `root` to `out`.
+
+    `shadowed` files (a later distribution of the set installs them) are left out. `first`:
+    the wheels' first reads (paths under `root`) when known, else read from the wheels.
+    """
+    root = root.strip("/")
+    archives = [zipfile.ZipFile(wheel) for wheel in wheels]
+    try:
+        entries: dict[str, Entry] = {}
+        for index, archive in enumerate(archives):
+            for entry in install_entries(archive, index, Path(wheels[index]).name):
+                if entry.path not in shadowed:  # a later wheel wins, as with pip (lock order)
+                    entries[entry.path] = entry
+        parts = root.split("/")
+        directories = {"/".join(parts[: i + 1]) for i in range(len(parts))}
+        for path in list(entries):
+            pieces = path.split("/")[:-1]
+            directories |= {f"{root}/" + "/".join(pieces[: i + 1]) for i in range(len(pieces))}
+        full = {f"{root}/{path}": entry for path, entry in entries.items()}
+        for directory in directories:
+            full.setdefault(directory, Entry(directory, DIR_MODE))
+        if first is None:
+            first = [path for wheel in wheels for path in wheel_first_reads(Path(wheel))]
+        leading = [f"{root}/{path}" for path in first]
+        names = laid_out(sorted(full), directories, leading)  # a lazy node's first import: first
+        written = 0
+        with (
+            ThreadPoolExecutor(max_workers=READERS) as pool,
+            closing(_read_ahead(pool, archives, [full[name] for name in names])) as bodies,
+        ):
+            for name, body in zip(names, bodies, strict=True):
+                entry = full[name]
+                info = tarfile.TarInfo(name)
+                info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+                info.mode = entry.mode
+                if body is None:
+                    info.type = tarfile.DIRTYPE
+                else:
+                    info.size = len(entry.data) if entry.data is not None else entry.size
+                header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+                out.write(header)
+                for piece in body or ():
+                    out.write(piece)
+                padding = b"\0" * (-info.size % BLOCK)
+                out.write(padding)
+                written += len(header) + info.size + len(padding)
+        end = 2 * BLOCK
+        out.write(b"\0" * (end + (-(written + end) % RECORD)))
+    finally:
+        for archive in archives:
+            archive.close()
+
+
+def _read_ahead(
+    pool: ThreadPoolExecutor, archives: Sequence[zipfile.ZipFile], entries: Sequence[Entry]
+) -> Generator[Sequence[bytes] | Iterator[bytes] | None, None, None]:
+    """Each entry's bytes in order (None for a directory), inflated on the pool's threads.
+
+    A small member is inflated whole, up to READ_AHEAD bytes ahead of the writer; a large one
+    (a 300 MB library) streams through a short queue of chunks, so the writer hashes and
+    writes it while it is still being inflated, and memory stays bounded.
+    """
+    pending: deque[tuple[Future[bytes] | _Streamed | None, Entry]] = deque()
+    streams: list[_Streamed] = []
+    ahead, position = 0, 0
+    try:
+        while position < len(entries) or pending:
+            while position < len(entries) and (ahead < READ_AHEAD or not pending):
+                entry = entries[position]
+                position += 1
+                if entry.data is not None or entry.wheel < 0:
+                    pending.append((None, entry))
+                elif entry.size > STREAMED:
+                    streams.append(_Streamed(archives[entry.wheel], entry))
+                    pool.submit(streams[-1].produce)
+                    pending.append((streams[-1], entry))
+                else:
+                    pending.append((pool.submit(archives[entry.wheel].read, entry.member), entry))
+                ahead += min(entry.size, STREAMED)
+            source, entry = pending.popleft()
+            ahead -= min(entry.size, STREAMED)
+            if isinstance(source, _Streamed):
+                yield source.chunks()
+            elif source is not None:
+                yield (_sized(entry, source.result()),)
+            else:
+                yield None if entry.data is None else (entry.data,)
+    finally:  # the writer stopped (an error, or done): no producer may stay blocked
+        for stream in streams:
+            stream.cancel()
+
+
+def _sized(entry: Entry, data: bytes, found: int | None = None) -> bytes:
+    """The tar header was written from the zip's size: the member must inflate to exactly it."""
+    found = len(data) if found is None else found
+    if found != entry.size:
+        raise UserError(
+            f"{entry.wheel_name}: {entry.member} inflates to {found} bytes,"
+            f" not the {entry.size} its zip entry declares"
+        )
+    return data
+
+
+class _Streamed:
+    """One large member inflated on a pool thread into a bounded queue the writer drains."""
+
+    def __init__(self, archive: zipfile.ZipFile, entry: Entry) -> None:
+        self.archive, self.entry = archive, entry
+        self.queue: queue.Queue[bytes | BaseException | None] = queue.Queue(QUEUED)
+        self.cancelled = threading.Event()
+
+    def produce(self) -> None:
+        try:
+            with self.archive.open(self.entry.member) as member:
+                while data := member.read(CHUNK):
+                    if not self._put(data):
+                        return
+            self._put(None)
+        except BaseException as error:  # handed to the writer, which raises it
+            self._put(error)
+
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        """Queue `item` unless the writer has stopped; a full queue never blocks for good."""
+        while not self.cancelled.is_set():
+            with suppress(queue.Full):
+                self.queue.put(item, timeout=0.1)
+                return True
+        return False
+
+    def chunks(self) -> Iterator[bytes]:
+        found = 0
+        while (item := self.queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            found += len(item)
+            yield item
+        _sized(self.entry, b"", found)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class _Hashing:
+    """A write-only stream that hashes what passes through to `inner`."""
+
+    def __init__(self, inner: IO[bytes] | Any) -> None:
+        self.inner = inner
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.inner.write(data)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
+def _store(cache: Cache, epoch: int, write: Callable[[IO[bytes]], object]) -> Layer:
+    """Write the layer tar `write` writes into the cache, named by its diff ID."""
+    temp, diff_id = written(cache, write)
+    return keep(temp, diff_id, cache, epoch)
+
+
+def written(cache: Cache, write: Callable[[IO[bytes]], object]) -> tuple[Path, str]:
+    """A temporary file in the cache holding what `write` writes, and its sha256."""
+    cache.root.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=".layer-", dir=cache.root)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            plain = _Hashing(raw)
+            write(plain)  # type: ignore[arg-type]
+    except BaseException:
+        os.unlink(temp)
+        raise
+    return Path(temp), plain.digest.hexdigest()
+
+
+def keep(temp: Path, diff_id: str, cache: Cache, epoch: int) -> Layer:
+    """Move a written tar to its place in the cache (read by builders: mode 0644)."""
+    size = temp.stat().st_size
+    final = cache.place(temp, diff_id, "layer.tar")
+    return Layer(final, f"sha256:{diff_id}", size, epoch)
+
+
+class ChunkStream(io.RawIOBase):
+    """A raw stream over an iterator of byte chunks, for tarfile's streaming mode."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self.chunks, self.current, self.offset = iter(chunks), b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.offset >= len(self.current):  # an empty chunk is skipped, not the end
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return 0
+            self.current, self.offset = chunk, 0
+        count = min(len(buffer), len(self.current) - self.offset)
+        buffer[:count] = self.current[self.offset : self.offset + count]
+        self.offset += count
+        return count

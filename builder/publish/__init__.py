@@ -1,0 +1,9 @@
+"""The last stage: what is put where the cluster pulls from, and what is recorded of it.
+
+`attachments` makes each arch image's SBOM and provenance from its facts, `tags` names what is
+published, `template` points the SandboxTemplate at the pushed digest without disturbing the
+operator's YAML, `state` is the record a pipeline commits for the next rebuild, and
+`blob_memory` remembers which repositories hold which blobs (so a push mounts rather than
+uploads). Pushing itself is the OCI core's `remote.write`. May import every earlier stage, the
+attestations and the OCI core; never the orchestration (tests/test_layout.py).
+"""

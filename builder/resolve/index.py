@@ -1,0 +1,346 @@
+"""Get files from the package index into the content-addressed cache.
+
+Downloads stream to disk in chunks and are checked against the sha256 the resolver locked;
+a file already in the cache is never downloaded again. Index credentials given in an index
+URL (`https://user:token@host/simple`) are sent only to that host and never printed.
+
+An index has bad days as a registry does (a CDN's 5xx or 429, a dropped connection, a body cut
+short): a listing or a download that faults is made again from its start, under the registry's
+retry policy (builder.retry), and fails with the last fault only after its tries. A file that
+does not hash to its lock is fetched again too (a cut or mangled body), then refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from html.parser import HTMLParser
+from importlib import resources
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import unquote, urljoin
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from uv import find_uv_bin
+
+from builder.cache import CHUNK, Cache
+from builder.errors import UserError
+from builder.resolve.requirements import DEFAULT_INDEX
+from builder.resolve.resolution import RemoteFile, redact
+from builder.retry import Retries, SteadyBody, reason, retryable
+
+# Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
+UV = find_uv_bin()
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+# Files whose presence in a source distribution means it compiles native code.
+COMPILED_SOURCES = re.compile(
+    r"\.(c|cc|cpp|cxx|h|hpp|pyx|pxd|f|f90|rs|go|cu)$|(^|/)(Cargo\.toml|CMakeLists\.txt|meson\.build)$"
+)
+
+
+def _credentials(indexes: Sequence[str]) -> dict[str, str]:
+    """Host -> Basic authorization header value, from index URLs that carry credentials."""
+    result = {}
+    for index in indexes:
+        parts = urllib.parse.urlsplit(index)
+        if parts.username is not None:
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            result[parts.hostname or ""] = f"Basic {token}"
+    return result
+
+
+T = TypeVar("T")
+# What a try of an index request may fail with and be tried again: no answer (refused, reset,
+# closed, timed out, a trickle: builder.retry.Stalled), a body cut short, a retryable status
+# (HTTPError is a URLError), a file not matching its lock (ValueError from the cache's writer).
+INDEX_FAULTS = (urllib.error.URLError, OSError, http.client.HTTPException, ValueError)
+
+
+def _index_fault(error: BaseException) -> tuple[str, str | None] | None:
+    """How a retry line names `error`'s answer, and its `Retry-After`; None when it is not one
+    to try again (an answer for good, or a name that does not resolve)."""
+    if isinstance(error, urllib.error.HTTPError):
+        if not retryable(error.code):
+            return None
+        return str(error.code), error.headers.get("Retry-After") if error.headers else None
+    if isinstance(getattr(error, "reason", error), socket.gaierror):
+        return None  # a name that does not resolve: seconds will not change it
+    return reason(error), None
+
+
+def retried(attempt: Callable[[], T], url: str, retries: Retries | None = None) -> T:
+    """`attempt()` (a request to `url`) until it does not fault, as the run's `retries` allow:
+    the registry's policy, bounded by its tries (not the registry's budget), each retry said
+    and recorded as an index's. The last fault is raised as it is (the caller names it in its
+    one line)."""
+    retries = retries or Retries()
+    parts = urllib.parse.urlsplit(url)
+    host, text = parts.netloc.rpartition("@")[2], f"GET {parts.path[:160]}"
+    tries = 1
+    while True:
+        started = retries.clock()
+        try:
+            return attempt()
+        except INDEX_FAULTS as error:
+            if (fault := _index_fault(error)) is None:
+                raise
+            answer, asked = fault
+            if not retries.again(host, text, answer, tries, started, asked, service="index"):
+                raise
+        tries += 1
+
+
+def _open(url: str, indexes: Sequence[str], accept: str | None = None):
+    parts = urllib.parse.urlsplit(url)
+    request = urllib.request.Request(redact(url))
+    auth = _credentials([*indexes, url]).get(parts.hostname or "")
+    if auth:
+        request.add_header("Authorization", auth)
+    if accept:
+        request.add_header("Accept", accept)
+    return urllib.request.urlopen(request, timeout=120)
+
+
+def download(
+    file: RemoteFile, cache: Cache, indexes: Sequence[str] = (), retries: Retries | None = None
+) -> Path:
+    """The cached copy of `file`, downloading it (streamed, hash-checked) only if missing,
+    trying again on faults as the run's `retries` say."""
+    return cache.made_once(
+        "download",
+        file.sha256,
+        lambda: cache.find_blob(file.sha256, file.filename),
+        lambda: _fetch(file, cache, indexes, retries),
+    )
+
+
+def _fetch(file: RemoteFile, cache: Cache, indexes: Sequence[str], retries: Retries | None) -> Path:
+    """Stream `file` into the cache, checking its hash; one line naming it when that fails."""
+    try:
+        if file.url.startswith("file://"):
+            source = Path(urllib.parse.unquote(urllib.parse.urlsplit(file.url).path))
+            with cache.writing_blob(file.sha256, file.filename) as out, source.open("rb") as src:
+                shutil.copyfileobj(src, out, CHUNK)
+        else:
+            retried(lambda: _download_once(file, cache, indexes), file.url, retries)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    except INDEX_FAULTS as error:
+        raise UserError(
+            f"{file.filename}: download from {redact(file.url)} failed ({error})"
+        ) from None
+    return cache.blob_path(file.sha256, file.filename)
+
+
+def _download_once(file: RemoteFile, cache: Cache, indexes: Sequence[str]) -> None:
+    """One try: the whole file, from its first byte (a partial file is never kept)."""
+    with (
+        cache.writing_blob(file.sha256, file.filename) as out,
+        _open(file.url, indexes) as response,
+    ):
+        shutil.copyfileobj(SteadyBody(response), out, CHUNK)  # a file cut short: its hash
+
+
+def download_all(
+    files: Sequence[RemoteFile], cache: Cache, indexes: Sequence[str] = (), workers: int = 8
+) -> dict[str, Path]:
+    """Download in parallel; sha256 -> cached path."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        started = start_downloads(files, cache, indexes, pool)
+        return {sha256: future.result() for sha256, future in started.items()}
+
+
+def start_downloads(
+    files: Sequence[RemoteFile],
+    cache: Cache,
+    indexes: Sequence[str],
+    pool: ThreadPoolExecutor,
+    retries: Retries | None = None,
+) -> dict[str, Future[Path]]:
+    """Start each distinct file's download on `pool`: sha256 -> its cached path, when done.
+
+    A caller can work on each wheel as it arrives (inspection) instead of after the last one.
+    """
+    unique = {file.sha256: file for file in files}
+    return {
+        sha256: pool.submit(download, file, cache, indexes, retries)
+        for sha256, file in unique.items()
+    }
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.links.append(href)
+
+
+def index_files(
+    indexes: Sequence[str], name: str, retries: Retries | None = None
+) -> list[RemoteFile]:
+    """Every file with a sha256 that the indexes list for a project (PEP 691, or PEP 503 HTML),
+    each listing tried again on faults as the run's `retries` say."""
+    files: list[RemoteFile] = []
+    for index in indexes or (DEFAULT_INDEX,):
+        page = f"{index.rstrip('/')}/{canonicalize_name(name)}/"
+        try:
+            content_type, body = retried(partial(_listing, page, indexes), page, retries)
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                continue
+            raise UserError(f"{name}: index {redact(index)} answered {error.code}") from None
+        except INDEX_FAULTS as error:
+            why = error.reason if isinstance(error, urllib.error.URLError) else error
+            raise UserError(f"{name}: index {redact(index)} unreachable ({why})") from None
+        if SIMPLE_JSON in content_type:  # PEP 691 names each file: no URL to take apart
+            entries = [
+                (
+                    entry["url"],
+                    entry.get("hashes", {}).get("sha256"),
+                    entry.get("upload-time"),
+                    bool(entry.get("yanked")),
+                    entry.get("filename"),
+                )
+                for entry in json.loads(body)["files"]
+            ]
+        else:
+            parser = _Anchors()
+            parser.feed(body.decode("utf-8", "replace"))
+            entries = []
+            for link in parser.links:
+                url, _, fragment = link.partition("#")
+                sha256 = fragment[7:] if fragment.startswith("sha256=") else None
+                entries.append((url, sha256, None, False, None))
+        for url, sha256, uploaded, yanked, named in entries:
+            if not sha256:
+                continue
+            # urljoin and urlsplit cost ~30 us a file: 0.8 s for the ~25,000 a set lists
+            absolute = url if url.startswith(("https://", "http://")) else urljoin(page, url)
+            filename = named or unquote(urllib.parse.urlsplit(absolute).path.rsplit("/", 1)[1])
+            files.append(RemoteFile(filename, absolute, sha256, None, uploaded, yanked))
+    return files
+
+
+def _listing(page: str, indexes: Sequence[str]) -> tuple[str, bytes]:
+    """A project page's content type and whole body (one try; cut short or stalled, a fault)."""
+    with _open(page, indexes, accept=f"{SIMPLE_JSON}, text/html;q=0.1") as response:
+        body = SteadyBody(response).read()
+        missing = getattr(response, "length", None)  # an HTTP answer's bytes still expected
+        if missing:  # what http.client's own read() would have raised
+            raise http.client.IncompleteRead(body, missing)
+        return response.headers.get("Content-Type", ""), body
+
+
+def compiled_code_evidence(sdist: Path) -> str | None:
+    """The first member of a source distribution that shows it compiles native code."""
+    try:
+        if sdist.name.endswith(".zip"):
+            with zipfile.ZipFile(sdist) as archive:
+                names = archive.namelist()
+        else:
+            with tarfile.open(sdist) as archive:
+                names = archive.getnames()
+    except (tarfile.TarError, zipfile.BadZipFile, OSError) as error:
+        raise UserError(f"{sdist.name}: unreadable source distribution ({error})") from None
+    return next((name for name in names if COMPILED_SOURCES.search(name)), None)
+
+
+def build_pure_wheel(sdist: Path, source: RemoteFile, cache: Cache) -> tuple[Path, str]:
+    """Build a pure-Python sdist into a wheel on the host, cached by the sdist's hash.
+
+    The wheel's sdist is recorded by the wheel's hash, for `built_source` to find.
+    """
+    record = cache.get_record("built", source.sha256)
+    if record and (found := cache.find_blob(record["sha256"], record["filename"])):
+        path, sha256 = found, str(record["sha256"])
+    else:
+        path, sha256 = _build(sdist, cache)
+        cache.put_record("built", source.sha256, {"filename": path.name, "sha256": sha256})
+    origin = {"filename": source.filename, "url": redact(source.url), "sha256": source.sha256}
+    cache.put_record("built-from", sha256, origin)
+    return path, sha256
+
+
+def _build(sdist: Path, cache: Cache) -> tuple[Path, str]:
+    with tempfile.TemporaryDirectory(prefix="bsi-build-") as out:
+        result = subprocess.run(
+            [UV, "build", "--wheel", "--quiet", "--out-dir", out, str(sdist)],
+            capture_output=True,
+            text=True,
+            env=uv_environment(),
+        )
+        wheels = list(Path(out).glob("*.whl"))
+        if result.returncode != 0 or len(wheels) != 1:
+            last = (result.stderr.strip().splitlines() or ["no wheel produced"])[-1]
+            raise UserError(f"{sdist.name}: building a wheel from source failed ({last})")
+        tags = parse_wheel_filename(wheels[0].name)[3]
+        if any(tag.abi != "none" or tag.platform != "any" for tag in tags):
+            raise UserError(f"{sdist.name}: the source distribution builds compiled code")
+        return cache.add_blob(wheels[0], wheels[0].name)
+
+
+def built_source(wheel_sha256: str, cache: Cache) -> RemoteFile | None:
+    """The sdist a wheel in the cache was built from (`build_pure_wheel`), if it was."""
+    record = cache.get_record("built-from", wheel_sha256)
+    if not record:
+        return None
+    return RemoteFile(record["filename"], record["url"], record["sha256"])
+
+
+def uv_python() -> list[str]:
+    """`--python` naming this interpreter, for `uv pip compile`.
+
+    Left to itself uv runs every python on PATH to find one (behind pyenv shims about 0.6 s of
+    a 1 s resolution). With --python-version and --python-platform given and wheels only, the
+    interpreter only fills in the CPython markers, so any CPython gives the same lock.
+    """
+    return ["--python", sys.executable] if sys.executable else []
+
+
+# uv retries a request that failed on the network or with a 5xx/429 this many times, with
+# backoff (UV_HTTP_RETRIES; its default is 3). Set explicitly so that the resolution weathers an
+# index's bad day as the registry client does, and an operator's own setting still wins.
+UV_HTTP_RETRIES = "5"
+
+
+def uv_environment() -> Mapping[str, str]:
+    """uv's environment: its retries, and never an interpreter download (none can be reached)."""
+    return {"UV_HTTP_RETRIES": UV_HTTP_RETRIES, **os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+
+
+def builder_pip(cache: Cache, indexes: Sequence[str]) -> Path:
+    """The pinned pip wheel the builder stage runs, from the cache or the index."""
+    pinned = tomllib.loads(
+        resources.files("builder.data").joinpath("builder-tools.toml").read_text()
+    )["pip"]
+    found = cache.find_blob(pinned["sha256"], pinned["filename"])
+    if found:
+        return found
+    listed = {f.filename: f for f in index_files(indexes, "pip")}
+    if pinned["filename"] not in listed:
+        raise UserError(f"{pinned['filename']}: the builder's pinned pip is not on the index")
+    url = listed[pinned["filename"]].url
+    return download(RemoteFile(pinned["filename"], url, pinned["sha256"]), cache, indexes)

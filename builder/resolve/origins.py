@@ -1,0 +1,66 @@
+"""Where each locked distribution came from: the index the resolver took it from.
+
+With more than one index (PyPI and PyTorch's CPU index, a company's mirror) the answer is not
+the wheel's URL: files live on other hosts (PyPI's on files.pythonhosted.org), and uv's rule
+(the first index, in its order, that has the project: `--extra-index-url` before
+`--index-url`) decides, not the newest version across indexes as pip would. uv says which
+index it used (`uv pip compile --emit-index-annotation`); that answer is what the plan,
+report.json and the SBOM record, with any credentials removed. The check for newer releases
+reads the same index, so it compares what uv could have chosen.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+
+from packaging.utils import canonicalize_name
+
+from builder.resolve.requirements import DEFAULT_INDEX, RequirementSet
+from builder.resolve.resolution import redact
+
+PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==\S+")
+FROM_LINE = re.compile(r"^\s+# from (\S+)\s*$")
+
+
+def parse_origins(output: str) -> dict[str, str]:
+    """Name → the index uv resolved it from (credentials removed), from `uv pip compile
+    --emit-index-annotation` output (`idna==3.10  # via requests` then `    # from URL`).
+
+    A distribution from a local directory (a wheel built on the host, found through
+    `--find-links`) came from no index: it is left out.
+    """
+    found: dict[str, str] = {}
+    name = None
+    for line in output.splitlines():
+        if match := PIN_LINE.match(line):
+            name = canonicalize_name(match.group(1))
+        elif (match := FROM_LINE.match(line)) and name and match.group(1).startswith("http"):
+            found[name] = redact(match.group(1)).rstrip("/")
+    return found
+
+
+def origins_of(
+    names: Iterable[str], requirements: RequirementSet, annotations: Callable[[], str]
+) -> dict[str, str]:
+    """Name -> the index each distribution came from: the only index when there is one and uv
+    picks no other (no uv run needed), else the one uv names in its `annotations`."""
+    indexes = requirements.indexes()
+    if len(indexes) == 1 and not requirements.torch_backend:
+        return {name: redact(indexes[0]).rstrip("/") for name in names}
+    return parse_origins(annotations())
+
+
+def is_default(index: str) -> bool:
+    """Whether `index` is PyPI's simple index, however it is spelled (a trailing slash)."""
+    return redact(index).rstrip("/") == DEFAULT_INDEX
+
+
+def as_given(origin: str, indexes: Sequence[str]) -> tuple[str, ...]:
+    """The index `origin` names, as the requirements spell it (with its credentials, which a
+    listing of a private index needs); every index when the origin is unknown; the origin
+    itself when no requirement names it (uv chose it: `--torch-backend`)."""
+    if not origin:
+        return tuple(indexes)
+    same = [index for index in indexes if redact(index).rstrip("/") == origin]
+    return (same[0],) if same else (origin,)

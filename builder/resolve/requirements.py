@@ -1,0 +1,444 @@
+"""Read pip-style requirement files into named requirements with their origin.
+
+Only what can be resolved from an index is accepted: named requirements with optional
+extras, specifiers, markers and `--hash` options, nested `-r`/`-c` files, index options and
+`--require-hashes`. Editable, local-path and URL requirements are refused, naming the file and
+line. Error lines quote user input only through `excerpt`, which is short and redacted: a
+requirements file may be anything (`-r /proc/self/environ`), and the error lands in CI logs.
+"""
+
+from __future__ import annotations
+
+import codecs
+import locale
+import os
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from packaging.markers import Marker, UndefinedComparison, default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, Specifier
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+
+from builder.errors import UserError
+from builder.resolve.index_options import index_url
+from builder.resolve.target import ARCHES, Target, shipped_facts
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+MAX_NESTING = 50  # -r/-c depth; deeper is a generated loop, not a real project
+MAX_FILE_BYTES = 10 * 1024 * 1024
+EXCERPT_CHARS = 40
+# Byte-order marks, longest first: the UTF-32-LE mark starts with the UTF-16-LE one.
+BOMS = (
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+)
+ARCHIVES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz")
+VERSION_VARIABLES = ("python_version", "python_full_version", "implementation_version")
+MARKER_COMPARISON = re.compile(
+    r'(\w+) (===|==|!=|<=|>=|~=|<|>) "([^"]*)"|"([^"]*)" (===|==|!=|<=|>=|~=|<|>) (\w+)'
+)
+SHA256 = re.compile(r"sha256:([0-9a-fA-F]{64})")
+URL_CREDENTIALS = re.compile(r"(?i)([a-z][a-z0-9+.-]*://)[^/@\s]*@")
+ASSIGNMENT = re.compile(r"(?<![=<>!~])=(?!=).*")
+OPTION_NAME = re.compile(r"--?[a-z][a-z-]{0,30}")
+TOKEN = re.compile(r"[A-Za-z0-9_+/-]{20,}")
+
+
+def redact_credentials(text: str) -> str:
+    """`scheme://user:password@host` → `scheme://***@host`, anywhere in the text."""
+    return URL_CREDENTIALS.sub(r"\1***@", text)
+
+
+def excerpt(text: str) -> str:
+    """A short, quoted, redacted piece of user input, safe to print in an error line.
+
+    Masks credentials in URLs, everything after an assignment-like `=` (not `==`, `>=`, ...)
+    and long letter-and-digit runs that look like tokens, then cuts to a few dozen characters.
+    """
+    text = ASSIGNMENT.sub("=***", redact_credentials(text))
+    text = TOKEN.sub(
+        lambda m: "***" if re.search(r"\d", m[0]) and re.search(r"[A-Za-z]", m[0]) else m[0], text
+    )
+    if len(text) > EXCERPT_CHARS:
+        text = text[:EXCERPT_CHARS] + "…"
+    return repr(text)
+
+
+def _option_name(option: str) -> str:
+    """An option as written when it looks like one (`--find-links`), else a redacted excerpt."""
+    return option if OPTION_NAME.fullmatch(option) else excerpt(option)
+
+
+@dataclass(frozen=True)
+class NamedRequirement:
+    requirement: Requirement
+    origin: str  # "file:line", for messages
+    hashes: frozenset[str] = frozenset()  # sha256 hex digests given with --hash
+
+    @property
+    def name(self) -> str:
+        return canonicalize_name(self.requirement.name)
+
+    def applies(self, environment: dict[str, str]) -> bool:
+        marker: Marker | None = self.requirement.marker
+        return marker is None or marker.evaluate(environment)
+
+    def __str__(self) -> str:
+        return str(self.requirement)
+
+
+class IndexFile(Protocol):
+    """What the hash check needs of a file (builder.resolve.index.RemoteFile)."""
+
+    @property
+    def filename(self) -> str: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+
+@runtime_checkable
+class BuiltWheel(IndexFile, Protocol):
+    """A wheel that knows the sdist it was built from on the host (None: it came as a wheel)."""
+
+    @property
+    def built_from(self) -> IndexFile | None: ...
+
+
+@dataclass(frozen=True)
+class RequirementSet:
+    requirements: tuple[NamedRequirement, ...]
+    constraints: tuple[NamedRequirement, ...]
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    # pip's hash-checking mode: on with --require-hashes or as soon as any line has a --hash.
+    hash_checking: bool = False
+    # uv's --torch-backend (`cpu`): the PyTorch family from PyTorch's own index for that build,
+    # everything else from the indexes above (None: PyPI's torch, with its CUDA wheels)
+    torch_backend: str | None = None
+
+    def indexes(self) -> tuple[str, ...]:
+        """Every index to search, the main one (PyPI unless replaced) first."""
+        return (self.index_url or DEFAULT_INDEX, *self.extra_index_urls)
+
+    def hashes_for(self, name: str) -> frozenset[str]:
+        """Every sha256 the files allow for distribution `name` (empty: none given)."""
+        name = canonicalize_name(name)
+        return frozenset(
+            digest
+            for entry in (*self.requirements, *self.constraints)
+            if entry.name == name
+            for digest in entry.hashes
+        )
+
+    def check_hashes(self, files: Iterable[IndexFile]) -> None:
+        """In hash-checking mode, refuse any file to install whose sha256 was not given.
+
+        Like pip, dependencies need hashes too: an unpinned dependency would otherwise be
+        whatever the index serves, which is what the hashes promise to rule out. As in pip,
+        the hash is the one of the file fetched from the index: for a wheel built here, its
+        sdist's (the wheel itself stays pinned by its own sha256 in the lock).
+        """
+        if not self.hash_checking:
+            return
+        for file in files:
+            source = file.built_from if isinstance(file, BuiltWheel) else None
+            fetched = source or file
+            built = f" (built here into {file.filename}, sha256:{file.sha256})" if source else ""
+            name, version = _name_version(fetched.filename)
+            allowed = self.hashes_for(name)
+            if not allowed:
+                raise UserError(
+                    f"{name}=={version}: no --hash given for it, and hash-checking mode is on"
+                    " (--require-hashes or a --hash in the requirements); add its hash"
+                )
+            if fetched.sha256.lower() not in allowed:
+                kind = "wheel" if fetched.filename.endswith(".whl") else "sdist"
+                given = ", ".join(f"sha256:{digest}" for digest in sorted(allowed)[:3])
+                raise UserError(
+                    f"{name}=={version}: the {kind} {fetched.filename} has"
+                    f" sha256:{fetched.sha256}{built}, which is not among the hashes given"
+                    f" ({given})"
+                )
+
+
+def _name_version(filename: str) -> tuple[str, str]:
+    """A wheel's or an sdist's normalized name and version, from its file name."""
+    if filename.endswith(".whl"):
+        name, version = parse_wheel_filename(filename)[:2]
+    else:
+        name, version = parse_sdist_filename(filename)
+    return name, str(version)
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """Text as pip reads it: a byte-order mark decides, else UTF-8, else the locale's encoding."""
+    for bom, encoding in BOMS:
+        if data.startswith(bom):
+            try:
+                return data[len(bom) :].decode(encoding)
+            except UnicodeDecodeError:
+                raise UserError(f"{path}: not valid {encoding} after its byte-order mark") from None
+    if b"\0" in data:
+        raise UserError(f"{path}: binary data (NUL bytes), not a requirements file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        fallback = locale.getpreferredencoding(False)
+        if codecs.lookup(fallback).name != "utf-8":
+            try:
+                return data.decode(fallback)
+            except UnicodeDecodeError:
+                pass
+        line = data.count(b"\n", 0, error.start) + 1
+        raise UserError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x}); save it as UTF-8"
+        ) from None
+
+
+def _read_text(path: Path) -> tuple[str, tuple[int, int]]:
+    """The decoded file and its identity (device, inode) for finding include cycles."""
+    try:
+        with open(path, "rb") as file:
+            status = os.fstat(file.fileno())
+            data = file.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise UserError(f"{path}: cannot read requirements file ({error.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise UserError(
+            f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a requirements file"
+        )
+    return _decode(path, data), (status.st_dev, status.st_ino)
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Join backslash continuations and strip comments, keeping the first line number."""
+    lines, pending, start = [], "", 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        joined = (pending + line).strip()
+        pending = ""
+        if joined:
+            lines.append((start, joined))
+    if pending.strip():
+        lines.append((start, pending.strip()))
+    return lines
+
+
+def _expand(value: str, origin: str) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise UserError(f"{origin}: environment variable {name} is not set")
+        return os.environ[name]
+
+    return ENV_VAR.sub(substitute, value)
+
+
+def _split(text: str, origin: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as error:  # "No closing quotation", "No escaped character"
+        raise UserError(f"{origin}: {str(error).lower()} in {excerpt(text)}") from None
+
+
+@dataclass
+class _Reader:
+    requirements: list[NamedRequirement] = field(default_factory=list)
+    constraints: list[NamedRequirement] = field(default_factory=list)
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    require_hashes: str | None = None  # origin of --require-hashes
+
+    def read(
+        self, path: Path, *, as_constraints: bool, seen: frozenset[tuple[int, int]] = frozenset()
+    ) -> None:
+        if len(seen) >= MAX_NESTING:
+            raise UserError(f"{path}: -r/-c files nested more than {MAX_NESTING} deep")
+        text, identity = _read_text(path)
+        if identity in seen:
+            raise UserError(f"{path}: requirement files include each other in a cycle")
+        for number, line in _logical_lines(text):
+            origin = f"{path}:{number}"
+            if line.startswith("-"):
+                self._option(path, line, origin, as_constraints, seen | {identity})
+            else:
+                target = self.constraints if as_constraints else self.requirements
+                target.append(_parse_requirement(line, origin))
+
+    def _option(
+        self,
+        path: Path,
+        line: str,
+        origin: str,
+        as_constraints: bool,
+        seen: frozenset[tuple[int, int]],
+    ) -> None:
+        words = _split(line, origin)
+        option, equals, inline = words[0].partition("=")
+        if option == "--require-hashes":
+            if equals or len(words) > 1:
+                raise UserError(f"{origin}: option --require-hashes takes no value")
+            self.require_hashes = origin
+            return
+        values = [inline] if equals else words[1:]
+        if not values or not values[0]:
+            raise UserError(f"{origin}: option {_option_name(option)} needs a value")
+        if len(values) > 1:
+            raise UserError(f"{origin}: option {_option_name(option)} takes one value")
+        value = _expand(values[0], origin)
+        if option in ("-r", "--requirement"):
+            self.read(path.parent / value, as_constraints=as_constraints, seen=seen)
+        elif option in ("-c", "--constraint"):
+            self.read(path.parent / value, as_constraints=True, seen=seen)
+        elif option in ("-i", "--index-url"):
+            self.index_url = index_url(value, option, origin)
+        elif option == "--extra-index-url":
+            self.extra_index_urls += (index_url(value, option, origin),)
+        elif option in ("-e", "--editable"):
+            raise UserError(f"{origin}: editable requirement {excerpt(value)} is not supported")
+        else:
+            raise UserError(f"{origin}: option {_option_name(option)} is not supported")
+
+
+def _hashes(options: list[str], origin: str) -> frozenset[str]:
+    """The sha256 digests of a line's `--hash` options; any other option is an error."""
+    digests = set()
+    words = iter(options)
+    for word in words:
+        option, equals, value = word.partition("=")
+        if option != "--hash":
+            known = option in ("--config-settings", "--global-option", "--install-option")
+            what = "is not supported" if known else "is unknown"
+            raise UserError(f"{origin}: per-requirement option {_option_name(option)} {what}")
+        if not equals:
+            value = next(words, "")
+        if not (match := SHA256.fullmatch(value)):
+            raise UserError(
+                f"{origin}: --hash takes sha256:<64 hex digits> (only sha256 hashes are supported)"
+            )
+        digests.add(match.group(1).lower())
+    return frozenset(digests)
+
+
+def _local_path(head: str) -> bool:
+    """What pip would take for a local file or directory rather than a project name."""
+    return "@" not in head and (
+        head.startswith((".", "~"))
+        or "/" in head
+        or "\\" in head
+        or head.lower().endswith(ARCHIVES)
+    )
+
+
+def _check_marker(requirement: Requirement, origin: str) -> None:
+    """Refuse a marker that would silently compare as text or fail when evaluated."""
+    if requirement.marker is None:
+        return
+    for match in MARKER_COMPARISON.finditer(str(requirement.marker)):
+        variable, operator = match[1] or match[6], match[2] or match[5]
+        value = match[3] if match[3] is not None else match[4]
+        if variable in VERSION_VARIABLES and operator != "===":
+            try:
+                Specifier(f"{operator}{value}")
+            except InvalidSpecifier:
+                raise UserError(
+                    f"{origin}: invalid marker: {variable} {operator} {excerpt(value)}"
+                    " is not a version comparison"
+                ) from None
+    try:
+        requirement.marker.evaluate(default_environment())  # type: ignore[arg-type]
+    except UndefinedComparison as error:
+        raise UserError(f"{origin}: invalid marker ({error})") from None
+
+
+def _parse_requirement(line: str, origin: str) -> NamedRequirement:
+    words = line.split()
+    first_option = next((i for i, word in enumerate(words) if word.startswith("-")), len(words))
+    text = " ".join(words[:first_option])
+    hashes = _hashes(_split(" ".join(words[first_option:]), origin), origin)
+    if re.match(r"^[a-z][a-z0-9+.-]*://", text, re.I):
+        raise UserError(f"{origin}: local or URL requirement {excerpt(text)} is not supported")
+    if _local_path(text.split(";", 1)[0].strip()):
+        raise UserError(f"{origin}: local or URL requirement {excerpt(text)} is not supported")
+    if re.search(r",\s*(;|$)", text):
+        raise UserError(f"{origin}: invalid requirement {excerpt(text)} (trailing comma)")
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement as error:
+        message, *rest = str(error).splitlines()
+        caret = rest[-1].find("^") - 3 if rest else 0  # packaging indents its caret line by 4
+        where = f" at column {caret}" if caret > 0 else ""
+        raise UserError(
+            f"{origin}: invalid requirement {excerpt(text)}{where}: {message}"
+        ) from None
+    if requirement.url:
+        raise UserError(
+            f"{origin}: direct URL requirement {requirement.name} @ {excerpt(requirement.url)}"
+            " is not supported; publish it to an index"
+        )
+    _check_marker(requirement, origin)
+    return NamedRequirement(requirement, origin, hashes)
+
+
+def _check_hash_mode(reader: _Reader) -> bool:
+    """Whether hash-checking mode is on; if so, every requirement is pinned and hashed."""
+    hashed = next((r for r in (*reader.requirements, *reader.constraints) if r.hashes), None)
+    if not (reader.require_hashes or hashed):
+        return False
+    why = f"--require-hashes at {reader.require_hashes}" if reader.require_hashes else ""
+    if hashed and not why:
+        why = f"a --hash at {hashed.origin}"
+    for entry in reader.requirements:
+        pinned = any(
+            s.operator in ("==", "===") and "*" not in s.version
+            for s in entry.requirement.specifier
+        )
+        if not (pinned and entry.hashes):
+            raise UserError(
+                f"{entry.origin}: {entry.name} needs an == pin and a --hash: hash-checking mode"
+                f" is on ({why})"
+            )
+    return True
+
+
+def read_requirements(
+    requirement_files: Sequence[Path], constraint_files: Sequence[Path] = ()
+) -> RequirementSet:
+    """Read every file (following nested -r/-c) into one requirement set."""
+    reader = _Reader()
+    for path in requirement_files:
+        reader.read(path, as_constraints=False)
+    for path in constraint_files:
+        reader.read(path, as_constraints=True)
+    if not reader.requirements:
+        files = ", ".join(str(path) for path in requirement_files)
+        raise UserError(f"{files}: no requirements found")
+    return RequirementSet(
+        requirements=tuple(reader.requirements),
+        constraints=tuple(reader.constraints),
+        index_url=reader.index_url,
+        extra_index_urls=reader.extra_index_urls,
+        hash_checking=_check_hash_mode(reader),
+    )
+
+
+def distribution_names(path: Path) -> list[str]:
+    """Distribution names of a requirements file whose markers hold on the target (amd64)."""
+    requirements = read_requirements([path])
+    environment = Target(shipped_facts(), (ARCHES["amd64"],)).marker_environment(ARCHES["amd64"])
+    return list(dict.fromkeys(r.name for r in requirements.requirements if r.applies(environment)))

@@ -1,0 +1,148 @@
+"""What uv's failure to resolve a set means, said in one line that names the culprit.
+
+uv explains a failure as a derivation, release by release: for boto3, whose botocore wants
+python-dateutil<3 while the base pins 4.0.0, hundreds of lines. The error line names a missing
+distribution, else a dependency that disagrees with a distribution the base pins (with the
+pin), else an index uv could not read (unreachable, refusing its credentials: PyTorch's own
+index from a network that cannot reach it), else uv's own cause, cut short, with any base pin
+it mentions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from packaging.utils import canonicalize_name
+
+from builder.errors import UserError
+from builder.resolve.requirements import RequirementSet
+from builder.resolve.resolution import redact
+from builder.resolve.target import Arch, BaseFacts, BaseProfile, Target
+
+NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
+CAUSE = re.compile(r"cause: (.*?)(?:\n\s*\n|\Z)", re.S)
+# uv's derivation of a dependency that disagrees with a pin: "botocore>=1.44.8 depends on
+# python-dateutil>=2.1,<3.0.0 and python-dateutil==4.0.0, we can conclude …", or "all versions
+# of bsi-app depend on …"
+PIN_CONFLICT = re.compile(
+    r"((?:all versions of )?\S+) (depends?) on (\S+?) and ([A-Za-z0-9._-]+)==(\S+?),"
+)
+# uv's hint when the newest release has wheels, only not for this platform: "Wheels are
+# available for `tensorflow-cpu` (v2.21.0) on the following platforms: `manylinux_2_27_x86_64`,
+# `win_amd64`"
+PLATFORM_HINT = re.compile(
+    r"Wheels are available for `([^`]+)` \(v([^)]+)\) on the following platforms: ([^\n]+)"
+)
+# "error: Failed to fetch: https://download.pytorch.org/whl/cpu/torch/" then "  cause: …" lines
+FETCH_FAILED = re.compile(r"Failed to fetch: `?([^`\s]+)`?")
+CAUSE_LINE = re.compile(r"^\s*cause: (.+)$", re.M)
+# uv's "there is no version of typing-extensions==4.16.0": with several indexes, often a version
+# another index has, which uv never asks once the first index lists the project
+NO_VERSION = re.compile(r"there is no version of ([A-Za-z0-9][A-Za-z0-9._-]*)")
+MAX_CAUSE = 400  # characters of uv's explanation an error line carries
+
+
+def origin(requirements: RequirementSet, name: str) -> str:
+    """How an error names `name`: the requirement line that asked for it, or a dependency."""
+    for requirement in requirements.requirements:
+        if requirement.name == name:
+            return f"{requirement} ({requirement.origin})"
+    return f"{name} (a dependency)"
+
+
+def unresolvable(
+    stderr: str, requirements: RequirementSet, target: Target[BaseFacts], arch: Arch
+) -> UserError:
+    """The one-line error for uv's failed resolution for `arch` (its stderr)."""
+    if match := NOT_FOUND.search(stderr):
+        name = canonicalize_name(match.group(1))
+        return UserError(f"{origin(requirements, name)}: no such distribution on the package index")
+    if conflict := _base_conflict(stderr, target):
+        return UserError(f"cannot resolve for {arch.name}: {conflict}")
+    if platform := _platform_gap(stderr, requirements, arch):
+        return UserError(platform)
+    if unread := _unread_index(stderr):
+        return UserError(f"cannot resolve for {arch.name}: {unread}")
+    cause_match = CAUSE.search(stderr)
+    cause = " ".join((cause_match.group(1) if cause_match else stderr.strip()).split())
+    if len(cause) > MAX_CAUSE:
+        cause = cause[:MAX_CAUSE].rsplit(" ", 1)[0] + " …"
+    base_pins = [
+        f"{name}=={version}"
+        for name, version in sorted(target.base.distributions.items())
+        if re.search(rf"\b{re.escape(name)}\b", cause, re.I)
+    ]
+    hint = f" (the base image pins {', '.join(base_pins)})" if base_pins else ""
+    if len(requirements.indexes()) > 1 and (hidden := NO_VERSION.search(cause)):
+        hint += (
+            f"; with several indexes uv takes {canonicalize_name(hidden.group(1))} only from the"
+            " first that lists it (--extra-index-url ones before --index-url): the others'"
+            " versions are not seen"
+        )
+    return UserError(f"cannot resolve for {arch.name}: {cause}{hint}")
+
+
+def _platform_gap(stderr: str, requirements: RequirementSet, arch: Arch) -> str | None:
+    """A distribution whose releases have wheels, only none for this arch, when uv's cause is
+    about it (tensorflow-cpu on arm64): what that release has instead, or None."""
+    cause = CAUSE.search(stderr)
+    for hint in PLATFORM_HINT.finditer(stderr):
+        name, version = hint.group(1), hint.group(2)
+        if cause is None or name not in cause.group(1):
+            continue
+        platforms = ", ".join(re.findall(r"`([^`]+)`", hint.group(3)))
+        return (
+            f"{origin(requirements, canonicalize_name(name))}: no wheel for {arch.name}"
+            f" ({arch.machine}) on the package index; release {version} has wheels only for"
+            f" {platforms}"
+        )
+    return None
+
+
+def check_against_base(
+    requirements: RequirementSet, target: Target[BaseProfile], arch: Arch
+) -> None:
+    """Refuse a requirement the base's pinned version does not satisfy, before resolving."""
+    environment = target.marker_environment(arch)
+    for requirement in (*requirements.requirements, *requirements.constraints):
+        pinned = target.base.distributions.get(requirement.name)
+        if pinned is None or not requirement.applies(environment):
+            continue
+        if not requirement.requirement.specifier.contains(pinned, prereleases=True):
+            raise UserError(
+                f"{requirement} ({requirement.origin}) conflicts with the base image"
+                f" {target.base.image}, which pins {requirement.name}=={pinned}"
+            )
+
+
+def _base_conflict(stderr: str, target: Target[BaseFacts]) -> str | None:
+    """A dependency that disagrees with a distribution the base pins, as uv derived it (the
+    last derivation: the newest release it tried), or None. A requirement that names the pinned
+    distribution itself is refused before resolving (`check_against_base`); one of its
+    dependencies only shows here, among uv's hundreds of lines about every older release."""
+    for dependent, verb, wanted, name, version in reversed(PIN_CONFLICT.findall(stderr)):
+        if target.base.distributions.get(canonicalize_name(name)) == version:
+            return (
+                f"{dependent} {verb} on {wanted}, but the base image"
+                f" pins {canonicalize_name(name)}=={version} (its /app/deps comes first on"
+                " PYTHONPATH)"
+            )
+    return None
+
+
+def _unread_index(stderr: str) -> str | None:
+    """The index uv could not read, the project it asked for and uv's last cause, or None."""
+    if not (match := FETCH_FAILED.search(stderr)):
+        return None
+    url = redact(match.group(1))
+    causes = CAUSE_LINE.findall(stderr, match.end())
+    why = " ".join(causes[-1].split())[:MAX_CAUSE] if causes else "no answer"
+    if not url.endswith("/"):  # not a project's page (`<index>/<project>/`)
+        return f"fetching {url} failed ({why})"
+    index, _, project = url.rstrip("/").rpartition("/")
+    return f"the index {index} could not be read for {project} ({why})"
+
+
+def not_found(stderr: str) -> bool:
+    """Did uv fail because a distribution is on no index?"""
+    return NOT_FOUND.search(stderr) is not None

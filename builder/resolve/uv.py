@@ -1,0 +1,431 @@
+"""Resolve the requirements for the target interpreter and platform, not for this host.
+
+uv evaluates markers for the target and, with `--only-binary :all:`, picks only versions
+that have a wheel for it. The base image's /app/deps distributions are constraints: a
+requirement that contradicts one fails here, naming the base's pin. A distribution that
+has only a source release is built on the host when it is pure Python, and refused when
+it compiles code, naming the newest version that does have a usable wheel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import tempfile
+import time
+import tomllib
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from importlib import metadata
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import Version
+
+from builder.cache import Cache
+from builder.errors import UserError
+from builder.resolve.index import (
+    UV,
+    build_pure_wheel,
+    built_source,
+    compiled_code_evidence,
+    download,
+    index_files,
+    uv_environment,
+    uv_python,
+)
+from builder.resolve.origins import as_given, origins_of
+from builder.resolve.requirements import RequirementSet
+from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution
+from builder.resolve.stale import (
+    StalePick,
+    held_back_notes,
+    index_listings,
+    parse_via,
+    pinned_notes,
+    stale_picks,
+)
+from builder.resolve.target import Arch, BaseFacts, BaseProfile, Target
+from builder.resolve.unresolvable import check_against_base, not_found, origin, unresolvable
+from builder.retry import Retries
+
+NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")
+MAX_SOURCE_ROUNDS = 10
+RESOLUTION_TTL_SECONDS = 3600
+
+
+def _uv_compile_command(
+    requirements_in: Path, target: Target[BaseFacts], arch: Arch, requirements: RequirementSet
+) -> list[str]:
+    """`uv pip compile` for the target, wheels only, from the indexes the requirements name.
+
+    One home for what every resolution asks of uv, so a probe resolves exactly as the lock does.
+    """
+    command = [UV, "pip", "compile", str(requirements_in)]
+    command += ["--python-platform", arch.uv_platform, "--python-version", target.python_version]
+    command += ["--only-binary", ":all:", "--no-header", "--quiet", *uv_python()]
+    if requirements.index_url:
+        command += ["--index-url", requirements.index_url]
+    for extra in requirements.extra_index_urls:
+        command += ["--extra-index-url", extra]
+    if requirements.torch_backend:
+        command += ["--torch-backend", requirements.torch_backend]
+    return command
+
+
+def _uv_compile(
+    workdir: Path,
+    target: Target[BaseFacts],
+    arch: Arch,
+    requirements: RequirementSet,
+    find_links: Path,
+    overrides: Sequence[Path] = (),
+    annotated: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """uv's pylock for the set; `annotated`: its requirements.txt with `# via` on stdout."""
+    command = [
+        *_uv_compile_command(workdir / "requirements.in", target, arch, requirements),
+        *("--constraint", str(workdir / "constraints.txt")),
+        *("--find-links", str(find_links)),
+    ]
+    if annotated:
+        command += ["--format", "requirements.txt", "--annotation-style", "line"]
+        command += ["--emit-index-annotation"]
+    else:
+        command += ["--format", "pylock.toml"]
+        command += ["--output-file", str(workdir / f"pylock.{arch.name}.toml")]
+    for override in overrides:
+        command += ["--override", str(override)]
+    return subprocess.run(command, capture_output=True, text=True, env=uv_environment())
+
+
+def _wheel_file(entry: dict, cache: Cache) -> RemoteFile:
+    url = entry["url"]  # uv lists index and --find-links wheels alike by URL
+    filename = urllib.parse.unquote(url.rsplit("/", 1)[1])
+    sha256 = entry["hashes"]["sha256"]
+    source = built_source(sha256, cache) if url.startswith("file:") else None
+    return RemoteFile(filename, url, sha256, entry.get("size"), built_from=source)
+
+
+class _WheelsExist(Exception):
+    """uv hinted at building a distribution whose matching release has a usable wheel: the
+    resolution failed for another reason (a conflict), which its own explanation gives."""
+
+
+def newest_usable_version(
+    name: str, target: Target[BaseFacts], arch: Arch, requirements: RequirementSet
+) -> str | None:
+    """The newest release of `name` with a wheel the target accepts, by asking the resolver."""
+    with tempfile.TemporaryDirectory(prefix="bsi-probe-") as temp:
+        workdir = Path(temp)
+        (workdir / "requirements.in").write_text(f"{name}\n")
+        (workdir / "constraints.txt").write_text("")
+        command = [
+            *_uv_compile_command(workdir / "requirements.in", target, arch, requirements),
+            "--no-deps",
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, env=uv_environment())
+    match = re.search(r"^\S+==(\S+)", result.stdout, re.M)
+    return match.group(1) if result.returncode == 0 and match else None
+
+
+def _specifier_for(name: str, requirements: RequirementSet) -> SpecifierSet:
+    specifier = SpecifierSet()
+    for requirement in (*requirements.requirements, *requirements.constraints):
+        if requirement.name == name:
+            specifier &= requirement.requirement.specifier
+    return specifier
+
+
+def _build_from_source(
+    name: str,
+    target: Target[BaseFacts],
+    arch: Arch,
+    requirements: RequirementSet,
+    cache: Cache,
+    find_links: Path,
+    retries: Retries | None,
+) -> str:
+    """Build the newest matching pure-Python sdist of `name` into `find_links`; refuse others."""
+    specifier = _specifier_for(name, requirements)
+    files = index_files(requirements.indexes(), name, retries)
+    wheeled: set[Version] = set()
+    sdists: dict[Version, RemoteFile] = {}
+    for file in files:
+        try:
+            if file.filename.endswith(".whl"):
+                wheeled.add(parse_wheel_filename(file.filename)[1])
+            else:
+                sdists[parse_sdist_filename(file.filename)[1]] = file
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            continue
+    candidates = sorted((v for v in sdists if specifier.contains(v)), reverse=True)
+    usable = newest_usable_version(name, target, arch, requirements)
+    suggestion = (
+        f"newest version with a usable wheel: {usable}"
+        if usable
+        else ("no version has a usable wheel")
+    )
+    wanted = f"{name}{specifier}" if specifier else name
+    if not candidates:
+        raise UserError(
+            f"{origin(requirements, name)}: no release matching {wanted} has a wheel for"
+            f" CPython {target.python_version} on {arch.machine}; {suggestion}"
+        )
+    version = candidates[0]
+    if usable is not None and specifier.contains(usable) and Version(usable) >= version:
+        raise _WheelsExist(name)  # uv tried older releases, sdist-only: not why it failed
+    if version in wheeled:  # wheels exist, just not for us: compiled for other targets
+        raise UserError(
+            f"{origin(requirements, name)}: {name}=={version} has no wheel for"
+            f" cp{''.join(map(str, target.python_tuple))} manylinux {arch.machine} and its"
+            f" source compiles native code; {suggestion}"
+        )
+    requirements.check_hashes([sdists[version]])  # before its build backend runs here
+    sdist = download(sdists[version], cache, requirements.indexes(), retries)
+    evidence = compiled_code_evidence(sdist)
+    if evidence:
+        raise UserError(
+            f"{origin(requirements, name)}: {name}=={version} has only a source distribution"
+            f" and it compiles native code ({evidence}); {suggestion}"
+        )
+    wheel, _ = build_pure_wheel(sdist, sdists[version], cache)
+    link = find_links / wheel.name
+    if not link.exists():
+        link.symlink_to(wheel)
+    return f"{name}=={version}"
+
+
+def _resolution_key(
+    requirements: RequirementSet,
+    target: Target[BaseProfile],
+    arch: Arch,
+    overrides: Sequence[Path],
+) -> str:
+    """Everything a resolution depends on, hashed: a change in any of it means a new one."""
+    facts = {
+        "schema": 4,
+        "overrides": [path.read_text() for path in overrides],
+        "uv": metadata.version("uv"),
+        "arch": arch.name,
+        "requirements": [str(r) for r in requirements.requirements],
+        "constraints": [str(c) for c in requirements.constraints],
+        "indexes": requirements.indexes(),
+        "torch_backend": requirements.torch_backend,
+        "base": target.base.to_dict(),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _cached(cache: Cache, key: str, target: Target[BaseFacts], arch: Arch) -> Resolution | None:
+    record = cache.get_record("resolution", key)
+    if not record or time.time() - record["at"] > RESOLUTION_TTL_SECONDS:
+        return None
+    packages, provided = _packages(tomllib.loads(record["pylock"]), target, cache)
+    built_here = [w for p in packages for w in p.wheels if w.url.startswith("file:")]
+    if any(
+        w.built_from is None or cache.find_blob(w.sha256, w.filename) is None for w in built_here
+    ):
+        return None  # a wheel built from source (or its record) has left the cache: resolve again
+    return Resolution(
+        arch,
+        _with_origins(packages, record["origins"]),
+        provided,
+        tuple(record["built"]),
+        record["pylock"],
+        tuple(record["warnings"]),
+    )
+
+
+def resolve(
+    requirements: RequirementSet,
+    target: Target[BaseProfile],
+    arch: Arch,
+    cache: Cache,
+    refresh: bool = False,
+    overrides: Sequence[Path] = (),
+    retries: Retries | None = None,
+) -> Resolution:
+    """Pin every distribution for `arch` with the wheels usable there, base pins as constraints.
+
+    `overrides` are uv override files (`uv pip compile --override`): they replace what the
+    dependencies ask for, or drop a dependency with a never-true marker. An identical
+    resolution from the last hour is reused (no index traffic at all on a rerun); `refresh`
+    forces a new one, as every platform-upgrade rebuild does. The tool's own index requests
+    (listings, sources) try again on faults as the run's `retries` say; uv retries its own.
+    """
+    check_against_base(requirements, target, arch)
+    key = _resolution_key(requirements, target, arch, overrides)
+    if not refresh and (found := _cached(cache, key, target, arch)):
+        return found
+    built: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bsi-resolve-") as temp:
+        workdir = Path(temp)
+        find_links = workdir / "built"
+        find_links.mkdir()
+        (workdir / "requirements.in").write_text(
+            "".join(f"{r.requirement}\n" for r in requirements.requirements)
+        )
+        (workdir / "constraints.txt").write_text(
+            "".join(f"{line}\n" for line in target.base.constraints())
+            + "".join(f"{c.requirement}\n" for c in requirements.constraints)
+        )
+
+        def compile_set() -> tuple[tuple[LockedPackage, ...], tuple[str, ...], str]:
+            for _ in range(MAX_SOURCE_ROUNDS):
+                result = _uv_compile(workdir, target, arch, requirements, find_links, overrides)
+                if result.returncode == 0:
+                    break
+                needs_source = [
+                    canonicalize_name(n) for n in NEEDS_SOURCE_BUILD.findall(result.stderr)
+                ]
+                if not needs_source or not_found(result.stderr):
+                    raise unresolvable(result.stderr, requirements, target, arch)
+                try:
+                    built.extend(
+                        _build_from_source(
+                            name, target, arch, requirements, cache, find_links, retries
+                        )
+                        for name in needs_source
+                    )
+                except _WheelsExist:
+                    raise unresolvable(result.stderr, requirements, target, arch) from None
+            else:
+                raise unresolvable(result.stderr, requirements, target, arch)
+            pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
+            return (*_packages(tomllib.loads(pylock), target, cache), pylock)
+
+        packages, provided, pylock = compile_set()
+        # uv keeps the versions of an existing output file: start afresh to pick up new wheels
+        (workdir / f"pylock.{arch.name}.toml").unlink()
+        annotated: list[str] = []
+
+        def annotations() -> str:
+            """uv's `# via` and `# from` annotations of the set, asked for once when needed."""
+            if not annotated:
+                result = _uv_compile(
+                    workdir, target, arch, requirements, find_links, overrides, annotated=True
+                )
+                annotated.append(result.stdout if result.returncode == 0 else "")
+            return annotated[0]
+
+        origins = origins_of([p.name for p in packages], requirements, annotations)
+        packages = _with_origins(packages, origins)
+        warnings, rebuilt = _fresher_sources(
+            packages, requirements, target, arch, cache, find_links, annotations, retries
+        )
+        if rebuilt:
+            packages, provided, pylock = compile_set()
+            packages = _with_origins(packages, origins)
+            versions = {p.name: p.version for p in packages}
+            for pick in rebuilt:
+                if versions.get(pick.name) == pick.newest:
+                    built.append(f"{pick.name}=={pick.newest}")
+                    warnings.append(
+                        f"note: {pick.name}=={pick.newest} ({pick.newest_uploaded}) has only a"
+                        f" pure-Python source release: built on the host instead of the old"
+                        f" wheel {pick.chosen} ({pick.chosen_uploaded})"
+                    )
+                else:
+                    warnings.append(pick.message())
+    record = dict(at=time.time(), built=built, pylock=pylock, warnings=warnings, origins=origins)
+    cache.put_record("resolution", key, record)
+    return Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
+
+
+def _with_origins(
+    packages: Sequence[LockedPackage], origins: Mapping[str, str]
+) -> tuple[LockedPackage, ...]:
+    return tuple(replace(package, index=origins.get(package.name, "")) for package in packages)
+
+
+def _fresher_sources(
+    packages: Sequence[LockedPackage],
+    requirements: RequirementSet,
+    target: Target[BaseFacts],
+    arch: Arch,
+    cache: Cache,
+    find_links: Path,
+    annotations: Callable[[], str],
+    retries: Retries | None,
+) -> tuple[list[str], list[StalePick]]:
+    """Warnings for stale picks, and the picks whose newer pure-Python source is now built
+    into `find_links` (so that resolving again prefers it); notes for versions another
+    distribution holds back (uv's `annotations`, asked for only then). Each is looked up
+    on the index it came from: what uv could have chosen (builder.resolve.origins)."""
+    locked = {
+        p.name: p.version for p in packages if not any(w.url.startswith("file:") for w in p.wheels)
+    }
+    specifiers = {name: _specifier_for(name, requirements) for name in locked}
+    indexes = requirements.indexes()
+    where = {p.name: as_given(p.index, indexes) for p in packages if p.name in locked}
+    try:  # one request a name, for both checks
+        listings = index_listings(locked, indexes, retries, where)
+    except UserError as error:  # the check informs: the resolution itself stands
+        return [f"note: newer releases not checked: {error}"], []
+    warnings = pinned_notes(
+        locked, {r.name: r.requirement.specifier for r in requirements.requirements}, listings
+    )
+    stale, held = stale_picks(locked, specifiers, listings, target, arch)
+    if held:
+        dependents = parse_via(annotations())
+        warnings += held_back_notes(held, dependents)
+    rebuilt = []
+    for pick in stale:
+        if pick.sdist is None:
+            warnings.append(pick.message())
+            continue
+        try:
+            why_not = _build_fresher(pick, pick.sdist, requirements, cache, find_links, retries)
+        except UserError as error:  # the check informs: the wheel the resolver chose stands
+            why_not = f"; its source was not built: {error}"
+        if why_not:
+            warnings.append(f"{pick.message()}{why_not}")
+        else:
+            rebuilt.append(pick)
+    return warnings, rebuilt
+
+
+def _build_fresher(
+    pick: StalePick,
+    source: RemoteFile,
+    requirements: RequirementSet,
+    cache: Cache,
+    find_links: Path,
+    retries: Retries | None,
+) -> str:
+    """Build the newer pure-Python `source` into `find_links` (so that resolving again prefers
+    it); what keeps the older wheel when it may not be built, else "". Raises on a failure."""
+    requirements.check_hashes([source])  # before its build backend runs here
+    sdist = download(source, cache, requirements.indexes(), retries)
+    if compiled_code_evidence(sdist):
+        return " that compiles native code"
+    wheel, _ = build_pure_wheel(sdist, source, cache)
+    link = find_links / wheel.name
+    if not link.exists():
+        link.symlink_to(wheel)
+    return ""
+
+
+def _packages(
+    lock: dict, target: Target[BaseFacts], cache: Cache
+) -> tuple[tuple[LockedPackage, ...], tuple[str, ...]]:
+    packages, provided = [], []
+    for entry in lock.get("packages", []):
+        name = canonicalize_name(entry["name"])
+        if name in target.base.distributions:
+            provided.append(f"{name}=={entry['version']}")
+            continue
+        wheels = tuple(_wheel_file(wheel, cache) for wheel in entry.get("wheels", []))
+        packages.append(LockedPackage(name, entry["version"], wheels))
+    return tuple(packages), tuple(provided)
