@@ -1,7 +1,7 @@
 # build-sandbox-image — developer and CI entry points.
 #   make test       set up the machine (scripts/setup-env.sh), then run the whole test suite on
 #                   every core (XDIST= for one process).
-#                   PYTEST_ARGS passes arguments through, e.g. make test PYTEST_ARGS=tests/test_infra.py
+#                   PYTEST_ARGS passes arguments through, e.g. make test PYTEST_ARGS=tests/integration/test_infra.py
 #   make test-fast  only .venv, then the tests that need no engine, registry or network (isolated)
 #   make test-oldest  the same tests on the oldest Python requires-python admits: a venv of its
 #                   own (.venv-oldest) from Debian 12's python3 (3.11.2), OLDEST_PYTHON to change

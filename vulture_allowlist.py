@@ -22,15 +22,15 @@ from builder.sign.keys import PublicKey
 from builder.verify.hardened.race import RaceLayout
 
 # Used by the tests only: small pieces they pin behaviour down through.
-QUIET  # a reporter that says nothing (tests/test_upgrade.py, tests/test_rebase_*.py)
-ImageRef.familiar  # Docker's short form of a reference (tests/test_imageref.py)
-ImageRef.with_digest  # (tests/test_imageref.py)
-WheelInspection.is_pure  # (tests/test_elf_natives.py)
+QUIET  # a reporter that says nothing (tests/orchestration/test_upgrade.py, tests/test_rebase_*.py)
+ImageRef.familiar  # Docker's short form of a reference (tests/integration/test_imageref.py)
+ImageRef.with_digest  # (tests/integration/test_imageref.py)
+WheelInspection.is_pure  # (tests/plan/test_natives.py)
 shadowed_files  # which files a later distribution overwrites (test_layers_by_distribution.py)
-scan_source  # one file's loads, as the wheel scan sees them (tests/test_loads.py)
-SERVER_ENTRY, SERVER_PACKAGE  # the server directory's layout (tests/test_server_package.py)
-PublicKey.pem  # a key's public half as cosign writes it (tests/test_sign_keys.py)
-Ztoc.build_tool  # the writer a ztoc names, read back (tests/test_ztoc.py)
+scan_source  # one file's loads, as the wheel scan sees them (tests/inspect/test_loads.py)
+SERVER_ENTRY, SERVER_PACKAGE  # the server directory's layout (tests/runtime/test_package.py)
+PublicKey.pem  # a key's public half as cosign writes it (tests/sign/test_keys.py)
+Ztoc.build_tool  # the writer a ztoc names, read back (tests/oci/test_ztoc.py)
 
 # Entry points: click registers a command by its decorator, never by name.
 app.verify_command

@@ -9,7 +9,8 @@ Prints the medians and the ratios.
 
     .venv/bin/python benchmarks/first_use.py IMAGE [--runs 7]
 
-Needs the engine and an image built with matplotlib (tests/test_first_use.py builds one).
+Needs the engine and an image built with matplotlib (tests/integration/test_first_use.py builds
+one).
 """
 
 from __future__ import annotations

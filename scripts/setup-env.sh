@@ -555,7 +555,7 @@ SOCI_DIR="$CACHE_DIR/soci-snapshotter-$SOCI_VERSION"
 SOCI_BIN="$SOCI_DIR/usr/bin"
 
 # The snapshotter a node runs beside containerd, and the `soci` CLI that reads ztocs back
-# (tests/test_soci_snapshotter.py); its Go binaries need only libc6. Fetched like cosign.
+# (tests/integration/test_soci_snapshotter.py); its Go binaries need only libc6. Fetched like cosign.
 step_soci() {
 	if [[ -x "$SOCI_BIN/soci" && -x "$SOCI_BIN/soci-snapshotter-grpc" ]]; then
 		say "soci-snapshotter: cached ($SOCI_BIN)"

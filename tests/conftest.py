@@ -16,7 +16,6 @@ demand buildx.
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import functools
 import json
@@ -25,29 +24,16 @@ import shutil
 import subprocess
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 from support.images import Built
+from support.machine import SESSION, Registry, unavailable
 from support.registryhelp import NO_PROXY_OPENER
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKER_SOCK = "unix:///var/run/docker.sock"  # default when the test-env file names none
-SETUP_HINT = "run scripts/setup-env.sh (or make test)"
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def unavailable(reason: str) -> None:
-    """Fail in CI, skip elsewhere: CI must never pass by skipping the real tests."""
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: failing instead of skipping)", pytrace=False)
-    pytest.skip(f"{reason}; {SETUP_HINT}")
 
 
 def _test_env_path() -> Path:
@@ -80,16 +66,6 @@ def _engine_problem() -> str | None:
     except Exception as exc:
         return f"Docker engine not answering on {_docker_host()}: {exc}"
     return None
-
-
-class Registry(NamedTuple):
-    host: str  # "127.0.0.1:5000", plain http (docker trusts loopback registries without TLS)
-    user: str
-    password: str
-
-    def auth_header(self) -> str:
-        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
-        return f"Basic {token}"
 
 
 @functools.cache
@@ -355,7 +331,6 @@ def standin_index(test_env: dict, registry: Registry, arm64_standin: str) -> str
 # Expensive set-up shared by the whole session. A test that is about cold caches, isolation or
 # reproducibility from scratch makes its own instead.
 # ---------------------------------------------------------------------------------------------
-SESSION = uuid.uuid4().hex[:8]  # names this session's repositories in the shared registry
 
 
 def run_directory(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -6,5 +6,5 @@ and a push, `fleet` a fleet's table, `sbom` the `sbom REF` command, `base` the `
 the options and the printing reporter several commands use, and `errors` turns every command's
 failure into one `error:` line. Only this package and the reporter print. May import anything;
 nothing but `python -m builder` imports it. Each command imports the layers it runs in its body,
-so `--help` and a command that needs little start fast (tests/test_lazy_imports.py).
+so `--help` and a command that needs little start fast (tests/cli/test_lazy_imports.py).
 """

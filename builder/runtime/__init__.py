@@ -8,7 +8,7 @@ PYTHONPATH (/app/deps, /app/deps-extra) and the user's site-packages stay off it
 library can shadow its modules, while the commands it runs still inherit PYTHONPATH. Because
 ``sys.path[0]`` comes before the standard library, the directory holds ``__main__.py`` and one
 uniquely named package (``sandbox_server``) and nothing else: no file there can shadow a stdlib
-module (tests/test_server_package.py checks both).
+module (tests/runtime/test_package.py checks both).
 
 A directory rather than a zipapp: the image stores it as plain root-owned read-only files that
 an operator can read with ``cat`` in a running sandbox, the base's build context needs no zip

@@ -1,0 +1,134 @@
+"""A fleet signs each template with its own config's key: the real `rebuild`, the real cosign.
+
+Two configs on the reference base pushed as `runtime:v1`, each with a `sign-key` of its own
+made by `cosign generate-key-pair`: `good`'s passphrase is the one in COSIGN_PASSWORD, `bad`'s
+is another. `rebuild --config good --config bad` builds `good` (one cheap build: `six`, no
+bytecode), signs and attests what it pushes and points its template; `bad` fails on its key
+alone, before anything of it is planned: nothing pushed, its template untouched. cosign
+accepts `good`'s image with `good`'s key and refuses it with `bad`'s.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+from support.images import remove_images
+from support.registryhelp import CREDENTIAL_VARS, mount_image, registry_tags
+
+pytestmark = pytest.mark.usefixtures("package_index")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+PASSPHRASE = "bsi-fleet-passphrase"
+DIGEST = r"sha256:[0-9a-f]{64}"
+
+
+def generate(cosign: str, where: Path, passphrase: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(
+        [cosign, "generate-key-pair"],
+        cwd=where,
+        env={**os.environ, "COSIGN_PASSWORD": passphrase},
+        capture_output=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+
+
+def test_a_fleet_signs_each_template_with_its_own_key(
+    pushed_reference: str,
+    docker_client: docker.DockerClient,
+    registry: Any,
+    test_env: dict,
+    tmp_path: Path,
+) -> None:
+    cosign = test_env["cosign"]
+    namespace = f"bsi-sign-fleet-{uuid.uuid4().hex[:8]}"
+    runtime = f"{registry.host}/{namespace}/runtime"
+    try:
+        mount_image(registry, pushed_reference, f"{runtime}:v1")
+        for name, passphrase in (("good", PASSPHRASE), ("bad", "another-passphrase")):
+            here = tmp_path / name
+            generate(cosign, here, passphrase)
+            (here / "requirements.txt").write_text("six\n")
+            shutil.copy(EXAMPLES / "sandbox-template.yaml", here / "sandbox-template.yaml")
+            (here / "cfg.toml").write_text(
+                'requirements = ["requirements.txt"]\n'
+                f'base-repository = "{runtime}"\n'
+                'platform-version = "v0"\n'
+                'architectures = ["amd64"]\n'
+                f'repository = "{registry.host}/{namespace}/sandbox-{name}"\n'
+                'template = "sandbox-template.yaml"\n'
+                "bytecode = false\n"
+                'sign-key = "cosign.key"\n'
+            )
+        untouched = (tmp_path / "bad" / "sandbox-template.yaml").read_bytes()
+        config = tmp_path / "docker-config"
+        config.mkdir()
+        auth = base64.b64encode(f"{registry.user}:{registry.password}".encode()).decode()
+        (config / "config.json").write_text(json.dumps({"auths": {registry.host: {"auth": auth}}}))
+        env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS}
+        env |= {
+            "DOCKER_CONFIG": str(config),
+            "DOCKER_HOST": test_env["docker_host"],
+            "COSIGN_PASSWORD": PASSPHRASE,
+        }
+        env.pop("BSI_SIGN_PASSWORD", None)
+        args = ["--config", "good/cfg.toml", "--config", "bad/cfg.toml", "--platform-version", "v1"]
+        found = subprocess.run(
+            [sys.executable, "-m", "builder", "rebuild", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert found.returncode == 1, found.stdout + found.stderr
+        assert re.search(r"bad/cfg\.toml\s+failed\s+.*cosign\.key: wrong passphrase", found.stdout)
+        pushed = re.search(
+            rf"good/cfg\.toml\s+build\s+({re.escape(registry.host)}/\S+@{DIGEST})", found.stdout
+        )
+        assert pushed, found.stdout
+        assert PASSPHRASE not in found.stdout + found.stderr
+        assert (tmp_path / "bad" / "sandbox-template.yaml").read_bytes() == untouched
+        assert registry_tags(registry, f"{namespace}/sandbox-bad") == []
+        reference = pushed.group(1)
+        assert reference in (tmp_path / "good" / "sandbox-template.yaml").read_text()
+        # neither the passphrase nor the key reaches the state, report.json or the context
+        key_lines = (tmp_path / "good" / "cosign.key").read_bytes().splitlines()[1:-1]
+        written = [
+            tmp_path / "good" / "cfg.state.json",
+            tmp_path / "good" / "sandbox-template.yaml",
+        ]
+        written += [p for p in (tmp_path / "good" / "sandbox-image").rglob("*") if p.is_file()]
+        assert tmp_path / "good" / "sandbox-image" / "report.json" in written
+        for path in written:
+            data = path.read_bytes()
+            assert PASSPHRASE.encode() not in data, path
+            assert not any(line in data for line in key_lines), path
+
+        flags = ["--insecure-ignore-tlog", "--allow-insecure-registry", "--allow-http-registry"]
+        for name, passes in (("good", True), ("bad", False)):
+            public = str(tmp_path / name / "cosign.pub")
+            for check in (["verify"], ["verify-attestation", "--type", "slsaprovenance1"]):
+                checked = subprocess.run(
+                    [cosign, *check, "--key", public, *flags, reference],
+                    env={**env, "HOME": str(tmp_path)},
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+                assert (checked.returncode == 0) is passes, (name, check, checked.stderr)
+    finally:
+        remove_images(docker_client, namespace)
