@@ -675,3 +675,24 @@ def test_native_or_emulated_is_decided_in_one_place() -> None:
         if value == "Arch"
     ]
     assert not asked, f"an engine's arch read outside builder/engines/connection.py: {asked}"
+
+
+# -- tests a newcomer can find ----------------------------------------------------------------
+TESTS = PACKAGE.parent / "tests"
+MAX_TOP_LEVEL_TEST_FILES = 10
+
+
+def test_every_package_has_its_test_folder() -> None:
+    """ "Where is this tested" is a folder name: tests/<package>/ for each package of builder/
+    (data/ holds tables, tested where they are read)."""
+    packages = sorted(
+        path.parent.name for path in PACKAGE.glob("*/__init__.py") if path.parent.name != "data"
+    )
+    missing = [name for name in packages if not list((TESTS / name).glob("test_*.py"))]
+    assert not missing, f"packages without tests/<package>/test_*.py: {missing}"
+
+
+def test_few_test_files_sit_directly_under_tests() -> None:
+    """The top of tests/ holds the house's own rules; every other test lives in a folder."""
+    top = sorted(path.name for path in TESTS.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_TEST_FILES, f"{len(top)} files directly in tests/: {top}"
