@@ -177,7 +177,7 @@ def test_a_command_cannot_make_its_server_the_oom_killers_choice_nor_trace_it(
 REAPED_SENDER = """
 import os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from sandbox_server import supervisor
+from sandbox_server.execution import supervisor
 server = supervisor.Supervisor()
 proc, _ = server.spawn(["true"], {}, os.open(".", os.O_RDONLY))
 server.release(proc)  # reaped: gone from /proc before a signal it sent would be read

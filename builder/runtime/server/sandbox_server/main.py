@@ -12,8 +12,8 @@ import time
 
 from .app import SandboxServer
 from .config import MIB, Config
-from .home import prepare_home
-from .stopping import block_stop_signals, wait_for_stop
+from .execution.stopping import block_stop_signals, wait_for_stop
+from .files.home import prepare_home
 
 REAP_SECONDS = 1.0
 
@@ -31,7 +31,7 @@ def env_default(name: str, fallback: str) -> str:
 
 
 def stop_when_told(server: SandboxServer) -> None:
-    """Background thread: shut down on the first stop signal from outside (``stopping``);
+    """Background thread: shut down on the first stop signal from outside (``execution.stopping``);
     ``shutdown()`` waits for ``serve_forever()``, so it cannot run in the main thread."""
     wait_for_stop(server.supervisor.sent_from_below)
     server.shutdown()
@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--home-seed",
         default=env_default("SANDBOX_HOME_SEED", "/opt/sandbox/home"),
-        help="caches built into the image, copied into $HOME at start (see home.py)",
+        help="caches built into the image, copied into $HOME at start (see files/home.py)",
     )
     parser.add_argument(
         "--home-fallback",

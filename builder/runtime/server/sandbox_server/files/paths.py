@@ -19,7 +19,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from .errors import ApiError, check_os_string, os_error
+from ..errors import ApiError, check_os_string, os_error
 
 MAX_SYMLINKS = 40
 DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -20,7 +20,7 @@ from http.server import ThreadingHTTPServer
 from socketserver import BaseRequestHandler
 from typing import Any
 
-from .config import Config
+from ..config import Config
 from .gate import Answer, Gate
 from .sources import Shares, Sources
 

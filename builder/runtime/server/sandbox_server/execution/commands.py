@@ -10,8 +10,8 @@ import subprocess
 import time
 from typing import Any
 
-from .config import CHUNK, Config
-from .errors import ApiError, check_os_string
+from ..config import CHUNK, Config
+from ..errors import ApiError, check_os_string
 from .output import NOTE_RESERVE, Capture, Outcome, SpoolFactory
 from .supervisor import Supervisor, has_exited, open_pidfd
 
