@@ -15,9 +15,11 @@ frames their requests (``protocol``) and acts on them by running commands (``exe
 the workspace (``files``). As in ``http.server``, the protocol is kept apart from the
 application.
 
-  main        start-up: flags and ``SANDBOX_*`` variables, the home, signals, the reaper
+  main        start-up: the flags, the home, signals, the reaper thread
+  flags       the command line, each flag defaulting to a ``SANDBOX_*`` variable
   config      limits and defaults fixed at start-up, and the sizes every module shares
   errors      client-visible failures, each answered as JSON
+  health      whether a new command could run now: the ``status`` of ``GET /``
   app         the routes, and the server that holds the workspace, supervisor and limits
   admission/  who is served and how much at once: sources, listener, gate, limits
   protocol/   HTTP/1.1 request framing and multipart forms

@@ -25,6 +25,7 @@ from .execution.commands import Runner, parse_command, parse_env, parse_timeout
 from .execution.output import SpoolFactory
 from .execution.supervisor import MARKER_VAR, Supervisor, process_limit_reached
 from .files.paths import DIR_READ, Workspace, remove_tree
+from .health import health_payload
 from .protocol.forms import Multipart, disposition_params
 from .protocol.framing import FramedHandler
 
@@ -114,10 +115,9 @@ class Handler(FramedHandler):
         """ok only when a new command could run (``unready``), as the gate answers it too."""
         reason = self.server.unready(holding=1)
         if reason is None:
-            self._send_json(200, {"status": "ok"})
+            self._send_json(200, health_payload(reason))
         else:
-            payload = {"status": "unavailable", "reason": reason}
-            self._send_json(503, payload, {"Retry-After": "1"})
+            self._send_json(503, health_payload(reason), {"Retry-After": "1"})
 
     def _execute(self) -> None:
         request = self._read_json()
