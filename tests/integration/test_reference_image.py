@@ -36,7 +36,7 @@ from builder.verify.report import Check, VerifyReport
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where the server's timeout exit code is set, in the image.
-COMMANDS = f"/opt/sandbox/server/{SERVER_PACKAGE}/commands.py"
+COMMANDS = f"/opt/sandbox/server/{SERVER_PACKAGE}/execution/commands.py"
 CONTRACT_NAMES = {"image-user", "health", "still-serving", *(name for name, _ in CONTRACT)}
 
 

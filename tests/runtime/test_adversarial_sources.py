@@ -25,7 +25,13 @@ import time
 from pathlib import Path
 
 import pytest
-from support.sandboxserver import SERVER_PYTHON, ServerProcess, as_sandbox_user
+from support.sandboxserver import (
+    SERVER_PYTHON,
+    ServerProcess,
+    as_sandbox_user,
+    stop_signals_pending,
+    wait_until,
+)
 
 from builder.runtime import SERVER
 
@@ -36,17 +42,44 @@ def base(tmp_path: Path) -> Path:
     return tmp_path / "workspace"
 
 
+# Double-forks so that the child is an orphan (re-parented to the server, its subreaper), waits
+# until it is one, signals the server and says so in a file.
+ORPHAN_SIGNAL = """
+import os, signal, sys, time
+server, name, sent = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+forker = os.getpid()
+if os.fork():
+    os._exit(0)
+while os.getppid() == forker:
+    time.sleep(0.01)
+os.kill(server, getattr(signal, "SIG" + name))
+open(sent, "w").close()
+"""
+
+
 @pytest.mark.parametrize("name", ["TERM", "INT"])
 def test_a_command_cannot_stop_its_server_with_a_signal(base: Path, name: str) -> None:
     server = ServerProcess(base)
+    sent = base / f"sent-{name}"
     try:
-        # the command itself, and an orphan of it (re-parented to the server), each signal it
-        script = f"kill -{name} $PPID; (sleep 0.2; kill -{name} {server.proc.pid}) &"
+        # The command itself, and an orphan of it (re-parented to the server), each signal it;
+        # the command lives until the orphan has (its end would sweep the orphan away).
+        script = 'kill -"$1" $PPID; python3 -c "$0" "$2" "$1" "$3"; until [ -e "$3" ]; do :; done'
+        command = ["sh", "-c", script, ORPHAN_SIGNAL, name, str(server.proc.pid), str(sent)]
         status, _, body = server.request(
-            "POST", "/execute", json.dumps({"command": ["sh", "-c", script]}).encode()
+            "POST", "/execute", json.dumps({"command": command}).encode()
         )
         assert status == 200 and json.loads(body)["exit_code"] == 0, body
-        time.sleep(1.0)
+        # Both signals sent, and read by the server (none pending): it has decided on them.
+        # Had it decided to stop, serve_forever would take no further connection, so the
+        # requests below would fail (if it has not exited by then).
+        wait_until(
+            lambda: (
+                server.proc.poll() is not None
+                or (sent.exists() and not stop_signals_pending(server.proc.pid))
+            ),
+            "the server did not read the orphan's signal",
+        )
         assert server.proc.poll() is None, "a command stopped the server"
         assert server.request("GET", "/")[:3:2] == (200, b'{"status": "ok"}')
         # commands do not inherit the server's blocked stop signals
@@ -177,7 +210,7 @@ def test_a_command_cannot_make_its_server_the_oom_killers_choice_nor_trace_it(
 REAPED_SENDER = """
 import os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from sandbox_server import supervisor
+from sandbox_server.execution import supervisor
 server = supervisor.Supervisor()
 proc, _ = server.spawn(["true"], {}, os.open(".", os.O_RDONLY))
 server.release(proc)  # reaped: gone from /proc before a signal it sent would be read

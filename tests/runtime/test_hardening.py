@@ -21,15 +21,19 @@ from support.sandboxserver import (
     daemon_patterns,
     flood,
     give_to_sandbox_user,
+    hang_up,
     health_limit,
     malformed_requests,
     race,
     run_daemon_pattern,
     sandbox_dir,
     send_raw,
+    wait_until,
 )
 
 RACE_ATTEMPTS = 150
+
+HEALTH_REQUEST = b"GET / HTTP/1.1\r\nHost: sandbox\r\n\r\n"
 
 
 def execute(server: ServerProcess, payload: dict[str, object]) -> tuple[int, dict[str, object]]:
@@ -152,24 +156,28 @@ def test_limits_connections_executes_and_slow_headers(base: Path) -> None:
         # Over the connection cap: a 503 from the gate, which waits half a second for a
         # GET / it would answer, with no request sent.
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
-        time.sleep(0.2)
+        # Accepted in the order they connected: once a later health probe is answered by the
+        # gate, the four hold every connection slot.
+        wait_until(
+            lambda: b"every connection slot is taken" in server.raw(HEALTH_REQUEST),
+            "the four connections were not served",
+        )
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
             started = time.monotonic()
             assert extra.recv(65536).startswith(b"HTTP/1.1 503 ")  # before any request
             assert time.monotonic() - started < 2
         for sock in idle:
-            sock.close()
-        time.sleep(0.2)
+            hang_up(sock)  # their slots given back
         # One execute at a time, none queued: the second gets a 429 with Retry-After.
-        thread = threading.Thread(
-            target=execute, args=(server, {"command": ["sleep", "2"]}), daemon=True
-        )
+        hold = ["sh", "-c", ": > running; until [ -e release ]; do sleep 0.01; done"]
+        thread = threading.Thread(target=execute, args=(server, {"command": hold}), daemon=True)
         thread.start()
-        time.sleep(0.5)
+        wait_until((workspace / "running").exists, "the first command did not start")
         status, headers, _ = server.request(
             "POST", "/execute", json.dumps({"command": "true"}).encode()
         )
         assert (status, headers.get("Retry-After")) == (429, "1")
+        (workspace / "release").touch()
         thread.join()
         assert execute(server, {"command": "true"})[0] == 200
     finally:

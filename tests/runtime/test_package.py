@@ -18,6 +18,7 @@ from support.sandboxserver import SERVER_PYTHON
 from builder.runtime import SERVER, SERVER_ENTRY, SERVER_PACKAGE, copy_server
 
 MAX_LINES = 450
+MAX_MODULES = 12
 PROBE = (
     "import sys; print(sys.path[0]); print(sys.flags.isolated);"
     " from sandbox_server import config; print(config.__file__)"
@@ -29,6 +30,21 @@ def test_the_directory_holds_the_entry_and_one_package_no_stdlib_name() -> None:
     assert names == {SERVER_ENTRY, SERVER_PACKAGE}
     assert SERVER_PACKAGE not in sys.stdlib_module_names
     assert (SERVER / SERVER_PACKAGE / "__init__.py").is_file()
+
+
+def test_every_package_of_it_is_a_regular_one_that_says_what_it_holds() -> None:
+    """Subpackages included: a directory without ``__init__.py`` would be a namespace package,
+    which any directory of that name elsewhere on the path could join; each package is small
+    enough to see what it holds (issue 44: at most 12 modules directly)."""
+    below = (SERVER / SERVER_PACKAGE).rglob("*")
+    packages = [SERVER / SERVER_PACKAGE]
+    packages += [path for path in below if path.is_dir() and "__pycache__" not in path.parts]
+    assert len(packages) > 1, "the server is split into subpackages by concept"
+    for package in packages:
+        init = package / "__init__.py"
+        assert init.is_file(), f"{package} is no regular package"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init} says nothing"
+        assert len(list(package.glob("*.py"))) <= MAX_MODULES, package
 
 
 def test_python_isolated_runs_the_directory_and_pythonpath_cannot_shadow_it(tmp_path: Path) -> None:

@@ -19,7 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.sandboxserver import NamespacedServer, ServerProcess, health_limit, processes_with
+from support.sandboxserver import (
+    NamespacedServer,
+    ServerProcess,
+    hang_up,
+    health_limit,
+    processes_with,
+    wait_until,
+)
 
 from builder.verify.hardened.starve import ATTACK
 
@@ -215,8 +222,7 @@ def test_health_beyond_the_connection_limit_is_answered_and_says_why_not_ok(
         assert body == {"status": "unavailable", "reason": "every connection slot is taken"}
     finally:
         for sock in held:
-            sock.close()
-    time.sleep(0.2)
+            hang_up(sock)  # its slot given back
     assert ask(server, first, HEALTH_REQUEST)[0] == 200
     assert server.stop() == 0
 
@@ -224,19 +230,21 @@ def test_health_beyond_the_connection_limit_is_answered_and_says_why_not_ok(
 def test_health_is_not_ok_while_no_command_could_run(base: Path) -> None:
     server = ServerProcess(base, "--max-executes", "1", "--max-queued", "0")
     try:
+        hold = ["sh", "-c", ": > running; until [ -e release ]; do sleep 0.01; done"]
         sleeper = threading.Thread(
             target=server.request,
-            args=("POST", "/execute", json.dumps({"command": ["sleep", "2"]}).encode()),
+            args=("POST", "/execute", json.dumps({"command": hold}).encode()),
             daemon=True,
         )
         sleeper.start()
-        time.sleep(0.5)
+        wait_until((base / "running").exists, "the command did not start")
         status, headers, body = server.request("GET", "/")
         assert (status, headers.get("Retry-After")) == (503, "1")
         assert json.loads(body) == {
             "status": "unavailable",
             "reason": "every command slot and queue place is taken",
         }
+        (base / "release").touch()
         sleeper.join()
         assert server.request("GET", "/")[:3:2] == (200, b'{"status": "ok"}')
     finally:
@@ -268,9 +276,8 @@ def test_where_any_address_can_be_bound_outside_sources_stay_apart(base: Path) -
     first, second = server.sources
     held = [server.connect_from(second) for _ in range(2)]
     try:
-        time.sleep(0.2)
+        assert once_refused(server, second, FULL_REQUEST)[0] == 503  # its share taken
         assert ask(server, first, FULL_REQUEST)[0] == 200
-        assert ask(server, second, FULL_REQUEST)[0] == 503
         hosts = f"{server.address},127.0.0.1"
         share = server.inside("python3", "-c", SHARE, str(server.port), "3", hosts)
         assert json.loads(share.stdout) == [200, 200, 503], share.stderr

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypedDict
@@ -341,6 +342,43 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
+POLL_SECONDS = 0.02
+
+
+def wait_until(condition: Callable[[], object], what: str, seconds: float = 30.0) -> None:
+    """Poll ``condition`` until it holds, failing with ``what`` at the deadline: a test waits for
+    the state it needs, never for a time (no fixed wait is long enough on a loaded machine)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} (not within {seconds:g} s)"
+        time.sleep(POLL_SECONDS)
+
+
+def hang_up(sock: socket.socket) -> None:
+    """Close our side of a connection the server is serving and wait until it has closed its
+    own: its thread gives the connection's shares back before it closes the socket
+    (``Listener.serve_connection``), so they are free when this returns. A connection the
+    server had dropped already is over at once."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):
+            pass
+    sock.close()
+
+
+def stop_signals_pending(pid: int) -> bool:
+    """Whether a SIGTERM or SIGINT sent to ``pid`` waits to be read (the server blocks both
+    and reads them on a thread of its own): /proc's pending masks, process-wide and of the
+    main thread, one bit per signal from bit 0 for signal 1."""
+    masks = [
+        int(line.split()[1], 16)
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith(("ShdPnd:", "SigPnd:"))
+    ]
+    stop = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+    return any(mask & stop for mask in masks)
+
+
 def check_reach(uid: int, python: str, env: dict[str, str], server: Path, workspace: Path) -> None:
     """Fail the test with one line when ``uid`` cannot execute ``python`` (as found on the
     server's PATH), read ``server`` (its ``__main__.py`` when a directory) or write
@@ -473,7 +511,10 @@ def race(
     swapper = subprocess.Popen(
         [*swapper_prefix, str(python), "-c", SWAPPER, "600"], cwd=layout.workspace
     )
-    time.sleep(0.2)
+    swapped = layout.workspace / "d"
+    wait_until(
+        lambda: swapped.is_symlink() or swapper.poll() is not None, "the swapper did not start"
+    )
     assert swapper.poll() is None, "the swapper did not start"
 
     def probe(route: str, index: int) -> bool:

@@ -1,7 +1,8 @@
 """The application: the contract's routes, and the server that holds what they share.
 
-:class:`Handler` gets each request already framed (``framing``); it validates, acts through the
-workspace's descriptors (``paths``) or the command runner (``commands``), and answers JSON.
+:class:`Handler` gets each request already framed (``protocol.framing``); it validates, acts
+through the workspace's descriptors (``files.paths``) or the command runner
+(``execution.commands``), and answers JSON.
 """
 
 from __future__ import annotations
@@ -16,22 +17,24 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
-from .commands import Runner, parse_command, parse_env, parse_timeout
+from .admission.limits import Slots
+from .admission.listener import Listener
 from .config import CHUNK, Config
 from .errors import ApiError, os_error
-from .forms import Multipart, disposition_params
-from .framing import FramedHandler
-from .limits import Slots
-from .listener import Listener
-from .output import SpoolFactory
-from .paths import DIR_READ, Workspace, remove_tree
-from .supervisor import MARKER_VAR, Supervisor, process_limit_reached
+from .execution.commands import Runner, parse_command, parse_env, parse_timeout
+from .execution.output import SpoolFactory
+from .execution.supervisor import MARKER_VAR, Supervisor, process_limit_reached
+from .files.paths import DIR_READ, Workspace, remove_tree
+from .health import health_payload
+from .protocol.forms import Multipart, disposition_params
+from .protocol.framing import FramedHandler
 
 FILE_ROUTE = re.compile(r"/(download|list|exists|files)(?:/(.*))?", re.DOTALL)
 
 
 class SandboxServer(Listener):
-    """The threaded server, bounded in connections (``listener``) and concurrent commands."""
+    """The threaded server, bounded in connections (``admission.listener``) and concurrent
+    commands (``admission.limits``)."""
 
     def __init__(self, address: tuple[str, int], config: Config) -> None:
         super().__init__(address, Handler, config)
@@ -112,10 +115,9 @@ class Handler(FramedHandler):
         """ok only when a new command could run (``unready``), as the gate answers it too."""
         reason = self.server.unready(holding=1)
         if reason is None:
-            self._send_json(200, {"status": "ok"})
+            self._send_json(200, health_payload(reason))
         else:
-            payload = {"status": "unavailable", "reason": reason}
-            self._send_json(503, payload, {"Retry-After": "1"})
+            self._send_json(503, health_payload(reason), {"Retry-After": "1"})
 
     def _execute(self) -> None:
         request = self._read_json()

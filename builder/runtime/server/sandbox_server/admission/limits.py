@@ -10,7 +10,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from .errors import ApiError
+from ..errors import ApiError
 from .sources import Shares
 
 QUEUE_WAIT_SECONDS = 30.0

@@ -6,8 +6,8 @@ import re
 from collections.abc import Callable
 from urllib.parse import unquote_to_bytes
 
-from .config import CHUNK
-from .errors import ApiError
+from ..config import CHUNK
+from ..errors import ApiError
 
 DISPOSITION_PARAM = re.compile(r';\s*([^\s=;]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;]*))', re.DOTALL)
 

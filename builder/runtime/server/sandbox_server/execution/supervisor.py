@@ -32,6 +32,8 @@ MARKER_VAR = "SANDBOX_EXEC_ID"
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 COMMAND_OOM_SCORE_ADJ = b"1000"
+# The state in /proc/<pid>/stat of a process that has exited and is not reaped yet.
+ZOMBIE = "Z"
 # How long a reaped descendant's pid still counts as one for a stop signal it sent: a signal is
 # read within milliseconds, and a pid is reused only after the kernel went round its range.
 REAPED_MEMORY = 5.0
@@ -135,7 +137,7 @@ def live_subtrees(table: dict[int, tuple[int, str]], roots: list[int], spare: in
             continue
         found.add(pid)
         stack.extend(children.get(pid, []))
-    return {pid for pid in found if table[pid][1] != "Z"}
+    return {pid for pid in found if table[pid][1] != ZOMBIE}
 
 
 def marker_of(pid: int) -> str | None:
@@ -276,7 +278,7 @@ class Supervisor:
         with self._lock:
             owned = set(self._leaders)
             for pid, (ppid, state) in process_table().items():
-                if state == "Z" and ppid == self.pid and pid not in owned:
+                if state == ZOMBIE and ppid == self.pid and pid not in owned:
                     self._remember_reaped(pid)  # before: a signal it sent is read after
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(pid, os.WNOHANG)

@@ -17,11 +17,12 @@ import contextlib
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .errors import ApiError, check_os_string, os_error
+from ..errors import ApiError, check_os_string, os_error
 
 MAX_SYMLINKS = 40
+REMOVE_RETRIES = 20  # times a directory may be found written to again while it is deleted
 DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 DIR_READ = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -58,6 +59,16 @@ class Resolved:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+@dataclass
+class Walk:
+    """A resolution under way: the open directory reached (``fd``, -1 while none is), the
+    names from the root to it, and how many symlinks were followed on the way."""
+
+    fd: int
+    done: list[str] = field(default_factory=list)
+    links: int = 0
 
 
 class Workspace:
@@ -125,52 +136,61 @@ class Workspace:
         ``create`` makes missing directories on the way (for uploads). Raises ApiError for
         paths that leave the workspace and OSError for what the filesystem says."""
         pending = self.parts(raw)[::-1]
-        done: list[str] = []
-        links = 0
-        fd = self.open_dir([])
+        walk = Walk(self.open_dir([]))
         try:
             while pending:
                 name = pending.pop()
                 if name in ("", "."):
                     continue
                 if name == "..":  # only ever from a symlink's target
-                    if not done:
-                        raise ApiError(403, "path resolves outside the workspace")
-                    done.pop()
-                    os.close(fd)
-                    fd = -1
-                    fd = self.open_dir(done)
+                    self._up(walk)
                     continue
-                last = not any(part not in ("", ".") for part in pending)
-                target: str | None = None
-                if last:
-                    if follow:
-                        target = read_link(name, fd)
+                if all(part in ("", ".") for part in pending):  # the last component
+                    target = read_link(name, walk.fd) if follow else None
                     if target is None:
-                        return Resolved(fd, name, "/".join([*done, name]))
-                else:
-                    child, target = self._step(fd, name, create)
-                    if child is not None:
-                        os.close(fd)
-                        fd = child
-                        done.append(name)
-                        continue
-                assert target is not None
-                links += 1
-                if links > MAX_SYMLINKS or not target:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-                restart, names = self._link_parts(target)
-                if restart:
-                    os.close(fd)
-                    fd = -1
-                    fd = self.open_dir([])
-                    done = []
-                pending.extend(reversed(names))
-            return Resolved(fd, ".", "/".join(done) or ".")
+                        return Resolved(walk.fd, name, "/".join([*walk.done, name]))
+                elif (target := self._enter(walk, name, create)) is None:
+                    continue
+                pending.extend(reversed(self._follow(walk, target)))
+            return Resolved(walk.fd, ".", "/".join(walk.done) or ".")
         except BaseException:
-            if fd >= 0:
-                close_quietly(fd)
+            if walk.fd >= 0:
+                close_quietly(walk.fd)
             raise
+
+    def _reopen(self, walk: Walk, names: list[str]) -> None:
+        """Move ``walk`` to root/names: its descriptor closed first (-1 until the new one is
+        open, so that a failure closes nothing twice)."""
+        os.close(walk.fd)
+        walk.fd = -1
+        walk.fd = self.open_dir(names)
+        walk.done = names
+
+    def _up(self, walk: Walk) -> None:
+        """A ``..`` of a symlink's target: one directory up, never above the root (403)."""
+        if not walk.done:
+            raise ApiError(403, "path resolves outside the workspace")
+        self._reopen(walk, walk.done[:-1])
+
+    def _enter(self, walk: Walk, name: str, create: bool) -> str | None:
+        """Step into the directory ``name`` (None), or, if it is a symlink, its target."""
+        child, target = self._step(walk.fd, name, create)
+        if child is not None:
+            os.close(walk.fd)
+            walk.fd = child
+            walk.done.append(name)
+        return target
+
+    def _follow(self, walk: Walk, target: str) -> list[str]:
+        """The components a symlink's ``target`` puts ahead on the path; an absolute target
+        restarts ``walk`` at the root. ELOOP past ``MAX_SYMLINKS`` (or for an empty target)."""
+        walk.links += 1
+        if walk.links > MAX_SYMLINKS or not target:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        restart, names = self._link_parts(target)
+        if restart:
+            self._reopen(walk, [])
+        return names
 
     @staticmethod
     def _step(fd: int, name: str, create: bool) -> tuple[int | None, str | None]:
@@ -224,36 +244,54 @@ def remove_tree(parent: int, name: str) -> None:
     try:
         while frames:
             up, here, fd = frames[-1]
-            descended = False
-            for entry in os.listdir(fd):
-                try:
-                    os.unlink(entry, dir_fd=fd)
-                except FileNotFoundError:
-                    continue
-                except IsADirectoryError:
-                    try:
-                        frames.append((fd, entry, os.open(entry, DIR_READ, dir_fd=fd)))
-                    except OSError as exc:  # vanished, or swapped for a non-directory
-                        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-                            continue
-                        raise
-                    descended = True
-                    break
-            if descended:
+            if (below := unlink_entries(fd)) is not None:
+                frames.append(below)
                 continue
-            try:
-                os.rmdir(here, dir_fd=up)
-            except OSError as exc:
-                if exc.errno == errno.ENOTEMPTY:
-                    retries += 1
-                    if retries > 20:
-                        message = "directory changed while it was deleted; try again"
-                        raise ApiError(409, message) from None
-                    continue
-                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-                    raise
+            if not remove_empty(up, here):
+                retries += 1
+                if retries > REMOVE_RETRIES:
+                    raise ApiError(409, "directory changed while it was deleted; try again")
+                continue
             os.close(fd)
             frames.pop()
     finally:
         for _, _, fd in frames:
             close_quietly(fd)
+
+
+def unlink_entries(fd: int) -> tuple[int, str, int] | None:
+    """Unlink every entry of the open directory ``fd`` up to its first subdirectory, and
+    return that one opened, as a frame to descend into (None: no subdirectory was left)."""
+    for entry in os.listdir(fd):
+        try:
+            os.unlink(entry, dir_fd=fd)
+        except FileNotFoundError:
+            continue
+        except IsADirectoryError:
+            if (below := open_below(fd, entry)) is not None:
+                return fd, entry, below
+    return None
+
+
+def open_below(fd: int, entry: str) -> int | None:
+    """The subdirectory ``entry`` of ``fd``, opened without following a symlink; None if it
+    vanished or was swapped for a non-directory meanwhile."""
+    try:
+        return os.open(entry, DIR_READ, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            return None
+        raise
+
+
+def remove_empty(parent: int, name: str) -> bool:
+    """Remove the directory ``name`` of ``parent``, emptied (True, also when it is gone
+    already); False when it is not empty, written to since it was emptied."""
+    try:
+        os.rmdir(name, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno == errno.ENOTEMPTY:
+            return False
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise
+    return True

@@ -10,8 +10,8 @@ import subprocess
 import time
 from typing import Any
 
-from .config import CHUNK, Config
-from .errors import ApiError, check_os_string
+from ..config import CHUNK, Config
+from ..errors import ApiError, check_os_string
 from .output import NOTE_RESERVE, Capture, Outcome, SpoolFactory
 from .supervisor import Supervisor, has_exited, open_pidfd
 
@@ -126,30 +126,50 @@ class Runner:
                 while True:
                     now = time.monotonic()
                     if linger_until is None and (has_exited(proc.pid) or now >= deadline):
-                        timed_out = not has_exited(proc.pid)
-                        # Every holder of the pipes dies here, so they reach EOF at once.
-                        self.supervisor.sweep(proc, marker)
+                        timed_out = self._end(proc, marker, selector, pidfd)
                         now = time.monotonic()
                         linger_until = now + PIPE_LINGER_SECONDS
-                        if pidfd is not None:
-                            selector.unregister(pidfd)
                     open_pipes = [fd for fd in selector.get_map() if fd in captures]
                     if linger_until is not None and (not open_pipes or now >= linger_until):
                         break
                     wait = (linger_until or deadline) - now
                     if linger_until is None and pidfd is None:
                         wait = min(wait, POLL_SECONDS)
-                    for key, _ in selector.select(max(wait, 0.0)):
-                        if key.fd == pidfd:
-                            continue
-                        chunk = os.read(key.fd, CHUNK)
-                        if chunk:
-                            captures[key.fd].feed(chunk)
-                        else:
-                            selector.unregister(key.fd)
+                    spool_ready(selector, captures, max(wait, 0.0))
             finally:
                 if pidfd is not None:
                     os.close(pidfd)
                 proc.stdout.close()
                 proc.stderr.close()
         return timed_out
+
+    def _end(
+        self,
+        proc: subprocess.Popen[bytes],
+        marker: str,
+        selector: selectors.BaseSelector,
+        pidfd: int | None,
+    ) -> bool:
+        """The main process has exited or the deadline has passed: kill every process the
+        command started (True: the main process was still running, the command timed out)."""
+        timed_out = not has_exited(proc.pid)
+        # Every holder of the pipes dies here, so they reach EOF at once.
+        self.supervisor.sweep(proc, marker)
+        if pidfd is not None:
+            selector.unregister(pidfd)
+        return timed_out
+
+
+def spool_ready(
+    selector: selectors.BaseSelector, captures: dict[int, Capture], wait: float
+) -> None:
+    """Wait up to ``wait`` seconds, then feed what each ready pipe holds to its capture; a pipe
+    at its end is unregistered. (A ready pidfd only ends the wait: the main process exited.)"""
+    for key, _ in selector.select(wait):
+        if key.fd not in captures:
+            continue
+        chunk = os.read(key.fd, CHUNK)
+        if chunk:
+            captures[key.fd].feed(chunk)
+        else:
+            selector.unregister(key.fd)

@@ -23,9 +23,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from .config import CHUNK, MIB
-from .errors import ApiError
-from .listener import Listener
+from ..admission.listener import Listener
+from ..config import CHUNK, MIB
+from ..errors import ApiError
 
 MAX_JSON_BODY = 16 * MIB
 DRAIN_LIMIT = 1 * MIB

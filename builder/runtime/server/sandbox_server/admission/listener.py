@@ -20,12 +20,12 @@ from http.server import ThreadingHTTPServer
 from socketserver import BaseRequestHandler
 from typing import Any
 
-from .config import Config
+from ..config import Config
+from ..health import health_payload
 from .gate import Answer, Gate
 from .sources import Shares, Sources
 
 ALL = ""  # the one source of the global connection count
-OK_BODY = b'{"status": "ok"}'
 THREADLESS_SECONDS = 1.0  # health is not ok this long after a thread could not be started
 
 
@@ -103,7 +103,7 @@ class Listener(ThreadingHTTPServer):
         """``GET /``'s answer from the gate, as a handler gives it: ok only when a new command
         could still run."""
         reason = self.unready()
+        body = json.dumps(health_payload(reason)).encode()
         if reason is None:
-            return 200, "OK", OK_BODY, ()
-        body = json.dumps({"status": "unavailable", "reason": reason}).encode()
+            return 200, "OK", body, ()
         return 503, "Service Unavailable", body, (("Retry-After", "1"),)

@@ -40,10 +40,6 @@ class SpoolFactory:
             self.directory = real
             break
 
-    @property
-    def kind(self) -> str:
-        return self.directory or "memfd"
-
     def new(self) -> IO[bytes]:
         if self.directory is not None:
             with contextlib.suppress(OSError):
