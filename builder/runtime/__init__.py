@@ -3,9 +3,9 @@
 The server (``server/``) is a package directory, copied as one unit to /opt/sandbox/server and
 started as ``python3 -I /opt/sandbox/server``. Python runs a directory holding ``__main__.py``
 with that directory as ``sys.path[0]``, even in isolated mode, so the server can be a package of
-small modules (framing, paths, supervisor, limits, the routes) and still be started with ``-I``:
-PYTHONPATH (/app/deps, /app/deps-extra) and the user's site-packages stay off its path, so no
-library can shadow its modules, while the commands it runs still inherit PYTHONPATH. Because
+small modules (the protocol, admission, the execution of commands, files, the routes) and still
+be started with ``-I``: PYTHONPATH (/app/deps, /app/deps-extra) and the user's site-packages
+stay off its path, so no library can shadow its modules, while the commands it runs still inherit PYTHONPATH. Because
 ``sys.path[0]`` comes before the standard library, the directory holds ``__main__.py`` and one
 uniquely named package (``sandbox_server``) and nothing else: no file there can shadow a stdlib
 module (tests/runtime/test_package.py checks both).
