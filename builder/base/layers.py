@@ -319,7 +319,7 @@ def _cstring(data: bytes, offset: int) -> str:
 def soname(data: bytes, name: str) -> str | None:
     """DT_SONAME of a 64-bit little-endian ELF, its file name if it has none, None if not ELF.
 
-    The rule of the engine probe's script, read with the analysis ELF reader.
+    The rule of the engine probe's script, read with the inspect stage's ELF reader.
     """
     if data[:6] != ELF64_LE:
         return None

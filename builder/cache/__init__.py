@@ -1,4 +1,8 @@
-"""A content-addressed cache: wheels and analysis results, keyed by sha256.
+"""A content-addressed cache: wheels, and what the stages made of them, keyed by sha256.
+
+This module is the cache itself (`Cache`: blobs, records, and the locks under which an entry is
+made once); `bound` is the size an operator gives it and the prune a run ends with, `prune`
+says what it holds and trims it.
 
 Everything is written to a temporary name and renamed into place, so a crash or a parallel
 run never leaves a half-written entry that a later run would trust. An entry that is slow to

@@ -38,7 +38,7 @@ class Kind(Enum):
     LAYERS = "layers"  # layer tars and their gzip blobs
     BYTECODE = "bytecode"  # each distribution's compiled .pyc
     SOCI = "soci"  # ztocs: the SOCI indexes' tables of contents
-    RECORDS = "records"  # analysis results, resolutions, what built what
+    RECORDS = "records"  # inspections, probes, resolutions, what built what
     UNFINISHED = "unfinished"  # temporary files of a write in progress (or of a run that died)
     OTHER = "other"  # the registry's blob memory, the locks
 

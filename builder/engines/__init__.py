@@ -2,7 +2,7 @@
 
 `connection` is one engine (`EngineURL`, `Engine`: a client and how the docker CLI and a
 verification reach it; the local engine; image lookup); `per_arch` is the selection
-(`--engine ARCH=URL`, the config's [engines]) into `Engines`. May import the analysis' arch
-names, the OCI core, the credentials and the errors; never the image, base, verify or
-orchestration layers.
+(`--engine ARCH=URL`, the config's [engines]) into `Engines`. May import the arch names of the
+resolve stage (`resolve.target`), the OCI core, the credentials, the retry policy, the reporter
+and the errors; never a later stage, the base or the orchestration (tests/test_layout.py).
 """

@@ -22,6 +22,6 @@ In the spirit of go-containerregistry's `name` / `v1` / `mutate` / `remote`:
   from a gzip layer and read back against one.
 
 The core imports nothing of the project but builder.errors and builder.retry
-(tests/test_layout.py holds it to that), so the image, base and orchestration layers all stand
-on it.
+(tests/test_layout.py holds it to that), so every stage, the base, the signing and the
+orchestration stand on it.
 """

@@ -6,7 +6,9 @@ runnable against any host:port, so the tests run them against the server process
 `sdk` (the upstream SDK's round trip), `discovery` (distributions -> modules to import),
 `programs` (the programs the plan says the image runs), `sbom_check` (the attached SBOM against
 the image), `container` (the hardened run), `report` (what failed, said once) and `run`
-(`verify_image`, wiring them). May import `builder.contract`, the engine client and the errors;
-never another stage (the CLI reads a requirements file and hands verify the distribution
-names), `builder.base` or the orchestration modules (tests/test_layout.py holds it to that).
+(`verify_image`, wiring them). May import `builder.contract`, the engine connection, the
+reference value `builder.oci.name`, the SBOM reader `builder.attest.sbom` (for `sbom_check`)
+and the errors; never another stage (the CLI reads a requirements file and hands verify the
+distribution names), `builder.base` or the orchestration modules (tests/test_layout.py holds it
+to that).
 """
