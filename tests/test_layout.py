@@ -675,3 +675,36 @@ def test_native_or_emulated_is_decided_in_one_place() -> None:
         if value == "Arch"
     ]
     assert not asked, f"an engine's arch read outside builder/engines/connection.py: {asked}"
+
+
+def test_one_retry_loop() -> None:
+    """`Retries.attempt` in builder/retry.py is the one loop of every remote call (the registry
+    client's and the package index's): no other module asks the policy for another try
+    (`again`), computes a wait (`backoff`, `retry_after`) or sleeps the run's sleep between
+    tries (a `Retries`' `sleep`; `time.sleep` in a poll for a state is another matter)."""
+    retry = PACKAGE / "retry.py"
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} {decision}"
+        for path in builder_modules()
+        if path != retry
+        for decision in ("again", "backoff", "retry_after")
+        for line in calls(path, decision)
+    ]
+    offences += [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} sleep"
+        for path in builder_modules()
+        if path != retry
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "sleep"
+        and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "time")
+    ]
+    assert not offences, f"retry decisions or waits outside builder/retry.py: {offences}"
+    assert {"again", "attempt"} <= defined_functions(retry)
+    users = sorted(
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if calls(path, "attempt")
+    )
+    assert users == ["builder/oci/transport.py", "builder/resolve/index.py"], users
