@@ -21,9 +21,10 @@ import sys
 import tarfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 from builder.base.profile import DEBIAN_VERSION, ArchFacts, installed_packages
+from builder.digest import Readable
 from builder.inspect.elf import read_elf
 from builder.resolve.target import Arch
 
@@ -229,12 +230,6 @@ class Layers:
 
 class Oversized(tarfile.TarError):
     """A layer unpacking to more than MAX_UNPACKED bytes: refused before inflating the rest."""
-
-
-class Readable(Protocol):
-    """What a layer is read through: a registry blob, a file, a gzip stream."""
-
-    def read(self, size: int, /) -> bytes: ...
 
 
 class _Capped(io.RawIOBase):

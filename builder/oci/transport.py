@@ -10,7 +10,6 @@ caller gets if it was the last try; the run's `Retries` decides whether and when
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import http.client
 import io
 import socket
@@ -20,8 +19,9 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
+from builder.digest import Sha256
 from builder.errors import (
     IntegrityError,
     RegistryAuthError,
@@ -37,12 +37,6 @@ from builder.retry import Faulted, Retries, SteadyBody, reason, retryable
 TIMEOUT = 60  # seconds per receive; a trickling body is builder.retry's `Stalled`
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
 T = TypeVar("T")
-
-
-class Readable(Protocol):
-    """What an upload reads a stream through: a file, or another registry's `VerifiedBlob`."""
-
-    def read(self, size: int, /) -> bytes: ...
 
 
 def retrying(retries: Retries, host: str, text: str, attempt_once: Callable[[], T]) -> T:
@@ -78,17 +72,17 @@ class VerifiedBlob:
         self.digest = digest
         self.label = label  # how messages name the repository
         self.host = host  # and the registry
-        self.hasher = hashlib.sha256()
+        self.sha256 = Sha256()
 
     def read(self, size: int = -1) -> bytes:
         data = read_body(self.body, size, self.label, self.host)
-        self.hasher.update(data)
+        self.sha256.update(data)
         return data
 
     def finish(self) -> None:
         while self.read(1 << 20):
             pass
-        actual = "sha256:" + self.hasher.hexdigest()
+        actual = self.sha256.digest
         if actual != self.digest:
             mismatch = IntegrityError(f"{self.label}: blob {self.digest}", self.digest, actual)
             raise Fault(mismatch, "a body not matching its digest")

@@ -13,8 +13,9 @@ from support.compilehelp import compile_all
 from support.wheelfactory import make_wheel
 
 from builder.assemble.assemble import Assembly, assemble
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
 from builder.contract import BYTECODE_LABEL
+from builder.digest import sha256_of
 from builder.engines.connection import Engine
 from builder.layers import bytecode
 from builder.layers.bytecode import Compiler

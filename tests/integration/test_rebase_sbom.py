@@ -27,7 +27,8 @@ from support.wheelfactory import make_wheel
 
 from builder import credentials
 from builder.attest import sbom
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.engines.per_arch import Engines
 from builder.layers.extras import (
     BYTECODE,

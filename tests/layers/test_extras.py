@@ -10,7 +10,8 @@ from pathlib import Path
 
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.layers.extras import DISTRIBUTION, distribution_layers
 from builder.layers.layer import write_tar
 from builder.plan.layering import BUCKETS

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from support.wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.inspect import wheels as inspection_module
 from builder.inspect.elf import ElfFile, is_elf, read_elf
