@@ -48,6 +48,7 @@ from builder.oci.v1 import Image
 from builder.orchestration.delivery import Produced
 from builder.orchestration.prepare import Finish
 from builder.plan.plan import Plan
+from builder.publish.state import Route
 from builder.reporter import QUIET, Reporter
 from builder.resolve.target import ARCHES, BaseProfile
 from builder.retry import Retries
@@ -183,7 +184,7 @@ class SystemStages:
 class BuildProducer:
     """Builds one arch's image: its system stage with BuildKit, then the extras layers."""
 
-    path = "build"
+    path = Route.BUILD
 
     def __init__(
         self,
