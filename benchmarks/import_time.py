@@ -52,7 +52,8 @@ from typing import Any, TypeVar
 
 import docker
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.layers.bytecode import Compiled, CompileQueue, Compiler, Interpreter, bytecode_layer
 from builder.layers.layer import (
     Layer,

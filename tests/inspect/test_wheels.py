@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.inspect import wheels
 from builder.inspect.wheels import RECORD_KIND, inspect_as_ready, inspect_wheel

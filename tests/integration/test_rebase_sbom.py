@@ -27,12 +27,12 @@ from support.wheelfactory import make_wheel
 
 from builder import credentials
 from builder.attest import sbom
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.engines.per_arch import Engines
 from builder.layers.extras import (
-    BYTECODE,
-    DISTRIBUTION,
     ExtrasLayer,
+    LayerKind,
     created_by,
     distribution_layers,
     holding_layers,
@@ -65,9 +65,9 @@ def _line(kind: str, label: str, names: tuple[str, ...], index: int) -> str:
 def test_each_name_is_placed_by_its_own_layer_or_its_bucket_never_by_bytecode() -> None:
     bucket = bucket_of("small-one")
     added = [
-        ("sha256:own", _line(DISTRIBUTION, "big-one", ("big-one",), 0)),
-        ("sha256:bucket", _line(DISTRIBUTION, f"bucket {bucket}", ("small-one",), 1)),
-        ("sha256:bytecode", _line(BYTECODE, "big-one", ("big-one",), 2)),
+        ("sha256:own", _line(LayerKind.DISTRIBUTION, "big-one", ("big-one",), 0)),
+        ("sha256:bucket", _line(LayerKind.DISTRIBUTION, f"bucket {bucket}", ("small-one",), 1)),
+        ("sha256:bytecode", _line(LayerKind.BYTECODE, "big-one", ("big-one",), 2)),
     ]
     assert holding_layers(added, ["Big_One", "small-one"]) == {
         "big-one": "sha256:own",
@@ -145,7 +145,9 @@ def stacked(
     stack = distribution_layers(pins, {shas[n]: p for n, p in files.items()}, ROOT, cache, BUDGET)
     assert stack[0].label == "alpha-big" and len(stack) > 1
     assert all(one.label.startswith("bucket ") for one in stack[1:])
-    top = ExtrasLayer(BYTECODE, stack[0].names, stack[0].label, _marker_layer(tmp_path, cache))
+    top = ExtrasLayer(
+        LayerKind.BYTECODE, stack[0].names, stack[0].label, _marker_layer(tmp_path, cache)
+    )
     layers = []
     for index, one in enumerate([*stack, top]):
         blob = gzipped(one.layer.path, one.layer.diff_id, cache)
