@@ -34,6 +34,7 @@ from builder.runtime import copy_server
 from builder.verify.client import Sandbox
 from builder.verify.hardened.hardening import HEALTH_LIMIT, NATIVE_START
 from builder.verify.hardened.starve import ATTACK
+from support.waiting import accepts, wait_for
 
 SERVER = Path(
     os.environ.get(
@@ -259,15 +260,12 @@ class NamespacedServer(ServerProcess):
             raise
 
     def _wait_reachable(self) -> None:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection((self.address, self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        wait_for(
+            lambda: accepts(self.address, self.port),
+            deadline_s=60,
+            what=f"the server at {self.address}:{self.port}, over the veth pair",
+            process=self.proc,
+        )
 
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(
@@ -473,8 +471,12 @@ def race(
     swapper = subprocess.Popen(
         [*swapper_prefix, str(python), "-c", SWAPPER, "600"], cwd=layout.workspace
     )
-    time.sleep(0.2)
-    assert swapper.poll() is None, "the swapper did not start"
+    wait_for(  # d is the symlink at every other swap: it has swapped once at least
+        (layout.workspace / "d").is_symlink,
+        deadline_s=60,
+        what="the swapper's first swap",
+        process=swapper,
+    )
 
     def probe(route: str, index: int) -> bool:
         if route == "download":
@@ -583,9 +585,10 @@ def daemon_patterns(marker: str) -> list[tuple[str, list[str], float]]:
 
 
 def run_daemon_pattern(
-    server: ServerProcess, command: list[str], timeout: float, marker: str, grace: float = 1.0
+    server: ServerProcess, command: list[str], timeout: float, marker: str, grace: float = 10.0
 ) -> tuple[dict[str, object], float, list[int]]:
-    """(reply, seconds to the reply, processes still carrying ``marker`` after ``grace``)."""
+    """(reply, seconds to the reply, processes still carrying ``marker`` after ``grace``: the
+    kill's last steps may lag the reply on a busy machine; the loop ends once none is left)."""
     payload = json.dumps({"command": command, "timeout_seconds": timeout}).encode()
     start = time.monotonic()
     status, _, body = server.request("POST", "/execute", payload)
@@ -628,7 +631,7 @@ def flood(server: ServerProcess, concurrent: int = 8) -> dict[str, object]:
             start = time.monotonic()
             status = server.request("GET", "/")[0]
             latencies.append(time.monotonic() - start if status == 200 else 99.0)
-            time.sleep(0.05)
+            time.sleep(0.05)  # the pace of the probe, as a kubelet's (not a synchronisation)
 
     def run(_index: int) -> tuple[int, dict[str, object]]:
         payload = json.dumps({"command": ["python3", "-c", FLOOD], "timeout_seconds": 120})
@@ -664,10 +667,7 @@ def starve(
     inside = ("nsenter", "-t", str(server.proc.pid), "-n", *python, "-c", ATTACK)
     argv = [*inside, str(connections), str(seconds), "3", str(server.port), str(marker)]
     attack = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not marker.exists():
-        assert time.monotonic() < deadline and attack.poll() is None, "the attack did not start"
-        time.sleep(0.02)
+    wait_for(marker.exists, deadline_s=60, what="the attack to start", process=attack)
     health: list[tuple[int, float]] = []
     executes: list[tuple[int, float]] = []
 
@@ -682,7 +682,7 @@ def starve(
     def outside(into: list[tuple[int, float]], request: Any, pause: float) -> None:
         while attack.poll() is None:
             into.append(timed(request))
-            time.sleep(pause)
+            time.sleep(pause)  # the pace of the outside's requests (not a synchronisation)
 
     body = json.dumps({"command": ["echo", "served"]}).encode()
     workers = [

@@ -29,13 +29,15 @@ def wait_for(
     what: str,
     process: subprocess.Popen[Any] | None = None,
     detail: Callable[[], str] | None = None,
+    error: type[Exception] = AssertionError,
 ) -> T:
     """The first truthy value of ``condition()``, asked every ``POLL_SECONDS``.
 
-    Fails (AssertionError) once ``deadline_s`` has passed, or at once when ``process`` (the one
-    that should bring the state about) has exited; the message names ``what`` was awaited and
-    ends with ``detail()`` (e.g. the tail of a log) when given. A condition may itself raise
-    to fail sooner."""
+    Raises ``error`` (by default a test failure; a daemon's start raises RuntimeError, which
+    its fixture reports as the machine lacking it) once ``deadline_s`` has passed, or at once
+    when ``process`` (the one that should bring the state about) has exited; the message names
+    ``what`` was awaited and ends with ``detail()`` (e.g. the tail of a log) when given. A
+    condition may itself raise to fail sooner."""
     deadline = time.monotonic() + deadline_s
     while True:
         if value := condition():
@@ -47,14 +49,14 @@ def wait_for(
         else:
             time.sleep(POLL_SECONDS)
             continue
-        raise AssertionError(f"waiting for {what}: {why}" + (f"\n{detail()}" if detail else ""))
+        raise error(f"waiting for {what}: {why}" + (f"\n{detail()}" if detail else ""))
 
 
 def accepts(host: str, port: int, source: str | None = None) -> bool:
     """Whether ``host:port`` accepts a TCP connection now (from ``source``, if given)."""
     bind = None if source is None else (source, 0)
     try:
-        socket.create_connection((host, port), timeout=5, source_address=bind).close()
+        socket.create_connection((host, port), timeout=10, source_address=bind).close()
     except OSError:
         return False
     return True
