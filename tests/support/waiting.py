@@ -23,7 +23,7 @@ STARTS_SECONDS = 120.0  # for a daemon a test starts (dockerd, sshd, a registry)
 
 
 def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     *,
     deadline_s: float,
     what: str,
@@ -40,10 +40,11 @@ def wait_for(
     condition may itself raise to fail sooner."""
     deadline = time.monotonic() + deadline_s
     while True:
+        status = None if process is None else process.poll()  # taken before the last look
         if value := condition():
             return value
-        if process is not None and process.poll() is not None:
-            why = f"its process exited with status {process.returncode}"
+        if status is not None:
+            why = f"its process exited with status {status}"
         elif time.monotonic() > deadline:
             why = f"not within {deadline_s:g} s"
         else:
@@ -52,11 +53,10 @@ def wait_for(
         raise error(f"waiting for {what}: {why}" + (f"\n{detail()}" if detail else ""))
 
 
-def accepts(host: str, port: int, source: str | None = None) -> bool:
-    """Whether ``host:port`` accepts a TCP connection now (from ``source``, if given)."""
-    bind = None if source is None else (source, 0)
+def accepts(host: str, port: int) -> bool:
+    """Whether ``host:port`` accepts a TCP connection now."""
     try:
-        socket.create_connection((host, port), timeout=10, source_address=bind).close()
+        socket.create_connection((host, port), timeout=10).close()
     except OSError:
         return False
     return True
