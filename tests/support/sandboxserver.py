@@ -47,7 +47,7 @@ SERVER_PYTHON = os.environ.get("SANDBOX_SERVER_PYTHON", sys.executable)
 # The sandbox user of the images; tests that run as root start the server as this user.
 SANDBOX_UID = 65532
 MIB = 1024 * 1024
-REPORT_SECONDS = 15  # how long a server may take to print its port
+REPORT_SECONDS = 60  # how long a server may take to print its port (a busy machine: long)
 
 
 @functools.cache
@@ -205,11 +205,12 @@ class ServerProcess:
         return b"".join(chunks)
 
     def stop(self) -> int:
-        """SIGTERM, then the exit status (SIGKILL if it takes over 10 s)."""
+        """SIGTERM, then the exit status (SIGKILL if it takes over 60 s: a bound on a hang,
+        generous for a busy machine)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=10)
+            return self.proc.wait(timeout=60)
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
