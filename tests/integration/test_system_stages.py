@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.waiting import wait_for
 
 from builder.assemble.build import BuildSpec
 from builder.base.probe import probe_base
@@ -115,11 +116,9 @@ def test_a_stage_nobody_asks_for_is_stopped_not_waited_for(
     plan = prepare(request_for(tmp_path, base, "python-magic==0.4.27\n"))
     slow = f"FROM {reference_image} AS system\nRUN sleep 120 && echo {RUN}\n"
     monkeypatch.setattr(produce_build, "dockerfile", lambda *_: slow)  # a stage that takes minutes
-    started = time.monotonic()
     with SystemStages({}) as stages:
         stages.start(plan)
-        deadline = time.monotonic() + 60
-        while "amd64" not in stages.processes and time.monotonic() < deadline:
-            time.sleep(0.1)  # until `docker build` runs; then planning "fails"
-    assert time.monotonic() - started < 60, "the exit waited for the two-minute build"
+        wait_for(lambda: "amd64" in stages.processes, deadline_s=120, what="`docker build`")
+        stopping = time.monotonic()  # the build runs; now planning "fails"
+    assert time.monotonic() - stopping < 60, "the exit waited for the two-minute build"
     assert stages.processes["amd64"].returncode not in (None, 0)
