@@ -9,7 +9,7 @@ needs, so it runs one short command:
     requirements = ["requirements.txt"]
     base-repository = "registry.example.com/sandbox/runtime"
     platform-version = "1.4.2"
-    architectures = ["amd64"]
+    architectures = ["amd64"]       # optional, as --arch: default every arch the base offers
     repository = "registry.example.com/sandbox/runtime-extended"
     template = "sandbox-template.yaml"
     apt-ca-bundle = "corp-ca.pem"   # optional, as --apt-ca-bundle: a BuildKit secret only
@@ -88,7 +88,7 @@ class PipelineConfig:
     constraints: tuple[Path, ...]
     base_repository: ImageRef  # parsed here, where the text enters
     platform_version: str
-    architectures: tuple[str, ...]
+    architectures: tuple[str, ...]  # empty: every arch the base offers (as without a config)
     repository: ImageRef | None  # parsed here, where the text enters
     template: Path | None
     container: str | None
@@ -126,9 +126,7 @@ def load_config(path: Path) -> PipelineConfig:
         constraints=table.paths("constraints"),
         base_repository=base_repository,
         platform_version=str(table.data["platform-version"]),
-        architectures=table.names("architectures", "names")
-        if "architectures" in table.data
-        else ("amd64",),
+        architectures=table.names("architectures", "names"),
         repository=table.repository("repository"),
         template=table.path("template"),
         container=table.text("container"),
