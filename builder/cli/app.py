@@ -168,6 +168,7 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 @ENGINE_OPTION
 @click.pass_context
 @reports_errors
+# click passes every option above as a keyword; `run_settings` reads them from the context
 def main(context: click.Context, **_flags: object) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
     if context.invoked_subcommand is not None:

@@ -89,18 +89,6 @@ Pins = Mapping[str, list[tuple[str, str, str]]]
 
 
 @dataclass(frozen=True)
-class _Workers:
-    """The pools one `prepare` runs on: its jobs (resolving, inspecting, writing layers), the
-    downloads, the compiles (cancelled on a failure); the compiler's container is entered on
-    `stack`."""
-
-    stack: ExitStack
-    jobs: ThreadPoolExecutor
-    downloads: ThreadPoolExecutor
-    compiles: ThreadPoolExecutor
-
-
-@dataclass(frozen=True)
 class _Compiling:
     """The bytecode compile under way: the base's interpreter starting, the wheels' queue."""
 
@@ -140,8 +128,7 @@ def prepare(
         ThreadPoolExecutor(max_workers=4 + len(target.arches)) as pool,
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
     ):
-        workers = _Workers(stack, pool, fetch, compile_pool)
-        compile_ = _start_compiling(grounds, target, workers)  # starts while resolving
+        compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
         with timeline.step("resolve"):
             resolutions = _resolve_all(requirements, target, settings, grounds, pool)
         chosen = _choose(resolutions, target)
@@ -171,14 +158,19 @@ def prepare(
 
 
 def _start_compiling(
-    grounds: Grounds, target: Target[BaseFacts], on: _Workers
+    grounds: Grounds,
+    target: Target[BaseFacts],
+    stack: ExitStack,
+    jobs: ThreadPoolExecutor,
+    compiles: ThreadPoolExecutor,
 ) -> _Compiling | None:
-    """The base's interpreter started (pulled first if need be) while the set resolves, and
-    the queue the wheels join as they arrive; None when the extras get no bytecode."""
+    """The base's interpreter started on `jobs` (pulled first if need be, its container entered
+    on `stack`) while the set resolves, and the queue the wheels join as they arrive, compiled
+    on `compiles`; None when the extras get no bytecode."""
     if grounds.compiler is None:
         return None
-    starting = on.jobs.submit(_start_compiler, grounds, target, on.stack)
-    queue = CompileQueue(starting.result, on.compiles, grounds.timeline.marker("compiled"))
+    starting = jobs.submit(_start_compiler, grounds, target, stack)
+    queue = CompileQueue(starting.result, compiles, grounds.timeline.marker("compiled"))
     return _Compiling(starting, queue)
 
 
