@@ -649,9 +649,9 @@ def constructions(path: Path, name: str) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("record", ["Request", "Delivery"])
+@pytest.mark.parametrize("record", ["Grounds", "Delivery"])
 def test_a_run_is_asked_for_in_one_place(record: str) -> None:
-    """`build` and `rebuild` make their Request and Delivery through request_for and
+    """`build` and `rebuild` make their Grounds and Delivery through grounds_for and
     delivery_for, so the two commands cannot drift apart."""
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{line}"
