@@ -17,7 +17,6 @@ from contextlib import suppress
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any
 
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL, HOME, HOME_SEED, SANDBOX_USER
 from builder.errors import UserError
@@ -357,7 +356,7 @@ def _report(
     compile_step: bool,
     bytecode: Mapping[str, Mapping[str, object]],
     timeline: Mapping[str, object] | None,
-) -> dict[str, Any]:
+) -> dict:
     """report.json: the plan, each arch's extras layers and bytecode facts, the timeline."""
     report = plan.to_dict()
     if compile_step:

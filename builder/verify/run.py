@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from builder.contract import BYTECODE_LABEL
 from builder.engines.connection import Engine, engine_client, local_image
@@ -88,9 +87,9 @@ def verify_image(
     name = image.as_written if isinstance(image, ImageRef) else image
     report = VerifyReport(name)
     try:
-        config = _image_config(image, engine)
-        report.checks.append(image_user_check(config.get("User") or ""))
-        required = bytecode_required((config.get("Labels") or {}).get(BYTECODE_LABEL))
+        user, bytecode = _image_facts(image, engine)
+        report.checks.append(image_user_check(user))
+        required = bytecode_required(bytecode)
         with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
             _check_running(report, running, modules, checks, installed, sdk, required, sbom)
@@ -109,15 +108,17 @@ def _local_engine() -> Engine:
     return Engine.local(client)
 
 
-def _image_config(image: ImageRef | str, engine: Engine) -> dict[str, Any]:
-    """The image's config (user, labels): as its registry names it now, or as the engine
+def _image_facts(image: ImageRef | str, engine: Engine) -> tuple[str, str | None]:
+    """The image's user and bytecode label: as its registry names it now, or as the engine
     holds it under its own name."""
     if isinstance(image, ImageRef):
         found = local_image(image, engine.client)
     else:
         found = engine.client.images.get(image)
-    config: dict[str, Any] = found.attrs.get("Config", {})
-    return config
+    config = found.attrs.get("Config", {})
+    user: str = config.get("User") or ""
+    label: str | None = (config.get("Labels") or {}).get(BYTECODE_LABEL)
+    return user, label
 
 
 def _check_running(
