@@ -789,3 +789,33 @@ def test_one_readable() -> None:
         and any(isinstance(item, ast.FunctionDef) and item.name == "read" for item in node.body)
     )
     assert homes == ["builder/digest.py:Readable"], homes
+
+
+# -- functions a reader can hold in mind ------------------------------------------------------
+MAX_FUNCTION_LINES = 60
+REPO = PACKAGE.parent
+
+
+def long_functions(paths: list[Path]) -> list[str]:
+    """Functions of `paths` longer than MAX_FUNCTION_LINES, from the `def` line to the end
+    (decorators excluded: click's options are declarations, not logic)."""
+    return [
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines})"
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+
+
+def test_no_function_is_over_sixty_lines() -> None:
+    """Complexity is held by ruff (C901 <= 12, PLR0912, PLR0915 in `make lint`) and length here:
+    a long function is steps that want names. The runtime server, the scripts, the benchmarks
+    and the tests themselves included."""
+    paths = sorted(
+        path
+        for folder in ("builder", "scripts", "benchmarks", "tests")
+        for path in (REPO / folder).rglob("*.py")
+    )
+    long = long_functions(paths)
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
