@@ -15,6 +15,7 @@ from builder.oci.name import ImageRef
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import Running, hardened, image_user_check
+from builder.verify.deep import DeepOptions, DeepRun, deep_checks, permissive_run
 from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.programs import ProgramExpectation, program_checks
 from builder.verify.report import (
@@ -43,6 +44,7 @@ class Installed:
 
     distributions: Sequence[str] = ()
     programs: Sequence[ProgramExpectation] = ()
+    deep: DeepOptions | None = None  # import every module of the distributions too (`deep`)
 
 
 def verify_image(
@@ -66,6 +68,8 @@ def verify_image(
     provide; `installed.programs`: programs the distributions run, each found on PATH and run
     as the sandbox user (one `program NAME` line each; one the operator left out is reported
     as such).
+    `installed.deep`: import every module of those distributions too, hardened, each failure
+    compared with a permissive run of the image (builder.verify.deep); None leaves it out.
     `engine`: the engine that runs it (an arch's own: the sandbox is reached where that engine
     publishes its port); None: the local engine, whose client is closed at the end.
     `startup_timeout`: how long the server may take to answer GET /; None allows
@@ -93,6 +97,8 @@ def verify_image(
         with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
             _check_running(report, running, modules, checks, installed, sdk, required, sbom)
+            if installed.deep is not None and installed.distributions:
+                _check_deep(report, running, installed, partial(permissive_run, engine, name))
     except CheckFailed as failure:
         report.checks.append(Check("health", False, str(failure)))
     finally:
@@ -119,6 +125,19 @@ def _image_facts(image: ImageRef | str, engine: Engine) -> tuple[str, str | None
     user: str = config.get("User") or ""
     label: str | None = (config.get("Labels") or {}).get(BYTECODE_LABEL)
     return user, label
+
+
+def _check_deep(
+    report: VerifyReport,
+    running: Running,
+    installed: Installed,
+    rerun: Callable[[Sequence[str], float], DeepRun],
+) -> None:
+    """Deep imports after every other check: they load every core the machine lends them,
+    which would skew the flood's and the starve check's timings."""
+    options = installed.deep or DeepOptions()
+    checks, report.deep = deep_checks(running.sandbox, installed.distributions, options, rerun)
+    report.checks += checks
 
 
 def _check_running(
