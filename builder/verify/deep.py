@@ -35,6 +35,7 @@ from builder.verify.client import Sandbox
 from builder.verify.container import LABEL
 from builder.verify.deep_script import DEEP, WORKER
 from builder.verify.report import Check, ContractViolation, DeepFigures, noted, short
+from builder.verify.use import UseCheck
 
 BUDGET = 120.0  # seconds the hardened run may spend importing (a large set's: ~15 s native)
 EMULATED_BUDGET = 480.0  # under qemu Pythons start and import several times slower
@@ -81,11 +82,12 @@ class Outcome:
 
 @dataclass(frozen=True)
 class DeepOptions:
-    """How deep imports run: modules skipped (fnmatch patterns, `--skip-module`) and the budget
-    (None: BUDGET natively, EMULATED_BUDGET emulated)."""
+    """How deep imports run: modules skipped (fnmatch patterns, `--skip-module`), the budget
+    (None: BUDGET natively, EMULATED_BUDGET emulated), and the use checks that follow them."""
 
     skip: Sequence[str] = ()
     budget: float | None = None
+    uses: Sequence[UseCheck] | None = None  # the use checks to choose from; None: the curated
 
 
 @dataclass

@@ -28,6 +28,7 @@ from builder.verify.report import (
 )
 from builder.verify.sbom_check import sbom_check
 from builder.verify.sdk import sdk_checks
+from builder.verify.use import use_checks
 
 WORKERS = 4  # checks at once: most wait on the server or on a command, the imports use a core
 LIFETIMES = ("timeout", "timeout-cleanup")  # one after the other, in one thread
@@ -133,11 +134,15 @@ def _check_deep(
     installed: Installed,
     rerun: Callable[[Sequence[str], float], DeepRun],
 ) -> None:
-    """Deep imports after every other check: they load every core the machine lends them,
-    which would skew the flood's and the starve check's timings."""
+    """Deep imports and use checks after every other check: they load every core the machine
+    lends them, which would skew the flood's and the starve check's timings."""
     options = installed.deep or DeepOptions()
     checks, report.deep = deep_checks(running.sandbox, installed.distributions, options, rerun)
     report.checks += checks
+    try:
+        report.checks += use_checks(running.sandbox, installed.distributions, options.uses)
+    except (ContractViolation, OSError, http.client.HTTPException) as error:
+        report.checks.append(Check("use", False, f"cannot read the installed versions: {error}"))
 
 
 def _check_running(

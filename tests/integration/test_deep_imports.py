@@ -8,6 +8,8 @@ every way verification tells apart, installed on the reference base and run hard
   broken    raises the same error hardened and permissive: information, listed;
   native    opens a shared library the image lacks: fails (the plan missed a need);
   skipme    would fail, but --skip-module leaves it out; tests/ is never imported.
+Then its use checks: one that does the package's job passes, one that writes beside the code
+fails, one marked as unable to pass hardened is listed with why, one for 2.x is not run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from packaging.specifiers import SpecifierSet
 from support.images import docker
 from support.wheelfactory import make_wheel
 
@@ -25,6 +28,7 @@ from builder.engines.connection import Engine
 from builder.verify.deep import DeepOptions
 from builder.verify.report import Status, VerifyReport
 from builder.verify.run import Installed, verify_image
+from builder.verify.use import UseCheck
 
 PROBE = {
     "bsi_probe/__init__.py": b'"""Nothing imported here: every submodule loads lazily."""\n',
@@ -65,9 +69,26 @@ def probe_image(
     docker(test_env, "rmi", "-f", tag, check=False)
 
 
+USES = (
+    UseCheck(
+        "bsi-probe", SpecifierSet(">=1"), "its value",
+        "import bsi_probe.fine as f; assert f.VALUE == 42",
+    ),
+    UseCheck(
+        "bsi-probe", SpecifierSet(""), "its cache",
+        "import bsi_probe, os; open(os.path.dirname(bsi_probe.__file__) + '/c', 'w')",
+    ),
+    UseCheck("bsi-probe", SpecifierSet(""), "its model", why_not_hardened="it downloads a model"),
+    UseCheck("bsi-probe", SpecifierSet(">=2"), "a later API", "raise SystemExit(3)"),
+    UseCheck("not-installed", SpecifierSet(""), "absent", "raise SystemExit(3)"),
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def probe_report(probe_image: str, docker_client: Any) -> VerifyReport:
-    installed = Installed(distributions=["bsi-probe"], deep=DeepOptions(skip=("bsi_probe.skipme",)))
+    installed = Installed(
+        distributions=["bsi-probe"], deep=DeepOptions(skip=("bsi_probe.skipme",), uses=USES)
+    )
     return verify_image(probe_image, installed=installed, engine=Engine.local(docker_client))
 
 
@@ -89,6 +110,7 @@ def test_a_submodule_writing_beside_its_code_fails_verification_naming_it(
         "deep-imports",
         "deep-import bsi_probe.jitcache",
         "deep-import bsi_probe.native",
+        "use bsi-probe #2",
     }
 
 
@@ -140,3 +162,18 @@ def test_strict_turns_information_into_failures(probe_report: VerifyReport) -> N
     strict = VerifyReport(probe_report.image, probe_report.checks, strict=True)
     failed = {check.name for check in strict.failed}
     assert {"absent bsi_absent_helper", "deep-import bsi_probe.broken"} <= failed
+
+
+def test_use_checks_run_for_the_release_installed_and_say_why_one_cannot(
+    probe_report: VerifyReport,
+) -> None:
+    found = {name: line for name, line in lines(probe_report).items() if name.startswith("use")}
+    assert found["use bsi-probe #1"] == (Status.PASS, "1.0: its value: done")
+    status, detail = found["use bsi-probe #2"]
+    assert status is Status.FAIL and detail.startswith("1.0: its cache; it failed (exit 1): ")
+    assert "Read-only file system" in detail
+    assert found["use bsi-probe #3"] == (
+        Status.INFO,
+        "1.0: not run: cannot pass in a hardened sandbox: it downloads a model",
+    )
+    assert len(found) == 3  # the 2.x check and the absent distribution's are not run
