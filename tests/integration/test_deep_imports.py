@@ -14,15 +14,21 @@ fails, one marked as unable to pass hardened is listed with why, one for 2.x is 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from packaging.specifiers import SpecifierSet
 from support.images import docker
 from support.wheelfactory import make_wheel
+from support.wheelindex import serve_wheel
 
 from builder.engines.connection import Engine
 from builder.verify.deep import DeepOptions
@@ -177,3 +183,44 @@ def test_use_checks_run_for_the_release_installed_and_say_why_one_cannot(
         "1.0: not run: cannot pass in a hardened sandbox: it downloads a model",
     )
     assert len(found) == 3  # the 2.x check and the absent distribution's are not run
+
+
+def test_verify_r_runs_deep_imports_and_skips_what_it_is_told(
+    probe_image: str, shared_cache: Path, package_index: str, tmp_path: Path
+) -> None:
+    """The command line: `verify -r FILE --skip-module PATTERN --json` on the probe image."""
+    wheel = make_wheel(tmp_path / "wheels", "bsi-probe", "1.0", "py3-none-any", PROBE)
+    with serve_wheel(wheel, "bsi-probe") as port:
+        requirements = tmp_path / "requirements.txt"
+        requirements.write_text(f"--extra-index-url http://127.0.0.1:{port}/simple\nbsi-probe\n")
+        result = subprocess.run(
+            [sys.executable, "-m", "builder", "verify", probe_image, "-r", str(requirements),
+             "--skip-module", "bsi_probe.skipme", "--skip-module", "bsi_probe.nat*", "--json"],
+            capture_output=True, text=True, timeout=900,
+            env={**os.environ, "BSI_CACHE_DIR": str(shared_cache)},
+        )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    record = json.loads(result.stdout)
+    statuses = {check["name"]: check["status"] for check in record["checks"]}
+    assert statuses["deep-import bsi_probe.jitcache"] == "fail"
+    assert "deep-import bsi_probe.native" not in statuses
+    assert statuses["absent bsi_absent_helper"] == "info"
+    assert record["deep_imports"] == [
+        {"distribution": "bsi-probe", "imported": 2, "failed": 1, "informational": 2,
+         "unreached": 0, "skipped": 2, "seconds": record["deep_imports"][0]["seconds"]}
+    ]  # fmt: skip
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: verification of {probe_image} failed: deep-imports, deep-import bsi_probe.jitcache"
+    )
+
+
+def test_skip_module_without_requirements_is_refused(probe_image: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "verify", probe_image, "--skip-module", "x.*"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "error: --skip-module needs -r FILE: deep imports follow its distributions"
+    ]
+    assert result.stdout == ""
