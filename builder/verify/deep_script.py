@@ -39,7 +39,10 @@ request = json.loads(sys.argv[1])
 WORKER = sys.argv[2]
 SKIP = {"test", "tests", "testing", "examples", "example", "docs", "doc", "benchmarks",
         "vendor", "_vendor", "vendored", "_vendored", "__main__", "conftest"}
-SUFFIXES = sorted(importlib.machinery.EXTENSION_SUFFIXES + [".py"], key=len, reverse=True)
+# a bare .so is as often a plain shared library (lightgbm's lib_lightgbm.so) as a module: the
+# tagged suffixes (.cpython-313-x86_64-linux-gnu.so, .abi3.so) name the modules
+TAGGED = [suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES if suffix != ".so"]
+SUFFIXES = sorted(TAGGED + [".py"], key=len, reverse=True)
 out = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)
 lock = threading.Lock()
@@ -81,9 +84,17 @@ def wanted():
         todo += [m for m in kept if m not in todo]
     return todo
 
+# Work is handed out a package's modules at a time (in chunks of at most CHUNK): a package's
+# __init__ (often most of its cost: lightgbm's loads sklearn and pandas) is paid by one worker
+# rather than by each, and heavy packages still spread over the workers.
+CHUNK = 200
 todo, deadline, running = queue.Queue(), time.monotonic() + request["budget"], []
+groups = {}
 for module in wanted():
-    todo.put(module)
+    groups.setdefault(module.split(".")[0], []).append(module)
+for modules in groups.values():
+    for start in range(0, len(modules), CHUNK):
+        todo.put(modules[start:start + CHUNK])
 
 def start():
     read, write = os.pipe()
@@ -97,11 +108,14 @@ def start():
 
 def work():
     worker = feed = None
+    names = []
     while True:
-        try:
-            name = todo.get_nowait()
-        except queue.Empty:
-            break
+        if not names:
+            try:
+                names = todo.get_nowait()
+            except queue.Empty:
+                break
+        name = names.pop(0)
         if time.monotonic() > deadline:
             emit({"module": name, "unreached": True})
             continue

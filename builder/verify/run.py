@@ -97,9 +97,7 @@ def verify_image(
         required = bytecode_required(bytecode)
         with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
-            _check_running(report, running, modules, checks, installed, sdk, required, sbom)
-            if installed.deep is not None and installed.distributions:
-                _check_deep(report, running, installed, partial(permissive_run, engine, name))
+            _check_running(report, running, modules, checks, installed, sdk, required, sbom, engine)
     except CheckFailed as failure:
         report.checks.append(Check("health", False, str(failure)))
     finally:
@@ -128,21 +126,20 @@ def _image_facts(image: ImageRef | str, engine: Engine) -> tuple[str, str | None
     return user, label
 
 
-def _check_deep(
+def _deep_and_use(
     report: VerifyReport,
-    running: Running,
+    sandbox: Sandbox,
     installed: Installed,
     rerun: Callable[[Sequence[str], float], DeepRun],
-) -> None:
-    """Deep imports and use checks after every other check: they load every core the machine
-    lends them, which would skew the flood's and the starve check's timings."""
+) -> list[Check]:
+    """Deep imports, then the use checks; each distribution's figures go to `report`."""
     options = installed.deep or DeepOptions()
-    checks, report.deep = deep_checks(running.sandbox, installed.distributions, options, rerun)
-    report.checks += checks
+    checks, report.deep = deep_checks(sandbox, installed.distributions, options, rerun)
     try:
-        report.checks += use_checks(running.sandbox, installed.distributions, options.uses)
+        checks += use_checks(sandbox, installed.distributions, options.uses)
     except (ContractViolation, OSError, http.client.HTTPException) as error:
-        report.checks.append(Check("use", False, f"cannot read the installed versions: {error}"))
+        checks.append(Check("use", False, f"cannot read the installed versions: {error}"))
+    return checks
 
 
 def _check_running(
@@ -154,9 +151,15 @@ def _check_running(
     sdk: bool | None,
     required: bool,
     sbom: bytes | None,
+    engine: Engine,
 ) -> None:
-    """Everything checked through the running image's port, then its SBOM, then that it still
-    serves, added to `report` in that order."""
+    """Everything checked through the running image's port (deep imports and use checks too,
+    with `installed.deep`; a permissive run of the image on `engine` compares their failures),
+    then its SBOM, then that it still serves, added to `report` in that order."""
+    deep = None
+    if installed.deep is not None and installed.distributions:
+        rerun = partial(permissive_run, engine, report.image)  # the name `hardened` ran
+        deep = partial(_deep_and_use, report, running.sandbox, installed, rerun)
     served = served_checks(
         running.sandbox,
         modules,
@@ -165,6 +168,7 @@ def _check_running(
         sdk,
         bytecode=required,
         programs=installed.programs,
+        first=deep,
     )
     report.checks += served.checks
     report.first_import_reads = served.reads
@@ -182,6 +186,7 @@ def served_checks(
     process_mode: bool = False,
     bytecode: bool | None = None,
     programs: Sequence[ProgramExpectation] = (),
+    first: Job | None = None,
 ) -> Checked:
     """Everything checked through a serving image's port, in report order, and what importing
     the set read.
@@ -195,9 +200,12 @@ def served_checks(
     The starve check comes last: its few hundred connections load the accept path and hold the
     sandbox's own share of connections for seconds, which would skew the flood's timings and
     refuse any check that talks to the server from inside meanwhile.
+    `first`: a long job (deep imports) started before the others beside them, done before the
+    race; its lines come after the programs'.
     """
     contract = contract_checks(process_mode)
     jobs: dict[str, Job] = {
+        "first": first or list,
         "lifetimes": partial(contract_run, sandbox, [c for c in contract if c[0] in LIFETIMES]),
         "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
         "programs": partial(program_checks, sandbox, programs),
@@ -219,7 +227,7 @@ def served_checks(
         found |= {name: contract_run(sandbox, [(name, check)]) for name, check in last.items()}
     by_name = {c.name: c for c in found.pop("lifetimes")}
     order = [[by_name[name]] if name in by_name else found[name] for name, _ in contract]
-    order += [found["sdk"], imports.checks, found["programs"]]
+    order += [found["sdk"], imports.checks, found["programs"], found["first"]]
     order += [found[f"check {number}"] for number in range(1, len(snippets) + 1)]
     return Checked([check for part in order for check in part], imports.reads)
 
