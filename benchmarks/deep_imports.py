@@ -5,9 +5,11 @@ Builds the example set (examples/requirements.txt) on a base with the tool, with
 verification, then verifies the image twice on the local engine, as `verify -r` would: once
 importing the distributions' top-level modules only, once with every module of them imported
 (deep imports, the permissive re-run of what failed) and their use checks. Prints both times,
-the ratio, and the deep-import figures per distribution, from one run of each.
+the ratio, and the deep-import figures per distribution. On a busy machine one run of each is
+noise: --rounds N interleaves N of each (the order alternating) and gives medians.
 
     .venv/bin/python benchmarks/deep_imports.py [--base bsi-reference:test] [--image TAG]
+        [--rounds 3]
 
 `--image` verifies an image already built from the example set instead of building one. Needs
 the engine, and the package index to build.
@@ -16,6 +18,7 @@ the engine, and the package index to build.
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +27,7 @@ import uuid
 from pathlib import Path
 
 from builder.resolve.requirements import distribution_names
-from builder.verify.deep import DeepOptions
+from builder.verify.deep.imports import DeepOptions
 from builder.verify.report import VerifyReport
 from builder.verify.run import Installed, verify_image
 
@@ -50,25 +53,43 @@ def timed(tag: str, installed: Installed) -> tuple[float, VerifyReport]:
     return time.monotonic() - started, report
 
 
+def rounds(tag: str, distributions: list[str], count: int) -> tuple[float, float, VerifyReport]:
+    """The median verification time without and with deep imports over `count` interleaved
+    rounds (the order alternating), and the last deep report."""
+    plain, deep, report = [], [], None
+    for number in range(count):
+        for kind in ("plain", "deep") if number % 2 == 0 else ("deep", "plain"):
+            options = DeepOptions() if kind == "deep" else None
+            seconds, found = timed(tag, Installed(distributions, deep=options))
+            (deep if options else plain).append(seconds)
+            report = found if options else report
+    assert report is not None
+    return statistics.median(plain), statistics.median(deep), report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="bsi-reference:test")
     parser.add_argument("--image", help="an image already built from the example set")
+    parser.add_argument("--rounds", type=int, default=1)
     arguments = parser.parse_args()
     tag = arguments.image or f"bsi-bench-deep-{uuid.uuid4().hex[:8]}:bench"
     if not arguments.image:
         build(arguments.base, tag)
     distributions = distribution_names(EXAMPLE)
     try:
-        plain, _ = timed(tag, Installed(distributions))
-        deep, report = timed(tag, Installed(distributions, deep=DeepOptions()))
+        plain, deep, report = rounds(tag, distributions, arguments.rounds)
     finally:
         if not arguments.image:
             subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
-    print(f"example set: {', '.join(distributions)}")
+    print(f"example set: {', '.join(distributions)}; {arguments.rounds} round(s), medians")
     print(f"verify, top-level imports: {plain:.1f} s")
     print(f"verify, deep imports and use checks: {deep:.1f} s")
     print(f"ratio: {deep / plain:.2f} (goal: at most 1.25)")
+    show(report)
+
+
+def show(report: VerifyReport) -> None:
     for figures in report.deep:
         print(
             f"  {figures.distribution}: {figures.imported} imported, {figures.failed} failed,"

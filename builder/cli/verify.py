@@ -131,7 +131,7 @@ def installed(
     """What -r FILE says the image holds: its distributions (whose modules are all imported,
     but those `skip_modules` match) and the programs they need on the image's own arch
     (`without_programs` marked left out)."""
-    from builder.verify.deep import DeepOptions
+    from builder.verify.deep.imports import DeepOptions
     from builder.verify.run import Installed
 
     if requirements is None:

@@ -15,7 +15,8 @@ from builder.oci.name import ImageRef
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import Running, hardened, image_user_check
-from builder.verify.deep import DeepOptions, DeepRun, deep_checks, permissive_run
+from builder.verify.deep.imports import DeepOptions, DeepRun, deep_checks, permissive_run
+from builder.verify.deep.use import use_checks
 from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.programs import ProgramExpectation, program_checks
 from builder.verify.report import (
@@ -28,7 +29,6 @@ from builder.verify.report import (
 )
 from builder.verify.sbom_check import sbom_check
 from builder.verify.sdk import sdk_checks
-from builder.verify.use import use_checks
 
 WORKERS = 4  # checks at once: most wait on the server or on a command, the imports use a core
 LIFETIMES = ("timeout", "timeout-cleanup")  # one after the other, in one thread
@@ -46,6 +46,15 @@ class Installed:
     distributions: Sequence[str] = ()
     programs: Sequence[ProgramExpectation] = ()
     deep: DeepOptions | None = None  # import every module of the distributions too (`deep`)
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What runs beside the contract's checks, reported after the imports: the programs the
+    set runs, and a long job (deep imports and use checks) started first."""
+
+    programs: Sequence[ProgramExpectation] = ()
+    first: Job | None = None
 
 
 def verify_image(
@@ -70,7 +79,7 @@ def verify_image(
     as the sandbox user (one `program NAME` line each; one the operator left out is reported
     as such).
     `installed.deep`: import every module of those distributions too, hardened, each failure
-    compared with a permissive run of the image (builder.verify.deep); None leaves it out.
+    compared with a permissive run of the image (builder.verify.deep.imports); None leaves it out.
     `engine`: the engine that runs it (an arch's own: the sandbox is reached where that engine
     publishes its port); None: the local engine, whose client is closed at the end.
     `startup_timeout`: how long the server may take to answer GET /; None allows
@@ -97,7 +106,7 @@ def verify_image(
         required = bytecode_required(bytecode)
         with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
-            _check_running(report, running, modules, checks, installed, sdk, required, sbom, engine)
+            _check_running(report, running, modules, checks, installed, sdk, required, sbom)
     except CheckFailed as failure:
         report.checks.append(Check("health", False, str(failure)))
     finally:
@@ -151,14 +160,13 @@ def _check_running(
     sdk: bool | None,
     required: bool,
     sbom: bytes | None,
-    engine: Engine,
 ) -> None:
     """Everything checked through the running image's port (deep imports and use checks too,
-    with `installed.deep`; a permissive run of the image on `engine` compares their failures),
-    then its SBOM, then that it still serves, added to `report` in that order."""
+    with `installed.deep`; a permissive run of the same image compares their failures), then
+    its SBOM, then that it still serves, added to `report` in that order."""
     deep = None
     if installed.deep is not None and installed.distributions:
-        rerun = partial(permissive_run, engine, report.image)  # the name `hardened` ran
+        rerun = partial(permissive_run, running.engine, running.image)
         deep = partial(_deep_and_use, report, running.sandbox, installed, rerun)
     served = served_checks(
         running.sandbox,
@@ -167,8 +175,7 @@ def _check_running(
         installed.distributions,
         sdk,
         bytecode=required,
-        programs=installed.programs,
-        first=deep,
+        beside=Beside(installed.programs, deep),
     )
     report.checks += served.checks
     report.first_import_reads = served.reads
@@ -185,8 +192,7 @@ def served_checks(
     sdk: bool | None,
     process_mode: bool = False,
     bytecode: bool | None = None,
-    programs: Sequence[ProgramExpectation] = (),
-    first: Job | None = None,
+    beside: Beside = Beside(),
 ) -> Checked:
     """Everything checked through a serving image's port, in report order, and what importing
     the set read.
@@ -200,15 +206,15 @@ def served_checks(
     The starve check comes last: its few hundred connections load the accept path and hold the
     sandbox's own share of connections for seconds, which would skew the flood's timings and
     refuse any check that talks to the server from inside meanwhile.
-    `first`: a long job (deep imports) started before the others beside them, done before the
-    race; its lines come after the programs'.
+    `beside`: the programs to run, and a long job (deep imports) started before the others
+    beside them and done before the race, its lines after the programs'.
     """
     contract = contract_checks(process_mode)
     jobs: dict[str, Job] = {
-        "first": first or list,
+        "first": beside.first or list,
         "lifetimes": partial(contract_run, sandbox, [c for c in contract if c[0] in LIFETIMES]),
         "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
-        "programs": partial(program_checks, sandbox, programs),
+        "programs": partial(program_checks, sandbox, beside.programs),
     }
     for name, check in contract:
         if name not in LIFETIMES + LAST:

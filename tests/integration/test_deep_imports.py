@@ -31,10 +31,10 @@ from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
 from builder.engines.connection import Engine
-from builder.verify.deep import DeepOptions
+from builder.verify.deep.imports import DeepOptions
+from builder.verify.deep.use import UseCheck
 from builder.verify.report import Status, VerifyReport
 from builder.verify.run import Installed, verify_image
-from builder.verify.use import UseCheck
 
 PROBE = {
     "bsi_probe/__init__.py": b'"""Nothing imported here: every submodule loads lazily."""\n',

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from builder.verify.deep import (
+from builder.verify.deep.imports import (
     Cause,
     DeepOptions,
     DeepRun,

@@ -7,7 +7,7 @@ import ast
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from builder.verify.use import UseCheck, chosen, curated, line_names, use_check
+from builder.verify.deep.use import UseCheck, chosen, curated, line_names, use_check
 
 
 def test_every_curated_check_has_a_reason_and_code_that_parses_or_says_why_not() -> None:

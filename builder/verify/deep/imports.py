@@ -33,9 +33,9 @@ import docker.errors
 from builder.engines.connection import Engine
 from builder.verify.client import Sandbox
 from builder.verify.container import LABEL
-from builder.verify.deep_script import DEEP, WORKER
+from builder.verify.deep.script import DEEP, WORKER
+from builder.verify.deep.use import UseCheck
 from builder.verify.report import Check, ContractViolation, DeepFigures, noted, short
-from builder.verify.use import UseCheck
 
 BUDGET = 120.0  # seconds the hardened run may spend importing (a large set's: ~15 s native)
 EMULATED_BUDGET = 480.0  # under qemu Pythons start and import several times slower

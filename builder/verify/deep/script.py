@@ -1,8 +1,9 @@
 """The in-image side of deep imports: the scripts that list a distribution's modules and import
 each in worker interpreters, as text run by the image's own `python3 -c`.
 
-Apart from builder.verify.deep (the host's side) because they are not the host's Python: they
-run inside the image, hardened through the sandbox's /execute and permissive by the engine.
+Apart from builder.verify.deep.imports (the host's side) because they are not the host's
+Python: they run inside the image, hardened through the sandbox's /execute and permissive by
+the engine.
 """
 
 from __future__ import annotations
