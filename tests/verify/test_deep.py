@@ -18,6 +18,7 @@ from builder.verify.deep.imports import (
     parsed,
     summary_check,
 )
+from builder.verify.report import Check, DeepFigures, Status, VerifyReport, noted
 
 READ_ONLY = "OSError: [Errno 30] Read-only file system: '/app/deps-extra/pkg/cache.nbi'"
 ABSENT = "ModuleNotFoundError: No module named 'tkinter'"
@@ -153,3 +154,26 @@ def test_the_scripts_lines_are_read_until_one_is_cut_short() -> None:
         "pkg": Outcome("pkg", True, seconds=0.5),
         "pkg.a": Outcome("pkg.a", False, ABSENT, "tkinter"),
     }
+
+
+def test_information_passes_unless_strict_and_the_summary_line_counts_deep_imports() -> None:
+    figures = DeepFigures("pkg", imported=5, failed=0, informational=2, unreached=0, skipped=1,
+                          seconds=1.25)  # fmt: skip
+    checks = [Check("deep-imports", True, "fine"), noted(Check("absent tk", True, "needed"), "")]
+    report = VerifyReport("image", checks, deep=[figures])
+    assert [report.status(c) for c in checks] == [Status.PASS, Status.INFO] and report.passed
+    assert report.table().splitlines()[-1] == (
+        "2/2 checks passed, 1 for information; deep imports of 1 distributions:"
+        " 5 modules imported, 0 failed, 2 informational (1.2 s)"
+    )
+    assert report.to_dict()["deep_imports"] == [
+        {"distribution": "pkg", "imported": 5, "failed": 0, "informational": 2, "unreached": 0,
+         "skipped": 1, "seconds": 1.25}
+    ]  # fmt: skip
+    assert report.to_dict()["checks"][1]["status"] == "info"
+    strict = VerifyReport("image", checks, strict=True)
+    assert [c.name for c in strict.failed] == ["absent tk"] and not strict.passed
+    assert "deep_imports" not in strict.to_dict()
+    merged = VerifyReport.merged("set", [("amd64", report), ("arm64", report)])
+    assert merged is not None
+    assert [f.distribution for f in merged.deep] == ["[amd64] pkg", "[arm64] pkg"]
