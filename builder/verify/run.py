@@ -15,7 +15,7 @@ from builder.oci.name import ImageRef
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import Running, hardened, image_user_check
-from builder.verify.deep.imports import DeepOptions, DeepRun, deep_checks, permissive_run
+from builder.verify.deep.imports import DeepOptions, Rerun, deep_checks, permissive_run
 from builder.verify.deep.use import use_checks
 from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.programs import ProgramExpectation, program_checks
@@ -139,7 +139,7 @@ def _deep_and_use(
     report: VerifyReport,
     sandbox: Sandbox,
     installed: Installed,
-    rerun: Callable[[Sequence[str], float], DeepRun],
+    rerun: Rerun,
 ) -> list[Check]:
     """Deep imports, then the use checks; each distribution's figures go to `report`."""
     options = installed.deep or DeepOptions()

@@ -7,6 +7,7 @@ every way verification tells apart, installed on the reference base and run hard
   optional  needs a module the image does not hold: information, grouped under that module;
   broken    raises the same error hardened and permissive: information, listed;
   native    opens a shared library the image lacks: fails (the plan missed a need);
+  hangs     never ends: given up after the per-module timeout, in both runs: information;
   skipme    would fail, but --skip-module leaves it out; tests/ is never imported.
 Then its use checks: one that does the package's job passes, one that writes beside the code
 fails, one marked as unable to pass hardened is listed with why, one for 2.x is not run.
@@ -48,6 +49,7 @@ PROBE = {
     "bsi_probe/native.py": b"import ctypes\nctypes.CDLL('libbsi-absent.so.7')\n",
     "bsi_probe/skipme.py": b"raise RuntimeError('bsi-probe: should have been skipped')\n",
     "bsi_probe/fine.py": b"VALUE = 42\n",
+    "bsi_probe/hangs.py": b"import time\ntime.sleep(3600)\n",
     "bsi_probe/tests/__init__.py": b"",
     "bsi_probe/tests/test_probe.py": b"raise RuntimeError('tests are never imported')\n",
 }
@@ -93,7 +95,8 @@ USES = (
 @pytest.fixture(scope="module")
 def probe_report(probe_image: str, docker_client: Any) -> VerifyReport:
     installed = Installed(
-        distributions=["bsi-probe"], deep=DeepOptions(skip=("bsi_probe.skipme",), uses=USES)
+        distributions=["bsi-probe"],
+        deep=DeepOptions(skip=("bsi_probe.skipme",), uses=USES, module_timeout=4),
     )
     return verify_image(probe_image, installed=installed, engine=Engine.local(docker_client))
 
@@ -143,23 +146,27 @@ def test_an_absent_module_and_a_failure_everywhere_are_information(
         "fails the same way hardened and permissive: RuntimeError: bsi-probe: broken everywhere"
     )
     assert "deep-import bsi_probe.optional" not in found
+    assert found["deep-import bsi_probe.hangs"] == (
+        Status.INFO,
+        "fails the same way hardened and permissive: the import did not end within 4 s",
+    )
 
 
 def test_the_report_counts_per_distribution_and_says_what_was_skipped(
     probe_report: VerifyReport,
 ) -> None:
     (figures,) = probe_report.deep
-    # bsi_probe, fine imported; jitcache, native failed; optional, broken for information
+    # bsi_probe, fine imported; jitcache, native failed; optional, broken, hangs for information
     assert (figures.distribution, figures.imported, figures.failed) == ("bsi-probe", 2, 2)
-    assert (figures.informational, figures.unreached, figures.skipped) == (2, 0, 1)
+    assert (figures.informational, figures.unreached, figures.skipped) == (3, 0, 1)
     status, detail = lines(probe_report)["deep-imports"]
     assert status is Status.FAIL
-    assert detail.startswith("2 of 6 modules of 1 distributions imported, 2 failed, 2 info")
+    assert detail.startswith("2 of 7 modules of 1 distributions imported, 2 failed, 3 info")
     assert "1 skipped by --skip-module bsi_probe.skipme" in detail
     record = probe_report.to_dict()
     assert record["deep_imports"][0]["failed"] == 2
     assert (
-        "deep imports of 1 distributions: 2 modules imported, 2 failed, 2 informational"
+        "deep imports of 1 distributions: 2 modules imported, 2 failed, 3 informational"
         in (probe_report.table().splitlines()[-1])
     )
 
@@ -195,7 +202,8 @@ def test_verify_r_runs_deep_imports_and_skips_what_it_is_told(
         requirements.write_text(f"--extra-index-url http://127.0.0.1:{port}/simple\nbsi-probe\n")
         result = subprocess.run(
             [sys.executable, "-m", "builder", "verify", probe_image, "-r", str(requirements),
-             "--skip-module", "bsi_probe.skipme", "--skip-module", "bsi_probe.nat*", "--json"],
+             "--skip-module", "bsi_probe.skipme", "--skip-module", "bsi_probe.nat*",
+             "--skip-module", "bsi_probe.hangs", "--json"],
             capture_output=True, text=True, timeout=900,
             env={**os.environ, "BSI_CACHE_DIR": str(shared_cache)},
         )  # fmt: skip
@@ -207,7 +215,7 @@ def test_verify_r_runs_deep_imports_and_skips_what_it_is_told(
     assert statuses["absent bsi_absent_helper"] == "info"
     assert record["deep_imports"] == [
         {"distribution": "bsi-probe", "imported": 2, "failed": 1, "informational": 2,
-         "unreached": 0, "skipped": 2, "seconds": record["deep_imports"][0]["seconds"]}
+         "unreached": 0, "skipped": 3, "seconds": record["deep_imports"][0]["seconds"]}
     ]  # fmt: skip
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: verification of {probe_image} failed: deep-imports, deep-import bsi_probe.jitcache"

@@ -42,6 +42,7 @@ BUDGET = 120.0  # seconds the hardened run may spend importing (a large set's: ~
 EMULATED_BUDGET = 480.0  # under qemu Pythons start and import several times slower
 WORKERS = 2  # worker interpreters: importing is CPU-bound, and verification shares the machine
 MAX_RERUN = 1000  # failing modules imported again permissive (the issue's large set: ~125)
+MODULE_TIMEOUT = 60.0  # one import that has not ended by then (waiting on input, a lock) fails
 SLACK = 60.0  # how much longer than the budget the command may take (listing, teardown)
 # what a loader says when a shared library it needs is not in the image, or not this version
 NATIVE = re.compile(
@@ -90,6 +91,7 @@ class DeepOptions:
     skip: Sequence[str] = ()
     budget: float | None = None
     uses: Sequence[UseCheck] | None = None  # the use checks to choose from; None: the curated
+    module_timeout: float = MODULE_TIMEOUT  # one import's, after which it is given up
 
 
 @dataclass
@@ -154,8 +156,9 @@ def outcome(line: dict[str, Any]) -> Outcome:
     )
 
 
-def request(budget: float, **what: Any) -> str:
-    return json.dumps({"budget": budget, "workers": WORKERS, **what})
+def request(budget: float, module_timeout: float, **what: Any) -> str:
+    limits = {"budget": budget, "module_timeout": module_timeout, "workers": WORKERS}
+    return json.dumps(limits | what)
 
 
 def budget_of(sandbox: Sandbox, options: DeepOptions) -> float:
@@ -166,7 +169,9 @@ def hardened_run(
     sandbox: Sandbox, distributions: Sequence[str], options: DeepOptions, budget: float
 ) -> DeepRun:
     """Every module of `distributions` imported through the hardened sandbox's /execute."""
-    asked = request(budget, distributions=list(distributions), skip=list(options.skip))
+    asked = request(
+        budget, options.module_timeout, distributions=list(distributions), skip=list(options.skip)
+    )
     try:
         result = sandbox.execute(
             ["python3", "-c", DEEP, asked, WORKER], timeout_seconds=budget + SLACK
@@ -176,7 +181,9 @@ def hardened_run(
     return parsed(result["stdout"].splitlines())
 
 
-def permissive_run(engine: Engine, image: str, modules: Sequence[str], budget: float) -> DeepRun:
+def permissive_run(
+    engine: Engine, image: str, modules: Sequence[str], budget: float, module_timeout: float
+) -> DeepRun:
     """`modules` imported again in `image` run as root with a writable root filesystem (no
     network): what fails there too is not the sandbox's doing. An engine that cannot run it
     gives an empty run: each failure is then reported uncompared, as is each past the first
@@ -185,7 +192,7 @@ def permissive_run(engine: Engine, image: str, modules: Sequence[str], budget: f
         container = engine.client.containers.run(
             image,
             entrypoint=["python3", "-c", DEEP],
-            command=[request(budget, modules=list(modules[:MAX_RERUN])), WORKER],
+            command=[request(budget, module_timeout, modules=list(modules[:MAX_RERUN])), WORKER],
             user="0:0",
             network_disabled=True,
             detach=True,
@@ -206,7 +213,8 @@ def permissive_run(engine: Engine, image: str, modules: Sequence[str], budget: f
     return parsed(logs.splitlines())
 
 
-Rerun = Callable[[Sequence[str], float], DeepRun]  # modules, budget: `permissive_run`
+# modules, budget, one module's timeout: `permissive_run`
+Rerun = Callable[[Sequence[str], float, float], DeepRun]
 
 
 def deep_checks(
@@ -216,7 +224,7 @@ def deep_checks(
     budget = budget_of(sandbox, options)
     run = hardened_run(sandbox, distributions, options, budget)
     failing = [o.module for o in run.outcomes.values() if not o.ok and not o.unreached]
-    second = rerun(failing, budget).outcomes if failing else {}
+    second = rerun(failing, budget, options.module_timeout).outcomes if failing else {}
     causes = {name: classify(found, second.get(name)) for name, found in run.outcomes.items()}
     figures = [figures_of(name, run, causes) for name in run.listed if name not in run.absent]
     checks = [summary_check(run, causes, options)]

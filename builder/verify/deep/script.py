@@ -32,9 +32,10 @@ for line in feed:
 
 # The parent: argv[1] is a JSON request {"distributions": [...]} (list their modules, less
 # those matching "skip") or {"modules": [...]}, with "budget" seconds and "workers". Writes JSON
-# lines: one per distribution listed, one per module imported, then {"done": ...}.
+# lines: one per distribution listed, one per module imported, then {"done": ...}. A module
+# whose import has not ended after "module_timeout" seconds is given up (its worker killed).
 DEEP = r"""
-import fnmatch, importlib.machinery, json, os, queue, subprocess, sys, threading, time
+import fnmatch, importlib.machinery, json, os, queue, select, subprocess, sys, threading, time
 from importlib import metadata
 request = json.loads(sys.argv[1])
 WORKER = sys.argv[2]
@@ -127,13 +128,19 @@ def work():
             feed.flush()
         except OSError:
             pass
-        line = worker.stdout.readline()
+        wait = max(0.0, min(request["module_timeout"], deadline - time.monotonic()))
+        line = worker.stdout.readline() if select.select([worker.stdout], [], [], wait)[0] else None
         if line:
             emit(json.loads(line))
             continue
+        if line is None:  # still importing: this module alone is given up, in a new worker
+            worker.kill()
         code = worker.wait()
         if time.monotonic() > deadline:
             emit({"module": name, "unreached": True})
+        elif line is None:
+            error = f"the import did not end within {request['module_timeout']:g} s"
+            emit({"module": name, "ok": False, "error": error})
         else:
             emit({"module": name, "ok": False, "error": f"the interpreter died (exit {code})"})
         worker = feed = None
