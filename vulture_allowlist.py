@@ -20,6 +20,7 @@ from builder.reporter import QUIET
 from builder.runtime import SERVER_ENTRY, SERVER_PACKAGE
 from builder.sign.keys import PublicKey
 from builder.verify.hardened.race import RaceLayout
+from builder.verify.report import VerifyRecord
 
 # Used by the tests only: small pieces they pin behaviour down through.
 QUIET  # a reporter that says nothing (tests/orchestration/test_upgrade.py, tests/test_rebase_*.py)
@@ -50,3 +51,4 @@ DescriptorRecord.mediaType, DescriptorRecord.artifactType  # OCI documents
 ManifestDocument.schemaVersion, IndexDocument.schemaVersion
 RaceLayout.writable  # the race's setup output
 Report.bytecode_step  # report.json, read by the summary
+VerifyRecord.deep_imports  # report.json's verification, `verify --json`

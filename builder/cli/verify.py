@@ -58,7 +58,16 @@ if TYPE_CHECKING:
 @click.option(
     "--strict",
     is_flag=True,
-    help="Fail on a warning too (an import that writes to stderr or stdout).",
+    help="Fail on a warning too (an import that writes to stderr or stdout), and on information"
+    " (a deep import failing the same way outside the sandbox, a module the image lacks).",
+)
+@click.option(
+    "--skip-module",
+    "skip_modules",
+    multiple=True,
+    metavar="PATTERN",
+    help="With -r: leave modules matching this fnmatch pattern out of the deep imports (every"
+    " module of the distributions); the report says how many were skipped.",
 )
 @reports_errors
 def verify_command(
@@ -71,6 +80,7 @@ def verify_command(
     key: Path | None,
     clients: tuple[str, ...],
     strict: bool,
+    skip_modules: tuple[str, ...],
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
     from builder.cli.soci import soci_check
@@ -88,7 +98,7 @@ def verify_command(
         image,
         modules=modules,
         checks=snippets,
-        installed=installed(image, requirements, without_programs),
+        installed=installed(image, requirements, without_programs, skip_modules),
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image, retries),
     )
@@ -113,13 +123,20 @@ def check_signature(image: ImageRef, key: Path, retries: Retries) -> list[str]:
 
 
 def installed(
-    image: ImageRef, requirements: Path | None, without_programs: tuple[str, ...]
+    image: ImageRef,
+    requirements: Path | None,
+    without_programs: tuple[str, ...],
+    skip_modules: tuple[str, ...] = (),
 ) -> Installed:
-    """What -r FILE says the image holds: its distributions (whose modules are imported) and
-    the programs they need on the image's own arch (`without_programs` marked left out)."""
+    """What -r FILE says the image holds: its distributions (whose modules are all imported,
+    but those `skip_modules` match) and the programs they need on the image's own arch
+    (`without_programs` marked left out)."""
+    from builder.verify.deep.imports import DeepOptions
     from builder.verify.run import Installed
 
     if requirements is None:
+        if skip_modules:
+            raise UserError("--skip-module needs -r FILE: deep imports follow its distributions")
         return Installed()
     from builder.cache import Cache, default_root
     from builder.engines.connection import image_architecture
@@ -131,4 +148,8 @@ def installed(
     cache = Cache(default_root())
     with cache.in_use():  # a prune meanwhile keeps what this reads
         needs = programs_needed(requirements, image, arch, left_out, cache)
-    return Installed(distribution_names(requirements), program_expectations(needs))
+    return Installed(
+        distribution_names(requirements),
+        program_expectations(needs),
+        deep=DeepOptions(skip=skip_modules),
+    )

@@ -120,11 +120,14 @@ def startup_timeout_for(machine: Machine, explicit: float | None = None) -> floa
 
 @dataclass(frozen=True)
 class Running:
-    """A hardened container that answered its health check, and a client for it."""
+    """A hardened container that answered its health check, and a client for it; the engine
+    running it and the image's name there (a permissive run of the same image compares)."""
 
     container: Any
     sandbox: Sandbox
     health: str  # how the health check went, for the report
+    engine: Engine
+    image: str
 
     def still_serving(self) -> str:
         return wait_healthy(self.container, self.sandbox, 10)
@@ -154,7 +157,7 @@ def hardened(engine: Engine, image: str, startup_timeout: float | None = None) -
             health = wait_healthy(container, sandbox, timeout)
             sandbox.machine = confirmed(engine.native, sandbox)
             health = f"{health} (limit {timeout:g}s; {sandbox.machine})"
-            yield Running(container, sandbox, health)
+            yield Running(container, sandbox, health, engine, image)
     finally:
         if container is not None:
             with contextlib.suppress(docker.errors.NotFound):

@@ -6,7 +6,7 @@ import http.client
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class ContractViolation(Exception):
@@ -37,6 +37,7 @@ class Status(Enum):
     """How a check's line reads: a warning passes, unless the report is strict."""
 
     PASS = "pass"
+    INFO = "info"  # passed; something worth knowing (a deep import failing the same way anywhere)
     WARN = "warn"
     FAIL = "fail"
 
@@ -47,6 +48,7 @@ class Check:
     passed: bool
     detail: str
     warning: bool = False  # passed, but with something an agent would trip on (a noisy import)
+    info: bool = False  # passed; information the operator may act on (fails a strict report)
 
 
 def warned(check: Check, why: str) -> Check:
@@ -54,10 +56,39 @@ def warned(check: Check, why: str) -> Check:
     return replace(check, detail=f"{check.detail}; {why}", warning=check.passed)
 
 
+def noted(check: Check, why: str) -> Check:
+    """`check` as information, `why` (when given) added to its detail."""
+    return replace(check, detail=f"{check.detail} {why}" if why else check.detail, info=True)
+
+
+@dataclass(frozen=True)
+class DeepFigures:
+    """One distribution's deep imports: its modules imported, failed, informational, not
+    reached within the budget, skipped by --skip-module, and the seconds its imports took."""
+
+    distribution: str
+    imported: int
+    failed: int
+    informational: int
+    unreached: int
+    skipped: int
+    seconds: float
+
+
+class DeepRecord(TypedDict):
+    distribution: str
+    imported: int
+    failed: int
+    informational: int
+    unreached: int
+    skipped: int
+    seconds: float
+
+
 class CheckRecord(TypedDict):
     name: str
     passed: bool
-    status: str  # Status' value: pass, warn, fail
+    status: str  # Status' value: pass, info, warn, fail
     detail: str
 
 
@@ -68,6 +99,7 @@ class VerifyRecord(TypedDict):
     passed: bool
     strict: bool
     checks: list[CheckRecord]
+    deep_imports: NotRequired[list[DeepRecord]]  # per distribution, when deep imports ran
 
 
 @dataclass(frozen=True)
@@ -84,13 +116,16 @@ class VerifyReport:
     image: str
     checks: list[Check] = field(default_factory=list)
     first_import_reads: tuple[str, ...] = ()  # absolute paths in the image, symlinks resolved
-    strict: bool = False  # a warning fails the report (`verify --strict`)
+    strict: bool = False  # a warning or information fails the report (`verify --strict`)
+    deep: list[DeepFigures] = field(default_factory=list)  # per distribution, when deep imports ran
 
     def status(self, check: Check) -> Status:
-        """A check's line: a warning is a failure in a strict report."""
-        if not check.passed or (check.warning and self.strict):
+        """A check's line: a warning or information is a failure in a strict report."""
+        if not check.passed or ((check.warning or check.info) and self.strict):
             return Status.FAIL
-        return Status.WARN if check.warning else Status.PASS
+        if check.warning:
+            return Status.WARN
+        return Status.INFO if check.info else Status.PASS
 
     @property
     def passed(self) -> bool:
@@ -106,9 +141,24 @@ class VerifyReport:
         lines += [f"{self.status(c).name}  {c.name.ljust(width)}  {c.detail}" for c in self.checks]
         passed = len(self.checks) - len(self.failed)
         warnings = sum(self.status(check) is Status.WARN for check in self.checks)
+        notes = sum(self.status(check) is Status.INFO for check in self.checks)
         tail = f", {warnings} with a warning" if warnings else ""
-        lines.append(f"{passed}/{len(self.checks)} checks passed{tail}")
+        tail += f", {notes} for information" if notes else ""
+        lines.append(f"{passed}/{len(self.checks)} checks passed{tail}{self.deep_summary()}")
         return "\n".join(lines)
+
+    def deep_summary(self) -> str:
+        """The summary line's deep-import part: modules imported, failed, informational."""
+        if not self.deep:
+            return ""
+        imported = sum(f.imported for f in self.deep)
+        failed = sum(f.failed for f in self.deep)
+        info = sum(f.informational for f in self.deep)
+        seconds = round(sum(f.seconds for f in self.deep), 1)
+        return (
+            f"; deep imports of {len(self.deep)} distributions: {imported} modules imported,"
+            f" {failed} failed, {info} informational ({seconds} s)"
+        )
 
     @classmethod
     def merged(cls, label: str, reports: Sequence[tuple[str, VerifyReport]]) -> VerifyReport | None:
@@ -127,10 +177,15 @@ class VerifyReport:
                 for check in report.checks
             ],
             strict=any(report.strict for _, report in reports),
+            deep=[
+                replace(f, distribution=f"[{arch}] {f.distribution}")
+                for arch, report in reports
+                for f in report.deep
+            ],
         )
 
     def to_dict(self) -> VerifyRecord:
-        return VerifyRecord(
+        record = VerifyRecord(
             image=self.image,
             passed=self.passed,
             strict=self.strict,
@@ -144,6 +199,9 @@ class VerifyReport:
                 for check in self.checks
             ],
         )
+        if self.deep:
+            record["deep_imports"] = [DeepRecord(**vars(figures)) for figures in self.deep]  # type: ignore[typeddict-item]
+        return record
 
 
 def run_check(

@@ -15,6 +15,8 @@ from builder.oci.name import ImageRef
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import Running, hardened, image_user_check
+from builder.verify.deep.imports import DeepOptions, Rerun, deep_checks, permissive_run
+from builder.verify.deep.use import use_checks
 from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.programs import ProgramExpectation, program_checks
 from builder.verify.report import (
@@ -43,6 +45,16 @@ class Installed:
 
     distributions: Sequence[str] = ()
     programs: Sequence[ProgramExpectation] = ()
+    deep: DeepOptions | None = None  # import every module of the distributions too (`deep`)
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What runs beside the contract's checks, reported after the imports: the programs the
+    set runs, and a long job (deep imports and use checks) started first."""
+
+    programs: Sequence[ProgramExpectation] = ()
+    first: Job | None = None
 
 
 def verify_image(
@@ -66,6 +78,8 @@ def verify_image(
     provide; `installed.programs`: programs the distributions run, each found on PATH and run
     as the sandbox user (one `program NAME` line each; one the operator left out is reported
     as such).
+    `installed.deep`: import every module of those distributions too, hardened, each failure
+    compared with a permissive run of the image (builder.verify.deep.imports); None leaves it out.
     `engine`: the engine that runs it (an arch's own: the sandbox is reached where that engine
     publishes its port); None: the local engine, whose client is closed at the end.
     `startup_timeout`: how long the server may take to answer GET /; None allows
@@ -121,6 +135,22 @@ def _image_facts(image: ImageRef | str, engine: Engine) -> tuple[str, str | None
     return user, label
 
 
+def _deep_and_use(
+    report: VerifyReport,
+    sandbox: Sandbox,
+    installed: Installed,
+    rerun: Rerun,
+) -> list[Check]:
+    """Deep imports, then the use checks; each distribution's figures go to `report`."""
+    options = installed.deep or DeepOptions()
+    checks, report.deep = deep_checks(sandbox, installed.distributions, options, rerun)
+    try:
+        checks += use_checks(sandbox, installed.distributions, options.uses)
+    except (ContractViolation, OSError, http.client.HTTPException) as error:
+        checks.append(Check("use", False, f"cannot read the installed versions: {error}"))
+    return checks
+
+
 def _check_running(
     report: VerifyReport,
     running: Running,
@@ -131,8 +161,13 @@ def _check_running(
     required: bool,
     sbom: bytes | None,
 ) -> None:
-    """Everything checked through the running image's port, then its SBOM, then that it still
-    serves, added to `report` in that order."""
+    """Everything checked through the running image's port (deep imports and use checks too,
+    with `installed.deep`; a permissive run of the same image compares their failures), then
+    its SBOM, then that it still serves, added to `report` in that order."""
+    deep = None
+    if installed.deep is not None and installed.distributions:
+        rerun = partial(permissive_run, running.engine, running.image)
+        deep = partial(_deep_and_use, report, running.sandbox, installed, rerun)
     served = served_checks(
         running.sandbox,
         modules,
@@ -140,7 +175,7 @@ def _check_running(
         installed.distributions,
         sdk,
         bytecode=required,
-        programs=installed.programs,
+        beside=Beside(installed.programs, deep),
     )
     report.checks += served.checks
     report.first_import_reads = served.reads
@@ -157,7 +192,7 @@ def served_checks(
     sdk: bool | None,
     process_mode: bool = False,
     bytecode: bool | None = None,
-    programs: Sequence[ProgramExpectation] = (),
+    beside: Beside = Beside(),
 ) -> Checked:
     """Everything checked through a serving image's port, in report order, and what importing
     the set read.
@@ -171,12 +206,15 @@ def served_checks(
     The starve check comes last: its few hundred connections load the accept path and hold the
     sandbox's own share of connections for seconds, which would skew the flood's timings and
     refuse any check that talks to the server from inside meanwhile.
+    `beside`: the programs to run, and a long job (deep imports) started before the others
+    beside them and done before the race, its lines after the programs'.
     """
     contract = contract_checks(process_mode)
     jobs: dict[str, Job] = {
+        "first": beside.first or list,
         "lifetimes": partial(contract_run, sandbox, [c for c in contract if c[0] in LIFETIMES]),
         "sdk": partial(sdk_checks, sandbox, required=bool(sdk)) if sdk is not False else list,
-        "programs": partial(program_checks, sandbox, programs),
+        "programs": partial(program_checks, sandbox, beside.programs),
     }
     for name, check in contract:
         if name not in LIFETIMES + LAST:
@@ -195,7 +233,7 @@ def served_checks(
         found |= {name: contract_run(sandbox, [(name, check)]) for name, check in last.items()}
     by_name = {c.name: c for c in found.pop("lifetimes")}
     order = [[by_name[name]] if name in by_name else found[name] for name, _ in contract]
-    order += [found["sdk"], imports.checks, found["programs"]]
+    order += [found["sdk"], imports.checks, found["programs"], found["first"]]
     order += [found[f"check {number}"] for number in range(1, len(snippets) + 1)]
     return Checked([check for part in order for check in part], imports.reads)
 

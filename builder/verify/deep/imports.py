@@ -1,0 +1,316 @@
+"""Deep imports: every module of the requested distributions imported in the hardened image,
+each failure classified by its cause.
+
+`import librosa` loads none of librosa's submodules; an agent's first `librosa.load` does, and
+one of them may need what the sandbox forbids (numba's cache beside the code). So every module
+the image's own installed files list (RECORD) is imported, in worker interpreters inside the
+hardened run, within a time budget. A failing module is then imported again in a permissive
+run of the same image (as root, writable root filesystem) and the two are compared:
+
+- a native library that cannot be opened fails: the plan missed a need;
+- a failure only the hardened run has fails: the sandbox breaks that module;
+- a module absent from the image (optional, undeclared, a stdlib part the base leaves out) is
+  information, grouped by the missing module;
+- anything else failing the same way in both runs is information, listed.
+
+Information is a line of its own that `--strict` turns into a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import docker.errors
+import requests.exceptions
+
+from builder.engines.connection import Engine
+from builder.verify.client import Sandbox
+from builder.verify.container import LABEL
+from builder.verify.deep.script import DEEP, WORKER
+from builder.verify.deep.use import UseCheck
+from builder.verify.report import Check, ContractViolation, DeepFigures, noted, short
+
+BUDGET = 120.0  # seconds the hardened run may spend importing (a large set's: ~15 s native)
+EMULATED_BUDGET = 480.0  # under qemu Pythons start and import several times slower
+WORKERS = 2  # worker interpreters: importing is CPU-bound, and verification shares the machine
+MAX_RERUN = 1000  # failing modules imported again permissive (the issue's large set: ~125)
+MODULE_TIMEOUT = 60.0  # one import that has not ended by then (waiting on input, a lock) fails
+SLACK = 60.0  # how much longer than the budget the command may take (listing, teardown)
+# what a loader says when a shared library it needs is not in the image, or not this version
+NATIVE = re.compile(
+    r"cannot open shared object file|cannot load library|undefined symbol"
+    r"|version `[^']+' not found|wrong ELF class"
+)
+
+
+class Cause(Enum):
+    """What became of one module."""
+
+    IMPORTED = "imported"
+    NATIVE_LIBRARY = "native library"  # failure: the plan missed a need
+    SANDBOX_ONLY = "sandbox only"  # failure: imports permissive, not hardened
+    UNCOMPARED = "uncompared"  # failure: the permissive run gave no word on it
+    ABSENT_MODULE = "absent module"  # information: needs a module the image does not hold
+    SAME_BOTH = "same both"  # information: fails the same way hardened and permissive
+    UNREACHED = "unreached"  # the budget ran out first
+
+    @property
+    def failure(self) -> bool:
+        return self in (Cause.NATIVE_LIBRARY, Cause.SANDBOX_ONLY, Cause.UNCOMPARED)
+
+    @property
+    def information(self) -> bool:
+        return self in (Cause.ABSENT_MODULE, Cause.SAME_BOTH)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One module's import in one run: the error's last line and the missing module, if any."""
+
+    module: str
+    ok: bool
+    error: str = ""
+    missing: str | None = None
+    seconds: float = 0.0
+    unreached: bool = False
+
+
+@dataclass(frozen=True)
+class DeepOptions:
+    """How deep imports run: modules skipped (fnmatch patterns, `--skip-module`), the budget
+    (None: BUDGET natively, EMULATED_BUDGET emulated), and the use checks that follow them."""
+
+    skip: Sequence[str] = ()
+    budget: float | None = None
+    uses: Sequence[UseCheck] | None = None  # the use checks to choose from; None: the curated
+    module_timeout: float = MODULE_TIMEOUT  # one import's, after which it is given up
+
+
+@dataclass
+class DeepRun:
+    """What one deep-import run said: each distribution's modules, each module's outcome."""
+
+    listed: dict[str, list[str]] = field(default_factory=dict)
+    absent: list[str] = field(default_factory=list)  # distributions not installed
+    skipped: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    seconds: float = 0.0
+    finished: bool = False
+
+
+def classify(hardened: Outcome, permissive: Outcome | None) -> Cause:
+    """The cause of `hardened`'s outcome, `permissive` being the same module's in a permissive
+    run of the same image (None: that run did not report on it)."""
+    if hardened.unreached:
+        return Cause.UNREACHED
+    if hardened.ok:
+        return Cause.IMPORTED
+    if NATIVE.search(hardened.error):
+        return Cause.NATIVE_LIBRARY
+    if permissive is None or permissive.unreached:
+        return Cause.UNCOMPARED
+    if permissive.ok or permissive.error != hardened.error:
+        return Cause.SANDBOX_ONLY
+    return Cause.ABSENT_MODULE if hardened.missing else Cause.SAME_BOTH
+
+
+def parsed(lines: Iterable[str]) -> DeepRun:
+    """DEEP's JSON lines as a run; a line cut short (the command killed) ends it."""
+    run = DeepRun()
+    for text in lines:
+        try:
+            line = json.loads(text)
+        except ValueError:
+            break
+        if not isinstance(line, dict):
+            continue
+        if "distribution" in line:
+            name = str(line["distribution"])
+            run.listed[name] = [str(m) for m in line.get("modules") or []]
+            run.skipped[name] = int(line.get("skipped") or 0)
+            if line.get("absent"):
+                run.absent.append(name)
+        elif "module" in line:
+            run.outcomes[str(line["module"])] = outcome(line)
+        elif isinstance(line.get("done"), dict):
+            run.seconds, run.finished = float(line["done"].get("seconds") or 0), True
+    return run
+
+
+def outcome(line: dict[str, Any]) -> Outcome:
+    return Outcome(
+        module=str(line["module"]),
+        ok=line.get("ok") is True,
+        error=str(line.get("error") or ""),
+        missing=str(line["missing"]) if line.get("missing") else None,
+        seconds=float(line.get("seconds") or 0),
+        unreached=line.get("unreached") is True,
+    )
+
+
+def request(budget: float, module_timeout: float, **what: Any) -> str:
+    limits = {"budget": budget, "module_timeout": module_timeout, "workers": WORKERS}
+    return json.dumps(limits | what)
+
+
+def budget_of(sandbox: Sandbox, options: DeepOptions) -> float:
+    return options.budget or (EMULATED_BUDGET if sandbox.machine.emulated else BUDGET)
+
+
+def hardened_run(
+    sandbox: Sandbox, distributions: Sequence[str], options: DeepOptions, budget: float
+) -> DeepRun:
+    """Every module of `distributions` imported through the hardened sandbox's /execute."""
+    asked = request(
+        budget, options.module_timeout, distributions=list(distributions), skip=list(options.skip)
+    )
+    try:
+        result = sandbox.execute(
+            ["python3", "-c", DEEP, asked, WORKER], timeout_seconds=budget + SLACK
+        )
+    except (ContractViolation, OSError, http.client.HTTPException):
+        return DeepRun()  # no summary: the `deep-imports` line fails
+    return parsed(result["stdout"].splitlines())
+
+
+def permissive_run(
+    engine: Engine, image: str, modules: Sequence[str], budget: float, module_timeout: float
+) -> DeepRun:
+    """`modules` imported again in `image` run as root with a writable root filesystem (no
+    network): what fails there too is not the sandbox's doing. An engine that cannot run it
+    gives an empty run: each failure is then reported uncompared, as is each past the first
+    MAX_RERUN (the list is one argument, which the kernel caps at 128 KiB)."""
+    try:
+        container = engine.client.containers.run(
+            image,
+            entrypoint=["python3", "-c", DEEP],
+            command=[request(budget, module_timeout, modules=list(modules[:MAX_RERUN])), WORKER],
+            user="0:0",
+            network_disabled=True,
+            detach=True,
+            pids_limit=1024,
+            labels={LABEL: "1"},
+            name=f"bsi-verify-permissive-{uuid.uuid4().hex[:12]}",
+        )
+    except docker.errors.DockerException:
+        return DeepRun()
+    try:
+        container.wait(timeout=budget + SLACK)
+        logs = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+    except (docker.errors.DockerException, requests.exceptions.RequestException):
+        logs = ""  # it did not end in time, or the engine failed: no word on any module
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True, v=True)
+    return parsed(logs.splitlines())
+
+
+# modules, budget, one module's timeout: `permissive_run`
+Rerun = Callable[[Sequence[str], float, float], DeepRun]
+
+
+def deep_checks(
+    sandbox: Sandbox, distributions: Sequence[str], options: DeepOptions, rerun: Rerun
+) -> tuple[list[Check], list[DeepFigures]]:
+    """The deep-import lines (failures, then information), and each distribution's figures."""
+    budget = budget_of(sandbox, options)
+    run = hardened_run(sandbox, distributions, options, budget)
+    failing = [o.module for o in run.outcomes.values() if not o.ok and not o.unreached]
+    second = rerun(failing, budget, options.module_timeout).outcomes if failing else {}
+    causes = {name: classify(found, second.get(name)) for name, found in run.outcomes.items()}
+    figures = [figures_of(name, run, causes) for name in run.listed if name not in run.absent]
+    checks = [summary_check(run, causes, options)]
+    checks += failure_checks(run, causes, second)
+    checks += information_checks(run, causes)
+    return checks, figures
+
+
+def figures_of(distribution: str, run: DeepRun, causes: dict[str, Cause]) -> DeepFigures:
+    mine = [m for m in run.listed[distribution] if m in causes]
+    return DeepFigures(
+        distribution=distribution,
+        imported=sum(causes[m] is Cause.IMPORTED for m in mine),
+        failed=sum(causes[m].failure for m in mine),
+        informational=sum(causes[m].information for m in mine),
+        unreached=sum(causes[m] is Cause.UNREACHED for m in mine)
+        + len(run.listed[distribution])
+        - len(mine),
+        skipped=run.skipped.get(distribution, 0),
+        seconds=round(sum(run.outcomes[m].seconds for m in mine), 2),
+    )
+
+
+def summary_check(run: DeepRun, causes: dict[str, Cause], options: DeepOptions) -> Check:
+    """`deep-imports`: how many modules of how many distributions, and what cut or skipped
+    them. A budget that cut the run is information (`--strict` fails it)."""
+    total = sum(len(modules) for modules in run.listed.values())
+    counts = {cause: sum(c is cause for c in causes.values()) for cause in Cause}
+    failed = sum(counts[c] for c in Cause if c.failure)
+    info = sum(counts[c] for c in Cause if c.information)
+    detail = (
+        f"{counts[Cause.IMPORTED]} of {total} modules of {len(run.listed)} distributions"
+        f" imported, {failed} failed, {info} informational in {run.seconds} s"
+    )
+    skipped = sum(run.skipped.values())
+    if skipped:
+        detail += f"; {skipped} skipped by --skip-module {' '.join(options.skip)}"
+    if run.absent:
+        detail += f"; not installed: {', '.join(run.absent)}"
+    if not run.finished:
+        return Check("deep-imports", False, f"{detail}; the run ended without its summary")
+    unreached = counts[Cause.UNREACHED] + total - len(run.outcomes)
+    if unreached:
+        cut = f"{detail}; the time budget cut it: {unreached} modules not imported"
+        return noted(Check("deep-imports", not failed, cut), "")
+    return Check("deep-imports", not failed, detail)
+
+
+def failure_checks(
+    run: DeepRun, causes: dict[str, Cause], second: dict[str, Outcome]
+) -> list[Check]:
+    """One failed line per module whose failure is the image's or the sandbox's."""
+    checks = []
+    for name, cause in causes.items():
+        error = short(run.outcomes[name].error, 200)
+        if cause is Cause.NATIVE_LIBRARY:
+            why = f"a native library cannot be opened (the plan missed a need): {error}"
+        elif cause is Cause.SANDBOX_ONLY:
+            there = second[name]
+            permissive = "imports" if there.ok else f"fails otherwise ({short(there.error, 120)})"
+            why = f"fails only in the hardened sandbox: {error}; as root, writable, it {permissive}"
+        elif cause is Cause.UNCOMPARED:
+            why = f"{error}; the permissive run gave no word on it"
+        else:
+            continue
+        checks.append(Check(f"deep-import {name}", False, why))
+    return checks
+
+
+def information_checks(run: DeepRun, causes: dict[str, Cause]) -> list[Check]:
+    """Information lines: one per module missing from the image (naming the modules that need
+    it), then one per module failing the same way in both runs."""
+    needs: dict[str, list[str]] = {}
+    for name, cause in causes.items():
+        if cause is Cause.ABSENT_MODULE:
+            needs.setdefault(str(run.outcomes[name].missing), []).append(name)
+    checks = [
+        noted(
+            Check(f"absent {missing}", True, f"not in the image; needed by {len(names)}:"),
+            short(", ".join(names), 200),
+        )
+        for missing, names in sorted(needs.items())
+    ]
+    for name, cause in causes.items():
+        if cause is Cause.SAME_BOTH:
+            error = short(run.outcomes[name].error, 200)
+            detail = f"fails the same way hardened and permissive: {error}"
+            checks.append(noted(Check(f"deep-import {name}", True, detail), ""))
+    return checks
