@@ -12,12 +12,25 @@ reads the same index, so it compares what uv could have chosen.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
 from builder.resolve.requirements import DEFAULT_INDEX, RequirementSet
-from builder.resolve.resolution import redact
+from builder.resolve.resolution import (
+    LockedPackage,
+    Resolution,
+    Source,
+    SourceKind,
+    redact,
+)
+
+if TYPE_CHECKING:
+    from builder.resolve.fetch_direct import Fetched
 
 PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==\S+")
 FROM_LINE = re.compile(r"^\s+# from (\S+)\s*$")
@@ -64,3 +77,40 @@ def as_given(origin: str, indexes: Sequence[str]) -> tuple[str, ...]:
         return tuple(indexes)
     same = [index for index in indexes if redact(index).rstrip("/") == origin]
     return (same[0],) if same else (origin,)
+
+
+def with_sources(
+    resolution: Resolution, find_links: Sequence[str], fetched: Sequence[Fetched]
+) -> Resolution:
+    """`resolution` with each distribution's `Source` when it came from no index: a direct
+    requirement's (what it was fetched from), or the wheelhouse its wheel lies in."""
+    direct = {f.requirement.name: f.source for f in fetched}
+    packages = tuple(
+        _sourced(package, direct.get(package.name), find_links) for package in resolution.packages
+    )
+    return replace(resolution, packages=packages)
+
+
+def _sourced(
+    package: LockedPackage, source: Source | None, find_links: Sequence[str]
+) -> LockedPackage:
+    if source is None:
+        source = next(
+            (
+                Source(SourceKind.FIND_LINKS, redact(location))
+                for location in find_links
+                for wheel in package.wheels
+                if _within(wheel.url, location)
+            ),
+            None,
+        )
+    return replace(package, source=source, index="") if source else package
+
+
+def _within(url: str, location: str) -> bool:
+    """Whether a wheel's URL lies in a find-links location (a directory, or a page's folder)."""
+    if url.startswith("file:"):
+        path = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
+        return not location.startswith(("http://", "https://")) and path.parent == Path(location)
+    folder = redact(location).rsplit("/", 1)[0]
+    return redact(url).startswith(folder + "/")

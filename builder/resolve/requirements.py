@@ -1,10 +1,12 @@
 """Read pip-style requirement files into named requirements with their origin.
 
-Only what can be resolved from an index is accepted: named requirements with optional
-extras, specifiers, markers and `--hash` options, nested `-r`/`-c` files, index options and
-`--require-hashes`. Editable, local-path and URL requirements are refused, naming the file and
-line. Error lines quote user input only through `excerpt`, which is short and redacted: a
-requirements file may be anything (`-r /proc/self/environ`), and the error lands in CI logs.
+Accepted: named requirements with optional extras, specifiers, markers and `--hash` options,
+nested `-r`/`-c` files, index options (`--index-url`, `--extra-index-url`, `--no-index`,
+`--find-links`/`-f`), `--require-hashes`, and direct requirements: a local wheel, sdist or
+project directory, a URL, a git repository (builder.resolve.direct). Editable requirements are
+refused, naming the file and line (nothing to edit in an image). Error lines quote user input
+only through `excerpt`, which is short and redacted: a requirements file may be anything
+(`-r /proc/self/environ`), and the error lands in CI logs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import locale
 import os
 import re
 import shlex
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +28,17 @@ from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
 from builder.errors import UserError
+from builder.resolve.direct import (
+    DirectSource,
+    from_url,
+    is_direct_url,
+    local_path,
+    named,
+    path_name,
+    url_name,
+)
 from builder.resolve.index_options import index_url
+from builder.resolve.resolution import SourceKind
 from builder.resolve.target import ARCHES, Target, shipped_facts
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -51,6 +64,8 @@ URL_CREDENTIALS = re.compile(r"(?i)([a-z][a-z0-9+.-]*://)[^/@\s]*@")
 ASSIGNMENT = re.compile(r"(?<![=<>!~])=(?!=).*")
 OPTION_NAME = re.compile(r"--?[a-z][a-z-]{0,30}")
 TOKEN = re.compile(r"[A-Za-z0-9_+/-]{20,}")
+# `name[extras] @ URL ; marker`: a direct requirement with a name
+NAMED_URL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*\s*(?:\[[^\]]*\])?)\s*@\s*(\S+)\s*(?:;(.*))?$")
 
 
 def redact_credentials(text: str) -> str:
@@ -83,6 +98,7 @@ class NamedRequirement:
     requirement: Requirement
     origin: str  # "file:line", for messages
     hashes: frozenset[str] = frozenset()  # sha256 hex digests given with --hash
+    direct: DirectSource | None = None  # a path, URL or repository instead of an index
 
     @property
     def name(self) -> str:
@@ -125,6 +141,13 @@ class RequirementSet:
     # uv's --torch-backend (`cpu`): the PyTorch family from PyTorch's own index for that build,
     # everything else from the indexes above (None: PyPI's torch, with its CUDA wheels)
     torch_backend: str | None = None
+    # wheelhouses (directories or pages of links: --find-links), searched like an index
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False  # --no-index: no index at all, only find-links and direct sources
+
+    def direct(self) -> tuple[NamedRequirement, ...]:
+        """The requirements that name a path, URL or repository rather than an index project."""
+        return tuple(r for r in self.requirements if r.direct is not None)
 
     def indexes(self) -> tuple[str, ...]:
         """Every index to search, the main one (PyPI unless replaced) first."""
@@ -150,7 +173,10 @@ class RequirementSet:
         """
         if not self.hash_checking:
             return
+        direct = {r.name for r in self.direct()}  # their own hashes are checked when fetched
         for file in files:
+            if _name_version(file.filename)[0] in direct:
+                continue
             source = file.built_from if isinstance(file, BuiltWheel) else None
             fetched = source or file
             built = f" (built here into {file.filename}, sha256:{file.sha256})" if source else ""
@@ -263,6 +289,8 @@ class _Reader:
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
     require_hashes: str | None = None  # origin of --require-hashes
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
 
     def read(
         self, path: Path, *, as_constraints: bool, seen: frozenset[tuple[int, int]] = frozenset()
@@ -278,7 +306,7 @@ class _Reader:
                 self._option(path, line, origin, as_constraints, seen | {identity})
             else:
                 target = self.constraints if as_constraints else self.requirements
-                target.append(_parse_requirement(line, origin))
+                target.append(_parse_requirement(line, origin, path.parent))
 
     def _option(
         self,
@@ -290,10 +318,13 @@ class _Reader:
     ) -> None:
         words = _split(line, origin)
         option, equals, inline = words[0].partition("=")
-        if option == "--require-hashes":
+        if option in ("--require-hashes", "--no-index"):
             if equals or len(words) > 1:
-                raise UserError(f"{origin}: option --require-hashes takes no value")
-            self.require_hashes = origin
+                raise UserError(f"{origin}: option {option} takes no value")
+            if option == "--no-index":
+                self.no_index = True
+            else:
+                self.require_hashes = origin
             return
         values = [inline] if equals else words[1:]
         if not values or not values[0]:
@@ -309,8 +340,13 @@ class _Reader:
             self.index_url = index_url(value, option, origin)
         elif option == "--extra-index-url":
             self.extra_index_urls += (index_url(value, option, origin),)
+        elif option in ("-f", "--find-links"):
+            self.find_links += (find_links(value, origin, path.parent),)
         elif option in ("-e", "--editable"):
-            raise UserError(f"{origin}: editable requirement {excerpt(value)} is not supported")
+            raise UserError(
+                f"{origin}: editable requirement {excerpt(value)} is not supported (nothing to"
+                " edit in an image): name the path or URL without -e"
+            )
         else:
             raise UserError(f"{origin}: option {_option_name(option)} is not supported")
 
@@ -366,15 +402,51 @@ def _check_marker(requirement: Requirement, origin: str) -> None:
         raise UserError(f"{origin}: invalid marker ({error})") from None
 
 
-def _parse_requirement(line: str, origin: str) -> NamedRequirement:
+def find_links(value: str, origin: str, base: Path) -> str:
+    """A `--find-links` location: a directory (relative to the file naming it), which must
+    exist, or an http(s) URL (plain http only to this machine), kept with its credentials."""
+    if is_direct_url(value):
+        if not value.lower().startswith(("http://", "https://", "file://")):
+            raise UserError(f"{origin}: --find-links takes a directory or an http(s) URL")
+        if value.lower().startswith("file://"):
+            return find_links(urllib.parse.unquote(urllib.parse.urlsplit(value).path), origin, base)
+        return from_url("--find-links", value, origin, base).target
+    path = Path(os.path.normpath(base.absolute() / Path(value).expanduser()))
+    if not path.is_dir():
+        raise UserError(f"{origin}: --find-links directory {excerpt(value)} does not exist")
+    return str(path)
+
+
+def _direct_requirement(
+    text: str, origin: str, base: Path, hashes: frozenset[str]
+) -> NamedRequirement | None:
+    """A line naming a path, URL or repository (None: a plain named requirement)."""
+    name = ""
+    if is_direct_url(text):
+        head, _, marker = text.partition(" ;")  # a URL may hold a `;`: a marker follows a space
+        url = _expand(head.strip(), origin)
+        source = from_url("", url, origin, base)
+        name = url_name(url, origin) if source.kind is not SourceKind.PATH else ""
+    elif _local_path(text.partition(";")[0].strip()):
+        head, _, marker = text.partition(";")
+        source = local_path(_expand(head.strip(), origin), origin, base)
+    elif match := NAMED_URL.match(text):
+        name, marker = match[1], match[3] or ""
+        source = from_url(match[1], _expand(match[2], origin), origin, base)
+    else:
+        return None
+    requirement = named(name or path_name(Path(source.target), origin), marker.strip(), origin)
+    _check_marker(requirement, origin)
+    return NamedRequirement(requirement, origin, hashes, source)
+
+
+def _parse_requirement(line: str, origin: str, base: Path) -> NamedRequirement:
     words = line.split()
     first_option = next((i for i, word in enumerate(words) if word.startswith("-")), len(words))
     text = " ".join(words[:first_option])
     hashes = _hashes(_split(" ".join(words[first_option:]), origin), origin)
-    if re.match(r"^[a-z][a-z0-9+.-]*://", text, re.I):
-        raise UserError(f"{origin}: local or URL requirement {excerpt(text)} is not supported")
-    if _local_path(text.split(";", 1)[0].strip()):
-        raise UserError(f"{origin}: local or URL requirement {excerpt(text)} is not supported")
+    if direct := _direct_requirement(text, origin, base, hashes):
+        return direct
     if re.search(r",\s*(;|$)", text):
         raise UserError(f"{origin}: invalid requirement {excerpt(text)} (trailing comma)")
     try:
@@ -386,11 +458,6 @@ def _parse_requirement(line: str, origin: str) -> NamedRequirement:
         raise UserError(
             f"{origin}: invalid requirement {excerpt(text)}{where}: {message}"
         ) from None
-    if requirement.url:
-        raise UserError(
-            f"{origin}: direct URL requirement {requirement.name} @ {excerpt(requirement.url)}"
-            " is not supported; publish it to an index"
-        )
     _check_marker(requirement, origin)
     return NamedRequirement(requirement, origin, hashes)
 
@@ -404,6 +471,8 @@ def _check_hash_mode(reader: _Reader) -> bool:
     if hashed and not why:
         why = f"a --hash at {hashed.origin}"
     for entry in reader.requirements:
+        if entry.direct is not None:
+            continue  # pinned by what it names; a --hash on it is checked when it is fetched
         pinned = any(
             s.operator in ("==", "===") and "*" not in s.version
             for s in entry.requirement.specifier
@@ -434,6 +503,8 @@ def read_requirements(
         index_url=reader.index_url,
         extra_index_urls=reader.extra_index_urls,
         hash_checking=_check_hash_mode(reader),
+        find_links=tuple(dict.fromkeys(reader.find_links)),
+        no_index=reader.no_index,
     )
 
 

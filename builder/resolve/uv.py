@@ -18,7 +18,7 @@ import time
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from packaging.version import Version
 
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.resolve.fetch_direct import Fetched, fetch_all
 from builder.resolve.index import (
     UV,
     build_pure_wheel,
@@ -44,9 +45,9 @@ from builder.resolve.index import (
     uv_environment,
     uv_python,
 )
-from builder.resolve.origins import as_given, origins_of
+from builder.resolve.origins import as_given, origins_of, with_sources
 from builder.resolve.requirements import RequirementSet
-from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution
+from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution, redact
 from builder.resolve.stale import (
     StalePick,
     held_back_notes,
@@ -74,6 +75,10 @@ def _uv_compile_command(
     command = [UV, "pip", "compile", str(requirements_in)]
     command += ["--python-platform", arch.uv_platform, "--python-version", target.python_version]
     command += ["--only-binary", ":all:", "--no-header", "--quiet", *uv_python()]
+    if requirements.no_index:
+        command += ["--no-index"]
+    for location in requirements.find_links:
+        command += ["--find-links", location]
     if requirements.index_url:
         command += ["--index-url", requirements.index_url]
     for extra in requirements.extra_index_urls:
@@ -110,7 +115,8 @@ def _uv_compile(
 
 
 def _wheel_file(entry: dict, cache: Cache) -> RemoteFile:
-    url = entry["url"]  # uv lists index and --find-links wheels alike by URL
+    # uv lists index and --find-links wheels alike by URL, a direct one by its path
+    url = entry["url"] if "url" in entry else Path(entry["path"]).absolute().as_uri()
     filename = urllib.parse.unquote(url.rsplit("/", 1)[1])
     sha256 = entry["hashes"]["sha256"]
     source = built_source(sha256, cache) if url.startswith("file:") else None
@@ -211,10 +217,15 @@ def _resolution_key(
     target: Target[BaseProfile],
     arch: Arch,
     overrides: Sequence[Path],
+    fetched: Sequence[Fetched] = (),
 ) -> str:
-    """Everything a resolution depends on, hashed: a change in any of it means a new one."""
+    """Everything a resolution depends on, hashed: a change in any of it means a new one
+    (a direct requirement by what it pinned: a file's sha256, a ref's commit)."""
     facts = {
-        "schema": 4,
+        "schema": 5,
+        "direct": [asdict(f.source) | {"wheel": f.wheel.name} for f in fetched],
+        "find_links": [redact(location) for location in requirements.find_links],
+        "no_index": requirements.no_index,
         "overrides": [path.read_text() for path in overrides],
         "uv": metadata.version("uv"),
         "arch": arch.name,
@@ -227,15 +238,15 @@ def _resolution_key(
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def _cached(cache: Cache, key: str, target: Target[BaseFacts], arch: Arch) -> Resolution | None:
+def _cached(
+    cache: Cache, key: str, target: Target[BaseFacts], arch: Arch, direct: frozenset[str]
+) -> Resolution | None:
     record = cache.get_record("resolution", key)
     if not record or time.time() - record["at"] > RESOLUTION_TTL_SECONDS:
         return None
     packages, provided = _packages(tomllib.loads(record["pylock"]), target, cache)
     built_here = [w for p in packages for w in p.wheels if w.url.startswith("file:")]
-    if any(
-        w.built_from is None or cache.find_blob(w.sha256, w.filename) is None for w in built_here
-    ):
+    if any(not _still_there(w, cache, direct) for w in built_here):
         return None  # a wheel built from source (or its record) has left the cache: resolve again
     return Resolution(
         arch,
@@ -245,6 +256,16 @@ def _cached(cache: Cache, key: str, target: Target[BaseFacts], arch: Arch) -> Re
         record["pylock"],
         tuple(record["warnings"]),
     )
+
+
+def _still_there(wheel: RemoteFile, cache: Cache, direct: frozenset[str]) -> bool:
+    """Whether a local wheel of a cached resolution can still be used: it is on disk and, when
+    it is in the cache, it is a `direct` requirement's or its sdist's record is there too."""
+    local = Path(urllib.parse.unquote(urllib.parse.urlsplit(wheel.url).path))
+    if not local.is_file():
+        return False
+    in_cache = local.is_relative_to(cache.root)
+    return not in_cache or wheel.built_from is not None or wheel.filename in direct
 
 
 def resolve(
@@ -265,17 +286,17 @@ def resolve(
     (listings, sources) try again on faults as the run's `retries` say; uv retries its own.
     """
     check_against_base(requirements, target, arch)
-    key = _resolution_key(requirements, target, arch, overrides)
-    if not refresh and (found := _cached(cache, key, target, arch)):
-        return found
+    fetched = fetch_all(requirements, cache, retries)
+    key = _resolution_key(requirements, target, arch, overrides, fetched)
+    direct = frozenset(f.wheel.name for f in fetched)
+    if not refresh and (found := _cached(cache, key, target, arch, direct)):
+        return with_sources(found, requirements.find_links, fetched)
     built: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bsi-resolve-") as temp:
         workdir = Path(temp)
         find_links = workdir / "built"
         find_links.mkdir()
-        (workdir / "requirements.in").write_text(
-            "".join(f"{r.requirement}\n" for r in requirements.requirements)
-        )
+        (workdir / "requirements.in").write_text(_requirement_lines(requirements, fetched))
         (workdir / "constraints.txt").write_text(
             "".join(f"{line}\n" for line in target.base.constraints())
             + "".join(f"{c.requirement}\n" for c in requirements.constraints)
@@ -340,7 +361,16 @@ def resolve(
                     warnings.append(pick.message())
     record = dict(at=time.time(), built=built, pylock=pylock, warnings=warnings, origins=origins)
     cache.put_record("resolution", key, record)
-    return Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
+    resolution = Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
+    return with_sources(resolution, requirements.find_links, fetched)
+
+
+def _requirement_lines(requirements: RequirementSet, fetched: Sequence[Fetched]) -> str:
+    """requirements.in: each named requirement as written, each direct one at its wheel."""
+    wheels = {f.requirement.origin: f.line() for f in fetched}
+    return "".join(
+        f"{wheels.get(r.origin, str(r.requirement))}\n" for r in requirements.requirements
+    )
 
 
 def _with_origins(
@@ -363,6 +393,8 @@ def _fresher_sources(
     into `find_links` (so that resolving again prefers it); notes for versions another
     distribution holds back (uv's `annotations`, asked for only then). Each is looked up
     on the index it came from: what uv could have chosen (builder.resolve.origins)."""
+    if requirements.no_index:
+        return [], []  # no index to ask: the wheelhouses and direct sources are what there is
     locked = {
         p.name: p.version for p in packages if not any(w.url.startswith("file:") for w in p.wheels)
     }
@@ -426,6 +458,8 @@ def _packages(
         if name in target.base.distributions:
             provided.append(f"{name}=={entry['version']}")
             continue
-        wheels = tuple(_wheel_file(wheel, cache) for wheel in entry.get("wheels", []))
+        archive = entry.get("archive", {})
+        direct = [archive] if archive.get("path", "").endswith(".whl") else []
+        wheels = tuple(_wheel_file(wheel, cache) for wheel in entry.get("wheels", direct))
         packages.append(LockedPackage(name, entry["version"], wheels))
     return tuple(packages), tuple(provided)
