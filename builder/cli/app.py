@@ -142,6 +142,20 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
     " (docs/usage.md).",
 )
 @click.option(
+    "--find-links",
+    "-f",
+    "find_links",
+    multiple=True,
+    metavar="DIR|URL",
+    callback=lambda _context, _parameter, value: _find_links(value),
+    help="A wheelhouse (directory or page of links) searched like an index; repeatable.",
+)
+@click.option(
+    "--no-index",
+    is_flag=True,
+    help="Use no package index: only --find-links wheelhouses and direct requirements.",
+)
+@click.option(
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -191,6 +205,8 @@ def main(
     with_optional: bool,
     without_programs: tuple[str, ...],
     torch_backend: str | None,
+    find_links: tuple[str, ...],
+    no_index: bool,
     config_path: Path | None,
     no_bytecode: bool,
     sign_key: Path | None,
@@ -231,6 +247,8 @@ def main(
             soci=not no_soci,
             without_programs=without_programs,
             torch_backend=torch_backend,
+            find_links=find_links,
+            no_index=no_index,
             cache_max=cache_max,
         ),
         config,
@@ -358,6 +376,18 @@ def rebuild(
         return
     show_outcome(found.outcome)
     click.echo(f"state recorded in {config.state}; {config.path} now names {platform_version}")
+
+
+def _find_links(values: tuple[str, ...]) -> tuple[str, ...]:
+    """--find-links, checked as a requirements file's is (relative to here); a usage error when
+    a directory does not exist."""
+    from builder.errors import UserError
+    from builder.resolve.requirements import find_links
+
+    try:
+        return tuple(find_links(value, "--find-links", Path.cwd()) for value in values)
+    except UserError as error:
+        raise click.BadParameter(str(error).removeprefix("--find-links: ")) from None
 
 
 def _torch_backend(value: str | None) -> str | None:

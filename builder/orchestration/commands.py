@@ -196,6 +196,8 @@ def request_for(
         with_optional=options.with_optional,
         without_programs=frozenset(settings.without_programs),
         torch_backend=settings.torch_backend,
+        find_links=settings.find_links,
+        no_index=settings.no_index,
         platform_version=settings.platform_version,
         bytecode=settings.bytecode and not options.no_bytecode,
         engine=compiling,

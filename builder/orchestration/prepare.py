@@ -52,7 +52,7 @@ from builder.plan.plan import (
 from builder.plan.program_needs import ProgramNeed, program_needs
 from builder.publish.tags import extras_hash
 from builder.resolve.index import start_downloads
-from builder.resolve.requirements import read_requirements
+from builder.resolve.requirements import RequirementSet, read_requirements
 from builder.resolve.resolution import Resolution
 from builder.resolve.target import (
     BaseFacts,
@@ -81,6 +81,8 @@ class Request:
     with_optional: bool = False  # also install what only on-demand plugins need
     without_programs: frozenset[str] = frozenset()  # programs (or packages) never installed
     torch_backend: str | None = None  # uv's --torch-backend: PyTorch's own build (cpu)
+    find_links: tuple[str, ...] = ()  # --find-links given as flags, after the files' own
+    no_index: bool = False  # --no-index as a flag (a file may say it too)
     platform_version: str | None = None  # for labels and tags; default: the base image's tag
     bytecode: bool = True  # compile the extras' .pyc (with an engine to run the base's python3)
     engine: docker.DockerClient | None = None  # runs the compile; None: no bytecode
@@ -111,10 +113,7 @@ def prepare(
     as its download ends (builder.layers.bytecode.CompileQueue): the compile is the longest
     step of a cold build, so it starts as early as it can.
     """
-    requirements = replace(
-        read_requirements(request.requirement_files, request.constraint_files),
-        torch_backend=request.torch_backend,
-    )
+    requirements = _requirements(request)
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
     indexes = requirements.indexes()
@@ -326,12 +325,24 @@ def platform_version(base: ImageRef, explicit: str | None) -> str:
     return base.tag or "latest"
 
 
+def _requirements(request: Request) -> RequirementSet:
+    """The requirement files' set with the run's own resolver flags added."""
+    read = read_requirements(request.requirement_files, request.constraint_files)
+    return replace(
+        read,
+        torch_backend=request.torch_backend,
+        find_links=tuple(dict.fromkeys(read.find_links + request.find_links)),
+        no_index=read.no_index or request.no_index,
+    )
+
+
 def build_parameters(plan: Plan, request: Request) -> BuildParameters:
     """What the operator asked for, as the provenance names it: files by hash, the package
     indexes without their credentials, apt secrets by the id BuildKit mounts them under (never
     their contents)."""
     secrets = request.secrets
-    indexes = read_requirements(request.requirement_files, request.constraint_files).indexes()
+    requirements = _requirements(request)
+    indexes = () if requirements.no_index else requirements.indexes()
     return BuildParameters(
         requirements=input_files(request.requirement_files),
         constraints=input_files(request.constraint_files),
@@ -343,6 +354,7 @@ def build_parameters(plan: Plan, request: Request) -> BuildParameters:
             "with_optional": request.with_optional,
             "without_programs": " ".join(sorted(request.without_programs)),
             "torch_backend": request.torch_backend or "",
+            "find_links": " ".join(without_credentials(f) for f in requirements.find_links),
             "indexes": " ".join(without_credentials(url) for url in indexes),
             "apt_secrets": ",".join(
                 name

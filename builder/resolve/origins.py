@@ -30,7 +30,7 @@ from builder.resolve.resolution import (
 )
 
 if TYPE_CHECKING:
-    from builder.resolve.fetch_direct import Fetched
+    from builder.resolve.direct.fetch import Fetched
 
 PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==\S+")
 FROM_LINE = re.compile(r"^\s+# from (\S+)\s*$")

@@ -3,10 +3,10 @@
 Accepted: named requirements with optional extras, specifiers, markers and `--hash` options,
 nested `-r`/`-c` files, index options (`--index-url`, `--extra-index-url`, `--no-index`,
 `--find-links`/`-f`), `--require-hashes`, and direct requirements: a local wheel, sdist or
-project directory, a URL, a git repository (builder.resolve.direct). Editable requirements are
-refused, naming the file and line (nothing to edit in an image). Error lines quote user input
-only through `excerpt`, which is short and redacted: a requirements file may be anything
-(`-r /proc/self/environ`), and the error lands in CI logs.
+project directory, a URL, a git repository (builder.resolve.direct.lines). Editable
+requirements are refused, naming the file and line (nothing to edit in an image). Error lines
+quote user input only through `excerpt`, which is short and redacted: a requirements file may
+be anything (`-r /proc/self/environ`), and the error lands in CI logs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
 from builder.errors import UserError
-from builder.resolve.direct import (
+from builder.resolve.direct.lines import (
     DirectSource,
     from_url,
     is_direct_url,
@@ -463,8 +463,12 @@ def _parse_requirement(line: str, origin: str, base: Path) -> NamedRequirement:
 
 
 def _check_hash_mode(reader: _Reader) -> bool:
-    """Whether hash-checking mode is on; if so, every requirement is pinned and hashed."""
-    hashed = next((r for r in (*reader.requirements, *reader.constraints) if r.hashes), None)
+    """Whether hash-checking mode is on; if so, every requirement is pinned and hashed.
+
+    A `--hash` on a direct requirement checks that file only: it names one file already, and
+    a wheelhouse or repository beside it has no hashes to give."""
+    entries = (*reader.requirements, *reader.constraints)
+    hashed = next((r for r in entries if r.hashes and r.direct is None), None)
     if not (reader.require_hashes or hashed):
         return False
     why = f"--require-hashes at {reader.require_hashes}" if reader.require_hashes else ""

@@ -34,7 +34,7 @@ from packaging.version import Version
 
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.resolve.fetch_direct import Fetched, fetch_all
+from builder.resolve.direct.fetch import Fetched, fetch_all
 from builder.resolve.index import (
     UV,
     build_pure_wheel,

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from builder.errors import UserError
-from builder.resolve.direct import DirectSource
+from builder.resolve.direct.lines import DirectSource
 from builder.resolve.requirements import redact_credentials
 from builder.resolve.resolution import redact
 

@@ -1,11 +1,12 @@
 """Direct requirements made into wheels in the cache, ready for the resolver.
 
-Each path, URL or repository a requirements file names (builder.resolve.direct) becomes one
-wheel: a wheel is used as it is (its tags are the resolver's to check), an sdist or a project
-directory or repository export of a pure-Python project is built once on the host as index
-sdists are (builder.resolve.index.build_pure_wheel), and refused in one line when it compiles
-native code. The resolver is then given the wheel by its path in the cache (`name @ file://…`),
-so it never sees a URL's credentials, and each distribution keeps its `Source` for the records.
+Each path, URL or repository a requirements file names (builder.resolve.direct.lines)
+becomes one wheel: a wheel is used as it is (its tags are the resolver's to check); an sdist,
+or a project directory or repository export, of a pure-Python project is built once on the
+host as index sdists are (builder.resolve.index.build_pure_wheel), and refused in one line when
+it compiles native code. The resolver is then given the wheel by its path in the cache
+(`name @ file://…`), so it never sees a URL's credentials, and each distribution keeps its
+`Source` for the records.
 
 A URL is fetched with its credentials sent to its own host only (not along a redirect), and
 checked against its `--hash` when the line gives one; the sha256 is recorded either way.
@@ -18,6 +19,7 @@ import hashlib
 import json
 import os
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
@@ -28,7 +30,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder.cache import CHUNK, Cache, sha256_of
 from builder.errors import UserError
-from builder.resolve.direct import DirectSource
+from builder.resolve.direct.lines import DirectSource
+from builder.resolve.direct.vcs import export, resolve_commit
 from builder.resolve.index import (
     COMPILED_SOURCES,
     INDEX_FAULTS,
@@ -40,7 +43,6 @@ from builder.resolve.index import (
 )
 from builder.resolve.requirements import NamedRequirement, RequirementSet
 from builder.resolve.resolution import RemoteFile, Source, SourceKind, redact
-from builder.resolve.vcs import export, resolve_commit
 from builder.retry import Retries, SteadyBody
 
 SKIPPED_DIRECTORIES = frozenset({".git", ".hg", ".venv", "venv", "__pycache__", "node_modules"})
@@ -189,7 +191,9 @@ def _download(
         try:
             retried(lambda: _download_once(source.target, target), source.shown, retries)
         except INDEX_FAULTS as error:
-            why = getattr(error, "reason", None) or getattr(error, "code", None) or error
+            why = getattr(error, "reason", None) or error
+            if isinstance(error, urllib.error.HTTPError):
+                why = f"HTTP {error.code} {error.reason}"
             raise UserError(
                 f"{source.origin}: download of {source.shown} failed ({redact(str(why))})"
             ) from None

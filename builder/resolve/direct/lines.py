@@ -1,7 +1,7 @@
 """Requirement lines that name a file, a URL or a repository instead of an index project.
 
-Pure parsing, apart from the fetching (builder.resolve.fetch_direct, builder.resolve.vcs), so
-a requirements file is checked whole before anything is downloaded or cloned:
+Pure parsing, apart from the fetching (builder.resolve.direct.fetch and .vcs), so a
+requirements file is checked whole before anything is downloaded or cloned:
 
 - a path: `./vendor/acme_auth-2.1-py3-none-any.whl`, `vendor/acme-auth-2.1.tar.gz`, `./tools`
   (relative to the file that names it) or `acme-auth @ file:///srv/wheels/…whl`;

@@ -1,0 +1,210 @@
+"""Direct requirements (issue 45): each line form read, fetched from real parts (a loopback
+server with Basic auth, a local git repository, a wheelhouse, a project directory), resolved
+with no index at all, pinned, and named as its origin."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from support.plans import AMD64, reference_profile
+from support.projects import commit_all, pure_project, tagged_repository
+from support.wheelfactory import make_wheel
+from support.wheelindex import serve_wheel
+
+from builder.cache import Cache, sha256_of
+from builder.errors import UserError
+from builder.resolve.requirements import read_requirements
+from builder.resolve.resolution import Source, SourceKind
+from builder.resolve.target import Target
+from builder.resolve.uv import resolve
+
+TOKEN = "tok-" + "5ecret" * 4
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_every_line_form_reads_as_its_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BSI_TOKEN", TOKEN)
+    vendored = make_wheel(tmp_path / "req" / "vendor", "acme-auth", "2.1", "py3-none-any", {})
+    sdist = write(tmp_path / "req" / "acme_sdist-1.0.tar.gz", "")
+    project = pure_project(tmp_path / "tools", "acme-tools", "0.1", "acme_tools", "")
+    (tmp_path / "house").mkdir()
+    top = write(
+        tmp_path / "req" / "requirements.txt",
+        "--no-index\n-f ../house\n"
+        "./vendor/acme_auth-2.1-py3-none-any.whl\n"
+        "acme_sdist-1.0.tar.gz ; sys_platform == 'linux'\n"
+        "../tools\n"
+        f"renamed @ file://{vendored}\n"
+        "acme-url[extra] @ https://ci:${BSI_TOKEN}@artifacts.example/acme_url-1.0-py3-none-any.whl"
+        f" --hash=sha256:{'a' * 64}\n"
+        "http://127.0.0.1:8080/files/acme_local-1.0-py3-none-any.whl\n"
+        "acme-git @ git+https://ci:${BSI_TOKEN}@git.example/acme/git@v1.4.0#subdirectory=lib\n"
+        "acme-ssh @ git+ssh://git@git.example/acme/ssh.git\n",
+    )
+    found = read_requirements([top])
+    assert found.no_index and found.find_links == (str(tmp_path / "house"),)
+    rows = [
+        (str(r.requirement), r.direct.kind, r.direct.shown, r.direct.ref, r.direct.subdirectory)
+        for r in found.requirements
+        if r.direct
+    ]
+    assert rows == [
+        ("acme-auth", SourceKind.PATH, str(vendored), "", ""),
+        ('acme-sdist; sys_platform == "linux"', SourceKind.PATH, str(sdist), "", ""),
+        ("acme-tools", SourceKind.PATH, str(project), "", ""),
+        ("renamed", SourceKind.PATH, str(vendored), "", ""),
+        (
+            "acme-url[extra]",
+            SourceKind.URL,
+            "https://artifacts.example/acme_url-1.0-py3-none-any.whl",
+            "",
+            "",
+        ),
+        (
+            "acme-local",
+            SourceKind.URL,
+            "http://127.0.0.1:8080/files/acme_local-1.0-py3-none-any.whl",
+            "",
+            "",
+        ),
+        ("acme-git", SourceKind.VCS, "https://git.example/acme/git", "v1.4.0", "lib"),
+        ("acme-ssh", SourceKind.VCS, "ssh://git.example/acme/ssh.git", "", ""),
+    ]
+    by_name = {r.name: r for r in found.requirements}
+    assert by_name["acme-url"].hashes == {"a" * 64}
+    assert TOKEN in by_name["acme-url"].direct.target  # type: ignore[union-attr]
+    assert TOKEN not in repr(found)  # what the URL is fetched with never shows
+    assert not found.hash_checking  # a direct requirement's --hash checks its own file only
+
+
+def _inputs(tmp_path: Path, port: int, served: Path, repository: Path) -> Path:
+    """A requirements file naming one of each kind, with no index at all."""
+    make_wheel(tmp_path / "house", "bsi-housed", "1.0", "py3-none-any", {"bsi_housed.py": b""})
+    make_wheel(
+        tmp_path / "req" / "vendor", "bsi-vendored", "2.1", "py3-none-any", {"bsi_v.py": b""}
+    )
+    pure_project(tmp_path / "localproj", "bsi-localproj", "0.5", "bsi_localproj", "X = 5\n")
+    return write(
+        tmp_path / "req" / "requirements.txt",
+        "--index-url http://127.0.0.1:9/simple\n--no-index\n--find-links ../house\nbsi-housed\n"
+        "./vendor/bsi_vendored-2.1-py3-none-any.whl\n../localproj\n"
+        f"bsi-served @ http://ci:${{BSI_TOKEN}}@127.0.0.1:{port}/files/{served.name}"
+        f" --hash=sha256:{sha256_of(served)}\n"
+        f"bsi-gitpkg @ git+file://{repository}@v1.0#subdirectory=lib\n",
+    )
+
+
+def test_every_kind_resolves_with_no_index_pinned_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index named is a closed port: --no-index keeps it out. Two resolutions (the second
+    not from the cached one) pin the same files; the repository's tag pins its commit."""
+    monkeypatch.setenv("BSI_TOKEN", TOKEN)
+    served = make_wheel(tmp_path / "s", "bsi-served", "3.0", "py3-none-any", {"bsi_s.py": b""})
+    repository, commit = tagged_repository(tmp_path / "repo", "lib")
+    target = Target(reference_profile(), (AMD64,))
+    cache = Cache(tmp_path / "cache")
+    with serve_wheel(served, "bsi-served", credentials=f"ci:{TOKEN}") as port:
+        top = _inputs(tmp_path, port, served, repository)
+        first = resolve(read_requirements([top]), target, AMD64, cache)
+        again = resolve(read_requirements([top]), target, AMD64, cache, refresh=True)
+    pins = {p.name: (p.version, p.wheels[0].sha256) for p in first.packages}
+    assert pins == {p.name: (p.version, p.wheels[0].sha256) for p in again.packages}
+    sources = {p.name: p.source for p in first.packages}
+    assert sources == {
+        "bsi-housed": Source(SourceKind.FIND_LINKS, str(tmp_path / "house")),
+        "bsi-vendored": Source(
+            SourceKind.PATH,
+            str(tmp_path / "req" / "vendor" / "bsi_vendored-2.1-py3-none-any.whl"),
+            sha256=pins["bsi-vendored"][1],
+        ),
+        "bsi-localproj": Source(SourceKind.PATH, str(tmp_path / "localproj")),
+        "bsi-served": Source(
+            SourceKind.URL,
+            f"http://127.0.0.1:{port}/files/{served.name}",
+            sha256=sha256_of(served),
+        ),
+        "bsi-gitpkg": Source(SourceKind.VCS, f"git+file://{repository}", "", commit, "v1.0", "lib"),
+    }
+    assert re.fullmatch(r"[0-9a-f]{40}", commit)
+    assert all(p.index == "" for p in first.packages)
+    for path in (tmp_path / "cache").rglob("*"):  # names and records on disk
+        assert TOKEN not in str(path)
+        assert path.is_dir() or TOKEN.encode() not in path.read_bytes(), path
+    assert TOKEN not in first.pylock
+
+
+def test_a_branch_that_moved_is_a_new_pin(tmp_path: Path) -> None:
+    """`@main` pins the commit main names at plan time: a new commit there is a new pin (and
+    a new wheel); the same commit again is the same wheel."""
+    repository, first_commit = tagged_repository(tmp_path / "repo")
+    top = write(tmp_path / "r.txt", f"bsi-gitpkg @ git+file://{repository}@main\n")
+    target = Target(reference_profile(), (AMD64,))
+    cache = Cache(tmp_path / "cache")
+    before = resolve(read_requirements([top]), target, AMD64, cache).packages[0]
+    (repository / "bsi_gitpkg" / "__init__.py").write_text("ORIGIN = 'moved'\n")
+    moved = commit_all(repository, "a change on main")
+    after = resolve(read_requirements([top]), target, AMD64, cache).packages[0]
+    assert before.source is not None and after.source is not None
+    assert (before.source.commit, after.source.commit) == (first_commit, moved)
+    assert before.wheels[0].sha256 != after.wheels[0].sha256
+    pinned = write(tmp_path / "p.txt", f"bsi-gitpkg @ git+file://{repository}@{first_commit}\n")
+    again = resolve(read_requirements([pinned]), target, AMD64, Cache(tmp_path / "c2"))
+    assert again.packages[0].wheels[0].sha256 == before.wheels[0].sha256  # built reproducibly
+
+
+def _refusal(tmp_path: Path, line: str) -> str:
+    top = write(tmp_path / "r.txt", f"{line}\n")
+    target = Target(reference_profile(), (AMD64,))
+    with pytest.raises(UserError) as caught:
+        resolve(read_requirements([top]), target, AMD64, Cache(tmp_path / "cache"))
+    message = str(caught.value)
+    assert message.startswith(f"{top}:1: ") and "\n" not in message
+    return message
+
+
+def test_refusals_name_the_file_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BSI_TOKEN", TOKEN)
+    repository, _ = tagged_repository(tmp_path / "repo")
+    served = make_wheel(tmp_path / "s", "bsi-served", "3.0", "py3-none-any", {"bsi_s.py": b""})
+    native = pure_project(tmp_path / "native", "bsi-native", "1.0", "bsi_native", "")
+    (native / "bsi_native" / "fast.c").write_text("int f(void) { return 1; }\n")
+    with serve_wheel(served, "bsi-served", credentials=f"ci:{TOKEN}") as port:
+        url = f"http://ci:${{BSI_TOKEN}}@127.0.0.1:{port}/files/{served.name}"
+        wrong = _refusal(tmp_path, f"bsi-served @ {url} --hash=sha256:{'0' * 64}")
+        denied = _refusal(tmp_path, f"bsi-served @ {url.replace('ci:', 'other:')}")
+    assert f"has sha256:{sha256_of(served)}, not the --hash given" in wrong
+    assert "download of" in denied and "401" in denied
+    assert TOKEN not in wrong + denied
+    no_ref = _refusal(tmp_path, f"bsi-gitpkg @ git+file://{repository}@v9.9")
+    assert "no tag, branch or commit 'v9.9' in the repository" in no_ref
+    no_commit = _refusal(tmp_path, f"bsi-gitpkg @ git+file://{repository}@{'e' * 40}")
+    assert f"commit {'e' * 40} cannot be fetched" in no_commit
+    assert "compiles native code (bsi_native/fast.c)" in _refusal(tmp_path, str(native))
+    other = _refusal(tmp_path, f"acme @ git+file://{repository}@v1.0")
+    assert "is the project bsi-gitpkg, not acme" in other
+    missing = _refusal(tmp_path, "./vendor/nope-1.0-py3-none-any.whl")
+    assert "local path './vendor/nope-1.0-py3-none-any.whl' does not exist" in missing
+
+
+def test_git_credentials_stay_off_the_command_line(tmp_path: Path) -> None:
+    """A token in an https repository URL goes to git as a header scoped to that URL, in its
+    environment: never in its arguments, where the machine's other users could read it."""
+    from builder.resolve.direct.lines import from_url
+    from builder.resolve.direct.vcs import _git_environment
+
+    source = from_url("x", f"git+https://ci:{TOKEN}@git.example/acme/x@v1", "r.txt:1", tmp_path)
+    url, environment = _git_environment(source.target)
+    assert url == "https://git.example/acme/x" and TOKEN not in url
+    assert environment["GIT_CONFIG_KEY_0"] == "http.https://git.example/acme/x.extraHeader"
+    assert environment["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
+    assert environment["GIT_TERMINAL_PROMPT"] == "0"
