@@ -116,7 +116,7 @@ def prepare(
     requirements = _requirements(request)
     check_output(request.output)  # refuse a directory we may not replace before the slow steps
     target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
-    indexes = requirements.indexes()
+    indexes = (*requirements.indexes(), *requirements.find_links)  # where credentials go
     timeline = request.timeline
     with (  # exits in reverse: downloads, jobs, compiles; the compiler's container goes last
         ExitStack() as stack,

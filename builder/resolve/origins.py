@@ -59,7 +59,8 @@ def origins_of(
     """Name -> the index each distribution came from: the only index when there is one and uv
     picks no other (no uv run needed), else the one uv names in its `annotations`."""
     indexes = requirements.indexes()
-    if len(indexes) == 1 and not requirements.torch_backend:
+    pages = [f for f in requirements.find_links if f.startswith(("http://", "https://"))]
+    if len(indexes) == 1 and not requirements.torch_backend and not pages:
         return {name: redact(indexes[0]).rstrip("/") for name in names}
     return parse_origins(annotations())
 
@@ -100,17 +101,17 @@ def _sourced(
                 Source(SourceKind.FIND_LINKS, redact(location))
                 for location in find_links
                 for wheel in package.wheels
-                if _within(wheel.url, location)
+                if _within(wheel.url, location, package.index)
             ),
             None,
         )
     return replace(package, source=source, index="") if source else package
 
 
-def _within(url: str, location: str) -> bool:
-    """Whether a wheel's URL lies in a find-links location (a directory, or a page's folder)."""
-    if url.startswith("file:"):
-        path = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
-        return not location.startswith(("http://", "https://")) and path.parent == Path(location)
-    folder = redact(location).rsplit("/", 1)[0]
-    return redact(url).startswith(folder + "/")
+def _within(url: str, location: str, index: str) -> bool:
+    """Whether a wheel came from a find-links location: it lies in that directory, or uv
+    named that page of links as where it found it (`index`, credentials removed)."""
+    if location.startswith(("http://", "https://")):
+        return index == redact(location).rstrip("/")
+    path = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
+    return url.startswith("file:") and path.parent == Path(location)

@@ -208,3 +208,28 @@ def test_git_credentials_stay_off_the_command_line(tmp_path: Path) -> None:
     assert environment["GIT_CONFIG_KEY_0"] == "http.https://git.example/acme/x.extraHeader"
     assert environment["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
     assert environment["GIT_TERMINAL_PROMPT"] == "0"
+
+
+def test_a_page_of_links_behind_auth_is_a_wheelhouse_and_its_token_stays_out(
+    tmp_path: Path,
+) -> None:
+    """`-f https://…/` with credentials: uv reads the page, the origin is the page (no token),
+    and the download of its wheel sends them to that host (what `prepare` passes)."""
+    from builder.resolve.index import download
+
+    wheel = make_wheel(tmp_path / "w", "bsi-paged", "1.0", "py3-none-any", {"bsi_paged.py": b""})
+    with serve_wheel(wheel, "bsi-paged", credentials=f"ci:{TOKEN}") as port:
+        page = f"http://ci:{TOKEN}@127.0.0.1:{port}/simple/bsi-paged/"
+        top = write(tmp_path / "r.txt", f"--no-index\n-f {page}\nbsi-paged\n")
+        requirements = read_requirements([top])
+        target = Target(reference_profile(), (AMD64,))
+        found = resolve(requirements, target, AMD64, Cache(tmp_path / "cache"))
+        file = found.packages[0].wheels[0]
+        fetched = download(
+            file, Cache(tmp_path / "c2"), (*requirements.indexes(), *requirements.find_links)
+        )
+    assert found.packages[0].source == Source(
+        SourceKind.FIND_LINKS, f"http://127.0.0.1:{port}/simple/bsi-paged/"
+    )
+    assert sha256_of(fetched) == sha256_of(wheel) == file.sha256
+    assert TOKEN not in found.pylock + file.url
