@@ -44,6 +44,7 @@ def test_every_line_form_reads_as_its_source(
         "acme_sdist-1.0.tar.gz ; sys_platform == 'linux'\n"
         "../tools\n"
         f"renamed @ file://{vendored}\n"
+        "relative @ ./vendor/acme_auth-2.1-py3-none-any.whl\n"
         "acme-url[extra] @ https://ci:${BSI_TOKEN}@artifacts.example/acme_url-1.0-py3-none-any.whl"
         f" --hash=sha256:{'a' * 64}\n"
         "http://127.0.0.1:8080/files/acme_local-1.0-py3-none-any.whl\n"
@@ -62,6 +63,7 @@ def test_every_line_form_reads_as_its_source(
         ('acme-sdist; sys_platform == "linux"', SourceKind.PATH, str(sdist), "", ""),
         ("acme-tools", SourceKind.PATH, str(project), "", ""),
         ("renamed", SourceKind.PATH, str(vendored), "", ""),
+        ("relative", SourceKind.PATH, str(vendored), "", ""),
         (
             "acme-url[extra]",
             SourceKind.URL,
@@ -196,18 +198,27 @@ def test_refusals_name_the_file_and_line(tmp_path: Path, monkeypatch: pytest.Mon
     assert "local path './vendor/nope-1.0-py3-none-any.whl' does not exist" in missing
 
 
-def test_git_credentials_stay_off_the_command_line(tmp_path: Path) -> None:
+def test_git_credentials_stay_off_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A token in an https repository URL goes to git as a header scoped to that URL, in its
-    environment: never in its arguments, where the machine's other users could read it."""
+    environment: never in its arguments, where the machine's other users could read it. The
+    operator's own GIT_CONFIG_* entries stay; an ssh URL keeps its user for ssh."""
     from builder.resolve.direct.lines import from_url
     from builder.resolve.direct.vcs import _git_environment
 
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "http.proxy")
     source = from_url("x", f"git+https://ci:{TOKEN}@git.example/acme/x@v1", "r.txt:1", tmp_path)
     url, environment = _git_environment(source.target)
     assert url == "https://git.example/acme/x" and TOKEN not in url
-    assert environment["GIT_CONFIG_KEY_0"] == "http.https://git.example/acme/x.extraHeader"
-    assert environment["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
+    assert environment["GIT_CONFIG_COUNT"] == "2"
+    assert environment["GIT_CONFIG_KEY_0"] == "http.proxy"
+    assert environment["GIT_CONFIG_KEY_1"] == "http.https://git.example/acme/x.extraHeader"
+    assert environment["GIT_CONFIG_VALUE_1"].startswith("Authorization: Basic ")
     assert environment["GIT_TERMINAL_PROMPT"] == "0"
+    ssh = from_url("x", "git+ssh://git@git.example/acme/x.git@v1", "r.txt:1", tmp_path)
+    assert _git_environment(ssh.target)[0] == "ssh://git@git.example/acme/x.git"
 
 
 def test_a_page_of_links_behind_auth_is_a_wheelhouse_and_its_token_stays_out(

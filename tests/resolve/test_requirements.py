@@ -74,6 +74,7 @@ def test_index_options_expand_environment_variables(
         ("foo @ git+https://example.com/x#subdirectory=../up", "is not a relative path"),
         ("git+https://example.com/x@v1", "a repository needs a name"),
         ("foo @ https://example.com/x.whl#md5=1", "unknown URL fragment 'md5'"),
+        ("foo @ https://example.com/x.tar.gz#subdirectory=a", "is for git repositories only"),
         ("foo===", "invalid requirement"),
         ("--find-links ./no-such-dir", "--find-links directory './no-such-dir' does not exist"),
         ("-f ftp://example.com/wheels", "--find-links takes a directory or an http(s) URL"),

@@ -73,7 +73,11 @@ def from_url(name: str, url: str, origin: str, base: Path) -> DirectSource:
         return _vcs(url, origin)
     if scheme in ("http", "https"):
         _check_http(url, scheme, origin)
-        return DirectSource(SourceKind.URL, url, origin, subdirectory=_fragment(url, origin))
+        if _fragment(url, origin):
+            raise UserError(f"{origin}: {name}: subdirectory= is for git repositories only")
+        return DirectSource(SourceKind.URL, url, origin)
+    if not scheme:  # `name @ ./vendor/x.whl`, as uv accepts
+        return local_path(url, origin, base)
     raise UserError(
         f"{origin}: {name}: URL scheme {scheme or '(none)'!r} is not supported (https, http to"
         " this machine, file, git+https, git+ssh, git+file)"

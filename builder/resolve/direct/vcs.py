@@ -37,19 +37,18 @@ GIT_TIMEOUT = 300  # seconds for one git command: a clone of a big repository, n
 def _git_environment(url: str) -> tuple[str, Mapping[str, str]]:
     """The URL git is given (no credentials) and git's environment carrying them, scoped."""
     parts = urllib.parse.urlsplit(url)
-    environment = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
-    environment["GIT_CONFIG_NOSYSTEM"] = "1"
-    if parts.username is None:
-        return url, environment
+    environment = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # fail, never wait for a prompt
+    if parts.username is None or parts.scheme not in ("http", "https"):
+        return url, environment  # ssh: the user is no secret, the agent or key authenticates
     plain = redact(url)
     user = urllib.parse.unquote(parts.username)
     password = urllib.parse.unquote(parts.password or "")
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    prefix = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    given = int(os.environ.get("GIT_CONFIG_COUNT", "0") or "0")  # the operator's own, kept
     environment |= {
-        "GIT_CONFIG_COUNT": "1",
-        "GIT_CONFIG_KEY_0": f"http.{prefix}.extraHeader",
-        "GIT_CONFIG_VALUE_0": f"Authorization: Basic {token}",
+        "GIT_CONFIG_COUNT": str(given + 1),
+        f"GIT_CONFIG_KEY_{given}": f"http.{plain}.extraHeader",
+        f"GIT_CONFIG_VALUE_{given}": f"Authorization: Basic {token}",
     }
     return plain, environment
 
