@@ -34,7 +34,7 @@ from packaging.version import Version
 
 from builder.cache import Cache
 from builder.errors import UserError
-from builder.resolve.direct.fetch import Fetched, fetch_all
+from builder.resolve.direct.fetch import Fetched, fetch_all, refuse_unfit
 from builder.resolve.index import (
     UV,
     build_pure_wheel,
@@ -287,6 +287,7 @@ def resolve(
     """
     check_against_base(requirements, target, arch)
     fetched = fetch_all(requirements, cache, retries)
+    refuse_unfit(fetched, target, arch)
     key = _resolution_key(requirements, target, arch, overrides, fetched)
     direct = frozenset(f.wheel.name for f in fetched)
     if not refresh and (found := _cached(cache, key, target, arch, direct)):

@@ -244,3 +244,32 @@ def test_a_page_of_links_behind_auth_is_a_wheelhouse_and_its_token_stays_out(
     )
     assert sha256_of(fetched) == sha256_of(wheel) == file.sha256
     assert TOKEN not in found.pylock + file.url
+
+
+def test_a_wheel_for_one_arch_is_that_arch_s(tmp_path: Path) -> None:
+    """A vendored x86_64 wheel serves amd64; for arm64 its line is refused, naming it, unless a
+    marker keeps it to its arch. In a wheelhouse, it is simply not a candidate on arm64."""
+    from builder.resolve.target import ARCHES
+
+    arm64 = ARCHES["arm64"]
+    tag = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"
+    wheel = make_wheel(tmp_path / "v", "bsi-x86", "1.0", tag, {"bsi_x86/__init__.py": b""})
+    make_wheel(tmp_path / "v", "bsi-x86", "1.0", "py3-none-any", {"bsi_x86/__init__.py": b""})
+    target = Target(reference_profile(), (AMD64, arm64))
+    cache = Cache(tmp_path / "cache")
+    bare = write(tmp_path / "bare.txt", f"./v/{wheel.name}\n")
+    assert [p.name for p in resolve(read_requirements([bare]), target, AMD64, cache).packages] == [
+        "bsi-x86"
+    ]
+    with pytest.raises(UserError) as caught:
+        resolve(read_requirements([bare]), target, arm64, cache)
+    assert str(caught.value).startswith(f"{bare}:1: {wheel.name} does not install on CPython")
+    marked = write(tmp_path / "m.txt", f"./v/{wheel.name} ; platform_machine == 'x86_64'\n")
+    assert resolve(read_requirements([marked]), target, arm64, cache).packages == ()
+    house = write(tmp_path / "h.txt", "--no-index\n-f v\nbsi-x86\n")
+    chosen = {
+        arch.name: resolve(read_requirements([house]), target, arch, cache).packages[0].wheels
+        for arch in (AMD64, arm64)
+    }
+    assert {w.filename for w in chosen["amd64"]} == {wheel.name, "bsi_x86-1.0-py3-none-any.whl"}
+    assert [w.filename for w in chosen["arm64"]] == ["bsi_x86-1.0-py3-none-any.whl"]

@@ -43,6 +43,7 @@ from builder.resolve.index import (
 )
 from builder.resolve.requirements import NamedRequirement, RequirementSet
 from builder.resolve.resolution import RemoteFile, Source, SourceKind, redact
+from builder.resolve.target import Arch, BaseFacts, Target
 from builder.retry import Retries, SteadyBody
 
 SKIPPED_DIRECTORIES = frozenset({".git", ".hg", ".venv", "venv", "__pycache__", "node_modules"})
@@ -79,6 +80,20 @@ def fetch_all(
     """Every direct requirement as a wheel in the cache, in order."""
     run = _Fetching(cache, retries, build_options(requirements.no_index, requirements.find_links))
     return tuple(fetch(r, run) for r in requirements.direct())
+
+
+def refuse_unfit(fetched: Sequence[Fetched], target: Target[BaseFacts], arch: Arch) -> None:
+    """A direct wheel the target's `arch` cannot install, where its line applies, is refused
+    naming the line: a wheel for one arch is that arch's, which a marker says."""
+    environment = target.marker_environment(arch)
+    for one in fetched:
+        tags = frozenset(parse_wheel_filename(one.wheel.name)[3])
+        if one.requirement.applies(environment) and target.tag_rank(arch, tags) is None:
+            raise UserError(
+                f"{one.requirement.origin}: {one.wheel.name} does not install on CPython"
+                f" {target.python_version} {arch.machine}; keep it to its arch with a marker"
+                " (`; platform_machine == '…'`) or give a wheel for each"
+            )
 
 
 def fetch(requirement: NamedRequirement, run: _Fetching) -> Fetched:
