@@ -23,6 +23,7 @@ from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer
 from builder.layers.home import SEEDS, distribution_names, home_env, plan_names, seeds_of
 from builder.plan.plan import Plan
+from builder.resolve.resolution import SourceKind
 
 TOOL = "build-sandbox-image"
 MARKER = f".{TOOL}"  # first line "build-sandbox-image <version>", then every path written
@@ -247,7 +248,7 @@ def lock_text(plan: Plan, arch: str) -> str:
     sources = {
         w.name: w.source.describe()
         for w in chosen.wheels
-        if w.source is not None and w.source.kind.value != "find-links"  # a wheelhouse: an index
+        if w.source is not None and w.source.kind is not SourceKind.FIND_LINKS  # like an index
     }
     # A distribution from no index says where it came from (a moved branch: a new commit here)
     return "".join(

@@ -33,7 +33,14 @@ from builder.plan.natives import (
 )
 from builder.plan.program_needs import ProgramNeed, program_needs
 from builder.plan.sizes import size_figures
-from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution, Source, redact
+from builder.resolve.resolution import (
+    LockedPackage,
+    RemoteFile,
+    Resolution,
+    Source,
+    SourceKind,
+    redact,
+)
 from builder.resolve.target import Arch, BaseFacts, BaseProfile, Target
 
 EXTRA_DEPS = DEPS_EXTRA  # what the extension installs into, appended to PYTHONPATH
@@ -271,7 +278,7 @@ def _planned_wheels(
 def _shown_url(file: RemoteFile, package: LockedPackage) -> str:
     """What the records say a wheel was fetched from: its URL (no credentials), where a direct
     requirement came from, or that it was built here from an index's source release."""
-    if package.source is not None and package.source.kind.value != "find-links":
+    if package.source is not None and package.source.kind is not SourceKind.FIND_LINKS:
         return package.source.url()
     if not file.url.startswith("file:") or package.source is not None:
         return redact(file.url)

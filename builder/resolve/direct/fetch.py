@@ -187,11 +187,8 @@ def _from_url(
 ) -> tuple[Path, Source]:
     """The file at a URL (from the cache when its `--hash` is known and there), hash-checked."""
     filename = urllib.parse.unquote(urllib.parse.urlsplit(source.target).path.rsplit("/", 1)[-1])
-    known = [found for h in requirement.hashes if (found := run.cache.find_blob(h, filename))]
-    if known:
-        path, sha256 = known[0], known[0].parent.name
-    else:
-        path, sha256 = _download(source, filename, run.cache, run.retries)
+    known = [(found, h) for h in requirement.hashes if (found := run.cache.find_blob(h, filename))]
+    path, sha256 = known[0] if known else _download(source, filename, run.cache, run.retries)
     _checked(requirement, source, sha256)
     record = Source(SourceKind.URL, source.shown, sha256=sha256, subdirectory=source.subdirectory)
     return _wheel_of(path, sha256, source.target, source, run), record

@@ -122,11 +122,9 @@ def url_name(url: str, origin: str) -> str:
     if url.lower().startswith("git+"):
         raise UserError(f"{origin}: a repository needs a name: `name @ {redact(url)[:60]}`")
     last = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
-    return path_name(Path(last), origin) if last.endswith((".whl", *SDISTS)) else _no_name(origin)
-
-
-def _no_name(origin: str) -> str:
-    raise UserError(f"{origin}: a URL that is not a wheel or sdist needs a name: `name @ URL`")
+    if not last.endswith((".whl", *SDISTS)):
+        raise UserError(f"{origin}: a URL that is not a wheel or sdist needs a name: `name @ URL`")
+    return path_name(Path(last), origin)
 
 
 def named(name_part: str, marker: str, origin: str) -> Requirement:
