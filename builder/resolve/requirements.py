@@ -16,11 +16,12 @@ import locale
 import os
 import re
 import shlex
+import threading
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, cast, runtime_checkable
 
 from packaging.markers import Marker, UndefinedComparison, default_environment
 from packaging.requirements import InvalidRequirement, Requirement
@@ -41,6 +42,7 @@ from builder.resolve.index_options import index_url
 from builder.resolve.resolution import SourceKind
 from builder.resolve.target import ARCHES, Target, shipped_facts
 
+T = TypeVar("T")
 DEFAULT_INDEX = "https://pypi.org/simple"
 ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MAX_NESTING = 50  # -r/-c depth; deeper is a generated loop, not a real project
@@ -130,6 +132,23 @@ class BuiltWheel(IndexFile, Protocol):
     def built_from(self) -> IndexFile | None: ...
 
 
+class Once:
+    """A value made once for a requirement set, however many arches resolve it (in parallel):
+    a run's direct requirements are read, downloaded or built once, so every arch gets the
+    same files, and a branch is asked for its commit once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: list[object] = []
+
+    def get(self, make: Callable[[], T]) -> T:
+        """The value, made by `make` the first time (a failure is not kept: each caller sees it)."""
+        with self._lock:
+            if not self._made:
+                self._made.append(make())
+            return cast(T, self._made[0])
+
+
 @dataclass(frozen=True)
 class RequirementSet:
     requirements: tuple[NamedRequirement, ...]
@@ -144,6 +163,7 @@ class RequirementSet:
     # wheelhouses (directories or pages of links: --find-links), searched like an index
     find_links: tuple[str, ...] = ()
     no_index: bool = False  # --no-index: no index at all, only find-links and direct sources
+    fetched: Once = field(default_factory=Once, compare=False, repr=False)  # direct ones' wheels
 
     def direct(self) -> tuple[NamedRequirement, ...]:
         """The requirements that name a path, URL or repository rather than an index project."""

@@ -273,3 +273,21 @@ def test_a_wheel_for_one_arch_is_that_arch_s(tmp_path: Path) -> None:
     }
     assert {w.filename for w in chosen["amd64"]} == {wheel.name, "bsi_x86-1.0-py3-none-any.whl"}
     assert [w.filename for w in chosen["arm64"]] == ["bsi_x86-1.0-py3-none-any.whl"]
+
+
+def test_a_run_fetches_each_direct_requirement_once_for_all_its_arches(tmp_path: Path) -> None:
+    """Both arches of one requirement set get the same file: the URL is read once."""
+    from builder.resolve.target import ARCHES
+
+    served = make_wheel(tmp_path / "s", "bsi-served", "3.0", "py3-none-any", {"bsi_s.py": b""})
+    seen: list[str] = []
+    with serve_wheel(served, "bsi-served", seen=seen) as port:
+        top = write(tmp_path / "r.txt", f"http://127.0.0.1:{port}/files/{served.name}\n")
+        requirements = read_requirements([top])
+        target = Target(reference_profile(), (AMD64, ARCHES["arm64"]))
+        pins = {
+            arch.name: resolve(requirements, target, arch, Cache(tmp_path / "c")).packages[0]
+            for arch in target.arches
+        }
+    assert seen == [f"GET /files/{served.name} 200"]
+    assert pins["amd64"].wheels == pins["arm64"].wheels

@@ -77,9 +77,10 @@ class _Fetching:
 def fetch_all(
     requirements: RequirementSet, cache: Cache, retries: Retries | None = None
 ) -> tuple[Fetched, ...]:
-    """Every direct requirement as a wheel in the cache, in order."""
+    """Every direct requirement as a wheel in the cache, in order; once for a requirement set,
+    whichever of its arches asks first."""
     run = _Fetching(cache, retries, build_options(requirements.no_index, requirements.find_links))
-    return tuple(fetch(r, run) for r in requirements.direct())
+    return requirements.fetched.get(lambda: tuple(fetch(r, run) for r in requirements.direct()))
 
 
 def refuse_unfit(fetched: Sequence[Fetched], target: Target[BaseFacts], arch: Arch) -> None:
