@@ -355,6 +355,7 @@ def build_parameters(plan: Plan, request: Request) -> BuildParameters:
             "without_programs": " ".join(sorted(request.without_programs)),
             "torch_backend": request.torch_backend or "",
             "find_links": " ".join(without_credentials(f) for f in requirements.find_links),
+            "no_index": requirements.no_index,
             "indexes": " ".join(without_credentials(url) for url in indexes),
             "apt_secrets": ",".join(
                 name

@@ -496,7 +496,8 @@ def _check_hash_mode(reader: _Reader) -> bool:
         why = f"a --hash at {hashed.origin}"
     for entry in reader.requirements:
         if entry.direct is not None:
-            continue  # pinned by what it names; a --hash on it is checked when it is fetched
+            _check_direct_hash(entry, why)
+            continue
         pinned = any(
             s.operator in ("==", "===") and "*" not in s.version
             for s in entry.requirement.specifier
@@ -507,6 +508,17 @@ def _check_hash_mode(reader: _Reader) -> bool:
                 f" is on ({why})"
             )
     return True
+
+
+def _check_direct_hash(entry: NamedRequirement, why: str) -> None:
+    """In hash-checking mode a URL needs its `--hash`: the file comes from elsewhere. A path is
+    read here and a repository is pinned by its commit: they need none."""
+    assert entry.direct is not None
+    if entry.direct.kind is SourceKind.URL and not entry.hashes:
+        raise UserError(
+            f"{entry.origin}: {entry.name} @ {entry.direct.shown[:80]} needs a --hash:"
+            f" hash-checking mode is on ({why})"
+        )
 
 
 def read_requirements(

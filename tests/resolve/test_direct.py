@@ -145,6 +145,25 @@ def test_every_kind_resolves_with_no_index_pinned_and_named(
     assert TOKEN not in first.pylock
 
 
+def test_hash_checking_mode_asks_a_url_for_its_hash_not_a_path_or_a_repository(
+    tmp_path: Path,
+) -> None:
+    wheel = make_wheel(tmp_path / "v", "bsi-v", "1.0", "py3-none-any", {})
+    url = "bsi-u @ https://files.example/bsi_u-1.0-py3-none-any.whl"
+    top = write(
+        tmp_path / "r.txt",
+        f"--require-hashes\n./v/{wheel.name}\nbsi-g @ git+https://git.example/g@v1\n{url}\n",
+    )
+    with pytest.raises(UserError) as caught:
+        read_requirements([top])
+    assert str(caught.value) == (
+        f"{top}:4: bsi-u @ https://files.example/bsi_u-1.0-py3-none-any.whl needs a --hash:"
+        f" hash-checking mode is on (--require-hashes at {top}:1)"
+    )
+    top.write_text(top.read_text().replace(f"{url}\n", f"{url} --hash=sha256:{'a' * 64}\n"))
+    assert read_requirements([top]).hash_checking
+
+
 def test_a_branch_that_moved_is_a_new_pin(tmp_path: Path) -> None:
     """`@main` pins the commit main names at plan time: a new commit there is a new pin (and
     a new wheel); the same commit again is the same wheel."""
