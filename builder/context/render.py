@@ -246,7 +246,7 @@ def lock_text(plan: Plan, arch: str) -> str:
     chosen = next(a for a in plan.arches if a.arch == arch)
     lock = lock_of((wheel.name, wheel.version, wheel.sha256) for wheel in chosen.wheels)
     sources = {
-        w.name: w.source.describe()
+        w.name: w.source.pin()
         for w in chosen.wheels
         if w.source is not None and w.source.kind is not SourceKind.FIND_LINKS  # like an index
     }

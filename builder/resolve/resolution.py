@@ -63,6 +63,13 @@ class Source:
             return f"find-links {self.location}"
         return f"{self.location} (sha256:{self.sha256})" if self.sha256 else self.location
 
+    def pin(self) -> str:
+        """What the lock says of it: what pins it, and nothing of the machine (a local path is
+        not named, so a checkout elsewhere gives the same lock and the same extras hash)."""
+        if self.kind is SourceKind.PATH:
+            return f"a local file (sha256:{self.sha256})" if self.sha256 else "a local project"
+        return self.describe()
+
     def url(self) -> str:
         """The origin as one URL: the file's, or the repository's at the commit (pip's form)."""
         if self.kind is SourceKind.VCS:

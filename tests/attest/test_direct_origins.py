@@ -106,6 +106,15 @@ def test_the_lock_says_where_a_direct_pin_came_from_and_a_moved_branch_changes_i
     assert f"acme-git==1.0 --hash=sha256:{SHA['git']}  # from {VCS.url()}\n" in lock
     assert f"acme-url==1.0 --hash=sha256:{SHA['url']}  # from {URL.describe()}\n" in lock
     assert f"acme-house==1.0 --hash=sha256:{SHA['house']}\n" in lock  # a wheelhouse: an index
+    local = Source(SourceKind.PATH, "/home/ci/build-7/vendor/acme_path-1.0.whl", "e" * 64)
+    elsewhere = replace(local, location="/home/ci/build-9/vendor/acme_path-1.0.whl")
+    locks = {
+        lock_text(Plan(reference_profile(), "b:1", (replace(arch, wheels=(w,)),), (), ()), "amd64")
+        for w in (_wheel("acme-path", local), _wheel("acme-path", elsewhere))
+    }
+    assert locks == {
+        f"acme-path==1.0 --hash=sha256:{'d' * 64}  # from a local file (sha256:{'e' * 64})\n"
+    }
     moved = replace(WHEELS[0], source=replace(VCS, commit="f" * 40))
     other = Plan(reference_profile(), "base:1", (replace(arch, wheels=(moved,)),), (), ())
     assert lock_text(other, "amd64") != lock_text(
