@@ -56,18 +56,20 @@ class Source:
     subdirectory: str = ""  # VCS/URL: the project's directory inside it
 
     def describe(self) -> str:
-        """One short line for the plan's table and the lock's comment."""
+        """One short line for the plan's table: the commit whole, a file's sha256 begun."""
         if self.kind is SourceKind.VCS:
             return self.url()
         if self.kind is SourceKind.FIND_LINKS:
             return f"find-links {self.location}"
-        return f"{self.location} (sha256:{self.sha256})" if self.sha256 else self.location
+        return f"{self.location} (sha256:{self.sha256[:12]}…)" if self.sha256 else self.location
 
     def pin(self) -> str:
         """What the lock says of it: what pins it, and nothing of the machine (a local path is
         not named, so a checkout elsewhere gives the same lock and the same extras hash)."""
         if self.kind is SourceKind.PATH:
             return f"a local file (sha256:{self.sha256})" if self.sha256 else "a local project"
+        if self.kind is SourceKind.URL:
+            return f"{self.location} (sha256:{self.sha256})"
         return self.describe()
 
     def url(self) -> str:

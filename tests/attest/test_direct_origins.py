@@ -104,7 +104,10 @@ def test_the_lock_says_where_a_direct_pin_came_from_and_a_moved_branch_changes_i
     plan = Plan(reference_profile(), "base:1", (arch,), (), ())
     lock = lock_text(plan, "amd64")
     assert f"acme-git==1.0 --hash=sha256:{SHA['git']}  # from {VCS.url()}\n" in lock
-    assert f"acme-url==1.0 --hash=sha256:{SHA['url']}  # from {URL.describe()}\n" in lock
+    assert (
+        f"acme-url==1.0 --hash=sha256:{SHA['url']}  # from {URL.location} (sha256:{SHA['url']})\n"
+        in lock
+    )
     assert f"acme-house==1.0 --hash=sha256:{SHA['house']}\n" in lock  # a wheelhouse: an index
     local = Source(SourceKind.PATH, "/home/ci/build-7/vendor/acme_path-1.0.whl", "e" * 64)
     elsewhere = replace(local, location="/home/ci/build-9/vendor/acme_path-1.0.whl")
