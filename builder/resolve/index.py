@@ -37,10 +37,16 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urljoin
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from uv import find_uv_bin
 
-from builder.cache import CHUNK, Cache
+from builder.cache import CHUNK, Cache, sha256_of
 from builder.errors import UserError
 from builder.resolve.requirements import DEFAULT_INDEX
 from builder.resolve.resolution import RemoteFile, redact
@@ -243,6 +249,32 @@ def index_files(
             filename = named or unquote(urllib.parse.urlsplit(absolute).path.rsplit("/", 1)[1])
             files.append(RemoteFile(filename, absolute, sha256, None, uploaded, yanked))
     return files
+
+
+def wheelhouse_files(locations: Sequence[str], name: str) -> list[RemoteFile]:
+    """Every wheel and sdist of project `name` in the wheelhouse directories among `locations`
+    (a page of links is uv's to read): what a set may build from besides its indexes, and all
+    it may build from with `--no-index`."""
+    wanted = canonicalize_name(name)
+    found = []
+    for location in locations:
+        directory = Path(location)
+        if location.startswith(("http://", "https://")) or not directory.is_dir():
+            continue
+        for path in sorted(directory.iterdir()):
+            if path.is_file() and _project_of(path.name) == wanted:
+                found.append(RemoteFile(path.name, path.as_uri(), sha256_of(path)))
+    return found
+
+
+def _project_of(filename: str) -> str | None:
+    """The normalized project a wheel's or sdist's file name names; None for anything else."""
+    try:
+        if filename.endswith(".whl"):
+            return str(parse_wheel_filename(filename)[0])
+        return str(parse_sdist_filename(filename)[0])
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
 
 
 def _listing(page: str, indexes: Sequence[str]) -> tuple[str, bytes]:

@@ -37,6 +37,7 @@ from builder.errors import UserError
 from builder.resolve.direct.fetch import Fetched, fetch_all, refuse_unfit
 from builder.resolve.index import (
     UV,
+    build_options,
     build_pure_wheel,
     built_source,
     compiled_code_evidence,
@@ -44,6 +45,7 @@ from builder.resolve.index import (
     index_files,
     uv_environment,
     uv_python,
+    wheelhouse_files,
 )
 from builder.resolve.origins import as_given, origins_of, with_sources
 from builder.resolve.requirements import RequirementSet
@@ -164,7 +166,9 @@ def _build_from_source(
 ) -> str:
     """Build the newest matching pure-Python sdist of `name` into `find_links`; refuse others."""
     specifier = _specifier_for(name, requirements)
-    files = index_files(requirements.indexes(), name, retries)
+    files = wheelhouse_files(requirements.find_links, name)
+    if not requirements.no_index:
+        files += index_files(requirements.indexes(), name, retries)
     wheeled: set[Version] = set()
     sdists: dict[Version, RemoteFile] = {}
     for file in files:
@@ -205,7 +209,8 @@ def _build_from_source(
             f"{origin(requirements, name)}: {name}=={version} has only a source distribution"
             f" and it compiles native code ({evidence}); {suggestion}"
         )
-    wheel, _ = build_pure_wheel(sdist, sdists[version], cache)
+    options = build_options(requirements.no_index, requirements.find_links)
+    wheel, _ = build_pure_wheel(sdist, sdists[version], cache, options)
     link = find_links / wheel.name
     if not link.exists():
         link.symlink_to(wheel)
@@ -443,7 +448,8 @@ def _build_fresher(
     sdist = download(source, cache, requirements.indexes(), retries)
     if compiled_code_evidence(sdist):
         return " that compiles native code"
-    wheel, _ = build_pure_wheel(sdist, source, cache)
+    options = build_options(requirements.no_index, requirements.find_links)
+    wheel, _ = build_pure_wheel(sdist, source, cache, options)
     link = find_links / wheel.name
     if not link.exists():
         link.symlink_to(wheel)

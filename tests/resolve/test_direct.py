@@ -310,3 +310,20 @@ def test_a_run_fetches_each_direct_requirement_once_for_all_its_arches(tmp_path:
         }
     assert seen == [f"GET /files/{served.name} 200"]
     assert pins["amd64"].wheels == pins["arm64"].wheels
+
+
+def test_an_sdist_in_a_wheelhouse_is_built_with_no_index(tmp_path: Path) -> None:
+    """Air-gapped: uv finds only a source release in the wheelhouse; it is built from there
+    (its build backend from the wheelhouse too), never looked up on an index."""
+    from support.projects import pure_sdist
+
+    sdist = pure_sdist(tmp_path / "house", "bsi-sourced", "1.2", "bsi_sourced", "V = 12\n")
+    top = write(tmp_path / "r.txt", "--index-url http://127.0.0.1:9/simple\n--no-index\n"
+                "-f house\nbsi-sourced\n")  # fmt: skip
+    target = Target(reference_profile(), (AMD64,))
+    found = resolve(read_requirements([top]), target, AMD64, Cache(tmp_path / "cache"))
+    assert [(p.name, p.version) for p in found.packages] == [("bsi-sourced", "1.2")]
+    assert found.built_from_source == ("bsi-sourced==1.2",)
+    wheel = found.packages[0].wheels[0]
+    assert wheel.filename == "bsi_sourced-1.2-py3-none-any.whl"
+    assert wheel.built_from is not None and wheel.built_from.sha256 == sha256_of(sdist)

@@ -7,6 +7,7 @@ needs no index: a test with `--no-index` builds it as it would with one.
 from __future__ import annotations
 
 import subprocess
+import tarfile
 from pathlib import Path
 
 BACKEND = '''"""A PEP 517 backend in the tree: zips the packages beside it into a pure wheel."""
@@ -76,3 +77,15 @@ def tagged_repository(root: Path, subdirectory: str = "") -> tuple[Path, str]:
     commit = commit_all(root, "bsi-gitpkg 1.0")
     git(root, "tag", "-a", "v1.0", "-m", "release 1.0")  # annotated: ls-remote peels it
     return root, commit
+
+
+def pure_sdist(directory: Path, name: str, version: str, module: str, body: str) -> Path:
+    """An sdist (`<name>-<version>.tar.gz`) of a `pure_project`, as an index or a wheelhouse
+    would hold it."""
+    stem = f"{name.replace('-', '_')}-{version}"
+    project = pure_project(directory / "src" / stem, name, version, module, body)
+    (project / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    sdist = directory / f"{stem}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        archive.add(project, arcname=stem)
+    return sdist
