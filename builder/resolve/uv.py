@@ -155,6 +155,22 @@ def _specifier_for(name: str, requirements: RequirementSet) -> SpecifierSet:
     return specifier
 
 
+def _release_files(
+    name: str, requirements: RequirementSet, retries: Retries | None
+) -> list[RemoteFile]:
+    """Every file of `name` the set may build from: its wheelhouses', then its indexes' (none
+    with --no-index)."""
+    files = wheelhouse_files(requirements.find_links, name)
+    if not requirements.no_index:
+        files += index_files(requirements.indexes(), name, retries)
+    return files
+
+
+def _build_options(requirements: RequirementSet) -> list[str]:
+    """Where `uv build` takes build backends from, for this set (builder.resolve.index)."""
+    return build_options(requirements.no_index, requirements.find_links)
+
+
 def _build_from_source(
     name: str,
     target: Target[BaseFacts],
@@ -166,9 +182,7 @@ def _build_from_source(
 ) -> str:
     """Build the newest matching pure-Python sdist of `name` into `find_links`; refuse others."""
     specifier = _specifier_for(name, requirements)
-    files = wheelhouse_files(requirements.find_links, name)
-    if not requirements.no_index:
-        files += index_files(requirements.indexes(), name, retries)
+    files = _release_files(name, requirements, retries)
     wheeled: set[Version] = set()
     sdists: dict[Version, RemoteFile] = {}
     for file in files:
@@ -209,8 +223,7 @@ def _build_from_source(
             f"{origin(requirements, name)}: {name}=={version} has only a source distribution"
             f" and it compiles native code ({evidence}); {suggestion}"
         )
-    options = build_options(requirements.no_index, requirements.find_links)
-    wheel, _ = build_pure_wheel(sdist, sdists[version], cache, options)
+    wheel, _ = build_pure_wheel(sdist, sdists[version], cache, _build_options(requirements))
     link = find_links / wheel.name
     if not link.exists():
         link.symlink_to(wheel)
@@ -448,8 +461,7 @@ def _build_fresher(
     sdist = download(source, cache, requirements.indexes(), retries)
     if compiled_code_evidence(sdist):
         return " that compiles native code"
-    options = build_options(requirements.no_index, requirements.find_links)
-    wheel, _ = build_pure_wheel(sdist, source, cache, options)
+    wheel, _ = build_pure_wheel(sdist, source, cache, _build_options(requirements))
     link = find_links / wheel.name
     if not link.exists():
         link.symlink_to(wheel)
