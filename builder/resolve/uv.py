@@ -257,13 +257,14 @@ def _resolution_key(
 
 
 def _cached(
-    cache: Cache, key: str, target: Target[BaseFacts], arch: Arch, direct: frozenset[str]
+    cache: Cache, key: str, target: Target[BaseFacts], arch: Arch, fetched: Sequence[Fetched]
 ) -> Resolution | None:
     record = cache.get_record("resolution", key)
     if not record or time.time() - record["at"] > RESOLUTION_TTL_SECONDS:
         return None
     packages, provided = _packages(tomllib.loads(record["pylock"]), target, cache)
     built_here = [w for p in packages for w in p.wheels if w.url.startswith("file:")]
+    direct = frozenset(f.wheel.name for f in fetched)
     if any(not _still_there(w, cache, direct) for w in built_here):
         return None  # a wheel built from source (or its record) has left the cache: resolve again
     return Resolution(
@@ -304,11 +305,9 @@ def resolve(
     (listings, sources) try again on faults as the run's `retries` say; uv retries its own.
     """
     check_against_base(requirements, target, arch)
-    fetched = fetch_all(requirements, cache, retries)
-    refuse_unfit(fetched, target, arch)
+    fetched = refuse_unfit(fetch_all(requirements, cache, retries), target, arch)
     key = _resolution_key(requirements, target, arch, overrides, fetched)
-    direct = frozenset(f.wheel.name for f in fetched)
-    if not refresh and (found := _cached(cache, key, target, arch, direct)):
+    if not refresh and (found := _cached(cache, key, target, arch, fetched)):
         return with_sources(found, requirements.find_links, fetched)
     built: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bsi-resolve-") as temp:
@@ -380,8 +379,8 @@ def resolve(
                     warnings.append(pick.message())
     record = dict(at=time.time(), built=built, pylock=pylock, warnings=warnings, origins=origins)
     cache.put_record("resolution", key, record)
-    resolution = Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
-    return with_sources(resolution, requirements.find_links, fetched)
+    found = Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
+    return with_sources(found, requirements.find_links, fetched)
 
 
 def _requirement_lines(requirements: RequirementSet, fetched: Sequence[Fetched]) -> str:

@@ -83,9 +83,11 @@ def fetch_all(
     return requirements.fetched.get(lambda: tuple(fetch(r, run) for r in requirements.direct()))
 
 
-def refuse_unfit(fetched: Sequence[Fetched], target: Target[BaseFacts], arch: Arch) -> None:
-    """A direct wheel the target's `arch` cannot install, where its line applies, is refused
-    naming the line: a wheel for one arch is that arch's, which a marker says."""
+def refuse_unfit(
+    fetched: tuple[Fetched, ...], target: Target[BaseFacts], arch: Arch
+) -> tuple[Fetched, ...]:
+    """`fetched`, once no wheel in it is one the target's `arch` cannot install where its line
+    applies (refused naming the line): a wheel for one arch is that arch's, as a marker says."""
     environment = target.marker_environment(arch)
     for one in fetched:
         tags = frozenset(parse_wheel_filename(one.wheel.name)[3])
@@ -95,6 +97,7 @@ def refuse_unfit(fetched: Sequence[Fetched], target: Target[BaseFacts], arch: Ar
                 f" {target.python_version} {arch.machine}; keep it to its arch with a marker"
                 " (`; platform_machine == '…'`) or give a wheel for each"
             )
+    return fetched
 
 
 def fetch(requirement: NamedRequirement, run: _Fetching) -> Fetched:
