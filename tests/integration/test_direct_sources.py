@@ -6,7 +6,8 @@ vendored wheel by path, a project directory built here, a wheel from a URL behin
 (`git+file://…@v1.0`, in a subdirectory). The index the file names is a closed port and
 `--no-index` keeps it out: the build is air-gapped from any index. The image is built, verified
 hardened and imported as uid 65532; the token appears in nothing the tool wrote or printed, in
-its cache, or in the image; two plans pin the same files; the refusals are one line each.
+its cache, or in the image; two plans pin the same files; the refusals are one line each. A
+repository is also resolved over `git+ssh://`, against a real sshd on loopback.
 """
 
 from __future__ import annotations
@@ -201,3 +202,35 @@ def test_refusals_are_one_line_naming_file_and_line(inputs: Inputs, line: str, s
     assert len(lines) == 1 and lines[0].startswith(f"error: {requirements}:2: "), lines
     assert says in lines[0] and TOKEN not in result.stderr + result.stdout
     assert not out.exists()
+
+
+def test_a_repository_over_ssh_resolves_to_its_commit_through_the_caller_s_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`git+ssh://` goes through the caller's ssh (its config and key: a wrapper first on PATH,
+    as ~/.ssh/config would be), against a real sshd on loopback."""
+    from support.plans import AMD64, reference_profile
+    from support.sshengine import SshEngine
+
+    from builder.cache import Cache
+    from builder.resolve.requirements import read_requirements
+    from builder.resolve.target import Target
+    from builder.resolve.uv import resolve
+
+    repository, commit = tagged_repository(tmp_path / "repo")
+    server = SshEngine(tmp_path / "sshd").start()
+    try:
+        monkeypatch.setenv("PATH", server.ssh_on_path())
+        url = f"git+ssh://root@127.0.0.1:{server.port}{repository}@v1.0"
+        requirements = tmp_path / "r.txt"
+        requirements.write_text(f"bsi-gitpkg @ {url}\n")
+        target = Target(reference_profile(), (AMD64,))
+        found = resolve(read_requirements([requirements]), target, AMD64, Cache(tmp_path / "c"))
+    finally:
+        server.stop()
+    source = found.packages[0].source
+    assert source is not None
+    assert (source.location, source.commit) == (
+        f"git+ssh://127.0.0.1:{server.port}{repository}",
+        commit,
+    )
