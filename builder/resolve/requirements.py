@@ -325,8 +325,13 @@ class _Reader:
             if line.startswith("-"):
                 self._option(path, line, origin, as_constraints, seen | {identity})
             else:
-                target = self.constraints if as_constraints else self.requirements
-                target.append(_parse_requirement(line, origin, path.parent))
+                entry = _parse_requirement(line, origin, path.parent)
+                if as_constraints and entry.direct is not None:
+                    raise UserError(
+                        f"{origin}: a constraint names versions, not a file or repository:"
+                        f" give {entry.name} @ … in a requirements file"
+                    )
+                (self.constraints if as_constraints else self.requirements).append(entry)
 
     def _option(
         self,

@@ -145,6 +145,17 @@ def test_every_kind_resolves_with_no_index_pinned_and_named(
     assert TOKEN not in first.pylock
 
 
+def test_a_constraint_file_names_versions_not_files(tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "v", "bsi-v", "1.0", "py3-none-any", {})
+    constraints = write(tmp_path / "c.txt", f"./v/{wheel.name}\n")
+    with pytest.raises(UserError) as caught:
+        read_requirements([write(tmp_path / "r.txt", "bsi-v\n")], [constraints])
+    assert str(caught.value) == (
+        f"{constraints}:1: a constraint names versions, not a file or repository:"
+        " give bsi-v @ … in a requirements file"
+    )
+
+
 def test_hash_checking_mode_asks_a_url_for_its_hash_not_a_path_or_a_repository(
     tmp_path: Path,
 ) -> None:
