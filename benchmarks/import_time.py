@@ -52,7 +52,8 @@ from typing import Any, TypeVar
 
 import docker
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.layers.bytecode import Compiled, CompileQueue, Compiler, Interpreter, bytecode_layer
 from builder.layers.layer import (
     Layer,
@@ -440,9 +441,8 @@ def measure_imports(variant: Variant, imports: str) -> None:
         variant.samples.setdefault(measure, []).append(seconds)
 
 
-def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -> list[str]:
-    """The figures as printed: sizes, then times per image, then the ratios the targets name."""
-    by = {v.key: v for v in images}
+def size_lines(images: Sequence[Variant], facts: dict[str, Any]) -> list[str]:
+    """The run's heading, then each image's layers, sizes and bytecode census."""
     mib = 1 << 20
     lines = [
         f"commit {facts['commit']}  base {facts['base']} ({facts['base_layers']} layers)"
@@ -461,14 +461,19 @@ def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -
             f"{100 * v.bytecode_bytes / (v.added - v.bytecode_bytes):>5.0f}%"
             f"{counts['py']:>7}{counts['pyc']:>7}{counts['hash_based']:>11}"
         )
-    lines += [
+    return lines
+
+
+def time_lines(images: Sequence[Variant], facts: dict[str, Any]) -> list[str]:
+    """Each image's median times (and against the hand-written `a`), then the startup floor."""
+    lines = [
         "",
         "seconds, medians (import: perf_counter in the child; cpu: the child's user+sys, sys;"
         " interp: the child's wall; run: docker run; start: docker run -> GET / 200)",
         f"{'':3}{'image':32}{'import':>8}{'min':>7}{'cpu':>7}{'sys':>7}{'interp':>8}{'run':>7}"
         f"{'start':>7}{'import/a':>10}{'cpu/a':>7}",
     ]
-    hand = by["a"]
+    hand = {v.key: v for v in images}["a"]
     for v in images:
         lines.append(
             f"{v.key:3}{v.title:32}{v.median('inside'):>8.3f}{v.least('inside'):>7.3f}"
@@ -478,12 +483,17 @@ def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -
             f"{v.median('cpu') / hand.median('cpu'):>6.3f}x"
         )
     floor = facts["floor"]
-    lines += [
+    lines.append(
         f"startup floor (c, python3 -c pass): interp {floor['interpreter']:.3f} s,"
-        f" docker run {floor['docker_run']:.2f} s",
-        "",
-        "ratios: import median / min / cpu median / sys median",
-    ]
+        f" docker run {floor['docker_run']:.2f} s"
+    )
+    return lines
+
+
+def ratio_lines(images: Sequence[Variant]) -> list[str]:
+    """The ratios the targets name: imports between pairs of images, container start against b."""
+    by = {v.key: v for v in images}
+    lines = ["", "ratios: import median / min / cpu median / sys median"]
     pairs = [("c", "b", "the bytecode win"), ("c", "a", "ours vs hand-written")]
     pairs += [(k, "c", "many layers vs one") for k in "def"] + [("d", "a", ""), ("f", "a", "")]
     for top, bottom, what in pairs:
@@ -500,16 +510,23 @@ def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -
         f" / {by[k].least('start') / by['b'].least('start'):.3f}x"
         for k in "acdef"
     ]
+    return lines
+
+
+def report(images: Sequence[Variant], timings: Timings, facts: dict[str, Any]) -> list[str]:
+    """The figures as printed: sizes, then times per image, then the ratios the targets name."""
     compile2, compile1 = timings.compile_by_workers[2], timings.compile_by_workers[1]
     deps = timings.deps_layer
-    lines += [
+    return [
+        *size_lines(images, facts),
+        *time_lines(images, facts),
+        *ratio_lines(images),
         f"cold writes (fresh cache): deps layer {deps:.1f} s, per-distribution layers"
         f" {timings.per_distribution_layers:.1f} s, bytecode compile {compile2:.1f} s"
         f" (COMPILERS=2) / {compile1:.1f} s (COMPILERS=1);"
         f" (deps layer + compile) / deps layer = {(deps + compile2) / deps:.2f}x",
         f"time taken {facts['seconds']:.0f} s",
     ]
-    return lines
 
 
 def measured(base: str, images: Sequence[Variant], args: argparse.Namespace) -> dict[str, Any]:

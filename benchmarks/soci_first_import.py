@@ -148,78 +148,91 @@ def timed_start(
     return Timing(*marks["answered"], *marks["imported"], pull, pull_phases(pulled.stdout))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--set", default=DEFAULT_SET)
-    parser.add_argument("--base-image", default="bsi-reference:test")
-    args = parser.parse_args()
-    env = json.loads((REPO / ".test-env.json").read_text())
+def build_ours(
+    env: dict[str, Any], work: Path, packages: list[str], base_image: str, repository: str
+) -> tuple[str, dict[str, Any]]:
+    """The CLI's build, verification and push of the set: the digest and report.json's soci."""
+    (work / "requirements.txt").write_text("\n".join(packages) + "\n")
+    credentials = {
+        "BSI_REGISTRY_USER": env["registry_user"],
+        "BSI_REGISTRY_PASSWORD": env["registry_password"],
+    }
+    run(sys.executable, "-m", "builder", "-r", str(work / "requirements.txt"),
+        "--base-image", base_image, "--arch", "amd64",
+        "--push", f"{env['registry']}/{repository}", "--output", str(work / "context"),
+        cwd=REPO, env={**os.environ, **credentials})  # fmt: skip
+    report = json.loads((work / "context" / "report.json").read_text())["image"]
+    return report["digest"], report["soci"]
+
+
+def build_hand(
+    env: dict[str, Any], work: Path, packages: list[str], base_image: str, tag: str
+) -> str:
+    """The hand-written recipe built by Docker and pushed as `tag`: its digest."""
     host, user, password = env["registry"], env["registry_user"], env["registry_password"]
-    packages = args.set.split()
-    modules = [{"scikit-learn": "sklearn", "beautifulsoup4": "bs4"}.get(p, p) for p in packages]
-    run_id = uuid.uuid4().hex[:8]
-    credentials = {"BSI_REGISTRY_USER": user, "BSI_REGISTRY_PASSWORD": password}
-    with tempfile.TemporaryDirectory(prefix="bsi-soci-bench-") as scratch:
-        work = Path(scratch)
-        (work / "requirements.txt").write_text("\n".join(packages) + "\n")
-        ours_repo = f"bsi-soci-bench-{run_id}/ours"
-        run(sys.executable, "-m", "builder", "-r", str(work / "requirements.txt"),
-            "--base-image", args.base_image, "--arch", "amd64",
-            "--push", f"{host}/{ours_repo}", "--output", str(work / "context"),
-            cwd=REPO, env={**os.environ, **credentials})  # fmt: skip
-        report = json.loads((work / "context" / "report.json").read_text())["image"]
-        digest, soci = report["digest"], report["soci"]
-        hand_tag = f"{host}/bsi-soci-bench-{run_id}/hand:1"
-        (work / "hand").mkdir()
-        (work / "hand" / "Dockerfile").write_text(
-            HAND.format(base=args.base_image, packages=" ".join(packages))
-        )
-        docker_env = {  # a login of its own: the machine's docker config is left alone
-            **os.environ, "DOCKER_CONFIG": str(work / "docker"), "DOCKER_BUILDKIT": "1",
-            "DOCKER_HOST": env["docker_host"],
-        }  # fmt: skip
-        run("/usr/bin/docker", "build", "--secret", f"id=ca,src={env['ca_bundle']}",
-            "-t", hand_tag, str(work / "hand"), env=docker_env)  # fmt: skip
-        run("/usr/bin/docker", "login", "-u", user, "--password-stdin", host, input=password,
-            env=docker_env)  # fmt: skip
-        pushed = run("/usr/bin/docker", "push", hand_tag, env=docker_env).stdout
-        hand_digest = next(w for w in pushed.split() if w.startswith("sha256:"))
-        run("/usr/bin/docker", "rmi", hand_tag, env=docker_env)  # pushed: the registry holds it
-        create_repo = f"bsi-soci-bench-{run_id}/create"
-        login = argparse.Namespace(user=user, password=password)
-        mount_image(login, f"{host}/{ours_repo}@{digest}", f"{host}/{create_repo}:1")
-        rounds: dict[str, list[Timing]] = {"ours": [], "create": [], "hand": []}
-        with TlsRegistry(work, Path(env["registry_dir"]), writable=True) as tls:
-            indexing = work / "indexing"
-            indexing.mkdir()
-            login_pair = (user, password)
-            with SociNode(indexing, env["soci"], env["soci_snapshotter"], tls, login_pair) as node:
-                ref = f"{tls.host}/{create_repo}@{digest}"
-                secret = f"{user}:{password}"
-                assert node.ctr("images", "pull", "--user", secret, ref).returncode == 0
-                assert node.soci("create", ref).returncode == 0
-                pushed_index = node.soci("push", "--user", secret, ref)
-                assert pushed_index.returncode == 0, pushed_index.stderr
-            code = first_import(modules)
-            variants = {
-                "ours": (f"{tls.host}/{ours_repo}@{digest}", True),
-                "create": (f"{tls.host}/{create_repo}@{digest}", True),
-                "hand": (f"{tls.host}/bsi-soci-bench-{run_id}/hand@{hand_digest}", False),
-            }
-            for index in range(args.rounds):
-                order = list(variants) if index % 2 == 0 else list(reversed(variants))
-                for name in order:
-                    node_dir = work / f"node-{index}-{name}"
-                    node_dir.mkdir()
-                    reference, lazy = variants[name]
-                    rounds[name].append(timed_start(env, tls, node_dir, reference, lazy, code))
-                    t = rounds[name][-1]
-                    phases = f", {t.phases}" if t.phases else ""
-                    print(f"round {index + 1} {name}: first answer {t.answer:.1f} s "
-                          f"({t.answer_bytes / 2**20:.1f} MiB), import {t.imported:.1f} s "
-                          f"({t.imported_bytes / 2**20:.1f} MiB); pull {t.pull:.1f} s{phases}",
-                          flush=True)  # fmt: skip
+    (work / "hand").mkdir()
+    (work / "hand" / "Dockerfile").write_text(
+        HAND.format(base=base_image, packages=" ".join(packages))
+    )
+    docker_env = {  # a login of its own: the machine's docker config is left alone
+        **os.environ, "DOCKER_CONFIG": str(work / "docker"), "DOCKER_BUILDKIT": "1",
+        "DOCKER_HOST": env["docker_host"],
+    }  # fmt: skip
+    run("/usr/bin/docker", "build", "--secret", f"id=ca,src={env['ca_bundle']}",
+        "-t", tag, str(work / "hand"), env=docker_env)  # fmt: skip
+    run("/usr/bin/docker", "login", "-u", user, "--password-stdin", host, input=password,
+        env=docker_env)  # fmt: skip
+    pushed = run("/usr/bin/docker", "push", tag, env=docker_env).stdout
+    digest = next(w for w in pushed.split() if w.startswith("sha256:"))
+    run("/usr/bin/docker", "rmi", tag, env=docker_env)  # pushed: the registry holds it
+    return digest
+
+
+def index_with_soci_create(
+    env: dict[str, Any], work: Path, tls: TlsRegistry, reference: str
+) -> None:
+    """`reference` (our manifest, mounted in a repository of its own) indexed by the real
+    `soci create` and `soci push` on a node of its own."""
+    user, password = env["registry_user"], env["registry_password"]
+    indexing = work / "indexing"
+    indexing.mkdir()
+    with SociNode(indexing, env["soci"], env["soci_snapshotter"], tls, (user, password)) as node:
+        secret = f"{user}:{password}"
+        assert node.ctr("images", "pull", "--user", secret, reference).returncode == 0
+        assert node.soci("create", reference).returncode == 0
+        pushed_index = node.soci("push", "--user", secret, reference)
+        assert pushed_index.returncode == 0, pushed_index.stderr
+
+
+def measure_rounds(
+    env: dict[str, Any],
+    tls: TlsRegistry,
+    work: Path,
+    variants: dict[str, tuple[str, bool]],
+    count: int,
+    code: str,
+) -> dict[str, list[Timing]]:
+    """`count` rounds of a fresh node per variant (`name: (reference, lazy)`), in alternating
+    order, each round's timing printed as it comes."""
+    rounds: dict[str, list[Timing]] = {name: [] for name in variants}
+    for index in range(count):
+        order = list(variants) if index % 2 == 0 else list(reversed(variants))
+        for name in order:
+            node_dir = work / f"node-{index}-{name}"
+            node_dir.mkdir()
+            reference, lazy = variants[name]
+            rounds[name].append(timed_start(env, tls, node_dir, reference, lazy, code))
+            t = rounds[name][-1]
+            phases = f", {t.phases}" if t.phases else ""
+            print(f"round {index + 1} {name}: first answer {t.answer:.1f} s "
+                  f"({t.answer_bytes / 2**20:.1f} MiB), import {t.imported:.1f} s "
+                  f"({t.imported_bytes / 2**20:.1f} MiB); pull {t.pull:.1f} s{phases}",
+                  flush=True)  # fmt: skip
+    return rounds
+
+
+def compare(rounds: dict[str, list[Timing]], soci: dict[str, Any]) -> None:
+    """The medians per variant, report.json's estimate, and the ratios against the targets."""
 
     def median(name: str, field: str) -> float:
         return statistics.median(getattr(t, field) for t in rounds[name])
@@ -241,6 +254,37 @@ def main() -> None:
             f" (target <= 0.5), ours / soci create's index"
             f" {median('ours', field) / create:.2f}x (target <= 1.0)"
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set", default=DEFAULT_SET)
+    parser.add_argument("--base-image", default="bsi-reference:test")
+    args = parser.parse_args()
+    env = json.loads((REPO / ".test-env.json").read_text())
+    host = env["registry"]
+    packages = args.set.split()
+    modules = [{"scikit-learn": "sklearn", "beautifulsoup4": "bs4"}.get(p, p) for p in packages]
+    run_id = uuid.uuid4().hex[:8]
+    with tempfile.TemporaryDirectory(prefix="bsi-soci-bench-") as scratch:
+        work = Path(scratch)
+        ours_repo = f"bsi-soci-bench-{run_id}/ours"
+        digest, soci = build_ours(env, work, packages, args.base_image, ours_repo)
+        hand_tag = f"{host}/bsi-soci-bench-{run_id}/hand:1"
+        hand_digest = build_hand(env, work, packages, args.base_image, hand_tag)
+        create_repo = f"bsi-soci-bench-{run_id}/create"
+        login = argparse.Namespace(user=env["registry_user"], password=env["registry_password"])
+        mount_image(login, f"{host}/{ours_repo}@{digest}", f"{host}/{create_repo}:1")
+        with TlsRegistry(work, Path(env["registry_dir"]), writable=True) as tls:
+            index_with_soci_create(env, work, tls, f"{tls.host}/{create_repo}@{digest}")
+            variants = {
+                "ours": (f"{tls.host}/{ours_repo}@{digest}", True),
+                "create": (f"{tls.host}/{create_repo}@{digest}", True),
+                "hand": (f"{tls.host}/bsi-soci-bench-{run_id}/hand@{hand_digest}", False),
+            }
+            rounds = measure_rounds(env, tls, work, variants, args.rounds, first_import(modules))
+    compare(rounds, soci)
 
 
 if __name__ == "__main__":

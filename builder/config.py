@@ -1,10 +1,15 @@
-"""The pipeline config file: everything a CI job needs, so it runs one short command.
+"""The pipeline config file, and the one record of a run's settings built from it and the flags.
+
+`PipelineConfig` is the file as written; `RunSettings` is what one run is asked, made once
+(`merge`: the flags over the config; `settings_of`: a `rebuild`'s, the config alone) and passed
+down to the planning, the producers and the delivery. A config file gives everything a CI job
+needs, so it runs one short command:
 
     # build-sandbox-image.toml
     requirements = ["requirements.txt"]
     base-repository = "registry.example.com/sandbox/runtime"
     platform-version = "1.4.2"
-    architectures = ["amd64"]
+    architectures = ["amd64"]       # optional, as --arch: default every arch the base offers
     repository = "registry.example.com/sandbox/runtime-extended"
     template = "sandbox-template.yaml"
     apt-ca-bundle = "corp-ca.pem"   # optional, as --apt-ca-bundle: a BuildKit secret only
@@ -74,12 +79,16 @@ VERSION_LINE = re.compile(r'^(platform-version\s*=\s*)(["\'])(.*?)\2', re.M)
 
 @dataclass(frozen=True)
 class PipelineConfig:
+    """The config file, as written: each setting typed, paths made relative to the file.
+
+    Not the run's settings: `merge` lays the flags over it into the one `RunSettings`."""
+
     path: Path
     requirements: tuple[Path, ...]
     constraints: tuple[Path, ...]
     base_repository: ImageRef  # parsed here, where the text enters
     platform_version: str
-    architectures: tuple[str, ...]
+    architectures: tuple[str, ...]  # empty: every arch the base offers (as without a config)
     repository: ImageRef | None  # parsed here, where the text enters
     template: Path | None
     container: str | None
@@ -104,6 +113,41 @@ class PipelineConfig:
 
 
 def load_config(path: Path) -> PipelineConfig:
+    """The config at `path`; a setting unknown, missing or of the wrong type is one error
+    naming the file and the setting."""
+    table = _Table(path, _read(path))
+    here = path.parent
+    base_repository = table.repository("base-repository")
+    if base_repository is None:
+        raise UserError(f"{path}: 'base-repository' is empty")
+    return PipelineConfig(
+        path=path,
+        requirements=table.paths("requirements"),
+        constraints=table.paths("constraints"),
+        base_repository=base_repository,
+        platform_version=str(table.data["platform-version"]),
+        architectures=table.names("architectures", "names"),
+        repository=table.repository("repository"),
+        template=table.path("template"),
+        container=table.text("container"),
+        warm_pools=table.paths("warm-pools"),
+        output=here / str(table.text("output", "sandbox-image")),
+        state=here / str(table.text("state", f"{path.stem}.state.json")),
+        apt_secrets={
+            secret: file for key, secret in APT_SECRETS.items() if (file := table.path(key))
+        },
+        bytecode=table.switch("bytecode"),
+        engines=table.engines(),
+        sign_key=table.path("sign-key"),
+        soci=table.switch("soci"),
+        without_programs=table.names("without-programs", "program names"),
+        torch_backend=table.torch_backend(),
+        cache_max=_size(table.data.get("cache-max"), f"{path}: 'cache-max'"),
+    )
+
+
+def _read(path: Path) -> dict[str, object]:
+    """The TOML at `path`, with every required setting and no unknown one."""
     try:
         data = tomllib.loads(path.read_text())
     except OSError as error:
@@ -116,76 +160,67 @@ def load_config(path: Path) -> PipelineConfig:
     for key in ("requirements", "base-repository", "platform-version"):
         if key not in data:
             raise UserError(f"{path}: missing setting {key!r}")
-    here = path.parent
+    return data
 
-    def paths(key: str) -> tuple[Path, ...]:
-        value = data.get(key, [])
+
+@dataclass(frozen=True)
+class _Table:
+    """The config's settings read one by one: each reader checks its value's type and names
+    the setting (and the file) when it is wrong."""
+
+    file: Path
+    data: Mapping[str, object]
+
+    def paths(self, key: str) -> tuple[Path, ...]:
+        value = self.data.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise UserError(f"{path}: {key!r} must be a list of paths")
-        return tuple(here / v for v in value)
+            raise UserError(f"{self.file}: {key!r} must be a list of paths")
+        return tuple(self.file.parent / v for v in value)
 
-    def text(key: str, default: str | None = None) -> str | None:
-        value = data.get(key, default)
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self.data.get(key, default)
         if value is not None and not isinstance(value, str):
-            raise UserError(f"{path}: {key!r} must be a string")
+            raise UserError(f"{self.file}: {key!r} must be a string")
         return value
 
-    arches = data.get("architectures", ["amd64"])
-    if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
-        raise UserError(f"{path}: 'architectures' must be a list of names")
+    def path(self, key: str) -> Path | None:
+        """A file named relative to the config; None when the setting is absent or empty."""
+        value = self.text(key)
+        return self.file.parent / value if value else None
 
-    def repository(key: str) -> ImageRef | None:
-        value = text(key)
-        return ImageRef.parse_repository(value, f"{path}: {key}") if value else None
+    def names(self, key: str, what: str) -> tuple[str, ...]:
+        """A list of non-empty names (`what` says of what, in the error)."""
+        value = self.data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise UserError(f"{self.file}: {key!r} must be a list of {what}")
+        return tuple(value)
 
-    base_repository = repository("base-repository")
-    if base_repository is None:
-        raise UserError(f"{path}: 'base-repository' is empty")
-    template = text("template")
-    sign_key = text("sign-key")
-    bytecode = data.get("bytecode", True)
-    if not isinstance(bytecode, bool):
-        raise UserError(f"{path}: 'bytecode' must be true or false")
-    soci = data.get("soci", True)
-    if not isinstance(soci, bool):
-        raise UserError(f"{path}: 'soci' must be true or false")
-    without = data.get("without-programs", [])
-    if not isinstance(without, list) or not all(isinstance(v, str) and v for v in without):
-        raise UserError(f"{path}: 'without-programs' must be a list of program names")
-    backend = text("torch-backend")
-    cache_max = _size(data.get("cache-max"), f"{path}: 'cache-max'")
-    engines = data.get("engines", {})
-    if not isinstance(engines, dict) or not all(isinstance(v, str) for v in engines.values()):
-        raise UserError(f"{path}: [engines] must map arches to engine URLs")
-    return PipelineConfig(
-        path=path,
-        requirements=paths("requirements"),
-        constraints=paths("constraints"),
-        base_repository=base_repository,
-        platform_version=str(data["platform-version"]),
-        architectures=tuple(arches),
-        repository=repository("repository"),
-        template=here / template if template else None,
-        container=text("container"),
-        warm_pools=paths("warm-pools"),
-        output=here / str(text("output", "sandbox-image")),
-        state=here / str(text("state", f"{path.stem}.state.json")),
-        apt_secrets={
-            secret: here / value for key, secret in APT_SECRETS.items() if (value := text(key))
-        },
-        bytecode=bytecode,
-        engines={
-            known_arch(arch, f"{path}: [engines]"): EngineURL.parse(
-                url, f"{path}: [engines] {arch}", here
+    def switch(self, key: str) -> bool:
+        """A setting that is on unless the config turns it off."""
+        value = self.data.get(key, True)
+        if not isinstance(value, bool):
+            raise UserError(f"{self.file}: {key!r} must be true or false")
+        return value
+
+    def repository(self, key: str) -> ImageRef | None:
+        value = self.text(key)
+        return ImageRef.parse_repository(value, f"{self.file}: {key}") if value else None
+
+    def engines(self) -> dict[str, EngineURL]:
+        """[engines]: arch -> its engine's URL (relative paths are the config's)."""
+        engines = self.data.get("engines", {})
+        if not isinstance(engines, dict) or not all(isinstance(v, str) for v in engines.values()):
+            raise UserError(f"{self.file}: [engines] must map arches to engine URLs")
+        return {
+            known_arch(arch, f"{self.file}: [engines]"): EngineURL.parse(
+                url, f"{self.file}: [engines] {arch}", self.file.parent
             )
             for arch, url in engines.items()
-        },
-        sign_key=here / sign_key if sign_key else None,
-        soci=soci,
-        without_programs=tuple(without),
-        torch_backend=torch_backend(backend, f"{path}: torch-backend") if backend else None,
-        cache_max=cache_max,
-    )
+        }
+
+    def torch_backend(self) -> str | None:
+        backend = self.text("torch-backend")
+        return torch_backend(backend, f"{self.file}: torch-backend") if backend else None
 
 
 def _size(value: object, what: str) -> int | None:
@@ -218,15 +253,16 @@ def set_platform_version(config: PipelineConfig, version: str) -> None:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """The options of one main run, from flags, a config file, or both."""
+    """What one run is asked, from flags, a config file, or both: made once (`merge`,
+    `settings_of`) and read by every step after. Every switch is named for what it turns on."""
 
     requirements: tuple[Path, ...]
     base_image: ImageRef  # the CLI's default when neither flag nor config names one
     constraints: tuple[Path, ...] = ()
-    arches: tuple[str, ...] = ()
-    output: Path = Path("sandbox-image")
+    arches: tuple[str, ...] = ()  # empty: every arch the base offers
+    output: Path = Path("sandbox-image")  # the build context's directory (report.json's)
     push_repository: ImageRef | None = None
-    platform_version: str | None = None
+    platform_version: str | None = None  # for labels and tags; default: the base image's tag
     template: Path | None = None
     container: str | None = None
     warm_pools: tuple[Path, ...] = ()
@@ -240,6 +276,15 @@ class RunSettings:
     find_links: tuple[str, ...] = ()  # --find-links wheelhouses, beside the files' own
     no_index: bool = False  # --no-index: only wheelhouses and direct requirements
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
+    cache_dir: Path | None = None  # None: the default cache (builder.cache.default_root)
+    state: Path | None = None  # a config's run records what it pushed here, for `rebuild`
+    refresh: bool = False  # ask the index again instead of trusting the cached answers
+    overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
+    with_optional: bool = False  # also install what only on-demand plugins need
+    build: bool = True  # build the images (else stop after writing the context)
+    verify: bool = True  # verify the images (and gate a push on it)
+    strict: bool = False  # a verification warning (a noisy import) fails it too
+    tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
 
 
 def merge(
@@ -249,7 +294,7 @@ def merge(
 
     `output` and `base_image` always have a value (the CLI's default when no flag names one),
     so `output_given` and `base_given` say whether the operator gave the flag: a config's value
-    wins over a default, a flag wins over the config."""
+    wins over a default, a flag wins over the config. Only a config names a state file."""
     if config is None:
         return flags
     return replace(
@@ -272,6 +317,7 @@ def merge(
         without_programs=tuple(dict.fromkeys(config.without_programs + flags.without_programs)),
         torch_backend=flags.torch_backend or config.torch_backend,
         cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
+        state=config.state,
     )
 
 

@@ -28,6 +28,10 @@ The decisions are pure functions of the policy (`retryable`, `backoff`, `retry_a
 `wait`); `Retries` is the one mutable part, one per run: it holds the clock, the sleep and the
 random source (injected by tests, so that they need no real waiting), the budget spent, the
 line said for each retry, and the record of them all (report.json's `registry_retries`).
+`Retries.attempt` is the one loop every remote call goes through (the registry client's and
+the package index's): the caller says which of its errors are faults and how a retry line
+names them (`Faulted`); the loop counts the tries, waits, says and records each retry and
+spends the budget.
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 RECEIVE = 1 << 20  # bytes asked of one receive
@@ -121,6 +128,28 @@ class _Silent:
         pass
 
 
+class Service(StrEnum):
+    """What answered a retried request: a registry, or a package index (listings, wheels)."""
+
+    REGISTRY = "registry"
+    INDEX = "index"
+
+
+@dataclass(frozen=True)
+class Faulted:
+    """How a caller sees one failed try: the answer a retry line names (`503`, `connection
+    reset`, …) and the `Retry-After` the answer carried."""
+
+    answer: str
+    asked: str | None = None
+
+
+# A caller's reading of an error: a fault to try again, or None (an answer for good: re-raised).
+Classify = Callable[[Exception], Faulted | None]
+# What a caller raises once the tries or the budget are spent: the last error, and the tries made.
+GiveUp = Callable[[Exception, int], BaseException]
+
+
 @dataclass(frozen=True)
 class Retried:
     """One retry as report.json records it."""
@@ -131,7 +160,7 @@ class Retried:
     wait: float  # seconds waited before the next try
     attempt: int  # the try that failed, 1-based
     tries: int  # of how many
-    service: str = "registry"  # or "index": a package index (listings, wheel downloads)
+    service: Service = Service.REGISTRY  # or a package index (listings, wheel downloads)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -173,13 +202,13 @@ class Retries:
         attempt: int,
         started: float,
         asked: str | None = None,
-        service: str = "registry",
+        service: Service = Service.REGISTRY,
     ) -> bool:
         """After failed try `attempt` (begun at `started` on `clock`): wait and say so, and
         True; False when the request's tries or the run's budget are spent (the caller
         raises its error, with its last answer).
 
-        The budget is the registry's: a package index's requests (`service="index"`) are
+        The budget is the registry's: a package index's requests (`Service.INDEX`) are
         bounded by their tries alone, as they always were. They run eight at a time, and
         eight timeouts of one hiccup, summed, would spend in one go the budget that tells a
         registry that is down from one having a bad minute."""
@@ -188,7 +217,7 @@ class Retries:
         pause = wait(self.policy, attempt, self.jitter(), retry_after(asked, self.wall()))
         with self.lock:
             lost = self.clock() - started + pause
-            if service == "registry":
+            if service == Service.REGISTRY:
                 if self.spent + lost > self.policy.budget:
                     self.spent = self.policy.budget  # later requests fail at their first fault
                     return False
@@ -202,6 +231,44 @@ class Retries:
         )
         self.sleep(pause)
         return True
+
+    def attempt(
+        self,
+        where: tuple[str, str],
+        once: Callable[[], T],
+        classify: Classify,
+        give_up: GiveUp | None = None,
+        service: Service = Service.REGISTRY,
+    ) -> T:
+        """`once()` until it does not fault: the one retry loop of every remote call.
+
+        `where` is the host and the request a retry line names; `classify` tells a fault from
+        an answer (an error it returns None for is raised as it is, at once). When `again`
+        says the tries or the budget are spent, the last error is raised, or what
+        `give_up(error, tries)` makes of it."""
+        host, request = where
+        tries = 1
+        while True:
+            started = self.clock()
+            try:
+                return once()
+            except Exception as error:
+                if (fault := classify(error)) is None:
+                    raise
+                said, asked = fault.answer, fault.asked
+                if not self.again(host, request, said, tries, started, asked, service):
+                    if give_up is None:
+                        raise
+                    raise give_up(error, tries) from None
+            tries += 1
+
+    def after(self, tries: int) -> str:
+        """What an error names of the tries it took: `` (after 3 tries)``, with the budget when
+        it is spent; nothing for a first try that was also the last by the policy's choice."""
+        if tries == 1 and not self.exhausted():
+            return ""
+        spent = "; the run's retry budget is spent" if self.exhausted() else ""
+        return f" (after {tries} {'try' if tries == 1 else 'tries'}{spent})"
 
     def exhausted(self) -> bool:
         """Has the run's budget run out (the reason a request stopped before its tries)?"""

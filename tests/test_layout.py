@@ -3,10 +3,12 @@
 - the pipeline's stages (resolve -> inspect -> plan -> layers -> context -> assemble -> verify ->
   publish) each import only earlier stages, never a later one nor the orchestration; the pure
   stages (inspect, plan) reach no I/O module, transitively; verify knows no stage before it
-  (the CLI hands it names); the OCI core imports nothing of the project but the errors and
-  the retry policy;
+  (the CLI hands it names); the OCI core imports nothing of the project but the errors, the
+  retry policy and the digest of a stream;
 - one home per publishing step: blobs, manifests and tags are written by oci/remote.py only,
-  media types and digest helpers live in oci/v1.py, platform variants in the core;
+  media types and a document's digest live in oci/v1.py, platform variants in the core;
+- one home per shared concept: one retry loop (builder/retry.py), one sha256-with-size of a
+  stream or a file and one `Readable` (builder/digest.py);
 - the orchestration alone sequences producers, verification and writes;
 - no package holds more than 12 modules directly, no `# fmt` escapes, no function outside the
   CLI with more than 8 parameters, module-level constants immutable.
@@ -311,20 +313,23 @@ def calls(path: Path, attribute: str) -> list[int]:
     return found
 
 
-def test_the_core_imports_nothing_of_the_project_but_errors_and_the_retry_policy() -> None:
-    """The retry policy is shared with the package index's downloads (builder.resolve), so
-    it lives beside the errors, and itself imports nothing of the project."""
+def test_the_core_imports_nothing_of_the_project_but_errors_the_retry_policy_and_digests() -> None:
+    """The retry policy is shared with the package index's downloads (builder.resolve), and
+    the digest of a stream with the cache and the layers, so they live beside the errors, and
+    themselves import nothing of the project."""
     offences = [
         f"{path.relative_to(PACKAGE.parent)} imports {name}"
         for path in sorted(CORE.rglob("*.py"))
         for name in sorted(imported_names(path.read_text(), package_of(path)))
         if (name.startswith("builder.") or name == "builder" or name == "docker")
-        and not name.startswith(("builder.oci", "builder.errors", "builder.retry"))
+        and not name.startswith(
+            ("builder.oci", "builder.errors", "builder.retry", "builder.digest")
+        )
     ]
-    retry = PACKAGE / "retry.py"
     offences += [
-        f"builder/retry.py imports {name}"
-        for name in sorted(imported_names(retry.read_text(), "builder"))
+        f"builder/{shared.name} imports {name}"
+        for shared in (PACKAGE / "retry.py", PACKAGE / "digest.py")
+        for name in sorted(imported_names(shared.read_text(), "builder"))
         if name.startswith("builder")
     ]
     assert not offences, "\n".join(offences)
@@ -350,7 +355,8 @@ def test_one_function_does_each_publishing_step(primitive: str, home: str) -> No
 
 
 def test_media_types_and_manifest_serialization_have_one_home() -> None:
-    """Only oci/v1.py spells an OCI/Docker media type or defines a digest or serializer."""
+    """Only oci/v1.py spells an OCI/Docker media type or defines a document's digest or its
+    serializer (the digest of a stream or a file is builder/digest.py's)."""
     spelled = [
         str(path.relative_to(PACKAGE.parent))
         for path in builder_modules()
@@ -366,8 +372,7 @@ def test_media_types_and_manifest_serialization_have_one_home() -> None:
         for path in builder_modules()
         if path != CORE / "v1.py"
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.FunctionDef)
-        and node.name in {"canonical", "digest_of", "sha256_digest", "file_digest", "_digest"}
+        if isinstance(node, ast.FunctionDef) and node.name in {"canonical", "digest_of", "_digest"}
     ]
     assert not defined, f"digest or serialization helpers outside builder/oci/v1.py: {defined}"
 
@@ -644,9 +649,9 @@ def constructions(path: Path, name: str) -> list[int]:
     ]
 
 
-@pytest.mark.parametrize("record", ["Request", "Delivery"])
+@pytest.mark.parametrize("record", ["Grounds", "Delivery"])
 def test_a_run_is_asked_for_in_one_place(record: str) -> None:
-    """`build` and `rebuild` make their Request and Delivery through request_for and
+    """`build` and `rebuild` make their Grounds and Delivery through grounds_for and
     delivery_for, so the two commands cannot drift apart."""
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{line}"
@@ -696,3 +701,121 @@ def test_few_test_files_sit_directly_under_tests() -> None:
     """The top of tests/ holds the house's own rules; every other test lives in a folder."""
     top = sorted(path.name for path in TESTS.glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL_TEST_FILES, f"{len(top)} files directly in tests/: {top}"
+
+
+def test_one_retry_loop() -> None:
+    """`Retries.attempt` in builder/retry.py is the one loop of every remote call (the registry
+    client's and the package index's): no other module asks the policy for another try
+    (`again`), computes a wait (`backoff`, `retry_after`) or sleeps the run's sleep between
+    tries (a `Retries`' `sleep`; `time.sleep` in a poll for a state is another matter)."""
+    retry = PACKAGE / "retry.py"
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} {decision}"
+        for path in builder_modules()
+        if path != retry
+        for decision in ("again", "backoff", "retry_after")
+        for line in calls(path, decision)
+    ]
+    offences += [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} sleep"
+        for path in builder_modules()
+        if path != retry
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "sleep"
+        and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "time")
+    ]
+    assert not offences, f"retry decisions or waits outside builder/retry.py: {offences}"
+    assert {"again", "attempt"} <= defined_functions(retry)
+    users = sorted(
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if calls(path, "attempt")
+    )
+    assert users == ["builder/oci/transport.py", "builder/resolve/index.py"], users
+
+
+DIGEST = PACKAGE / "digest.py"
+
+
+def test_one_sha256_with_size() -> None:
+    """builder/digest.py alone hashes bytes given in pieces (`hashlib.sha256()` made empty and
+    fed: a download, a layer tar written or read, a gzip, a registry blob, an upload, a ztoc's
+    spans) and defines a file's or a stream's digest. What stays elsewhere hashes bytes whole
+    in memory: cache keys, a script's fingerprint, the ztoc check's raw span digests (compared
+    as bytes, never named)."""
+    fed = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in builder_modules()
+        if path != DIGEST and SERVER not in path.parents
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) in ("hashlib.sha256", "sha256")
+        and not node.args
+    ]
+    assert not fed, f"sha256 fed in pieces outside builder/digest.py: {fed}"
+    helpers = {"sha256_of", "file_sha256", "file_digest", "sha256_digest", "_sha256"}
+    defined = [
+        f"{path.relative_to(PACKAGE.parent)}: {name}"
+        for path in builder_modules()
+        if path != DIGEST
+        for name in sorted(defined_functions(path) & helpers)
+    ]
+    assert not defined, f"file or stream digest helpers outside builder/digest.py: {defined}"
+    hashing = sorted(
+        f"{path.relative_to(PACKAGE.parent)}:{node.name}"
+        for path in builder_modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and "Hashing" in node.name
+    )
+    # a ztoc hashes each span apart (a Sha256 per span): a soci format's field, not a stream's
+    assert hashing == [
+        "builder/digest.py:HashingReader",
+        "builder/digest.py:HashingWriter",
+        "builder/oci/ztoc.py:_SpanHashing",
+    ]
+
+
+def test_one_readable() -> None:
+    """The stream of a blob's bytes that the OCI core, the layers and the base's layer reader
+    take is one protocol, builder.digest.Readable (the lowest place all of them may import)."""
+    homes = sorted(
+        f"{path.relative_to(PACKAGE.parent)}:{node.name}"
+        for path in builder_modules()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and (node.name == "Readable" or any("Protocol" in ast.unparse(b) for b in node.bases))
+        and any(isinstance(item, ast.FunctionDef) and item.name == "read" for item in node.body)
+    )
+    assert homes == ["builder/digest.py:Readable"], homes
+
+
+# -- functions a reader can hold in mind ------------------------------------------------------
+MAX_FUNCTION_LINES = 60
+REPO = PACKAGE.parent
+
+
+def long_functions(paths: list[Path]) -> list[str]:
+    """Functions of `paths` longer than MAX_FUNCTION_LINES, from the `def` line to the end
+    (decorators excluded: click's options are declarations, not logic)."""
+    return [
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines})"
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (lines := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+
+
+def test_no_function_is_over_sixty_lines() -> None:
+    """Complexity is held by ruff (C901 <= 12, PLR0912, PLR0915 in `make lint`) and length here:
+    a long function is steps that want names. The runtime server, the scripts, the benchmarks
+    and the tests themselves included."""
+    paths = sorted(
+        path
+        for folder in ("builder", "scripts", "benchmarks", "tests")
+        for path in (REPO / folder).rglob("*.py")
+    )
+    long = long_functions(paths)
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"

@@ -9,11 +9,11 @@ found"). The script removes such a file before it starts dockerd. These tests so
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.waiting import wait_for
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "setup-env.sh"
 
@@ -58,7 +58,7 @@ child = os.fork()
 if child == 0:
     os._exit(0)
 print(child, flush=True)
-time.sleep(300)
+time.sleep(300)  # alive, not reaping: the child stays a zombie
 """
 
 
@@ -69,10 +69,8 @@ def test_a_pid_file_naming_a_killed_daemon_not_yet_reaped_is_removed(tmp_path: P
         assert parent.stdout is not None
         zombie = int(parent.stdout.readline())
         status = Path(f"/proc/{zombie}/status")
-        deadline = time.monotonic() + 10
-        while "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
-            time.sleep(0.01)  # the child has yet to exit
-        assert "State:\tZ" in status.read_text() and "Name:\tpython3" in status.read_text()
+        wait_for(lambda: "State:\tZ" in status.read_text(), deadline_s=60, what="the zombie")
+        assert "Name:\tpython3" in status.read_text()
         pidfile = tmp_path / "docker.pid"
         pidfile.write_text(str(zombie))
         done = remove_stale_pidfile(pidfile, "python3")

@@ -21,9 +21,11 @@ import sys
 import tarfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from enum import StrEnum
+from typing import IO, Any
 
 from builder.base.profile import DEBIAN_VERSION, ArchFacts, installed_packages
+from builder.digest import Readable
 from builder.inspect.elf import read_elf
 from builder.resolve.target import Arch
 
@@ -45,9 +47,20 @@ ELF64_LE = b"\x7fELF\x02\x01"  # the engine probe reads these only (x86_64, aarc
 SYMLINK_HOPS = 40
 
 
-# An entry is (kind, value): ("link", target), ("lib", soname or None, libc version or None),
-# ("meta", (name, version)), ("text", str) for dpkg status and lists, ("ldcache", [(name, path)]),
-# ("other", None) for a non-directory nobody reads (it hides what it replaces, then is dropped).
+class Kind(StrEnum):
+    """What a file of a base layer is read as, and what its entry holds."""
+
+    LINK = "link"  # a symlink: its target
+    LIB = "lib"  # a shared library: its soname or None, and libc's version (libc.so.6) or None
+    META = "meta"  # a Python distribution's metadata: (name, version)
+    TEXT = "text"  # dpkg's status, or a package's file list (its library paths only)
+    LIST = "list"  # read as a package's file list, kept as TEXT
+    LDCACHE = "ldcache"  # ld.so.cache: [(name, path)]
+    OTHER = "other"  # a non-directory nobody reads: it hides what it replaces, then is dropped
+
+
+# An entry is (kind, value...): (LINK, target), (LIB, soname, libc version), (META, (name,
+# version)), (TEXT, str), (LDCACHE, [(name, path)]), (OTHER, None); never LIST.
 Entry = tuple[Any, ...]
 
 
@@ -59,19 +72,19 @@ class Layers:
     pythonpath: list[str]
     entries: dict[str, Entry] = field(default_factory=dict)
 
-    def wanted(self, path: str) -> str | None:
+    def wanted(self, path: str) -> Kind | None:
         """What to read from a regular file at `path` (normalized, no leading slash)."""
         parent, name = posixpath.split(path)
         if path in (DPKG_STATUS, LD_CACHE):
-            return "text" if path == DPKG_STATUS else "ldcache"
+            return Kind.TEXT if path == DPKG_STATUS else Kind.LDCACHE
         if parent == DPKG_INFO.rstrip("/") and name.endswith(".list"):
-            return "list"
+            return Kind.LIST
         if LIBRARY.match(name) and parent in self.library_dirs():
-            return "lib"
+            return Kind.LIB
         if name in ("METADATA", "PKG-INFO"):
             info, package_dir = posixpath.basename(parent), posixpath.dirname(parent)
             if info.endswith((".dist-info", ".egg-info")) and package_dir in self.pythonpath:
-                return "meta"
+                return Kind.META
         return None
 
     def library_dirs(self) -> tuple[str, ...]:
@@ -99,38 +112,38 @@ class Layers:
                 if member.isdir():
                     continue
                 if member.issym():
-                    added[path] = ("link", member.linkname)
+                    added[path] = (Kind.LINK, member.linkname)
                 elif member.islnk():
                     target = added.get(_normalize(member.linkname))
-                    added[path] = target if target else ("other", None)
+                    added[path] = target if target else (Kind.OTHER, None)
                 elif member.isreg():
                     added[path] = self._read(archive, member, path)
                 else:
-                    added[path] = ("other", None)
+                    added[path] = (Kind.OTHER, None)
         self._overlay(added, present, hidden, opaque)
 
     def _read(self, archive: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> Entry:
         kind = self.wanted(path)
         if kind is None:
-            return ("other", None)
-        limit = MAX_LIBRARY if kind == "lib" else MAX_TEXT
+            return (Kind.OTHER, None)
+        limit = MAX_LIBRARY if kind == Kind.LIB else MAX_TEXT
         if member.size > limit:
-            return ("other", None)
+            return (Kind.OTHER, None)
         handle = archive.extractfile(member)
         data = handle.read() if handle else b""
-        if kind == "lib":
+        if kind == Kind.LIB:
             name = posixpath.basename(path)
             banner = LIBC_BANNER.search(data) if name == "libc.so.6" else None
-            return ("lib", soname(data, name), banner.group(1).decode() if banner else None)
-        if kind == "meta":
+            return (Kind.LIB, soname(data, name), banner.group(1).decode() if banner else None)
+        if kind == Kind.META:
             headers = email.parser.BytesHeaderParser().parsebytes(data)
-            return ("meta", (headers.get("Name") or "", headers.get("Version") or ""))
-        if kind == "ldcache":
-            return ("ldcache", ld_cache_entries(data))
+            return (Kind.META, (headers.get("Name") or "", headers.get("Version") or ""))
+        if kind == Kind.LDCACHE:
+            return (Kind.LDCACHE, ld_cache_entries(data))
         text = data.decode("utf-8", "replace")
-        if kind == "list":  # only the library paths matter: keep the record small
+        if kind == Kind.LIST:  # only the library paths matter: keep the record small
             text = "\n".join(p for p in text.splitlines() if LIBRARY.match(posixpath.basename(p)))
-        return ("text", text)
+        return (Kind.TEXT, text)
 
     def _overlay(
         self,
@@ -145,7 +158,7 @@ class Layers:
         for path in list(self.entries):
             if path in hidden or path in present or _under(path, gone_below):
                 del self.entries[path]
-        self.entries.update((p, e) for p, e in added.items() if e[0] != "other")
+        self.entries.update((p, e) for p, e in added.items() if e[0] != Kind.OTHER)
 
     # -- reading the merged tree --------------------------------------------------------------
     def realpath(self, path: str) -> str:
@@ -163,7 +176,7 @@ class Layers:
                 continue
             candidate = "/".join([*resolved, part])
             entry = self.entries.get(candidate)
-            if entry and entry[0] == "link" and hops < SYMLINK_HOPS:
+            if entry and entry[0] == Kind.LINK and hops < SYMLINK_HOPS:
                 hops += 1
                 target = entry[1]
                 if target.startswith("/"):
@@ -176,14 +189,14 @@ class Layers:
     def facts(self) -> ArchFacts:
         """The same facts the engine probe's script prints, read from the merged layers."""
         status = self.entries.get(DPKG_STATUS)
-        installed = installed_packages(status[1] if status and status[0] == "text" else "")
+        installed = installed_packages(status[1] if status and status[0] == Kind.TEXT else "")
         owned: set[str] = set()
         for path, entry in self.entries.items():
-            if path.startswith(DPKG_INFO) and entry[0] == "text":
+            if path.startswith(DPKG_INFO) and entry[0] == Kind.TEXT:
                 owned.update(self.realpath(p) for p in entry[1].splitlines())
         found: list[tuple[str, str]] = []  # (soname, path), as the engine's script collects
         ldcache = self.entries.get(LD_CACHE)
-        if ldcache and ldcache[0] == "ldcache":
+        if ldcache and ldcache[0] == Kind.LDCACHE:
             found.extend((name, target.lstrip("/")) for name, target in ldcache[1])
         libc_banner = None
         directories = {self.realpath(d) for d in self.library_dirs()}
@@ -192,11 +205,11 @@ class Layers:
             if parent not in directories or name.startswith(".") or not LIBRARY.match(name):
                 continue
             target = self.entries.get(self.realpath(path))
-            if target and target[0] == "lib":
+            if target and target[0] == Kind.LIB:
                 if target[1]:
                     found.append((target[1], path))
                 libc_banner = libc_banner or target[2]
-            elif self.entries[path][0] == "link":  # a target outside the library directories
+            elif self.entries[path][0] == Kind.LINK:  # a target outside the library directories
                 found.append((name, path))
         return {
             "glibc": _glibc(installed, [p for _, p in found], libc_banner),
@@ -219,7 +232,7 @@ class Layers:
         prefix = directory.strip("/") + "/"
         for path in sorted(self.entries):
             entry = self.entries[path]
-            if entry[0] != "meta" or not path.startswith(prefix):
+            if entry[0] != Kind.META or not path.startswith(prefix):
                 continue
             name, version = entry[1]
             if name and posixpath.dirname(posixpath.dirname(path)) + "/" == prefix:
@@ -229,12 +242,6 @@ class Layers:
 
 class Oversized(tarfile.TarError):
     """A layer unpacking to more than MAX_UNPACKED bytes: refused before inflating the rest."""
-
-
-class Readable(Protocol):
-    """What a layer is read through: a registry blob, a file, a gzip stream."""
-
-    def read(self, size: int, /) -> bytes: ...
 
 
 class _Capped(io.RawIOBase):

@@ -23,7 +23,6 @@ Every stage keeps what it made here, so the cache imports nothing of the project
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -36,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from builder.digest import CHUNK, HashingWriter, sha256_of
 from builder.errors import UserError
 
 T = TypeVar("T")
-CHUNK = 1 << 20
 _HEX64 = re.compile("[0-9a-f]{64}")
 USE_LOCK = "use-blob"  # `exclusive` kind held while a blob is touched (found) or pruned
 RUNS = "runs"  # one file per run using the cache, flock-ed by it while it runs
@@ -59,26 +58,6 @@ def touch(path: Path) -> None:
     now = time.time()
     with suppress(PermissionError):  # a cache another user wrote, read here: not ours to mark
         os.utime(path, (now, now))
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class _HashingWriter:
-    """Hashes what passes through, so a streamed download is never read back to check it."""
-
-    def __init__(self, handle: IO[bytes]) -> None:
-        self.handle = handle
-        self.digest = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        return self.handle.write(data)
 
 
 @dataclass(frozen=True)
@@ -132,9 +111,9 @@ class Cache:
         fd, temp = tempfile.mkstemp(dir=self.root, prefix=".partial-")
         try:
             with os.fdopen(fd, "wb") as handle:
-                hashing = _HashingWriter(handle)
+                hashing = HashingWriter(handle)  # a download is never read back to check it
                 yield hashing  # type: ignore[misc]
-            actual = hashing.digest.hexdigest()
+            actual = hashing.sha256.hex
             if actual != sha256:
                 raise ValueError(f"{filename}: sha256 {actual} does not match the lock ({sha256})")
             self.place(Path(temp), sha256, filename)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,8 @@ from builder.orchestration import DEFAULT_JOBS
 from builder.resolve.target import ARCHES, REFERENCE_BASE
 
 if TYPE_CHECKING:
-    from builder.oci.name import ImageRef
+    from builder.config import PipelineConfig, RunSettings
+    from builder.orchestration.commands import Rebuild
     from builder.orchestration.delivery import Outcome
     from builder.plan.plan import Plan
 
@@ -180,118 +182,109 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 @ENGINE_OPTION
 @click.pass_context
 @reports_errors
-def main(
-    context: click.Context,
-    requirements: tuple[Path, ...],
-    constraints: tuple[Path, ...],
-    arches: tuple[str, ...],
-    base_image: ImageRef,
-    output: Path,
-    no_build: bool,
-    tag: str | None,
-    no_verify: bool,
-    strict: bool,
-    push_repository: ImageRef | None,
-    platform_version: str | None,
-    template: Path | None,
-    container: str | None,
-    warm_pools: tuple[Path, ...],
-    apt_ca_bundle: Path | None,
-    apt_auth: Path | None,
-    cache_dir: Path | None,
-    cache_max: int | None,
-    refresh: bool,
-    overrides: tuple[Path, ...],
-    with_optional: bool,
-    without_programs: tuple[str, ...],
-    torch_backend: str | None,
-    find_links: tuple[str, ...],
-    no_index: bool,
-    config_path: Path | None,
-    no_bytecode: bool,
-    sign_key: Path | None,
-    no_soci: bool,
-    engine_urls: tuple[str, ...],
-) -> None:
+# click passes every option above as a keyword; `run_settings` reads them from the context
+def main(context: click.Context, **_flags: object) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
     if context.invoked_subcommand is not None:
         return
     from builder.cache import Cache, default_root
     from builder.cache.bound import bounded_use
-    from builder.cli.summary import summary
-    from builder.config import RunSettings, load_config, merge
     from builder.engines.connection import engine_client
-    from builder.engines.per_arch import engine_flags, unheeded
-    from builder.orchestration.commands import BuildOptions, build
+    from builder.engines.per_arch import unheeded
+    from builder.orchestration.commands import build
 
-    config = load_config(config_path) if config_path else None
-    settings = merge(
-        RunSettings(
-            requirements=requirements,
-            constraints=constraints,
-            arches=arches,
-            base_image=base_image,
-            output=output,
-            push_repository=push_repository,
-            platform_version=platform_version,
-            template=template,
-            container=container,
-            warm_pools=warm_pools,
-            apt_secrets={
-                key: path
-                for key, path in (("apt-ca", apt_ca_bundle), ("apt-auth", apt_auth))
-                if path is not None
-            },
-            engines=engine_flags(engine_urls),
-            sign_key=sign_key,
-            soci=not no_soci,
-            without_programs=without_programs,
-            torch_backend=torch_backend,
-            find_links=find_links,
-            no_index=no_index,
-            cache_max=cache_max,
-        ),
-        config,
-        output_given=context.get_parameter_source("output") is not ParameterSource.DEFAULT,
-        base_given=context.get_parameter_source("base_image") is not ParameterSource.DEFAULT,
+    settings = run_settings(context)
+    cache = Cache(settings.cache_dir or default_root())
+    client = engine_client() if settings.build else None
+    if ignored := unheeded(settings.engines, not settings.build, client is not None):
+        click.echo(ignored, err=True)
+    with bounded_use(cache, settings.cache_max) as bound:
+        built = build(settings, client, cache, REPORTER, partial(show_plan, settings.output))
+    if line := bound.summary():
+        note(line)
+    if built.outcome is None or built.delivery is None:
+        show_not_built(
+            built.plan,
+            settings.output,
+            "no Docker engine reachable" if settings.build else "--no-build",
+        )
+        return
+    show_outcome(built.outcome)
+    if built.delivery.state is not None and built.outcome.pushed:
+        click.echo(f"state recorded in {built.delivery.state.path}")
+
+
+def run_settings(context: click.Context) -> RunSettings:
+    """The run's settings: the main command's flags over its --config file's settings. The one
+    place a flag becomes a setting (builder.config.merge lays them over the config)."""
+    from builder.config import RunSettings, load_config, merge
+    from builder.engines.per_arch import engine_flags
+
+    flags = context.params
+    config = load_config(flags["config_path"]) if flags["config_path"] else None
+    apt_files = (("apt-ca", flags["apt_ca_bundle"]), ("apt-auth", flags["apt_auth"]))
+    asked = RunSettings(
+        requirements=flags["requirements"],
+        base_image=flags["base_image"],
+        constraints=flags["constraints"],
+        arches=flags["arches"],
+        output=flags["output"],
+        push_repository=flags["push_repository"],
+        platform_version=flags["platform_version"],
+        template=flags["template"],
+        container=flags["container"],
+        warm_pools=flags["warm_pools"],
+        apt_secrets={key: path for key, path in apt_files if path is not None},
+        bytecode=not flags["no_bytecode"],
+        engines=engine_flags(flags["engine_urls"]),
+        sign_key=flags["sign_key"],
+        soci=not flags["no_soci"],
+        without_programs=flags["without_programs"],
+        torch_backend=flags["torch_backend"],
+        find_links=flags["find_links"],
+        no_index=flags["no_index"],
+        cache_max=flags["cache_max"],
+        cache_dir=flags["cache_dir"],
+        refresh=flags["refresh"],
+        overrides=flags["overrides"],
+        with_optional=flags["with_optional"],
+        build=not flags["no_build"],
+        verify=not flags["no_verify"],
+        strict=flags["strict"],
+        tag=flags["tag"],
     )
+    given = {
+        name: context.get_parameter_source(name) is not ParameterSource.DEFAULT
+        for name in ("output", "base_image")
+    }
+    settings = merge(asked, config, output_given=given["output"], base_given=given["base_image"])
     if not settings.requirements:
         raise click.UsageError("give at least one -r/--requirement file (or --config)")
     if settings.template and not settings.push_repository:
         raise click.UsageError("--template needs --push: the template names the pushed digest")
     if settings.sign_key and not settings.push_repository:
         raise click.UsageError("--sign-key needs --push: what is signed is what is pushed")
-    cache = Cache(cache_dir or default_root())
-    client = None if no_build else engine_client()
-    ignored = unheeded(settings.engines, no_build, client is not None)
-    if ignored:
-        click.echo(ignored, err=True)
+    return settings
 
-    def show_plan(plan: Plan) -> None:
-        for line in plan.warnings:
-            click.echo(line, err=True)
-        click.echo(summary(plan, json.loads((settings.output / "report.json").read_text())))
-        click.echo(f"\nbuild context written to {settings.output}/ (report: report.json)")
 
-    options = BuildOptions(
-        refresh, overrides, with_optional, no_bytecode, not no_verify, tag, strict=strict
-    )
-    with bounded_use(cache, settings.cache_max) as bound:
-        built = build(settings, options, config, client, cache, REPORTER, show_plan)
-    if line := bound.summary():
-        note(line)
-    if built.outcome is None or built.delivery is None:
-        why = "--no-build" if no_build else "no Docker engine reachable"
-        click.echo(f"not building ({why}); build each arch with BuildKit:")
-        for arch in built.plan.arches:
-            click.echo(
-                f"  DOCKER_BUILDKIT=1 docker build --platform linux/{arch.arch}"
-                f" -t IMAGE-{arch.arch} {settings.output}"
-            )
-        return
-    show_outcome(built.outcome)
-    if built.delivery.state is not None and built.outcome.pushed:
-        click.echo(f"state recorded in {built.delivery.state.path}")
+def show_plan(output: Path, plan: Plan) -> None:
+    """The plan, as soon as it exists: its warnings (stderr), its summary, where the context is."""
+    from builder.cli.summary import summary
+
+    for line in plan.warnings:
+        click.echo(line, err=True)
+    click.echo(summary(plan, json.loads((output / "report.json").read_text())))
+    click.echo(f"\nbuild context written to {output}/ (report: report.json)")
+
+
+def show_not_built(plan: Plan, output: Path, why: str) -> None:
+    """Without an engine (or with --no-build): how to build each arch from the context."""
+    click.echo(f"not building ({why}); build each arch with BuildKit:")
+    for arch in plan.arches:
+        click.echo(
+            f"  DOCKER_BUILDKIT=1 docker build --platform linux/{arch.arch}"
+            f" -t IMAGE-{arch.arch} {output}"
+        )
 
 
 @main.command("rebuild")
@@ -338,7 +331,6 @@ def rebuild(
     from builder.cache import Cache, default_root
     from builder.cache.bound import bounded_use
     from builder.cli.fleet import show_fleet
-    from builder.cli.summary import summary
     from builder.config import load_config, with_engines
     from builder.engines.connection import engine_client
     from builder.engines.per_arch import engine_flags
@@ -362,10 +354,17 @@ def rebuild(
             found = run_rebuild(config, platform_version, client, cache, REPORTER, check_only=check)
     if line := bound.summary():
         note(line)
-    if config is None:
-        if needed:
-            sys.exit(EXIT_REBUILD_NEEDED)
-        return
+    if config is not None:
+        show_rebuild(found, config, platform_version, check)
+    elif needed:
+        sys.exit(EXIT_REBUILD_NEEDED)
+
+
+def show_rebuild(found: Rebuild, config: PipelineConfig, new_version: str, check: bool) -> None:
+    """A lone rebuild: its plan, what changed, and what was done (or, with --check, the exit
+    status that says whether a rebuild is needed)."""
+    from builder.cli.summary import summary
+
     click.echo(summary(found.plan))
     click.echo("\nchanges since the last build:" if found.changes else "\nno changes: up to date")
     for line in found.changes:
@@ -375,7 +374,7 @@ def rebuild(
     if found.outcome is None:
         return
     show_outcome(found.outcome)
-    click.echo(f"state recorded in {config.state}; {config.path} now names {platform_version}")
+    click.echo(f"state recorded in {config.state}; {config.path} now names {new_version}")
 
 
 def _find_links(values: tuple[str, ...]) -> tuple[str, ...]:

@@ -22,6 +22,8 @@ from builder.errors import UserError
 
 if TYPE_CHECKING:
     from builder.oci.name import ImageRef
+    from builder.retry import Retries
+    from builder.verify.run import Installed
 
 
 @click.command("verify")
@@ -71,38 +73,22 @@ def verify_command(
     strict: bool,
 ) -> None:
     """Run IMAGE hardened and check the sandbox runtime contract; exit 1 if any check fails."""
-    from builder import credentials
-    from builder.cache import Cache, default_root
     from builder.cli.soci import soci_check
-    from builder.engines.connection import image_architecture
-    from builder.orchestration.delivery import program_expectations
-    from builder.orchestration.prepare import programs_needed
     from builder.publish.attachments import attached_sbom
     from builder.reporter import TO_STDERR
-    from builder.resolve.requirements import distribution_names
     from builder.retry import Retries
-    from builder.sign.check import check_signed
-    from builder.sign.keys import load_public_key
-    from builder.verify.run import Installed, verify_image
+    from builder.verify.run import verify_image
 
     retries = Retries(TO_STDERR if as_json else REPORTER)  # --json prints the report alone
     if key is not None:  # the signatures first: nothing unsigned is run
-        public = load_public_key(key)
-        lines = check_signed(credentials.registry(image, image.as_written, retries), public)
+        lines = check_signature(image, key, retries)
         if not as_json:  # --json prints the report alone
             click.echo("\n".join(lines))
-    installed = Installed()
-    if requirements:  # its distributions' modules, and the programs they need for its arch
-        arch, left_out = image_architecture(image), frozenset(without_programs)
-        cache = Cache(default_root())
-        with cache.in_use():  # a prune meanwhile keeps what this reads
-            needs = programs_needed(requirements, image, arch, left_out, cache)
-        installed = Installed(distribution_names(requirements), program_expectations(needs))
     report = verify_image(
         image,
         modules=modules,
         checks=snippets,
-        installed=installed,
+        installed=installed(image, requirements, without_programs),
         sdk=True if "sdk" in clients else None,
         sbom=attached_sbom(image, retries),
     )
@@ -113,3 +99,36 @@ def verify_command(
     if not report.passed:
         failed = ", ".join(check.name for check in report.failed)
         raise UserError(f"verification of {image.as_written} failed: {failed}")
+
+
+def check_signature(image: ImageRef, key: Path, retries: Retries) -> list[str]:
+    """IMAGE signed and attested with `key`, checked before anything of it runs; the lines
+    that say what was checked. Not signed so: an error."""
+    from builder import credentials
+    from builder.sign.check import check_signed
+    from builder.sign.keys import load_public_key
+
+    public = load_public_key(key)
+    return check_signed(credentials.registry(image, image.as_written, retries), public)
+
+
+def installed(
+    image: ImageRef, requirements: Path | None, without_programs: tuple[str, ...]
+) -> Installed:
+    """What -r FILE says the image holds: its distributions (whose modules are imported) and
+    the programs they need on the image's own arch (`without_programs` marked left out)."""
+    from builder.verify.run import Installed
+
+    if requirements is None:
+        return Installed()
+    from builder.cache import Cache, default_root
+    from builder.engines.connection import image_architecture
+    from builder.orchestration.delivery import program_expectations
+    from builder.orchestration.prepare import programs_needed
+    from builder.resolve.requirements import distribution_names
+
+    arch, left_out = image_architecture(image), frozenset(without_programs)
+    cache = Cache(default_root())
+    with cache.in_use():  # a prune meanwhile keeps what this reads
+        needs = programs_needed(requirements, image, arch, left_out, cache)
+    return Installed(distribution_names(requirements), program_expectations(needs))

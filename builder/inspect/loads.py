@@ -10,6 +10,8 @@ calls `dlopen` from its package's `__init__.py`) is followed one import deep. A 
 a `try` whose handler carries on without the library is optional.
 Anything computed at run time (paths from `__file__`, environment variables) is not a system
 library need and is left alone. Windows-only loaders (`WinDLL`, `windll`, `OleDLL`) are ignored.
+What an expression is, its literals known, is inspect.literals' (shared with program runs);
+`Module` holds where a name is bound, for both readers.
 """
 
 from __future__ import annotations
@@ -19,19 +21,21 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NotRequired, TypedDict, cast
+from typing import NotRequired, TypedDict
+
+from builder.inspect.literals import Function, Scalar, bound, branches, positional, returns, strings
 
 LOADERS = frozenset({"CDLL", "PyDLL", "LoadLibrary", "dlopen"})  # the called name's last part
 FINDERS = frozenset({"find_library"})
 # Only files spelling a loader's name are parsed (a site is a call to one): most of a big
 # wheel set never loads. Substring tests, as they are several times faster than a regex.
+NOTHING_BOUND: Mapping[str, Scalar] = MappingProxyType({})  # outside a helper's call
 MARKERS = tuple(name.encode() for name in sorted(LOADERS | FINDERS))
 WINDOWS_ONLY = frozenset({"WinDLL", "windll", "OleDLL", "oledll"})
 # What a failed load raises (or a catch-all): a handler for one of these that does not raise
 # carries on without it.
 LOAD_ERRORS = frozenset({"OSError", "EnvironmentError", "Exception", "BaseException"})
 SKIPPED_DIRS = frozenset({"tests", "test", "testing", "docs", "doc", "__pycache__"})  # never run
-MAX_EXPRESSION_DEPTH = 100  # a library name is never built from more pieces than this
 
 
 class LoadRecord(TypedDict):
@@ -110,62 +114,6 @@ def _called(node: ast.Call) -> str | None:
     return func.id if isinstance(func, ast.Name) else None
 
 
-def _strings(node: ast.AST | None) -> list[str] | None:
-    """A literal string or a list/tuple of them, else None."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value]
-    if isinstance(node, ast.List | ast.Tuple):
-        found = [e.value for e in node.elts if isinstance(e, ast.Constant)]
-        strings = [value for value in found if isinstance(value, str)]
-        return strings if strings else None
-    return None
-
-
-Scalar = str | int
-
-
-def scalar(node: ast.AST | None) -> Scalar | None:
-    """A literal string or number, else None: never a bool (`True`/`False` are ints to
-    `isinstance`, and a flag passed to a helper is no name) nor None."""
-    if isinstance(node, ast.Constant) and type(node.value) in (str, int):
-        return cast(Scalar, node.value)
-    return None
-
-
-def bind(function: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call) -> dict[str, Scalar]:
-    """The helper's parameters that the call (or a default) gives a literal value."""
-    arguments = function.args
-    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
-    defaults = arguments.defaults
-    given: dict[str, ast.AST] = {}
-    if defaults:
-        given |= dict(zip(positional[-len(defaults) :], defaults, strict=True))
-    given |= dict(zip(positional, call.args, strict=False))  # *args beyond are not bound
-    given |= {k.arg: k.value for k in call.keywords if k.arg is not None}
-    return {name: value for name, node in given.items() if (value := scalar(node)) is not None}
-
-
-def evaluate(node: ast.AST, env: Mapping[str, Scalar], depth: int = 0) -> str | None:
-    """A string built from literals and bound parameters (f-string, +), else None; bounded in
-    depth (a generated `x + "a" + "a" + ...` must not exhaust the Python stack)."""
-    if depth > MAX_EXPRESSION_DEPTH:
-        return None
-    depth += 1
-    if (value := scalar(node)) is not None:
-        return str(value)
-    if isinstance(node, ast.Name) and node.id in env:
-        return str(env[node.id])
-    if isinstance(node, ast.FormattedValue) and node.format_spec is None:
-        return evaluate(node.value, env, depth)
-    if isinstance(node, ast.JoinedStr):
-        parts = [evaluate(value, env, depth) for value in node.values]
-        return None if None in parts else "".join(part or "" for part in parts)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = evaluate(node.left, env, depth), evaluate(node.right, env, depth)
-        return None if left is None or right is None else left + right
-    return None
-
-
 def _walked(tree: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.AST]:
     """Every node of `tree` in ast.walk's (breadth-first) order, each child's parent recorded."""
     nodes = [tree]
@@ -191,7 +139,7 @@ class Module:
         self.parents: dict[ast.AST, ast.AST] = {}
         self.assigned: dict[str, list[ast.AST]] = {}  # name -> values assigned anywhere
         self.loops: dict[str, list[ast.AST]] = {}  # loop variable -> iterables
-        self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        self.functions: dict[str, Function] = {}
         # names() per (node, depth, bindings): names assigned from each other many times over
         # would otherwise be followed once per path, exponentially in the depth.
         self.memo: dict[tuple[int, int, tuple[tuple[str, Scalar], ...]], list[str]] = {}
@@ -200,25 +148,34 @@ class Module:
         self.nodes = _walked(tree, self.parents)
         self.calls = [node for node in self.nodes if isinstance(node, ast.Call)]
         for node in self.nodes:
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        self.assigned.setdefault(target.id, []).append(node.value)
-            elif isinstance(node, ast.AnnAssign | ast.NamedExpr) and node.value is not None:
-                if isinstance(node.target, ast.Name):
-                    self.assigned.setdefault(node.target.id, []).append(node.value)
-            elif isinstance(node, ast.For | ast.comprehension):
-                self._loop(node.target, node.iter)
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                self.functions.setdefault(node.name, node)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    bound = alias.asname or alias.name.partition(".")[0]
-                    self.imports[bound] = alias.name if alias.asname else bound
-            elif isinstance(node, ast.ImportFrom):
-                source = self._absolute(node)
-                for alias in node.names:
-                    self.imports[alias.asname or alias.name] = f"{source}.{alias.name}"
+            self._record(node)
+
+    def _record(self, node: ast.AST) -> None:
+        """What one node binds: a name's value, a loop's variable, a function, an import."""
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    self.assigned.setdefault(target.id, []).append(node.value)
+        elif isinstance(node, ast.AnnAssign | ast.NamedExpr) and node.value is not None:
+            if isinstance(node.target, ast.Name):
+                self.assigned.setdefault(node.target.id, []).append(node.value)
+        elif isinstance(node, ast.For | ast.comprehension):
+            self._loop(node.target, node.iter)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            self.functions.setdefault(node.name, node)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            self._import(node)
+
+    def _import(self, node: ast.Import | ast.ImportFrom) -> None:
+        """The names an import binds, each to what it names fully qualified."""
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                name = alias.asname or alias.name.partition(".")[0]
+                self.imports[name] = alias.name if alias.asname else name
+            return
+        source = self._absolute(node)
+        for alias in node.names:
+            self.imports[alias.asname or alias.name] = f"{source}.{alias.name}"
 
     def _loop(self, target: ast.AST, iterable: ast.AST) -> None:
         """`for name in X`, and `for i, name in enumerate(X)` (audioread's candidates)."""
@@ -238,7 +195,7 @@ class Module:
         base = package[: len(package) - node.level + 1]
         return ".".join([*base, node.module] if node.module else base)
 
-    def enclosing(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    def enclosing(self, node: ast.AST) -> Function | None:
         while node in self.parents:
             node = self.parents[node]
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -246,7 +203,7 @@ class Module:
         return None
 
     def names(
-        self, node: ast.AST, depth: int = 0, env: Mapping[str, Scalar] = MappingProxyType({})
+        self, node: ast.AST, depth: int = 0, env: Mapping[str, Scalar] = NOTHING_BOUND
     ) -> list[str]:
         """Every literal library name `node` can evaluate to, in source order."""
         if depth > 4:
@@ -257,47 +214,46 @@ class Module:
         return self.memo[key]
 
     def _names(self, node: ast.AST, depth: int, env: Mapping[str, Scalar]) -> list[str]:
-        if (literal := _strings(node)) is not None:
+        if (literal := strings(node)) is not None:
             return literal
-        if env and (text := evaluate(node, env)) is not None:
-            return [text]
+        if (value := bound(node, env)) is not None:
+            return [value]
         found: list[str] = []
-        if isinstance(node, ast.Name):
-            for value in self.assigned.get(node.id, []):
-                found += self.names(value, depth + 1)
-            for iterable in self.loops.get(node.id, []):
-                found += self.names(iterable, depth + 1)
-        elif isinstance(node, ast.BoolOp):
-            for value in node.values:
-                found += self.names(value, depth + 1, env)
-        elif isinstance(node, ast.IfExp):
-            found += self.names(node.body, depth + 1, env)
-            found += self.names(node.orelse, depth + 1, env)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            function = self.functions.get(node.func.id)
-            if function is not None:
-                bound = bind(function, node)
-                returns = [n for n in ast.walk(function) if isinstance(n, ast.Return) and n.value]
-                for inner in sorted(returns, key=lambda n: (n.lineno, n.col_offset)):
-                    if inner.value is not None:
-                        found += self.names(inner.value, depth + 1, bound)
+        for inner, inner_env in self._followed(node, env):
+            found += self.names(inner, depth + 1, inner_env)
         return list(dict.fromkeys(found))
 
-    def parameter(self, node: ast.AST) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef, int] | None:
+    def _followed(
+        self, node: ast.AST, env: Mapping[str, Scalar]
+    ) -> list[tuple[ast.AST, Mapping[str, Scalar]]]:
+        """Where `node`'s names come from, each with the bindings to read it under: a name's
+        assignments and the iterables it loops over, a choice's branches, a helper's returns."""
+        if isinstance(node, ast.Name):
+            values = [*self.assigned.get(node.id, []), *self.loops.get(node.id, [])]
+            return [(value, NOTHING_BOUND) for value in values]
+        if (choices := branches(node)) is not None:
+            return [(choice, env) for choice in choices]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            function = self.functions.get(node.func.id)
+            if function is not None:
+                returned, binding = returns(function, node)
+                return [(value, binding) for value in returned]
+        return []
+
+    def parameter(self, node: ast.AST) -> tuple[Function, int] | None:
         """(helper, position) when `node` is a helper's parameter, or loops over its *args (-1)."""
         function = self.enclosing(node)
         if function is None or not isinstance(node, ast.Name):
             return None
-        arguments = function.args
-        positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
-        if node.id in positional:
-            return function, positional.index(node.id)
-        vararg = arguments.vararg.arg if arguments.vararg else None
+        names = positional(function)
+        if node.id in names:
+            return function, names.index(node.id)
+        vararg = function.args.vararg.arg if function.args.vararg else None
         for iterable in self.loops.get(node.id, []):
             if isinstance(iterable, ast.Name) and iterable.id == vararg:
                 return function, -1
-            if isinstance(iterable, ast.Name) and iterable.id in positional:
-                return function, positional.index(iterable.id)
+            if isinstance(iterable, ast.Name) and iterable.id in names:
+                return function, names.index(iterable.id)
         return None
 
     def site(self, call: ast.Call, names: list[str]) -> LoadSite:
@@ -380,8 +336,7 @@ def _analyse(module: Module) -> tuple[list[LoadSite], list[Helper]]:
         if (found := module.parameter(argument)) is None:
             continue
         function, position = found
-        arguments = function.args
-        skip = len(arguments.posonlyargs) + len(arguments.args) if position < 0 else 0
+        skip = len(positional(function)) if position < 0 else 0
         helper = Helper(f"{module.name}.{function.name}", position, skip)
         for call in module.calls:
             if _called(call) != function.name:

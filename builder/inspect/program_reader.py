@@ -14,9 +14,18 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
-from types import MappingProxyType
 
-from builder.inspect.loads import Module, Scalar, bind, evaluate, module_name, parse, worth_reading
+from builder.inspect.literals import (
+    Function,
+    Scalar,
+    bound,
+    branches,
+    default,
+    returns,
+    text,
+    words,
+)
+from builder.inspect.loads import NOTHING_BOUND, Module, module_name, parse, worth_reading
 from builder.inspect.program_names import first_word, launched
 
 
@@ -80,18 +89,6 @@ class _Bindings:
         return [value for _, value in found]
 
 
-def _default(function: ast.AST, name: str) -> ast.AST | None:
-    """The default value of `function`'s parameter `name`, if it has one."""
-    if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
-        return None
-    arguments = function.args
-    positional = [*arguments.posonlyargs, *arguments.args]
-    with_default = positional[len(positional) - len(arguments.defaults) :]
-    pairs = list(zip(with_default, arguments.defaults, strict=True))
-    pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True) if d]
-    return next((default for argument, default in pairs if argument.arg == name), None)
-
-
 def on_self(call: ast.Call) -> str | None:
     """`self.name(...)` / `cls.name(...)`: the method's name."""
     func = call.func
@@ -100,7 +97,7 @@ def on_self(call: ast.Call) -> str | None:
     return None
 
 
-def own_method(module: Module, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+def own_method(module: Module, call: ast.Call) -> Function | None:
     """The method `self.name(...)` calls when the class it is called in defines it (python-
     gnupg's `cmd = self.make_args(args)`, whose list starts with `self.gpgbinary`)."""
     name = on_self(call)
@@ -151,7 +148,7 @@ class Reader:
         node: ast.AST,
         kind: Kind,
         depth: int = 0,
-        env: Mapping[str, Scalar] = MappingProxyType({}),
+        env: Mapping[str, Scalar] = NOTHING_BOUND,
     ) -> Groups:
         """The programs `node` can name: as one program name (NAME) or as a command (ARGV)."""
         if depth > MAX_DEPTH:
@@ -169,22 +166,17 @@ class Reader:
         bindings = self.module(module.name)
         assert bindings is not None, "a module is read before its nodes are"
         table = bindings[1]
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return [(node.value if kind != ARGV else first_word(node.value),)]
+        if (literal := text(node)) is not None:
+            return [(literal if kind != ARGV else first_word(literal),)]
         if kind == ARGV and (command := self._command(module, node, depth, env)) is not None:
             return command
-        if env and (text := evaluate(node, env)) is not None:
-            return [(text if kind != ARGV else first_word(text),)]
+        if (value := bound(node, env)) is not None:
+            return [(value if kind != ARGV else first_word(value),)]
         if kind == CANDIDATES and isinstance(node, ast.List | ast.Tuple | ast.Set):
             # Names a helper loops over (called with `("ffmpeg", "avconv")`): one choice.
             return _merged([g for e in node.elts for g in self.groups(module, e, NAME, depth, env)])
-        if isinstance(node, ast.IfExp):
-            body = self.groups(module, node.body, kind, depth, env)
-            return _merged(body + self.groups(module, node.orelse, kind, depth, env))
-        if isinstance(node, ast.BoolOp):
-            return _merged(
-                [g for v in node.values for g in self.groups(module, v, kind, depth, env)]
-            )
+        if (choices := branches(node)) is not None:  # `a or b`, `a if c else b`: one choice
+            return _merged([g for c in choices for g in self.groups(module, c, kind, depth, env)])
         if isinstance(node, ast.Name):
             return self._name(module, table, node, kind, depth)
         if isinstance(node, ast.Attribute):
@@ -201,9 +193,7 @@ class Reader:
         if isinstance(node, ast.List | ast.Tuple):
             if not node.elts:
                 return []
-            literal = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
-            words = [value if isinstance(value, str) else None for value in literal]
-            start = launched(words)  # ["env", "dot", "-V"]: dot
+            start = launched(words(node))  # ["env", "dot", "-V"]: dot
             if start >= len(node.elts):
                 return []
             head = node.elts[start]
@@ -226,8 +216,8 @@ class Reader:
     ) -> Groups:
         scope = module.enclosing(node)
         values = table.values(table.scoped, node.id, scope)
-        if scope is not None and (default := _default(scope, node.id)) is not None:
-            values = [*values, default]  # def run(stream, cmd="ffmpeg"): the usual program
+        if scope is not None and (value := default(scope, node.id)) is not None:
+            values = [*values, value]  # def run(stream, cmd="ffmpeg"): the usual program
         found = [g for value in values for g in self.groups(module, value, kind, depth)]
         if kind == ARGV and values and all(map(_empty, values)):  # cmd = []; cmd += (...)
             for value in table.values(table.augmented, node.id, scope):
@@ -286,16 +276,12 @@ class Reader:
     def _returns(
         self,
         module: Module,
-        function: ast.FunctionDef | ast.AsyncFunctionDef,
+        function: Function,
         call: ast.Call,
         kind: Kind,
         depth: int,
     ) -> Groups:
         """What a helper returns, its parameters bound to the call's literals: one choice."""
-        bound = bind(function, call)
-        returns = [n for n in ast.walk(function) if isinstance(n, ast.Return) and n.value]
-        found: Groups = []
-        for inner in sorted(returns, key=lambda n: (n.lineno, n.col_offset)):
-            if inner.value is not None:
-                found += self.groups(module, inner.value, kind, depth, bound)
+        values, binding = returns(function, call)
+        found = [g for value in values for g in self.groups(module, value, kind, depth, binding)]
         return _merged(found) if kind != ARGV else found

@@ -18,6 +18,7 @@ subprocess.Popen`); a helper's parameter may be only the program at the command'
 loops over (audioread's `popen_multiple(COMMANDS, ...)`), and a value the helper rules out
 around the run (`if viewer == "BytesIO": ... else: run([viewer])`) is none. Following a name is
 inspect.program_reader's; the module reading (bindings, helpers, guards) is inspect.loads';
+what a value is, its literals known, is inspect.literals' (shared with library loads);
 what differs from a library load is that an argument list names one program, its first element.
 
 A site's names are alternatives (any one satisfies it) when the code chooses among them: a
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from builder.inspect.literals import positional, words
 from builder.inspect.loads import (
     LOAD_ERRORS,
     LoadSite,
@@ -105,7 +107,7 @@ def _method_of(module: Module, function: ast.AST) -> ast.ClassDef | None:
     owner = module.parents.get(function)
     if not isinstance(owner, ast.ClassDef) or not isinstance(function, ast.FunctionDef):
         return None
-    first = [a.arg for a in (*function.args.posonlyargs, *function.args.args)][:1]
+    first = positional(function)[:1]
     return owner if first in (["self"], ["cls"]) else None
 
 
@@ -161,8 +163,7 @@ def _head(module: Module, node: ast.AST, kind: Kind, depth: int = 0) -> tuple[as
     if depth > MAX_HEAD_DEPTH:
         return node, kind
     if kind == ARGV and isinstance(node, ast.List | ast.Tuple) and node.elts:
-        words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
-        start = launched([w if isinstance(w, str) else None for w in words])
+        start = launched(words(node))
         head = node.elts[min(start, len(node.elts) - 1)]
         if isinstance(head, ast.Starred):
             return _head(module, head.value, ARGV, depth + 1)
@@ -206,15 +207,15 @@ def _parameter_runner(module: Module, argument: ast.AST, kind: Kind, probe: bool
     if (found := module.parameter(head)) is None or found[1] < 0:
         return None
     function, index = found
-    positional = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
-    if isinstance(head, ast.Name) and head.id != positional[index]:
+    parameter = positional(function)[index]
+    if isinstance(head, ast.Name) and head.id != parameter:
         kind = CANDIDATES  # `for command in commands`: the parameter holds names tried in turn
-    handled = _handled(module, function, positional[index], argument)
+    handled = _handled(module, function, parameter, argument)
     if (owner := _method_of(module, function)) is not None:
         qualified = f"{module.name}.{owner.name}.{function.name}"
-        return _Runner(qualified, index - 1, kind, True, positional[index], probe, handled)
+        return _Runner(qualified, index - 1, kind, True, parameter, probe, handled)
     qualified = f"{module.name}.{function.name}"
-    return _Runner(qualified, index, kind, False, positional[index], probe, handled)
+    return _Runner(qualified, index, kind, False, parameter, probe, handled)
 
 
 def _local_callers(reader: Reader, module: Module, runner: _Runner) -> list[LoadSite]:
@@ -292,12 +293,27 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
     """
     paths = [path for path in paths if worth_reading(path)]
     reader = Reader(paths, read)
+    sites, runners, unparsed = _own_sites(reader, paths, read)
+    if not runners:
+        return ordered(sites)
+    for path in paths:
+        if path in unparsed and not _mentions_runner_of(read(path), runners):
+            continue
+        if (loaded := reader.module(module_name(path))) is not None:
+            sites += _runner_callers(reader, loaded[0], runners)
+    return ordered(sites)
+
+
+def _own_sites(
+    reader: Reader, paths: list[str], read: Callable[[str], bytes]
+) -> tuple[list[LoadSite], dict[str, _Runner], set[str]]:
+    """The sites of the files naming a runner, the helpers they define that run their
+    parameter (by qualified name), and the files left unparsed (naming no runner)."""
     sites: list[LoadSite] = []
     runners: dict[str, _Runner] = {}
     unparsed: set[str] = set()
     for path in paths:
-        source = read(path)
-        if not mentions_runner(source):
+        if not mentions_runner(read(path)):
             unparsed.add(path)
             continue
         loaded = reader.module(module_name(path))
@@ -306,32 +322,31 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
         found, exported = _analyse(reader, loaded[0])
         sites += found
         runners |= {runner.qualified: runner for runner in exported}
-    if not runners:
-        return ordered(sites)
+    return sites, runners, unparsed
+
+
+def _runner_callers(
+    reader: Reader, module: Module, runners: Mapping[str, _Runner]
+) -> list[LoadSite]:
+    """The sites of `module`'s calls to the wheel's runners: a method inherited from a
+    runner's class, or a function imported (or re-exported) from the module defining it."""
     # A call can reach a runner only under the runner's own name: only such calls are worth
     # looking up as re-exports (each lookup parses the package that would re-export it).
     called_as = {qualified.rpartition(".")[2] for qualified in runners}
-    for path in paths:
-        if path in unparsed and not _mentions_runner_of(read(path), runners):
+    sites: list[LoadSite] = []
+    for node in module.calls:
+        if (method := on_self(node)) is not None:  # a method inherited from a runner's class
+            inherited = [runners.get(f"{base}.{method}") for base in _bases(module, node)]
+            runner = next((r for r in inherited if r and r.method), None)
+        elif (qualified := module.resolve(node.func)) is None:
             continue
-        loaded = reader.module(module_name(path))
-        if loaded is None:
-            continue
-        module = loaded[0]
-        for node in module.calls:
-            if (method := on_self(node)) is not None:  # a method inherited from a runner's class
-                inherited = [runners.get(f"{base}.{method}") for base in _bases(module, node)]
-                if (runner := next((r for r in inherited if r and r.method), None)) is not None:
-                    sites += _caller_sites(reader, module, node, runner)
-                continue
-            if (qualified := module.resolve(node.func)) is None:
-                continue
+        else:
             runner = runners.get(qualified)
             if runner is None and qualified.rpartition(".")[2] in called_as:
                 runner = runners.get(reader.reexported(qualified) or "")
-            if runner is not None:
-                sites += _caller_sites(reader, module, node, runner)
-    return ordered(sites)
+        if runner is not None:
+            sites += _caller_sites(reader, module, node, runner)
+    return sites
 
 
 def scan_source(path: str, source: bytes) -> list[LoadSite]:

@@ -26,6 +26,7 @@ import re
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import NotRequired, TypedDict
 
@@ -46,12 +47,17 @@ from builder.plan.layering import LayerGroup, Member, bucket_of, group_layers
 
 EXTRAS_LAYERS = 48  # layers for /app/deps-extra
 IMAGE_LAYERS = 64  # layers in the whole image: base, apt and extras
-DISTRIBUTION = "distribution"  # a layer of installed wheels
-BYTECODE = "bytecode"  # a layer of their .pyc
-HOME_SEED = "home"  # the caches built at image-build time for the home (builder.layers.home)
 LAYER_FILE = "deps-extra-{arch}-{index:02d}.tar"  # in the context, ADDed in this order
 STACK_FORMAT = "extras-layers/2"  # bump when the grouping or the record changes
 HISTORY = re.compile(r" # (\S+) (.+) in /\S*$")  # the kind and label created_by writes
+
+
+class LayerKind(StrEnum):
+    """What an extras layer holds: its history line, report.json and the cache name it so."""
+
+    DISTRIBUTION = "distribution"  # installed wheels
+    BYTECODE = "bytecode"  # their .pyc
+    HOME_SEED = "home"  # the caches built at image-build time for the home (layers.home)
 
 
 class ExtrasLayerFacts(LayerFacts):
@@ -86,7 +92,7 @@ class StackRecord(TypedDict):
 class ExtrasLayer:
     """One layer of the extras: what it holds (its kind and distributions) and its tar."""
 
-    kind: str  # DISTRIBUTION, BYTECODE or HOME_SEED
+    kind: LayerKind
     names: tuple[str, ...]  # the distributions in it (normalized names)
     label: str  # how its history line names it: a distribution, or "bucket N"
     layer: Layer
@@ -101,7 +107,7 @@ def created_by(arch: str, index: int, extras: ExtrasLayer, root: str) -> str:
     """An extras layer's history line; the rebase path finds the extras by `root` in it (a home
     seed's names it as what the caches were built from, and keeps it above the extras)."""
     added = f"ADD {LAYER_FILE.format(arch=arch, index=index)} /"
-    if extras.kind == HOME_SEED:
+    if extras.kind == LayerKind.HOME_SEED:
         return f"{added} # home seed of {extras.label}, built from {root}"
     return f"{added} # {extras.kind} {extras.label} in {root}"
 
@@ -117,7 +123,7 @@ def holding_layers(added: Sequence[tuple[str, str]], names: Iterable[str]) -> di
         return {name: added[0][0] for name in wanted}
     own, buckets = {}, {}
     for diff_id, found in lines:
-        if found is None or found.group(1) != DISTRIBUTION:
+        if found is None or found.group(1) != LayerKind.DISTRIBUTION:
             continue
         label = found.group(2)
         if label.startswith("bucket ") and label[7:].isdigit():
@@ -180,7 +186,7 @@ def distribution_layers(
         layer = wheels_layer(LayerWheels(members, left), root, cache)
         label = group.label if group.names else "none"
         shas = tuple(sha for sha, _ in members)
-        stack.append(ExtrasLayer(DISTRIBUTION, group.names, label, layer, shas, left))
+        stack.append(ExtrasLayer(LayerKind.DISTRIBUTION, group.names, label, layer, shas, left))
     cache.put_record("extras-layers", key, StackRecord(layers=[_record(one) for one in stack]))
     return tuple(stack)
 
@@ -235,7 +241,7 @@ def _cached(record: StackRecord | None, cache: Cache) -> tuple[ExtrasLayer, ...]
         layer = Layer(path, entry["diff_id"], entry["size"], entry["sde"])
         stack.append(
             ExtrasLayer(
-                entry["kind"],
+                LayerKind(entry["kind"]),
                 tuple(entry["names"]),
                 entry["label"],
                 layer,
@@ -303,7 +309,12 @@ def with_bytecode(
             )
             added.append(
                 ExtrasLayer(
-                    BYTECODE, one.names, one.label, compiled.layer, one.wheels, one.shadowed
+                    LayerKind.BYTECODE,
+                    one.names,
+                    one.label,
+                    compiled.layer,
+                    one.wheels,
+                    one.shadowed,
                 )
             )
         result[arch] = (*stack, *added)

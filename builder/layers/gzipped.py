@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from builder.cache import Cache
+from builder.digest import HashingReader, Sha256
 from builder.errors import UserError
 
 GZIP_FORMAT = "gzip-spans/1"  # bump when the spans, flushes, header or level change
@@ -143,42 +144,28 @@ def _described(record: Any, path: Path | None, digest: str) -> Blob | None:
         return None
 
 
-class _Hashing:
-    """A reader that hashes what passes through it: the tar's own digest, for free on the way."""
-
-    def __init__(self, source: IO[bytes]) -> None:
-        self.source = source
-        self.digest = hashlib.sha256()
-
-    def read(self, size: int) -> bytes:
-        data = self.source.read(size)
-        self.digest.update(data)
-        return data
-
-
 def _compress(source: IO[bytes], diff_id: str, cache: Cache, what: str) -> Blob:
     """Gzip `source` into the cache under a temporary name, renamed to its digest when complete
     and only if the tar read was `diff_id`'s."""
     fd, temp = tempfile.mkstemp(prefix=".gzip-", dir=cache.root)
     try:
-        digest = hashlib.sha256()
-        reader = _Hashing(source)
-        offsets, written = [], 0
+        gzipped = Sha256()
+        reader = HashingReader(source)  # the tar's own digest, for free on the way
+        offsets = []
         with os.fdopen(fd, "wb") as out:
             for piece in compress_stream(reader):
-                offsets.append(written)
-                digest.update(piece)
+                offsets.append(gzipped.size)
+                gzipped.update(piece)
                 out.write(piece)
-                written += len(piece)
-        if f"sha256:{reader.digest.hexdigest()}" != diff_id:
+        if reader.sha256.digest != diff_id:
             raise UserError(f"{what} is not {diff_id}")
         size = os.path.getsize(temp)
-        final = cache.place(Path(temp), digest.hexdigest(), "layer.tar.gz")
+        final = cache.place(Path(temp), gzipped.hex, "layer.tar.gz")
     finally:
         if os.path.exists(temp):
             os.unlink(temp)
     spans = tuple(offsets[1:-1])  # the pieces between the header and the end
-    return Blob(final, f"sha256:{digest.hexdigest()}", size, spans, SPAN)
+    return Blob(final, gzipped.digest, size, spans, SPAN)
 
 
 @contextmanager

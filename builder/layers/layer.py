@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any, TypedDict
 
 from builder.cache import Cache
+from builder.digest import HashingWriter
 from builder.errors import UserError
 from builder.inspect.wheels import newest_date
 from builder.layers.first_reads import (
@@ -320,21 +321,6 @@ class _Streamed:
         self.cancelled.set()
 
 
-class _Hashing:
-    """A write-only stream that hashes what passes through to `inner`."""
-
-    def __init__(self, inner: IO[bytes] | Any) -> None:
-        self.inner = inner
-        self.digest = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        return self.inner.write(data)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-
 def _store(cache: Cache, epoch: int, write: Callable[[IO[bytes]], object]) -> Layer:
     """Write the layer tar `write` writes into the cache, named by its diff ID."""
     temp, diff_id = written(cache, write)
@@ -347,12 +333,12 @@ def written(cache: Cache, write: Callable[[IO[bytes]], object]) -> tuple[Path, s
     fd, temp = tempfile.mkstemp(prefix=".layer-", dir=cache.root)
     try:
         with os.fdopen(fd, "wb") as raw:
-            plain = _Hashing(raw)
+            plain = HashingWriter(raw)
             write(plain)  # type: ignore[arg-type]
     except BaseException:
         os.unlink(temp)
         raise
-    return Path(temp), plain.digest.hexdigest()
+    return Path(temp), plain.sha256.hex
 
 
 def keep(temp: Path, diff_id: str, cache: Cache, epoch: int) -> Layer:

@@ -13,7 +13,6 @@ builder.oci.transport); failures are typed (`builder.errors`): unreachable, auth
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import re
 import urllib.error
 import urllib.parse
@@ -24,6 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from builder.digest import Readable, Sha256
 from builder.errors import (
     IntegrityError,
     RegistryAuthError,
@@ -42,7 +42,7 @@ MAX_JSON_BLOB = 64 << 20
 REFERENCE_RE = re.compile(rf"{DIGEST_RE.pattern}|{TAG_RE.pattern}")
 CHUNK = 16 << 20  # bytes per PATCH of a chunked upload
 OCTETS = MappingProxyType({"Content-Type": "application/octet-stream"})
-Source = bytes | Path | Callable[[], AbstractContextManager[transport.Readable]]
+Source = bytes | Path | Callable[[], AbstractContextManager[Readable]]
 T = TypeVar("T")
 
 
@@ -396,16 +396,15 @@ class RepositoryClient:
             raise IntegrityError(f"{self.label}: uploaded blob", actual, served)
         return actual
 
-    def _patch_all(self, location: str, stream: transport.Readable, chunk: int) -> tuple[str, str]:
-        hasher, offset = hashlib.sha256(), 0
+    def _patch_all(self, location: str, stream: Readable, chunk: int) -> tuple[str, str]:
+        sent = Sha256()  # the digest to commit under, and where the next PATCH begins
         while data := stream.read(chunk):
-            hasher.update(data)
-            span = {"Content-Range": f"{offset}-{offset + len(data) - 1}"}
+            span = {"Content-Range": f"{sent.size}-{sent.size + len(data) - 1}"}
             patch = Exchange(location, "PATCH", data=data, headers={**OCTETS, **span})
             with self._once(patch) as response:
                 location = self._location(response)
-            offset += len(data)
-        return "sha256:" + hasher.hexdigest(), location
+            sent.update(data)
+        return sent.digest, location
 
     def put_manifest(self, reference: str, body: bytes, media_type: str) -> str:
         """PUT a manifest or index under a tag or its digest; returns the digest it has."""

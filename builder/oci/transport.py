@@ -1,15 +1,15 @@
 """One request to a registry, tried as the run's policy says, and a blob read as it streams.
 
-`retrying` is the one loop every registry request of `RepositoryClient` goes through: a try
-that faults (builder.retry: no answer, 408/429/5xx, a body cut short or not matching its
-digest) is a `Fault` carrying the error its caller gets if it was the last try; the run's
-`Retries` decides whether and when to try again. `VerifiedBlob` hashes a blob as it is read.
+`retrying` is how every registry request of `RepositoryClient` goes through the run's one retry
+loop (builder.retry's `Retries.attempt`): a try that faults (builder.retry: no answer,
+408/429/5xx, a body cut short or not matching its digest) is a `Fault` carrying the error its
+caller gets if it was the last try; the run's `Retries` decides whether and when to try again.
+`VerifiedBlob` hashes a blob as it is read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import http.client
 import io
 import socket
@@ -19,8 +19,9 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
+from builder.digest import Sha256
 from builder.errors import (
     IntegrityError,
     RegistryAuthError,
@@ -31,36 +32,31 @@ from builder.errors import (
 )
 from builder.oci.auth import AUTH_HINT
 from builder.oci.name import ImageRef
-from builder.retry import Retries, SteadyBody, reason, retryable
+from builder.retry import Faulted, Retries, SteadyBody, reason, retryable
 
 TIMEOUT = 60  # seconds per receive; a trickling body is builder.retry's `Stalled`
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
 T = TypeVar("T")
 
 
-class Readable(Protocol):
-    """What an upload reads a stream through: a file, or another registry's `VerifiedBlob`."""
-
-    def read(self, size: int, /) -> bytes: ...
-
-
 def retrying(retries: Retries, host: str, text: str, attempt_once: Callable[[], T]) -> T:
-    """`attempt_once()` until it does not fault, as the run's policy allows; then the last
-    fault's error, saying how many tries it took (one line: the CLI prints it as it is)."""
-    attempt = 1
-    while True:
-        started = retries.clock()
-        try:
-            return attempt_once()
-        except Fault as fault:
-            if not retries.again(host, text, fault.answer, attempt, started, fault.asked):
-                error = fault.error
-                if attempt > 1 or retries.exhausted():
-                    spent = "; the run's retry budget is spent" if retries.exhausted() else ""
-                    tries = f"{attempt} {'try' if attempt == 1 else 'tries'}"
-                    error.args = (f"{error.args[0]} (after {tries}{spent})",)
-                raise error from None
-        attempt += 1
+    """`attempt_once()` as the run's policy allows (builder.retry's one loop): a `Fault` is
+    tried again; then the last fault's error, saying how many tries it took (one line: the CLI
+    prints it as it is)."""
+
+    def give_up(fault: Exception, tries: int) -> BaseException:
+        assert isinstance(fault, Fault)  # the only errors `faulted` classifies as faults
+        error = fault.error
+        if said := retries.after(tries):
+            error.args = (f"{error.args[0]}{said}",)
+        return error
+
+    return retries.attempt((host, text), attempt_once, faulted, give_up)
+
+
+def faulted(error: Exception) -> Faulted | None:
+    """A `Fault` is one to try again, with its answer and `Retry-After`; anything else is not."""
+    return Faulted(error.answer, error.asked) if isinstance(error, Fault) else None
 
 
 class VerifiedBlob:
@@ -76,17 +72,17 @@ class VerifiedBlob:
         self.digest = digest
         self.label = label  # how messages name the repository
         self.host = host  # and the registry
-        self.hasher = hashlib.sha256()
+        self.sha256 = Sha256()
 
     def read(self, size: int = -1) -> bytes:
         data = read_body(self.body, size, self.label, self.host)
-        self.hasher.update(data)
+        self.sha256.update(data)
         return data
 
     def finish(self) -> None:
         while self.read(1 << 20):
             pass
-        actual = "sha256:" + self.hasher.hexdigest()
+        actual = self.sha256.digest
         if actual != self.digest:
             mismatch = IntegrityError(f"{self.label}: blob {self.digest}", self.digest, actual)
             raise Fault(mismatch, "a body not matching its digest")

@@ -11,13 +11,14 @@ that chooses a platform's entry out of an index.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 from typing import Any, NotRequired, TypedDict
+
+from builder.digest import Sha256
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -81,7 +82,8 @@ def canonical(document: Mapping[str, Any]) -> bytes:
 
 
 def digest_of(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+    """The OCI digest of a document (a manifest, an index, a config) held in memory."""
+    return Sha256.of(data).digest
 
 
 @dataclass(frozen=True)

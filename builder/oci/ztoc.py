@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import bisect
 import gzip
-import hashlib
 import json
 import struct
 import tarfile
@@ -42,10 +41,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Protocol
 
 import flatbuffers
 
+from builder.digest import Readable, Sha256
 from builder.errors import UserError
 from builder.oci.v1 import EMPTY_CONFIG, OCI_MANIFEST, Descriptor, digest_of
 
@@ -114,12 +113,6 @@ class Ztoc:
     span_size: int
     checkpoints: tuple[Checkpoint, ...]
     span_digests: tuple[str, ...]
-
-
-class Readable(Protocol):
-    """A stream of a blob's bytes (a file, or a registry's verified blob stream)."""
-
-    def read(self, size: int = -1) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -191,7 +184,7 @@ class _SpanHashing:
 
     def __init__(self, inner: Readable, starts: Sequence[int]) -> None:
         self.inner, self.starts, self.position = inner, list(starts), 0
-        self.hashes = [hashlib.sha256() for _ in self.starts]
+        self.hashes = [Sha256() for _ in self.starts]
 
     def read(self, size: int = -1) -> bytes:
         data = self.inner.read(size)
@@ -208,7 +201,7 @@ class _SpanHashing:
         return data
 
     def digests(self) -> tuple[str, ...]:
-        return tuple(f"sha256:{digest.hexdigest()}" for digest in self.hashes)
+        return tuple(digest.digest for digest in self.hashes)
 
 
 def _mod_time(info: tarfile.TarInfo) -> str:

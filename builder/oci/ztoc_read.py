@@ -20,8 +20,9 @@ import flatbuffers
 from flatbuffers import number_types
 from flatbuffers.table import Table
 
+from builder.digest import Readable
 from builder.errors import UserError
-from builder.oci.ztoc import WINDOW, Checkpoint, FileEntry, Readable, Ztoc, read_layer
+from builder.oci.ztoc import WINDOW, Checkpoint, FileEntry, Ztoc, read_layer
 
 
 def read_ztoc(data: bytes) -> Ztoc:

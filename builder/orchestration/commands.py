@@ -23,13 +23,12 @@ import docker
 from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.config import PipelineConfig, RunSettings, set_platform_version, settings_of
-from builder.context.render import Secrets
 from builder.engines.per_arch import Engines, connect
 from builder.layers.gzipped import ahead as gzip_ahead
 from builder.oci.name import ImageRef
 from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
 from builder.orchestration.prepare import (
-    Request,
+    Grounds,
     build_parameters,
     extras_hash_of,
     finish,
@@ -56,54 +55,37 @@ if TYPE_CHECKING:
     from builder.sign.keys import SigningKey
 
 
-def push_target(
-    plan: Plan, request: Request, repository: ImageRef | None, soci: bool = True
-) -> Target | None:
+def push_target(plan: Plan, settings: RunSettings, cache: Cache) -> Target | None:
     """The repository, tag and index annotations of a push (and whether a SOCI index goes with
     each image); None when nothing is pushed."""
-    if repository is None:
+    if settings.push_repository is None:
         return None
-    version = platform_version(plan.base_reference, request.platform_version)
-    labels = finish(plan, request, {}).labels
+    version = platform_version(plan.base_reference, settings.platform_version)
+    labels = finish(plan, settings, cache, {}).labels
     tag = image_tag(version, extras_hash_of(plan))
-    return Target(repository, tag, labels, soci, plan.base_reference)
+    return Target(settings.push_repository, tag, labels, settings.soci, plan.base_reference)
 
 
 def delivery_for(
     plan: Plan,
-    request: Request,
     settings: RunSettings,
+    cache: Cache,
     state: StateRecord | None,
-    verify: bool = True,
     sign: SigningKey | None = None,
-    strict: bool = False,
 ) -> Delivery:
     """What a run does with its images, from its settings (a `rebuild`'s: its config's); a
     run from a config records what it pushed in `state`, for `rebuild` to diff against."""
     return Delivery(
-        verify=verify,
-        strict=strict,
-        push=push_target(plan, request, settings.push_repository, settings.soci),
+        verify=settings.verify,
+        strict=settings.strict,
+        push=push_target(plan, settings, cache),
         template=settings.template,
         container=settings.container,
         warm_pools=settings.warm_pools,
         state=state,
-        parameters=build_parameters(plan, request),
+        parameters=build_parameters(plan, settings),
         sign=sign,
     )
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """What `build` is asked beyond the merged settings: what only the command line gives."""
-
-    refresh: bool = False  # ask the index again instead of trusting the cached answers
-    overrides: tuple[Path, ...] = ()
-    with_optional: bool = False  # install what only on-demand plugins need
-    no_bytecode: bool = False
-    verify: bool = True
-    tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
-    strict: bool = False  # a verification warning (a noisy import) fails the build too
 
 
 @dataclass(frozen=True)
@@ -127,8 +109,6 @@ def signing_key(path: Path | None) -> SigningKey | None:
 
 def build(
     settings: RunSettings,
-    options: BuildOptions,
-    config: PipelineConfig | None,
     client: docker.DockerClient | None,
     cache: Cache,
     reporter: Reporter,
@@ -149,80 +129,57 @@ def build(
         with timeline.step("base"):
             base = base_profile(settings.base_image, client, cache, reporter, retries)
             arches = target_arches(settings.arches, base, client, cache, reporter, retries)
-        compiling = engines.compiling_client(arches) if engines is not None else None
-        request = replace(
-            request_for(settings, options, base, arches, cache, compiling, retries),
-            timeline=timeline,
-        )
+        grounds = grounds_for(settings, base, arches, cache, engines, retries, timeline)
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
-        plan = prepare(request, planned=stages.start if engines is not None else None)
+        plan = prepare(settings, grounds, planned=stages.start if engines is not None else None)
         planned(plan)
         if engines is None:
             return Built(plan)
         state = None
-        if config is not None:  # merged: the flag's platform version, else the config's
-            state = StateRecord(config.state, settings.platform_version or config.platform_version)
-        delivery = delivery_for(
-            plan, request, settings, state, verify=options.verify, sign=key, strict=options.strict
-        )
+        if settings.state is not None:  # a run from a config records what it pushed
+            version = platform_version(plan.base_reference, settings.platform_version)
+            state = StateRecord(settings.state, version)
+        delivery = delivery_for(plan, settings, cache, state, sign=key)
         run = Run(engines, cache, settings.output, reporter, retries)
-        return Built(
-            plan, delivery, build_images(plan, request, delivery, stages, run, options.tag)
-        )
+        return Built(plan, delivery, build_images(plan, settings, delivery, stages, run))
 
 
-def request_for(
+def grounds_for(
     settings: RunSettings,
-    options: BuildOptions,
     base: BaseProfile,
     arches: tuple[str, ...],
     cache: Cache,
-    compiling: docker.DockerClient | None,
+    engines: Engines | None,
     retries: Retries,
-) -> Request:
-    """What `prepare` is asked, from a run's settings and options: the base and the arches it
-    targets, the engine that compiles the bytecode (None: no bytecode), and the run's retries
-    (its index requests try again as its registry requests do, in one budget)."""
-    return Request(
-        requirement_files=settings.requirements,
-        constraint_files=settings.constraints,
-        arches=arches,
-        base=base,
-        output=settings.output,
-        cache=cache,
-        secrets=Secrets.of(settings.apt_secrets),
-        refresh=options.refresh,
-        overrides=options.overrides,
-        with_optional=options.with_optional,
-        without_programs=frozenset(settings.without_programs),
-        torch_backend=settings.torch_backend,
-        find_links=settings.find_links,
-        no_index=settings.no_index,
-        platform_version=settings.platform_version,
-        bytecode=settings.bytecode and not options.no_bytecode,
-        engine=compiling,
-        retries=retries,
-    )
+    timeline: Timeline | None = None,
+) -> Grounds:
+    """What `prepare` works with besides the settings: the base and the arches it targets,
+    the engine that compiles the bytecode (None: no bytecode, not asked or no engine), and the
+    run's retries (its index requests try again as its registry requests do, in one budget)."""
+    compiler = None
+    if engines is not None and settings.bytecode:
+        compiler = engines.compiling_client(arches)
+    return Grounds(base, arches, cache, compiler, timeline or Timeline(), retries)
 
 
 def build_images(
     plan: Plan,
-    request: Request,
+    settings: RunSettings,
     delivery: Delivery,
     stages: SystemStages,
     run: Run,
-    tag: str | None = None,
 ) -> Outcome:
     """After `prepare`: BuildKit and the tool make every arch's image; one delivery.
 
-    The images are tagged locally (`tag`, default `sandbox-extension:x<extras>`): an untagged
-    image would vanish if a later step untags it. With a push, each arch's extras layers are
-    gzipped in the background while the images build and verify, and given their ztocs.
+    The images are tagged locally (`settings.tag`, default `sandbox-extension:x<extras>`): an
+    untagged image would vanish if a later step untags it. With a push, each arch's extras
+    layers are gzipped in the background while the images build and verify, and given their
+    ztocs.
     """
-    finished = finish(plan, request)
-    local_tag = tag or f"sandbox-extension:x{extras_hash_of(plan)}"
+    finished = finish(plan, settings, run.cache)
+    local_tag = settings.tag or f"sandbox-extension:x{extras_hash_of(plan)}"
     producer = BuildProducer(
-        plan, request.output, finished, local_tag, run.engines, stages, run.reporter
+        plan, settings.output, finished, local_tag, run.engines, stages, run.reporter
     )
     pushing = [
         (one.layer.path, one.layer.diff_id) for stack in finished.layers.values() for one in stack
@@ -232,7 +189,7 @@ def build_images(
         from builder.layers.soci import layer_ztoc  # flatbuffers: only a push with an index
 
         ztoc = layer_ztoc
-    with gzip_ahead(pushing if delivery.push else (), request.cache, then=ztoc):
+    with gzip_ahead(pushing if delivery.push else (), run.cache, then=ztoc):
         return deliver(producer, plan, delivery, run)
 
 
@@ -291,28 +248,26 @@ def rebuild(
             settings_of(config),
             output=Path(scratch) / "context" if check_only else config.output,
             platform_version=new_version,
+            refresh=True,  # an upgrade must see what the index offers now
         )
-        options = BuildOptions(refresh=True)  # an upgrade must see what the index offers now
-        compiling = engines.compiling_client(arches)
-        request = request_for(settings, options, base, arches, cache, compiling, retries)
+        grounds = grounds_for(settings, base, arches, cache, engines, retries)
         ahead = None
         if previous is not None and rebasing:
             wanted = {arch: previous.apt_packages.get(arch, ()) for arch in arches}
             ahead = AptAhead(early, wanted, base.pinned.as_written, engines, config.apt_secrets)
         building = not rebasing and not check_only  # the full path: start the apt builds early
         plan = prepare(
-            request,
+            settings,
+            grounds,
             previous.locks if previous is not None and rebasing else None,
             stages.start if building else None,
         )
         found = Rebuild(plan, changes(previous, state_of(plan, new_version)))
         if check_only or not found.changes:
             return found
-        run = Run(engines, cache, request.output, reporter, retries)
+        run = Run(engines, cache, settings.output, reporter, retries)
         started = (ahead, stages)
-        found.path, found.outcome = _upgrade(
-            config, new_version, previous, plan, request, run, started, key
-        )
+        found.path, found.outcome = _upgrade(config, settings, previous, plan, run, started, key)
         if found.outcome.succeeded:
             set_platform_version(config, new_version)
         return found
@@ -320,29 +275,28 @@ def rebuild(
 
 def _upgrade(
     config: PipelineConfig,
-    new_version: str,
+    settings: RunSettings,
     previous: BuildState | None,
     plan: Plan,
-    request: Request,
     run: Run,
     started: tuple[AptAhead | None, SystemStages],
     key: SigningKey | None,
 ) -> tuple[str, Outcome]:
     """The rebase path when the resolution is unchanged and a pushed image is recorded; else
     the build path. Either ends in the one delivery."""
+    new_version = settings.platform_version or config.platform_version  # a rebuild's: the new
     blocker = rebase_blocker(previous, state_of(plan, new_version))
     path = "build" if blocker or previous is None else "rebase"
     run.reporter.say(f"upgrade path: {path} ({blocker or 'the resolution is unchanged'})")
-    settings = settings_of(config)
     state = StateRecord(config.state, new_version, unpushed_too=True)
-    delivery = delivery_for(plan, request, settings, state, sign=key)
+    delivery = delivery_for(plan, settings, run.cache, state, sign=key)
     ahead, stages = started
     if path == "build" or previous is None or previous.image_reference is None:
-        return path, build_images(plan, request, delivery, stages, run)
+        return path, build_images(plan, settings, delivery, stages, run)
     if delivery.push is None or not previous.base_digest:
         raise AssertionError("rebase_blocker lets a rebase through only with both recorded")
     start = Previous(previous.image_reference, previous.base_digest)
-    finished = finish(plan, request, {})
+    finished = finish(plan, settings, run.cache, {})
     with RebaseProducer(
         start, plan, finished, delivery.push.repository, run, ahead, config.apt_secrets
     ) as producer:

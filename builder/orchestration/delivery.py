@@ -36,8 +36,8 @@ from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
-from builder.oci.referrers import Artifact
-from builder.oci.remote import Blobs, Written, sign_and_tag, write
+from builder.oci.referrers import Artifact, Attachment
+from builder.oci.remote import Blobs, Tagged, Written, sign_and_tag, write
 from builder.oci.v1 import Image, Index, Platform
 from builder.orchestration.node_update import (
     NodeUpdate,
@@ -299,16 +299,7 @@ def _write(
     )
     run.reporter.say(f"pushing {target.repository}:{target.tag} ...")
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
-        images, blobs = [], Blobs()
-        for one in produced:
-            image, sources = one.value(registry, Path(scratch))
-            if image.config_bytes != one.config:
-                raise UserError(
-                    f"{producer.path} of {producer.label}: the pushed config is not the one"
-                    " verified"
-                )
-            images.append(image)
-            blobs |= sources
+        images, blobs = _images(producer, produced, registry, Path(scratch))
         index = None
         if len(images) > 1:
             platforms = [Platform.linux(one.arch) for one in produced]
@@ -319,7 +310,6 @@ def _write(
             if one.attestable is not None
         }
         soci = _soci_indexes(produced, images, target.base, run) if target.soci else {}
-        memory = blob_memory(run.cache)
         written = write(
             registry,
             images,
@@ -327,32 +317,76 @@ def _write(
             index=index,
             tags=[] if key else [target.tag],  # signed: the tag moves after the signatures
             attachments=_with_soci(attached, soci),  # in before the tags move, like the SBOM
-            memory=memory,
+            memory=blob_memory(run.cache),
             written=_early_blobs(produced, images),
         )
         if key is not None:  # every manifest is in: sign them, then move the tag
-            from builder.sign.cosign import signed_push
-
-            run.reporter.say(f"signing with {key.source} (cosign format, no transparency log)")
-            repository, digests = str(target.repository), [image.digest for image in images]
-            top = index.digest if index is not None else None
-            signed = signed_push(registry, key, repository, digests, top, attached)
+            signed = _signatures(registry, key, target, (images, index), attached, run.reporter)
             written = sign_and_tag(registry, written, index or images[0], signed, [target.tag])
-    recorded = {
+    recorded = _recorded(produced, images, before, soci, run.output)
+    for one in produced:
+        if one.early is not None:
+            written = written.after(one.early)
+    return written, total(previous, [r.node_update for r in recorded.values()]), recorded
+
+
+def _images(
+    producer: Producer, produced: Sequence[Produced], registry: RepositoryClient, scratch: Path
+) -> tuple[list[Image], Blobs]:
+    """Each arch's image to write, and where its blobs are; each must carry the config
+    verified, byte for byte."""
+    images, blobs = [], Blobs()
+    for one in produced:
+        image, sources = one.value(registry, scratch)
+        if image.config_bytes != one.config:
+            raise UserError(
+                f"{producer.path} of {producer.label}: the pushed config is not the one verified"
+            )
+        images.append(image)
+        blobs |= sources
+    return images, blobs
+
+
+def _signatures(
+    registry: RepositoryClient,
+    key: SigningKey,
+    target: Target,
+    written: tuple[Sequence[Image], Index | None],
+    attached: Mapping[str, Sequence[Attachment]],
+    reporter: Reporter,
+) -> list[Tagged]:
+    """The cosign signatures of every image written and of their index (if any), and the
+    attestations of each image's SBOM and provenance (builder.sign)."""
+    from builder.sign.cosign import signed_push
+
+    reporter.say(f"signing with {key.source} (cosign format, no transparency log)")
+    images, index = written
+    digests = [image.digest for image in images]
+    top = index.digest if index is not None else None
+    return signed_push(registry, key, str(target.repository), digests, top, attached)
+
+
+def _recorded(
+    produced: Sequence[Produced],
+    images: Sequence[Image],
+    before: Mapping[str, Image],
+    soci: Mapping[str, tuple[SociIndex | None, SociRecord]],
+    output: Path,
+) -> dict[str, ArchWritten]:
+    """What writing each arch did, for report.json: its digest and size, what a node holding
+    its previous image (`before`) fetches, its extras layers, its attachments (written beside
+    report.json) and its SOCI index."""
+    return {
         one.arch: ArchWritten(
             image.digest,
             image.size,
             node_update(image, before.get(one.arch)),
             tuple(image.layers[-len(one.extras_layers) :]) if one.extras_layers else (),
-            _write_attachments(one, run.output),
+            _write_attachments(one, output),
             soci[image.digest][1] if image.digest in soci else None,
         )
         for one, image in zip(produced, images, strict=True)
     }
-    for one in produced:
-        if one.early is not None:
-            written = written.after(one.early)
-    return written, total(previous, [r.node_update for r in recorded.values()]), recorded
 
 
 def _soci_indexes(

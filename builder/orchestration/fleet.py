@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import docker
@@ -28,7 +29,7 @@ from builder.errors import DEBUG_VARIABLE, UserError, failure_message
 from builder.oci.name import ImageRef
 from builder.orchestration import DEFAULT_JOBS
 from builder.orchestration.commands import rebuild
-from builder.publish.state import load_state
+from builder.publish.state import Route, load_state
 from builder.reporter import Reporter
 from builder.resolve.requirements import redact_credentials
 from builder.resolve.target import BaseProfile
@@ -55,21 +56,32 @@ class Shared:
     reporter: Reporter
 
 
+class Took(StrEnum):
+    """The path a template took, as its row names it: a `Route`, or no new image."""
+
+    BUILD = Route.BUILD.value
+    REBASE = Route.REBASE.value
+    UNCHANGED = "unchanged"
+    FAILED = "failed"
+    NEEDS_REBUILD = "needs rebuild"  # with --check
+    UP_TO_DATE = "up to date"  # with --check
+
+
 @dataclass(frozen=True)
 class TemplateResult:
     """One row of the table: the template, the path it took, its new digest or the reason."""
 
     name: str  # the config path as given
-    path: str  # rebase, build, unchanged, failed; with --check: needs rebuild, up to date
+    path: Took
     detail: str  # the pushed reference, the recorded one (unchanged), or the one-line reason
 
     @property
     def failed(self) -> bool:
-        return self.path == "failed"
+        return self.path == Took.FAILED
 
     @property
     def needs_rebuild(self) -> bool:
-        return self.path == "needs rebuild"
+        return self.path == Took.NEEDS_REBUILD
 
 
 @dataclass
@@ -205,32 +217,33 @@ def _one(
     for line in changes:
         reporter.say(f"change: {line}")
     if fleet.check_only:
-        path = "needs rebuild" if changes else "up to date"
-        return TemplateResult(name, path, _changes_summary(changes))  # each said above
+        took = Took.NEEDS_REBUILD if changes else Took.UP_TO_DATE
+        return TemplateResult(name, took, _changes_summary(changes))  # each said above
     outcome = found.outcome
     if outcome is None:
         previous = load_state(config.state)
         recorded = previous.image if previous is not None else None
-        return TemplateResult(name, "unchanged", recorded or "up to date")
+        return TemplateResult(name, Took.UNCHANGED, recorded or "up to date")
     if outcome.verification is not None and not outcome.verification.passed:
         for line in outcome.verification.table().splitlines():  # as a lone rebuild shows it
             reporter.say(line)
         checks = ", ".join(check.name for check in outcome.verification.failed)
         reason = f"verification of {outcome.label} failed: {checks}"
         reporter.say(f"failed: {reason}")
-        return TemplateResult(name, "failed", reason)
+        return TemplateResult(name, Took.FAILED, reason)
     for line in outcome.notes:
         reporter.say(line)
+    took = Took(found.path or Route.BUILD)
     if outcome.pushed is None:
-        return TemplateResult(name, found.path or "build", "built (no repository to push to)")
+        return TemplateResult(name, took, "built (no repository to push to)")
     reporter.say(f"pushed: {outcome.pushed.reference}")
     if change := outcome.template_change:
         reporter.say(f"template {change.template_name}: {change.old_image} -> {change.new_image}")
-    return TemplateResult(name, found.path or "build", outcome.pushed.reference)
+    return TemplateResult(name, took, outcome.pushed.reference)
 
 
 def _failed(name: str, error: Exception) -> TemplateResult:
-    return TemplateResult(name, "failed", _reason(error))
+    return TemplateResult(name, Took.FAILED, _reason(error))
 
 
 def _reason(error: Exception) -> str:

@@ -7,7 +7,7 @@ to sequence.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -25,10 +25,11 @@ from builder.assemble.assemble import (
 from builder.attest.contents import without_credentials
 from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache
+from builder.config import RunSettings
 from builder.context.labels import created, image_labels
 from builder.context.render import Secrets, check_output, lock_text, render
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
-from builder.inspect.wheels import inspect_as_ready
+from builder.inspect.wheels import WheelInspection, inspect_as_ready
 from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.layers.extras import (
     BytecodeFacts,
@@ -53,7 +54,7 @@ from builder.plan.program_needs import ProgramNeed, program_needs
 from builder.publish.tags import extras_hash
 from builder.resolve.index import start_downloads
 from builder.resolve.requirements import RequirementSet, read_requirements
-from builder.resolve.resolution import Resolution
+from builder.resolve.resolution import RemoteFile, Resolution
 from builder.resolve.target import (
     BaseFacts,
     BaseProfile,
@@ -68,35 +69,36 @@ DOWNLOADS = 8  # wheel downloads at once
 
 
 @dataclass(frozen=True)
-class Request:
-    requirement_files: tuple[Path, ...]
-    constraint_files: tuple[Path, ...]
-    arches: tuple[str, ...]
+class Grounds:
+    """What a run works with besides its settings (builder.config.RunSettings): what it found
+    (the base's facts, the arches the base offers that the settings target) and what it runs
+    on (the cache, the engine that compiles the bytecode, the timeline, the retries)."""
+
     base: BaseProfile
-    output: Path
+    arches: tuple[str, ...]
     cache: Cache
-    secrets: Secrets = field(default_factory=Secrets)
-    refresh: bool = False  # resolve again even if an identical resolution is cached
-    overrides: tuple[Path, ...] = ()  # uv override files: replace or drop dependencies
-    with_optional: bool = False  # also install what only on-demand plugins need
-    without_programs: frozenset[str] = frozenset()  # programs (or packages) never installed
-    torch_backend: str | None = None  # uv's --torch-backend: PyTorch's own build (cpu)
-    find_links: tuple[str, ...] = ()  # --find-links given as flags, after the files' own
-    no_index: bool = False  # --no-index as a flag (a file may say it too)
-    platform_version: str | None = None  # for labels and tags; default: the base image's tag
-    bytecode: bool = True  # compile the extras' .pyc (with an engine to run the base's python3)
-    engine: docker.DockerClient | None = None  # runs the compile; None: no bytecode
+    compiler: docker.DockerClient | None = None  # compiles the bytecode; None: no bytecode
     timeline: Timeline = field(default_factory=Timeline)  # when what happened: report.json's
     retries: Retries = field(default_factory=Retries)  # the run's: its index requests' too
 
-    @property
-    def compiles(self) -> bool:
-        """Whether the extras get bytecode layers: asked for, and an engine to compile with."""
-        return self.bytecode and self.engine is not None
+
+Chosen = Mapping[str, Mapping[str, tuple[RemoteFile, str]]]
+"""arch -> distribution -> the wheel chosen for it (and why that one)."""
+Pins = Mapping[str, list[tuple[str, str, str]]]
+"""arch -> each distribution's (name, version, wheel sha256): what the layers are made of."""
+
+
+@dataclass(frozen=True)
+class _Compiling:
+    """The bytecode compile under way: the base's interpreter starting, the wheels' queue."""
+
+    starting: Future[Compiler]
+    queue: CompileQueue
 
 
 def prepare(
-    request: Request,
+    settings: RunSettings,
+    grounds: Grounds,
     reuse_locks: Mapping[str, str] | None = None,
     planned: Callable[[Plan], None] | None = None,
 ) -> Plan:
@@ -104,20 +106,18 @@ def prepare(
 
     Each wheel is inspected, and its own layer written, as soon as its download ends; only
     what needs every wheel (grouping a large set, a file one distribution shadows in another)
-    waits for the last one. `planned` gets the plan as soon as it exists,
-    while the layers may still be written (produce_build.SystemStages starts the apt builds). When
-    every arch's lock hash equals `reuse_locks` (the previous build's: a rebase reuses its
-    layers) no layer is written, unless the extras get bytecode: the base's interpreter decides
-    then whether the previous bytecode layers still fit. The base's python3 (its container
-    started while the set resolves) compiles every arch's wheels once, natively, each as soon
-    as its download ends (builder.layers.bytecode.CompileQueue): the compile is the longest
-    step of a cold build, so it starts as early as it can.
+    waits for the last one. `planned` gets the plan as soon as it exists, while the layers may
+    still be written (produce_build.SystemStages starts the apt builds). When every arch's lock
+    hash equals `reuse_locks` (the previous build's: a rebase reuses its layers) no layer is
+    written, unless the extras get bytecode: the base's interpreter decides then whether the
+    previous bytecode layers still fit. The base's python3 (its container started while the
+    set resolves) compiles every arch's wheels once, natively, each as soon as its download
+    ends (builder.layers.bytecode.CompileQueue): the longest step of a cold build starts early.
     """
-    requirements = _requirements(request)
-    check_output(request.output)  # refuse a directory we may not replace before the slow steps
-    target = Target(request.base, tuple(arch_named(a) for a in dict.fromkeys(request.arches)))
-    indexes = (*requirements.indexes(), *requirements.find_links)  # where credentials go
-    timeline = request.timeline
+    requirements = _requirements(settings)
+    check_output(settings.output)  # refuse a directory we may not replace before the slow steps
+    target = Target(grounds.base, tuple(arch_named(a) for a in dict.fromkeys(grounds.arches)))
+    timeline = grounds.timeline
     with (  # exits in reverse: downloads, jobs, compiles; the compiler's container goes last
         ExitStack() as stack,
         ThreadPoolExecutor(max_workers=COMPILERS) as compiling,
@@ -125,114 +125,218 @@ def prepare(
         ThreadPoolExecutor(max_workers=4 + len(target.arches)) as pool,
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
     ):
-        queue = None
-        if request.engine is not None and request.compiles:  # starts while resolving
-            starting = pool.submit(_start_compiler, request, target, stack)
-            queue = CompileQueue(starting.result, compile_pool, timeline.marker("compiled"))
+        compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
         with timeline.step("resolve"):
-            resolutions: list[Resolution] = list(
-                pool.map(
-                    lambda arch: resolve(
-                        requirements,
-                        target,
-                        arch,
-                        request.cache,
-                        request.refresh,
-                        request.overrides,
-                        request.retries,
-                    ),
-                    target.arches,
-                )
-            )
-        chosen = {
-            resolution.arch.name: {
-                package.name: choose_wheel(package, target, resolution.arch)
-                for package in resolution.packages
-            }
-            for resolution in resolutions
-        }
+            resolutions = _resolve_all(requirements, target, settings, grounds, pool)
+        chosen = _choose(resolutions, target)
         files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
         requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
-        pins = {
-            r.arch.name: [
-                (p.name, p.version, chosen[r.arch.name][p.name][0].sha256) for p in r.packages
-            ]
-            for r in resolutions
-        }
-        timeline.name({file.sha256: file.filename for file in files})
+        pins = _pins(resolutions, chosen)
         fetching = timeline.now()
-        downloads = start_downloads(files, request.cache, indexes, fetch, request.retries)
-        arrived = timeline.marker("arrived")
-        for sha, future in downloads.items():
-            future.add_done_callback(_marking(arrived, sha))
-        inspected = timeline.marker("inspected")
-        inspecting = pool.submit(
-            inspect_as_ready, _as_ready(downloads), request.cache, done=inspected
-        )
-        if queue is not None:  # each wheel compiled as soon as it is here (every arch's once)
-            feeding = pool.submit(queue.add_as_ready, _as_ready(downloads))
-        budget = group_budget(request.compiles)
-        # a rebase onto the same interpreter reuses every layer; bytecode decides that later
-        reused = not request.compiles and reused_layers(pins, reuse_locks)
-        own = None
-        if not reused:
-            laid_out = timeline.marker("laid_out")
-            own = start_own_layers(
-                pool, pins, _as_ready(downloads), request.cache, budget, laid_out
-            )
-        paths = {sha: future.result() for sha, future in downloads.items()}
+        downloads = _start_downloads(files, requirements, grounds, fetch)
+        inspecting, feeding = _start_reading(downloads, grounds, pool, compile_)
+        writing = _start_layers(pins, downloads, reuse_locks, grounds, pool)
         timeline.record("downloads", fetching)
-        writing = {} if reused else start_layers(pool, pins, paths, request.cache, budget, own)
         inspections = inspecting.result()
         timeline.record("inspections", fetching)
-        arch_plans = tuple(
-            plan_arch(
-                resolution,
-                chosen[resolution.arch.name],
-                inspections,
-                target,
-                request.with_optional,
-                request.without_programs,
-            )
-            for resolution in resolutions
-        )
-        direct = tuple(r.name for r in requirements.requirements)
-        plan = Plan(
-            base=request.base,
-            base_image=request.base.pinned.as_written,
-            arches=arch_plans,
-            import_modules=import_modules(direct, arch_plans),
-            runtime_checks=runtime_checks(arch_plans),
-        )
+        plan = _plan(requirements, resolutions, chosen, inspections, target, settings)
         timeline.record("plan", fetching)
         if planned is not None:
             planned(plan)
         layers = {arch: future.result() for arch, future in writing.items()}
         timeline.record("layers", fetching)
         facts: dict[str, BytecodeFacts] = {}
-        if queue is not None:
+        if compile_ is not None and feeding is not None:
             feeding.result()  # every wheel queued
-            parts = queue.results()
-            interpreter = starting.result().interpreter
-            assert interpreter is not None, "the Compiler identifies its interpreter on entry"
-            layers, facts = with_bytecode(layers, parts, interpreter, EXTRA_DEPS, request.cache)
-            remember_interpreter(request.cache, plan.base_image, interpreter)
-            plan = replace(plan, bytecode=interpreter.build)
+            plan, layers, facts = _with_bytecode(plan, layers, compile_, grounds.cache)
             timeline.record("bytecode", fetching)
-    labels = dict(finish(plan, request, layers).labels)
-    if request.bytecode and not request.compiles:  # no engine compiled it: the Dockerfile will
+    _render(plan, settings, grounds, layers, resolutions, facts)
+    return plan
+
+
+def _start_compiling(
+    grounds: Grounds,
+    target: Target[BaseFacts],
+    stack: ExitStack,
+    jobs: ThreadPoolExecutor,
+    compiles: ThreadPoolExecutor,
+) -> _Compiling | None:
+    """The base's interpreter started on `jobs` (pulled first if need be, its container entered
+    on `stack`) while the set resolves, and the queue the wheels join as they arrive, compiled
+    on `compiles`; None when the extras get no bytecode."""
+    if grounds.compiler is None:
+        return None
+    starting = jobs.submit(_start_compiler, grounds, target, stack)
+    queue = CompileQueue(starting.result, compiles, grounds.timeline.marker("compiled"))
+    return _Compiling(starting, queue)
+
+
+def _resolve_all(
+    requirements: RequirementSet,
+    target: Target[BaseProfile],
+    settings: RunSettings,
+    grounds: Grounds,
+    pool: ThreadPoolExecutor,
+) -> list[Resolution]:
+    """Every arch's resolution, at once."""
+    return list(
+        pool.map(
+            lambda arch: resolve(
+                requirements,
+                target,
+                arch,
+                grounds.cache,
+                settings.refresh,
+                settings.overrides,
+                grounds.retries,
+            ),
+            target.arches,
+        )
+    )
+
+
+def _choose(resolutions: Sequence[Resolution], target: Target[BaseFacts]) -> Chosen:
+    """The wheel each arch installs of each distribution it resolved."""
+    return {
+        resolution.arch.name: {
+            package.name: choose_wheel(package, target, resolution.arch)
+            for package in resolution.packages
+        }
+        for resolution in resolutions
+    }
+
+
+def _pins(resolutions: Sequence[Resolution], chosen: Chosen) -> Pins:
+    return {
+        r.arch.name: [
+            (p.name, p.version, chosen[r.arch.name][p.name][0].sha256) for p in r.packages
+        ]
+        for r in resolutions
+    }
+
+
+def _start_downloads(
+    files: Sequence[RemoteFile],
+    requirements: RequirementSet,
+    grounds: Grounds,
+    fetch: ThreadPoolExecutor,
+) -> dict[str, Future[Path]]:
+    """Every chosen wheel's download started (sha256 -> its path, once here), each marked on
+    the timeline as it arrives."""
+    grounds.timeline.name({file.sha256: file.filename for file in files})
+    where = (*requirements.indexes(), *requirements.find_links)  # whose credentials go where
+    downloads = start_downloads(files, grounds.cache, where, fetch, grounds.retries)
+    arrived = grounds.timeline.marker("arrived")
+    for sha, future in downloads.items():
+        future.add_done_callback(_marking(arrived, sha))
+    return downloads
+
+
+def _start_reading(
+    downloads: Mapping[str, Future[Path]],
+    grounds: Grounds,
+    pool: ThreadPoolExecutor,
+    compile_: _Compiling | None,
+) -> tuple[Future[dict[str, WheelInspection]], Future[None] | None]:
+    """Each wheel inspected, and queued for its compile (every arch's once), as soon as it is
+    here; the compile's feed is None without bytecode."""
+    inspected = grounds.timeline.marker("inspected")
+    inspecting = pool.submit(inspect_as_ready, _as_ready(downloads), grounds.cache, done=inspected)
+    if compile_ is None:
+        return inspecting, None
+    return inspecting, pool.submit(compile_.queue.add_as_ready, _as_ready(downloads))
+
+
+def _start_layers(
+    pins: Pins,
+    downloads: Mapping[str, Future[Path]],
+    reuse_locks: Mapping[str, str] | None,
+    grounds: Grounds,
+    pool: ThreadPoolExecutor,
+) -> Mapping[str, Future[tuple[ExtrasLayer, ...]]]:
+    """Each arch's extras layers started: each wheel's own layer as its download ends, the
+    rest once every wheel is here (this waits for the downloads); none when a rebase reuses
+    the previous layers (with bytecode, the base's interpreter decides that later)."""
+    compiles = grounds.compiler is not None
+    budget = group_budget(compiles)
+    reused = not compiles and reused_layers(pins, reuse_locks)
+    own = None
+    if not reused:
+        laid_out = grounds.timeline.marker("laid_out")
+        own = start_own_layers(pool, pins, _as_ready(downloads), grounds.cache, budget, laid_out)
+    paths = {sha: future.result() for sha, future in downloads.items()}
+    if reused:
+        return {}
+    return start_layers(pool, pins, paths, grounds.cache, budget, own)
+
+
+def _plan(
+    requirements: RequirementSet,
+    resolutions: Sequence[Resolution],
+    chosen: Chosen,
+    inspections: Mapping[str, WheelInspection],
+    target: Target[BaseProfile],
+    settings: RunSettings,
+) -> Plan:
+    """Every arch's plan from its resolution and the wheels' inspections (pure)."""
+    arch_plans = tuple(
+        plan_arch(
+            resolution,
+            chosen[resolution.arch.name],
+            inspections,
+            target,
+            settings.with_optional,
+            frozenset(settings.without_programs),
+        )
+        for resolution in resolutions
+    )
+    direct = tuple(r.name for r in requirements.requirements)
+    return Plan(
+        base=target.base,
+        base_image=target.base.pinned.as_written,
+        arches=arch_plans,
+        import_modules=import_modules(direct, arch_plans),
+        runtime_checks=runtime_checks(arch_plans),
+    )
+
+
+def _with_bytecode(
+    plan: Plan,
+    layers: Mapping[str, tuple[ExtrasLayer, ...]],
+    compile_: _Compiling,
+    cache: Cache,
+) -> tuple[Plan, dict[str, tuple[ExtrasLayer, ...]], dict[str, BytecodeFacts]]:
+    """The layers with the compiled wheels' bytecode layers; the plan names the interpreter."""
+    parts = compile_.queue.results()
+    interpreter = compile_.starting.result().interpreter
+    assert interpreter is not None, "the Compiler identifies its interpreter on entry"
+    stacks, facts = with_bytecode(layers, parts, interpreter, EXTRA_DEPS, cache)
+    remember_interpreter(cache, plan.base_image, interpreter)
+    return replace(plan, bytecode=interpreter.build), stacks, facts
+
+
+def _render(
+    plan: Plan,
+    settings: RunSettings,
+    grounds: Grounds,
+    layers: Mapping[str, tuple[ExtrasLayer, ...]],
+    resolutions: Sequence[Resolution],
+    facts: Mapping[str, BytecodeFacts],
+) -> None:
+    """The build context: the Dockerfile, the locks, the layers, report.json."""
+    labels = dict(finish(plan, settings, grounds.cache, layers).labels)
+    if settings.bytecode and grounds.compiler is None:  # no engine compiled it: the Dockerfile will
         labels[BYTECODE_LABEL] = BYTECODE_BY_STEP
     render(
         plan,
-        request.output,
+        settings.output,
         layers,
         {r.arch.name: r.pylock for r in resolutions},
-        request.secrets,
+        Secrets.of(settings.apt_secrets),
         labels,
         {arch: one.to_dict() for arch, one in facts.items()},
-        timeline.to_dict(),
+        grounds.timeline.to_dict(),
     )
-    return plan
 
 
 def programs_needed(
@@ -273,12 +377,14 @@ def _marking(mark: Callable[[str], None], sha256: str) -> Callable[[Future[Path]
     return lambda _: mark(sha256)
 
 
-def _start_compiler(request: Request, target: Target[BaseFacts], stack: ExitStack) -> Compiler:
+def _start_compiler(grounds: Grounds, target: Target[BaseFacts], stack: ExitStack) -> Compiler:
     """The base's interpreter, started (pulled first if need be) while the set resolves."""
-    assert request.engine is not None
+    assert grounds.compiler is not None
     arches = tuple(a.name for a in target.arches)
-    compiler = base_compiler(request.engine, request.base.pinned, arches, request.cache, EXTRA_DEPS)
-    return stack.enter_context(compiler)
+    base = grounds.base.pinned
+    return stack.enter_context(
+        base_compiler(grounds.compiler, base, arches, grounds.cache, EXTRA_DEPS)
+    )
 
 
 @dataclass(frozen=True)
@@ -298,7 +404,10 @@ def extras_hash_of(plan: Plan) -> str:
 
 
 def finish(
-    plan: Plan, request: Request, layers: Mapping[str, tuple[ExtrasLayer, ...]] | None = None
+    plan: Plan,
+    settings: RunSettings,
+    cache: Cache,
+    layers: Mapping[str, tuple[ExtrasLayer, ...]] | None = None,
 ) -> Finish:
     """The layers, labels and `created` each arch's image gets (the same in the Dockerfile).
 
@@ -306,16 +415,16 @@ def finish(
     `prepare` compiled); empty: none is needed (a rebase), and only the date the locks fix is
     read from the wheels.
     """
-    interpreter = known_interpreter(request.cache, plan.base_image) if plan.bytecode else None
+    interpreter = known_interpreter(cache, plan.base_image) if plan.bytecode else None
     if layers is None:
-        layers = plan_layers(plan, request.cache, interpreter, group_budget(bool(plan.bytecode)))
+        layers = plan_layers(plan, cache, interpreter, group_budget(bool(plan.bytecode)))
     epoch = plan_epoch(plan)
-    version = platform_version(plan.base_reference, request.platform_version)
+    version = platform_version(plan.base_reference, settings.platform_version)
     bytecode = interpreter.build if interpreter else "none"
     labels = image_labels(
         plan.base.image, plan.base.digest, epoch, version, extras_hash_of(plan), bytecode
     )
-    return Finish(layers, labels, created(epoch), request.cache)
+    return Finish(layers, labels, created(epoch), cache)
 
 
 def platform_version(base: ImageRef, explicit: str | None) -> str:
@@ -325,35 +434,36 @@ def platform_version(base: ImageRef, explicit: str | None) -> str:
     return base.tag or "latest"
 
 
-def _requirements(request: Request) -> RequirementSet:
-    """The requirement files' set with the run's own resolver flags added."""
-    read = read_requirements(request.requirement_files, request.constraint_files)
+def _requirements(settings: RunSettings) -> RequirementSet:
+    """The requirement files' set with the run's own resolver flags added (--find-links after
+    the files' own, --no-index when either says it)."""
+    read = read_requirements(settings.requirements, settings.constraints)
     return replace(
         read,
-        torch_backend=request.torch_backend,
-        find_links=tuple(dict.fromkeys(read.find_links + request.find_links)),
-        no_index=read.no_index or request.no_index,
+        torch_backend=settings.torch_backend,
+        find_links=tuple(dict.fromkeys(read.find_links + settings.find_links)),
+        no_index=read.no_index or settings.no_index,
     )
 
 
-def build_parameters(plan: Plan, request: Request) -> BuildParameters:
+def build_parameters(plan: Plan, settings: RunSettings) -> BuildParameters:
     """What the operator asked for, as the provenance names it: files by hash, the package
     indexes without their credentials, apt secrets by the id BuildKit mounts them under (never
     their contents)."""
-    secrets = request.secrets
-    requirements = _requirements(request)
+    secrets = Secrets.of(settings.apt_secrets)
+    requirements = _requirements(settings)
     indexes = () if requirements.no_index else requirements.indexes()
     return BuildParameters(
-        requirements=input_files(request.requirement_files),
-        constraints=input_files(request.constraint_files),
-        overrides=input_files(request.overrides),
+        requirements=input_files(settings.requirements),
+        constraints=input_files(settings.constraints),
+        overrides=input_files(settings.overrides),
         arches=tuple(a.arch for a in plan.arches),
-        platform_version=platform_version(plan.base_reference, request.platform_version),
+        platform_version=platform_version(plan.base_reference, settings.platform_version),
         base_image=plan.base_image,
         flags={
-            "with_optional": request.with_optional,
-            "without_programs": " ".join(sorted(request.without_programs)),
-            "torch_backend": request.torch_backend or "",
+            "with_optional": settings.with_optional,
+            "without_programs": " ".join(sorted(set(settings.without_programs))),
+            "torch_backend": settings.torch_backend or "",
             "find_links": " ".join(without_credentials(f) for f in requirements.find_links),
             "no_index": requirements.no_index,
             "indexes": " ".join(without_credentials(url) for url in indexes),

@@ -34,7 +34,7 @@ from builder.context.render import Secrets, dockerfile
 from builder.credentials import Credentials
 from builder.engines.connection import holds_image
 from builder.engines.per_arch import Engines
-from builder.layers.extras import DISTRIBUTION, HOME_SEED, ExtrasLayer
+from builder.layers.extras import ExtrasLayer, LayerKind
 from builder.layers.home import (
     distribution_names,
     home_env,
@@ -48,6 +48,7 @@ from builder.oci.v1 import Image
 from builder.orchestration.delivery import Produced
 from builder.orchestration.prepare import Finish
 from builder.plan.plan import Plan
+from builder.publish.state import Route
 from builder.reporter import QUIET, Reporter
 from builder.resolve.target import ARCHES, BaseProfile
 from builder.retry import Retries
@@ -183,7 +184,7 @@ class SystemStages:
 class BuildProducer:
     """Builds one arch's image: its system stage with BuildKit, then the extras layers."""
 
-    path = "build"
+    path = Route.BUILD
 
     def __init__(
         self,
@@ -255,7 +256,7 @@ class BuildProducer:
             holding_layers={
                 name: one.layer.diff_id
                 for one in built.extras
-                if one.kind == DISTRIBUTION
+                if one.kind == LayerKind.DISTRIBUTION
                 for name in one.names
             },
             seconds={"build": built_at - started, "load": time.monotonic() - built_at},
@@ -275,7 +276,7 @@ class BuildProducer:
         cache = self.finish.cache
         epoch = max(one.layer.source_date_epoch for one in built.extras)
         layer = seed_layer(client, built.image_id, seeds, epoch, cache)
-        seeded = ExtrasLayer(HOME_SEED, seeds, " ".join(seeds), layer)
+        seeded = ExtrasLayer(LayerKind.HOME_SEED, seeds, " ".join(seeds), layer)
         extras = (*built.extras, seeded)
         return assemble(client, built.system_id, extras, assembly, cache, held=len(built.extras))
 

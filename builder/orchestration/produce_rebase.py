@@ -40,6 +40,7 @@ from builder.orchestration.delivery import Produced, Run
 from builder.orchestration.prepare import Finish
 from builder.plan.plan import EXTRA_DEPS, Plan
 from builder.publish.blob_memory import blob_memory
+from builder.publish.state import Route
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class RebaseProducer:
     verifies, and it waits for them when it ends.
     """
 
-    path = "rebase"
+    path = Route.REBASE
 
     def __init__(
         self,

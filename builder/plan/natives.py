@@ -11,7 +11,7 @@ import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from types import MappingProxyType
 
 from builder.inspect.elf import ElfFile
@@ -36,11 +36,17 @@ _VERSIONED_NAME = re.compile(r".+\.so(\.\d+)+")  # libssl.so.3: one soname, not 
 LOADER_MACHINES = MappingProxyType({arch.loader: arch.machine for arch in ARCHES.values()})
 
 # How a DT_NEEDED entry is satisfied.
-BY_RPATH = "rpath"  # found in a directory of the file's RPATH/RUNPATH inside the tree
-BY_WHEEL_SET = "wheel set"  # some ELF file of the set has that soname/basename
-BY_BASE = "base"
-BY_LOADER = "loader"
-MISSING = "missing"
+
+
+class By(StrEnum):
+    """What provides a native need."""
+
+    RPATH = "rpath"  # a directory of the file's RPATH/RUNPATH inside the tree
+    WHEEL_SET = "wheel set"  # some ELF file of the set has that soname/basename
+    BASE = "base"
+    LOADER = "loader"
+    MISSING = "missing"
+
 
 # A shared object under such a directory, that no file links and Python cannot import, is a
 # plugin loaded on demand (Qt's platform plugins, GDAL drivers): its needs are optional.
@@ -84,7 +90,7 @@ class NeedSource:
 
     path: str  # "dist==version: path"
     soname: str
-    by: str  # BY_RPATH, BY_WHEEL_SET, BY_BASE, BY_LOADER or MISSING
+    by: By
     provider: str | None = None  # tree path of the satisfying file, when it is in the tree
 
 
@@ -136,15 +142,15 @@ def resolve_needs(
             in_dirs = [posixpath.normpath(posixpath.join(d, soname)) for d in dirs]
             found = next((path for path in in_dirs if path in by_path), None)
             if found is not None:
-                resolution = NeedSource(label, soname, BY_RPATH, found)
+                resolution = NeedSource(label, soname, By.RPATH, found)
             elif soname in by_name:
-                resolution = NeedSource(label, soname, BY_WHEEL_SET, by_name[soname])
+                resolution = NeedSource(label, soname, By.WHEEL_SET, by_name[soname])
             elif soname in provided_by_base:
-                resolution = NeedSource(label, soname, BY_BASE)
+                resolution = NeedSource(label, soname, By.BASE)
             elif soname == loader or soname.startswith(KERNEL_PROVIDED):
-                resolution = NeedSource(label, soname, BY_LOADER)
+                resolution = NeedSource(label, soname, By.LOADER)
             else:
-                resolution = NeedSource(label, soname, MISSING)
+                resolution = NeedSource(label, soname, By.MISSING)
             resolutions.append(resolution)
     return tuple(resolutions)
 
@@ -212,7 +218,7 @@ def external_needs(
     optional = optional_files(wheels, resolutions, LOADER_MACHINES.get(loader))
     needed_by: dict[str, set[str]] = {}
     for resolution in resolutions:
-        if resolution.by == MISSING:
+        if resolution.by == By.MISSING:
             needed_by.setdefault(resolution.soname, set()).add(resolution.path)
     return tuple(
         NativeNeed(soname, tuple(sorted(paths)), optional=paths <= optional)

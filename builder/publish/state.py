@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import NotRequired, TypedDict
@@ -39,6 +40,13 @@ class StateRecord(TypedDict):
     bytecode: NotRequired[str | None]
 
 
+class Route(StrEnum):
+    """How an image was made: built from the base up, or its extras rebased onto a new base."""
+
+    BUILD = "build"
+    REBASE = "rebase"
+
+
 @dataclass(frozen=True)
 class BuildState:
     platform_version: str
@@ -49,7 +57,7 @@ class BuildState:
     apt_packages: Mapping[str, tuple[str, ...]]  # arch -> packages
     image: str | None = None  # repository@sha256:... once pushed
     locks: Mapping[str, str] = field(default_factory=dict)  # arch -> lock hash (the resolution)
-    path: str | None = None  # "rebase" or "build": how the recorded image was made
+    path: Route | None = None  # how the recorded image was made
     bytecode: str | None = None  # the interpreter build that compiled its .pyc; None: none
 
     @cached_property
@@ -82,7 +90,7 @@ class BuildState:
             apt_packages={a: tuple(p) for a, p in data["apt_packages"].items()},
             image=data.get("image"),
             locks=dict(data.get("locks") or {}),
-            path=data.get("path"),
+            path=Route(route) if (route := data.get("path")) else None,
             bytecode=data.get("bytecode"),
         )
 
@@ -90,6 +98,7 @@ class BuildState:
 def state_of(
     plan: Plan, platform_version: str, image: str | None = None, path: str | None = None
 ) -> BuildState:
+    """The state a delivery records; `path` is a `Route`'s value (a producer's)."""
     return BuildState(
         platform_version=platform_version,
         base_image=plan.base.image,
@@ -99,7 +108,7 @@ def state_of(
         apt_packages={a.arch: a.apt_packages for a in plan.arches},
         image=image,
         locks={a.arch: lock_hash(lock_text(plan, a.arch)) for a in plan.arches},
-        path=path,
+        path=Route(path) if path else None,
         bytecode=plan.bytecode,
     )
 

@@ -6,10 +6,10 @@ themselves are builder.oci.remote's.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable
 
+from builder.digest import Sha256
 from builder.errors import UserError
 
 TAG_MAX = 128
@@ -22,12 +22,12 @@ def extras_hash(lock_texts: Iterable[str]) -> str:
     Part of the tag, so two different extension sets for one platform version never overwrite
     each other's tag. Each text is length-prefixed so no two different lists hash alike.
     """
-    digest = hashlib.sha256()
+    digest = Sha256()
     for text in sorted(lock_texts):
         data = text.encode("utf-8")
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
-    return digest.hexdigest()[:HASH_LENGTH]
+    return digest.hex[:HASH_LENGTH]
 
 
 def image_tag(platform_version: str, extras_hash: str) -> str:

@@ -50,7 +50,7 @@ from builder.cache import CHUNK, Cache, sha256_of
 from builder.errors import UserError
 from builder.resolve.requirements import DEFAULT_INDEX
 from builder.resolve.resolution import RemoteFile, redact
-from builder.retry import Retries, SteadyBody, reason, retryable
+from builder.retry import Faulted, Retries, Service, SteadyBody, reason, retryable
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
@@ -82,38 +82,30 @@ T = TypeVar("T")
 INDEX_FAULTS = (urllib.error.URLError, OSError, http.client.HTTPException, ValueError)
 
 
-def _index_fault(error: BaseException) -> tuple[str, str | None] | None:
+def _index_fault(error: Exception) -> Faulted | None:
     """How a retry line names `error`'s answer, and its `Retry-After`; None when it is not one
-    to try again (an answer for good, or a name that does not resolve)."""
+    to try again (an answer for good, a name that does not resolve, or no fault of the index's
+    at all)."""
+    if not isinstance(error, INDEX_FAULTS):
+        return None
     if isinstance(error, urllib.error.HTTPError):
         if not retryable(error.code):
             return None
-        return str(error.code), error.headers.get("Retry-After") if error.headers else None
+        return Faulted(str(error.code), error.headers.get("Retry-After") if error.headers else None)
     if isinstance(getattr(error, "reason", error), socket.gaierror):
         return None  # a name that does not resolve: seconds will not change it
-    return reason(error), None
+    return Faulted(reason(error))
 
 
 def retried(attempt: Callable[[], T], url: str, retries: Retries | None = None) -> T:
-    """`attempt()` (a request to `url`) until it does not fault, as the run's `retries` allow:
-    the registry's policy, bounded by its tries (not the registry's budget), each retry said
-    and recorded as an index's. The last fault is raised as it is (the caller names it in its
-    one line)."""
+    """`attempt()` (a request to `url`) until it does not fault, through the run's one retry
+    loop (builder.retry): bounded by its tries (not the registry's budget), each retry said and
+    recorded as an index's. The last fault is raised as it is (the caller names it in its one
+    line)."""
     retries = retries or Retries()
     parts = urllib.parse.urlsplit(url)
-    host, text = parts.netloc.rpartition("@")[2], f"GET {parts.path[:160]}"
-    tries = 1
-    while True:
-        started = retries.clock()
-        try:
-            return attempt()
-        except INDEX_FAULTS as error:
-            if (fault := _index_fault(error)) is None:
-                raise
-            answer, asked = fault
-            if not retries.again(host, text, answer, tries, started, asked, service="index"):
-                raise
-        tries += 1
+    where = (parts.netloc.rpartition("@")[2], f"GET {parts.path[:160]}")
+    return retries.attempt(where, attempt, _index_fault, service=Service.INDEX)
 
 
 def _open(url: str, indexes: Sequence[str], accept: str | None = None):

@@ -9,6 +9,7 @@ it compiles code, naming the newest version that does have a usable wheel.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -18,7 +19,7 @@ import time
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -309,78 +310,80 @@ def resolve(
     key = _resolution_key(requirements, target, arch, overrides, fetched)
     if not refresh and (found := _cached(cache, key, target, arch, fetched)):
         return with_sources(found, requirements.find_links, fetched)
-    built: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bsi-resolve-") as temp:
-        workdir = Path(temp)
-        find_links = workdir / "built"
-        find_links.mkdir()
-        (workdir / "requirements.in").write_text(_requirement_lines(requirements, fetched))
-        (workdir / "constraints.txt").write_text(
-            "".join(f"{line}\n" for line in target.base.constraints())
-            + "".join(f"{c.requirement}\n" for c in requirements.constraints)
-        )
-
-        def compile_set() -> tuple[tuple[LockedPackage, ...], tuple[str, ...], str]:
-            for _ in range(MAX_SOURCE_ROUNDS):
-                result = _uv_compile(workdir, target, arch, requirements, find_links, overrides)
-                if result.returncode == 0:
-                    break
-                needs_source = [
-                    canonicalize_name(n) for n in NEEDS_SOURCE_BUILD.findall(result.stderr)
-                ]
-                if not needs_source or not_found(result.stderr):
-                    raise unresolvable(result.stderr, requirements, target, arch)
-                try:
-                    built.extend(
-                        _build_from_source(
-                            name, target, arch, requirements, cache, find_links, retries
-                        )
-                        for name in needs_source
-                    )
-                except _WheelsExist:
-                    raise unresolvable(result.stderr, requirements, target, arch) from None
-            else:
-                raise unresolvable(result.stderr, requirements, target, arch)
-            pylock = (workdir / f"pylock.{arch.name}.toml").read_text()
-            return (*_packages(tomllib.loads(pylock), target, cache), pylock)
-
-        packages, provided, pylock = compile_set()
-        # uv keeps the versions of an existing output file: start afresh to pick up new wheels
-        (workdir / f"pylock.{arch.name}.toml").unlink()
-        annotated: list[str] = []
-
-        def annotations() -> str:
-            """uv's `# via` and `# from` annotations of the set, asked for once when needed."""
-            if not annotated:
-                result = _uv_compile(
-                    workdir, target, arch, requirements, find_links, overrides, annotated=True
-                )
-                annotated.append(result.stdout if result.returncode == 0 else "")
-            return annotated[0]
-
-        origins = origins_of([p.name for p in packages], requirements, annotations)
-        packages = _with_origins(packages, origins)
-        warnings, rebuilt = _fresher_sources(
-            packages, requirements, target, arch, cache, find_links, annotations, retries
-        )
-        if rebuilt:
-            packages, provided, pylock = compile_set()
-            packages = _with_origins(packages, origins)
-            versions = {p.name: p.version for p in packages}
-            for pick in rebuilt:
-                if versions.get(pick.name) == pick.newest:
-                    built.append(f"{pick.name}=={pick.newest}")
-                    warnings.append(
-                        f"note: {pick.name}=={pick.newest} ({pick.newest_uploaded}) has only a"
-                        f" pure-Python source release: built on the host instead of the old"
-                        f" wheel {pick.chosen} ({pick.chosen_uploaded})"
-                    )
-                else:
-                    warnings.append(pick.message())
-    record = dict(at=time.time(), built=built, pylock=pylock, warnings=warnings, origins=origins)
+        compiler = _Compiler(Path(temp), requirements, target, arch, cache, overrides, retries)
+        compiler.prepare(fetched)
+        resolution, origins = _resolve_with(compiler)
+    record = dict(
+        at=time.time(),
+        built=list(resolution.built_from_source),
+        pylock=resolution.pylock,
+        warnings=list(resolution.warnings),
+        origins=origins,
+    )
     cache.put_record("resolution", key, record)
-    found = Resolution(arch, packages, provided, tuple(built), pylock, tuple(warnings))
-    return with_sources(found, requirements.find_links, fetched)
+    return with_sources(resolution, requirements.find_links, fetched)
+
+
+@dataclass(frozen=True)
+class _Compiler:
+    """One resolution's inputs and scratch directory: what each of its uv runs, and each build
+    of a source release it asks for, needs."""
+
+    workdir: Path
+    requirements: RequirementSet
+    target: Target[BaseProfile]
+    arch: Arch
+    cache: Cache
+    overrides: Sequence[Path]
+    retries: Retries | None
+
+    @property
+    def find_links(self) -> Path:
+        """Where wheels built from source releases wait for uv."""
+        return self.workdir / "built"
+
+    @property
+    def output(self) -> Path:
+        return self.workdir / f"pylock.{self.arch.name}.toml"
+
+    def prepare(self, fetched: Sequence[Fetched] = ()) -> None:
+        """The requirements (a direct one at its `fetched` wheel), the constraints (the base's
+        pins first) and the built-wheel folder."""
+        self.find_links.mkdir()
+        (self.workdir / "requirements.in").write_text(
+            _requirement_lines(self.requirements, fetched)
+        )
+        (self.workdir / "constraints.txt").write_text(
+            "".join(f"{line}\n" for line in self.target.base.constraints())
+            + "".join(f"{c.requirement}\n" for c in self.requirements.constraints)
+        )
+
+    def compile(self, annotated: bool = False) -> subprocess.CompletedProcess[str]:
+        return _uv_compile(
+            self.workdir,
+            self.target,
+            self.arch,
+            self.requirements,
+            self.find_links,
+            self.overrides,
+            annotated=annotated,
+        )
+
+    def build(self, name: str) -> str:
+        """Build `name`'s pure-Python source release for uv to find: "name==version"."""
+        return _build_from_source(
+            name,
+            self.target,
+            self.arch,
+            self.requirements,
+            self.cache,
+            self.find_links,
+            self.retries,
+        )
+
+    def unresolvable(self, stderr: str) -> UserError:
+        return unresolvable(stderr, self.requirements, self.target, self.arch)
 
 
 def _requirement_lines(requirements: RequirementSet, fetched: Sequence[Fetched]) -> str:
@@ -389,6 +392,103 @@ def _requirement_lines(requirements: RequirementSet, fetched: Sequence[Fetched])
     return "".join(
         f"{wheels.get(r.origin, str(r.requirement))}\n" for r in requirements.requirements
     )
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """A set uv pinned: the packages to install, what the base provides, uv's lock, and what
+    was built from source on the way (in the order built)."""
+
+    packages: tuple[LockedPackage, ...]
+    provided: tuple[str, ...]
+    pylock: str
+    built: tuple[str, ...]
+
+
+def _compile_set(compiler: _Compiler) -> _Compiled:
+    """uv's pin of the set, in rounds: each failed round names the distributions uv needs
+    built from source, each built before the next round; up to MAX_SOURCE_ROUNDS."""
+    built: list[str] = []
+    for _ in range(MAX_SOURCE_ROUNDS):
+        result = compiler.compile()
+        if result.returncode == 0:
+            pylock = compiler.output.read_text()
+            packages, provided = _packages(tomllib.loads(pylock), compiler.target, compiler.cache)
+            return _Compiled(packages, provided, pylock, tuple(built))
+        built += _source_round(compiler, result.stderr)
+    raise compiler.unresolvable(result.stderr)
+
+
+def _source_round(compiler: _Compiler, stderr: str) -> list[str]:
+    """Build what uv's failure says needs a source build ("name==version" each); a failure
+    of anything else (or a release whose wheels exist after all) is the resolution's error."""
+    needs_source = [canonicalize_name(n) for n in NEEDS_SOURCE_BUILD.findall(stderr)]
+    if not needs_source or not_found(stderr):
+        raise compiler.unresolvable(stderr)
+    try:
+        return [compiler.build(name) for name in needs_source]
+    except _WheelsExist:
+        raise compiler.unresolvable(stderr) from None
+
+
+def _annotations(compiler: _Compiler) -> str:
+    """uv's `# via` and `# from` annotations of the set ("" when uv cannot give them)."""
+    result = compiler.compile(annotated=True)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def _resolve_with(compiler: _Compiler) -> tuple[Resolution, dict[str, str]]:
+    """The resolution and the index each package came from: the set pinned, stale picks
+    looked for, and pinned again when a fresher pure-Python source was built for one."""
+    compiled = _compile_set(compiler)
+    # uv keeps the versions of an existing output file: start afresh to pick up new wheels
+    compiler.output.unlink()
+    annotations = functools.cache(functools.partial(_annotations, compiler))  # once, if needed
+    requirements = compiler.requirements
+    origins = origins_of([p.name for p in compiled.packages], requirements, annotations)
+    packages = _with_origins(compiled.packages, origins)
+    warnings, rebuilt = _fresher_sources(
+        packages,
+        requirements,
+        compiler.target,
+        compiler.arch,
+        compiler.cache,
+        compiler.find_links,
+        annotations,
+        compiler.retries,
+    )
+    built = [*compiled.built]
+    if rebuilt:
+        compiled = _compile_set(compiler)
+        packages = _with_origins(compiled.packages, origins)
+        fresh, notes = _rebuilt_notes(packages, rebuilt)
+        built += [*compiled.built, *fresh]
+        warnings += notes
+    resolution = Resolution(
+        compiler.arch, packages, compiled.provided, tuple(built), compiled.pylock, tuple(warnings)
+    )
+    return resolution, origins
+
+
+def _rebuilt_notes(
+    packages: Sequence[LockedPackage], rebuilt: Sequence[StalePick]
+) -> tuple[list[str], list[str]]:
+    """For each stale pick whose fresher source was built: "name==version" when the second
+    pin took it (and a note saying so), else the stale pick's warning."""
+    versions = {p.name: p.version for p in packages}
+    built: list[str] = []
+    warnings: list[str] = []
+    for pick in rebuilt:
+        if versions.get(pick.name) == pick.newest:
+            built.append(f"{pick.name}=={pick.newest}")
+            warnings.append(
+                f"note: {pick.name}=={pick.newest} ({pick.newest_uploaded}) has only a"
+                f" pure-Python source release: built on the host instead of the old"
+                f" wheel {pick.chosen} ({pick.chosen_uploaded})"
+            )
+        else:
+            warnings.append(pick.message())
+    return built, warnings
 
 
 def _with_origins(

@@ -5,10 +5,10 @@ started as ``python3 -I /opt/sandbox/server``. Python runs a directory holding `
 with that directory as ``sys.path[0]``, even in isolated mode, so the server can be a package of
 small modules (the protocol, admission, the execution of commands, files, the routes) and still
 be started with ``-I``: PYTHONPATH (/app/deps, /app/deps-extra) and the user's site-packages
-stay off its path, so no library can shadow its modules, while the commands it runs still inherit PYTHONPATH. Because
-``sys.path[0]`` comes before the standard library, the directory holds ``__main__.py`` and one
-uniquely named package (``sandbox_server``) and nothing else: no file there can shadow a stdlib
-module (tests/runtime/test_package.py checks both).
+stay off its path, so no library can shadow its modules, while the commands it runs still
+inherit PYTHONPATH. Because ``sys.path[0]`` comes before the standard library, the directory
+holds ``__main__.py`` and one uniquely named package (``sandbox_server``) and nothing else: no
+file there can shadow a stdlib module (tests/runtime/test_package.py checks both).
 
 A directory rather than a zipapp: the image stores it as plain root-owned read-only files that
 an operator can read with ``cat`` in a running sandbox, the base's build context needs no zip

@@ -14,7 +14,7 @@ from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
-from builder.verify.container import hardened, image_user_check
+from builder.verify.container import Running, hardened, image_user_check
 from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.programs import ProgramExpectation, program_checks
 from builder.verify.report import (
@@ -83,42 +83,70 @@ def verify_image(
     """
     own_client = engine is None
     if engine is None:
-        client = engine_client()
-        if client is None:
-            raise UserError("Docker engine not reachable: verify runs the image on it")
-        engine = Engine.local(client)
+        engine = _local_engine()
     name = image.as_written if isinstance(image, ImageRef) else image
     report = VerifyReport(name)
     try:
-        if isinstance(image, ImageRef):
-            found = local_image(image, engine.client)
-        else:
-            found = engine.client.images.get(image)
-        report.checks.append(image_user_check(found.attrs.get("Config", {}).get("User") or ""))
-        labels = found.attrs.get("Config", {}).get("Labels") or {}
-        required = bytecode_required(labels.get(BYTECODE_LABEL))
+        user, bytecode = _image_facts(image, engine)
+        report.checks.append(image_user_check(user))
+        required = bytecode_required(bytecode)
         with hardened(engine, name, startup_timeout) as running:
             report.checks.append(Check("health", True, running.health))
-            served = served_checks(
-                running.sandbox,
-                modules,
-                checks,
-                installed.distributions,
-                sdk,
-                bytecode=required,
-                programs=installed.programs,
-            )
-            report.checks += served.checks
-            report.first_import_reads = served.reads
-            if sbom is not None:
-                report.checks.append(sbom_check(running.sandbox, sbom))
-            report.checks.append(run_check("still-serving", running.still_serving))
+            _check_running(report, running, modules, checks, installed, sdk, required, sbom)
     except CheckFailed as failure:
         report.checks.append(Check("health", False, str(failure)))
     finally:
         if own_client:
             engine.client.close()
     return report
+
+
+def _local_engine() -> Engine:
+    client = engine_client()
+    if client is None:
+        raise UserError("Docker engine not reachable: verify runs the image on it")
+    return Engine.local(client)
+
+
+def _image_facts(image: ImageRef | str, engine: Engine) -> tuple[str, str | None]:
+    """The image's user and bytecode label: as its registry names it now, or as the engine
+    holds it under its own name."""
+    if isinstance(image, ImageRef):
+        found = local_image(image, engine.client)
+    else:
+        found = engine.client.images.get(image)
+    config = found.attrs.get("Config", {})
+    user: str = config.get("User") or ""
+    label: str | None = (config.get("Labels") or {}).get(BYTECODE_LABEL)
+    return user, label
+
+
+def _check_running(
+    report: VerifyReport,
+    running: Running,
+    modules: Sequence[str],
+    checks: Sequence[str],
+    installed: Installed,
+    sdk: bool | None,
+    required: bool,
+    sbom: bytes | None,
+) -> None:
+    """Everything checked through the running image's port, then its SBOM, then that it still
+    serves, added to `report` in that order."""
+    served = served_checks(
+        running.sandbox,
+        modules,
+        checks,
+        installed.distributions,
+        sdk,
+        bytecode=required,
+        programs=installed.programs,
+    )
+    report.checks += served.checks
+    report.first_import_reads = served.reads
+    if sbom is not None:
+        report.checks.append(sbom_check(running.sandbox, sbom))
+    report.checks.append(run_check("still-serving", running.still_serving))
 
 
 def served_checks(

@@ -9,8 +9,9 @@ from click.testing import CliRunner
 from support.credhelp import write_docker_config
 from support.registryhelp import forget_credentials
 
+from builder.base.platforms import select_arches
 from builder.cli.app import main
-from builder.config import RunSettings, load_config, merge, set_platform_version
+from builder.config import RunSettings, load_config, merge, set_platform_version, settings_of
 from builder.credentials import lookup
 from builder.errors import UserError
 from builder.oci.name import ImageRef
@@ -135,3 +136,30 @@ def test_the_cli_tells_a_given_base_image_from_its_default(
     args = [*given, *flags, "--no-build", "--cache-dir", str(tmp_path / "cache")]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1 and seen == [expected], (result.output, seen)
+
+
+@pytest.mark.parametrize("config", [False, True])
+def test_the_default_arches_are_every_arch_the_base_offers_with_or_without_a_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: bool
+) -> None:
+    """A config that names no architectures asks what no --arch asks: every arch the base
+    offers (builder.base.platforms.select_arches decides from the run's settings), for a build
+    and for a config's rebuild alike; a config's architectures narrow as --arch does."""
+    seen: list[tuple[str, ...]] = []
+
+    def build(settings: RunSettings, *_: object) -> None:
+        seen.append(settings.arches)
+        raise UserError("stopped after the settings")
+
+    monkeypatch.setattr(commands, "build", build)
+    (tmp_path / "r.txt").write_text("six\n")
+    given = ("--config", str(_config(tmp_path))) if config else ("-r", str(tmp_path / "r.txt"))
+    result = CliRunner().invoke(main, [*given, "--no-build", "--cache-dir", str(tmp_path / "c")])
+    assert result.exit_code == 1 and len(seen) == 1, (result.output, seen)
+    offered = ("amd64", "arm64")
+    assert select_arches(seen[0], offered, "reg.example/rt:1.0") == offered
+    if config:
+        rebuilt = settings_of(load_config(_config(tmp_path)))
+        assert select_arches(rebuilt.arches, offered, "reg.example/rt:1.0") == offered
+        narrowed = load_config(_config(tmp_path, 'architectures = ["arm64"]\n'))
+        assert select_arches(narrowed.architectures, offered, "reg.example/rt:1.0") == ("arm64",)

@@ -28,7 +28,17 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Referrer, api_listing
 from builder.oci.transport import TIMEOUT, shown
-from builder.retry import POLICY, Policy, Retries, backoff, retry_after, retryable, wait
+from builder.retry import (
+    POLICY,
+    Faulted,
+    Policy,
+    Retries,
+    Service,
+    backoff,
+    retry_after,
+    retryable,
+    wait,
+)
 
 
 def test_which_answers_are_tried_again() -> None:
@@ -112,6 +122,49 @@ def test_the_budget_ends_a_run_of_faults() -> None:
     assert sum(clock.slept) <= 10.0 and tried.exhausted()
     assert not tried.again("r", "GET y", "503", 1, clock.now)  # the next request: no retry
     assert len(tried.to_list()) == count == len(lines)
+
+
+def test_the_one_loop_tries_a_fault_again_and_raises_an_answer_at_once() -> None:
+    """`Retries.attempt`: the caller's classification decides what is a fault; the loop waits,
+    says and records each retry, and hands the last fault to `give_up` with its tries."""
+    clock, lines = Clock(), []
+    tried = retries(clock, lines, Policy(tries=3))
+    faults = iter([ConnectionResetError("reset"), TimeoutError("timed out")])
+
+    def once() -> str:
+        fault = next(faults, None)
+        if fault is not None:
+            raise fault
+        return "answer"
+
+    def classify(error: Exception) -> Faulted | None:
+        return Faulted(str(error)) if isinstance(error, OSError) else None
+
+    where = ("index.example", "GET /simple/six/")
+    assert tried.attempt(where, once, classify, service=Service.INDEX) == "answer"
+    assert [one["answer"] for one in tried.to_list()] == ["reset", "timed out"]
+    assert {one["service"] for one in tried.to_list()} == {"index"} and len(lines) == 2
+    assert lines[0].startswith("index index.example failed (reset) to GET /simple/six/ (try 1")
+
+    def answered() -> str:
+        raise KeyError("not a fault")
+
+    with pytest.raises(KeyError):
+        tried.attempt(where, answered, classify)
+    assert len(tried.to_list()) == 2  # an answer is never tried again
+
+    def down() -> str:
+        raise ConnectionRefusedError("refused")
+
+    given: list[int] = []
+
+    def give_up(error: Exception, tries: int) -> BaseException:
+        given.append(tries)
+        return RuntimeError(f"{error}{tried.after(tries)}")
+
+    with pytest.raises(RuntimeError, match=r"^refused \(after 3 tries\)$"):
+        tried.attempt(("registry.example", "GET x"), down, classify, give_up)
+    assert given == [3] and len(tried.to_list()) == 4
 
 
 Route = Callable[[str, str], Reply]

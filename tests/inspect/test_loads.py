@@ -9,7 +9,8 @@ import pytest
 from support.plans import AMD64, plan_for
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.inspect.loads import LoadSite, scan_source, worth_reading
 from builder.inspect.wheels import inspect_wheel
 

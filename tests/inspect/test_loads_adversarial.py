@@ -26,7 +26,7 @@ def test_names_assigned_from_each_other_do_not_explode():
     source += "ctypes.CDLL(a)\n"
     started = time.monotonic()
     sites = scan_source("m.py", source.encode())
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # a walk per path would not end; 60: a busy machine
     assert [site.names for site in sites] == [("libq.so.1",)]
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.inspect.loads import LoadSite, scan_sources
 from builder.inspect.wheels import inspect_wheel
 

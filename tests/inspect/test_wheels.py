@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from support.waiting import wait_for
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.inspect import wheels
 from builder.inspect.wheels import RECORD_KIND, inspect_as_ready, inspect_wheel
@@ -25,19 +26,18 @@ def wheel(tmp_path: Path, name: str) -> tuple[Path, str]:
 def test_the_first_wheel_is_inspected_before_the_last_arrives(tmp_path: Path) -> None:
     cache = Cache(tmp_path / "cache")
     first, second = wheel(tmp_path, "early"), wheel(tmp_path, "late")
-    seen_before_second: list[bool] = []
 
     def arriving() -> Iterator[tuple[Path, str]]:
         yield first
-        deadline = time.monotonic() + 30
-        while cache.get_record(RECORD_KIND, first[1]) is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # the "download" of the second wheel takes this long
-        seen_before_second.append(cache.get_record(RECORD_KIND, first[1]) is not None)
+        wait_for(  # the "download" of the second wheel takes this long; fails the test if never
+            lambda: cache.get_record(RECORD_KIND, first[1]) is not None,
+            deadline_s=120,
+            what="the first wheel inspected before the second arrives",
+        )
         yield second
         yield first  # a wheel two arches share arrives once per arch: inspected once
 
     found = inspect_as_ready(arriving(), cache, workers=2)
-    assert seen_before_second == [True]
     assert sorted(found) == sorted([first[1], second[1]])
     assert found[second[1]] == inspect_wheel(*second, cache)
     assert [found[first[1]].name, found[second[1]].name] == ["early", "late"]
@@ -113,6 +113,6 @@ def test_wheels_still_waiting_when_the_pool_breaks_fail_rather_than_hang(tmp_pat
     assert pool.submits == 1  # one worker: the others wait
     done = inspect_wheel(*first, Cache(tmp_path / "other"))
     pool.first.set_result(done)  # its end starts the next: the pool is broken by then
-    assert queue.results[first[1]].result(timeout=5) == done
+    assert queue.results[first[1]].result(timeout=60) == done
     for _, sha in (second, third):
-        assert "terminated abruptly" in str(queue.results[sha].exception(timeout=5))
+        assert "terminated abruptly" in str(queue.results[sha].exception(timeout=60))

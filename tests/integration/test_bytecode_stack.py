@@ -13,12 +13,13 @@ from support.compilehelp import compile_all
 from support.wheelfactory import make_wheel
 
 from builder.assemble.assemble import Assembly, assemble
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
 from builder.contract import BYTECODE_LABEL
+from builder.digest import sha256_of
 from builder.engines.connection import Engine
 from builder.layers import bytecode
 from builder.layers.bytecode import Compiler
-from builder.layers.extras import BYTECODE, DISTRIBUTION, distribution_layers, with_bytecode
+from builder.layers.extras import LayerKind, distribution_layers, with_bytecode
 from builder.verify.run import verify_image
 
 pytestmark = pytest.mark.usefixtures("docker_client")
@@ -93,14 +94,19 @@ def test_one_native_compile_serves_both_arches_and_two_cold_caches_agree(
     (first, facts), (second, _) = runs
     for arch in ("amd64", "arm64"):
         kinds = [one.kind for one in first[arch]]
-        assert kinds == [DISTRIBUTION, DISTRIBUTION, BYTECODE, BYTECODE]
+        assert kinds == [
+            LayerKind.DISTRIBUTION,
+            LayerKind.DISTRIBUTION,
+            LayerKind.BYTECODE,
+            LayerKind.BYTECODE,
+        ]
         dist, code = first[arch][:2], first[arch][2:]
         assert [one.names for one in code] == [one.names for one in dist]  # same group order
         assert [o.layer.diff_id for o in first[arch]] == [o.layer.diff_id for o in second[arch]]
         assert facts[arch].interpreter.cache_tag == TAG and facts[arch].compiled == 3
         assert facts[arch].size == sum(one.layer.size for one in code)
     shared = [
-        next(o for o in first[arch] if o.kind == BYTECODE and o.names == ("shared-pkg",))
+        next(o for o in first[arch] if o.kind == LayerKind.BYTECODE and o.names == ("shared-pkg",))
         for arch in ("amd64", "arm64")
     ]
     assert shared[0].layer.diff_id == shared[1].layer.diff_id  # amd64's compile, shipped for arm64

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 from support.images import Built, build, docker, run_hardened
+from support.waiting import wait_serving
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
@@ -120,28 +120,10 @@ def platform_run(client: Any, image: str, tmp: bool = True) -> Iterator[tuple[An
         name=f"bsi-first-use-{uuid.uuid4().hex[:8]}",
     )
     try:
-        sandbox = Sandbox(served_port(container))
+        sandbox = Sandbox(wait_serving(container, contract.PORT, contract.HEALTH))
         yield container, sandbox
     finally:
         container.remove(force=True)
-
-
-def served_port(container: Any) -> int:
-    """The published port once the server answers GET / (it answers within a minute)."""
-    deadline = time.monotonic() + 60
-    while True:
-        container.reload()
-        bound = (container.attrs["NetworkSettings"]["Ports"] or {}).get(f"{contract.PORT}/tcp")
-        if bound:
-            try:
-                sandbox = Sandbox(int(bound[0]["HostPort"]))
-                if sandbox.request("GET", contract.HEALTH, timeout=2).status == 200:
-                    return sandbox.port
-            except OSError:
-                pass
-        assert container.status != "exited", container.logs().decode()[-2000:]
-        assert time.monotonic() < deadline, container.logs().decode()[-2000:]
-        time.sleep(0.2)  # polling the state the server reports, not synchronising on time
 
 
 def docker_history(test_env: dict, tag: str) -> list[dict]:

@@ -9,7 +9,8 @@ import pytest
 from support.plans import reference_profile
 
 from builder.cache import Cache
-from builder.orchestration.prepare import Request, prepare
+from builder.config import RunSettings
+from builder.orchestration.prepare import Grounds, prepare
 from builder.plan.plan import Plan
 
 pytestmark = pytest.mark.usefixtures("package_index")
@@ -17,15 +18,9 @@ pytestmark = pytest.mark.usefixtures("package_index")
 
 def plan(tmp_path: Path, requirements: str) -> tuple[Plan, dict]:
     (tmp_path / "requirements.txt").write_text(requirements)
-    request = Request(
-        requirement_files=(tmp_path / "requirements.txt",),
-        constraint_files=(),
-        arches=("amd64",),
-        base=reference_profile(),
-        output=tmp_path / "out",
-        cache=Cache(tmp_path / "cache"),
-    )
-    result = prepare(request)
+    base = reference_profile()
+    settings = RunSettings((tmp_path / "requirements.txt",), base.pinned, output=tmp_path / "out")
+    result = prepare(settings, Grounds(base, ("amd64",), Cache(tmp_path / "cache")))
     return result, json.loads((tmp_path / "out" / "report.json").read_text())
 
 

@@ -212,7 +212,7 @@ def test_engine_client_is_none_quickly_without_an_engine(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     started = time.monotonic()
     assert engine_client() is None
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # not the API's 300 s timeout; 60: a busy machine
 
 
 def test_repo_digest_matches_the_repository():

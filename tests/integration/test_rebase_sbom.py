@@ -27,12 +27,12 @@ from support.wheelfactory import make_wheel
 
 from builder import credentials
 from builder.attest import sbom
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.engines.per_arch import Engines
 from builder.layers.extras import (
-    BYTECODE,
-    DISTRIBUTION,
     ExtrasLayer,
+    LayerKind,
     created_by,
     distribution_layers,
     holding_layers,
@@ -65,9 +65,9 @@ def _line(kind: str, label: str, names: tuple[str, ...], index: int) -> str:
 def test_each_name_is_placed_by_its_own_layer_or_its_bucket_never_by_bytecode() -> None:
     bucket = bucket_of("small-one")
     added = [
-        ("sha256:own", _line(DISTRIBUTION, "big-one", ("big-one",), 0)),
-        ("sha256:bucket", _line(DISTRIBUTION, f"bucket {bucket}", ("small-one",), 1)),
-        ("sha256:bytecode", _line(BYTECODE, "big-one", ("big-one",), 2)),
+        ("sha256:own", _line(LayerKind.DISTRIBUTION, "big-one", ("big-one",), 0)),
+        ("sha256:bucket", _line(LayerKind.DISTRIBUTION, f"bucket {bucket}", ("small-one",), 1)),
+        ("sha256:bytecode", _line(LayerKind.BYTECODE, "big-one", ("big-one",), 2)),
     ]
     assert holding_layers(added, ["Big_One", "small-one"]) == {
         "big-one": "sha256:own",
@@ -121,6 +121,30 @@ class Stacked:
     bytecode: str  # the top layer's diff ID, which holds no distribution
 
 
+def _make_wheels(folder: Path) -> dict[str, Path]:
+    """A wheel per name in NAMES, alpha-big's large enough to fill a layer of its own."""
+    files = {}
+    for name in NAMES:
+        module = name.replace("-", "_")
+        body = b"X = 1\n" + (b"#" * 100_000 if name == "alpha-big" else b"")
+        files[name] = make_wheel(folder, name, "1.0", "py3-none-any", {f"{module}.py": body})
+    return files
+
+
+def _as_planned(files: dict[str, Path], shas: dict[str, str]) -> list[Any]:
+    """The wheels as the plan has them: name, filename, url, sha256 and index."""
+    return [
+        SimpleNamespace(
+            name=name,
+            filename=files[name].name,
+            url=f"https://x/{files[name].name}",
+            sha256=sha,
+            index="",  # PyPI's (PlannedWheel.index)
+        )
+        for name, sha in shas.items()
+    ]
+
+
 @pytest.fixture
 def stacked(
     tmp_path: Path,
@@ -133,19 +157,15 @@ def stacked(
     run, runtime, bases, base_digest, base = own.run, own.runtime, own.client, own.digest, own.image
     labels = {**CHANGE.labels, "org.example.test-run": run}
     cache = Cache(tmp_path / "cache")
-    files = {}
-    for name in NAMES:
-        module = name.replace("-", "_")
-        body = b"X = 1\n" + (b"#" * 100_000 if name == "alpha-big" else b"")
-        files[name] = make_wheel(
-            tmp_path / "wheels", name, "1.0", "py3-none-any", {f"{module}.py": body}
-        )
+    files = _make_wheels(tmp_path / "wheels")
     shas = {name: sha256_of(path) for name, path in files.items()}
     pins = [(name, "1.0", shas[name]) for name in NAMES]
     stack = distribution_layers(pins, {shas[n]: p for n, p in files.items()}, ROOT, cache, BUDGET)
     assert stack[0].label == "alpha-big" and len(stack) > 1
     assert all(one.label.startswith("bucket ") for one in stack[1:])
-    top = ExtrasLayer(BYTECODE, stack[0].names, stack[0].label, _marker_layer(tmp_path, cache))
+    top = ExtrasLayer(
+        LayerKind.BYTECODE, stack[0].names, stack[0].label, _marker_layer(tmp_path, cache)
+    )
     layers = []
     for index, one in enumerate([*stack, top]):
         blob = gzipped(one.layer.path, one.layer.diff_id, cache)
@@ -157,16 +177,7 @@ def stacked(
     output = tmp_path / "context"
     output.mkdir()
     (output / "report.json").write_text("{}")
-    wheels = [
-        SimpleNamespace(
-            name=name,
-            filename=files[name].name,
-            url=f"https://x/{files[name].name}",
-            sha256=sha,
-            index="",  # PyPI's (PlannedWheel.index)
-        )
-        for name, sha in shas.items()
-    ]
+    wheels = _as_planned(files, shas)
     holding = {name: one.layer.diff_id for one in stack for name in one.names}
     yield Stacked(
         f"{runtime}@{old.digest}",

@@ -77,7 +77,7 @@ def test_apt_secrets_from_the_config_reach_both_paths_and_no_blob(
     config.write_text(
         f'requirements = ["requirements.txt"]\nbase-repository = "{runtime}"\n'
         f'platform-version = "1.0"\nrepository = "{registry.host}/bsi-aptsec-{RUN}/sandbox"\n'
-        'apt-ca-bundle = "corp-ca.pem"\n'
+        'apt-ca-bundle = "corp-ca.pem"\narchitectures = ["amd64"]\n'
     )
     env = {**os.environ, "BSI_REGISTRY_USER": registry.user}
     env |= {"BSI_REGISTRY_PASSWORD": registry.password, "UV_CACHE_DIR": str(tmp_path / "uv")}

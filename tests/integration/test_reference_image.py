@@ -8,14 +8,13 @@ on images that break the contract.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
+import select
 import shutil
 import socket
 import subprocess
 import sys
-import time
 import tomllib
 import uuid
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from packaging.utils import parse_wheel_filename
+from support.waiting import wait_for, wait_serving
 
 from builder.assemble.build import BuildSpec, build_image
 from builder.cli import app as cli
@@ -409,21 +409,6 @@ def http_request(port: int, line: str, payload: object = None) -> tuple[int, byt
         connection.close()
 
 
-def wait_serving(container) -> int:
-    """The published port, once the container's server answers GET / with 200."""
-    deadline = time.monotonic() + 60
-    while True:
-        container.reload()
-        bindings = container.attrs["NetworkSettings"]["Ports"].get("8888/tcp") or []
-        if bindings:
-            port = int(bindings[0]["HostPort"])
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if http_request(port, "GET /")[0] == 200:
-                    return port
-        assert time.monotonic() < deadline, container.logs()[-2000:]
-        time.sleep(0.2)
-
-
 def execute_request(command: list[str]) -> bytes:
     body = json.dumps({"command": command, "timeout_seconds": 120}).encode()
     head = f"POST /execute HTTP/1.1\r\nHost: sandbox\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -447,11 +432,15 @@ def test_under_a_memory_limit_the_kernel_kills_the_command_and_the_server_keeps_
         labels={LABEL: "1"},
     )
     try:
-        port = wait_serving(container)
+        port = wait_serving(container, 8888)
         # A reply of 8 MiB the server has spooled and is sending to a client that does not read.
         held = socket.create_connection(("127.0.0.1", port), timeout=120)
         held.sendall(execute_request(["python3", "-c", SPOOLED]))
-        time.sleep(2)
+        wait_for(
+            lambda: select.select([held], [], [], 0)[0],
+            deadline_s=120,
+            what="the 8 MiB reply to start arriving",
+        )
         with socket.create_connection(("127.0.0.1", port), timeout=120) as greedy:
             greedy.sendall(execute_request(["python3", "-c", GREEDY]))
             reply = b""
@@ -483,17 +472,24 @@ def test_under_a_memory_limit_the_kernel_kills_the_command_and_the_server_keeps_
 # Another container on the engine's bridge network: a client with its own address. It holds
 # its share of 4 connections, then asks for more, and holds on while the host asks too.
 OVER_SHARE = """
-import json, socket, sys, time
+import json, signal, socket, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # PID 1: the test's SIGTERM ends the hold
 server = (sys.argv[1], 8888)
-held = [socket.create_connection(server, timeout=10) for _ in range(4)]
-time.sleep(0.3)
+held = [socket.create_connection(server, timeout=60) for _ in range(4)]
+for conn in held:  # each one answered by a thread of its own: the share is taken
+    conn.sendall(b"GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+    answer = b""
+    while not answer.endswith(b"}"):
+        chunk = conn.recv(4096)
+        assert chunk, answer
+        answer += chunk
 started = time.monotonic()
-with socket.create_connection(server, timeout=10) as extra:
+with socket.create_connection(server, timeout=60) as extra:
     extra.sendall(b"GET /exists/x HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
     answer = extra.recv(4096)
 print(json.dumps({"head": answer.split(b"\\r\\n\\r\\n")[0].decode(),
                   "seconds": time.monotonic() - started}), flush=True)
-time.sleep(4)
+signal.pause()  # holding the share until the test has asked from the host
 """
 
 
@@ -516,7 +512,7 @@ def test_in_the_image_a_source_over_its_share_gets_503_another_is_served_childre
     )
     client = None
     try:
-        port = wait_serving(server)
+        port = wait_serving(server, 8888)
         address = server.attrs["NetworkSettings"]["IPAddress"]
         client = docker_client.containers.run(
             reference_image,
@@ -524,15 +520,19 @@ def test_in_the_image_a_source_over_its_share_gets_503_another_is_served_childre
             detach=True,
             labels={LABEL: "1"},
         )
-        deadline = time.monotonic() + 60
-        while not (logs := client.logs(stdout=True, stderr=False)):
-            assert time.monotonic() < deadline, client.logs()
-            time.sleep(0.1)
-        refused = json.loads(logs)
+
+        def answered() -> bytes:
+            client.reload()
+            logs = client.logs(stdout=True, stderr=False)
+            assert logs or client.status != "exited", client.logs().decode()
+            return logs
+
+        refused = json.loads(wait_for(answered, deadline_s=120, what="the client's 503"))
         assert refused["head"].startswith("HTTP/1.1 503 "), refused
         assert "\r\nRetry-After: 1" in refused["head"] and refused["seconds"] < 0.5, refused
         # The host is another source: served while the client holds its share.
         assert http_request(port, "GET /exists/x")[0] == 200
+        client.kill(signal="SIGTERM")
         assert client.wait(timeout=60)["StatusCode"] == 0
         # Every process of a command at 1000; the server (PID 1) keeps its own 0.
         script = (

@@ -211,7 +211,7 @@ def test_a_registry_down_midway_then_back(bad_day: dict[str, Any], registry: Reg
     )  # fmt: skip
     started, mark = time.monotonic(), len(proxy.log)
     failed = cli(registry, work, bad_day["base"], repository, "down")
-    assert time.monotonic() - started < 180 + 60  # the build itself before the push
+    assert time.monotonic() - started < 180 + 300  # the build before the push, on a busy machine
     assert failed.returncode == 1, failed.stdout[-2000:]
     lines = [line for line in failed.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and failed.stderr.strip().endswith(lines[0]), failed.stderr

@@ -53,15 +53,18 @@ class Served(NamedTuple):
     layer_served: str  # digest of the bytes served for the layer
 
 
-@pytest.fixture
-def tampering_registry(request) -> Iterator[Served]:
-    """A registry front for `x:t1` that tampers as `request.param` says.
+class Tampered(NamedTuple):
+    """One small image's bytes, as named and as a tampering registry serves them."""
 
-    "manifest": the manifest body is changed after its digest was announced; "layer": the layer
-    blob served is another gzip tar than the one the manifest names; "down": every API request
-    answers 503.
-    """
-    mode = request.param
+    manifest: bytes
+    served_manifest: bytes
+    layer: bytes
+    served_layer: bytes
+    blobs: dict[str, bytes]  # digest as named -> bytes as served
+
+
+def _tampered_image(mode: str) -> Tampered:
+    """`x:t1`'s bytes, tampered as `mode` says (see tampering_registry)."""
     status = b"Package: libc6\nStatus: install ok installed\nVersion: 2.41-12\n"
     layer = _layer({"var/lib/dpkg/status": status})
     served_layer = (
@@ -84,6 +87,20 @@ def tampering_registry(request) -> Iterator[Served]:
     ).encode()  # fmt: skip
     served_manifest = manifest + b"\n" if mode == "manifest" else manifest
     blobs = {_digest(config): config, _digest(layer): served_layer}
+    return Tampered(manifest, served_manifest, layer, served_layer, blobs)
+
+
+@pytest.fixture
+def tampering_registry(request) -> Iterator[Served]:
+    """A registry front for `x:t1` that tampers as `request.param` says.
+
+    "manifest": the manifest body is changed after its digest was announced; "layer": the layer
+    blob served is another gzip tar than the one the manifest names; "down": every API request
+    answers 503.
+    """
+    mode = request.param
+    image = _tampered_image(mode)
+    manifest, served_manifest, blobs = image.manifest, image.served_manifest, image.blobs
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -116,8 +133,8 @@ def tampering_registry(request) -> Iterator[Served]:
     yield Served(
         f"127.0.0.1:{server.server_address[1]}",
         _digest(manifest),
-        _digest(layer),
-        _digest(served_layer),
+        _digest(image.layer),
+        _digest(image.served_layer),
     )
     server.shutdown()
     server.server_close()

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 from support.credhelp import install_helper, write_docker_config
@@ -397,65 +397,86 @@ def test_synthetic_single_manifest_derives_arm64(synthetic_index, credentials, t
 # ---------------------------------------------------------------------------------------------
 # Token authentication, through a loopback front that speaks Bearer to the client
 # ---------------------------------------------------------------------------------------------
+class _TokenFront(http.server.BaseHTTPRequestHandler):
+    """A registry front speaking Bearer: a token service at /token (the real registry's login
+    asked for), everything else forwarded to `registry` once the request carries `token`.
+    `seen` gathers the token service's queries and the Authorization each came with."""
+
+    registry: Any
+    token: str
+    seen: dict[str, list[str]]
+
+    def log_message(self, *args):  # keep test output quiet
+        pass
+
+    def do_HEAD(self):
+        self.do_GET()
+
+    def do_GET(self):
+        if self.path.startswith("/token"):
+            self.issue_token()
+        elif self.headers.get("Authorization") != f"Bearer {self.token}":
+            self.challenge()
+        else:
+            self.forward()
+
+    def issue_token(self):
+        """The token, to the real registry's login only."""
+        self.seen["token_queries"].append(self.path.partition("?")[2])
+        self.seen["token_auth"].append(self.headers.get("Authorization", ""))
+        if self.headers.get("Authorization") != self.registry.auth_header():
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = json.dumps({"token": self.token}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def challenge(self):
+        """A 401 naming this front's token service as the realm."""
+        port = self.server.server_address[1]
+        self.send_response(401)
+        self.send_header(
+            "WWW-Authenticate",
+            f'Bearer realm="http://127.0.0.1:{port}/token",service="front",'
+            'scope="repository:anything:pull"',
+        )
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def forward(self):
+        """The request asked of the real registry with its login, the answer passed back."""
+        request = urllib.request.Request(
+            f"http://{self.registry.host}{self.path}", method=self.command
+        )
+        request.add_header("Authorization", self.registry.auth_header())
+        if self.headers.get("Accept"):
+            request.add_header("Accept", self.headers["Accept"])
+        try:
+            response = NO_PROXY_OPENER.open(request, timeout=30)
+        except urllib.error.HTTPError as exc:
+            response = exc
+        with response:
+            self.send_response(response.status)
+            for name in ("Content-Type", "Content-Length", "Docker-Content-Digest"):
+                if response.headers.get(name):
+                    self.send_header(name, response.headers[name])
+            self.end_headers()
+            if self.command == "GET":
+                shutil.copyfileobj(response, self.wfile)
+
+
 @pytest.fixture
 def token_front(registry):
     """A loopback registry front with a token service; it forwards to the real registry."""
     seen: dict[str, list[str]] = {"token_queries": [], "token_auth": []}
-    token = uuid.uuid4().hex
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):  # keep test output quiet
-            pass
-
-        def do_HEAD(self):
-            self.do_GET()
-
-        def do_GET(self):
-            port = self.server.server_address[1]
-            if self.path.startswith("/token"):
-                seen["token_queries"].append(self.path.partition("?")[2])
-                seen["token_auth"].append(self.headers.get("Authorization", ""))
-                if self.headers.get("Authorization") != registry.auth_header():
-                    self.send_response(401)
-                    self.end_headers()
-                    return
-                body = json.dumps({"token": token}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            if self.headers.get("Authorization") != f"Bearer {token}":
-                self.send_response(401)
-                self.send_header(
-                    "WWW-Authenticate",
-                    f'Bearer realm="http://127.0.0.1:{port}/token",service="front",'
-                    'scope="repository:anything:pull"',
-                )
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            request = urllib.request.Request(
-                f"http://{registry.host}{self.path}", method=self.command
-            )
-            request.add_header("Authorization", registry.auth_header())
-            if self.headers.get("Accept"):
-                request.add_header("Accept", self.headers["Accept"])
-            try:
-                response = NO_PROXY_OPENER.open(request, timeout=30)
-            except urllib.error.HTTPError as exc:
-                response = exc
-            with response:
-                self.send_response(response.status)
-                for name in ("Content-Type", "Content-Length", "Docker-Content-Digest"):
-                    if response.headers.get(name):
-                        self.send_header(name, response.headers[name])
-                self.end_headers()
-                if self.command == "GET":
-                    shutil.copyfileobj(response, self.wfile)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    handler = type(
+        "Handler", (_TokenFront,), {"registry": registry, "token": uuid.uuid4().hex, "seen": seen}
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"127.0.0.1:{server.server_address[1]}", seen

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import json
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -198,11 +197,18 @@ def test_a_failed_save_leaves_no_provisional_image(
 ) -> None:
     cache = Cache(tmp_path / "cache")
     deps = deps_layer(cache)
+    preloading = threading.Event()
+    real_preload = assemble_module._preload
+
+    def preload(*args: Any) -> str:
+        preloading.set()
+        return real_preload(*args)
 
     def failing(*args: object, **kwargs: object) -> None:
-        time.sleep(0.5)  # the preload is under way meanwhile, as with a real save
+        assert preloading.wait(120), "the preload did not start"  # as with a real save
         raise UserError(f"image {system_image}: docker save gave no config")
 
+    monkeypatch.setattr(assemble_module, "_preload", preload)
     monkeypatch.setattr(assemble_module, "read_save", failing)
     with pytest.raises(UserError, match="gave no config"):
         assemble(

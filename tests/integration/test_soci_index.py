@@ -11,8 +11,9 @@ import pytest
 from support.machine import Registry as LocalRegistry
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
 from builder.config import RunSettings, load_config, merge, settings_of
+from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.layers import soci as soci_module
 from builder.layers.gzipped import gzipped, spans_of

@@ -45,10 +45,12 @@ MOUNT = "type=tmpfs,src=tmpfs,dst=/workspace,options=rw:uid=65532:gid=65532"
 # Health first (the server is up), then the set imported by a command the server runs.
 FIRST_IMPORT = """
 import json, time, urllib.request as u
-for _ in range(300):
+deadline = time.monotonic() + 120  # a lazily pulled server may start slowly on a busy node
+while True:
     try:
-        u.urlopen("http://127.0.0.1:8888/"); break
+        u.urlopen("http://127.0.0.1:8888/", timeout=10); break
     except OSError:
+        assert time.monotonic() < deadline, "the server did not answer GET /"
         time.sleep(0.1)
 body = json.dumps({"command": ["python3", "-c", "import sympy; print(sympy.sqrt(8))"]})
 request = u.Request("http://127.0.0.1:8888/execute", body.encode(),

@@ -141,7 +141,7 @@ def test_a_blob_trickled_once_is_read_again_and_verified(stored) -> None:
     assert retried.answer.startswith("stalled: ") and retried.request.startswith("GET ")
     gets = [one.action for one in proxy.log if one.method == "GET" and "/blobs/" in one.path]
     assert sorted(gets) == ["forward", TRICKLE]  # a trickle is logged when the client leaves
-    assert took < 10  # the trickle alone would have taken 8192 / 160 = 51 s
+    assert took < 30  # the trickle alone would have taken 8192 / 160 = 51 s (30: a busy machine)
 
 
 def test_a_manifest_trickled_once_is_read_again(stored) -> None:
@@ -173,7 +173,8 @@ def test_a_registry_that_only_trickles_fails_the_request_on_one_line(stored) -> 
     assert "\n" not in message and f"registry {proxy.host} is unreachable: stalled: " in message
     assert message.endswith(f"(after {FAST.tries} tries)")
     assert len(client.retries.record) == FAST.tries - 1
-    assert took < FAST.tries * (FAST.stall_window + 1) + 5
+    # each try ends at its stall window, not after a 51 s trickle (+ 30: a busy machine)
+    assert took < FAST.tries * (FAST.stall_window + 1) + 30
 
 
 def test_a_chunk_longer_than_the_timeout_to_send_still_uploads(

@@ -10,16 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.waiting import wait_for
 
 from builder.assemble.build import BuildSpec
 from builder.base.probe import probe_base
 from builder.cache import Cache
+from builder.config import RunSettings
 from builder.contract import BYTECODE_LABEL
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.orchestration import produce_build
-from builder.orchestration.prepare import Request, finish, prepare
+from builder.orchestration.prepare import Grounds, finish, prepare
 from builder.orchestration.produce_build import BuildProducer, SystemStages
 from builder.reporter import Reporter
 
@@ -28,16 +30,11 @@ pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 RUN = uuid.uuid4().hex[:8]
 
 
-def request_for(tmp_path: Path, base: Any, requirements: str) -> Request:
+def asked(tmp_path: Path, base: Any, requirements: str) -> tuple[RunSettings, Grounds]:
+    """A run's settings for `requirements` over `base`, and its grounds (amd64, no compiler)."""
     (tmp_path / "requirements.txt").write_text(requirements)
-    return Request(
-        requirement_files=(tmp_path / "requirements.txt",),
-        constraint_files=(),
-        arches=("amd64",),
-        base=base,
-        output=tmp_path / "out",
-        cache=Cache(tmp_path / "cache"),
-    )
+    settings = RunSettings((tmp_path / "requirements.txt",), base.pinned, output=tmp_path / "out")
+    return settings, Grounds(base, ("amd64",), Cache(tmp_path / "cache"))
 
 
 def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
@@ -47,7 +44,8 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     base = probe_base(ImageRef.parse(reference_image), docker_client, Cache(tmp_path / "probe"))
-    request = replace(request_for(tmp_path, base, "python-magic==0.4.27\n"), engine=docker_client)
+    settings, grounds = asked(tmp_path, base, "python-magic==0.4.27\n")
+    grounds = replace(grounds, compiler=docker_client)
     targets: list[str | None] = []
     real_build = produce_build.build_image
 
@@ -65,15 +63,21 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
 
         def planned(plan: Any) -> None:
             stages.start(plan)
-            context_when_planned.append(request.output.exists())
+            context_when_planned.append(settings.output.exists())
 
-        plan = prepare(request, planned=planned)
+        plan = prepare(settings, grounds, planned=planned)
         assert plan.arches[0].apt_packages == ("libmagic1t64",)
         said: list[str] = []
         fleet = Reporter(said.append).prefixed("tmpl")  # one template of a fleet
         engines = Engines.local(docker_client)
         producer = BuildProducer(
-            plan, request.output, finish(plan, request), tag, engines, stages, fleet
+            plan,
+            settings.output,
+            finish(plan, settings, grounds.cache),
+            tag,
+            engines,
+            stages,
+            fleet,
         )
         built = producer.produce("amd64")
     assert context_when_planned == [False], "the apt build waited for the context"
@@ -97,7 +101,7 @@ def test_a_failing_early_apt_build_raises_with_its_log_when_the_stage_is_asked_f
     tmp_path: Path, docker_client: Any, reference_image: str
 ) -> None:
     base = probe_base(ImageRef.parse(reference_image), docker_client, Cache(tmp_path / "probe"))
-    plan = prepare(request_for(tmp_path, base, "python-magic==0.4.27\n"))
+    plan = prepare(*asked(tmp_path, base, "python-magic==0.4.27\n"))
     missing = "bsi-no-such-package"
     broken = replace(plan, arches=tuple(replace(a, apt_packages=(missing,)) for a in plan.arches))
     log = io.StringIO()
@@ -112,14 +116,12 @@ def test_a_stage_nobody_asks_for_is_stopped_not_waited_for(
     tmp_path: Path, docker_client: Any, reference_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = probe_base(ImageRef.parse(reference_image), docker_client, Cache(tmp_path / "probe"))
-    plan = prepare(request_for(tmp_path, base, "python-magic==0.4.27\n"))
+    plan = prepare(*asked(tmp_path, base, "python-magic==0.4.27\n"))
     slow = f"FROM {reference_image} AS system\nRUN sleep 120 && echo {RUN}\n"
     monkeypatch.setattr(produce_build, "dockerfile", lambda *_: slow)  # a stage that takes minutes
-    started = time.monotonic()
     with SystemStages({}) as stages:
         stages.start(plan)
-        deadline = time.monotonic() + 60
-        while "amd64" not in stages.processes and time.monotonic() < deadline:
-            time.sleep(0.1)  # until `docker build` runs; then planning "fails"
-    assert time.monotonic() - started < 60, "the exit waited for the two-minute build"
+        wait_for(lambda: "amd64" in stages.processes, deadline_s=120, what="`docker build`")
+        stopping = time.monotonic()  # the build runs; now planning "fails"
+    assert time.monotonic() - stopping < 60, "the exit waited for the two-minute build"
     assert stages.processes["amd64"].returncode not in (None, 0)

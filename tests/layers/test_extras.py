@@ -10,8 +10,9 @@ from pathlib import Path
 
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
-from builder.layers.extras import DISTRIBUTION, distribution_layers
+from builder.cache import Cache
+from builder.digest import sha256_of
+from builder.layers.extras import LayerKind, distribution_layers
 from builder.layers.layer import write_tar
 from builder.plan.layering import BUCKETS
 
@@ -35,7 +36,7 @@ def _stack(tmp_path: Path, wheels: list[Path], cache: str, budget: int = 48) -> 
     """Each layer's distributions (joined) -> its diff ID."""
     pins, paths = _pins(wheels)
     stack = distribution_layers(pins, paths, ROOT, Cache(tmp_path / cache), budget)
-    assert all(one.kind == DISTRIBUTION for one in stack)
+    assert all(one.kind == LayerKind.DISTRIBUTION for one in stack)
     return {" ".join(one.names): one.layer.diff_id for one in stack}
 
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
 import tarfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.waiting import wait_for
 
 from builder.cache import Cache
 from builder.errors import UserError
@@ -25,6 +26,22 @@ def layer_tar(path: Path, size: int = 3 << 20) -> tuple[Path, str]:
     data = b"".join(hashlib.sha256(str(i % 997).encode()).digest() for i in range(size // 32))
     path.write_bytes(data)
     return path, "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def flock_waiter(root: Path) -> bool:
+    """Whether a thread of this process is blocked on a flock of a file under ``root``: a
+    waiter's line in /proc/locks (``N: -> FLOCK ADVISORY WRITE pid major:minor:inode ...``)."""
+    inodes = set()
+    for lock in root.rglob("*.lock"):
+        with contextlib.suppress(FileNotFoundError):  # its holder removes it as it leaves
+            inodes.add(str(lock.stat().st_ino))
+    waiters = [line.split() for line in Path("/proc/locks").read_text().splitlines()]
+    return any(
+        fields[1:3] == ["->", "FLOCK"]
+        and fields[5] == str(os.getpid())
+        and fields[6].rsplit(":", 1)[1] in inodes
+        for fields in waiters
+    )
 
 
 class Counting:
@@ -46,7 +63,7 @@ class Counting:
         self.niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         if self.calls == 1:
             self.started.set()
-            assert self.release.wait(10)
+            assert self.release.wait(60)
             if self.cache_root is not None:
                 self.partial_visible += self.cache_root.glob("blobs/*/*/layer.tar.gz")
         yield from self.original(source)
@@ -77,13 +94,17 @@ def test_concurrent_callers_share_one_compression(
     first = threading.Thread(target=call, args=("first",), name="first")
     second = threading.Thread(target=call, args=("second",), name="second")
     first.start()
-    assert counting.started.wait(10)  # the first is compressing ...
+    assert counting.started.wait(60)  # the first is compressing ...
     second.start()
-    assert second_looked.wait(10)  # ... when the second finds no blob and must wait for it
-    time.sleep(0.3)  # time enough to reach the lock (or, without one, to compress again)
+    assert second_looked.wait(60)  # ... when the second finds no blob and must wait for it
+    wait_for(  # the lock (or, without one, a second compression)
+        lambda: counting.calls > 1 or flock_waiter(cache.root / "locks"),
+        deadline_s=60,
+        what="the second caller to wait on the layer's lock",
+    )
     counting.release.set()
-    first.join(30)
-    second.join(30)
+    first.join(120)
+    second.join(120)
     assert counting.calls == 1
     assert counting.partial_visible == []  # nothing under its final name while being written
     assert results["first"] == results["second"]
@@ -100,7 +121,7 @@ def test_ahead_compresses_for_the_push_inside_the_block(
     counting = Counting(monkeypatch)
     cache = Cache(tmp_path / "cache")
     with ahead([(tar, diff_id)], cache):
-        assert counting.started.wait(10)  # started before anything in the block asked
+        assert counting.started.wait(60)  # started before anything in the block asked
         counting.release.set()
         blob = gzipped(tar, diff_id, cache)  # the push: waits for the background one
     assert counting.calls == 1
@@ -129,9 +150,7 @@ def test_ahead_gives_each_layer_its_ztoc_after_its_blob(
 
     with ahead([(tar, diff_id)], cache, then=ztoc):
         blob = gzipped(tar, diff_id, cache)
-        deadline = time.monotonic() + 30
-        while not made and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: made, deadline_s=60, what="the layer's ztoc, inside the block")
     assert made == [blob.digest]
 
     def never(*_: object) -> bytes:
@@ -152,7 +171,7 @@ def test_ahead_on_error_finishes_the_running_one_drops_the_rest_and_leaves_no_th
         pytest.raises(RuntimeError, match="verification failed"),
         ahead([(first, first_id), (second, second_id)], cache),
     ):
-        assert counting.started.wait(10)
+        assert counting.started.wait(60)
         counting.release.set()
         raise RuntimeError("verification failed")
     assert counting.calls == 1  # the second layer's compression never started

@@ -16,7 +16,8 @@ import pytest
 from support.unpack import unpack
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.inspect import wheels as wheels_module
 from builder.inspect.wheels import WheelInspection, inspect_wheel

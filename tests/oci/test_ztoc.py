@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from support.wheelfactory import make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.layers import gzipped as gzipped_module
 from builder.layers.gzipped import gzipped

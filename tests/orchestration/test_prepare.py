@@ -8,8 +8,9 @@ import pytest
 from support.plans import reference_profile
 
 from builder.cache import Cache
+from builder.config import RunSettings
 from builder.inspect import wheels as inspect
-from builder.orchestration.prepare import Request, prepare
+from builder.orchestration.prepare import Grounds, prepare
 from builder.resolve import index as fetch
 from builder.resolve import uv as resolve
 
@@ -21,19 +22,13 @@ def test_second_run_is_served_from_the_cache(
 ) -> None:
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("lightgbm\nbeautifulsoup4\n")
-    cache = Cache(tmp_path / "cache")
+    base = reference_profile()
+    grounds = Grounds(base, ("amd64",), Cache(tmp_path / "cache"))
 
-    def request(output: str) -> Request:
-        return Request(
-            requirement_files=(requirements,),
-            constraint_files=(),
-            arches=("amd64",),
-            base=reference_profile(),
-            output=tmp_path / output,
-            cache=cache,
-        )
+    def settings(output: str) -> RunSettings:
+        return RunSettings((requirements,), base.pinned, output=tmp_path / output)
 
-    first = prepare(request("first"))
+    first = prepare(settings("first"), grounds)
     assert any(lib.package == "libgomp1" for lib in first.arches[0].libraries)
 
     def no_download(*args: object, **kwargs: object) -> None:
@@ -49,7 +44,7 @@ def test_second_run_is_served_from_the_cache(
 
     monkeypatch.setattr(inspect, "read_wheel", no_parse)
     monkeypatch.setattr(resolve, "_uv_compile", no_resolve)
-    second = prepare(request("second"))
+    second = prepare(settings("second"), grounds)
     assert second.to_dict()["architectures"] == first.to_dict()["architectures"]
     assert (tmp_path / "second" / "Dockerfile").read_text() == (
         tmp_path / "first" / "Dockerfile"

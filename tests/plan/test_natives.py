@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from support.wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.inspect import wheels as inspection_module
 from builder.inspect.elf import ElfFile, is_elf, read_elf
@@ -21,8 +22,7 @@ from builder.inspect.wheels import (
     inspect_wheel,
 )
 from builder.plan.natives import (
-    BY_RPATH,
-    BY_WHEEL_SET,
+    By,
     NativeNeed,
     SymbolProblem,
     external_needs,
@@ -96,7 +96,7 @@ def test_vendored_library_found_through_origin_runpath(tmp_path: Path) -> None:
     assert by_path["vend/_ext.abi3.so"].rpaths == ("$ORIGIN/../vend.libs",)
     assert needs(wheel) == {}
     resolved = [r for r in resolve_needs([wheel], BASE, LOADER) if r.soname == vendored]
-    assert [(r.by, r.provider) for r in resolved] == [(BY_RPATH, f"vend.libs/{vendored}")]
+    assert [(r.by, r.provider) for r in resolved] == [(By.RPATH, f"vend.libs/{vendored}")]
 
 
 def test_origin_rpath_to_a_sibling_directory(tmp_path: Path) -> None:
@@ -115,9 +115,9 @@ def test_origin_rpath_to_a_sibling_directory(tmp_path: Path) -> None:
     resolved = {
         r.path: r for r in resolve_needs([wheel], BASE, LOADER) if r.soname == "libsib.so.1"
     }
-    assert resolved["pkg==1.0: pkg/ext/a.so"].by == BY_RPATH
+    assert resolved["pkg==1.0: pkg/ext/a.so"].by == By.RPATH
     # Not in b.so's search path, but the set has it: satisfied once a sibling loaded it.
-    assert resolved["pkg==1.0: pkg/ext/deeper/b.so"].by == BY_WHEEL_SET
+    assert resolved["pkg==1.0: pkg/ext/deeper/b.so"].by == By.WHEEL_SET
     assert needs(wheel) == {}
 
 

@@ -169,3 +169,24 @@ def test_the_check_for_newer_releases_never_fails_a_plan(
         ["note: newer releases not checked: unbuildable: index https://index.invalid/simple"
          " unreachable (timed out)"], [],
     )  # fmt: skip
+
+
+def test_a_fresher_source_built_is_taken_only_when_the_second_pin_takes_it() -> None:
+    """After a stale pick's newer pure-Python source is built and the set pinned again: the
+    pick the resolver now takes is built on the host (and said so); one it still passes over
+    keeps its warning."""
+    source = remote("fresh-2.0.tar.gz")
+    taken = stale.StalePick(
+        "fresh", "1.0", "2024-01-01", "2.0", "2025-01-02", "has no wheel", source
+    )
+    passed = stale.StalePick(
+        "kept", "1.0", "2024-01-01", "3.0", "2025-01-02", "has no wheel", source
+    )
+    pinned = [LockedPackage("fresh", "2.0", ()), LockedPackage("kept", "1.0", ())]
+    built, warnings = resolve_module._rebuilt_notes(pinned, [taken, passed])
+    assert built == ["fresh==2.0"]
+    assert warnings == [
+        "note: fresh==2.0 (2025-01-02) has only a pure-Python source release: built on the host"
+        " instead of the old wheel 1.0 (2024-01-01)",
+        passed.message(),
+    ]

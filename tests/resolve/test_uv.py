@@ -19,7 +19,8 @@ import pytest
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.reporter import Reporter
 from builder.resolve.index import (

@@ -30,8 +30,8 @@ from support.sandboxserver import (
     ServerProcess,
     as_sandbox_user,
     stop_signals_pending,
-    wait_until,
 )
+from support.waiting import wait_for
 
 from builder.runtime import SERVER
 
@@ -73,12 +73,13 @@ def test_a_command_cannot_stop_its_server_with_a_signal(base: Path, name: str) -
         # Both signals sent, and read by the server (none pending): it has decided on them.
         # Had it decided to stop, serve_forever would take no further connection, so the
         # requests below would fail (if it has not exited by then).
-        wait_until(
+        wait_for(
             lambda: (
                 server.proc.poll() is not None
                 or (sent.exists() and not stop_signals_pending(server.proc.pid))
             ),
-            "the server did not read the orphan's signal",
+            deadline_s=30,
+            what="the server to read the orphan's signal",
         )
         assert server.proc.poll() is None, "a command stopped the server"
         assert server.request("GET", "/")[:3:2] == (200, b'{"status": "ok"}')

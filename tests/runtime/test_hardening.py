@@ -28,8 +28,8 @@ from support.sandboxserver import (
     run_daemon_pattern,
     sandbox_dir,
     send_raw,
-    wait_until,
 )
+from support.waiting import wait_for
 
 RACE_ATTEMPTS = 150
 
@@ -158,9 +158,10 @@ def test_limits_connections_executes_and_slow_headers(base: Path) -> None:
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
         # Accepted in the order they connected: once a later health probe is answered by the
         # gate, the four hold every connection slot.
-        wait_until(
+        wait_for(
             lambda: b"every connection slot is taken" in server.raw(HEALTH_REQUEST),
-            "the four connections were not served",
+            deadline_s=30,
+            what="the four connections to be served",
         )
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as extra:
             started = time.monotonic()
@@ -172,7 +173,7 @@ def test_limits_connections_executes_and_slow_headers(base: Path) -> None:
         hold = ["sh", "-c", ": > running; until [ -e release ]; do sleep 0.01; done"]
         thread = threading.Thread(target=execute, args=(server, {"command": hold}), daemon=True)
         thread.start()
-        wait_until((workspace / "running").exists, "the first command did not start")
+        wait_for((workspace / "running").exists, deadline_s=30, what="the first command to start")
         status, headers, _ = server.request(
             "POST", "/execute", json.dumps({"command": "true"}).encode()
         )

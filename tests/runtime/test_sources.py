@@ -25,8 +25,8 @@ from support.sandboxserver import (
     hang_up,
     health_limit,
     processes_with,
-    wait_until,
 )
+from support.waiting import wait_for
 
 from builder.verify.hardened.starve import ATTACK
 
@@ -237,7 +237,7 @@ def test_health_is_not_ok_while_no_command_could_run(base: Path) -> None:
             daemon=True,
         )
         sleeper.start()
-        wait_until((base / "running").exists, "the command did not start")
+        wait_for((base / "running").exists, deadline_s=30, what="the command to start")
         status, headers, body = server.request("GET", "/")
         assert (status, headers.get("Retry-After")) == (503, "1")
         assert json.loads(body) == {

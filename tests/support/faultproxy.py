@@ -115,103 +115,142 @@ class _State:
             return None
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    """The listening server, holding what every handler shares: the state and the upstream."""
+
+    daemon_threads = True
+
+    def __init__(self, state: _State, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = state
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One request: read, decide its fault, then answer it, forward it or both, as decided."""
+
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def record(self, action: str, status: int | None) -> None:
+        agent = self.headers.get("User-Agent", "")
+        one = Logged(time.monotonic(), self.command, self.path, action, status, agent)
+        with self.server.state.lock:
+            self.server.state.log.append(one)
+
+    def drop(self, action: str) -> None:
+        self.record(action, None)
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def read_body(self, length: int, rate: int) -> bytes:
+        """The request's body, read at `rate` bytes a second (a slow uplink)."""
+        if not rate:
+            return self.rfile.read(length) if length else b""
+        pieces, got, step = [], 0, CHUNK >> 4
+        while got < length:
+            pieces.append(self.rfile.read(min(step, length - got)))
+            got += len(pieces[-1])
+            time.sleep(len(pieces[-1]) / rate)
+        return b"".join(pieces)
+
+    def answer(self) -> None:
+        """Read the request, then fail it without the registry, or forward it (maybe faulted)."""
+        state = self.server.state
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.read_body(length, state.plan.read_rate)
+        kind = state.decide(self.command, self.path, self.headers.get("User-Agent", ""))
+        if kind == "drop-before":
+            return self.drop(kind)
+        if kind in ("500", "502", "503", "429"):
+            return self.fail(int(kind))
+        return self.forward(body, kind)
+
+    def fail(self, status: int) -> None:
+        """Answer `status` with an empty body, the registry not asked (a 429 says when to retry)."""
+        self.send_response(status)
+        if status == 429:
+            self.send_header("Retry-After", str(self.server.state.plan.retry_after))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        self.record(str(status), status)
+
+    def ask_upstream(self, body: bytes) -> http.client.HTTPConnection:
+        """The request sent on to the registry as it came (its Host kept), the connection open."""
+        connection = http.client.HTTPConnection(*self.server.upstream, timeout=120)
+        connection.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+        for name, value in self.headers.items():  # repeated ones (Accept) each sent
+            if name.lower() != "connection":
+                connection.putheader(name, value)
+        connection.endheaders(body or None)
+        return connection
+
+    def send_head(self, response: http.client.HTTPResponse) -> None:
+        """The registry's status and headers, passed on (always with a Content-Length)."""
+        self.send_response(response.status)
+        for name, value in response.getheaders():
+            if name.lower() not in ("connection", "transfer-encoding"):
+                self.send_header(name, value)
+        if "Content-Length" not in dict(response.getheaders()):
+            self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def send_body(self, response: http.client.HTTPResponse, limit: int, kind: str | None) -> bool:
+        """Up to `limit` bytes of the registry's body passed on, a trickle's slowly.
+
+        False when the client went away before the end (as it does, sooner or later, on a trickle).
+        """
+        plan = self.server.state.plan
+        piece = plan.trickle if kind == TRICKLE else CHUNK
+        sent = 0
+        while self.command != "HEAD" and sent < limit:
+            if kind == TRICKLE and sent:
+                time.sleep(plan.trickle_every)
+            chunk = response.read(min(piece, limit - sent))
+            if not chunk:
+                break
+            try:
+                self.wfile.write(chunk)
+                self.wfile.flush()
+            except OSError:
+                return False
+            sent += len(chunk)
+        return True
+
+    def forward(self, body: bytes, kind: str | None) -> None:
+        """Ask the registry, then pass its answer on: whole, cut, trickled, or not at all."""
+        connection = self.ask_upstream(body)
+        try:
+            response = connection.getresponse()
+            size = int(response.getheader("Content-Length") or 0)
+            if kind == "drop-after" or (kind == "cut" and (self.command == "HEAD" or not size)):
+                response.read()
+                return self.drop("drop-after")
+            self.send_head(response)
+            whole = self.send_body(response, size // 2 if kind == "cut" else size, kind)
+        finally:
+            connection.close()
+        if not whole:
+            return self.record(kind or "forward", None)
+        if kind == "cut":
+            self.wfile.flush()
+            return self.drop("cut")
+        return self.record(kind or "forward", response.status)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = answer
+
+
 class FaultProxy:
     """A loopback proxy to `upstream` (`host:port`) failing requests as `plan` says."""
 
     def __init__(self, upstream: str, plan: Plan | None = None) -> None:
         self.state = _State(plan or Plan())
-        state, host, port = self.state, *upstream.rsplit(":", 1)
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def record(self, action: str, status: int | None) -> None:
-                agent = self.headers.get("User-Agent", "")
-                one = Logged(time.monotonic(), self.command, self.path, action, status, agent)
-                with state.lock:
-                    state.log.append(one)
-
-            def drop(self, action: str) -> None:
-                self.record(action, None)
-                self.close_connection = True
-                with contextlib.suppress(OSError):
-                    self.connection.shutdown(socket.SHUT_RDWR)
-
-            def read_body(self, length: int, rate: int) -> bytes:
-                """The request's body, read at `rate` bytes a second (a slow uplink)."""
-                if not rate:
-                    return self.rfile.read(length) if length else b""
-                pieces, got, step = [], 0, CHUNK >> 4
-                while got < length:
-                    pieces.append(self.rfile.read(min(step, length - got)))
-                    got += len(pieces[-1])
-                    time.sleep(len(pieces[-1]) / rate)
-                return b"".join(pieces)
-
-            def answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.read_body(length, state.plan.read_rate)
-                kind = state.decide(self.command, self.path, self.headers.get("User-Agent", ""))
-                if kind == "drop-before":
-                    return self.drop(kind)
-                if kind in ("500", "502", "503", "429"):
-                    status = int(kind)
-                    self.send_response(status)
-                    if status == 429:
-                        self.send_header("Retry-After", str(state.plan.retry_after))
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return self.record(kind, status)
-                upstream_connection = http.client.HTTPConnection(host, int(port), timeout=120)
-                upstream_connection.putrequest(
-                    self.command, self.path, skip_host=True, skip_accept_encoding=True
-                )
-                for name, value in self.headers.items():  # repeated ones (Accept) each sent
-                    if name.lower() != "connection":
-                        upstream_connection.putheader(name, value)
-                upstream_connection.endheaders(body or None)
-                response = upstream_connection.getresponse()
-                size = int(response.getheader("Content-Length") or 0)
-                if kind == "drop-after" or (kind == "cut" and (self.command == "HEAD" or not size)):
-                    response.read()
-                    upstream_connection.close()
-                    return self.drop("drop-after")
-                self.send_response(response.status)
-                for name, value in response.getheaders():
-                    if name.lower() not in ("connection", "transfer-encoding"):
-                        self.send_header(name, value)
-                if "Content-Length" not in dict(response.getheaders()):
-                    self.send_header("Content-Length", "0")
-                self.end_headers()
-                limit = size // 2 if kind == "cut" else size
-                piece = state.plan.trickle if kind == TRICKLE else CHUNK
-                sent = 0
-                while self.command != "HEAD" and sent < limit:
-                    if kind == TRICKLE and sent:
-                        time.sleep(state.plan.trickle_every)
-                    chunk = response.read(min(piece, limit - sent))
-                    if not chunk:
-                        break
-                    try:
-                        self.wfile.write(chunk)
-                        self.wfile.flush()
-                    except OSError:  # the client gave up on a trickle
-                        upstream_connection.close()
-                        return self.record(kind or "forward", None)
-                    sent += len(chunk)
-                upstream_connection.close()
-                if kind == "cut":
-                    self.wfile.flush()
-                    return self.drop("cut")
-                return self.record(kind or "forward", response.status)
-
-            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = answer
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(self.state, upstream)
         self.port = self.httpd.server_address[1]
         self.host = f"127.0.0.1:{self.port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

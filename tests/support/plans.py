@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.cache import Cache, sha256_of
+from builder.cache import Cache
+from builder.digest import sha256_of
 from builder.inspect.wheels import inspect_wheel
 from builder.oci.name import ImageRef
 from builder.plan.plan import ArchPlan, choose_wheel, plan_arch

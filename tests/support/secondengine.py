@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import docker
 import docker.errors
+
+from support.waiting import STARTS_SECONDS, wait_for
 
 NAME = "bsi-engine2"
 BRIDGE = "bsi-br2"
@@ -29,7 +30,6 @@ PIDFILE = EXEC_ROOT / "dockerd.pid"
 CONTAINERD_PIDFILE = EXEC_ROOT / "containerd" / "containerd.pid"
 LOG = DATA_ROOT.with_suffix(".log")
 URL = f"unix://{SOCKET}"
-START_TIMEOUT = 60.0
 
 
 class SecondEngine:
@@ -62,12 +62,14 @@ class SecondEngine:
                 stderr=log,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self._answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = LOG.read_text(errors="replace").splitlines()[-15:]
-                raise RuntimeError("second engine did not start:\n" + "\n".join(tail))
-            time.sleep(0.3)
+        wait_for(
+            self._answers,
+            deadline_s=STARTS_SECONDS,
+            what="the second engine to start",
+            process=self.process,
+            detail=lambda: "\n".join(LOG.read_text(errors="replace").splitlines()[-15:]),
+            error=RuntimeError,
+        )
         return self
 
     def client(self) -> docker.DockerClient:

@@ -28,15 +28,15 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
+
+from support.waiting import STARTS_SECONDS, accepts, wait_for
 
 NAME = "bsi-soci-registry.test"  # not a loopback name: soci 0.4.1 keeps HTTPS for it
 STATE = Path("/var/lib/soci-snapshotter-grpc")
 SHIMS = Path("/run/containerd")
 SYSTEM_CA = Path("/etc/ssl/certs/ca-certificates.crt")
-START_TIMEOUT = 30.0
 
 
 def free_port() -> int:
@@ -46,14 +46,14 @@ def free_port() -> int:
 
 
 def _wait_for(check: Any, what: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        if check():
-            return
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} did not start in {START_TIMEOUT} s:\n{log.read_text()[-3000:]}")
+    wait_for(
+        check,
+        deadline_s=STARTS_SECONDS,
+        what=f"{what} to start",
+        process=process,
+        detail=lambda: log.read_text()[-3000:],
+        error=RuntimeError,
+    )
 
 
 def _stop(process: subprocess.Popen[bytes] | None) -> None:
@@ -106,11 +106,7 @@ class TlsRegistry:
         return self
 
     def _answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
-            return False
+        return accepts("127.0.0.1", self.port)
 
     def sent(self, since: int = 0) -> tuple[int, int]:
         """(bytes of blobs and manifests sent, log lines) after the first `since` log lines."""
@@ -185,11 +181,13 @@ class SociNode:
         self.holder = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts]
         )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self._mounted():
-            if self.holder.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the node's mount namespace did not come up")
-            time.sleep(0.1)
+        wait_for(
+            self._mounted,
+            deadline_s=STARTS_SECONDS,
+            what="the node's mount namespace",
+            process=self.holder,
+            error=RuntimeError,
+        )
         config = work / "containerd.toml"
         config.write_text(
             "version = 2\n"

@@ -14,11 +14,11 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
+from support.waiting import STARTS_SECONDS, accepts, wait_for
+
 SSHD = Path("/usr/sbin/sshd")
-START_TIMEOUT = 20.0
 
 
 class SshEngine:
@@ -66,11 +66,14 @@ class SshEngine:
             stdout=subprocess.DEVNULL,
             stderr=(here / "sshd.log").open("wb"),
         )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not self._answers():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("sshd did not start: " + (here / "sshd.log").read_text()[-500:])
-            time.sleep(0.1)
+        wait_for(
+            lambda: accepts("127.0.0.1", self.port),
+            deadline_s=STARTS_SECONDS,
+            what="sshd to start",
+            process=self.process,
+            detail=lambda: (here / "sshd.log").read_text()[-500:],
+            error=RuntimeError,
+        )
         return self
 
     def ssh_on_path(self) -> str:
@@ -81,10 +84,3 @@ class SshEngine:
         if self.process is not None:
             self.process.terminate()
             self.process.wait(timeout=10)
-
-    def _answers(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-        except OSError:
-            return False
-        return True

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from builder import contract
@@ -227,49 +228,83 @@ def slowness(sandbox: Sandbox) -> float:
 
 
 def check_flood(sandbox: Sandbox) -> str:
+    """Commands each writing a stream cap's worth to stdout and stderr at once: each reply cut,
+    saying so, within its size bound; GET / answered all along; the server's peak RSS bounded."""
     emulated = sandbox.machine.emulated
     slow = slowness(sandbox)
     commands, mib, byte = EMULATED_FLOOD if emulated else NATIVE_FLOOD
+    replies, latencies = _flooded(sandbox, commands, mib, byte)
+    for response in replies:
+        _expect_cut_reply(response, mib, byte)
+    slowest = max(latencies, default=float("inf"))
+    health_limit = expect_responsive(sandbox, latencies, slow, "the flood")
+    peak = _peak_rss(sandbox, emulated)
+    rss = f"{peak / MIB:.0f} MiB" if peak is not None else "not readable"
+    largest = max(len(response.body) for response in replies)
+    limit = f"limit {RSS_LIMIT / MIB:.0f} MiB"
+    return (
+        f"{commands} x 2 x {mib} MiB of {byte:#04x}: replies of at most {largest / MIB:.1f} MiB,"
+        f" truncated; GET / within {slowest:.2f}s (limit {health_limit:.1f}s: python3 starts"
+        f" {health_limit / HEALTH_LIMIT:.1f}x as slowly as when idle natively);"
+        f" server peak RSS {rss}"
+        f" ({'not bounded' if emulated else limit}); {sandbox.machine}"
+    )
+
+
+def _flooded(
+    sandbox: Sandbox, commands: int, mib: int, byte: int
+) -> tuple[list[Response], list[float]]:
+    """The replies to `commands` floods run at once, and the GET / latencies (inf: not 200)
+    a watcher took until the last reply came."""
     latencies: list[float] = []
     done = threading.Event()
-
-    def health() -> None:
-        while not done.is_set():
-            started = time.monotonic()
-            try:
-                status = sandbox.health(timeout=30).status
-            except OSError:
-                status = 0
-            latencies.append(time.monotonic() - started if status == 200 else float("inf"))
-            time.sleep(0.05)
-
-    def flood(_: int) -> Response:
-        argv = ["python3", "-c", FLOOD, str(mib), str(byte)]
-        payload = {"command": argv, "timeout_seconds": 120}
-        return sandbox.request("POST", contract.EXECUTE, json.dumps(payload).encode(), timeout=300)
-
-    watcher = threading.Thread(target=health, daemon=True)
+    watcher = threading.Thread(target=_watch_health, args=(sandbox, done, latencies), daemon=True)
     watcher.start()
     try:
         with ThreadPoolExecutor(commands) as pool:
-            replies = list(pool.map(flood, range(commands)))
+            replies = list(pool.map(partial(_flood, sandbox, mib, byte), range(commands)))
     finally:
         done.set()
         watcher.join()
-    for response in replies:
-        expect(response.status == 200, f"a flood got HTTP {response.status}")
-        expect(
-            len(response.body) <= REPLY_LIMIT,
-            f"a reply to 2 x {mib} MiB of {byte:#04x} is {len(response.body) / MIB:.1f} MiB",
-        )
-        reply = response.object()
-        expect(reply.get("exit_code") == 0, f"a flood exited {short(reply.get('exit_code'))}")
-        expect(
-            isinstance(reply.get("truncated"), dict) and any(reply["truncated"].values()),
-            f"a cut reply does not say so: truncated is {short(reply.get('truncated'))}",
-        )
-    slowest = max(latencies, default=float("inf"))
-    health_limit = expect_responsive(sandbox, latencies, slow, "the flood")
+    return replies, latencies
+
+
+def _watch_health(sandbox: Sandbox, done: threading.Event, latencies: list[float]) -> None:
+    """Time GET / again and again until `done`, into `latencies` (the watcher thread's own)."""
+    while not done.is_set():
+        started = time.monotonic()
+        try:
+            status = sandbox.health(timeout=30).status
+        except OSError:
+            status = 0
+        latencies.append(time.monotonic() - started if status == 200 else float("inf"))
+        time.sleep(0.05)
+
+
+def _flood(sandbox: Sandbox, mib: int, byte: int, _: int) -> Response:
+    argv = ["python3", "-c", FLOOD, str(mib), str(byte)]
+    payload = {"command": argv, "timeout_seconds": 120}
+    return sandbox.request("POST", contract.EXECUTE, json.dumps(payload).encode(), timeout=300)
+
+
+def _expect_cut_reply(response: Response, mib: int, byte: int) -> None:
+    """A flood's reply: 200, within REPLY_LIMIT, the command's exit 0, and saying it was cut."""
+    expect(response.status == 200, f"a flood got HTTP {response.status}")
+    expect(
+        len(response.body) <= REPLY_LIMIT,
+        f"a reply to 2 x {mib} MiB of {byte:#04x} is {len(response.body) / MIB:.1f} MiB",
+    )
+    reply = response.object()
+    expect(reply.get("exit_code") == 0, f"a flood exited {short(reply.get('exit_code'))}")
+    expect(
+        isinstance(reply.get("truncated"), dict) and any(reply["truncated"].values()),
+        f"a cut reply does not say so: truncated is {short(reply.get('truncated'))}",
+    )
+
+
+def _peak_rss(sandbox: Sandbox, emulated: bool) -> int | None:
+    """The server's peak RSS in bytes, within RSS_LIMIT natively; None where it cannot be
+    read (emulated: under qemu-user the figure is the emulator's, and not bounded)."""
     read = sandbox.execute(PEAK_RSS)
     printed, limit = read["stdout"].strip(), f"limit {RSS_LIMIT / MIB:.0f} MiB"
     peak = int(printed) * 1024 if printed.isdigit() else None  # None: no /proc, or other output
@@ -281,12 +316,4 @@ def check_flood(sandbox: Sandbox) -> str:
         emulated or (peak or 0) < RSS_LIMIT,
         f"the server's peak RSS reached {(peak or 0) / MIB:.0f} MiB ({limit}; {sandbox.machine})",
     )
-    rss = f"{peak / MIB:.0f} MiB" if peak is not None else "not readable"
-    largest = max(len(response.body) for response in replies)
-    return (
-        f"{commands} x 2 x {mib} MiB of {byte:#04x}: replies of at most {largest / MIB:.1f} MiB,"
-        f" truncated; GET / within {slowest:.2f}s (limit {health_limit:.1f}s: python3 starts"
-        f" {health_limit / HEALTH_LIMIT:.1f}x as slowly as when idle natively);"
-        f" server peak RSS {rss}"
-        f" ({'not bounded' if emulated else limit}); {sandbox.machine}"
-    )
+    return peak
