@@ -279,13 +279,14 @@ def _cached(
 
 
 def _still_there(wheel: RemoteFile, cache: Cache, direct: frozenset[str]) -> bool:
-    """Whether a local wheel of a cached resolution can still be used: it is on disk and, when
-    it is in the cache, it is a `direct` requirement's or its sdist's record is there too."""
+    """Whether a local wheel of a cached resolution can still be used: one built here from an
+    sdist is in the cache with its record; any other (a wheelhouse's, a `direct` requirement's
+    in the cache) is on disk where uv found it."""
+    if wheel.built_from is not None:
+        return cache.find_blob(wheel.sha256, wheel.filename) is not None
     local = Path(urllib.parse.unquote(urllib.parse.urlsplit(wheel.url).path))
-    if not local.is_file():
-        return False
     in_cache = local.is_relative_to(cache.root)
-    return not in_cache or wheel.built_from is not None or wheel.filename in direct
+    return local.is_file() and (not in_cache or wheel.filename in direct)
 
 
 def resolve(

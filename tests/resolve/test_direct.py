@@ -119,8 +119,10 @@ def test_every_kind_resolves_with_no_index_pinned_and_named(
         top = _inputs(tmp_path, port, served, repository)
         first = resolve(read_requirements([top]), target, AMD64, cache)
         again = resolve(read_requirements([top]), target, AMD64, cache, refresh=True)
+        reused = resolve(read_requirements([top]), target, AMD64, cache)  # the cached one
     pins = {p.name: (p.version, p.wheels[0].sha256) for p in first.packages}
     assert pins == {p.name: (p.version, p.wheels[0].sha256) for p in again.packages}
+    assert reused.packages == first.packages and reused.pylock == again.pylock
     sources = {p.name: p.source for p in first.packages}
     assert sources == {
         "bsi-housed": Source(SourceKind.FIND_LINKS, str(tmp_path / "house")),
