@@ -344,12 +344,7 @@ class _Reader:
         words = _split(line, origin)
         option, equals, inline = words[0].partition("=")
         if option in ("--require-hashes", "--no-index"):
-            if equals or len(words) > 1:
-                raise UserError(f"{origin}: option {option} takes no value")
-            if option == "--no-index":
-                self.no_index = True
-            else:
-                self.require_hashes = origin
+            self._flag(option, bool(equals) or len(words) > 1, origin)
             return
         values = [inline] if equals else words[1:]
         if not values or not values[0]:
@@ -357,10 +352,9 @@ class _Reader:
         if len(values) > 1:
             raise UserError(f"{origin}: option {_option_name(option)} takes one value")
         value = _expand(values[0], origin)
-        if option in ("-r", "--requirement"):
-            self.read(path.parent / value, as_constraints=as_constraints, seen=seen)
-        elif option in ("-c", "--constraint"):
-            self.read(path.parent / value, as_constraints=True, seen=seen)
+        if option in ("-r", "--requirement", "-c", "--constraint"):
+            constraints = as_constraints or option in ("-c", "--constraint")
+            self.read(path.parent / value, as_constraints=constraints, seen=seen)
         elif option in ("-i", "--index-url"):
             self.index_url = index_url(value, option, origin)
         elif option == "--extra-index-url":
@@ -374,6 +368,15 @@ class _Reader:
             )
         else:
             raise UserError(f"{origin}: option {_option_name(option)} is not supported")
+
+    def _flag(self, option: str, valued: bool, origin: str) -> None:
+        """An option without a value: `--require-hashes` or `--no-index`."""
+        if valued:
+            raise UserError(f"{origin}: option {option} takes no value")
+        if option == "--no-index":
+            self.no_index = True
+        else:
+            self.require_hashes = origin
 
 
 def _hashes(options: list[str], origin: str) -> frozenset[str]:
