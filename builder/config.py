@@ -273,6 +273,8 @@ class RunSettings:
     soci: bool = True  # attach a SOCI index to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
     torch_backend: str | None = None  # uv's --torch-backend: PyTorch's own build (cpu)
+    find_links: tuple[str, ...] = ()  # --find-links wheelhouses, beside the files' own
+    no_index: bool = False  # --no-index: only wheelhouses and direct requirements
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
     cache_dir: Path | None = None  # None: the default cache (builder.cache.default_root)
     state: Path | None = None  # a config's run records what it pushed here, for `rebuild`

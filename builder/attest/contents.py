@@ -42,6 +42,8 @@ class WheelOrigin:
     url: str
     sha256: str
     index: str = ""  # the index it came from when not PyPI, credentials removed ("": PyPI)
+    kind: str = ""  # when from no index: find-links, path, url or vcs (SourceKind's values)
+    commit: str = ""  # vcs: the commit it was built from (`url` names the repository at it)
 
 
 @dataclass(frozen=True)

@@ -154,12 +154,7 @@ def _resolved(run: BuildRun) -> list[ResourceDescriptor]:
         uri=f"oci://{run.base_reference}",
         digest={"sha256": run.base_digest.removeprefix("sha256:")},
     )
-    wheels = [
-        ResourceDescriptor(
-            name=w.filename, uri=without_credentials(w.url), digest={"sha256": w.sha256}
-        )
-        for w in sorted(run.wheels, key=lambda w: w.filename)
-    ]
+    wheels = [_wheel(w) for w in sorted(run.wheels, key=lambda w: w.filename)]
     apt = [
         ResourceDescriptor(
             name=p.name,
@@ -169,6 +164,19 @@ def _resolved(run: BuildRun) -> list[ResourceDescriptor]:
         for p in sorted(run.apt, key=lambda p: p.name)
     ]
     return [base, *wheels, *apt]
+
+
+def _wheel(wheel: WheelOrigin) -> ResourceDescriptor:
+    """A wheel as a material: its file's digest, the commit it was built from (a repository's),
+    and its origin when not an index (`find-links`, `path`, `url`, `vcs`)."""
+    found = ResourceDescriptor(
+        name=wheel.filename, uri=without_credentials(wheel.url), digest={"sha256": wheel.sha256}
+    )
+    if wheel.commit:
+        found["digest"]["gitCommit"] = wheel.commit
+    if wheel.kind:
+        found["annotations"] = {"origin": wheel.kind}
+    return found
 
 
 def _time(moment: datetime) -> str:

@@ -25,7 +25,12 @@ from cyclonedx.schema import OutputFormat, SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
-from builder.attest.contents import DebianPackage, PythonDistribution, without_credentials
+from builder.attest.contents import (
+    DebianPackage,
+    PythonDistribution,
+    WheelOrigin,
+    without_credentials,
+)
 from builder.attest.sbom import DISTRO, PROPERTY, TOOL, ImageContents, serial_number
 from builder.errors import UserError
 
@@ -106,12 +111,30 @@ def _deb(package: DebianPackage, arch: str, in_base: set[tuple[str, str, str]]) 
     )
 
 
+def _qualifiers(wheel: WheelOrigin | None) -> dict[str, str] | None:
+    """Where a distribution came from, as purl says it: `repository_url` for an index that is
+    not PyPI, `vcs_url` for a repository at its commit, `download_url` for a file elsewhere."""
+    if wheel is None:
+        return None
+    if wheel.kind == "vcs":
+        return {"vcs_url": without_credentials(wheel.url)}
+    if wheel.kind:
+        return {"download_url": without_credentials(wheel.url)}
+    index = without_credentials(wheel.index)
+    return {"repository_url": index} if index else None
+
+
+def _reference_type(wheel: WheelOrigin) -> ExternalReferenceType:
+    """A repository is a VCS reference; anything fetched as a file, a distribution."""
+    return ExternalReferenceType.VCS if wheel.kind == "vcs" else ExternalReferenceType.DISTRIBUTION
+
+
 def _pypi(dist: PythonDistribution) -> Component:
     """A distribution's component; its purl names the index it came from when that is not
     PyPI (purl's `repository_url` qualifier: a `+cpu` torch from PyTorch's own index)."""
-    index = without_credentials(dist.wheel.index) if dist.wheel else ""
-    qualifiers = {"repository_url": index} if index else None
-    purl = PackageURL(type="pypi", name=dist.name, version=dist.version, qualifiers=qualifiers)
+    purl = PackageURL(
+        type="pypi", name=dist.name, version=dist.version, qualifiers=_qualifiers(dist.wheel)
+    )
     properties = [Property(name=f"{PROPERTY}:location", value=dist.location)]
     if dist.layer:
         properties.append(Property(name=f"{PROPERTY}:layer", value=dist.layer))
@@ -120,7 +143,7 @@ def _pypi(dist: PythonDistribution) -> Component:
         hashes.append(HashType(alg=HashAlgorithm.SHA_256, content=dist.wheel.sha256))
         references.append(
             ExternalReference(
-                type=ExternalReferenceType.DISTRIBUTION,
+                type=_reference_type(dist.wheel),
                 url=XsUri(without_credentials(dist.wheel.url)),
                 hashes=[HashType(alg=HashAlgorithm.SHA_256, content=dist.wheel.sha256)],
             )

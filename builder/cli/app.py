@@ -144,6 +144,20 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
     " (docs/usage.md).",
 )
 @click.option(
+    "--find-links",
+    "-f",
+    "find_links",
+    multiple=True,
+    metavar="DIR|URL",
+    callback=lambda _context, _parameter, value: _find_links(value),
+    help="A wheelhouse (directory or page of links) searched like an index; repeatable.",
+)
+@click.option(
+    "--no-index",
+    is_flag=True,
+    help="Use no package index: only --find-links wheelhouses and direct requirements.",
+)
+@click.option(
     "--config",
     "config_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -227,6 +241,8 @@ def run_settings(context: click.Context) -> RunSettings:
         soci=not flags["no_soci"],
         without_programs=flags["without_programs"],
         torch_backend=flags["torch_backend"],
+        find_links=flags["find_links"],
+        no_index=flags["no_index"],
         cache_max=flags["cache_max"],
         cache_dir=flags["cache_dir"],
         refresh=flags["refresh"],
@@ -359,6 +375,18 @@ def show_rebuild(found: Rebuild, config: PipelineConfig, new_version: str, check
         return
     show_outcome(found.outcome)
     click.echo(f"state recorded in {config.state}; {config.path} now names {new_version}")
+
+
+def _find_links(values: tuple[str, ...]) -> tuple[str, ...]:
+    """--find-links, checked as a requirements file's is (relative to here); a usage error when
+    a directory does not exist."""
+    from builder.errors import UserError
+    from builder.resolve.requirements import find_links
+
+    try:
+        return tuple(find_links(value, "--find-links", Path.cwd()) for value in values)
+    except UserError as error:
+        raise click.BadParameter(str(error).removeprefix("--find-links: ")) from None
 
 
 def _torch_backend(value: str | None) -> str | None:

@@ -76,7 +76,9 @@ def summary(plan: Plan, report: Report | None = None) -> str:
 def _wheel_rows(arch: ArchPlan) -> list[list[str]]:
     """The table's header, a row a wheel and the totals; with an `index` column when a
     distribution came from another index than PyPI (a CPU build of PyTorch, a private one)."""
-    indexed = any(wheel.index and not is_default(wheel.index) for wheel in arch.wheels)
+    indexed = any(
+        wheel.source or (wheel.index and not is_default(wheel.index)) for wheel in arch.wheels
+    )
     header = ["distribution", "version", "wheel tag", "download", "installed"]
     rows = [[*header, *(["index"] * indexed), "native needs"]]
     for wheel in arch.wheels:
@@ -104,7 +106,10 @@ def _wheel_rows(arch: ArchPlan) -> list[list[str]]:
 
 
 def _origin(wheel: PlannedWheel) -> str:
-    """A wheel's index as the table says it: PyPI by name, another by its URL."""
+    """A wheel's index as the table says it: PyPI by name, another by its URL; a wheelhouse,
+    a path, a URL (with its sha256) or a repository at its commit when it came from one."""
+    if wheel.source:
+        return wheel.source.describe()
     if wheel.index:
         return "PyPI" if is_default(wheel.index) else wheel.index
     return wheel.url if wheel.url == "built from source" else "unknown"

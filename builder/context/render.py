@@ -23,6 +23,7 @@ from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer
 from builder.layers.home import SEEDS, distribution_names, home_env, plan_names, seeds_of
 from builder.plan.plan import Plan
+from builder.resolve.resolution import SourceKind
 
 TOOL = "build-sandbox-image"
 MARKER = f".{TOOL}"  # first line "build-sandbox-image <version>", then every path written
@@ -261,7 +262,19 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
 def lock_text(plan: Plan, arch: str) -> str:
     """A pip requirements lock pinning exactly the chosen wheel of each distribution."""
     chosen = next(a for a in plan.arches if a.arch == arch)
-    return lock_of((wheel.name, wheel.version, wheel.sha256) for wheel in chosen.wheels)
+    lock = lock_of((wheel.name, wheel.version, wheel.sha256) for wheel in chosen.wheels)
+    sources = {
+        w.name: w.source.pin()
+        for w in chosen.wheels
+        if w.source is not None and w.source.kind is not SourceKind.FIND_LINKS  # like an index
+    }
+    # A distribution from no index says where it came from (a moved branch: a new commit here)
+    return "".join(
+        f"{line}  # from {sources[line.split('==', 1)[0]]}\n"
+        if line.split("==", 1)[0] in sources
+        else f"{line}\n"
+        for line in lock.splitlines()
+    )
 
 
 def lock_of(pins: Iterable[tuple[str, str, str]]) -> str:

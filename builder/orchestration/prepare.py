@@ -114,10 +114,7 @@ def prepare(
     set resolves) compiles every arch's wheels once, natively, each as soon as its download
     ends (builder.layers.bytecode.CompileQueue): the longest step of a cold build starts early.
     """
-    requirements = replace(
-        read_requirements(settings.requirements, settings.constraints),
-        torch_backend=settings.torch_backend,
-    )
+    requirements = _requirements(settings)
     check_output(settings.output)  # refuse a directory we may not replace before the slow steps
     target = Target(grounds.base, tuple(arch_named(a) for a in dict.fromkeys(grounds.arches)))
     timeline = grounds.timeline
@@ -227,9 +224,8 @@ def _start_downloads(
     """Every chosen wheel's download started (sha256 -> its path, once here), each marked on
     the timeline as it arrives."""
     grounds.timeline.name({file.sha256: file.filename for file in files})
-    downloads = start_downloads(
-        files, grounds.cache, requirements.indexes(), fetch, grounds.retries
-    )
+    where = (*requirements.indexes(), *requirements.find_links)  # whose credentials go where
+    downloads = start_downloads(files, grounds.cache, where, fetch, grounds.retries)
     arrived = grounds.timeline.marker("arrived")
     for sha, future in downloads.items():
         future.add_done_callback(_marking(arrived, sha))
@@ -438,12 +434,25 @@ def platform_version(base: ImageRef, explicit: str | None) -> str:
     return base.tag or "latest"
 
 
+def _requirements(settings: RunSettings) -> RequirementSet:
+    """The requirement files' set with the run's own resolver flags added (--find-links after
+    the files' own, --no-index when either says it)."""
+    read = read_requirements(settings.requirements, settings.constraints)
+    return replace(
+        read,
+        torch_backend=settings.torch_backend,
+        find_links=tuple(dict.fromkeys(read.find_links + settings.find_links)),
+        no_index=read.no_index or settings.no_index,
+    )
+
+
 def build_parameters(plan: Plan, settings: RunSettings) -> BuildParameters:
     """What the operator asked for, as the provenance names it: files by hash, the package
     indexes without their credentials, apt secrets by the id BuildKit mounts them under (never
     their contents)."""
     secrets = Secrets.of(settings.apt_secrets)
-    indexes = read_requirements(settings.requirements, settings.constraints).indexes()
+    requirements = _requirements(settings)
+    indexes = () if requirements.no_index else requirements.indexes()
     return BuildParameters(
         requirements=input_files(settings.requirements),
         constraints=input_files(settings.constraints),
@@ -455,6 +464,8 @@ def build_parameters(plan: Plan, settings: RunSettings) -> BuildParameters:
             "with_optional": settings.with_optional,
             "without_programs": " ".join(sorted(set(settings.without_programs))),
             "torch_backend": settings.torch_backend or "",
+            "find_links": " ".join(without_credentials(f) for f in requirements.find_links),
+            "no_index": requirements.no_index,
             "indexes": " ".join(without_credentials(url) for url in indexes),
             "apt_secrets": ",".join(
                 name

@@ -33,7 +33,14 @@ from builder.plan.natives import (
 )
 from builder.plan.program_needs import ProgramNeed, program_needs
 from builder.plan.sizes import size_figures
-from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution, redact
+from builder.resolve.resolution import (
+    LockedPackage,
+    RemoteFile,
+    Resolution,
+    Source,
+    SourceKind,
+    redact,
+)
 from builder.resolve.target import Arch, BaseFacts, BaseProfile, Target
 
 EXTRA_DEPS = DEPS_EXTRA  # what the extension installs into, appended to PYTHONPATH
@@ -59,6 +66,7 @@ class PlannedWheel:
     installed_size: int = 0  # unpacked, bytes
     newest: int = 0  # the newest date inside the wheel (WheelInspection.newest)
     index: str = ""  # the index it came from, credentials removed (builder.resolve.origins)
+    source: Source | None = None  # where it came from when not an index: path, URL, VCS...
 
 
 @dataclass(frozen=True)
@@ -255,15 +263,26 @@ def _planned_wheels(
                 filename=file.filename,
                 sha256=file.sha256,
                 tag=tag,
-                url=redact(file.url) if not file.url.startswith("file:") else "built from source",
+                url=_shown_url(file, package),
                 top_level=inspection.top_level,
                 size=inspection.size,
                 installed_size=inspection.installed_size,
                 newest=inspection.newest,
                 index=package.index,
+                source=package.source,
             )
         )
     return wheels
+
+
+def _shown_url(file: RemoteFile, package: LockedPackage) -> str:
+    """What the records say a wheel was fetched from: its URL (no credentials), where a direct
+    requirement came from, or that it was built here from an index's source release."""
+    if package.source is not None and package.source.kind is not SourceKind.FIND_LINKS:
+        return package.source.url()
+    if not file.url.startswith("file:") or package.source is not None:
+        return redact(file.url)
+    return "built from source"
 
 
 def _refuse_too_new_symbols(inspected: Sequence[WheelInspection], arch: Arch) -> None:

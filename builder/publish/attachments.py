@@ -137,7 +137,11 @@ def wheel_origin(wheel: PlannedWheel) -> WheelOrigin:
     """What the SBOM says of a wheel: its file, and its index when that is not PyPI (purl's
     default, which its `repository_url` qualifier names only otherwise)."""
     index = "" if is_default(wheel.index) else wheel.index
-    return WheelOrigin(wheel.filename, wheel.url, wheel.sha256, index)
+    source = wheel.source
+    if source is None:
+        return WheelOrigin(wheel.filename, wheel.url, wheel.sha256, index)
+    kind, commit = source.kind.value, source.commit
+    return WheelOrigin(wheel.filename, wheel.url, wheel.sha256, index, kind, commit)
 
 
 def attestable(

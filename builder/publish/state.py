@@ -21,7 +21,8 @@ from builder.context.render import lock_text
 from builder.errors import UserError
 from builder.layers.layer import lock_hash
 from builder.oci.name import ImageRef
-from builder.plan.plan import Plan
+from builder.plan.plan import Plan, PlannedWheel
+from builder.resolve.resolution import SourceKind
 
 
 class StateRecord(TypedDict):
@@ -103,13 +104,25 @@ def state_of(
         base_image=plan.base.image,
         base_digest=plan.base.digest,
         python_version=plan.base.python_version,
-        packages={a.arch: {w.name: w.version for w in a.wheels} for a in plan.arches},
+        packages={a.arch: {w.name: _pinned(w) for w in a.wheels} for a in plan.arches},
         apt_packages={a.arch: a.apt_packages for a in plan.arches},
         image=image,
         locks={a.arch: lock_hash(lock_text(plan, a.arch)) for a in plan.arches},
         path=Route(path) if path else None,
         bytecode=plan.bytecode,
     )
+
+
+def _pinned(wheel: PlannedWheel) -> str:
+    """The version a state records; for a direct requirement with what pins it (the commit, the
+    file's sha256), so a branch that moved or a file replaced under the same version is a change,
+    and the same commit or file is none."""
+    source = wheel.source
+    if source is None or source.kind is SourceKind.FIND_LINKS:  # a wheelhouse: as an index
+        return wheel.version
+    if source.commit:
+        return f"{wheel.version} (commit {source.commit[:12]})"
+    return f"{wheel.version} (sha256:{(source.sha256 or wheel.sha256)[:12]})"
 
 
 def rebase_blocker(previous: BuildState | None, current: BuildState) -> str | None:

@@ -37,10 +37,16 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urljoin
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from uv import find_uv_bin
 
-from builder.cache import CHUNK, Cache
+from builder.cache import CHUNK, Cache, sha256_of
 from builder.errors import UserError
 from builder.resolve.requirements import DEFAULT_INDEX
 from builder.resolve.resolution import RemoteFile, redact
@@ -49,6 +55,7 @@ from builder.retry import Faulted, Retries, Service, SteadyBody, reason, retryab
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+BUILD_EPOCH = "315532800"  # 1980-01-01, the oldest time a zip (a wheel) can hold
 # Files whose presence in a source distribution means it compiles native code.
 COMPILED_SOURCES = re.compile(
     r"\.(c|cc|cpp|cxx|h|hpp|pyx|pxd|f|f90|rs|go|cu)$|(^|/)(Cargo\.toml|CMakeLists\.txt|meson\.build)$"
@@ -236,6 +243,32 @@ def index_files(
     return files
 
 
+def wheelhouse_files(locations: Sequence[str], name: str) -> list[RemoteFile]:
+    """Every wheel and sdist of project `name` in the wheelhouse directories among `locations`
+    (a page of links is uv's to read): what a set may build from besides its indexes, and all
+    it may build from with `--no-index`."""
+    wanted = canonicalize_name(name)
+    found = []
+    for location in locations:
+        directory = Path(location)
+        if location.startswith(("http://", "https://")) or not directory.is_dir():
+            continue
+        for path in sorted(directory.iterdir()):
+            if path.is_file() and _project_of(path.name) == wanted:
+                found.append(RemoteFile(path.name, path.as_uri(), sha256_of(path)))
+    return found
+
+
+def _project_of(filename: str) -> str | None:
+    """The normalized project a wheel's or sdist's file name names; None for anything else."""
+    try:
+        if filename.endswith(".whl"):
+            return str(parse_wheel_filename(filename)[0])
+        return str(parse_sdist_filename(filename)[0])
+    except (InvalidWheelFilename, InvalidSdistFilename):
+        return None
+
+
 def _listing(page: str, indexes: Sequence[str]) -> tuple[str, bytes]:
     """A project page's content type and whole body (one try; cut short or stalled, a fault)."""
     with _open(page, indexes, accept=f"{SIMPLE_JSON}, text/html;q=0.1") as response:
@@ -260,38 +293,63 @@ def compiled_code_evidence(sdist: Path) -> str | None:
     return next((name for name in names if COMPILED_SOURCES.search(name)), None)
 
 
-def build_pure_wheel(sdist: Path, source: RemoteFile, cache: Cache) -> tuple[Path, str]:
+def build_pure_wheel(
+    sdist: Path, source: RemoteFile, cache: Cache, options: Sequence[str] = ()
+) -> tuple[Path, str]:
     """Build a pure-Python sdist into a wheel on the host, cached by the sdist's hash.
 
-    The wheel's sdist is recorded by the wheel's hash, for `built_source` to find.
+    The wheel's sdist is recorded by the wheel's hash, for `built_source` to find. `options`
+    say where its build backend comes from (`build_options`), PyPI when none.
     """
     record = cache.get_record("built", source.sha256)
     if record and (found := cache.find_blob(record["sha256"], record["filename"])):
         path, sha256 = found, str(record["sha256"])
     else:
-        path, sha256 = _build(sdist, cache)
+        path, sha256 = _build(sdist, cache, options=options)
         cache.put_record("built", source.sha256, {"filename": path.name, "sha256": sha256})
     origin = {"filename": source.filename, "url": redact(source.url), "sha256": source.sha256}
     cache.put_record("built-from", sha256, origin)
     return path, sha256
 
 
-def _build(sdist: Path, cache: Cache) -> tuple[Path, str]:
+def _build(
+    sdist: Path, cache: Cache, label: str = "", options: Sequence[str] = ()
+) -> tuple[Path, str]:
+    """`sdist` (or a project directory) built into a pure wheel in the cache; `label` names it
+    in an error (its file name when not given). Built at a fixed SOURCE_DATE_EPOCH, so the same
+    source gives the same wheel (a rebuild of a pinned commit is no change)."""
+    label = label or sdist.name
     with tempfile.TemporaryDirectory(prefix="bsi-build-") as out:
         result = subprocess.run(
-            [UV, "build", "--wheel", "--quiet", "--out-dir", out, str(sdist)],
+            [UV, "build", "--wheel", "--quiet", *options, "--out-dir", out, str(sdist)],
             capture_output=True,
             text=True,
-            env=uv_environment(),
+            env={"SOURCE_DATE_EPOCH": BUILD_EPOCH, **uv_environment()},
         )
         wheels = list(Path(out).glob("*.whl"))
         if result.returncode != 0 or len(wheels) != 1:
             last = (result.stderr.strip().splitlines() or ["no wheel produced"])[-1]
-            raise UserError(f"{sdist.name}: building a wheel from source failed ({last})")
+            raise UserError(f"{label}: building a wheel from source failed ({redact(last)})")
         tags = parse_wheel_filename(wheels[0].name)[3]
         if any(tag.abi != "none" or tag.platform != "any" for tag in tags):
-            raise UserError(f"{sdist.name}: the source distribution builds compiled code")
+            raise UserError(f"{label}: the source distribution builds compiled code")
         return cache.add_blob(wheels[0], wheels[0].name)
+
+
+def build_tree(
+    project: Path, cache: Cache, label: str, options: Sequence[str] = ()
+) -> tuple[Path, str]:
+    """A pure-Python project directory (a local one, a repository's export) built into a wheel
+    in the cache, its sha256; `label` (file:line) names it when the build fails."""
+    return _build(project, cache, label, options)
+
+
+def build_options(no_index: bool, find_links: Sequence[str]) -> list[str]:
+    """`uv build`'s sources for build backends: an air-gapped set (`--no-index`) takes them
+    from its wheelhouses only, as it takes everything else; otherwise PyPI, as pip would."""
+    if not no_index:
+        return []
+    return ["--no-index", *(f"--find-links={location}" for location in find_links)]
 
 
 def built_source(wheel_sha256: str, cache: Cache) -> RemoteFile | None:

@@ -12,12 +12,25 @@ reads the same index, so it compares what uv could have chosen.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
 from builder.resolve.requirements import DEFAULT_INDEX, RequirementSet
-from builder.resolve.resolution import redact
+from builder.resolve.resolution import (
+    LockedPackage,
+    Resolution,
+    Source,
+    SourceKind,
+    redact,
+)
+
+if TYPE_CHECKING:
+    from builder.resolve.direct.fetch import Fetched
 
 PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==\S+")
 FROM_LINE = re.compile(r"^\s+# from (\S+)\s*$")
@@ -46,7 +59,8 @@ def origins_of(
     """Name -> the index each distribution came from: the only index when there is one and uv
     picks no other (no uv run needed), else the one uv names in its `annotations`."""
     indexes = requirements.indexes()
-    if len(indexes) == 1 and not requirements.torch_backend:
+    pages = [f for f in requirements.find_links if f.startswith(("http://", "https://"))]
+    if len(indexes) == 1 and not requirements.torch_backend and not pages:
         return {name: redact(indexes[0]).rstrip("/") for name in names}
     return parse_origins(annotations())
 
@@ -64,3 +78,40 @@ def as_given(origin: str, indexes: Sequence[str]) -> tuple[str, ...]:
         return tuple(indexes)
     same = [index for index in indexes if redact(index).rstrip("/") == origin]
     return (same[0],) if same else (origin,)
+
+
+def with_sources(
+    resolution: Resolution, find_links: Sequence[str], fetched: Sequence[Fetched]
+) -> Resolution:
+    """`resolution` with each distribution's `Source` when it came from no index: a direct
+    requirement's (what it was fetched from), or the wheelhouse its wheel lies in."""
+    direct = {f.requirement.name: f.source for f in fetched}
+    packages = tuple(
+        _sourced(package, direct.get(package.name), find_links) for package in resolution.packages
+    )
+    return replace(resolution, packages=packages)
+
+
+def _sourced(
+    package: LockedPackage, source: Source | None, find_links: Sequence[str]
+) -> LockedPackage:
+    if source is None:
+        source = next(
+            (
+                Source(SourceKind.FIND_LINKS, redact(location))
+                for location in find_links
+                for wheel in package.wheels
+                if _within(wheel.url, location, package.index)
+            ),
+            None,
+        )
+    return replace(package, source=source, index="") if source else package
+
+
+def _within(url: str, location: str, index: str) -> bool:
+    """Whether a wheel came from a find-links location: it lies in that directory, or uv
+    named that page of links as where it found it (`index`, credentials removed)."""
+    if location.startswith(("http://", "https://")):
+        return index == redact(location).rstrip("/")
+    path = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path))
+    return url.startswith("file:") and path.parent == Path(location)

@@ -1,10 +1,12 @@
 """Read pip-style requirement files into named requirements with their origin.
 
-Only what can be resolved from an index is accepted: named requirements with optional
-extras, specifiers, markers and `--hash` options, nested `-r`/`-c` files, index options and
-`--require-hashes`. Editable, local-path and URL requirements are refused, naming the file and
-line. Error lines quote user input only through `excerpt`, which is short and redacted: a
-requirements file may be anything (`-r /proc/self/environ`), and the error lands in CI logs.
+Accepted: named requirements with optional extras, specifiers, markers and `--hash` options,
+nested `-r`/`-c` files, index options (`--index-url`, `--extra-index-url`, `--no-index`,
+`--find-links`/`-f`), `--require-hashes`, and direct requirements: a local wheel, sdist or
+project directory, a URL, a git repository (builder.resolve.direct.lines). Editable
+requirements are refused, naming the file and line (nothing to edit in an image). Error lines
+quote user input only through `excerpt`, which is short and redacted: a requirements file may
+be anything (`-r /proc/self/environ`), and the error lands in CI logs.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import locale
 import os
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, cast, runtime_checkable
 
 from packaging.markers import Marker, UndefinedComparison, default_environment
 from packaging.requirements import InvalidRequirement, Requirement
@@ -25,9 +29,20 @@ from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
 from builder.errors import UserError
+from builder.resolve.direct.lines import (
+    DirectSource,
+    from_url,
+    is_direct_url,
+    local_path,
+    named,
+    path_name,
+    url_name,
+)
 from builder.resolve.index_options import index_url
+from builder.resolve.resolution import SourceKind
 from builder.resolve.target import ARCHES, Target, shipped_facts
 
+T = TypeVar("T")
 DEFAULT_INDEX = "https://pypi.org/simple"
 ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MAX_NESTING = 50  # -r/-c depth; deeper is a generated loop, not a real project
@@ -51,6 +66,8 @@ URL_CREDENTIALS = re.compile(r"(?i)([a-z][a-z0-9+.-]*://)[^/@\s]*@")
 ASSIGNMENT = re.compile(r"(?<![=<>!~])=(?!=).*")
 OPTION_NAME = re.compile(r"--?[a-z][a-z-]{0,30}")
 TOKEN = re.compile(r"[A-Za-z0-9_+/-]{20,}")
+# `name[extras] @ URL ; marker`: a direct requirement with a name
+NAMED_URL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*\s*(?:\[[^\]]*\])?)\s*@\s*(\S+)\s*(?:;(.*))?$")
 
 
 def redact_credentials(text: str) -> str:
@@ -83,6 +100,7 @@ class NamedRequirement:
     requirement: Requirement
     origin: str  # "file:line", for messages
     hashes: frozenset[str] = frozenset()  # sha256 hex digests given with --hash
+    direct: DirectSource | None = None  # a path, URL or repository instead of an index
 
     @property
     def name(self) -> str:
@@ -114,6 +132,23 @@ class BuiltWheel(IndexFile, Protocol):
     def built_from(self) -> IndexFile | None: ...
 
 
+class Once:
+    """A value made once for a requirement set, however many arches resolve it (in parallel):
+    a run's direct requirements are read, downloaded or built once, so every arch gets the
+    same files, and a branch is asked for its commit once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: list[object] = []
+
+    def get(self, make: Callable[[], T]) -> T:
+        """The value, made by `make` the first time (a failure is not kept: each caller sees it)."""
+        with self._lock:
+            if not self._made:
+                self._made.append(make())
+            return cast(T, self._made[0])
+
+
 @dataclass(frozen=True)
 class RequirementSet:
     requirements: tuple[NamedRequirement, ...]
@@ -125,6 +160,14 @@ class RequirementSet:
     # uv's --torch-backend (`cpu`): the PyTorch family from PyTorch's own index for that build,
     # everything else from the indexes above (None: PyPI's torch, with its CUDA wheels)
     torch_backend: str | None = None
+    # wheelhouses (directories or pages of links: --find-links), searched like an index
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False  # --no-index: no index at all, only find-links and direct sources
+    fetched: Once = field(default_factory=Once, compare=False, repr=False)  # direct ones' wheels
+
+    def direct(self) -> tuple[NamedRequirement, ...]:
+        """The requirements that name a path, URL or repository rather than an index project."""
+        return tuple(r for r in self.requirements if r.direct is not None)
 
     def indexes(self) -> tuple[str, ...]:
         """Every index to search, the main one (PyPI unless replaced) first."""
@@ -150,7 +193,10 @@ class RequirementSet:
         """
         if not self.hash_checking:
             return
+        direct = {r.name for r in self.direct()}  # their own hashes are checked when fetched
         for file in files:
+            if _name_version(file.filename)[0] in direct:
+                continue
             source = file.built_from if isinstance(file, BuiltWheel) else None
             fetched = source or file
             built = f" (built here into {file.filename}, sha256:{file.sha256})" if source else ""
@@ -263,6 +309,8 @@ class _Reader:
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
     require_hashes: str | None = None  # origin of --require-hashes
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
 
     def read(
         self, path: Path, *, as_constraints: bool, seen: frozenset[tuple[int, int]] = frozenset()
@@ -277,8 +325,13 @@ class _Reader:
             if line.startswith("-"):
                 self._option(path, line, origin, as_constraints, seen | {identity})
             else:
-                target = self.constraints if as_constraints else self.requirements
-                target.append(_parse_requirement(line, origin))
+                entry = _parse_requirement(line, origin, path.parent)
+                if as_constraints and entry.direct is not None:
+                    raise UserError(
+                        f"{origin}: a constraint names versions, not a file or repository:"
+                        f" give {entry.name} @ … in a requirements file"
+                    )
+                (self.constraints if as_constraints else self.requirements).append(entry)
 
     def _option(
         self,
@@ -290,10 +343,8 @@ class _Reader:
     ) -> None:
         words = _split(line, origin)
         option, equals, inline = words[0].partition("=")
-        if option == "--require-hashes":
-            if equals or len(words) > 1:
-                raise UserError(f"{origin}: option --require-hashes takes no value")
-            self.require_hashes = origin
+        if option in ("--require-hashes", "--no-index"):
+            self._flag(option, bool(equals) or len(words) > 1, origin)
             return
         values = [inline] if equals else words[1:]
         if not values or not values[0]:
@@ -301,18 +352,31 @@ class _Reader:
         if len(values) > 1:
             raise UserError(f"{origin}: option {_option_name(option)} takes one value")
         value = _expand(values[0], origin)
-        if option in ("-r", "--requirement"):
-            self.read(path.parent / value, as_constraints=as_constraints, seen=seen)
-        elif option in ("-c", "--constraint"):
-            self.read(path.parent / value, as_constraints=True, seen=seen)
+        if option in ("-r", "--requirement", "-c", "--constraint"):
+            constraints = as_constraints or option in ("-c", "--constraint")
+            self.read(path.parent / value, as_constraints=constraints, seen=seen)
         elif option in ("-i", "--index-url"):
             self.index_url = index_url(value, option, origin)
         elif option == "--extra-index-url":
             self.extra_index_urls += (index_url(value, option, origin),)
+        elif option in ("-f", "--find-links"):
+            self.find_links += (find_links(value, origin, path.parent),)
         elif option in ("-e", "--editable"):
-            raise UserError(f"{origin}: editable requirement {excerpt(value)} is not supported")
+            raise UserError(
+                f"{origin}: editable requirement {excerpt(value)} is not supported (nothing to"
+                " edit in an image): name the path or URL without -e"
+            )
         else:
             raise UserError(f"{origin}: option {_option_name(option)} is not supported")
+
+    def _flag(self, option: str, valued: bool, origin: str) -> None:
+        """An option without a value: `--require-hashes` or `--no-index`."""
+        if valued:
+            raise UserError(f"{origin}: option {option} takes no value")
+        if option == "--no-index":
+            self.no_index = True
+        else:
+            self.require_hashes = origin
 
 
 def _hashes(options: list[str], origin: str) -> frozenset[str]:
@@ -366,15 +430,51 @@ def _check_marker(requirement: Requirement, origin: str) -> None:
         raise UserError(f"{origin}: invalid marker ({error})") from None
 
 
-def _parse_requirement(line: str, origin: str) -> NamedRequirement:
+def find_links(value: str, origin: str, base: Path) -> str:
+    """A `--find-links` location: a directory (relative to the file naming it), which must
+    exist, or an http(s) URL (plain http only to this machine), kept with its credentials."""
+    if is_direct_url(value):
+        if not value.lower().startswith(("http://", "https://", "file://")):
+            raise UserError(f"{origin}: --find-links takes a directory or an http(s) URL")
+        if value.lower().startswith("file://"):
+            return find_links(urllib.parse.unquote(urllib.parse.urlsplit(value).path), origin, base)
+        return from_url("--find-links", value, origin, base).target
+    path = Path(os.path.normpath(base.absolute() / Path(value).expanduser()))
+    if not path.is_dir():
+        raise UserError(f"{origin}: --find-links directory {excerpt(value)} does not exist")
+    return str(path)
+
+
+def _direct_requirement(
+    text: str, origin: str, base: Path, hashes: frozenset[str]
+) -> NamedRequirement | None:
+    """A line naming a path, URL or repository (None: a plain named requirement)."""
+    name = ""
+    if is_direct_url(text):
+        head, _, marker = text.partition(" ;")  # a URL may hold a `;`: a marker follows a space
+        url = _expand(head.strip(), origin)
+        source = from_url("", url, origin, base)
+        name = url_name(url, origin) if source.kind is not SourceKind.PATH else ""
+    elif _local_path(text.partition(";")[0].strip()):
+        head, _, marker = text.partition(";")
+        source = local_path(_expand(head.strip(), origin), origin, base)
+    elif match := NAMED_URL.match(text):
+        name, marker = match[1], match[3] or ""
+        source = from_url(match[1], _expand(match[2], origin), origin, base)
+    else:
+        return None
+    requirement = named(name or path_name(Path(source.target), origin), marker.strip(), origin)
+    _check_marker(requirement, origin)
+    return NamedRequirement(requirement, origin, hashes, source)
+
+
+def _parse_requirement(line: str, origin: str, base: Path) -> NamedRequirement:
     words = line.split()
     first_option = next((i for i, word in enumerate(words) if word.startswith("-")), len(words))
     text = " ".join(words[:first_option])
     hashes = _hashes(_split(" ".join(words[first_option:]), origin), origin)
-    if re.match(r"^[a-z][a-z0-9+.-]*://", text, re.I):
-        raise UserError(f"{origin}: local or URL requirement {excerpt(text)} is not supported")
-    if _local_path(text.split(";", 1)[0].strip()):
-        raise UserError(f"{origin}: local or URL requirement {excerpt(text)} is not supported")
+    if direct := _direct_requirement(text, origin, base, hashes):
+        return direct
     if re.search(r",\s*(;|$)", text):
         raise UserError(f"{origin}: invalid requirement {excerpt(text)} (trailing comma)")
     try:
@@ -386,24 +486,26 @@ def _parse_requirement(line: str, origin: str) -> NamedRequirement:
         raise UserError(
             f"{origin}: invalid requirement {excerpt(text)}{where}: {message}"
         ) from None
-    if requirement.url:
-        raise UserError(
-            f"{origin}: direct URL requirement {requirement.name} @ {excerpt(requirement.url)}"
-            " is not supported; publish it to an index"
-        )
     _check_marker(requirement, origin)
     return NamedRequirement(requirement, origin, hashes)
 
 
 def _check_hash_mode(reader: _Reader) -> bool:
-    """Whether hash-checking mode is on; if so, every requirement is pinned and hashed."""
-    hashed = next((r for r in (*reader.requirements, *reader.constraints) if r.hashes), None)
+    """Whether hash-checking mode is on; if so, every requirement is pinned and hashed.
+
+    A `--hash` on a direct requirement checks that file only: it names one file already, and
+    a wheelhouse or repository beside it has no hashes to give."""
+    entries = (*reader.requirements, *reader.constraints)
+    hashed = next((r for r in entries if r.hashes and r.direct is None), None)
     if not (reader.require_hashes or hashed):
         return False
     why = f"--require-hashes at {reader.require_hashes}" if reader.require_hashes else ""
     if hashed and not why:
         why = f"a --hash at {hashed.origin}"
     for entry in reader.requirements:
+        if entry.direct is not None:
+            _check_direct_hash(entry, why)
+            continue
         pinned = any(
             s.operator in ("==", "===") and "*" not in s.version
             for s in entry.requirement.specifier
@@ -414,6 +516,17 @@ def _check_hash_mode(reader: _Reader) -> bool:
                 f" is on ({why})"
             )
     return True
+
+
+def _check_direct_hash(entry: NamedRequirement, why: str) -> None:
+    """In hash-checking mode a URL needs its `--hash`: the file comes from elsewhere. A path is
+    read here and a repository is pinned by its commit: they need none."""
+    assert entry.direct is not None
+    if entry.direct.kind is SourceKind.URL and not entry.hashes:
+        raise UserError(
+            f"{entry.origin}: {entry.name} @ {entry.direct.shown[:80]} needs a --hash:"
+            f" hash-checking mode is on ({why})"
+        )
 
 
 def read_requirements(
@@ -434,6 +547,8 @@ def read_requirements(
         index_url=reader.index_url,
         extra_index_urls=reader.extra_index_urls,
         hash_checking=_check_hash_mode(reader),
+        find_links=tuple(dict.fromkeys(reader.find_links)),
+        no_index=reader.no_index,
     )
 
 

@@ -19,7 +19,7 @@ import time
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -35,8 +35,10 @@ from packaging.version import Version
 
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.resolve.direct.fetch import Fetched, fetch_all, refuse_unfit
 from builder.resolve.index import (
     UV,
+    build_options,
     build_pure_wheel,
     built_source,
     compiled_code_evidence,
@@ -44,10 +46,11 @@ from builder.resolve.index import (
     index_files,
     uv_environment,
     uv_python,
+    wheelhouse_files,
 )
-from builder.resolve.origins import as_given, origins_of
+from builder.resolve.origins import as_given, origins_of, with_sources
 from builder.resolve.requirements import RequirementSet
-from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution
+from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution, redact
 from builder.resolve.stale import (
     StalePick,
     held_back_notes,
@@ -75,6 +78,10 @@ def _uv_compile_command(
     command = [UV, "pip", "compile", str(requirements_in)]
     command += ["--python-platform", arch.uv_platform, "--python-version", target.python_version]
     command += ["--only-binary", ":all:", "--no-header", "--quiet", *uv_python()]
+    if requirements.no_index:
+        command += ["--no-index"]
+    for location in requirements.find_links:
+        command += ["--find-links", location]
     if requirements.index_url:
         command += ["--index-url", requirements.index_url]
     for extra in requirements.extra_index_urls:
@@ -111,7 +118,8 @@ def _uv_compile(
 
 
 def _wheel_file(entry: dict, cache: Cache) -> RemoteFile:
-    url = entry["url"]  # uv lists index and --find-links wheels alike by URL
+    # uv lists index and --find-links wheels alike by URL, a direct one by its path
+    url = entry["url"] if "url" in entry else Path(entry["path"]).absolute().as_uri()
     filename = urllib.parse.unquote(url.rsplit("/", 1)[1])
     sha256 = entry["hashes"]["sha256"]
     source = built_source(sha256, cache) if url.startswith("file:") else None
@@ -148,6 +156,22 @@ def _specifier_for(name: str, requirements: RequirementSet) -> SpecifierSet:
     return specifier
 
 
+def _release_files(
+    name: str, requirements: RequirementSet, retries: Retries | None
+) -> list[RemoteFile]:
+    """Every file of `name` the set may build from: its wheelhouses', then its indexes' (none
+    with --no-index)."""
+    files = wheelhouse_files(requirements.find_links, name)
+    if not requirements.no_index:
+        files += index_files(requirements.indexes(), name, retries)
+    return files
+
+
+def _build_options(requirements: RequirementSet) -> list[str]:
+    """Where `uv build` takes build backends from, for this set (builder.resolve.index)."""
+    return build_options(requirements.no_index, requirements.find_links)
+
+
 def _build_from_source(
     name: str,
     target: Target[BaseFacts],
@@ -159,7 +183,7 @@ def _build_from_source(
 ) -> str:
     """Build the newest matching pure-Python sdist of `name` into `find_links`; refuse others."""
     specifier = _specifier_for(name, requirements)
-    files = index_files(requirements.indexes(), name, retries)
+    files = _release_files(name, requirements, retries)
     wheeled: set[Version] = set()
     sdists: dict[Version, RemoteFile] = {}
     for file in files:
@@ -200,7 +224,7 @@ def _build_from_source(
             f"{origin(requirements, name)}: {name}=={version} has only a source distribution"
             f" and it compiles native code ({evidence}); {suggestion}"
         )
-    wheel, _ = build_pure_wheel(sdist, sdists[version], cache)
+    wheel, _ = build_pure_wheel(sdist, sdists[version], cache, _build_options(requirements))
     link = find_links / wheel.name
     if not link.exists():
         link.symlink_to(wheel)
@@ -212,10 +236,15 @@ def _resolution_key(
     target: Target[BaseProfile],
     arch: Arch,
     overrides: Sequence[Path],
+    fetched: Sequence[Fetched] = (),
 ) -> str:
-    """Everything a resolution depends on, hashed: a change in any of it means a new one."""
+    """Everything a resolution depends on, hashed: a change in any of it means a new one
+    (a direct requirement by what it pinned: a file's sha256, a ref's commit)."""
     facts = {
-        "schema": 4,
+        "schema": 5,
+        "direct": [asdict(f.source) | {"wheel": f.wheel.name} for f in fetched],
+        "find_links": [redact(location) for location in requirements.find_links],
+        "no_index": requirements.no_index,
         "overrides": [path.read_text() for path in overrides],
         "uv": metadata.version("uv"),
         "arch": arch.name,
@@ -228,15 +257,16 @@ def _resolution_key(
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def _cached(cache: Cache, key: str, target: Target[BaseFacts], arch: Arch) -> Resolution | None:
+def _cached(
+    cache: Cache, key: str, target: Target[BaseFacts], arch: Arch, fetched: Sequence[Fetched]
+) -> Resolution | None:
     record = cache.get_record("resolution", key)
     if not record or time.time() - record["at"] > RESOLUTION_TTL_SECONDS:
         return None
     packages, provided = _packages(tomllib.loads(record["pylock"]), target, cache)
     built_here = [w for p in packages for w in p.wheels if w.url.startswith("file:")]
-    if any(
-        w.built_from is None or cache.find_blob(w.sha256, w.filename) is None for w in built_here
-    ):
+    direct = frozenset(f.wheel.name for f in fetched)
+    if any(not _still_there(w, cache, direct) for w in built_here):
         return None  # a wheel built from source (or its record) has left the cache: resolve again
     return Resolution(
         arch,
@@ -246,6 +276,17 @@ def _cached(cache: Cache, key: str, target: Target[BaseFacts], arch: Arch) -> Re
         record["pylock"],
         tuple(record["warnings"]),
     )
+
+
+def _still_there(wheel: RemoteFile, cache: Cache, direct: frozenset[str]) -> bool:
+    """Whether a local wheel of a cached resolution can still be used: one built here from an
+    sdist is in the cache with its record; any other (a wheelhouse's, a `direct` requirement's
+    in the cache) is on disk where uv found it."""
+    if wheel.built_from is not None:
+        return cache.find_blob(wheel.sha256, wheel.filename) is not None
+    local = Path(urllib.parse.unquote(urllib.parse.urlsplit(wheel.url).path))
+    in_cache = local.is_relative_to(cache.root)
+    return local.is_file() and (not in_cache or wheel.filename in direct)
 
 
 def resolve(
@@ -266,12 +307,13 @@ def resolve(
     (listings, sources) try again on faults as the run's `retries` say; uv retries its own.
     """
     check_against_base(requirements, target, arch)
-    key = _resolution_key(requirements, target, arch, overrides)
-    if not refresh and (found := _cached(cache, key, target, arch)):
-        return found
+    fetched = refuse_unfit(fetch_all(requirements, cache, retries), target, arch)
+    key = _resolution_key(requirements, target, arch, overrides, fetched)
+    if not refresh and (found := _cached(cache, key, target, arch, fetched)):
+        return with_sources(found, requirements.find_links, fetched)
     with tempfile.TemporaryDirectory(prefix="bsi-resolve-") as temp:
         compiler = _Compiler(Path(temp), requirements, target, arch, cache, overrides, retries)
-        compiler.prepare()
+        compiler.prepare(fetched)
         resolution, origins = _resolve_with(compiler)
     record = dict(
         at=time.time(),
@@ -281,7 +323,7 @@ def resolve(
         origins=origins,
     )
     cache.put_record("resolution", key, record)
-    return resolution
+    return with_sources(resolution, requirements.find_links, fetched)
 
 
 @dataclass(frozen=True)
@@ -306,11 +348,12 @@ class _Compiler:
     def output(self) -> Path:
         return self.workdir / f"pylock.{self.arch.name}.toml"
 
-    def prepare(self) -> None:
-        """The requirements, the constraints (the base's pins first) and the built-wheel folder."""
+    def prepare(self, fetched: Sequence[Fetched] = ()) -> None:
+        """The requirements (a direct one at its `fetched` wheel), the constraints (the base's
+        pins first) and the built-wheel folder."""
         self.find_links.mkdir()
         (self.workdir / "requirements.in").write_text(
-            "".join(f"{r.requirement}\n" for r in self.requirements.requirements)
+            _requirement_lines(self.requirements, fetched)
         )
         (self.workdir / "constraints.txt").write_text(
             "".join(f"{line}\n" for line in self.target.base.constraints())
@@ -342,6 +385,14 @@ class _Compiler:
 
     def unresolvable(self, stderr: str) -> UserError:
         return unresolvable(stderr, self.requirements, self.target, self.arch)
+
+
+def _requirement_lines(requirements: RequirementSet, fetched: Sequence[Fetched]) -> str:
+    """requirements.in: each named requirement as written, each direct one at its wheel."""
+    wheels = {f.requirement.origin: f.line() for f in fetched}
+    return "".join(
+        f"{wheels.get(r.origin, str(r.requirement))}\n" for r in requirements.requirements
+    )
 
 
 @dataclass(frozen=True)
@@ -461,6 +512,8 @@ def _fresher_sources(
     into `find_links` (so that resolving again prefers it); notes for versions another
     distribution holds back (uv's `annotations`, asked for only then). Each is looked up
     on the index it came from: what uv could have chosen (builder.resolve.origins)."""
+    if requirements.no_index:
+        return [], []  # no index to ask: the wheelhouses and direct sources are what there is
     locked = {
         p.name: p.version for p in packages if not any(w.url.startswith("file:") for w in p.wheels)
     }
@@ -508,7 +561,7 @@ def _build_fresher(
     sdist = download(source, cache, requirements.indexes(), retries)
     if compiled_code_evidence(sdist):
         return " that compiles native code"
-    wheel, _ = build_pure_wheel(sdist, source, cache)
+    wheel, _ = build_pure_wheel(sdist, source, cache, _build_options(requirements))
     link = find_links / wheel.name
     if not link.exists():
         link.symlink_to(wheel)
@@ -524,6 +577,8 @@ def _packages(
         if name in target.base.distributions:
             provided.append(f"{name}=={entry['version']}")
             continue
-        wheels = tuple(_wheel_file(wheel, cache) for wheel in entry.get("wheels", []))
+        archive = entry.get("archive", {})
+        direct = [archive] if archive.get("path", "").endswith(".whl") else []
+        wheels = tuple(_wheel_file(wheel, cache) for wheel in entry.get("wheels", direct))
         packages.append(LockedPackage(name, entry["version"], wheels))
     return tuple(packages), tuple(provided)

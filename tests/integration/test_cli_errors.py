@@ -26,7 +26,7 @@ from builder.errors import UserError
         (b"soupsieve\n# caf\xe9\n", ("requirements.txt:2: not UTF-8 text",)),
         (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ("requirements.txt: binary data",)),
         (b"rtdemo; python_version >= 'x'\n", ("requirements.txt:1: invalid marker",)),
-        (b"x.whl\n", ("requirements.txt:1: local or URL requirement 'x.whl'",)),
+        (b"x.whl\n", ("requirements.txt:1: local path 'x.whl' does not exist",)),
         (b"foo (>=1\n", ("requirements.txt:1: invalid requirement 'foo (>=1'",)),
         (b"soupsieve --hashfoo=bar\n", ("requirements.txt:1: per-requirement option --hashfoo",)),
         (b"CI_TOKEN=" + SECRET.encode() + b"\n", ("requirements.txt:1: invalid requirement",)),
@@ -43,7 +43,7 @@ def test_bad_requirement_files_are_one_line(
 
 def test_utf16_file_is_read_and_proc_environ_is_not_echoed(tmp_path: Path) -> None:
     name = requirements(tmp_path, "soupsieve\nx.tar.gz\n".encode("utf-16"))
-    assert_one_error_line(run(tmp_path, "-r", name), f"{name}:2: local or URL requirement")
+    assert_one_error_line(run(tmp_path, "-r", name), f"{name}:2: local path 'x.tar.gz' does not")
     result = run(tmp_path, "-r", "/proc/self/environ")
     assert_one_error_line(result, "/proc/self/environ: binary data")
 
