@@ -340,3 +340,13 @@ def test_an_sdist_in_a_wheelhouse_is_built_with_no_index(tmp_path: Path) -> None
     wheel = found.packages[0].wheels[0]
     assert wheel.filename == "bsi_sourced-1.2-py3-none-any.whl"
     assert wheel.built_from is not None and wheel.built_from.sha256 == sha256_of(sdist)
+
+
+def test_a_project_linking_outside_its_tree_is_refused(tmp_path: Path) -> None:
+    """A symlink in the commit pointing out of the project would let its build read the host's
+    files into a wheel: refused in one line naming the link."""
+    repository, _ = tagged_repository(tmp_path / "repo")
+    (repository / "bsi_gitpkg" / "secrets.txt").symlink_to("/etc/hostname")
+    commit = commit_all(repository, "a link out")
+    message = _refusal(tmp_path, f"bsi-gitpkg @ git+file://{repository}@{commit}")
+    assert "bsi_gitpkg/secrets.txt links outside the project" in message

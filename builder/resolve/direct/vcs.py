@@ -18,7 +18,6 @@ import base64
 import os
 import re
 import subprocess
-import tarfile
 import tempfile
 import urllib.parse
 from collections.abc import Mapping
@@ -110,6 +109,19 @@ def _expand_short(source: DirectSource, url: str) -> str:
     return found.strip()
 
 
+def _refuse_links_out(source: DirectSource, commit: str, tree: Path) -> None:
+    """A symlink of the project pointing outside its tree would let its build read the host's
+    files into a wheel: refused, as a tar's data filter refuses it."""
+    root = tree.resolve()
+    for link in (path for path in tree.rglob("*") if path.is_symlink()):
+        target = (link.parent / os.readlink(link)).resolve()
+        if target != root and root not in target.parents:
+            raise UserError(
+                f"{source.origin}: {source.shown}@{commit[:12]}: "
+                f"{link.relative_to(tree)} links outside the project"
+            )
+
+
 def export(source: DirectSource, commit: str, destination: Path) -> Path:
     """The tree of `commit` written into `destination` (no `.git`); the project's directory."""
     url, _ = _git_environment(source.target)
@@ -122,10 +134,12 @@ def export(source: DirectSource, commit: str, destination: Path) -> Path:
             raise UserError(
                 f"{source.origin}: {source.shown}: commit {commit} cannot be fetched"
             ) from None
-        archive = repository / "export.tar"
-        _git(["archive", "--format=tar", f"--output={archive}", commit], source, repository)
-        with tarfile.open(archive) as tar:
-            tar.extractall(destination, filter="data")
+        # The commit's tree checked out into `destination` from the temporary repository: no
+        # `.git` there, and no tar to extract (3.11.2, the floor, has no extraction filters).
+        worktree = f"--work-tree={destination}"
+        _git([worktree, "read-tree", commit], source, repository)
+        _git([worktree, "checkout-index", "--all"], source, repository)
+    _refuse_links_out(source, commit, destination)
     project = destination / source.subdirectory if source.subdirectory else destination
     if not (project / "pyproject.toml").is_file() and not (project / "setup.py").is_file():
         where = f" in {source.subdirectory!r}" if source.subdirectory else ""
