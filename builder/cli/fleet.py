@@ -1,4 +1,6 @@
-"""What `rebuild` with several --config prints: the fleet's table and its verdict. Prints only.
+"""What `rebuild` with several --config (or --shard, or --output-json) prints: the fleet's
+table and its verdict; which configs a --shard job takes, and the table written as JSON
+(builder.orchestration.shard does the slicing and the writing).
 
 Apart from builder/cli/app.py so that module stays within its size; the fleet itself is
 builder.orchestration.fleet.
