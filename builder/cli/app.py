@@ -18,6 +18,7 @@ from click.core import ParameterSource
 from builder.cli.base import base_command
 from builder.cli.cache import CACHE_MAX_OPTION, cache_command
 from builder.cli.errors import reports_errors
+from builder.cli.parts import merge_command, part_command
 from builder.cli.references import Reference
 from builder.cli.sbom import sbom_command
 from builder.cli.shared import ENGINE_OPTION, REPORTER, WITHOUT_PROGRAM_OPTION, note
@@ -414,3 +415,5 @@ main.add_command(sbom_command)
 main.add_command(base_command)
 main.add_command(verify_command)
 main.add_command(cache_command)
+main.add_command(part_command)
+main.add_command(merge_command)

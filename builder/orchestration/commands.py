@@ -27,6 +27,7 @@ from builder.engines.per_arch import Engines, connect
 from builder.layers.gzipped import ahead as gzip_ahead
 from builder.oci.name import ImageRef
 from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
+from builder.orchestration.plan_document import write_plan
 from builder.orchestration.prepare import (
     Grounds,
     build_parameters,
@@ -133,6 +134,8 @@ def build(
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
         plan = prepare(settings, grounds, planned=stages.start if engines is not None else None)
         planned(plan)
+        if not settings.build:  # the plan a runner is handed (builder.orchestration.parts)
+            write_plan(plan, settings, cache)
         if engines is None:
             return Built(plan)
         state = None

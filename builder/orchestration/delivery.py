@@ -118,6 +118,7 @@ class Target:
     annotations: Mapping[str, str] = field(default_factory=dict)
     soci: bool = True  # attach a SOCI index (builder.layers.soci) to each image
     base: ImageRef | None = None  # the images' base: its own SOCI index lends its layers' ztocs
+    by_digest: bool = False  # a runner's part (builder.orchestration.parts): no tag moves
 
 
 @dataclass(frozen=True)
@@ -297,7 +298,8 @@ def _write(
     previous, before = previous_images(
         *baseline(state, registry, target.tag), [one.arch for one in produced], run.reporter
     )
-    run.reporter.say(f"pushing {target.repository}:{target.tag} ...")
+    named = " by digest" if target.by_digest else f":{target.tag}"
+    run.reporter.say(f"pushing {target.repository}{named} ...")
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
         images, blobs = _images(producer, produced, registry, Path(scratch))
         index = None
@@ -315,14 +317,15 @@ def _write(
             images,
             blobs,
             index=index,
-            tags=[] if key else [target.tag],  # signed: the tag moves after the signatures
+            tags=[] if key or target.by_digest else [target.tag],  # signed: after the signatures
             attachments=_with_soci(attached, soci),  # in before the tags move, like the SBOM
             memory=blob_memory(run.cache),
             written=_early_blobs(produced, images),
         )
         if key is not None:  # every manifest is in: sign them, then move the tag
             signed = _signatures(registry, key, target, (images, index), attached, run.reporter)
-            written = sign_and_tag(registry, written, index or images[0], signed, [target.tag])
+            tags = [] if target.by_digest else [target.tag]
+            written = sign_and_tag(registry, written, index or images[0], signed, tags)
     recorded = _recorded(produced, images, before, soci, run.output)
     for one in produced:
         if one.early is not None:
