@@ -167,6 +167,8 @@ def part(
         emulated,
     )
     _save(job.plan_dir, record)
+    if outcome.verification is not None:
+        reporter.say(outcome.verification.table())
     if not passed:
         assert outcome.verification is not None
         failed = ", ".join(check.name for check in outcome.verification.failed)
