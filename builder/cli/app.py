@@ -182,7 +182,8 @@ def main(context: click.Context, **_flags: object) -> None:
 
     settings = run_settings(context)
     cache = Cache(settings.cache_dir or default_root())
-    client = engine_client() if settings.build else None
+    planning = not settings.build and settings.push_repository is not None  # for `part`
+    client = engine_client() if settings.build or planning else None
     if ignored := unheeded(settings.engines, not settings.build, client is not None):
         click.echo(ignored, err=True)
     with bounded_use(cache, settings.cache_max) as bound:
@@ -195,6 +196,11 @@ def main(context: click.Context, **_flags: object) -> None:
             settings.output,
             "no Docker engine reachable" if settings.build else "--no-build",
         )
+        if planning:  # builder.cli.parts
+            click.echo(
+                f"plan for runners: {settings.output}/plan.json (`part {settings.output} --arch"
+                f" ARCH --push {settings.push_repository}` on each, then `merge`)"
+            )
         return
     show_outcome(built.outcome)
     if built.delivery.state is not None and built.outcome.pushed:

@@ -123,8 +123,9 @@ def build(
     key = signing_key(settings.sign_key)
     with ExitStack() as stack:
         engines = None
-        if client is not None:
-            engines = stack.enter_context(connect(settings.engines, client))
+        if client is not None:  # a plan for runners (--no-build --push): the local one compiles
+            named = connect(settings.engines, client) if settings.build else Engines.local(client)
+            engines = stack.enter_context(named)
         retries = Retries(reporter)  # the run's: every registry request, one budget, one record
         timeline = Timeline()
         with timeline.step("base"):
@@ -132,11 +133,12 @@ def build(
             arches = target_arches(settings.arches, base, client, cache, reporter, retries)
         grounds = grounds_for(settings, base, arches, cache, engines, retries, timeline)
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
-        plan = prepare(settings, grounds, planned=stages.start if engines is not None else None)
+        building = engines is not None and settings.build
+        plan = prepare(settings, grounds, planned=stages.start if building else None)
         planned(plan)
         if not settings.build:  # the plan a runner is handed (builder.orchestration.parts)
             write_plan(plan, settings, cache)
-        if engines is None:
+        if engines is None or not building:
             return Built(plan)
         state = None
         if settings.state is not None:  # a run from a config records what it pushed
