@@ -18,8 +18,8 @@ from click.core import ParameterSource
 from builder.cli.base import base_command
 from builder.cli.cache import CACHE_MAX_OPTION, cache_command
 from builder.cli.errors import reports_errors
-from builder.cli.parts import merge_command, part_command
 from builder.cli.references import Reference
+from builder.cli.runners.parts import merge_command, part_command
 from builder.cli.sbom import sbom_command
 from builder.cli.shared import ENGINE_OPTION, REPORTER, WITHOUT_PROGRAM_OPTION, note
 from builder.cli.verify import verify_command
@@ -196,7 +196,7 @@ def main(context: click.Context, **_flags: object) -> None:
             settings.output,
             "no Docker engine reachable" if settings.build else "--no-build",
         )
-        if planning:  # builder.cli.parts
+        if planning:  # builder.cli.runners.parts
             click.echo(
                 f"plan for runners: {settings.output}/plan.json (`part {settings.output} --arch"
                 f" ARCH --push {settings.push_repository}` on each, then `merge`)"

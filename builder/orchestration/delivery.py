@@ -87,6 +87,7 @@ class Produced:
     # the delivery's (`facts`, the SBOM's reading of the image; `verify`): an operator sees
     # what a CI minute paid for (report.json `seconds`).
     seconds: dict[str, float] = field(default_factory=dict)
+    emulated: bool = False  # made and verified on an engine not of its arch (under qemu)
 
 
 class Producer(Protocol):
@@ -118,7 +119,7 @@ class Target:
     annotations: Mapping[str, str] = field(default_factory=dict)
     soci: bool = True  # attach a SOCI index (builder.layers.soci) to each image
     base: ImageRef | None = None  # the images' base: its own SOCI index lends its layers' ztocs
-    by_digest: bool = False  # a runner's part (builder.orchestration.parts): no tag moves
+    by_digest: bool = False  # a runner's part (builder.orchestration.runners.parts): no tag moves
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ def _produce_and_verify(
             futures[pool.submit(producer.produce, arch)] = arch
         for future in as_completed(futures):
             one = future.result()
+            one.emulated = emulated[one.arch]
             engine = run.engines.for_arch(one.arch)
             if delivery.verify or delivery.push:  # its SBOM is verified, or attached
                 from builder.publish.attachments import attestable, plan_facts
@@ -331,6 +333,29 @@ def _write(
         if one.early is not None:
             written = written.after(one.early)
     return written, total(previous, [r.node_update for r in recorded.values()]), recorded
+
+
+def publish_index(
+    registry: RepositoryClient,
+    images: Sequence[tuple[str, Image]],
+    target: Target,
+    key: SigningKey | None,
+    reporter: Reporter,
+) -> Written:
+    """What `_write` does once the images are in, for arch images other jobs pushed by digest
+    (builder.orchestration.runners.parts): their index (one arch: the image itself) written,
+    signed with `key` (each part signed its own image), then the tag moved."""
+    index = None
+    if len(images) > 1:
+        platforms = [Platform.linux(arch) for arch, _ in images]
+        index = Index.build(zip(platforms, [i for _, i in images], strict=True), target.annotations)
+    alone = [image for _, image in images] if index is None else []
+    reporter.say(f"pushing {target.repository}:{target.tag} ...")
+    written = write(registry, alone, Blobs(), index=index, tags=[] if key else [target.tag])
+    if key is not None:
+        signed = _signatures(registry, key, target, (alone, index), {}, reporter)
+        written = sign_and_tag(registry, written, index or alone[0], signed, [target.tag])
+    return written
 
 
 def _images(

@@ -10,6 +10,7 @@ the template and the state as they were.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 from support.machine import Registry
 from support.registryhelp import registry_get, registry_tags, tool
@@ -97,6 +99,7 @@ def runs(
     shared_cache: Path,
     two_arch_base: str,
     second_engine: Any,
+    docker_client: Any,
 ) -> Iterator[Runs]:
     """Plan once (warm cache, index reachable), then each arch's part on its own engine."""
     tmp_path = tmp_path_factory.mktemp("parts")
@@ -132,6 +135,22 @@ def runs(
     state = tmp_path / "state.json"
     state.write_text('{"recorded": "before"}\n')
     yield Runs(plan, repository, amd64, arm64, parts, merge_dir, template, state)
+    extras = json.loads((plan / "plan.json").read_text())["plan_id"]["extras_hash"]
+    second = second_engine.client()
+    try:
+        for client in (docker_client, second):
+            remove_tagged(client, (PREFIX, f"sandbox-extension:x{extras}-"))
+    finally:
+        second.close()
+
+
+def remove_tagged(client: Any, marks: tuple[str, ...]) -> None:
+    """The images this module tagged (a part's local tag, the one-job run's), by tag."""
+    for image in client.api.images():
+        for tag in image.get("RepoTags") or ():
+            if any(mark in tag for mark in marks):
+                with contextlib.suppress(docker.errors.ImageNotFound):
+                    client.images.remove(tag)
 
 
 def merge(registry: Registry, runs: Runs, plan_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -181,6 +200,7 @@ def test_each_part_was_built_on_its_engine_and_pushed_by_digest_alone(
 ) -> None:
     assert "(emulated)" not in runs.amd64.stdout.split("part amd64", 1)[1].splitlines()[0]
     assert f"hardened on {second_engine.url}" in runs.arm64.stdout
+    assert "part arm64 (emulated): " in runs.arm64.stdout  # both engines here are amd64
     for arch in ("amd64", "arm64"):
         part = runs.parts[arch]
         assert part["arch"] == arch and part["verification"] == "passed"
@@ -254,3 +274,35 @@ def test_merge_writes_the_index_of_both_parts_the_tag_the_template_and_the_state
     for arch, image in by_arch.items():  # each part's SBOM, provenance and SOCI index
         kinds = {one.artifact_type for one in referrers(target, image)}
         assert {sbom.MEDIA_TYPE, provenance.MEDIA_TYPE, SOCI_INDEX} <= kinds, (arch, kinds)
+
+
+def diff_ids(registry: Registry, repository: str, digest: str) -> list[str]:
+    path = path_of(repository)
+    with registry_get(registry, f"/v2/{path}/manifests/{digest}") as response:
+        config = json.loads(response.read())["config"]["digest"]
+    with registry_get(registry, f"/v2/{path}/blobs/{config}") as response:
+        return list(json.loads(response.read())["rootfs"]["diff_ids"])
+
+
+def test_the_parts_carry_the_extras_layers_a_one_job_run_pushes(
+    runs: Runs, registry: Registry, shared_cache: Path, two_arch_base: str, tmp_path: Path
+) -> None:
+    """Issue 46's "same image either way": a one-job run of the same set on the same base
+    (unverified: verification changes no byte) pushes, for each arch, the extras layers the
+    part of that arch pushed, bytecode layers included."""
+    repository = f"{registry.host}/{PREFIX}/one-job"
+    (tmp_path / "requirements.txt").write_text("six\n")
+    result = tool(
+        registry, "-r", str(tmp_path / "requirements.txt"), "--base-image", two_arch_base,
+        "--push", repository, "--no-verify", "--output", str(tmp_path / "context"),
+        "--cache-dir", str(shared_cache), "--tag", f"{PREFIX}/one-job:test",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    one_job = json.loads((tmp_path / "context" / "report.json").read_text())["image"]["arches"]
+    planned = json.loads((runs.plan / "plan.json").read_text())["layers"]
+    for arch in ("amd64", "arm64"):
+        extras = [layer["diff_id"] for layer in planned[arch]]
+        assert len(extras) == 2  # the distribution's layer and its bytecode's
+        split = diff_ids(registry, runs.repository, runs.parts[arch]["digest"])
+        whole = diff_ids(registry, repository, one_job[arch]["digest"])
+        assert split[-len(extras) :] == extras == whole[-len(extras) :], arch

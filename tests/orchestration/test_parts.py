@@ -1,5 +1,5 @@
 """The plan a runner is handed, read back whole, and the checks `merge` makes of the parts
-before it writes anything (builder.orchestration.plan_document, builder.orchestration.parts)."""
+before it writes anything (builder.orchestration.runners: document, parts)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,20 @@ from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
-from builder.orchestration.parts import (
+from builder.orchestration.runners.document import (
+    PlanDocument,
+    PlanId,
+    check_layers,
+    read_document,
+    write_document,
+)
+from builder.orchestration.runners.parts import (
     PartRecord,
     Verified,
     check_parts,
     check_plan,
     plan_id_of,
     read_parts,
-)
-from builder.orchestration.plan_document import (
-    PlanDocument,
-    PlanId,
-    check_layers,
-    read_document,
-    write_document,
 )
 from builder.plan.gpu import GpuWeight
 from builder.plan.plan import ArchPlan, How, NativeLibrary, NodeLibrary, Plan, PlannedWheel

@@ -1,6 +1,6 @@
 """`part` and `merge`: one arch per CI runner, then one job to publish (issue 46).
 
-Parse, call builder.orchestration.parts, print. The plan directory is what
+Parse, call builder.orchestration.runners.parts, print. The plan directory is what
 `build-sandbox-image … --push REPO --no-build --output PLAN` wrote (docs/scale-out.md).
 """
 
@@ -67,8 +67,8 @@ def part_command(
     from builder.engines.connection import engine_client
     from builder.engines.per_arch import connect, engine_flags
     from builder.orchestration.commands import signing_key
-    from builder.orchestration.parts import PartJob, part
-    from builder.orchestration.plan_document import read_document
+    from builder.orchestration.runners.document import read_document
+    from builder.orchestration.runners.parts import PartJob, part
 
     key = signing_key(sign_key)
     document = read_document(plan_dir)
@@ -115,8 +115,8 @@ def merge_command(
     otherwise nothing is written.
     """
     from builder.orchestration.commands import signing_key
-    from builder.orchestration.parts import MergeJob, merge
-    from builder.orchestration.plan_document import read_document
+    from builder.orchestration.runners.document import read_document
+    from builder.orchestration.runners.parts import MergeJob, merge
     from builder.publish.template import apply_hint
 
     key = signing_key(sign_key)

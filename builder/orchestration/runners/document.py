@@ -1,7 +1,7 @@
 """The plan a runner is handed: PLAN/plan.json, written beside the build context (issue 46).
 
 `build … --no-build --output PLAN` renders the context; this module adds the one document a
-later `part` or `merge` (builder.orchestration.parts) reads instead of resolving again: the
+later `part` or `merge` (builder.orchestration.runners.parts) reads instead of resolving again: the
 plan itself (every field, so that the image a runner builds is the one a one-job run builds),
 each arch's extras layers as the context holds them (their tars' facts, checked against the
 files before anything is built), the platform version and the provenance's parameters (the
@@ -15,7 +15,6 @@ their own `to_dict`/`from_dict`; JSON, never pickle: a CI artifact must not run 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import types
 from collections.abc import Mapping
@@ -27,8 +26,9 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
 from builder.config import RunSettings
+from builder.digest import sha256_of
 from builder.errors import UserError
-from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind
+from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind, LayerRecord
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
 from builder.orchestration.prepare import build_parameters, extras_hash_of, finish, platform_version
@@ -128,28 +128,25 @@ def check_layers(document: PlanDocument, arch: str) -> None:
         layer = one.layer
         if not layer.path.is_file() or layer.path.stat().st_size != layer.size:
             raise UserError(f"{layer.path}: missing or not the planned layer ({layer.size} bytes)")
-        digest = hashlib.sha256()
-        with layer.path.open("rb") as tar:
-            while chunk := tar.read(1 << 20):
-                digest.update(chunk)
-        if f"sha256:{digest.hexdigest()}" != layer.diff_id:
+        if f"sha256:{sha256_of(layer.path)}" != layer.diff_id:
             raise UserError(f"{layer.path}: its content is not the planned {layer.diff_id}")
 
 
-def _layer_record(one: ExtrasLayer) -> dict[str, Any]:
-    return {
-        "kind": str(one.kind),
-        "names": list(one.names),
-        "label": one.label,
-        "diff_id": one.layer.diff_id,
-        "size": one.layer.size,
-        "sde": one.layer.source_date_epoch,
-        "wheels": list(one.wheels),
-        "shadowed": sorted(one.shadowed),
-    }
+def _layer_record(one: ExtrasLayer) -> LayerRecord:
+    """A layer as the cache records one (builder.layers.extras), its tar named by position."""
+    return LayerRecord(
+        kind=str(one.kind),
+        names=list(one.names),
+        label=one.label,
+        diff_id=one.layer.diff_id,
+        size=one.layer.size,
+        sde=one.layer.source_date_epoch,
+        wheels=list(one.wheels),
+        shadowed=sorted(one.shadowed),
+    )
 
 
-def _layer(plan_dir: Path, arch: str, index: int, record: Mapping[str, Any]) -> ExtrasLayer:
+def _layer(plan_dir: Path, arch: str, index: int, record: LayerRecord) -> ExtrasLayer:
     path = plan_dir / LAYER_FILE.format(arch=arch, index=index)
     layer = Layer(path, record["diff_id"], record["size"], record["sde"])
     return ExtrasLayer(
@@ -165,7 +162,8 @@ def _layer(plan_dir: Path, arch: str, index: int, record: Mapping[str, Any]) -> 
 def _encode(value: object) -> Any:
     """A dataclass tree as JSON values; the base profile by its own record."""
     if isinstance(value, BaseProfile):
-        return {**value.to_dict(), "source": value.source}
+        reference = _encode(value.reference)  # its fields: parsed once, where it entered
+        return {**value.to_dict(), "source": value.source, "reference": reference}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Enum):
@@ -183,7 +181,8 @@ def _decode(kind: Any, data: Any) -> Any:
     origin, args = get_origin(kind), get_args(kind)
     if kind is BaseProfile:
         facts = BaseFacts.from_dict(data)
-        return BaseProfile.of(facts, ImageRef.parse(data["image"]), data["digest"], data["source"])
+        reference = _decode(ImageRef, data["reference"])
+        return BaseProfile.of(facts, reference, data["digest"], data["source"])
     if origin in (Union, types.UnionType):
         if data is None:
             return None

@@ -1,7 +1,7 @@
 """One arch per runner, one job to publish (issue 46): `part` and `merge` over a written plan.
 
 `build … --no-build --output PLAN` writes the context and PLAN/plan.json
-(builder.orchestration.plan_document). A runner handed PLAN runs `part`: that arch's image from
+(builder.orchestration.runners.document). A runner handed PLAN runs `part`: that arch's image from
 the plan alone (the context's Dockerfile for the system stage, the context's extras layer tars,
 checked against the plan before use; nothing resolved, no index asked), verified hardened on
 its engine, pushed **by digest** (no tag moves) with its SBOM, provenance, SOCI index and, with
@@ -26,17 +26,16 @@ from builder import credentials
 from builder.assemble.assemble import plan_epoch
 from builder.cache import Cache
 from builder.context.labels import created, image_labels
-from builder.engines.connection import runs_emulated
 from builder.engines.per_arch import Engines
 from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
-from builder.oci.remote import Blobs, Written, read, sign_and_tag, write
-from builder.oci.v1 import Image, Index, Platform
-from builder.orchestration.delivery import Delivery, Outcome, Run, Target, deliver
-from builder.orchestration.plan_document import PlanDocument, PlanId, check_layers
+from builder.oci.remote import Written, read
+from builder.oci.v1 import Image
+from builder.orchestration.commands import OnePart, deliver_part
+from builder.orchestration.delivery import Outcome, Run, Target, publish_index
 from builder.orchestration.prepare import Finish, extras_hash_of
-from builder.orchestration.produce_build import BuildProducer, SystemStages
+from builder.orchestration.runners.document import PlanDocument, PlanId, check_layers
 from builder.publish.state import save_state, state_of
 from builder.publish.tags import image_tag
 from builder.reporter import Reporter
@@ -152,8 +151,7 @@ def part(
         reporter.say(f"part {job.arch} of plan {plan_id} already pushed: {done.digest}")
         return done
     check_layers(document, job.arch)
-    emulated = runs_emulated(engines.for_arch(job.arch).native, job.arch)
-    outcome = _deliver_part(job, document, engines, cache, reporter, retries)
+    outcome = _deliver_part(job, document, engines, cache, reporter)
     passed = outcome.verification is None or outcome.verification.passed
     written = outcome.written.get(job.arch)
     record = PartRecord(
@@ -164,7 +162,7 @@ def part(
         written.digest if written else None,
         written.image_size if written else 0,
         outcome.pushed.bytes_uploaded if outcome.pushed else 0,
-        emulated,
+        any(one.emulated for one in outcome.produced),
     )
     _save(job.plan_dir, record)
     if outcome.verification is not None:
@@ -177,17 +175,11 @@ def part(
 
 
 def _deliver_part(
-    job: PartJob,
-    document: PlanDocument,
-    engines: Engines,
-    cache: Cache,
-    reporter: Reporter,
-    retries: Retries,
+    job: PartJob, document: PlanDocument, engines: Engines, cache: Cache, reporter: Reporter
 ) -> Outcome:
     """The one-job run's delivery of one arch, pushed by digest."""
-    plan = replace(
-        document.plan, arches=tuple(a for a in document.plan.arches if a.arch == job.arch)
-    )
+    arches = tuple(a for a in document.plan.arches if a.arch == job.arch)
+    plan = replace(document.plan, arches=arches)
     finished = finish_of(document, job.arch, cache)
     target = Target(
         job.repository,
@@ -197,14 +189,9 @@ def _deliver_part(
         plan.base_reference,
         by_digest=True,
     )
-    delivery = Delivery(
-        verify=True, strict=job.strict, push=target, parameters=document.parameters, sign=job.sign
-    )
-    run = Run(engines, cache, job.plan_dir, reporter, retries)
     local_tag = f"sandbox-extension:x{document.plan_id.extras_hash}-{job.arch}"
-    with SystemStages({}, engines, cache) as stages:
-        producer = BuildProducer(plan, job.plan_dir, finished, local_tag, engines, stages, reporter)
-        return deliver(producer, plan, delivery, run)
+    one = OnePart(plan, finished, target, document.parameters, local_tag, job.strict, job.sign)
+    return deliver_part(one, Run(engines, cache, job.plan_dir, reporter, Retries(reporter)))
 
 
 def _done_before(job: PartJob, plan_id: str, retries: Retries) -> PartRecord | None:
@@ -331,26 +318,10 @@ def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     retries = Retries(reporter)
     registry = credentials.registry(job.repository, str(job.repository), retries)
     images = pushed_images(document, parts, registry)
-    tag = tag_of(document)
-    index = None
-    if len(images) > 1:
-        platforms = [Platform.linux(record.arch) for record in parts]
-        index = Index.build(zip(platforms, images, strict=True), labels_of(document))
-    reporter.say(f"merging {len(parts)} part(s) into {job.repository}:{tag} ...")
-    written = write(
-        registry,
-        images if index is None else [],
-        Blobs(),
-        index=index,
-        tags=[] if job.sign else [tag],
-    )
-    if job.sign is not None:
-        from builder.sign.cosign import signed_push
-
-        top = index.digest if index is not None else None
-        digests = [] if index is not None else [images[0].digest]
-        signed = signed_push(registry, job.sign, str(job.repository), digests, top, {})
-        written = sign_and_tag(registry, written, index or images[0], signed, [tag])
+    target = Target(job.repository, tag_of(document), labels_of(document))
+    reporter.say(f"merging {len(parts)} part(s) of plan {document.plan_id} ...")
+    pushed = [(record.arch, image) for record, image in zip(parts, images, strict=True)]
+    written = publish_index(registry, pushed, target, job.sign, reporter)
     change = None
     if job.template is not None:
         from builder.publish.template import set_image
