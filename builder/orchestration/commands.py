@@ -5,7 +5,8 @@
 when something changed, takes the rebase path (builder.orchestration.produce_rebase: the same
 extras on the new base) or the build path. Both end in builder.orchestration.delivery.deliver,
 which verifies, writes, points the template, and records report.json and the state; `rebuild`
-then names the new version in the user's config.
+then names the new version in the user's config. `deliver_part` is a runner's one arch of a
+written plan, pushed by digest (builder.orchestration.runners).
 """
 
 from __future__ import annotations

@@ -85,6 +85,7 @@ class Runs:
     merge_dir: Path  # a third copy of the plan, with both parts' records
     template: Path
     state: Path
+    runners: dict[str, Path]  # arch -> its runner's copy of the plan
 
 
 def copy_plan(plan: Path, where: Path) -> Path:
@@ -134,7 +135,8 @@ def runs(
     template.write_text(TEMPLATE.format(old="0" * 64))
     state = tmp_path / "state.json"
     state.write_text('{"recorded": "before"}\n')
-    yield Runs(plan, repository, amd64, arm64, parts, merge_dir, template, state)
+    runners = {"amd64": a, "arm64": b}
+    yield Runs(plan, repository, amd64, arm64, parts, merge_dir, template, state, runners)
     extras = json.loads((plan / "plan.json").read_text())["plan_id"]["extras_hash"]
     second = second_engine.client()
     try:
@@ -306,3 +308,44 @@ def test_the_parts_carry_the_extras_layers_a_one_job_run_pushes(
         split = diff_ids(registry, runs.repository, runs.parts[arch]["digest"])
         whole = diff_ids(registry, repository, one_job[arch]["digest"])
         assert split[-len(extras) :] == extras == whole[-len(extras) :], arch
+
+
+def test_a_rerun_of_a_pushed_part_builds_nothing(runs: Runs, registry: Registry) -> None:
+    again = runner(
+        registry, "part", str(runs.runners["amd64"]), "--arch", "amd64",
+        "--push", runs.repository,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr
+    assert "already pushed: " + runs.parts["amd64"]["digest"] in again.stdout
+    assert "building" not in again.stdout and "verifying" not in again.stdout
+
+
+def test_a_part_that_fails_verification_records_it_pushes_nothing_and_merge_refuses(
+    registry: Registry, shared_cache: Path, standin_index: str, tmp_path: Path, docker_client: Any
+) -> None:
+    """The stand-in base runs as root: its image fails the hardened verification for real."""
+    (tmp_path / "requirements.txt").write_text("six\n")
+    repository = f"{registry.host}/{PREFIX}/failing"
+    plan = tmp_path / "plan"
+    planned = tool(
+        registry, "-r", str(tmp_path / "requirements.txt"), "--base-image", standin_index,
+        "--arch", "amd64", "--push", repository, "--no-build", "--output", str(plan),
+        "--cache-dir", str(shared_cache),
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-2000:]
+    failed = runner(
+        registry, "part", str(plan), "--arch", "amd64", "--push", repository,
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr
+    assert failed.stderr.startswith("error: part amd64: verification failed (")
+    assert len(failed.stderr.strip().splitlines()) == 1
+    record = json.loads((plan / "parts" / "amd64.json").read_text())
+    assert record["verification"] == "failed" and record["digest"] is None
+    assert registry_tags(registry, path_of(repository), referrers=True) == []  # nothing pushed
+    merged = tool(registry, "merge", str(plan), "--push", repository)
+    assert merged.returncode == 1
+    assert merged.stderr == "error: part amd64.json: its verification failed\n"
+    assert registry_tags(registry, path_of(repository), referrers=True) == []
+    extras = json.loads((plan / "plan.json").read_text())["plan_id"]["extras_hash"]
+    remove_tagged(docker_client, (f"sandbox-extension:x{extras}-",))

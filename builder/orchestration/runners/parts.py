@@ -1,6 +1,6 @@
 """One arch per runner, one job to publish (issue 46): `part` and `merge` over a written plan.
 
-`build … --no-build --output PLAN` writes the context and PLAN/plan.json
+`build … --push REPO --no-build --output PLAN` writes the context and PLAN/plan.json
 (builder.orchestration.runners.document). A runner handed PLAN runs `part`: that arch's image from
 the plan alone (the context's Dockerfile for the system stage, the context's extras layer tars,
 checked against the plan before use; nothing resolved, no index asked), verified hardened on
