@@ -99,7 +99,9 @@ def read_document(plan_dir: Path) -> PlanDocument:
     try:
         body = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path}: no plan here (write one with --push REPO --no-build --output PLAN)") from None
+        raise UserError(
+            f"{path}: no plan here (write one with --push REPO --no-build --output PLAN)"
+        ) from None
     except (OSError, ValueError) as error:
         raise UserError(f"{path}: unreadable plan ({error})") from None
     if not isinstance(body, dict) or body.get("version") != DOCUMENT_VERSION:
