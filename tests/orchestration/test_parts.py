@@ -7,6 +7,7 @@ import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.plans import reference_profile
@@ -184,3 +185,39 @@ def test_a_file_that_is_no_part_record_is_named(tmp_path: Path) -> None:
 def test_no_plan_json_is_one_error_naming_the_directory(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"plan.json: no plan here"):
         read_document(tmp_path)
+
+
+def run_cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from builder.cli.app import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_merge_refuses_before_asking_the_registry_and_touches_nothing(tmp_path: Path) -> None:
+    """The CLI end to end, up to the first check: one line naming the missing arch, exit 1;
+    the template and the state as they were, and no registry asked (none answers here)."""
+    document = document_in(tmp_path, "amd64", "arm64")
+    part_file(tmp_path, passed(document, "amd64"))
+    template, state = tmp_path / "template.yaml", tmp_path / "state.json"
+    template.write_text("kind: SandboxTemplate\n")
+    state.write_text("{}\n")
+    result = run_cli(
+        "merge", str(tmp_path), "--push", str(REPO), "--template", str(template),
+        "--state", str(state),
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stderr == "error: no part for arm64 in parts/ (run `part --arch` for it)\n"
+    assert template.read_text() == "kind: SandboxTemplate\n" and state.read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("command", ["part", "merge"])
+def test_a_directory_without_a_plan_is_one_line(tmp_path: Path, command: str) -> None:
+    arch = ["--arch", "amd64"] if command == "part" else []
+    result = run_cli(command, str(tmp_path), *arch, "--push", str(REPO))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: {tmp_path}/plan.json: no plan here"
+        " (write one with --push REPO --no-build --output PLAN)\n"
+    )
