@@ -197,7 +197,7 @@ def run_cli(*args: str) -> Any:
 
 def test_merge_refuses_before_asking_the_registry_and_touches_nothing(tmp_path: Path) -> None:
     """The CLI end to end, up to the first check: one line naming the missing arch, exit 1;
-    the template and the state as they were, and no registry asked (none answers here)."""
+    the template and the state as they were; the check comes before any registry request."""
     document = document_in(tmp_path, "amd64", "arm64")
     part_file(tmp_path, passed(document, "amd64"))
     template, state = tmp_path / "template.yaml", tmp_path / "state.json"
