@@ -51,8 +51,11 @@ def split_run(work: Path, common: list[str], repository: str, args: argparse.Nam
     """Plan, both parts at once, merge: each step's wall time."""
     env = environment()
     plan = work / "plan"
+    cold = ["--cache-dir", str(work / "plan-cache")]  # as the one job's
     steps = {
-        "plan": tool([*common, "--push", repository, "--no-build", "--output", str(plan)], env)
+        "plan": tool(
+            [*common, "--push", repository, "--no-build", "--output", str(plan), *cold], env
+        )
     }
     jobs = []
     for arch in ("amd64", "arm64"):
