@@ -10,6 +10,7 @@ the template and the state as they were.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -52,6 +53,8 @@ spec:
           image: registry.example.com/old@sha256:{old}
 """
 NO_INDEX = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+KEYS = REPO_ROOT / "tests" / "support" / "sign_keys"  # cosign's own format (its README)
+PASSPHRASE = "bsi-test-passphrase"
 
 
 def runner(registry: Registry, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,6 +67,7 @@ def runner(registry: Registry, *args: str) -> subprocess.CompletedProcess[str]:
         "NO_PROXY": "127.0.0.1,localhost",
         "BSI_REGISTRY_USER": registry.user,
         "BSI_REGISTRY_PASSWORD": registry.password,
+        "BSI_SIGN_PASSWORD": PASSPHRASE,
     }
     return subprocess.run(
         [sys.executable, "-m", "builder", *args],
@@ -116,12 +120,13 @@ def runs(
     a, b = copy_plan(plan, tmp_path / "a" / "plan"), copy_plan(plan, tmp_path / "b" / "plan")
     amd64 = runner(
         registry, "part", str(a), "--arch", "amd64", "--push", repository,
-        "--cache-dir", str(tmp_path / "a" / "cache"),
+        "--cache-dir", str(tmp_path / "a" / "cache"), "--sign-key", str(KEYS / "cosign.key"),
     )  # fmt: skip
     assert amd64.returncode == 0, amd64.stdout[-4000:] + amd64.stderr[-2000:]
     arm64 = runner(
         registry, "part", str(b), "--arch", "arm64", "--push", repository,
         "--cache-dir", str(tmp_path / "b" / "cache"), "--engine", f"arm64={second_engine.url}",
+        "--sign-key", str(KEYS / "cosign.key"),
     )  # fmt: skip
     assert arm64.returncode == 0, arm64.stdout[-4000:] + arm64.stderr[-2000:]
     merge_dir = copy_plan(plan, tmp_path / "m" / "plan")
@@ -155,10 +160,12 @@ def remove_tagged(client: Any, marks: tuple[str, ...]) -> None:
                     client.images.remove(tag)
 
 
-def merge(registry: Registry, runs: Runs, plan_dir: Path) -> subprocess.CompletedProcess[str]:
-    return tool(
+def merge(
+    registry: Registry, runs: Runs, plan_dir: Path, *signed: str
+) -> subprocess.CompletedProcess[str]:
+    return runner(
         registry, "merge", str(plan_dir), "--push", runs.repository,
-        "--template", str(runs.template), "--state", str(runs.state),
+        "--template", str(runs.template), "--state", str(runs.state), *signed,
     )  # fmt: skip
 
 
@@ -210,7 +217,8 @@ def test_each_part_was_built_on_its_engine_and_pushed_by_digest_alone(
         assert part["bytes_pushed"] > 0 and part["size"] > 0
         with registry_get(registry, f"/v2/{path_of(runs.repository)}/manifests/{part['digest']}"):
             pass  # held by digest
-    assert registry_tags(registry, path_of(runs.repository)) in ([], [tag_of(runs)])
+    named = [t for t in registry_tags(registry, path_of(runs.repository)) if "sha256-" not in t]
+    assert named in ([], [tag_of(runs)])  # no tag but the merge's (cosign's sha256-*.sig aside)
 
 
 def tag_of(runs: Runs) -> str:
@@ -258,9 +266,9 @@ def test_merge_with_one_arch_s_image_under_the_other_arch_names_it(
 
 
 def test_merge_writes_the_index_of_both_parts_the_tag_the_template_and_the_state(
-    runs: Runs, registry: Registry
+    runs: Runs, registry: Registry, test_env: dict, tmp_path: Path
 ) -> None:
-    result = merge(registry, runs, runs.merge_dir)
+    result = merge(registry, runs, runs.merge_dir, "--sign-key", str(KEYS / "cosign.key"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     path = path_of(runs.repository)
     assert tag_of(runs) in registry_tags(registry, path)
@@ -276,6 +284,31 @@ def test_merge_writes_the_index_of_both_parts_the_tag_the_template_and_the_state
     for arch, image in by_arch.items():  # each part's SBOM, provenance and SOCI index
         kinds = {one.artifact_type for one in referrers(target, image)}
         assert {sbom.MEDIA_TYPE, provenance.MEDIA_TYPE, SOCI_INDEX} <= kinds, (arch, kinds)
+    signed = {  # the tag and the index by the merge, each arch image by its part
+        f"{runs.repository}:{tag_of(runs)}": digest,
+        f"{runs.repository}@{digest}": digest,
+        **{f"{runs.repository}@{image}": image for image in by_arch.values()},
+    }
+    for reference, subject in signed.items():
+        claims = cosign_verify(registry, test_env, reference, tmp_path)
+        assert claims[0]["critical"]["image"]["docker-manifest-digest"] == subject, reference
+
+
+def cosign_verify(registry: Registry, test_env: dict, reference: str, home: Path) -> Any:
+    """cosign's own check of `reference`'s signature with the public key, logged in through a
+    Docker config of the test's own."""
+    config = home / "docker-config"
+    config.mkdir(exist_ok=True)
+    auth = base64.b64encode(f"{registry.user}:{registry.password}".encode()).decode()
+    (config / "config.json").write_text(json.dumps({"auths": {registry.host: {"auth": auth}}}))
+    env = {**os.environ, "DOCKER_CONFIG": str(config), "HOME": str(home), "TUF_ROOT": str(home)}
+    found = subprocess.run(
+        [test_env["cosign"], "verify", "--key", str(KEYS / "cosign.pub"), reference,
+         "--insecure-ignore-tlog", "--allow-insecure-registry", "--allow-http-registry"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    return json.loads(found.stdout)
 
 
 def diff_ids(registry: Registry, repository: str, digest: str) -> list[str]:
