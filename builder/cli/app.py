@@ -19,6 +19,7 @@ from builder.cli.base import base_command
 from builder.cli.cache import CACHE_MAX_OPTION, cache_command
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
+from builder.cli.runners.parts import merge_command, part_command
 from builder.cli.sbom import sbom_command
 from builder.cli.shared import ENGINE_OPTION, REPORTER, WITHOUT_PROGRAM_OPTION, note
 from builder.cli.verify import verify_command
@@ -195,7 +196,8 @@ def main(context: click.Context, **_flags: object) -> None:
 
     settings = run_settings(context)
     cache = Cache(settings.cache_dir or default_root())
-    client = engine_client() if settings.build else None
+    planning = not settings.build and settings.push_repository is not None  # for `part`
+    client = engine_client() if settings.build or planning else None
     if ignored := unheeded(settings.engines, not settings.build, client is not None):
         click.echo(ignored, err=True)
     with bounded_use(cache, settings.cache_max) as bound:
@@ -208,6 +210,11 @@ def main(context: click.Context, **_flags: object) -> None:
             settings.output,
             "no Docker engine reachable" if settings.build else "--no-build",
         )
+        if planning:  # builder.cli.runners.parts
+            click.echo(
+                f"plan for runners: {settings.output}/plan.json (`part {settings.output} --arch"
+                f" ARCH --push {settings.push_repository}` on each, then `merge`)"
+            )
         return
     show_outcome(built.outcome)
     if built.delivery.state is not None and built.outcome.pushed:
@@ -313,6 +320,18 @@ def show_not_built(plan: Plan, output: Path, why: str) -> None:
     help="With several --config: how many templates are rebuilt at a time.",
 )
 @ENGINE_OPTION
+@click.option(
+    "--shard",
+    "shard_text",
+    metavar="K/N",
+    help="Rebuild only the K-th of N stable slices of the configs (a CI matrix of N jobs).",
+)
+@click.option(
+    "--output-json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the fleet's table as JSON here (with --shard: rebuild-shard-K-of-N.json).",
+)
 @reports_errors
 def rebuild(
     config_paths: tuple[Path, ...],
@@ -322,6 +341,8 @@ def rebuild(
     cache_max: int | None,
     jobs: int,
     engine_urls: tuple[str, ...],
+    shard_text: str | None,
+    json_path: Path | None,
 ) -> None:
     """Re-resolve against a new platform version; build, verify, push and point the template.
 
@@ -330,14 +351,15 @@ def rebuild(
     """
     from builder.cache import Cache, default_root
     from builder.cache.bound import bounded_use
-    from builder.cli.fleet import show_fleet
+    from builder.cli.fleet import fleet_output, show_fleet
     from builder.config import load_config, with_engines
     from builder.engines.connection import engine_client
     from builder.engines.per_arch import engine_flags
     from builder.orchestration.commands import rebuild as run_rebuild
     from builder.orchestration.fleet import Fleet, Shared, rebuild_fleet
 
-    config = load_config(config_paths[0]) if len(config_paths) == 1 else None
+    output = fleet_output(config_paths, shard_text, json_path, check)
+    config = None if output.as_fleet else load_config(config_paths[0])
     if engine_urls and config is None:
         raise click.UsageError("--engine takes one --config: a fleet's configs name [engines]")
     config = config and with_engines(config, engine_flags(engine_urls))
@@ -348,8 +370,9 @@ def rebuild(
     limit = cache_max if cache_max is not None or config is None else config.cache_max
     with bounded_use(cache, limit) as bound:
         if config is None:
-            fleet = Fleet(config_paths, platform_version, jobs, check)
-            needed = show_fleet(rebuild_fleet(fleet, Shared(client, cache, REPORTER)), fleet)
+            fleet = Fleet(output.configs, platform_version, jobs, check)
+            result = rebuild_fleet(fleet, Shared(client, cache, REPORTER))
+            needed = show_fleet(result, fleet, output)
         else:
             found = run_rebuild(config, platform_version, client, cache, REPORTER, check_only=check)
     if line := bound.summary():
@@ -426,3 +449,5 @@ main.add_command(sbom_command)
 main.add_command(base_command)
 main.add_command(verify_command)
 main.add_command(cache_command)
+main.add_command(part_command)
+main.add_command(merge_command)

@@ -5,7 +5,8 @@
 when something changed, takes the rebase path (builder.orchestration.produce_rebase: the same
 extras on the new base) or the build path. Both end in builder.orchestration.delivery.deliver,
 which verifies, writes, points the template, and records report.json and the state; `rebuild`
-then names the new version in the user's config.
+then names the new version in the user's config. `deliver_part` is a runner's one arch of a
+written plan, pushed by digest (builder.orchestration.runners).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import docker
 
+from builder.attest.provenance import BuildParameters
 from builder.base.discover import base_profile
 from builder.cache import Cache
 from builder.config import PipelineConfig, RunSettings, set_platform_version, settings_of
@@ -28,6 +30,7 @@ from builder.layers.gzipped import ahead as gzip_ahead
 from builder.oci.name import ImageRef
 from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
 from builder.orchestration.prepare import (
+    Finish,
     Grounds,
     build_parameters,
     extras_hash_of,
@@ -37,6 +40,7 @@ from builder.orchestration.prepare import (
 )
 from builder.orchestration.produce_build import BuildProducer, SystemStages, target_arches
 from builder.orchestration.produce_rebase import AptAhead, Previous, RebaseProducer
+from builder.orchestration.runners.document import write_plan
 from builder.orchestration.timeline import Timeline
 from builder.plan.plan import Plan
 from builder.publish.state import (
@@ -72,20 +76,53 @@ def delivery_for(
     cache: Cache,
     state: StateRecord | None,
     sign: SigningKey | None = None,
+    written: tuple[Target, BuildParameters] | None = None,
 ) -> Delivery:
     """What a run does with its images, from its settings (a `rebuild`'s: its config's); a
-    run from a config records what it pushed in `state`, for `rebuild` to diff against."""
+    run from a config records what it pushed in `state`, for `rebuild` to diff against.
+    `written`: the push target and the provenance's parameters when a written plan says them
+    (a runner's part, which holds neither the requirement files nor the planning cache)."""
+    push, parameters = written or (
+        push_target(plan, settings, cache),
+        build_parameters(plan, settings),
+    )
     return Delivery(
         verify=settings.verify,
         strict=settings.strict,
-        push=push_target(plan, settings, cache),
+        push=push,
         template=settings.template,
         container=settings.container,
         warm_pools=settings.warm_pools,
         state=state,
-        parameters=build_parameters(plan, settings),
+        parameters=parameters,
         sign=sign,
     )
+
+
+@dataclass(frozen=True)
+class OnePart:
+    """One arch of a written plan as a runner builds it (builder.orchestration.runners.parts)."""
+
+    plan: Plan  # that arch's alone
+    finished: Finish  # the whole plan's labels and `created`, the arch's layers
+    target: Target  # by digest: no tag moves
+    parameters: BuildParameters
+    local_tag: str
+    strict: bool = False
+    sign: SigningKey | None = None
+
+
+def deliver_part(part: OnePart, run: Run) -> Outcome:
+    """A runner's part: the delivery a one-job run makes, of one arch, from the plan's
+    context (`run.output`): BuildKit's system stage, the plan's layers, verified, pushed."""
+    settings = RunSettings((), part.plan.base.reference, strict=part.strict)
+    written = (part.target, part.parameters)
+    delivery = delivery_for(part.plan, settings, run.cache, None, part.sign, written)
+    with SystemStages({}, run.engines, run.cache) as stages:
+        producer = BuildProducer(
+            part.plan, run.output, part.finished, part.local_tag, run.engines, stages, run.reporter
+        )
+        return deliver(producer, part.plan, delivery, run)
 
 
 @dataclass(frozen=True)
@@ -122,8 +159,9 @@ def build(
     key = signing_key(settings.sign_key)
     with ExitStack() as stack:
         engines = None
-        if client is not None:
-            engines = stack.enter_context(connect(settings.engines, client))
+        if client is not None:  # a plan for runners (--no-build --push): the local one compiles
+            named = connect(settings.engines, client) if settings.build else Engines.local(client)
+            engines = stack.enter_context(named)
         retries = Retries(reporter)  # the run's: every registry request, one budget, one record
         timeline = Timeline()
         with timeline.step("base"):
@@ -131,9 +169,12 @@ def build(
             arches = target_arches(settings.arches, base, client, cache, reporter, retries)
         grounds = grounds_for(settings, base, arches, cache, engines, retries, timeline)
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
-        plan = prepare(settings, grounds, planned=stages.start if engines is not None else None)
+        building = engines is not None and settings.build
+        plan = prepare(settings, grounds, planned=stages.start if building else None)
         planned(plan)
-        if engines is None:
+        if not settings.build:  # the plan a runner is handed (builder.orchestration.runners.parts)
+            write_plan(plan, settings, cache)
+        if engines is None or not building:
             return Built(plan)
         state = None
         if settings.state is not None:  # a run from a config records what it pushed

@@ -87,6 +87,7 @@ class Produced:
     # the delivery's (`facts`, the SBOM's reading of the image; `verify`): an operator sees
     # what a CI minute paid for (report.json `seconds`).
     seconds: dict[str, float] = field(default_factory=dict)
+    emulated: bool = False  # made and verified on an engine not of its arch (under qemu)
 
 
 class Producer(Protocol):
@@ -118,6 +119,7 @@ class Target:
     annotations: Mapping[str, str] = field(default_factory=dict)
     soci: bool = True  # attach a SOCI index (builder.layers.soci) to each image
     base: ImageRef | None = None  # the images' base: its own SOCI index lends its layers' ztocs
+    by_digest: bool = False  # a runner's part (builder.orchestration.runners.parts): no tag moves
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,7 @@ def _produce_and_verify(
             futures[pool.submit(producer.produce, arch)] = arch
         for future in as_completed(futures):
             one = future.result()
+            one.emulated = emulated[one.arch]
             engine = run.engines.for_arch(one.arch)
             if delivery.verify or delivery.push:  # its SBOM is verified, or attached
                 from builder.publish.attachments import attestable, plan_facts
@@ -297,7 +300,8 @@ def _write(
     previous, before = previous_images(
         *baseline(state, registry, target.tag), [one.arch for one in produced], run.reporter
     )
-    run.reporter.say(f"pushing {target.repository}:{target.tag} ...")
+    named = " by digest" if target.by_digest else f":{target.tag}"
+    run.reporter.say(f"pushing {target.repository}{named} ...")
     with tempfile.TemporaryDirectory(prefix="bsi-push-") as scratch:
         images, blobs = _images(producer, produced, registry, Path(scratch))
         index = None
@@ -315,19 +319,43 @@ def _write(
             images,
             blobs,
             index=index,
-            tags=[] if key else [target.tag],  # signed: the tag moves after the signatures
+            tags=[] if key or target.by_digest else [target.tag],  # signed: after the signatures
             attachments=_with_soci(attached, soci),  # in before the tags move, like the SBOM
             memory=blob_memory(run.cache),
             written=_early_blobs(produced, images),
         )
         if key is not None:  # every manifest is in: sign them, then move the tag
             signed = _signatures(registry, key, target, (images, index), attached, run.reporter)
-            written = sign_and_tag(registry, written, index or images[0], signed, [target.tag])
+            tags = [] if target.by_digest else [target.tag]
+            written = sign_and_tag(registry, written, index or images[0], signed, tags)
     recorded = _recorded(produced, images, before, soci, run.output)
     for one in produced:
         if one.early is not None:
             written = written.after(one.early)
     return written, total(previous, [r.node_update for r in recorded.values()]), recorded
+
+
+def publish_index(
+    registry: RepositoryClient,
+    images: Sequence[tuple[str, Image]],
+    target: Target,
+    key: SigningKey | None,
+    reporter: Reporter,
+) -> Written:
+    """What `_write` does once the images are in, for arch images other jobs pushed by digest
+    (builder.orchestration.runners.parts): their index (one arch: the image itself) written,
+    signed with `key` (each part signed its own image), then the tag moved."""
+    index = None
+    if len(images) > 1:
+        platforms = [Platform.linux(arch) for arch, _ in images]
+        index = Index.build(zip(platforms, [i for _, i in images], strict=True), target.annotations)
+    alone = [image for _, image in images] if index is None else []
+    reporter.say(f"pushing {target.repository}:{target.tag} ...")
+    written = write(registry, alone, Blobs(), index=index, tags=[] if key else [target.tag])
+    if key is not None:
+        signed = _signatures(registry, key, target, (alone, index), {}, reporter)
+        written = sign_and_tag(registry, written, index or alone[0], signed, [target.tag])
+    return written
 
 
 def _images(

@@ -13,6 +13,8 @@ before: the rebase path). In order:
 4. c's requirements name a distribution no index has; onto v3: a and b rebased, c failed,
    exit 1, the table and the error line name c, and c's config, state and template are as
    they were.
+5. `--shard 1/2` and `--shard 2/2` onto v3, as two CI jobs: a and c in the first slice, b in
+   the second, each job's table printed and written as JSON.
 """
 
 from __future__ import annotations
@@ -253,3 +255,35 @@ def test_one_failed_template_neither_stops_nor_undoes_the_others(fleet: Fleet, f
         assert path == "rebase", result.stdout
         assert reference != old[name] and template_image(fleet.files(name)[2]) == reference
         assert 'platform-version = "v3"' in fleet.files(name)[0].read_text()
+
+
+def test_two_shards_rebuild_disjoint_slices_that_cover_the_fleet(fleet: Fleet, first) -> None:
+    """`--shard 1/2` and `2/2`, as two CI jobs would run them: sorted, a and c go to the first
+    slice, b to the second; each job prints its own table and writes it as JSON."""
+    assert first.returncode == 0, "the first fleet run failed"
+    if 'platform-version = "v3"' not in fleet.files("a")[0].read_text():
+        pytest.skip("needs the run onto v3 (the test before) to have run")
+    config_c, state_c, template_c = fleet.files("c")
+    before_c = snapshot([config_c, state_c, template_c])
+
+    one = fleet.run(*config_args(), "--platform-version", "v3", "--shard", "1/2")
+    two = fleet.run(*config_args(), "--platform-version", "v3", "--shard", "2/2")
+
+    assert one.returncode == 1, explain(one)  # c still names a distribution no index has
+    assert one.stderr.strip().splitlines()[-1] == (
+        "error: rebuild failed for 1 of 2 templates: c/cfg.toml"
+    )
+    assert two.returncode == 0, explain(two)
+    tables = [
+        json.loads((fleet.workdir / f"rebuild-shard-{k}-of-2.json").read_text()) for k in (1, 2)
+    ]
+    slices = [[row["template"] for row in table["rows"]] for table in tables]
+    assert slices == [["a/cfg.toml", "c/cfg.toml"], ["b/cfg.toml"]]
+    assert set(rows(one.stdout)) == set(slices[0]) and set(rows(two.stdout)) == set(slices[1])
+    by_name = {row["template"]: row for table in tables for row in table["rows"]}
+    for name in ("a", "b"):  # already on v3: recorded, nothing pushed again
+        row = by_name[f"{name}/cfg.toml"]
+        assert row["path"] == "unchanged", row
+        assert row["detail"] == template_image(fleet.files(name)[2])
+    assert by_name["c/cfg.toml"]["path"] == "failed" and MISSING in by_name["c/cfg.toml"]["detail"]
+    assert snapshot([config_c, state_c, template_c]) == before_c

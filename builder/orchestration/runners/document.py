@@ -1,0 +1,205 @@
+"""The plan a runner is handed: PLAN/plan.json, written beside the build context (issue 46).
+
+`build … --no-build --output PLAN` renders the context; this module adds the one document a
+later `part` or `merge` (builder.orchestration.runners.parts) reads instead of resolving again: the
+plan itself (every field, so that the image a runner builds is the one a one-job run builds),
+each arch's extras layers as the context holds them (their tars' facts, checked against the
+files before anything is built), the platform version and the provenance's parameters (the
+runner lacks the requirement files they hash), and the plan id every later step checks.
+
+The plan is a tree of frozen dataclasses, enums and tuples: it is written with `asdict` and
+read back field by field from the dataclasses' own type hints (`_decode`), the base's facts by
+their own `to_dict`/`from_dict`; JSON, never pickle: a CI artifact must not run code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from builder.attest.provenance import BuildParameters
+from builder.cache import Cache
+from builder.config import RunSettings
+from builder.digest import sha256_of
+from builder.errors import UserError
+from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind, LayerRecord
+from builder.layers.layer import Layer
+from builder.oci.name import ImageRef
+from builder.orchestration.prepare import build_parameters, extras_hash_of, finish, platform_version
+from builder.plan.plan import Plan
+from builder.resolve.target import BaseFacts, BaseProfile
+
+PLAN_FILE = "plan.json"
+DOCUMENT_VERSION = 1  # a document of another version is refused, never guessed at
+
+
+@dataclass(frozen=True)
+class PlanId:
+    """What names one plan: the extras hash (every arch's lock and apt set, and the base
+    reference) and the base's digest. Every part and the merge carry it."""
+
+    extras_hash: str
+    base_digest: str
+
+    def __str__(self) -> str:
+        return f"{self.extras_hash}@{self.base_digest}"
+
+
+@dataclass(frozen=True)
+class PlanDocument:
+    """What a runner needs of a plan besides the context's files."""
+
+    plan_id: PlanId
+    plan: Plan
+    layers: Mapping[str, tuple[ExtrasLayer, ...]]  # arch -> its layers, tars in the context
+    platform_version: str
+    parameters: BuildParameters
+    soci: bool = True  # a one-job run's --no-soci, kept for its parts
+
+
+def write_plan(plan: Plan, settings: RunSettings, cache: Cache) -> Path:
+    """PLAN/plan.json for the context `prepare` just wrote to `settings.output`: the layers
+    are the ones it wrote (found in the cache by the plan, as the build would find them)."""
+    layers = finish(plan, settings, cache).layers
+    plan_id = PlanId(extras_hash_of(plan), plan.base.digest or "")
+    version = platform_version(plan.base_reference, settings.platform_version)
+    parameters = build_parameters(plan, settings)
+    document = PlanDocument(plan_id, plan, layers, version, parameters, settings.soci)
+    return write_document(settings.output, document)
+
+
+def write_document(output: Path, document: PlanDocument) -> Path:
+    """PLAN/plan.json, the layers named by their file in the context."""
+    layers = {
+        arch: [_layer_record(one) for one in stack] for arch, stack in document.layers.items()
+    }
+    body = {
+        "version": DOCUMENT_VERSION,
+        "plan_id": dataclasses.asdict(document.plan_id),
+        "plan": _encode(document.plan),
+        "layers": layers,
+        "platform_version": document.platform_version,
+        "parameters": _encode(document.parameters),
+        "soci": document.soci,
+    }
+    path = output / PLAN_FILE
+    path.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def read_document(plan_dir: Path) -> PlanDocument:
+    """PLAN/plan.json, each layer's tar found in PLAN; one UserError naming what is wrong."""
+    path = plan_dir / PLAN_FILE
+    try:
+        body = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(
+            f"{path}: no plan here (write one with --push REPO --no-build --output PLAN)"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: unreadable plan ({error})") from None
+    if not isinstance(body, dict) or body.get("version") != DOCUMENT_VERSION:
+        raise UserError(f"{path}: not a plan of this tool's version {DOCUMENT_VERSION}")
+    try:
+        plan = _decode(Plan, body["plan"])
+        layers = {
+            arch: tuple(_layer(plan_dir, arch, n, one) for n, one in enumerate(stack, 1))
+            for arch, stack in body["layers"].items()
+        }
+        return PlanDocument(
+            PlanId(**body["plan_id"]),
+            plan,
+            layers,
+            body["platform_version"],
+            _decode(BuildParameters, body["parameters"]),
+            bool(body["soci"]),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserError(f"{path}: malformed plan ({error!r})") from None
+
+
+def check_layers(document: PlanDocument, arch: str) -> None:
+    """Each of `arch`'s layer tars is the one planned: its size and sha256 (its diff ID)."""
+    for one in document.layers.get(arch, ()):
+        layer = one.layer
+        if not layer.path.is_file() or layer.path.stat().st_size != layer.size:
+            raise UserError(f"{layer.path}: missing or not the planned layer ({layer.size} bytes)")
+        if f"sha256:{sha256_of(layer.path)}" != layer.diff_id:
+            raise UserError(f"{layer.path}: its content is not the planned {layer.diff_id}")
+
+
+def _layer_record(one: ExtrasLayer) -> LayerRecord:
+    """A layer as the cache records one (builder.layers.extras), its tar named by position."""
+    return LayerRecord(
+        kind=str(one.kind),
+        names=list(one.names),
+        label=one.label,
+        diff_id=one.layer.diff_id,
+        size=one.layer.size,
+        sde=one.layer.source_date_epoch,
+        wheels=list(one.wheels),
+        shadowed=sorted(one.shadowed),
+    )
+
+
+def _layer(plan_dir: Path, arch: str, index: int, record: LayerRecord) -> ExtrasLayer:
+    path = plan_dir / LAYER_FILE.format(arch=arch, index=index)
+    layer = Layer(path, record["diff_id"], record["size"], record["sde"])
+    return ExtrasLayer(
+        LayerKind(record["kind"]),
+        tuple(record["names"]),
+        record["label"],
+        layer,
+        tuple(record["wheels"]),
+        frozenset(record["shadowed"]),
+    )
+
+
+def _encode(value: object) -> Any:
+    """A dataclass tree as JSON values; the base profile by its own record."""
+    if isinstance(value, BaseProfile):
+        reference = _encode(value.reference)  # its fields: parsed once, where it entered
+        return {**value.to_dict(), "source": value.source, "reference": reference}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(key): _encode(item) for key, item in value.items()}
+    if isinstance(value, (tuple, list, frozenset, set)):
+        items = [_encode(item) for item in value]
+        return sorted(items) if isinstance(value, (frozenset, set)) else items
+    return value
+
+
+def _decode(kind: Any, data: Any) -> Any:
+    """`data` as a value of the type hint `kind` (what `_encode` wrote)."""
+    origin, args = get_origin(kind), get_args(kind)
+    if kind is BaseProfile:
+        facts = BaseFacts.from_dict(data)
+        reference = _decode(ImageRef, data["reference"])
+        return BaseProfile.of(facts, reference, data["digest"], data["source"])
+    if origin in (Union, types.UnionType):
+        if data is None:
+            return None
+        return _decode(next(a for a in args if a is not type(None)), data)
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        hints = get_type_hints(kind)
+        names = [f.name for f in dataclasses.fields(kind) if f.init]
+        return kind(**{name: _decode(hints[name], data[name]) for name in names if name in data})
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return kind(data)
+    if origin is tuple:
+        item = args[0] if args else Any
+        return tuple(_decode(item, one) for one in data)
+    if origin is frozenset:
+        return frozenset(_decode(args[0], one) for one in data)
+    if origin in (Mapping, dict):
+        return {key: _decode(args[1], one) for key, one in data.items()}
+    return data

@@ -1,0 +1,223 @@
+"""The plan a runner is handed, read back whole, and the checks `merge` makes of the parts
+before it writes anything (builder.orchestration.runners: document, parts)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.plans import reference_profile
+
+from builder.attest.provenance import BuildParameters, InputFile
+from builder.errors import UserError
+from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind
+from builder.layers.layer import Layer
+from builder.oci.name import ImageRef
+from builder.orchestration.runners.document import (
+    PlanDocument,
+    PlanId,
+    check_layers,
+    read_document,
+    write_document,
+)
+from builder.orchestration.runners.parts import (
+    PartRecord,
+    Verified,
+    check_parts,
+    check_plan,
+    plan_id_of,
+    read_parts,
+)
+from builder.plan.gpu import GpuWeight
+from builder.plan.plan import ArchPlan, How, NativeLibrary, NodeLibrary, Plan, PlannedWheel
+from builder.plan.program_needs import ProgramNeed
+
+REPO = ImageRef.parse_repository("127.0.0.1:5000/team/runtime")
+
+
+def arch_plan(arch: str) -> ArchPlan:
+    """An arch's plan with every kind of field filled: enums, tuples, optional values."""
+    wheel = PlannedWheel(
+        "lxml", "5.3.0", f"lxml-5.3.0-{arch}.whl", "ab" * 32, f"tag-{arch}", "https://x/l.whl",
+        ("lxml",), 100, 400, 1_700_000_000, "https://pypi.org/simple/",
+    )  # fmt: skip
+    return ArchPlan(
+        arch=arch,
+        wheels=(wheel,),
+        libraries=(NativeLibrary("libxslt.so.1", "libxslt1.1", ("lxml",), How.LINKED),),
+        apt_packages=("libxslt1.1",),
+        provided_by_base=("libc.so.6",),
+        built_from_source=(),
+        optional_packages=("libmagic1",),
+        warnings=(f"a warning for {arch}",),
+        programs=(ProgramNeed("git", "git", ("lxml==5.3.0: a.py:1",), optional=True),),
+        apt_size=1234,
+        gpu_node=(NodeLibrary("libcuda.so.1", ("torch",), How.LOADED, "compute", "driver"),),
+        gpu_weight=GpuWeight(arch, ("nvidia-x==1",), 10, 20, ("cpu",)),
+    )
+
+
+def plan_of(*arches: str) -> Plan:
+    base = replace(reference_profile(), digest="sha256:" + "c" * 64)
+    return Plan(
+        base=base,
+        base_image=base.pinned.as_written,
+        arches=tuple(arch_plan(arch) for arch in arches),
+        import_modules=("lxml",),
+        runtime_checks=("import lxml",),
+        bytecode="3.13.5 (main) [GCC 14]",
+    )
+
+
+def document_in(folder: Path, *arches: str) -> PlanDocument:
+    """A plan of `arches` written to `folder`, each arch with one layer tar in the context."""
+    plan = plan_of(*arches)
+    layers = {}
+    for arch in arches:
+        path = folder / LAYER_FILE.format(arch=arch, index=1)
+        path.write_bytes(f"the {arch} layer".encode() * 100)
+        diff_id = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        layer = Layer(path, diff_id, path.stat().st_size, 1_700_000_000)
+        layers[arch] = (
+            ExtrasLayer(LayerKind.DISTRIBUTION, ("lxml",), "lxml", layer, ("ab" * 32,)),
+        )
+    parameters = BuildParameters((InputFile("requirements.txt", "d" * 64),), arches=arches)
+    document = PlanDocument(PlanId("", ""), plan, layers, "1.0", parameters)
+    document = replace(document, plan_id=plan_id_of(document))
+    write_document(folder, document)
+    return document
+
+
+def part_file(folder: Path, record: PartRecord, name: str | None = None) -> None:
+    (folder / "parts").mkdir(exist_ok=True)
+    path = folder / "parts" / f"{name or record.arch}.json"
+    path.write_text(json.dumps(record.to_dict()))
+
+
+def passed(document: PlanDocument, arch: str) -> PartRecord:
+    return PartRecord(
+        str(document.plan_id), arch, str(REPO), Verified.PASSED, "sha256:" + arch[0] * 64, 10
+    )
+
+
+def test_the_plan_reads_back_equal_to_the_plan_written(tmp_path: Path) -> None:
+    written = document_in(tmp_path, "amd64", "arm64")
+    read = read_document(tmp_path)
+    assert read.plan == written.plan
+    assert read.layers == written.layers
+    assert read.parameters == written.parameters
+    assert read.plan_id == written.plan_id
+    check_plan(read)  # the content is the plan its id names
+
+
+def test_a_plan_whose_content_is_not_its_id_is_refused(tmp_path: Path) -> None:
+    document_in(tmp_path, "amd64")
+    body = json.loads((tmp_path / "plan.json").read_text())
+    body["plan"]["arches"][0]["apt_packages"] = ["libxslt1.1", "curl"]
+    (tmp_path / "plan.json").write_text(json.dumps(body))
+    with pytest.raises(UserError, match="its content is not the plan"):
+        check_plan(read_document(tmp_path))
+
+
+def test_a_layer_tar_changed_after_planning_is_refused(tmp_path: Path) -> None:
+    document = document_in(tmp_path, "amd64")
+    check_layers(document, "amd64")
+    tar = tmp_path / LAYER_FILE.format(arch="amd64", index=1)
+    tar.write_bytes(tar.read_bytes()[:-1] + b"!")
+    with pytest.raises(UserError, match=r"deps-extra-amd64-01.tar: its content is not"):
+        check_layers(document, "amd64")
+
+
+def test_every_planned_arch_with_one_passed_part_is_merged_in_plan_order(tmp_path: Path) -> None:
+    document = document_in(tmp_path, "amd64", "arm64")
+    part_file(tmp_path, passed(document, "arm64"))
+    part_file(tmp_path, passed(document, "amd64"))
+    parts = check_parts(document, read_parts(tmp_path), REPO)
+    assert [p.arch for p in parts] == ["amd64", "arm64"]
+
+
+def test_a_missing_arch_is_named(tmp_path: Path) -> None:
+    document = document_in(tmp_path, "amd64", "arm64")
+    part_file(tmp_path, passed(document, "amd64"))
+    with pytest.raises(UserError, match=r"^no part for arm64 in parts/"):
+        check_parts(document, read_parts(tmp_path), REPO)
+
+
+def test_a_part_of_another_plan_is_named(tmp_path: Path) -> None:
+    document = document_in(tmp_path, "amd64")
+    other = replace(passed(document, "amd64"), plan_id="0123abcd@sha256:" + "e" * 64)
+    part_file(tmp_path, other)
+    with pytest.raises(UserError, match=r"^part amd64.json: of plan 0123abcd@"):
+        check_parts(document, read_parts(tmp_path), REPO)
+
+
+def test_a_failed_part_is_named(tmp_path: Path) -> None:
+    document = document_in(tmp_path, "amd64")
+    part_file(tmp_path, replace(passed(document, "amd64"), verification=Verified.FAILED))
+    with pytest.raises(UserError, match=r"^part amd64.json: its verification failed"):
+        check_parts(document, read_parts(tmp_path), REPO)
+
+
+def test_a_part_pushed_elsewhere_or_of_an_unplanned_arch_is_named(tmp_path: Path) -> None:
+    document = document_in(tmp_path, "amd64")
+    elsewhere = replace(passed(document, "amd64"), repository="127.0.0.1:5000/other/x")
+    part_file(tmp_path, elsewhere)
+    with pytest.raises(UserError, match=r"pushed to 127.0.0.1:5000/other/x, not"):
+        check_parts(document, read_parts(tmp_path), REPO)
+    part_file(tmp_path, passed(document, "amd64"))
+    part_file(tmp_path, passed(document, "arm64"))
+    with pytest.raises(UserError, match=r"^part arm64.json: arch arm64 is not one of amd64"):
+        check_parts(document, read_parts(tmp_path), REPO)
+
+
+def test_a_file_that_is_no_part_record_is_named(tmp_path: Path) -> None:
+    document = document_in(tmp_path, "amd64")
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "amd64.json").write_text('{"arch": "amd64"}')
+    with pytest.raises(UserError, match=r"^part .*amd64.json: not a part record"):
+        check_parts(document, read_parts(tmp_path), REPO)
+
+
+def test_no_plan_json_is_one_error_naming_the_directory(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"plan.json: no plan here"):
+        read_document(tmp_path)
+
+
+def run_cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from builder.cli.app import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_merge_refuses_before_asking_the_registry_and_touches_nothing(tmp_path: Path) -> None:
+    """The CLI end to end, up to the first check: one line naming the missing arch, exit 1;
+    the template and the state as they were; the check comes before any registry request."""
+    document = document_in(tmp_path, "amd64", "arm64")
+    part_file(tmp_path, passed(document, "amd64"))
+    template, state = tmp_path / "template.yaml", tmp_path / "state.json"
+    template.write_text("kind: SandboxTemplate\n")
+    state.write_text("{}\n")
+    result = run_cli(
+        "merge", str(tmp_path), "--push", str(REPO), "--template", str(template),
+        "--state", str(state),
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stderr == "error: no part for arm64 in parts/ (run `part --arch` for it)\n"
+    assert template.read_text() == "kind: SandboxTemplate\n" and state.read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("command", ["part", "merge"])
+def test_a_directory_without_a_plan_is_one_line(tmp_path: Path, command: str) -> None:
+    arch = ["--arch", "amd64"] if command == "part" else []
+    result = run_cli(command, str(tmp_path), *arch, "--push", str(REPO))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"error: {tmp_path}/plan.json: no plan here"
+        " (write one with --push REPO --no-build --output PLAN)\n"
+    )
