@@ -213,6 +213,7 @@ def test_health_beyond_the_connection_limit_is_answered_and_says_why_not_ok(
     server = NamespacedServer(base, "--max-connections", "4", "--max-connections-per-source", "8")
     first, second = server.sources
     held = [server.connect_from(second) for _ in range(4)]
+    wait_for(server.accepted_all, deadline_s=30, what="the server to accept the four connections")
     try:
         limit = health_limit()
         status, head, seconds = once_refused(server, first, HEALTH_REQUEST)
@@ -275,6 +276,7 @@ def test_where_any_address_can_be_bound_outside_sources_stay_apart(base: Path) -
     server = NamespacedServer(base, "--max-connections-per-source", "2", prefix=nonlocal_bind)
     first, second = server.sources
     held = [server.connect_from(second) for _ in range(2)]
+    wait_for(server.accepted_all, deadline_s=30, what="the server to accept the two connections")
     try:
         assert once_refused(server, second, FULL_REQUEST)[0] == 503  # its share taken
         assert ask(server, first, FULL_REQUEST)[0] == 200

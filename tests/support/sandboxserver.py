@@ -284,6 +284,13 @@ class NamespacedServer(ServerProcess):
         command = ("nsenter", "-t", str(self.proc.pid), "-n", *argv)
         return subprocess.run(command, capture_output=True, text=True, check=False)
 
+    def accepted_all(self) -> bool:
+        """Has the server accepted every connection made to it? (Its listening socket's accept
+        queue, ``ss``'s Recv-Q, is empty.) A connection still queued holds no slot yet, and a
+        probe sent meanwhile may take the slot it was to hold."""
+        listening = self.inside("ss", "-ltnH", f"sport = :{self.port}").stdout.split()
+        return len(listening) > 1 and listening[1] == "0"
+
     def server_pid(self) -> int:
         """The server process itself (``unshare``'s child)."""
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
