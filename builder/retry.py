@@ -39,6 +39,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -72,6 +73,14 @@ def retryable(status: int | None) -> bool:
     """Is this outcome a fault worth another try? `None`: no answer (refused, reset, closed,
     timed out, a body cut short or not matching its digest)."""
     return status is None or status in RETRYABLE_STATUSES
+
+
+def unresolvable(exc: BaseException) -> bool:
+    """Is `exc` a host name that does not resolve, which seconds will not change? A resolver
+    that answers "try again" (EAI_AGAIN: no answer in time, a loaded or restarting resolver)
+    is a fault like any other no-answer, worth another try."""
+    why = getattr(exc, "reason", exc)
+    return isinstance(why, socket.gaierror) and why.errno != socket.EAI_AGAIN
 
 
 def reason(exc: BaseException) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,7 +31,7 @@ from builder.errors import (
 )
 from builder.oci.auth import AUTH_HINT
 from builder.oci.name import ImageRef
-from builder.retry import Faulted, Retries, SteadyBody, reason, retryable
+from builder.retry import Faulted, Retries, SteadyBody, reason, retryable, unresolvable
 
 TIMEOUT = 60  # seconds per receive; a trickling body is builder.retry's `Stalled`
 NETWORK_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException)
@@ -155,7 +154,7 @@ def answered(exc: urllib.error.HTTPError, error: UserError) -> UserError:
 def unanswered(exc: BaseException, error: UserError) -> UserError:
     """What a request without an answer is: a `Fault` (refused, reset, closed, timed out),
     but for a name that does not resolve, which seconds will not change, `error` itself."""
-    if isinstance(getattr(exc, "reason", exc), socket.gaierror):
+    if unresolvable(exc):
         return error
     return Fault(error, reason(exc))
 

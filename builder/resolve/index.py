@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -50,7 +49,7 @@ from builder.cache import CHUNK, Cache, sha256_of
 from builder.errors import UserError
 from builder.resolve.requirements import DEFAULT_INDEX
 from builder.resolve.resolution import RemoteFile, redact
-from builder.retry import Faulted, Retries, Service, SteadyBody, reason, retryable
+from builder.retry import Faulted, Retries, Service, SteadyBody, reason, retryable, unresolvable
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
@@ -92,7 +91,7 @@ def _index_fault(error: Exception) -> Faulted | None:
         if not retryable(error.code):
             return None
         return Faulted(str(error.code), error.headers.get("Retry-After") if error.headers else None)
-    if isinstance(getattr(error, "reason", error), socket.gaierror):
+    if unresolvable(error):
         return None  # a name that does not resolve: seconds will not change it
     return Faulted(reason(error))
 

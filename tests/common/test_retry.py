@@ -520,3 +520,16 @@ def test_a_401_on_a_patch_midway_renews_the_token_and_the_session_goes_on(tmp_pa
     assert uploads.stored[digest] == path.read_bytes() and list(uploads.sessions) == ["s0"]
     assert issued == ["t0", "t1"] and patched[:2] == ["Bearer t0", "Bearer t1"]
     assert clock.slept == [] and lines == []
+
+
+def test_a_resolver_saying_try_again_is_a_fault_worth_another_try() -> None:
+    """EAI_AGAIN (a loaded or restarting resolver) is retried like any unanswered request; a
+    name that does not exist (EAI_NONAME) is not: seconds will not change it."""
+    import socket
+    import urllib.error
+
+    from builder.retry import unresolvable
+
+    again = urllib.error.URLError(socket.gaierror(socket.EAI_AGAIN, "Temporary failure"))
+    gone = urllib.error.URLError(socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    assert (unresolvable(again), unresolvable(gone)) == (False, True)

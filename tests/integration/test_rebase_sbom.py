@@ -132,7 +132,7 @@ def _make_wheels(folder: Path) -> dict[str, Path]:
 
 
 def _as_planned(files: dict[str, Path], shas: dict[str, str]) -> list[Any]:
-    """The wheels as the plan has them: name, filename, url, sha256 and index."""
+    """The wheels as the plan has them: name, filename, url, sha256, index and source."""
     return [
         SimpleNamespace(
             name=name,
@@ -140,6 +140,7 @@ def _as_planned(files: dict[str, Path], shas: dict[str, str]) -> list[Any]:
             url=f"https://x/{files[name].name}",
             sha256=sha,
             index="",  # PyPI's (PlannedWheel.index)
+            source=None,  # from an index, not a direct requirement (PlannedWheel.source)
         )
         for name, sha in shas.items()
     ]

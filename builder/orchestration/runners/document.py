@@ -26,6 +26,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
 from builder.config import RunSettings
+from builder.context.render import add_to_output
 from builder.digest import sha256_of
 from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind, LayerRecord
@@ -88,9 +89,9 @@ def write_document(output: Path, document: PlanDocument) -> Path:
         "parameters": _encode(document.parameters),
         "soci": document.soci,
     }
-    path = output / PLAN_FILE
-    path.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
-    return path
+    # listed in the context's marker: a next run into the same --output replaces it as its own
+    add_to_output(output, PLAN_FILE, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
+    return output / PLAN_FILE
 
 
 def read_document(plan_dir: Path) -> PlanDocument:
