@@ -16,7 +16,6 @@ a last CI step, or an operator, reads the N answers without parsing the printed 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from builder.errors import UserError
+from builder.publish.state import write_json_whole
 
 if TYPE_CHECKING:
     from builder.orchestration.fleet import Fleet, FleetResult
@@ -104,6 +104,4 @@ def table_document(result: FleetResult, fleet: Fleet, shard: Shard | None) -> Ta
 def write_table(path: Path, document: TableRecord) -> None:
     """Written whole or not at all (a temporary file renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(json.dumps(document, indent=2) + "\n")
-    temp.replace(path)
+    write_json_whole(path, document)

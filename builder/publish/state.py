@@ -158,10 +158,16 @@ def load_state(path: Path) -> BuildState | None:
         ) from None
 
 
-def save_state(path: Path, state: BuildState) -> None:
+def write_json_whole(path: Path, document: object) -> None:
+    """`document` as JSON at `path`, written whole or not at all (a temporary sibling renamed
+    into place): a reader never sees half a record, whatever stops the run."""
     temp = path.with_name(f".{path.name}.new")
-    temp.write_text(json.dumps(state.to_dict(), indent=2) + "\n")
+    temp.write_text(json.dumps(document, indent=2) + "\n")
     temp.replace(path)
+
+
+def save_state(path: Path, state: BuildState) -> None:
+    write_json_whole(path, state.to_dict())
 
 
 def _changed(label: str, old: object, new: object) -> list[str]:

@@ -36,7 +36,7 @@ from builder.orchestration.commands import OnePart, deliver_part
 from builder.orchestration.delivery import Outcome, Run, Target, publish_index
 from builder.orchestration.prepare import Finish, extras_hash_of
 from builder.orchestration.runners.document import PlanDocument, PlanId, check_layers
-from builder.publish.state import save_state, state_of
+from builder.publish.state import save_state, state_of, write_json_whole
 from builder.publish.tags import image_tag
 from builder.reporter import Reporter
 from builder.retry import Retries
@@ -225,9 +225,7 @@ def _save(plan_dir: Path, record: PartRecord) -> Path:
     folder = plan_dir / PARTS
     folder.mkdir(exist_ok=True)
     path = folder / f"{record.arch}.json"
-    temp = path.with_name(f".{path.name}.new")
-    temp.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
-    temp.replace(path)
+    write_json_whole(path, record.to_dict())
     return path
 
 
