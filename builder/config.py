@@ -55,6 +55,7 @@ KNOWN_KEYS = frozenset(
         "base-repository",
         "platform-version",
         "architectures",
+        "skip-modules",
         "repository",
         "template",
         "container",
@@ -101,6 +102,7 @@ class PipelineConfig:
     sign_key: Path | None = None  # cosign's encrypted key or a PKCS#8 PEM (builder.sign.keys)
     soci: bool = True  # attach a SOCI index (lazy loading) to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
+    skip_modules: tuple[str, ...] = ()  # fnmatch patterns of modules deep imports leave out
     torch_backend: str | None = None  # uv's --torch-backend (builder.resolve.index_options)
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
 
@@ -141,6 +143,7 @@ def load_config(path: Path) -> PipelineConfig:
         sign_key=table.path("sign-key"),
         soci=table.switch("soci"),
         without_programs=table.names("without-programs", "program names"),
+        skip_modules=table.names("skip-modules", "module patterns"),
         torch_backend=table.torch_backend(),
         cache_max=_size(table.data.get("cache-max"), f"{path}: 'cache-max'"),
     )
@@ -272,6 +275,7 @@ class RunSettings:
     sign_key: Path | None = None
     soci: bool = True  # attach a SOCI index to each pushed arch image
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
+    skip_modules: tuple[str, ...] = ()  # fnmatch patterns of modules deep imports leave out
     torch_backend: str | None = None  # uv's --torch-backend: PyTorch's own build (cpu)
     find_links: tuple[str, ...] = ()  # --find-links wheelhouses, beside the files' own
     no_index: bool = False  # --no-index: only wheelhouses and direct requirements
@@ -315,6 +319,7 @@ def merge(
         sign_key=flags.sign_key or config.sign_key,
         soci=flags.soci and config.soci,
         without_programs=tuple(dict.fromkeys(config.without_programs + flags.without_programs)),
+        skip_modules=tuple(dict.fromkeys(config.skip_modules + flags.skip_modules)),
         torch_backend=flags.torch_backend or config.torch_backend,
         cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
         state=config.state,

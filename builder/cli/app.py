@@ -21,7 +21,13 @@ from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
 from builder.cli.runners.parts import merge_command, part_command
 from builder.cli.sbom import sbom_command
-from builder.cli.shared import ENGINE_OPTION, REPORTER, WITHOUT_PROGRAM_OPTION, note
+from builder.cli.shared import (
+    ENGINE_OPTION,
+    REPORTER,
+    SKIP_MODULE_OPTION,
+    WITHOUT_PROGRAM_OPTION,
+    note,
+)
 from builder.cli.verify import verify_command
 from builder.errors import UserError
 from builder.orchestration import DEFAULT_JOBS
@@ -86,6 +92,7 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
     is_flag=True,
     help="Fail verification on a warning too (an import that writes to stderr or stdout).",
 )
+@SKIP_MODULE_OPTION
 @click.option(
     "--push",
     "push_repository",
@@ -258,6 +265,7 @@ def run_settings(context: click.Context) -> RunSettings:
         build=not flags["no_build"],
         verify=not flags["no_verify"],
         strict=flags["strict"],
+        skip_modules=flags["skip_modules"],
         tag=flags["tag"],
     )
     given = {
@@ -434,7 +442,7 @@ def show_outcome(outcome: Outcome) -> None:
     if outcome.verification is not None:
         click.echo(outcome.verification.table())
         if not outcome.verification.passed:
-            failed = ", ".join(check.name for check in outcome.verification.failed)
+            failed = outcome.verification.failed_names()
             raise UserError(f"verification of {outcome.label} failed: {failed}")
     if outcome.pushed:
         click.echo(pushed_lines(outcome.pushed, outcome.node_update))

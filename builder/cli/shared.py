@@ -28,6 +28,16 @@ WITHOUT_PROGRAM_OPTION = click.option(
     " config's without-programs): not installed, a warning says so, verify reports it left out.",
 )
 
+SKIP_MODULE_OPTION = click.option(
+    "--skip-module",
+    "skip_modules",
+    multiple=True,
+    metavar="PATTERN",
+    help="Leave modules matching this fnmatch pattern out of the deep imports (verification"
+    " imports every module of the requested distributions; repeatable, over the config's"
+    " skip-modules): the report says how many were skipped.",
+)
+
 
 def note(line: str) -> None:
     """Progress and notes go to stdout; stderr carries only the one-line error."""

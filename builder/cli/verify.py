@@ -17,7 +17,7 @@ import click
 
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
-from builder.cli.shared import REPORTER, WITHOUT_PROGRAM_OPTION
+from builder.cli.shared import REPORTER, SKIP_MODULE_OPTION, WITHOUT_PROGRAM_OPTION
 from builder.errors import UserError
 
 if TYPE_CHECKING:
@@ -61,14 +61,7 @@ if TYPE_CHECKING:
     help="Fail on a warning too (an import that writes to stderr or stdout), and on information"
     " (a deep import failing the same way outside the sandbox, a module the image lacks).",
 )
-@click.option(
-    "--skip-module",
-    "skip_modules",
-    multiple=True,
-    metavar="PATTERN",
-    help="With -r: leave modules matching this fnmatch pattern out of the deep imports (every"
-    " module of the distributions); the report says how many were skipped.",
-)
+@SKIP_MODULE_OPTION
 @reports_errors
 def verify_command(
     image: ImageRef,
@@ -107,8 +100,7 @@ def verify_command(
         report.checks.append(soci)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
-        failed = ", ".join(check.name for check in report.failed)
-        raise UserError(f"verification of {image.as_written} failed: {failed}")
+        raise UserError(f"verification of {image.as_written} failed: {report.failed_names()}")
 
 
 def check_signature(image: ImageRef, key: Path, retries: Retries) -> list[str]:

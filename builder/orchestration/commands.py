@@ -89,6 +89,7 @@ def delivery_for(
     return Delivery(
         verify=settings.verify,
         strict=settings.strict,
+        skip_modules=settings.skip_modules,
         push=push,
         template=settings.template,
         container=settings.container,
@@ -110,12 +111,15 @@ class OnePart:
     local_tag: str
     strict: bool = False
     sign: SigningKey | None = None
+    skip_modules: tuple[str, ...] = ()  # the planning run's, for the same verification
 
 
 def deliver_part(part: OnePart, run: Run) -> Outcome:
     """A runner's part: the delivery a one-job run makes, of one arch, from the plan's
     context (`run.output`): BuildKit's system stage, the plan's layers, verified, pushed."""
-    settings = RunSettings((), part.plan.base.reference, strict=part.strict)
+    settings = RunSettings(
+        (), part.plan.base.reference, skip_modules=part.skip_modules, strict=part.strict
+    )
     written = (part.target, part.parameters)
     delivery = delivery_for(part.plan, settings, run.cache, None, part.sign, written)
     with SystemStages({}, run.engines, run.cache) as stages:

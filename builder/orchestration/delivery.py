@@ -47,7 +47,7 @@ from builder.orchestration.node_update import (
     total,
 )
 from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
-from builder.plan.plan import Plan
+from builder.plan.plan import ArchPlan, Plan
 from builder.plan.program_needs import ProgramNeed
 from builder.publish.blob_memory import blob_memory
 from builder.publish.state import save_state, state_of
@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a ru
     from builder.publish.template import TemplateChange
     from builder.sign.keys import SigningKey
     from builder.verify.programs import ProgramExpectation
+    from builder.verify.run import Installed
 
 
 @dataclass
@@ -137,6 +138,7 @@ class Delivery:
 
     verify: bool = True
     strict: bool = False  # a verification warning (a noisy import) fails it too
+    skip_modules: tuple[str, ...] = ()  # fnmatch patterns the deep imports leave out
     push: Target | None = None
     template: Path | None = None
     container: str | None = None
@@ -245,7 +247,7 @@ def _produce_and_verify(
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
                 one.seconds["facts"] = time.monotonic() - began
             if delivery.verify:
-                from builder.verify.run import Installed, verify_image
+                from builder.verify.run import verify_image
 
                 on = f" on {engine}" if engine.url else ""
                 run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened{on} ...")
@@ -257,14 +259,29 @@ def _produce_and_verify(
                     checks=plan.runtime_checks,
                     engine=engine,
                     sbom=one.attestable.sbom() if one.attestable else None,
-                    installed=Installed(
-                        programs=program_expectations(arch_plan.installed_programs())
-                    ),
+                    installed=installed_on(arch_plan, plan.requested, delivery.skip_modules),
                 )
                 one.verification.strict = delivery.strict
                 one.seconds["verify"] = time.monotonic() - began
             found[one.arch] = one
     return [found[arch] for arch in arches]
+
+
+def installed_on(
+    arch_plan: ArchPlan, requested: Sequence[str], skip_modules: Sequence[str]
+) -> Installed:
+    """What verification asks of one arch's image beyond the named imports: every module of
+    each requested distribution that arch installs (but those `skip_modules` match), its use
+    checks, and the programs the plan installs."""
+    from builder.verify.deep.imports import DeepOptions
+    from builder.verify.run import Installed
+
+    here = {wheel.name for wheel in arch_plan.wheels}
+    return Installed(
+        [name for name in requested if name in here],
+        program_expectations(arch_plan.installed_programs()),
+        deep=DeepOptions(skip=tuple(skip_modules)),
+    )
 
 
 def program_expectations(needs: Sequence[ProgramNeed]) -> tuple[ProgramExpectation, ...]:

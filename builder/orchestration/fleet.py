@@ -227,8 +227,7 @@ def _one(
     if outcome.verification is not None and not outcome.verification.passed:
         for line in outcome.verification.table().splitlines():  # as a lone rebuild shows it
             reporter.say(line)
-        checks = ", ".join(check.name for check in outcome.verification.failed)
-        reason = f"verification of {outcome.label} failed: {checks}"
+        reason = f"verification of {outcome.label} failed: {outcome.verification.failed_names()}"
         reporter.say(f"failed: {reason}")
         return TemplateResult(name, Took.FAILED, reason)
     for line in outcome.notes:

@@ -48,6 +48,7 @@ from builder.plan.plan import (
     choose_wheel,
     import_modules,
     plan_arch,
+    requested_distributions,
     runtime_checks,
 )
 from builder.plan.program_needs import ProgramNeed, program_needs
@@ -297,6 +298,7 @@ def _plan(
         arches=arch_plans,
         import_modules=import_modules(direct, arch_plans),
         runtime_checks=runtime_checks(arch_plans),
+        requested=requested_distributions(direct, arch_plans),
     )
 
 

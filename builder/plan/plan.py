@@ -108,6 +108,8 @@ class Plan:
     arches: tuple[ArchPlan, ...]
     import_modules: tuple[str, ...]  # top-level modules of the direct requirements
     runtime_checks: tuple[str, ...]  # python snippets proving run-time loaded libraries work
+    # the direct requirements the extras install: verification imports every module of each
+    requested: tuple[str, ...] = ()
     pythonpath_entry: str = EXTRA_DEPS
     bytecode: str | None = None  # the build of the interpreter that compiled the extras' .pyc
 
@@ -411,6 +413,13 @@ def import_modules(direct: Sequence[str], plans: Sequence[ArchPlan]) -> tuple[st
             if wheel.name in direct:
                 modules.update(dict.fromkeys(wheel.top_level))
     return tuple(modules)
+
+
+def requested_distributions(direct: Sequence[str], plans: Sequence[ArchPlan]) -> tuple[str, ...]:
+    """The directly requested distributions the extras install on some arch: the ones whose
+    every module verification imports (one the base provides is the platform's to prove)."""
+    installed = {wheel.name for plan in plans for wheel in plan.wheels}
+    return tuple(name for name in dict.fromkeys(direct) if name in installed)
 
 
 def runtime_checks(plans: Sequence[ArchPlan]) -> tuple[str, ...]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, NotRequired, TypedDict
 
+FAILURES_NAMED = 6  # failed checks an error line names; the table above lists every one
+
 
 class ContractViolation(Exception):
     """The server's answer breaks the runtime contract; the message is the report's detail."""
@@ -134,6 +136,14 @@ class VerifyReport:
     @property
     def failed(self) -> list[Check]:
         return [check for check in self.checks if self.status(check) is Status.FAIL]
+
+    def failed_names(self) -> str:
+        """The failed checks for the one error line: the first few by name, then how many
+        more the table above lists (a strict run's deep imports can fail dozens)."""
+        names = [check.name for check in self.failed]
+        shown = ", ".join(names[:FAILURES_NAMED])
+        more = len(names) - FAILURES_NAMED
+        return f"{shown} and {more} more" if more > 0 else shown
 
     def table(self) -> str:
         width = max((len(check.name) for check in self.checks), default=0)

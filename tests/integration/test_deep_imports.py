@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from packaging.specifiers import SpecifierSet
-from support.images import docker
+from support.images import build, docker
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
@@ -232,3 +232,37 @@ def test_skip_module_without_requirements_is_refused(probe_image: str) -> None:
         "error: --skip-module needs -r FILE: deep imports follow its distributions"
     ]
     assert result.stdout == ""
+
+
+def test_a_build_verifies_every_module_of_what_it_was_asked_for(
+    reference_image: str, shared_cache: Path, package_index: str, test_env: dict, tmp_path: Path
+) -> None:
+    """The build's own verification imports every module of the requested distributions: the
+    probe's image fails it naming the submodules the sandbox breaks; skipping them (as an
+    operator who accepts them would) passes it, the skips on record in report.json."""
+    wheel = make_wheel(tmp_path / "wheels", "bsi-probe", "1.0", "py3-none-any", PROBE)
+    tag = f"bsi-deep-build-{uuid.uuid4().hex[:8]}:test"
+    skips = ("--skip-module", "bsi_probe.hangs", "--skip-module", "bsi_probe.skipme")
+    accepted = ("--skip-module", "bsi_probe.jitcache", "--skip-module", "bsi_probe.nat*")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    try:
+        with serve_wheel(wheel, "bsi-probe") as port:
+            index = f"--extra-index-url http://127.0.0.1:{port}/simple\nbsi-probe\n"
+            failed = build(tmp_path / "a", shared_cache, reference_image, index, tag, *skips)
+            passed = build(
+                tmp_path / "b", shared_cache, reference_image, index, tag, *skips, *accepted
+            )
+    finally:
+        docker(test_env, "rmi", "-f", tag, check=False)
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-2000:]
+    failures = [line for line in failed.stdout.splitlines() if line.startswith("FAIL")]
+    assert any("deep-import bsi_probe.jitcache" in line for line in failures), failures
+    assert any("deep-import bsi_probe.native" in line for line in failures), failures
+    assert "deep-import bsi_probe.jitcache" in failed.stderr.strip().splitlines()[-1]
+    assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-2000:]
+    report = json.loads((tmp_path / "b" / "context" / "report.json").read_text())
+    deep = report["image"]["verification"]["deep_imports"]
+    assert [(d["distribution"], d["imported"], d["failed"], d["skipped"]) for d in deep] == [
+        ("bsi-probe", 2, 0, 4)
+    ]

@@ -8,8 +8,10 @@ arm64 `tensorflow` is the CPU build): planned on amd64, refused on arm64 in one 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,11 @@ from support.clirun import assert_one_error_line
 from support.plans import reference_profile
 
 from builder.cache import Cache
-from builder.inspect.wheels import inspect_wheel
+from builder.inspect.wheels import WheelInspection, cached_inspection, inspect_wheel
 from builder.plan.plan import ArchPlan, Plan, choose_wheel, plan_arch
 from builder.resolve.index import download_all
 from builder.resolve.requirements import RequirementSet, read_requirements
+from builder.resolve.resolution import RemoteFile
 from builder.resolve.target import ARCHES as ARCH
 from builder.resolve.target import Arch, BaseProfile, Target
 from builder.resolve.uv import resolve
@@ -45,16 +48,26 @@ NEVER_REQUIRED = {
 FOREIGN = ("ucrtbase", "msvcr", "/System/Library", ".dll", ".dylib", "IOKit")
 
 
+@pytest.fixture(scope="module")
+def frameworks_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cache]:
+    """The module's own cache: inspections and resolutions kept for every set, the wheels (13 GB
+    for these sets on both arches) dropped as soon as each is inspected, and the rest removed
+    with the module, so the run's disk never holds them all at once."""
+    root = tmp_path_factory.mktemp("frameworks-cache")
+    yield Cache(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="module", params=sorted(SETS))
-def planned(request: pytest.FixtureRequest, shared_cache: Path) -> tuple[str, Plan]:
+def planned(request: pytest.FixtureRequest, frameworks_cache: Cache) -> tuple[str, Plan]:
     """One plan of the set on its arches, as the CLI's makes it (resolution, wheels, inspection,
     plan) without writing its layers: a PyTorch set's would be 11 GB a run."""
     name: str = request.param
-    requirements_file = shared_cache.parent / f"frameworks-{name}.txt"
+    requirements_file = frameworks_cache.root / f"frameworks-{name}.txt"
     requirements_file.write_text("".join(f"{line}\n" for line in SETS[name]))
     requirements = read_requirements((requirements_file,), ())
-    cache = Cache(shared_cache)
     target = Target(reference_profile(), tuple(ARCH[arch] for arch in arches_of(name)))
+    cache = frameworks_cache
     plans = tuple(_plan_arch(requirements, target, arch, cache) for arch in target.arches)
     return name, Plan(target.base, "base", plans, (), ())
 
@@ -64,9 +77,19 @@ def _plan_arch(
 ) -> ArchPlan:
     resolution = resolve(requirements, target, arch, cache)
     chosen = {p.name: choose_wheel(p, target, arch) for p in resolution.packages}
-    paths = download_all([file for file, _ in chosen.values()], cache)
-    inspections = {sha: inspect_wheel(path, sha, cache) for sha, path in paths.items()}
+    inspections = _inspect_once([file for file, _ in chosen.values()], cache)
     return plan_arch(resolution, chosen, inspections, target)
+
+
+def _inspect_once(files: list[RemoteFile], cache: Cache) -> dict[str, WheelInspection]:
+    """sha256 -> inspection of each file: a wheel inspected before (torch, for the second set
+    that pulls it) is not downloaded again; one downloaded here is deleted once inspected."""
+    found = {f.sha256: cached_inspection(cache, f.filename, f.sha256) for f in files}
+    missing = [f for f in files if found[f.sha256] is None]
+    for sha256, path in download_all(missing, cache).items():
+        found[sha256] = inspect_wheel(path, sha256, cache)
+        path.unlink()
+    return {sha256: inspection for sha256, inspection in found.items() if inspection is not None}
 
 
 def arches_of(name: str) -> tuple[str, ...]:

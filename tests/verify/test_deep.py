@@ -23,6 +23,7 @@ from builder.verify.report import Check, DeepFigures, Status, VerifyReport, note
 READ_ONLY = "OSError: [Errno 30] Read-only file system: '/app/deps-extra/pkg/cache.nbi'"
 ABSENT = "ModuleNotFoundError: No module named 'tkinter'"
 NATIVE = "OSError: libsndfile.so.1: cannot open shared object file: No such file or directory"
+OBJC = "AttributeError: /usr/bin/python3: undefined symbol: objc_getClass"
 
 
 def failed(module: str, error: str, missing: str | None = None) -> Outcome:
@@ -40,6 +41,8 @@ def failed(module: str, error: str, missing: str | None = None) -> Outcome:
         (failed("pkg.a", READ_ONLY), Outcome("pkg.a", False, unreached=True), Cause.UNCOMPARED),
         # a native library is the plan's miss, whatever the permissive run says
         (failed("pkg.a", NATIVE), failed("pkg.a", NATIVE), Cause.NATIVE_LIBRARY),
+        # a symbol another OS's library has, asked of one that loaded: the same both ways
+        (failed("pkg.osx", OBJC), failed("pkg.osx", OBJC), Cause.SAME_BOTH),
         (
             failed("pkg.a", ABSENT, "tkinter"),
             failed("pkg.a", ABSENT, "tkinter"),
@@ -177,3 +180,14 @@ def test_information_passes_unless_strict_and_the_summary_line_counts_deep_impor
     merged = VerifyReport.merged("set", [("amd64", report), ("arm64", report)])
     assert merged is not None
     assert [f.distribution for f in merged.deep] == ["[amd64] pkg", "[arm64] pkg"]
+
+
+def test_the_error_line_names_the_first_failures_and_counts_the_rest() -> None:
+    """A strict run's deep imports can fail dozens of modules: the one error line names a
+    few, the table lists all."""
+    few = [Check(f"deep-import pkg.m{i}", False, "x") for i in range(3)]
+    assert VerifyReport("image", few).failed_names() == (
+        "deep-import pkg.m0, deep-import pkg.m1, deep-import pkg.m2"
+    )
+    many = [Check("import pkg", True, "ok"), *(Check(f"m{i}", False, "x") for i in range(40))]
+    assert VerifyReport("image", many).failed_names() == "m0, m1, m2, m3, m4, m5 and 34 more"

@@ -62,6 +62,7 @@ class PlanDocument:
     platform_version: str
     parameters: BuildParameters
     soci: bool = True  # a one-job run's --no-soci, kept for its parts
+    skip_modules: tuple[str, ...] = ()  # its --skip-module patterns: its parts verify alike
 
 
 def write_plan(plan: Plan, settings: RunSettings, cache: Cache) -> Path:
@@ -71,7 +72,9 @@ def write_plan(plan: Plan, settings: RunSettings, cache: Cache) -> Path:
     plan_id = PlanId(extras_hash_of(plan), plan.base.digest or "")
     version = platform_version(plan.base_reference, settings.platform_version)
     parameters = build_parameters(plan, settings)
-    document = PlanDocument(plan_id, plan, layers, version, parameters, settings.soci)
+    document = PlanDocument(
+        plan_id, plan, layers, version, parameters, settings.soci, settings.skip_modules
+    )
     return write_document(settings.output, document)
 
 
@@ -88,6 +91,7 @@ def write_document(output: Path, document: PlanDocument) -> Path:
         "platform_version": document.platform_version,
         "parameters": _encode(document.parameters),
         "soci": document.soci,
+        "skip_modules": list(document.skip_modules),
     }
     # listed in the context's marker: a next run into the same --output replaces it as its own
     add_to_output(output, PLAN_FILE, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
@@ -120,6 +124,7 @@ def read_document(plan_dir: Path) -> PlanDocument:
             body["platform_version"],
             _decode(BuildParameters, body["parameters"]),
             bool(body["soci"]),
+            tuple(str(pattern) for pattern in body.get("skip_modules", ())),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"{path}: malformed plan ({error!r})") from None

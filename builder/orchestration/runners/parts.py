@@ -169,7 +169,7 @@ def part(
         reporter.say(outcome.verification.table())
     if not passed:
         assert outcome.verification is not None
-        failed = ", ".join(check.name for check in outcome.verification.failed)
+        failed = outcome.verification.failed_names()
         raise UserError(f"part {job.arch}: verification failed ({failed}); nothing pushed")
     return record
 
@@ -190,7 +190,16 @@ def _deliver_part(
         by_digest=True,
     )
     local_tag = f"sandbox-extension:x{document.plan_id.extras_hash}-{job.arch}"
-    one = OnePart(plan, finished, target, document.parameters, local_tag, job.strict, job.sign)
+    one = OnePart(
+        plan,
+        finished,
+        target,
+        document.parameters,
+        local_tag,
+        job.strict,
+        job.sign,
+        document.skip_modules,
+    )
     return deliver_part(one, Run(engines, cache, job.plan_dir, reporter, Retries(reporter)))
 
 

@@ -49,6 +49,9 @@ NATIVE = re.compile(
     r"cannot open shared object file|cannot load library|undefined symbol"
     r"|version `[^']+' not found|wrong ELF class"
 )
+# ctypes asking a library that did load for a symbol it lacks: code for another OS (IPython's
+# macOS input hook asks the process itself for objc_getClass), not a library the image lacks
+SYMBOL_LOOKUP = "AttributeError:"
 
 
 class Cause(Enum):
@@ -113,7 +116,7 @@ def classify(hardened: Outcome, permissive: Outcome | None) -> Cause:
         return Cause.UNREACHED
     if hardened.ok:
         return Cause.IMPORTED
-    if NATIVE.search(hardened.error):
+    if NATIVE.search(hardened.error) and not hardened.error.startswith(SYMBOL_LOOKUP):
         return Cause.NATIVE_LIBRARY
     if permissive is None or permissive.unreached:
         return Cause.UNCOMPARED
