@@ -39,6 +39,7 @@ def _config(tmp_path: Path, extra: str = "") -> Path:
         ('architectures = "amd64"\n', "'architectures' must be a list of names"),
         ("apt-ca-bundle = 1\n", "'apt-ca-bundle' must be a string"),
         ('bytecode = "no"\n', "'bytecode' must be true or false"),
+        ('skip-modules = "pkg.*"\n', "'skip-modules' must be a list of module patterns"),
     ],
 )
 def test_settings_of_the_wrong_type_name_the_setting(tmp_path, extra, culprit):
@@ -90,6 +91,13 @@ def test_apt_secrets_in_a_config_are_relative_to_it_and_flags_win(tmp_path):
     flags = RunSettings((), DEFAULT_BASE, apt_secrets={"apt-ca": tmp_path / "flag.pem"})
     merged = merge(flags, config, output_given=False, base_given=False)
     assert merged.apt_secrets == {"apt-ca": tmp_path / "flag.pem"}
+
+
+def test_skip_modules_of_the_config_and_the_flags_both_apply(tmp_path):
+    config = load_config(_config(tmp_path, 'skip-modules = ["IPython.*", "pkg.osx"]\n'))
+    flags = RunSettings((), DEFAULT_BASE, skip_modules=("pkg.osx", "numba.pycc*"))
+    merged = merge(flags, config, output_given=False, base_given=False)
+    assert merged.skip_modules == ("IPython.*", "pkg.osx", "numba.pycc*")
 
 
 def test_the_config_s_base_wins_over_the_default_and_a_given_flag_over_the_config(tmp_path):

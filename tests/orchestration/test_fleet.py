@@ -29,6 +29,7 @@ from builder.orchestration.fleet import Fleet, Shared, SharedBases, rebuild_flee
 from builder.reporter import Reporter
 from builder.resolve.index import download
 from builder.resolve.resolution import RemoteFile
+from builder.verify.report import Check, VerifyReport
 
 WAIT = 30  # seconds a thread may take to get where the test waits for it (never reached)
 
@@ -256,10 +257,8 @@ def test_a_failed_verification_is_the_templates_failure_with_its_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paths = write_configs(tmp_path, ["a"])
-    report = SimpleNamespace(
-        passed=False,
-        failed=[SimpleNamespace(name="imports"), SimpleNamespace(name="hardening")],
-        table=lambda: "imports   FAIL  numpy\nhardening FAIL  uid 0",
+    report = VerifyReport(
+        "reg/a", [Check("imports", False, "numpy"), Check("hardening", False, "uid 0")]
     )
     outcome = SimpleNamespace(verification=report, label="reg/a", pushed=None, notes=[])
     made = Rebuild(plan=Any, changes=["base digest: x -> y"], outcome=outcome, path="rebase")  # type: ignore[arg-type]
@@ -271,5 +270,5 @@ def test_a_failed_verification_is_the_templates_failure_with_its_table(
     )
     (row,) = result.rows
     assert (row.path, row.detail) == ("failed", "verification of reg/a failed: imports, hardening")
-    assert f"[{paths[0]}] hardening FAIL  uid 0" in said
+    assert f"[{paths[0]}] FAIL  hardening  uid 0" in said
     assert result.failed == [str(paths[0])]

@@ -10,6 +10,7 @@ from support.plans import SOURCE, TAG, plan_for
 from support.wheelfactory import compile_so, make_wheel
 
 from builder.errors import UserError
+from builder.plan.plan import requested_distributions
 from builder.resolve.target import ARCHES, Arch
 
 
@@ -92,3 +93,17 @@ def test_wheels_the_target_cannot_use_are_refused(tmp_path: Path, tag: str) -> N
 def test_wheels_the_target_accepts(tmp_path: Path, tag: str) -> None:
     wheel = make_wheel(tmp_path, "fine", "1.0", tag, {"fine/__init__.py": b""})
     assert plan_for(tmp_path, [wheel]).wheels[0].top_level == ("fine",)
+
+
+def test_deep_imports_follow_the_direct_requirements_the_extras_install(tmp_path: Path) -> None:
+    """numpy is asked for but not installed here (the base's, the platform's to prove); dep is
+    installed but not asked for; pkg-a is asked for twice."""
+    wheels = [
+        make_wheel(
+            tmp_path / "w", name, "1.0", "py3-none-any", {f"{name.replace('-', '_')}/x.py": b""}
+        )
+        for name in ("pkg-a", "dep")
+    ]
+    arch_plan = plan_for(tmp_path, wheels)
+    found = requested_distributions(["pkg-a", "numpy", "pkg-a"], [arch_plan])
+    assert found == ("pkg-a",)
