@@ -16,6 +16,7 @@ import importlib, json, os, sys, time, traceback
 out = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)
 feed = os.fdopen(int(sys.argv[1]))
+sys.argv = ["-c"]  # as `python3 -c` has it: a module parsing argv at import sees no fd number
 for line in feed:
     name, started = line.strip(), time.monotonic()
     try:
