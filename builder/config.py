@@ -47,6 +47,7 @@ from builder.engines.per_arch import known_arch
 from builder.errors import UserError
 from builder.oci.name import TAG_RE, ImageRef
 from builder.resolve.index_options import torch_backend
+from builder.resolve.requirements import find_links
 
 KNOWN_KEYS = frozenset(
     {
@@ -56,6 +57,8 @@ KNOWN_KEYS = frozenset(
         "platform-version",
         "architectures",
         "skip-modules",
+        "find-links",
+        "no-index",
         "repository",
         "template",
         "container",
@@ -104,6 +107,8 @@ class PipelineConfig:
     without_programs: tuple[str, ...] = ()  # programs (or packages) never to install
     skip_modules: tuple[str, ...] = ()  # fnmatch patterns of modules deep imports leave out
     torch_backend: str | None = None  # uv's --torch-backend (builder.resolve.index_options)
+    find_links: tuple[str, ...] = ()  # wheelhouses: directories (relative to it) or URLs
+    no_index: bool = False  # only wheelhouses and direct requirements, no package index
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
 
     @property
@@ -145,6 +150,11 @@ def load_config(path: Path) -> PipelineConfig:
         without_programs=table.names("without-programs", "program names"),
         skip_modules=table.names("skip-modules", "module patterns"),
         torch_backend=table.torch_backend(),
+        find_links=tuple(
+            find_links(value, f"{path}: 'find-links'", here)
+            for value in table.names("find-links", "directories or URLs")
+        ),
+        no_index=table.switch("no-index", default=False),
         cache_max=_size(table.data.get("cache-max"), f"{path}: 'cache-max'"),
     )
 
@@ -198,9 +208,9 @@ class _Table:
             raise UserError(f"{self.file}: {key!r} must be a list of {what}")
         return tuple(value)
 
-    def switch(self, key: str) -> bool:
-        """A setting that is on unless the config turns it off."""
-        value = self.data.get(key, True)
+    def switch(self, key: str, default: bool = True) -> bool:
+        """A setting that is `default` unless the config says otherwise."""
+        value = self.data.get(key, default)
         if not isinstance(value, bool):
             raise UserError(f"{self.file}: {key!r} must be true or false")
         return value
@@ -321,6 +331,8 @@ def merge(
         without_programs=tuple(dict.fromkeys(config.without_programs + flags.without_programs)),
         skip_modules=tuple(dict.fromkeys(config.skip_modules + flags.skip_modules)),
         torch_backend=flags.torch_backend or config.torch_backend,
+        find_links=tuple(dict.fromkeys(config.find_links + flags.find_links)),
+        no_index=flags.no_index or config.no_index,
         cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
         state=config.state,
     )

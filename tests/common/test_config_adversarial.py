@@ -40,6 +40,8 @@ def _config(tmp_path: Path, extra: str = "") -> Path:
         ("apt-ca-bundle = 1\n", "'apt-ca-bundle' must be a string"),
         ('bytecode = "no"\n', "'bytecode' must be true or false"),
         ('skip-modules = "pkg.*"\n', "'skip-modules' must be a list of module patterns"),
+        ('no-index = "yes"\n', "'no-index' must be true or false"),
+        ("find-links = [1]\n", "'find-links' must be a list of directories or URLs"),
     ],
 )
 def test_settings_of_the_wrong_type_name_the_setting(tmp_path, extra, culprit):
@@ -91,6 +93,20 @@ def test_apt_secrets_in_a_config_are_relative_to_it_and_flags_win(tmp_path):
     flags = RunSettings((), DEFAULT_BASE, apt_secrets={"apt-ca": tmp_path / "flag.pem"})
     merged = merge(flags, config, output_given=False, base_given=False)
     assert merged.apt_secrets == {"apt-ca": tmp_path / "flag.pem"}
+
+
+def test_find_links_of_a_config_are_relative_to_it_and_no_index_is_off_unless_said(tmp_path):
+    (tmp_path / "wheels").mkdir()
+    plain = load_config(_config(tmp_path))
+    assert (plain.find_links, plain.no_index) == ((), False)
+    extra = 'find-links = ["wheels", "https://mirror.example/w/"]\nno-index = true\n'
+    config = load_config(_config(tmp_path, extra))
+    assert config.find_links == (str(tmp_path / "wheels"), "https://mirror.example/w/")
+    flags = RunSettings((), DEFAULT_BASE, find_links=("/srv/more",))
+    merged = merge(flags, config, output_given=False, base_given=False)
+    assert (merged.find_links, merged.no_index) == ((*config.find_links, "/srv/more"), True)
+    with pytest.raises(UserError, match=r"bsi.toml: 'find-links': .*'gone' does not exist"):
+        load_config(_config(tmp_path, 'find-links = ["gone"]\n'))
 
 
 def test_skip_modules_of_the_config_and_the_flags_both_apply(tmp_path):
