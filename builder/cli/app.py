@@ -22,9 +22,11 @@ from builder.cli.references import Reference
 from builder.cli.runners.parts import merge_command, part_command
 from builder.cli.sbom import sbom_command
 from builder.cli.shared import (
+    CONTAINER_OPTION,
     ENGINE_OPTION,
     REPORTER,
     SKIP_MODULE_OPTION,
+    TEMPLATE_OPTION,
     WITHOUT_PROGRAM_OPTION,
     note,
 )
@@ -103,12 +105,8 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 @click.option(
     "--platform-version", help="Platform version for tags (default: the base image's tag)."
 )
-@click.option(
-    "--template",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="SandboxTemplate YAML to point at the pushed digest.",
-)
-@click.option("--container", help="Container of the template to update (default: the first).")
+@TEMPLATE_OPTION
+@CONTAINER_OPTION
 @click.option(
     "--warm-pool",
     "warm_pools",

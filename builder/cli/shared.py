@@ -7,6 +7,8 @@ option and the same printing as the group's commands.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from builder.reporter import Reporter
@@ -36,6 +38,15 @@ SKIP_MODULE_OPTION = click.option(
     help="Leave modules matching this fnmatch pattern out of the deep imports (verification"
     " imports every module of the requested distributions; repeatable, over the config's"
     " skip-modules): the report says how many were skipped.",
+)
+
+TEMPLATE_OPTION = click.option(
+    "--template",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="SandboxTemplate YAML to point at the pushed digest (the index's, for several arches).",
+)
+CONTAINER_OPTION = click.option(
+    "--container", help="Container of the template to update (default: the first)."
 )
 
 

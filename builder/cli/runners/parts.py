@@ -13,7 +13,7 @@ import click
 from builder.cli.cache import CACHE_MAX_OPTION
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
-from builder.cli.shared import ENGINE_OPTION, REPORTER, note
+from builder.cli.shared import CONTAINER_OPTION, ENGINE_OPTION, REPORTER, TEMPLATE_OPTION, note
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.resolve.target import ARCHES
@@ -88,12 +88,8 @@ def part_command(
 @click.command("merge")
 @PLAN_ARGUMENT
 @PUSH_OPTION
-@click.option(
-    "--template",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="SandboxTemplate YAML to point at the index's digest.",
-)
-@click.option("--container", help="Container of the template to update (default: the first).")
+@TEMPLATE_OPTION
+@CONTAINER_OPTION
 @click.option(
     "--state",
     type=click.Path(dir_okay=False, path_type=Path),
