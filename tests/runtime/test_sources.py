@@ -212,20 +212,21 @@ def test_health_beyond_the_connection_limit_is_answered_and_says_why_not_ok(
 ) -> None:
     server = NamespacedServer(base, "--max-connections", "4", "--max-connections-per-source", "8")
     first, second = server.sources
-    held = [server.connect_from(second) for _ in range(4)]
-    wait_for(server.accepted_all, deadline_s=30, what="the server to accept the four connections")
+    held: list[socket.socket] = []
     try:
+        held += [server.connect_from(second) for _ in range(4)]
+        wait_for(server.accepted_all, deadline_s=30, what="the server to accept the four")
         limit = health_limit()
         status, head, seconds = once_refused(server, first, HEALTH_REQUEST)
         assert (status, seconds < limit) == (503, True), (head, seconds, limit)
         answer = whole_answer(server, first, HEALTH_REQUEST)
         body = json.loads(answer.partition(b"\r\n\r\n")[2])
         assert body == {"status": "unavailable", "reason": "every connection slot is taken"}
-    finally:
         for sock in held:
             hang_up(sock)  # its slot given back
-    assert ask(server, first, HEALTH_REQUEST)[0] == 200
-    assert server.stop() == 0
+        assert ask(server, first, HEALTH_REQUEST)[0] == 200
+    finally:
+        assert server.stop() == 0  # the server goes whatever failed (it would outlive the run)
 
 
 def test_health_is_not_ok_while_no_command_could_run(base: Path) -> None:
