@@ -22,12 +22,15 @@ from builder.cli.references import Reference
 from builder.cli.runners.parts import merge_command, part_command
 from builder.cli.sbom import sbom_command
 from builder.cli.shared import (
+    APT_AUTH_OPTION,
+    APT_CA_OPTION,
     CONTAINER_OPTION,
     ENGINE_OPTION,
     REPORTER,
     SKIP_MODULE_OPTION,
     TEMPLATE_OPTION,
     WITHOUT_PROGRAM_OPTION,
+    apt_secrets,
     note,
 )
 from builder.cli.verify import verify_command
@@ -114,16 +117,8 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
     type=click.Path(exists=True, path_type=Path),
     help="SandboxWarmPool YAML to check for stale-pod strategies (repeatable).",
 )
-@click.option(
-    "--apt-ca-bundle",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="CA bundle for apt, passed as a BuildKit secret (never stored in the image).",
-)
-@click.option(
-    "--apt-auth",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="apt auth.conf for a private mirror, passed as a BuildKit secret.",
-)
+@APT_CA_OPTION
+@APT_AUTH_OPTION
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
 @CACHE_MAX_OPTION
 @click.option(
@@ -234,7 +229,6 @@ def run_settings(context: click.Context) -> RunSettings:
 
     flags = context.params
     config = load_config(flags["config_path"]) if flags["config_path"] else None
-    apt_files = (("apt-ca", flags["apt_ca_bundle"]), ("apt-auth", flags["apt_auth"]))
     asked = RunSettings(
         requirements=flags["requirements"],
         base_image=flags["base_image"],
@@ -246,7 +240,7 @@ def run_settings(context: click.Context) -> RunSettings:
         template=flags["template"],
         container=flags["container"],
         warm_pools=flags["warm_pools"],
-        apt_secrets={key: path for key, path in apt_files if path is not None},
+        apt_secrets=apt_secrets(flags["apt_ca_bundle"], flags["apt_auth"]),
         bytecode=not flags["no_bytecode"],
         engines=engine_flags(flags["engine_urls"]),
         sign_key=flags["sign_key"],

@@ -49,6 +49,23 @@ CONTAINER_OPTION = click.option(
     "--container", help="Container of the template to update (default: the first)."
 )
 
+APT_CA_OPTION = click.option(
+    "--apt-ca-bundle",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA bundle for apt, passed as a BuildKit secret (never stored in the image).",
+)
+APT_AUTH_OPTION = click.option(
+    "--apt-auth",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="apt auth.conf for a private mirror, passed as a BuildKit secret.",
+)
+
+
+def apt_secrets(ca_bundle: Path | None, auth: Path | None) -> dict[str, Path]:
+    """The BuildKit secret id -> file of the apt options given."""
+    given = (("apt-ca", ca_bundle), ("apt-auth", auth))
+    return {secret: path for secret, path in given if path is not None}
+
 
 def note(line: str) -> None:
     """Progress and notes go to stdout; stderr carries only the one-line error."""

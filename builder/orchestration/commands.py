@@ -12,10 +12,10 @@ written plan, pushed by digest (builder.orchestration.runners).
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -112,6 +112,7 @@ class OnePart:
     strict: bool = False
     sign: SigningKey | None = None
     skip_modules: tuple[str, ...] = ()  # the planning run's, for the same verification
+    apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # the plan's apt step mounts
 
 
 def deliver_part(part: OnePart, run: Run) -> Outcome:
@@ -122,7 +123,7 @@ def deliver_part(part: OnePart, run: Run) -> Outcome:
     )
     written = (part.target, part.parameters)
     delivery = delivery_for(part.plan, settings, run.cache, None, part.sign, written)
-    with SystemStages({}, run.engines, run.cache) as stages:
+    with SystemStages(part.apt_secrets, run.engines, run.cache) as stages:
         producer = BuildProducer(
             part.plan, run.output, part.finished, part.local_tag, run.engines, stages, run.reporter
         )

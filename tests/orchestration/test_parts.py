@@ -27,6 +27,7 @@ from builder.orchestration.runners.document import (
 from builder.orchestration.runners.parts import (
     PartRecord,
     Verified,
+    check_apt_secrets,
     check_parts,
     check_plan,
     plan_id_of,
@@ -88,7 +89,13 @@ def document_in(folder: Path, *arches: str) -> PlanDocument:
         )
     parameters = BuildParameters((InputFile("requirements.txt", "d" * 64),), arches=arches)
     document = PlanDocument(
-        PlanId("", ""), plan, layers, "1.0", parameters, skip_modules=("lxml.html.*",)
+        PlanId("", ""),
+        plan,
+        layers,
+        "1.0",
+        parameters,
+        skip_modules=("lxml.html.*",),
+        apt_secrets=("apt-auth",),
     )
     document = replace(document, plan_id=plan_id_of(document))
     write_document(folder, document)
@@ -115,6 +122,7 @@ def test_the_plan_reads_back_equal_to_the_plan_written(tmp_path: Path) -> None:
     assert read.parameters == written.parameters
     assert read.plan_id == written.plan_id
     assert (read.plan.requested, read.skip_modules) == (("lxml",), ("lxml.html.*",))
+    assert read.apt_secrets == ("apt-auth",)
     check_plan(read)  # the content is the plan its id names
 
 
@@ -224,4 +232,19 @@ def test_a_directory_without_a_plan_is_one_line(tmp_path: Path, command: str) ->
     assert result.stderr == (
         f"error: {tmp_path}/plan.json: no plan here"
         " (write one with --push REPO --no-build --output PLAN)\n"
+    )
+
+
+def test_a_part_is_given_exactly_the_apt_secrets_the_plan_mounts(tmp_path: Path) -> None:
+    """The plan's Dockerfile was written with the planning run's secrets: one missing would
+    fail apt mid-build, one the plan does not mount would be silently unused."""
+    document = document_in(tmp_path, "amd64")  # planned with --apt-auth
+    check_apt_secrets(document, {"apt-auth": tmp_path / "auth.conf"})
+    with pytest.raises(UserError) as missing:
+        check_apt_secrets(document, {})
+    assert str(missing.value) == "the plan's apt step mounts apt-auth: give --apt-auth FILE"
+    with pytest.raises(UserError) as unused:
+        check_apt_secrets(document, {"apt-auth": Path("a"), "apt-ca": Path("ca.pem")})
+    assert str(unused.value) == (
+        "--apt-ca-bundle: the plan's apt step mounts no such secret (planned without it)"
     )

@@ -13,7 +13,16 @@ import click
 from builder.cli.cache import CACHE_MAX_OPTION
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
-from builder.cli.shared import CONTAINER_OPTION, ENGINE_OPTION, REPORTER, TEMPLATE_OPTION, note
+from builder.cli.shared import (
+    APT_AUTH_OPTION,
+    APT_CA_OPTION,
+    CONTAINER_OPTION,
+    ENGINE_OPTION,
+    REPORTER,
+    TEMPLATE_OPTION,
+    apt_secrets,
+    note,
+)
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.resolve.target import ARCHES
@@ -45,6 +54,8 @@ SIGN_OPTION = click.option(
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
 @CACHE_MAX_OPTION
 @SIGN_OPTION
+@APT_CA_OPTION
+@APT_AUTH_OPTION
 @click.option("--strict", is_flag=True, help="Fail verification on a warning too.")
 @reports_errors
 def part_command(
@@ -55,6 +66,8 @@ def part_command(
     cache_dir: Path | None,
     cache_max: int | None,
     sign_key: Path | None,
+    apt_ca_bundle: Path | None,
+    apt_auth: Path | None,
     strict: bool,
 ) -> None:
     """Build ARCH's image of PLAN, verify it hardened, push it by digest (no tag moves).
@@ -76,7 +89,8 @@ def part_command(
     if client is None:
         raise UserError("part: no Docker engine reachable to build on")
     cache = Cache(cache_dir or default_root())
-    job = PartJob(plan_dir, arch, repository, key, strict)
+    secrets = apt_secrets(apt_ca_bundle, apt_auth)
+    job = PartJob(plan_dir, arch, repository, key, strict, secrets)
     with connect(engine_flags(engine_urls), client) as engines, bounded_use(cache, cache_max):
         record = part(job, document, engines, cache, REPORTER)
     how = " (emulated)" if record.emulated else ""

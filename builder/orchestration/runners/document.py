@@ -63,6 +63,7 @@ class PlanDocument:
     parameters: BuildParameters
     soci: bool = True  # a one-job run's --no-soci, kept for its parts
     skip_modules: tuple[str, ...] = ()  # its --skip-module patterns: its parts verify alike
+    apt_secrets: tuple[str, ...] = ()  # the secret ids its apt step mounts: each part is given them
 
 
 def write_plan(plan: Plan, settings: RunSettings, cache: Cache) -> Path:
@@ -73,7 +74,14 @@ def write_plan(plan: Plan, settings: RunSettings, cache: Cache) -> Path:
     version = platform_version(plan.base_reference, settings.platform_version)
     parameters = build_parameters(plan, settings)
     document = PlanDocument(
-        plan_id, plan, layers, version, parameters, settings.soci, settings.skip_modules
+        plan_id,
+        plan,
+        layers,
+        version,
+        parameters,
+        settings.soci,
+        settings.skip_modules,
+        tuple(sorted(settings.apt_secrets)),
     )
     return write_document(settings.output, document)
 
@@ -92,6 +100,7 @@ def write_document(output: Path, document: PlanDocument) -> Path:
         "parameters": _encode(document.parameters),
         "soci": document.soci,
         "skip_modules": list(document.skip_modules),
+        "apt_secrets": list(document.apt_secrets),
     }
     # listed in the context's marker: a next run into the same --output replaces it as its own
     add_to_output(output, PLAN_FILE, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
@@ -125,6 +134,7 @@ def read_document(plan_dir: Path) -> PlanDocument:
             _decode(BuildParameters, body["parameters"]),
             bool(body["soci"]),
             tuple(str(pattern) for pattern in body.get("skip_modules", ())),
+            tuple(str(secret) for secret in body.get("apt_secrets", ())),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"{path}: malformed plan ({error!r})") from None

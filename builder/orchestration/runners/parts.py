@@ -16,8 +16,8 @@ Anything else is one UserError naming the part or the arch, before any write.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from builder import credentials
 from builder.assemble.assemble import plan_epoch
 from builder.cache import Cache
+from builder.config import APT_SECRETS
 from builder.context.labels import created, image_labels
 from builder.engines.per_arch import Engines
 from builder.errors import RegistryError, RegistryUnreachable, UserError
@@ -87,6 +88,20 @@ def plan_id_of(document: PlanDocument) -> PlanId:
     return PlanId(extras_hash_of(document.plan), document.plan.base.digest or "")
 
 
+def check_apt_secrets(document: PlanDocument, given: Mapping[str, Path]) -> None:
+    """Each apt secret the plan's apt step mounts is given, and none it does not mount: the
+    Dockerfile was written by the planning run, with the secrets it was given."""
+    flags = {secret: f"--{key}" for key, secret in APT_SECRETS.items()}
+    missing = [secret for secret in document.apt_secrets if secret not in given]
+    if missing:
+        asked = " ".join(f"{flags[secret]} FILE" for secret in missing)
+        raise UserError(f"the plan's apt step mounts {', '.join(missing)}: give {asked}")
+    unused = [secret for secret in given if secret not in document.apt_secrets]
+    if unused:
+        named = ", ".join(flags[secret] for secret in unused)
+        raise UserError(f"{named}: the plan's apt step mounts no such secret (planned without it)")
+
+
 def check_plan(document: PlanDocument) -> str:
     """The plan's id, once its content is checked to be the plan that id names."""
     if plan_id_of(document) != document.plan_id:
@@ -131,6 +146,7 @@ class PartJob:
     repository: ImageRef
     sign: SigningKey | None = None
     strict: bool = False
+    apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
 
 
 def part(
@@ -145,6 +161,7 @@ def part(
     arches = [one.arch for one in document.plan.arches]
     if job.arch not in arches:
         raise UserError(f"--arch {job.arch}: the plan is for {', '.join(arches)} only")
+    check_apt_secrets(document, job.apt_secrets)
     retries = Retries(reporter)
     done = _done_before(job, plan_id, retries)
     if done is not None:
@@ -199,6 +216,7 @@ def _deliver_part(
         job.strict,
         job.sign,
         document.skip_modules,
+        job.apt_secrets,
     )
     return deliver_part(one, Run(engines, cache, job.plan_dir, reporter, Retries(reporter)))
 

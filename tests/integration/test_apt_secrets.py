@@ -1,4 +1,5 @@
-"""A pipeline config's apt secrets reach both rebuild paths' apt steps, and no pushed blob.
+"""Apt secrets reach every apt step that needs them, and no pushed blob: a pipeline config's,
+on both rebuild paths; a plan's, on a runner's part, which is refused without them.
 
 `apt-ca-bundle` in the config is the CLI's --apt-ca-bundle: a BuildKit secret mounted for
 apt-get. The full build's system stage and the rebase's one-step apt build both mount it; the
@@ -102,3 +103,47 @@ def test_apt_secrets_from_the_config_reach_both_paths_and_no_blob(
         assert not any(marker.encode() in blob for blob in blobs), f"{reference} holds the CA"
     config_history = json.loads(blobs_of(registry, pushed[1])[0])["history"]
     assert any("--mount=type=secret,id=apt-ca" in h.get("created_by", "") for h in config_history)
+
+
+def test_a_runners_part_is_given_the_plans_apt_secrets(
+    tmp_path: Path,
+    test_env: dict,
+    registry: Registry,
+    reference_image: str,
+    docker_client: Any,
+    shared_cache: Path,
+) -> None:
+    """The plan's Dockerfile mounts the secrets the planning run was given: `part` without them
+    is one line naming the flag, with them it builds and pushes, and no blob holds the bundle."""
+    runtime = f"{registry.host}/bsi-aptsec-{RUN}/part-runtime:1.0"
+    docker_client.images.get(reference_image).tag(runtime)
+    push(docker_client, registry, runtime)
+    marker = f"bsi-apt-ca-part-{RUN}"
+    bundle = tmp_path / "corp-ca.pem"
+    bundle.write_text(Path(test_env["ca_bundle"]).read_text() + f"\n# {marker}\n")
+    (tmp_path / "requirements.txt").write_text("python-magic==0.4.27\n")  # needs libmagic1t64
+    repository, plan = f"{registry.host}/bsi-aptsec-{RUN}/part", tmp_path / "plan"
+    env = {**os.environ, "BSI_REGISTRY_USER": registry.user}
+    env |= {"BSI_REGISTRY_PASSWORD": registry.password, "BSI_CACHE_DIR": str(shared_cache)}
+
+    def tool(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "builder", *args], capture_output=True,
+                              text=True, env=env, timeout=900)  # fmt: skip
+
+    planned = tool(
+        "-r", str(tmp_path / "requirements.txt"), "--base-image", runtime, "--arch", "amd64",
+        "--apt-ca-bundle", str(bundle), "--push", repository, "--no-build", "--output", str(plan),
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-2000:]
+    part = ("part", str(plan), "--arch", "amd64", "--push", repository)
+    refused = tool(*part)
+    assert refused.returncode == 1 and not (plan / "parts").exists()
+    assert refused.stderr.strip().splitlines() == [
+        "error: the plan's apt step mounts apt-ca: give --apt-ca-bundle FILE"
+    ]
+    built = tool(*part, "--apt-ca-bundle", str(bundle))
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-2000:]
+    digest = json.loads((plan / "parts" / "amd64.json").read_text())["digest"]
+    blobs = blobs_of(registry, f"{repository}@{digest}")
+    assert any(b"libmagic" in blob for blob in blobs[1:]), "no apt layer in the image"
+    assert not any(marker.encode() in blob for blob in blobs), "the part's image holds the CA"
