@@ -1,11 +1,11 @@
 """PyPI's default `sentence-transformers` (torch with its CUDA wheels) built, verified and run.
 
 One CLI run plans, builds and verifies the set for amd64 on the reference base (about 3 GB of
-wheels, a 6.3 GB image: the shared cache keeps the wheels for any other test of the run that
-plans torch). Then a hardened sandbox (uid 65532, read-only root, no capabilities, no network,
-HF_HUB_OFFLINE=1) makes a small BERT sentence model in its workspace, with a vocabulary it writes
-itself (nothing from the hub), and a second sandbox loads it from there and embeds sentences: what
-a user's evaluator does, on a CPU node with no NVIDIA driver.
+wheels, a 6.3 GB image, each removed once the module ends). Then a hardened sandbox (uid 65532,
+read-only root, no capabilities, no network, HF_HUB_OFFLINE=1) makes a small BERT sentence
+model in its workspace, with a vocabulary it writes itself (nothing from the hub), and a second
+sandbox loads it from there and embeds sentences: what a user's evaluator does, on a CPU node
+with no NVIDIA driver.
 """
 
 from __future__ import annotations
@@ -75,19 +75,21 @@ print(json.dumps({"uid": os.getuid(), "shape": list(embeddings.shape),
 @pytest.fixture(scope="module")
 def built(
     reference_image: str,
-    shared_cache: Path,
     test_env: dict,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Built]:
-    """One CLI run: plan, build and verify the set for amd64; the image and its build context
-    (gigabytes of layers) removed afterwards."""
+    """One CLI run: plan, build and verify the set for amd64 with a cache of its own (no other
+    test of the run builds torch); the image, its build context and that cache (gigabytes of
+    layers and wheels each) removed afterwards."""
     tmp_path = tmp_path_factory.mktemp("frameworks")
-    result = build(tmp_path, shared_cache, reference_image, REQUIREMENTS, TAG, "--arch", "amd64")
+    cache = tmp_path / "cache"
+    result = build(tmp_path, cache, reference_image, REQUIREMENTS, TAG, "--arch", "amd64")
     report_path = tmp_path / "context" / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     yield Built(TAG, result, report)
     docker(test_env, "rmi", "-f", TAG, check=False)
     shutil.rmtree(tmp_path / "context", ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 def sandboxed(test_env: dict, workspace: Path, code: str, *args: str) -> dict:
