@@ -95,7 +95,9 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 @click.option(
     "--strict",
     is_flag=True,
-    help="Fail verification on a warning too (an import that writes to stderr or stdout).",
+    help="Fail verification on a warning too (an import that writes to stderr or stdout), and on"
+    " information (a deep import failing the same way outside the sandbox, a module the image"
+    " lacks, a use check not run).",
 )
 @SKIP_MODULE_OPTION
 @click.option(

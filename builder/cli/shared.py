@@ -35,9 +35,10 @@ SKIP_MODULE_OPTION = click.option(
     "skip_modules",
     multiple=True,
     metavar="PATTERN",
-    help="Leave modules matching this fnmatch pattern out of the deep imports (verification"
-    " imports every module of the requested distributions; repeatable, over the config's"
-    " skip-modules): the report says how many were skipped.",
+    help="Leave modules matching this fnmatch pattern out of the deep imports of every module of"
+    " the requested distributions, and a use check whose `use NAME` line it matches"
+    " (repeatable; a build's add to its config's skip-modules, verify's need -r): the report"
+    " says how many modules were skipped.",
 )
 
 TEMPLATE_OPTION = click.option(

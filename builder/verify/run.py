@@ -16,7 +16,7 @@ from builder.verify.checks import contract_checks
 from builder.verify.client import Sandbox
 from builder.verify.container import Running, hardened, image_user_check
 from builder.verify.deep.imports import DeepOptions, Rerun, deep_checks, permissive_run
-from builder.verify.deep.use import use_checks
+from builder.verify.deep.use import UseRequest, use_checks
 from builder.verify.discovery import check_snippet, import_checks, modules_of
 from builder.verify.programs import ProgramExpectation, program_checks
 from builder.verify.report import (
@@ -145,10 +145,21 @@ def _deep_and_use(
     options = installed.deep or DeepOptions()
     checks, report.deep = deep_checks(sandbox, installed.distributions, options, rerun)
     try:
-        checks += use_checks(sandbox, installed.distributions, options.uses)
+        checks += use_checks(sandbox, use_request(installed, options))
     except (ContractViolation, OSError, http.client.HTTPException) as error:
         checks.append(Check("use", False, f"cannot read the installed versions: {error}"))
     return checks
+
+
+def use_request(installed: Installed, options: DeepOptions) -> UseRequest:
+    """The use checks of the set: a distribution whose program was left out has its checks
+    listed, not run; the skip patterns leave out the lines they match."""
+    left_out = {
+        expected.distribution.partition("==")[0]: expected.program
+        for expected in installed.programs
+        if expected.left_out
+    }
+    return UseRequest(installed.distributions, options.uses, left_out, options.skip)
 
 
 def _check_running(

@@ -139,5 +139,6 @@ def rebase_plan(
         ),
         import_modules=modules,
         runtime_checks=(),
+        requested=(),  # no deep imports: what a rebase verifies beyond them is under test
         pythonpath_entry="/app/deps-extra",
     )

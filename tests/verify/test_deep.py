@@ -24,6 +24,8 @@ READ_ONLY = "OSError: [Errno 30] Read-only file system: '/app/deps-extra/pkg/cac
 ABSENT = "ModuleNotFoundError: No module named 'tkinter'"
 NATIVE = "OSError: libsndfile.so.1: cannot open shared object file: No such file or directory"
 OBJC = "AttributeError: /usr/bin/python3: undefined symbol: objc_getClass"
+OLD_LIB = "AttributeError: /usr/lib/x86_64-linux-gnu/libfoo.so.1: undefined symbol: foo_new"
+SLOW = "the import did not end within 60 s"
 
 
 def failed(module: str, error: str, missing: str | None = None) -> Outcome:
@@ -41,8 +43,13 @@ def failed(module: str, error: str, missing: str | None = None) -> Outcome:
         (failed("pkg.a", READ_ONLY), Outcome("pkg.a", False, unreached=True), Cause.UNCOMPARED),
         # a native library is the plan's miss, whatever the permissive run says
         (failed("pkg.a", NATIVE), failed("pkg.a", NATIVE), Cause.NATIVE_LIBRARY),
-        # a symbol another OS's library has, asked of one that loaded: the same both ways
+        # a symbol another OS's library has, asked of the process itself: the same both ways
         (failed("pkg.osx", OBJC), failed("pkg.osx", OBJC), Cause.SAME_BOTH),
+        # ... but a library that loaded and lacks a newer symbol is the plan's miss
+        (failed("pkg.a", OLD_LIB), failed("pkg.a", OLD_LIB), Cause.NATIVE_LIBRARY),
+        # given up hardened, imported permissive: slow (a loaded machine), information
+        (failed("pkg.a", SLOW), Outcome("pkg.a", True), Cause.SLOW),
+        (failed("pkg.a", SLOW), failed("pkg.a", SLOW), Cause.SAME_BOTH),  # hangs everywhere
         (
             failed("pkg.a", ABSENT, "tkinter"),
             failed("pkg.a", ABSENT, "tkinter"),
@@ -66,7 +73,11 @@ def test_only_the_images_and_the_sandboxs_causes_fail() -> None:
         Cause.SANDBOX_ONLY,
         Cause.UNCOMPARED,
     }
-    assert {c for c in Cause if c.information} == {Cause.ABSENT_MODULE, Cause.SAME_BOTH}
+    assert {c for c in Cause if c.information} == {
+        Cause.ABSENT_MODULE,
+        Cause.SAME_BOTH,
+        Cause.SLOW,
+    }
 
 
 def run_of(*outcomes: Outcome, finished: bool = True) -> DeepRun:

@@ -37,7 +37,8 @@ from builder.plan.plan import Plan
 from builder.resolve.target import BaseFacts, BaseProfile
 
 PLAN_FILE = "plan.json"
-DOCUMENT_VERSION = 1  # a document of another version is refused, never guessed at
+DOCUMENT_VERSION = 2  # a document of another version is refused, never guessed at (2: deep
+# imports' requested distributions and skip patterns, the apt secrets' ids)
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,15 @@ def write_plan(plan: Plan, settings: RunSettings, cache: Cache) -> Path:
         parameters,
         settings.soci,
         settings.skip_modules,
-        tuple(sorted(settings.apt_secrets)),
+        apt_secrets_mounted(plan, settings),
     )
     return write_document(settings.output, document)
+
+
+def apt_secrets_mounted(plan: Plan, settings: RunSettings) -> tuple[str, ...]:
+    """The secret ids the plan's apt step mounts: the run's, when some arch has an apt step."""
+    has_apt_step = any(arch.apt_packages for arch in plan.arches)
+    return tuple(sorted(settings.apt_secrets)) if has_apt_step else ()
 
 
 def write_document(output: Path, document: PlanDocument) -> Path:
@@ -133,8 +140,8 @@ def read_document(plan_dir: Path) -> PlanDocument:
             body["platform_version"],
             _decode(BuildParameters, body["parameters"]),
             bool(body["soci"]),
-            tuple(str(pattern) for pattern in body.get("skip_modules", ())),
-            tuple(str(secret) for secret in body.get("apt_secrets", ())),
+            tuple(str(pattern) for pattern in body["skip_modules"]),
+            tuple(str(secret) for secret in body["apt_secrets"]),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"{path}: malformed plan ({error!r})") from None

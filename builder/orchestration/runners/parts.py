@@ -161,12 +161,12 @@ def part(
     arches = [one.arch for one in document.plan.arches]
     if job.arch not in arches:
         raise UserError(f"--arch {job.arch}: the plan is for {', '.join(arches)} only")
-    check_apt_secrets(document, job.apt_secrets)
     retries = Retries(reporter)
     done = _done_before(job, plan_id, retries)
     if done is not None:
         reporter.say(f"part {job.arch} of plan {plan_id} already pushed: {done.digest}")
         return done
+    check_apt_secrets(document, job.apt_secrets)
     check_layers(document, job.arch)
     outcome = _deliver_part(job, document, engines, cache, reporter)
     passed = outcome.verification is None or outcome.verification.passed

@@ -3,19 +3,22 @@
 An import proves little for a library that does its real work at first use; each curated check
 does that work (export a figure, decode a generated sound, parse a generated document, fit a
 tiny model, tokenize a sentence). One runs when its distribution is installed in the image at a
-release its range covers, each as its own `use NAME` line. A check that cannot pass hardened is
-listed as information with why (`--strict` fails it), never silently dropped.
+release its range covers (and the distributions it `needs` are installed too), each as its own
+`use NAME` line. A check that cannot pass hardened, or whose distribution's program the operator
+left out, is listed as information with why (`--strict` fails it), never silently dropped; a
+`--skip-module` pattern matching its line's name leaves it out, as the operator asked.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import tomllib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import cache
+from dataclasses import dataclass, field
+from functools import cache, partial
 from importlib import resources
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -49,6 +52,7 @@ class UseCheck:
     reason: str
     code: str = ""
     why_not_hardened: str = ""
+    needs: tuple[str, ...] = ()  # other distributions it uses (kaleido's check, plotly)
 
     def fits(self, version: str) -> bool:
         try:
@@ -69,6 +73,7 @@ def use_check(name: str, entry: Mapping[str, object]) -> UseCheck:
         reason=str(entry.get("reason", "")),
         code=str(entry.get("code", "")).strip(),
         why_not_hardened="" if entry.get("hardened", True) else str(entry.get("why", "")),
+        needs=tuple(canonicalize_name(str(n)) for n in _listed(entry.get("needs", []), name)),
     )
     complete = bool(found.code) != bool(found.why_not_hardened)  # run, or say why not
     if not found.reason or not complete:
@@ -76,6 +81,12 @@ def use_check(name: str, entry: Mapping[str, object]) -> UseCheck:
             f"use-checks.toml [{name}]: needs a reason, and code (or hardened = false and why)"
         )
     return found
+
+
+def _listed(value: object, name: str) -> list[object]:
+    if not isinstance(value, list):
+        raise ValueError(f"use-checks.toml [{name}]: needs must be a list of distributions")
+    return value
 
 
 @cache
@@ -92,31 +103,52 @@ def curated() -> tuple[UseCheck, ...]:
 def chosen(
     checks: Sequence[UseCheck], versions: Mapping[str, str | None]
 ) -> list[tuple[UseCheck, str]]:
-    """The checks whose distribution the image holds at a release they fit, with that release."""
+    """The checks whose distribution the image holds at a release they fit, and what they need
+    too, with that release."""
     picked = []
     for check in checks:
         version = versions.get(check.distribution)
-        if version is not None and check.fits(version):
+        needed = all(versions.get(other) is not None for other in check.needs)
+        if version is not None and check.fits(version) and needed:
             picked.append((check, version))
     return picked
 
 
-def use_checks(
-    sandbox: Sandbox, distributions: Sequence[str], checks: Sequence[UseCheck] | None = None
-) -> list[Check]:
-    """A `use DIST` line per check that fits a distribution of the set (`checks`: the curated
-    file's, unless given): run, or, for one that cannot pass hardened, listed with why."""
-    wanted = {canonicalize_name(name) for name in distributions}
-    candidates = [c for c in (curated() if checks is None else checks) if c.distribution in wanted]
+@dataclass(frozen=True)
+class UseRequest:
+    """Which use checks a verification runs: the set's distributions, the checks to choose
+    from (None: the curated file's), the programs left out (distribution -> program) and the
+    skip patterns (`--skip-module`, matched against each `use NAME` line's name)."""
+
+    distributions: Sequence[str]
+    checks: Sequence[UseCheck] | None = None
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    skip: Sequence[str] = ()
+
+
+def use_checks(sandbox: Sandbox, request: UseRequest) -> list[Check]:
+    """A `use DIST` line per check that fits a distribution of the set: run, or, for one that
+    cannot pass hardened or whose program was left out, listed with why."""
+    wanted = {canonicalize_name(name) for name in request.distributions}
+    offered = curated() if request.checks is None else request.checks
+    candidates = [check for check in offered if check.distribution in wanted]
     if not candidates:
         return []
-    names = sorted({check.distribution for check in candidates})
+    names = sorted({n for check in candidates for n in (check.distribution, *check.needs)})
     versions = python_json(sandbox, VERSIONS_SCRIPT, json.dumps(names))
     picked = chosen(candidates, versions)
-    names = line_names([check for check, _ in picked])
-    lines = [(name, check, version) for name, (check, version) in zip(names, picked, strict=True)]
+    named = zip(line_names([check for check, _ in picked]), picked, strict=True)
+    lines = [
+        (name, check, version)
+        for name, (check, version) in named
+        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in request.skip)
+    ]
+    left_out: dict[str, str] = {
+        canonicalize_name(name): program for name, program in request.left_out.items()
+    }
     with ThreadPoolExecutor(WORKERS) as pool:
-        return list(pool.map(lambda line: one_check(sandbox, *line), lines))
+        runs = [partial(one_check, sandbox, *line, left_out=left_out) for line in lines]
+        return list(pool.map(lambda run: run(), runs))
 
 
 def line_names(checks: Sequence[UseCheck]) -> list[str]:
@@ -131,10 +163,16 @@ def line_names(checks: Sequence[UseCheck]) -> list[str]:
     return names
 
 
-def one_check(sandbox: Sandbox, name: str, check: UseCheck, version: str) -> Check:
+def one_check(
+    sandbox: Sandbox, name: str, check: UseCheck, version: str, left_out: Mapping[str, str]
+) -> Check:
     """The line of one check of `version` of its distribution: its run, or why not run."""
     if check.why_not_hardened:
         detail = f"{version}: not run: cannot pass in a hardened sandbox: {check.why_not_hardened}"
+        return noted(Check(name, True, detail), "")
+    if check.distribution in left_out:
+        program = left_out[check.distribution]
+        detail = f"{version}: not run: it needs {program}, left out (--without-program)"
         return noted(Check(name, True, detail), "")
 
     def run() -> str:
