@@ -86,18 +86,7 @@ def delivery_for(
         push_target(plan, settings, cache),
         build_parameters(plan, settings),
     )
-    return Delivery(
-        verify=settings.verify,
-        strict=settings.strict,
-        skip_modules=settings.skip_modules,
-        push=push,
-        template=settings.template,
-        container=settings.container,
-        warm_pools=settings.warm_pools,
-        state=state,
-        parameters=parameters,
-        sign=sign,
-    )
+    return Delivery(settings, push, state, parameters, sign)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from builder import credentials
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
+from builder.config import RunSettings
 from builder.context.render import add_to_output, update_report
 from builder.engines.connection import runs_emulated
 from builder.engines.per_arch import Engines
@@ -136,13 +137,8 @@ class StateRecord:
 class Delivery:
     """What happens to the images once made: verified, pushed, the template pointed at them."""
 
-    verify: bool = True
-    strict: bool = False  # a verification warning (a noisy import) fails it too
-    skip_modules: tuple[str, ...] = ()  # fnmatch patterns the deep imports leave out
+    settings: RunSettings  # verify, strict, skip_modules, template, container, warm_pools
     push: Target | None = None
-    template: Path | None = None
-    container: str | None = None
-    warm_pools: tuple[Path, ...] = ()
     state: StateRecord | None = None
     parameters: BuildParameters = field(default_factory=lambda: BuildParameters(()))  # asked
     sign: SigningKey | None = None  # cosign signatures and attestations of what is pushed
@@ -205,7 +201,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
             update_report(run.output, {"registry_retries": run.retries.to_list()})
             raise
         outcome.push_seconds = time.monotonic() - started
-        if delivery.template:
+        if delivery.settings.template:
             _point_template(outcome, delivery)
     _report(outcome, delivery, run)
     if delivery.state and outcome.succeeded and (outcome.pushed or delivery.state.unpushed_too):
@@ -236,7 +232,7 @@ def _produce_and_verify(
             one = future.result()
             one.emulated = emulated[one.arch]
             engine = run.engines.for_arch(one.arch)
-            if delivery.verify or delivery.push:  # its SBOM is verified, or attached
+            if delivery.settings.verify or delivery.push:  # its SBOM is verified, or attached
                 from builder.publish.attachments import attestable, plan_facts
 
                 began = time.monotonic()
@@ -246,7 +242,7 @@ def _produce_and_verify(
                 )
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
                 one.seconds["facts"] = time.monotonic() - began
-            if delivery.verify:
+            if delivery.settings.verify:
                 from builder.verify.run import verify_image
 
                 on = f" on {engine}" if engine.url else ""
@@ -259,9 +255,11 @@ def _produce_and_verify(
                     checks=plan.runtime_checks,
                     engine=engine,
                     sbom=one.attestable.sbom() if one.attestable else None,
-                    installed=installed_on(arch_plan, plan.requested, delivery.skip_modules),
+                    installed=installed_on(
+                        arch_plan, plan.requested, delivery.settings.skip_modules
+                    ),
                 )
-                one.verification.strict = delivery.strict
+                one.verification.strict = delivery.settings.strict
                 one.seconds["verify"] = time.monotonic() - began
             found[one.arch] = one
     return [found[arch] for arch in arches]
@@ -485,13 +483,14 @@ def _point_template(outcome: Outcome, delivery: Delivery) -> None:
     """Name the pushed digest in the template; warn of warm pools that keep old pods."""
     from builder.publish.template import apply_hint, set_image, warm_pool_warnings
 
-    assert outcome.pushed is not None and delivery.template is not None
-    change = set_image(delivery.template, outcome.pushed.reference, delivery.container)
+    settings = delivery.settings
+    assert outcome.pushed is not None and settings.template is not None
+    change = set_image(settings.template, outcome.pushed.reference, settings.container)
     outcome.template_change = change
-    outcome.notes.append(apply_hint(delivery.template))
+    outcome.notes.append(apply_hint(settings.template))
     if change.template_name:  # a template without metadata.name is one no warm pool can refer to
         outcome.notes += warm_pool_warnings(
-            (delivery.template, *delivery.warm_pools), change.template_name
+            (settings.template, *settings.warm_pools), change.template_name
         )
 
 
@@ -516,7 +515,7 @@ def _report(outcome: Outcome, delivery: Delivery, run: Run) -> None:
         outcome.verification,
         outcome.pushed,
         outcome.node_update,
-        delivery.template,
+        delivery.settings.template,
         outcome.push_seconds,
     )
     additions = {"image": record.to_dict(), "registry_retries": run.retries.to_list()}

@@ -22,6 +22,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
+from support.plans import run_settings
 from support.rebasing import own_base, rebase_plan
 from support.wheelfactory import make_wheel
 
@@ -210,7 +211,9 @@ def test_a_rebased_image_s_sbom_names_each_extra_s_own_layer(
     repository = ImageRef.parse_repository(target)
     start = Previous(ImageRef.parse(stacked.image), stacked.base_digest)
     with RebaseProducer(start, plan, finished, repository, run) as producer:
-        outcome = deliver(producer, plan, Delivery(push=Target(repository, "v1")), run)
+        outcome = deliver(
+            producer, plan, Delivery(run_settings(), push=Target(repository, "v1")), run
+        )
     assert outcome.verification is not None and outcome.verification.passed
     assert outcome.pushed is not None
     pushed = credentials.registry(ImageRef.parse(f"{target}@{outcome.pushed.digest}"))

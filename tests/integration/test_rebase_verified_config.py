@@ -20,6 +20,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
+from support.plans import run_settings
 from support.rebasing import Previous, own_base, previous_image, rebase_plan, remove_loaded
 from support.registryhelp import registry_get, registry_tags
 
@@ -181,7 +182,7 @@ def rebase_onto_same_base(previous: Previous, target: str, client: docker.Docker
     start = Start(ImageRef.parse(previous.image), previous.base_digest)
     with RebaseProducer(start, plan, finished, repository, run) as producer:
         push = Target(repository, f"v1-x{EXTRAS[:12]}")
-        return deliver(producer, plan, Delivery(push=push), run)
+        return deliver(producer, plan, Delivery(run_settings(), push=push), run)
 
 
 @pytest.mark.usefixtures("docker_client")

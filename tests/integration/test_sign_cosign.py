@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from support.plans import run_settings
 from support.registryhelp import registry_get, registry_tags
 
 from builder import credentials
@@ -221,9 +222,8 @@ def deliver_tiny(
     (output / "report.json").write_text("{}")
     run = delivery.Run(Engines.local(client), Cache(output.parent / "cache"), output, QUIET)
     asked = delivery.Delivery(
-        verify=False,
+        run_settings(verify=False, template=template),
         push=delivery.Target(ImageRef.parse_repository(repository), "v1"),
-        template=template,
         sign=key,
     )
     return delivery.deliver(TinyProducer(marker), plan, asked, run)

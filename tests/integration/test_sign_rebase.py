@@ -21,6 +21,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
+from support.plans import run_settings
 from support.rebasing import Previous, own_base, previous_image, rebase_plan, remove_loaded
 from support.registryhelp import tool
 
@@ -70,7 +71,7 @@ def signed_rebase(previous: Previous, target: str, client: Any, key_file: Path) 
     key = load_signing_key(key_file)
     with RebaseProducer(start, plan, finished, repository, run) as producer:
         push = Target(repository, "v2-xsigned")
-        return deliver(producer, plan, Delivery(push=push, sign=key), run)
+        return deliver(producer, plan, Delivery(run_settings(), push=push, sign=key), run)
 
 
 def test_a_rebase_signs_and_attests_its_new_digest(

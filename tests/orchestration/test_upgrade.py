@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
+from support.plans import run_settings
 
 from builder.cache import Cache
 from builder.config import load_config, set_platform_version
@@ -176,7 +177,7 @@ def test_a_delivery_records_the_state_only_when_asked_and_pushed(
     (tmp_path / "report.json").write_text("{}")
     run = delivery.Run(Engines.local(client), Cache(tmp_path / "cache"), tmp_path, QUIET)
     where = tmp_path / "state.json"
-    asked = delivery.Delivery(verify=False, state=delivery.StateRecord(where, "2.0"))
+    asked = delivery.Delivery(run_settings(verify=False), state=delivery.StateRecord(where, "2.0"))
     outcome = delivery.deliver(Producer(), plan, asked, run)
     assert outcome.succeeded and outcome.pushed is None and not where.exists()
     rebuild = replace(asked, state=delivery.StateRecord(where, "2.0", unpushed_too=True))

@@ -1,11 +1,13 @@
 """Plans of synthetic wheels for amd64 against the shipped base facts, without the network;
-the reference base's profile, for a test that plans or resolves against it."""
+the reference base's profile, for a test that plans or resolves against it; a run's settings
+for a test that delivers by hand."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from builder.cache import Cache
+from builder.config import RunSettings
 from builder.digest import sha256_of
 from builder.inspect.wheels import inspect_wheel
 from builder.oci.name import ImageRef
@@ -23,6 +25,11 @@ from builder.resolve.target import (
 AMD64 = ARCHES["amd64"]
 TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"
 SOURCE = "int f(void) { return 1; }\n"
+
+
+def run_settings(**given: object) -> RunSettings:
+    """A run's settings on the reference base, `given` over the defaults (verify, template, ...)."""
+    return RunSettings((), ImageRef.parse(REFERENCE_BASE), **given)  # type: ignore[arg-type]
 
 
 def reference_profile() -> BaseProfile:
