@@ -36,7 +36,10 @@ def opened(root: Path, *, beside: Sequence[tuple[str, Path]] = (), create: bool 
     `create`: a missing one is made (a run); else it stays missing (`cache`, which reads)."""
     places = tuple((what, path.resolve()) for what, path in beside)
     if why := refusal(root.resolve(), Path.home().resolve(), Path.cwd().resolve(), places):
-        raise UserError(f"cache directory {root}: {why}; give a directory of its own (--cache-dir)")
+        raise UserError(
+            f"cache directory {root}: {why}; give a directory of its own"
+            " (--cache-dir, BSI_CACHE_DIR)"
+        )
     if not root.exists() and not root.is_symlink():
         if create:
             root.mkdir(parents=True, exist_ok=True)
