@@ -100,7 +100,8 @@ def _root_entries(child: Path) -> Iterator[Entry]:
 
 
 def _blobs(blobs: Path) -> Iterator[Entry]:
-    """Each blob's directory (`xx/<sha256>/`), whole; anything else under `blobs/` is unknown."""
+    """Each blob's directory (`xx/<sha256>/`, its files), whole; anything else under `blobs/` is
+    unknown."""
     for fan in listing(blobs):
         if not (is_dir(fan) and _HEX2.fullmatch(fan.name)):
             yield _entry(fan, Kind.UNKNOWN)
@@ -109,7 +110,10 @@ def _blobs(blobs: Path) -> Iterator[Entry]:
             if not (is_dir(directory) and _HEX64.fullmatch(directory.name)):
                 yield _entry(directory, Kind.UNKNOWN)
                 continue
-            files = [path for path in listing(directory) if _is_file(path)]
+            files = listing(directory)
+            if not all(_is_file(path) for path in files):  # a blob's directory holds files only
+                yield _entry(directory, Kind.UNKNOWN)
+                continue
             names = [path.name for path in files if not path.name.startswith(".")]
             kind = BLOB_KINDS.get(names[0], Kind.WHEELS) if names else Kind.UNFINISHED
             size = sum(_size(path) for path in files)

@@ -108,15 +108,18 @@ def test_a_marked_cache_keeps_what_the_tool_did_not_write(tmp_path: Path) -> Non
     (root / "blobs" / "stray.bin").write_bytes(b"s" * 5)
     (root / "resolution" / "notes.md").write_text("mine\n")
     project(root / "work")
-    strays = {"mine.txt", "blobs/stray.bin", "resolution/notes.md", "work"}
+    odd_blob = root / "blobs" / "cd" / ("cd" * 32)
+    (odd_blob / "sub").mkdir(parents=True)  # a blob's directory never holds a folder
+    (odd_blob / "sub" / "mine.txt").write_text("mine\n")
+    strays = {"mine.txt", "blobs/stray.bin", "resolution/notes.md", "work", f"blobs/cd/{'cd' * 32}"}
     kept = {path: snapshot(root / path) for path in strays if (root / path).is_dir()}
 
     shown = cli(tmp_path, "cache", "--cache-dir", "cache")
     assert shown.returncode == 0, shown.stderr
-    assert "unknown" in shown.stdout and "kept 4 unknown entries" in shown.stdout
+    assert "unknown" in shown.stdout and "kept 5 unknown entries" in shown.stdout
     result = cli(tmp_path, "cache", "clean", "--cache-dir", "cache")
     assert result.returncode == 0, result.stderr
-    assert "kept 4 unknown entries (not written by this tool)" in result.stdout
+    assert "kept 5 unknown entries (not written by this tool)" in result.stdout
     assert not blob.exists() and not (root / BLOB_MEMORY).exists()
     assert cache.get_record("resolution", "ab" * 32) is None
     assert all((root / path).exists() for path in strays)
