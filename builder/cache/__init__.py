@@ -16,6 +16,11 @@ takes too before it removes one. A run says it is using the cache with `in_use`:
 an entry a run found stays until that run ends, and one it has not looked for yet is either
 there whole or not at all (a miss, made again).
 
+uv, the resolver, keeps its own cache in `uv/` here (`uv_cache`), so `--cache-dir` and the bound
+cover it too; a run holds it shared while uv runs, and a prune removes it whole only when it gets
+it exclusively. The directory is marked as this tool's cache (`CACHEDIR.TAG`); `mark` says what
+the layout holds and which directory may be used as a cache at all.
+
 Every stage keeps what it made here, so the cache imports nothing of the project but the errors
 (tests/test_layout.py).
 """
@@ -42,6 +47,9 @@ T = TypeVar("T")
 _HEX64 = re.compile("[0-9a-f]{64}")
 USE_LOCK = "use-blob"  # `exclusive` kind held while a blob is touched (found) or pruned
 RUNS = "runs"  # one file per run using the cache, flock-ed by it while it runs
+UV = "uv"  # uv's own cache (UV_CACHE_DIR), one entry of this one
+UV_LOCK = "uv.lock"  # under locks/: shared by a run while its uv runs, exclusive by a prune
+BLOB_MEMORY = "registry-blobs.json"  # the root's one file: which repositories hold which blob
 
 
 def default_root() -> Path:
@@ -102,6 +110,18 @@ class Cache:
                 yield
             finally:
                 path.unlink(missing_ok=True)
+
+    @contextmanager
+    def uv_cache(self) -> Iterator[Path]:
+        """uv's cache directory, held (a shared flock) while a uv process uses it: a prune takes
+        the lock exclusively to remove it, so never under a running uv. The lock's mtime is the
+        cache's last use (uv reads its entries without touching them)."""
+        lock = self.root / "locks" / UV_LOCK
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with lock.open("a") as held:
+            fcntl.flock(held, fcntl.LOCK_SH)
+            touch(lock)
+            yield self.root / UV
 
     @contextmanager
     def writing_blob(self, sha256: str, filename: str) -> Iterator[IO[bytes]]:

@@ -48,13 +48,17 @@ SIZE_EXAMPLES = "e.g. 20GB, 500MiB, 2G; 0 for unbounded"
 
 def parse_size(text: str, what: str) -> int:
     """Bytes from `20GB` (decimal), `20GiB` or `20G` (binary), or a plain number of bytes;
-    `what` names the setting in the error."""
+    `what` names the setting in the error. A size below one byte but above 0 is refused: it
+    would round to 0, which means unbounded."""
     match = SIZE_RE.fullmatch(text)
     unit = match and UNITS.get(match.group(2).lower())
     if match is None or unit is None:
         why = "a size must not be negative" if text.strip().startswith("-") else SIZE_EXAMPLES
         raise UserError(f"{what}: {text[:40]!r} is not a size ({why})")
-    return int(float(match.group(1)) * unit)
+    exact = float(match.group(1)) * unit
+    if 0 < exact < 1:
+        raise UserError(f"{what}: {text[:40]!r} is below one byte (0 means unbounded)")
+    return int(exact)
 
 
 def human(size: int) -> str:

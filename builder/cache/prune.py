@@ -1,68 +1,31 @@
 """What the cache holds, and trimming it: least recently used entries first, never one in use.
 
-An entry is a blob's directory (`blobs/xx/<sha256>/`: a wheel, a layer tar or its gzip, a
-distribution's bytecode, a ztoc), a record (`<kind>/xx/<key>.json`), or a file of the root (the
-registry's blob memory). Its last use is its mtime: the cache touches every entry it finds
-(builder.cache). Running runs are the flock-ed files under `runs/`: the oldest one's start,
-less `CLOCK_SLACK`, is the horizon, and no entry touched since is removed, nor any temporary
+An entry is one of the layout's (builder.cache.layout): a blob's directory, a record, uv's
+cache, a file of the root (the registry's blob memory). What the tool did not write is reported
+and never removed, not even by `clean`. An entry's last use is its mtime: the cache touches every
+entry it finds (builder.cache); uv's cache is last used when its lock was last taken. Running
+runs are the flock-ed files under `runs/`: the oldest one's start, less `CLOCK_SLACK`, is the
+horizon, and no entry touched since is removed, nor any temporary
 file written since (a download in progress); with no run, the horizon is now. A blob's
 directory is removed under the lock the cache takes to find or place that blob, after its mtime
 is read again under it: a run finds a blob whole or not at all, and one it found stays. A
 record is read in one go, so removing it needs no lock (a reader has its bytes, or a miss).
+uv's cache is removed whole, only while no uv process of a run holds it (Cache.uv_cache).
 """
 
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
-from types import MappingProxyType
 
-from builder.cache import RUNS, USE_LOCK, Cache
+from builder.cache import BLOB_MEMORY, RUNS, USE_LOCK, UV_LOCK, Cache
+from builder.cache.layout import KEPT, Entry, Kind, entries, is_dir, listing, newest
 
 CLOCK_SLACK = 2.0  # seconds: a temporary file's time (the kernel's coarse clock) trails a run's
 # start (time.time()) by up to a tick; entries are touched by time.time() (builder.cache.touch)
-TEMP_PREFIXES = (".partial-", ".gzip-", ".layer-", ".base-layer-")  # unfinished writes
-NOT_RECORDS = frozenset({"blobs", "locks", RUNS})  # the root's directories holding no records
-
-
-class Kind(Enum):
-    """What an entry holds, as `cache` reports sizes."""
-
-    WHEELS = "wheels"  # distributions downloaded or built here (wheels, sdists)
-    LAYERS = "layers"  # layer tars and their gzip blobs
-    BYTECODE = "bytecode"  # each distribution's compiled .pyc
-    SOCI = "soci"  # ztocs: the SOCI indexes' tables of contents
-    RECORDS = "records"  # inspections, probes, resolutions, what built what
-    UNFINISHED = "unfinished"  # temporary files of a write in progress (or of a run that died)
-    OTHER = "other"  # the registry's blob memory, the locks
-
-
-BLOB_KINDS = MappingProxyType(
-    {
-        "layer.tar": Kind.LAYERS,
-        "layer.tar.gz": Kind.LAYERS,
-        "bytecode.tar": Kind.BYTECODE,  # an older tool's uncompressed form
-        "bytecode.tar.gz": Kind.BYTECODE,
-        "ztoc": Kind.SOCI,
-    }
-)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One thing a prune may remove: `path` whole."""
-
-    path: Path
-    kind: Kind
-    size: int  # bytes of its files
-    used: float  # its newest mtime: when a run last found or wrote it
-    blob: str | None = None  # a blob's sha256: the key of its lock
 
 
 @dataclass(frozen=True)
@@ -73,16 +36,19 @@ class Usage:
     sizes: dict[Kind, int]
     counts: dict[Kind, int]
     running: int  # runs using the cache now
+    unknown: tuple[Path, ...] = ()  # what the tool did not write (in the cache): kept
 
     @property
     def total(self) -> int:
-        return sum(self.sizes.values())
+        """The cache's own bytes (what is unknown is not the cache's)."""
+        return sum(size for kind, size in self.sizes.items() if kind is not Kind.UNKNOWN)
 
     def to_dict(self) -> dict[str, object]:
         return {
             "location": str(self.root),
             "total": self.total,
             "running": self.running,
+            "unknown": [str(path) for path in self.unknown],
             "kinds": {
                 kind.value: {"size": self.sizes[kind], "entries": self.counts[kind]}
                 for kind in Kind
@@ -100,39 +66,26 @@ class Pruned:
     held: int = 0  # entries it would have removed but a running run used since its start
     running: int = 0  # runs using the cache meanwhile
     kinds: dict[Kind, int] = field(default_factory=dict)  # bytes freed by kind
+    unknown: tuple[Path, ...] = ()  # what the tool did not write (in the cache): kept
 
 
 def usage(cache: Cache) -> Usage:
     """The cache's size by kind (a missing cache is an empty one)."""
     sizes = dict.fromkeys(Kind, 0)
     counts = dict.fromkeys(Kind, 0)
-    for entry in entries(cache):
+    found = entries(cache.root)
+    for entry in found:
         sizes[entry.kind] += entry.size
         counts[entry.kind] += 1
-    return Usage(cache.root.absolute(), sizes, counts, len(running_starts(cache)))
-
-
-def entries(cache: Cache) -> list[Entry]:
-    """Every entry of the cache, temporaries and the root's own files included."""
-    root = cache.root
-    if not root.is_dir():
-        return []
-    found = list(_blobs(root / "blobs"))
-    for child in _listing(root):
-        if child.name.startswith(TEMP_PREFIXES):
-            found.append(_entry(child, Kind.UNFINISHED))
-        elif child.is_dir() and child.name not in NOT_RECORDS:
-            found.extend(_entry(path, Kind.RECORDS) for path in _records(child))
-        elif child.is_file() or child.name in ("locks", RUNS):
-            found.append(_entry(child, Kind.OTHER))
-    return found
+    running = len(running_starts(cache))
+    return Usage(cache.root.absolute(), sizes, counts, running, _unknown(found, cache.root))
 
 
 def running_starts(cache: Cache) -> list[float]:
     """When each run using the cache now started; a run's file whose lock is free is of a run
     that died, and is removed."""
     starts = []
-    for path in _listing(cache.root / RUNS):
+    for path in listing(cache.root / RUNS):
         if path.name.startswith("."):
             continue  # a run registering: its file is renamed here once locked
         try:
@@ -152,13 +105,14 @@ def running_starts(cache: Cache) -> list[float]:
 def prune(cache: Cache, keep: int | None, older_than: float | None = None) -> Pruned:
     """Remove least recently used entries first: every one unused for `older_than` seconds,
     then more until the cache holds at most `keep` bytes; never one a running run used since it
-    started, nor the root's own files. Unfinished writes of runs that ended go too."""
+    started, nor the root's own files, nor anything the tool did not write. Unfinished writes of
+    runs that ended go too."""
     now = time.time()
     starts = running_starts(cache)
     horizon = min([now, *(start - CLOCK_SLACK for start in starts)])
-    found = entries(cache)
-    total = sum(entry.size for entry in found)
-    removable = sorted((e for e in found if e.kind is not Kind.OTHER), key=lambda e: e.used)
+    found = entries(cache.root)
+    total = sum(entry.size for entry in found if entry.kind is not Kind.UNKNOWN)
+    removable = sorted((e for e in found if e.kind not in KEPT), key=lambda e: e.used)
     removed, freed, held = 0, 0, 0
     kinds: dict[Kind, int] = {}
     for entry in removable:
@@ -172,18 +126,17 @@ def prune(cache: Cache, keep: int | None, older_than: float | None = None) -> Pr
             continue
         removed, freed, total = removed + 1, freed + entry.size, total - entry.size
         kinds[entry.kind] = kinds.get(entry.kind, 0) + entry.size
-    return Pruned(removed, freed, total, held, len(starts), kinds)
+    return Pruned(removed, freed, total, held, len(starts), kinds, _unknown(found, cache.root))
 
 
 def clean(cache: Cache) -> Pruned:
-    """Remove everything a running run does not hold, the registry's blob memory too."""
+    """Remove everything of the tool's a running run does not hold, the registry's blob memory
+    too; the locks, the runs' files, the mark and what the tool did not write stay."""
     pruned = prune(cache, keep=0)
-    freed = 0
-    for entry in entries(cache):
-        path = entry.path
-        if entry.kind is Kind.OTHER and path.is_file() and not path.name.startswith("."):
-            path.unlink(missing_ok=True)  # a lock file (a dot file) stays: a holder may use it
-            freed += entry.size
+    memory = cache.root / BLOB_MEMORY
+    freed = memory.lstat().st_size if memory.is_file() and not memory.is_symlink() else 0
+    if freed:
+        memory.unlink(missing_ok=True)
     return Pruned(
         pruned.removed,
         pruned.freed + freed,
@@ -191,84 +144,55 @@ def clean(cache: Cache) -> Pruned:
         pruned.held,
         pruned.running,
         pruned.kinds,
+        pruned.unknown,
     )
 
 
 def _remove(cache: Cache, entry: Entry, horizon: float) -> bool:
-    """Remove `entry` unless a run touched it since `horizon`; a blob under its lock."""
+    """Remove `entry` unless a run touched it since `horizon`; a blob under its lock, uv's cache
+    only while no uv holds it."""
+    if entry.kind is Kind.UV:
+        return _remove_uv(cache, entry.path, horizon)
     if entry.blob is None:
-        if _newest(entry.path) >= horizon:
+        if newest(entry.path) >= horizon:
             return False
         _delete(entry.path)
         return True
     with cache.exclusive(USE_LOCK, entry.blob):
-        if _newest(entry.path) >= horizon:
+        if newest(entry.path) >= horizon:
             return False
         _delete(entry.path)
     return True
 
 
-def _blobs(blobs: Path) -> Iterator[Entry]:
-    for fan in _listing(blobs):
-        for directory in _listing(fan):
-            files = [path for path in _listing(directory) if path.is_file()]
-            names = [path.name for path in files if not path.name.startswith(".")]
-            kind = BLOB_KINDS.get(names[0], Kind.WHEELS) if names else Kind.UNFINISHED
-            size = sum(_size(path) for path in files)
-            yield Entry(directory, kind, size, _newest(directory), directory.name)
-
-
-def _records(kind_dir: Path) -> Iterator[Path]:
-    for fan in _listing(kind_dir):
-        yield from (path for path in _listing(fan) if path.is_file())
-
-
-def _entry(path: Path, kind: Kind) -> Entry:
-    if path.is_dir():
-        size = sum(_size(Path(top) / name) for top, _, names in os.walk(path) for name in names)
-    else:
-        size = _size(path)
-    return Entry(path, kind, size, _newest(path))
-
-
-def _newest(path: Path) -> float:
-    """The newest mtime of the files `path` is or holds: a file's is its last use (a blob's
-    directory's own is only its making); an empty directory's own (0: gone)."""
-    try:
-        newest = path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0
-    if not path.is_dir():
-        return newest
-    times = []
-    for top, _, names in os.walk(path):
-        for name in names:
-            try:
-                times.append(os.stat(os.path.join(top, name)).st_mtime)
-            except FileNotFoundError:
-                continue
-    return max(times, default=newest)
+def _remove_uv(cache: Cache, path: Path, horizon: float) -> bool:
+    """Remove uv's cache whole under its lock taken exclusively, without waiting: a uv that
+    runs (or a run that took the lock since `horizon`) keeps it."""
+    lock = cache.root / "locks" / UV_LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    used = lock.exists()  # a lock made here now says nothing of a use
+    with lock.open("a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if used and lock.stat().st_mtime >= horizon:
+            return False
+        _delete(path)
+    return True
 
 
 def _delete(path: Path) -> None:
-    if path.is_dir():
+    """Remove `path` whole: never through a symlink (the layout has none)."""
+    if is_dir(path):
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
 
 
-def _listing(directory: Path) -> list[Path]:
-    try:
-        return sorted(directory.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
+def _unknown(found: list[Entry], root: Path) -> tuple[Path, ...]:
+    """What the tool did not write, by its path in the cache."""
+    return tuple(entry.path.relative_to(root) for entry in found if entry.kind is Kind.UNKNOWN)
 
 
 def _start(text: str) -> float:

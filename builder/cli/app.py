@@ -190,14 +190,14 @@ def main(context: click.Context, **_flags: object) -> None:
     """Turn requirements into a verified sandbox runtime image (CPython 3.13 on Debian 13)."""
     if context.invoked_subcommand is not None:
         return
-    from builder.cache import Cache, default_root
     from builder.cache.bound import bounded_use
+    from builder.cli.cache import open_cache
     from builder.engines.connection import engine_client
     from builder.engines.per_arch import unheeded
     from builder.orchestration.commands import build
 
     settings = run_settings(context)
-    cache = Cache(settings.cache_dir or default_root())
+    cache = open_cache(settings.cache_dir, beside=(("the output directory", settings.output),))
     planning = not settings.build and settings.push_repository is not None  # for `part`
     client = engine_client() if settings.build or planning else None
     if ignored := unheeded(settings.engines, not settings.build, client is not None):
@@ -351,8 +351,8 @@ def rebuild(
     With several --config, each is one template of a fleet (builder.orchestration.fleet),
     ending in a table.
     """
-    from builder.cache import Cache, default_root
     from builder.cache.bound import bounded_use
+    from builder.cli.cache import open_cache
     from builder.cli.fleet import fleet_output, show_fleet
     from builder.config import load_config, with_engines
     from builder.engines.connection import engine_client
@@ -361,6 +361,7 @@ def rebuild(
     from builder.orchestration.fleet import Fleet, Shared, rebuild_fleet
 
     output = fleet_output(config_paths, shard_text, json_path, check)
+    cache = open_cache(cache_dir)
     config = None if output.as_fleet else load_config(config_paths[0])
     if engine_urls and config is None:
         raise click.UsageError("--engine takes one --config: a fleet's configs name [engines]")
@@ -368,7 +369,6 @@ def rebuild(
     client = engine_client()
     if client is None:
         raise UserError("rebuild: no Docker engine reachable to probe the new base")
-    cache = Cache(cache_dir or default_root())
     limit = cache_max if cache_max is not None or config is None else config.cache_max
     with bounded_use(cache, limit) as bound:
         if config is None:

@@ -54,9 +54,9 @@ def base_command(
     no_soci: bool,
 ) -> None:
     """Build the reference runtime base (Dockerfile.base); several arches go up as one index."""
-    from builder.cache import Cache, default_root
+    from builder.cli.cache import open_cache
 
-    cache = Cache(cache_dir or default_root())
+    cache = open_cache(cache_dir)
     with cache.in_use():  # a prune meanwhile keeps what this build uses
         _build(tag, base_image, cache, tuple(dict.fromkeys(arches)) or ("amd64",), no_soci)
 

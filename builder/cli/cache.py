@@ -1,10 +1,12 @@
-"""`cache`, `cache prune`, `cache clean`: see the cache and trim it; and `--cache-max`, the bound
-every build ends with. Parsing and printing only: the work is builder.cache.prune's and
-builder.cache.bound's."""
+"""`cache`, `cache prune`, `cache clean`: see the cache and trim it; `--cache-max`, the bound
+every build ends with; and `open_cache`, where every command gets its cache (--cache-dir, else
+the default), checked to be the tool's (builder.cache.mark). Parsing and printing only: the work
+is builder.cache.prune's, builder.cache.bound's and builder.cache.mark's."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +16,7 @@ from builder.cli.errors import error_line, reports_errors
 from builder.errors import UserError
 
 if TYPE_CHECKING:
+    from builder.cache import Cache
     from builder.cache.prune import Pruned
 
 SECONDS_PER_DAY = 86_400
@@ -63,6 +66,17 @@ class Days(click.ParamType):
         return days * SECONDS_PER_DAY
 
 
+def open_cache(
+    cache_dir: Path | None, *, beside: Sequence[tuple[str, Path]] = (), create: bool = True
+) -> Cache:
+    """The cache a command uses: `cache_dir`, else the default; refused in one line, before any
+    work, when it is not the tool's (builder.cache.mark.opened)."""
+    from builder.cache import default_root
+    from builder.cache.mark import opened
+
+    return opened(cache_dir or default_root(), beside=beside, create=create)
+
+
 CACHE_DIR_OPTION = click.option(
     "--cache-dir", type=click.Path(path_type=Path), help="Cache directory."
 )
@@ -84,11 +98,10 @@ def cache_command(context: click.Context, cache_dir: Path | None, as_json: bool)
     context.obj = cache_dir or context.find_root().params.get("cache_dir")
     if context.invoked_subcommand is not None:
         return
-    from builder.cache import Cache, default_root
     from builder.cache.bound import human
     from builder.cache.prune import usage
 
-    found = usage(Cache(context.obj or default_root()))
+    found = usage(open_cache(context.obj, create=False))
     if as_json:
         click.echo(json.dumps(found.to_dict(), indent=2))
         return
@@ -98,6 +111,7 @@ def cache_command(context: click.Context, cache_dir: Path | None, as_json: bool)
     click.echo(f"  {'total':<11} {human(found.total):>10}")
     if found.running:
         click.echo(f"{found.running} run(s) using it now")
+    show_unknown(found.unknown)
 
 
 @cache_command.command("prune")
@@ -120,11 +134,10 @@ def prune_command(
     context: click.Context, cache_dir: Path | None, keep: int | None, older_than: float | None
 ) -> None:
     """Remove least recently used entries first; never one a running build uses."""
-    from builder.cache import Cache, default_root
     from builder.cache.bound import default_bound
     from builder.cache.prune import prune
 
-    cache = Cache(cache_dir or context.obj or default_root())
+    cache = open_cache(cache_dir or context.obj, create=False)
     if keep is None and older_than is None:
         keep = default_bound(cache.root)
     show_pruned(prune(cache, keep, older_than), cache.root)
@@ -135,11 +148,10 @@ def prune_command(
 @click.pass_context
 @reports_errors
 def clean_command(context: click.Context, cache_dir: Path | None) -> None:
-    """Remove the whole cache but what a running build uses."""
-    from builder.cache import Cache, default_root
+    """Remove the whole cache but what a running build uses (and what the tool did not write)."""
     from builder.cache.prune import clean
 
-    cache = Cache(cache_dir or context.obj or default_root())
+    cache = open_cache(cache_dir or context.obj, create=False)
     show_pruned(clean(cache), cache.root)
 
 
@@ -152,3 +164,13 @@ def show_pruned(pruned: Pruned, root: Path) -> None:
     )
     if pruned.held:
         click.echo(f"kept {pruned.held} entries in use by {pruned.running} running build(s)")
+    show_unknown(pruned.unknown)
+
+
+def show_unknown(unknown: Sequence[Path]) -> None:
+    """What the cache's directory holds that the tool did not write: named, kept."""
+    if not unknown:
+        return
+    named = ", ".join(str(path) for path in unknown[:5])
+    more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+    click.echo(f"kept {len(unknown)} unknown entries (not written by this tool): {named}{more}")

@@ -130,14 +130,14 @@ def installed(
         if skip_modules:
             raise UserError("--skip-module needs -r FILE: deep imports follow its distributions")
         return Installed()
-    from builder.cache import Cache, default_root
+    from builder.cli.cache import open_cache
     from builder.engines.connection import image_architecture
     from builder.orchestration.delivery import program_expectations
     from builder.orchestration.prepare import programs_needed
     from builder.resolve.requirements import distribution_names
 
     arch, left_out = image_architecture(image), frozenset(without_programs)
-    cache = Cache(default_root())
+    cache = open_cache(None)
     with cache.in_use():  # a prune meanwhile keeps what this reads
         needs = programs_needed(requirements, image, arch, left_out, cache)
     return Installed(

@@ -30,6 +30,7 @@ from builder.assemble.from_engine import push_engine_images
 from builder.attest.contents import WheelOrigin
 from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache, default_root
+from builder.cache.mark import opened
 from builder.context.render import place
 from builder.contract import DEPS
 from builder.engines.connection import engine_client
@@ -152,7 +153,7 @@ def build_base(
     """Build the reference base from `base_image` for `arch`, tag it (a local engine name, as
     written), return the image id."""
     arch_named(arch)
-    cache = cache or Cache(default_root())
+    cache = cache or opened(default_root())
     logins = base_logins(base_image)  # BuildKit pulls the base itself, for the foreign arch too
     with tempfile.TemporaryDirectory(prefix="bsi-base-", dir=_temp_parent(cache)) as temp:
         context = Path(temp)
@@ -203,7 +204,7 @@ def build_base_index(
     repository = ref.with_tag(None)
     (log or Discard()).write(f"pushing {', '.join(images)} to {repository} by digest ...\n")
     target = credentials.registry(repository, str(repository), retries)
-    cache = cache or Cache(default_root())
+    cache = cache or opened(default_root())
     attach = partial(_attachments, client, base_image, images, str(repository), cache, soci)
     pushed, _ = push_engine_images(client, images, target, [ref.tag], cache, base_image, attach)
     return pushed

@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from builder.cache import Cache
+from builder.cache import BLOB_MEMORY, Cache
 
-FILE = "registry-blobs.json"
+FILE = BLOB_MEMORY
 MAX_DIGESTS = 20_000  # per registry: the most recently pushed kept (a few MiB of JSON at most)
 MAX_HOLDERS = 8  # repositories remembered per blob, the most recent first
 

@@ -319,11 +319,10 @@ def _build(
     source gives the same wheel (a rebuild of a pinned commit is no change)."""
     label = label or sdist.name
     with tempfile.TemporaryDirectory(prefix="bsi-build-") as out:
-        result = subprocess.run(
+        result = run_uv(
             [UV, "build", "--wheel", "--quiet", *options, "--out-dir", out, str(sdist)],
-            capture_output=True,
-            text=True,
-            env={"SOURCE_DATE_EPOCH": BUILD_EPOCH, **uv_environment()},
+            cache,
+            {"SOURCE_DATE_EPOCH": BUILD_EPOCH},
         )
         wheels = list(Path(out).glob("*.whl"))
         if result.returncode != 0 or len(wheels) != 1:
@@ -375,9 +374,26 @@ def uv_python() -> list[str]:
 UV_HTTP_RETRIES = "5"
 
 
-def uv_environment() -> Mapping[str, str]:
-    """uv's environment: its retries, and never an interpreter download (none can be reached)."""
-    return {"UV_HTTP_RETRIES": UV_HTTP_RETRIES, **os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+def uv_environment(uv_cache: Path) -> Mapping[str, str]:
+    """uv's environment: its retries, never an interpreter download (none can be reached), and
+    its cache `uv_cache`, inside the tool's (builder.cache.Cache.uv_cache): under --cache-dir and
+    the bound, not in ~/.cache/uv."""
+    return {
+        "UV_HTTP_RETRIES": UV_HTTP_RETRIES,
+        **os.environ,
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_CACHE_DIR": str(uv_cache),
+    }
+
+
+def run_uv(
+    command: Sequence[str], cache: Cache, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run uv (its output captured) with its cache in `cache`, held while it runs so that a
+    prune meanwhile leaves it; `env` is set under uv's environment."""
+    with cache.uv_cache() as uv_cache:
+        environment = {**(env or {}), **uv_environment(uv_cache)}
+        return subprocess.run(list(command), capture_output=True, text=True, env=environment)
 
 
 def builder_pip(cache: Cache, indexes: Sequence[str]) -> Path:

@@ -44,7 +44,7 @@ from builder.resolve.index import (
     compiled_code_evidence,
     download,
     index_files,
-    uv_environment,
+    run_uv,
     uv_python,
     wheelhouse_files,
 )
@@ -91,20 +91,13 @@ def _uv_compile_command(
     return command
 
 
-def _uv_compile(
-    workdir: Path,
-    target: Target[BaseFacts],
-    arch: Arch,
-    requirements: RequirementSet,
-    find_links: Path,
-    overrides: Sequence[Path] = (),
-    annotated: bool = False,
-) -> subprocess.CompletedProcess[str]:
+def _uv_compile(compiler: _Compiler, annotated: bool = False) -> subprocess.CompletedProcess[str]:
     """uv's pylock for the set; `annotated`: its requirements.txt with `# via` on stdout."""
+    workdir, target, arch = compiler.workdir, compiler.target, compiler.arch
     command = [
-        *_uv_compile_command(workdir / "requirements.in", target, arch, requirements),
+        *_uv_compile_command(workdir / "requirements.in", target, arch, compiler.requirements),
         *("--constraint", str(workdir / "constraints.txt")),
-        *("--find-links", str(find_links)),
+        *("--find-links", str(compiler.find_links)),
     ]
     if annotated:
         command += ["--format", "requirements.txt", "--annotation-style", "line"]
@@ -112,9 +105,9 @@ def _uv_compile(
     else:
         command += ["--format", "pylock.toml"]
         command += ["--output-file", str(workdir / f"pylock.{arch.name}.toml")]
-    for override in overrides:
+    for override in compiler.overrides:
         command += ["--override", str(override)]
-    return subprocess.run(command, capture_output=True, text=True, env=uv_environment())
+    return run_uv(command, compiler.cache)
 
 
 def _wheel_file(entry: dict, cache: Cache) -> RemoteFile:
@@ -132,7 +125,7 @@ class _WheelsExist(Exception):
 
 
 def newest_usable_version(
-    name: str, target: Target[BaseFacts], arch: Arch, requirements: RequirementSet
+    name: str, target: Target[BaseFacts], arch: Arch, requirements: RequirementSet, cache: Cache
 ) -> str | None:
     """The newest release of `name` with a wheel the target accepts, by asking the resolver."""
     with tempfile.TemporaryDirectory(prefix="bsi-probe-") as temp:
@@ -143,7 +136,7 @@ def newest_usable_version(
             *_uv_compile_command(workdir / "requirements.in", target, arch, requirements),
             "--no-deps",
         ]
-        result = subprocess.run(command, capture_output=True, text=True, env=uv_environment())
+        result = run_uv(command, cache)
     match = re.search(r"^\S+==(\S+)", result.stdout, re.M)
     return match.group(1) if result.returncode == 0 and match else None
 
@@ -195,7 +188,7 @@ def _build_from_source(
         except (InvalidWheelFilename, InvalidSdistFilename):
             continue
     candidates = sorted((v for v in sdists if specifier.contains(v)), reverse=True)
-    usable = newest_usable_version(name, target, arch, requirements)
+    usable = newest_usable_version(name, target, arch, requirements, cache)
     suggestion = (
         f"newest version with a usable wheel: {usable}"
         if usable
@@ -361,15 +354,7 @@ class _Compiler:
         )
 
     def compile(self, annotated: bool = False) -> subprocess.CompletedProcess[str]:
-        return _uv_compile(
-            self.workdir,
-            self.target,
-            self.arch,
-            self.requirements,
-            self.find_links,
-            self.overrides,
-            annotated=annotated,
-        )
+        return _uv_compile(self, annotated=annotated)
 
     def build(self, name: str) -> str:
         """Build `name`'s pure-Python source release for uv to find: "name==version"."""

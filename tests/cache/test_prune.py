@@ -18,7 +18,8 @@ from support.clirun import assert_one_error_line, run
 
 from builder.cache import RUNS, Cache
 from builder.cache.bound import Bounded, bounded_use, default_bound, parse_size
-from builder.cache.prune import Kind, Pruned, entries, prune, usage
+from builder.cache.layout import Kind, entries
+from builder.cache.prune import Pruned, prune, usage
 from builder.config import load_config
 from builder.errors import UserError
 
@@ -128,7 +129,7 @@ def test_an_unfinished_write_of_an_ended_run_goes_one_in_progress_stays(tmp_path
         live.write_bytes(b"l" * 100)
         prune(cache, keep=None)
     assert not stale.exists() and live.exists()
-    assert [e.kind for e in entries(cache) if e.path == live] == [Kind.UNFINISHED]
+    assert [e.kind for e in entries(cache.root) if e.path == live] == [Kind.UNFINISHED]
 
 
 def test_a_bounded_run_prunes_after_it_ends(tmp_path: Path) -> None:

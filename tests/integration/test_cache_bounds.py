@@ -22,7 +22,8 @@ from support.clirun import assert_one_error_line
 from support.images import build, docker, run_hardened
 
 from builder.cache import Cache
-from builder.cache.prune import Kind, usage
+from builder.cache.layout import Kind
+from builder.cache.prune import usage
 
 pytestmark = pytest.mark.usefixtures("docker_client", "package_index")
 

@@ -37,7 +37,6 @@ def build(
     (work / "requirements.txt").write_text("beautifulsoup4==4.12.3\n")
     env = {
         **os.environ,
-        "UV_CACHE_DIR": str(work / "uv-cache"),
         "BSI_REGISTRY_USER": registry.user,
         "BSI_REGISTRY_PASSWORD": registry.password,
     }

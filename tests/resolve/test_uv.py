@@ -59,7 +59,11 @@ def test_naming_the_interpreter_does_not_change_the_lock(tmp_path: Path) -> None
     ]  # fmt: skip
     locks = [
         subprocess.run(
-            [*command, *extra], capture_output=True, text=True, env=uv_environment(), check=True
+            [*command, *extra],
+            capture_output=True,
+            text=True,
+            env=uv_environment(tmp_path / "uv-cache"),
+            check=True,
         ).stdout
         for extra in ([], uv_python())
     ]
@@ -123,9 +127,12 @@ def test_uv_resolves_through_an_index_s_503s_with_the_tool_s_retries(tmp_path: P
     wheel = make_wheel(tmp_path / "w", "bsi-flaky", "1.0", "py3-none-any", {"bsi_flaky.py": b""})
     seen: list[str] = []
     with serve_wheel(wheel, "bsi-flaky", failing=2, seen=seen) as port:
-        assert _compile_from(port, tmp_path, uv_environment()) == "bsi-flaky==1.0\n"
+        assert (
+            _compile_from(port, tmp_path, uv_environment(tmp_path / "uv-cache"))
+            == "bsi-flaky==1.0\n"
+        )
     assert [line.split()[-1] for line in seen[:3]] == ["503", "503", "200"]
-    assert uv_environment()["UV_HTTP_RETRIES"] == UV_HTTP_RETRIES
+    assert uv_environment(tmp_path)["UV_HTTP_RETRIES"] == UV_HTTP_RETRIES
 
 
 def test_an_operator_s_own_uv_retry_setting_wins(
@@ -134,7 +141,7 @@ def test_an_operator_s_own_uv_retry_setting_wins(
     monkeypatch.setenv("UV_HTTP_RETRIES", "0")
     wheel = make_wheel(tmp_path / "w", "bsi-flaky", "1.0", "py3-none-any", {"bsi_flaky.py": b""})
     with serve_wheel(wheel, "bsi-flaky", failing=1) as port:
-        assert _compile_from(port, tmp_path, uv_environment()) == "exit 2"
+        assert _compile_from(port, tmp_path, uv_environment(tmp_path / "uv-cache")) == "exit 2"
 
 
 def test_the_tool_s_own_listing_and_download_weather_an_index_s_503s(tmp_path: Path) -> None:
@@ -240,7 +247,9 @@ def test_a_dependency_against_a_base_pin_is_named_with_the_pin(tmp_path: Path) -
         "--python-version", "3.13", "--only-binary", ":all:", "--no-header", "--quiet",
         "--constraint", str(tmp_path / "constraints.txt"), *uv_python(),
     ]  # fmt: skip
-    failed = subprocess.run(command, capture_output=True, text=True, env=uv_environment())
+    failed = subprocess.run(
+        command, capture_output=True, text=True, env=uv_environment(tmp_path / "uv-cache")
+    )
     assert failed.returncode != 0
     facts = replace(shipped_facts(), distributions={"bsi-dep": "4.0"})
     error = unresolvable(failed.stderr, RequirementSet((), ()), Target(facts, (AMD64,)), AMD64)

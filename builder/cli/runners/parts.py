@@ -75,20 +75,20 @@ def part_command(
     Writes PLAN/parts/ARCH.json for `merge`. Nothing is resolved and no package index is
     asked: the layers are the plan's, checked against it.
     """
-    from builder.cache import Cache, default_root
     from builder.cache.bound import bounded_use
+    from builder.cli.cache import open_cache
     from builder.engines.connection import engine_client
     from builder.engines.per_arch import connect, engine_flags
     from builder.orchestration.commands import signing_key
     from builder.orchestration.runners.document import read_document
     from builder.orchestration.runners.parts import PartJob, part
 
+    cache = open_cache(cache_dir, beside=(("the plan directory", plan_dir),))
     key = signing_key(sign_key)
     document = read_document(plan_dir)
     client = engine_client()
     if client is None:
         raise UserError("part: no Docker engine reachable to build on")
-    cache = Cache(cache_dir or default_root())
     secrets = apt_secrets(apt_ca_bundle, apt_auth)
     job = PartJob(plan_dir, arch, repository, key, strict, secrets)
     with connect(engine_flags(engine_urls), client) as engines, bounded_use(cache, cache_max):
