@@ -12,6 +12,7 @@ from support.plans import plan_for, reference_profile
 from support.wheelfactory import make_wheel
 
 from builder.context.render import dockerfile
+from builder.orchestration.runners.document import _decode, _encode
 from builder.plan.browsers import (
     BROWSERS_JSON,
     CHROMEDRIVER,
@@ -138,3 +139,13 @@ def test_the_dockerfile_lays_them_out_after_the_install_and_sets_the_env(tmp_pat
 def test_an_image_without_browsers_has_no_wiring() -> None:
     assert not BrowserWiring() and BrowserWiring().commands() == ""
     assert browser_env({"requests"}, {"chromium"}, [BrowserWiring((), True)]) == {}
+
+
+def test_the_wiring_survives_plan_json(tmp_path: Path) -> None:
+    """A runner builds from plan.json alone (builder.orchestration.runners.document): the
+    wiring read back is the planned one, and so are the image's variables."""
+    arch = plan_for(tmp_path, [playwright(tmp_path), selenium(tmp_path)])
+    plan = Plan(reference_profile(), "python-runtime:1", (arch,), (), ())
+    back = _decode(Plan, json.loads(json.dumps(_encode(plan))))
+    assert back.arches[0].browsers == arch.browsers and arch.browsers.links
+    assert back.browser_env == plan.browser_env and "SE_CHROMEDRIVER" in plan.browser_env
