@@ -37,16 +37,19 @@ def build_apt_image(
     arch: str,
     engine: Engine,
     secret_files: Mapping[str, Path] | None = None,
+    after: str = "",
 ) -> AptImage:
     """`base_image` plus the apt packages, from a one-step BuildKit build.
 
     This layer depends on the base's package state, so an upgrade rebuilds it; it is small.
     `secret_files` (BuildKit secret id -> file: an apt CA bundle or auth.conf) are mounted as
     the full build's system stage mounts them, never written into the layer. It is built on
-    `engine` (an arch's own, or the local one) and stays there.
+    `engine` (an arch's own, or the local one) and stays there. `after`: commands run in the
+    same step once the packages are in (the browsers' wiring, builder.plan.browsers).
     """
     mounts, commands = apt_steps(Secrets.of(secret_files or {}))
     run = f"{mounts.lstrip()} {' && '.join(commands)} {' '.join(packages)}"
+    run += f" && {after}" if after else ""
     with tempfile.TemporaryDirectory(prefix="bsi-apt-") as temp:
         context = Path(temp) / "context"
         context.mkdir()

@@ -21,7 +21,7 @@ from pathlib import Path
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL, HOME, HOME_SEED, SANDBOX_USER
 from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer
-from builder.layers.home import SEEDS, distribution_names, home_env, plan_names, seeds_of
+from builder.layers.home import SEEDS, distribution_names, image_env, seeds_of
 from builder.plan.plan import Plan
 from builder.resolve.resolution import SourceKind
 
@@ -140,8 +140,8 @@ def _label_lines(labels: Mapping[str, str]) -> list[str]:
 
 
 def _home_lines(plan: Plan) -> list[str]:
-    """The home's environment (builder.layers.home)."""
-    env = home_env(plan_names(plan))
+    """The image's environment: its home's and its browsers' (builder.layers.home)."""
+    env = image_env(plan)
     return ["ENV " + " \\\n    ".join(f"{key}={value}" for key, value in env.items())]
 
 
@@ -224,6 +224,7 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
     on the next build (a platform upgrade's) and they never need deleting from the layer.
     """
     mounts, (setup, update_command, install) = apt_steps(secrets)
+    wiring = _wiring_lines(plan)
     lines = [
         "# Debian 13 libraries the extras' native code links or loads, programs their code runs:",
         *(f"#   {arch}: {' '.join(packages) or '-'}" for arch, packages in apt_sets.items()),
@@ -234,13 +235,15 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
         packages = distinct.pop()
         return [
             *lines,
+            *(["ARG TARGETARCH"] if wiring else []),
             "USER 0:0",
             update,
             f"    && {install} \\",
             *(
-                f"        {package}" + (" \\" if i < len(packages) - 1 else "")
+                f"        {package}" + (" \\" if i < len(packages) - 1 or wiring else "")
                 for i, package in enumerate(packages)
             ),
+            *wiring,
             f"USER {SANDBOX_USER}",
         ]
     cases = []
@@ -254,8 +257,22 @@ def _apt_lines(plan: Plan, apt_sets: Mapping[str, tuple[str, ...]], secrets: Sec
         update,
         '    && case "${TARGETARCH}" in \\',
         *cases,
-        "    esac",
+        "    esac" + (" \\" if wiring else ""),
+        *wiring,
         f"USER {SANDBOX_USER}",
+    ]
+
+
+def _wiring_lines(plan: Plan) -> list[str]:
+    """What lays out each arch's browser wiring (builder.plan.browsers) after the install, as
+    the apt RUN's last command; none when no arch has any."""
+    by_arch = {arch.arch: arch.browsers.commands() for arch in plan.arches if arch.browsers}
+    if not by_arch:
+        return []
+    return [
+        '    && case "${TARGETARCH}" in \\',
+        *(f"        {arch}) {commands} ;; \\" for arch, commands in by_arch.items()),
+        "    esac",
     ]
 
 

@@ -80,6 +80,12 @@ def home_env(names: Iterable[str]) -> dict[str, str]:
     return env
 
 
+def image_env(plan: Plan) -> dict[str, str]:
+    """The environment `plan`'s image sets: its home's, and what points Playwright and Selenium
+    at Debian's Chromium (builder.plan.browsers)."""
+    return {**home_env(plan_names(plan)), **plan.browser_env}
+
+
 def seeds_of(names: Iterable[str]) -> tuple[str, ...]:
     """The distributions among `names` whose caches are built at image-build time, sorted."""
     return tuple(sorted(set(names) & set(SEEDS)))

@@ -140,7 +140,8 @@ def prepare(
         timeline.record("downloads", fetching)
         inspections = inspecting.result()
         timeline.record("inspections", fetching)
-        plan = _plan(requirements, resolutions, chosen, inspections, target, settings)
+        files_at = {sha: future.result() for sha, future in downloads.items()}  # all here now
+        plan = _plan(requirements, resolutions, chosen, inspections, target, settings, files_at)
         timeline.record("plan", fetching)
         if planned is not None:
             planned(plan)
@@ -278,8 +279,10 @@ def _plan(
     inspections: Mapping[str, WheelInspection],
     target: Target[BaseProfile],
     settings: RunSettings,
+    wheel_files: Mapping[str, Path],
 ) -> Plan:
-    """Every arch's plan from its resolution and the wheels' inspections (pure)."""
+    """Every arch's plan from its resolution and the wheels' inspections (pure; Playwright's
+    browsers.json is read from its wheel)."""
     arch_plans = tuple(
         plan_arch(
             resolution,
@@ -288,6 +291,7 @@ def _plan(
             target,
             settings.with_optional,
             frozenset(settings.without_programs),
+            wheel_files,
         )
         for resolution in resolutions
     )

@@ -37,8 +37,7 @@ from builder.engines.per_arch import Engines
 from builder.layers.extras import ExtrasLayer, LayerKind
 from builder.layers.home import (
     distribution_names,
-    home_env,
-    plan_names,
+    image_env,
     seed_layer,
     seeds_of,
 )
@@ -238,7 +237,7 @@ class BuildProducer:
             self.finish.created,
             tag,
             apt_layer=bool(arch_plan.apt_packages),
-            env=home_env(plan_names(self.plan)),
+            env=image_env(self.plan),
         )
         built = assemble(
             engine.client, system, self.finish.layers[arch], assembly, self.finish.cache

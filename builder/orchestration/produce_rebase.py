@@ -31,7 +31,7 @@ from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.layers.extras import holding_layers
 from builder.layers.gzipped import gzipped
-from builder.layers.home import home_env, plan_names
+from builder.layers.home import image_env
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config, top
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
@@ -79,7 +79,7 @@ class RebaseProducer:
         self.olds = credentials.registry(previous.image, retries=run.retries)
         self.pool = ThreadPoolExecutor(max_workers=len(plan.arches))
         self.change = ConfigChange(
-            {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}", **home_env(plan_names(plan))},
+            {"PYTHONPATH": f"$PYTHONPATH:{EXTRA_DEPS}", **image_env(plan)},
             contract.SANDBOX_USER,
             finish.labels,
             finish.created,
@@ -133,16 +133,21 @@ class RebaseProducer:
         )
 
     def _apt(self, arch: str) -> AptImage | None:
-        packages = next(a.apt_packages for a in self.plan.arches if a.arch == arch)
+        """The apt layer on the new base, with the browsers' wiring (builder.plan.browsers) in
+        the same step; one started ahead has none, so an arch with wiring builds its own."""
+        arch_plan = next(a for a in self.plan.arches if a.arch == arch)
+        packages, wiring = arch_plan.apt_packages, arch_plan.browsers.commands()
         if not packages:
             return None
-        apt = self.ahead.get(arch, packages) if self.ahead else None
+        apt = self.ahead.get(arch, packages) if self.ahead and not wiring else None
         if apt is None:
             self.run.reporter.say(
                 f"rebuilding the apt layer ({' '.join(packages)}) on {self.plan.base_image} ..."
             )
             engine = self.run.engines.for_arch(arch)
-            apt = build_apt_image(self.plan.base_image, packages, arch, engine, self.apt_secrets)
+            apt = build_apt_image(
+                self.plan.base_image, packages, arch, engine, self.apt_secrets, wiring
+            )
         return apt
 
     def _value(

@@ -8,16 +8,18 @@ a symbol newer than trixie's) is raised here, before any build.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
+from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder.contract import DEPS_EXTRA
 from builder.errors import UserError
 from builder.inspect.wheels import WheelInspection
 from builder.oci.name import ImageRef
-from builder.plan import debian
+from builder.plan import browsers, debian
+from builder.plan.browsers import BrowserWiring
 from builder.plan.gpu import (
     DriverLibrary,
     GpuWeight,
@@ -93,6 +95,7 @@ class ArchPlan:
     apt_size: int | None = None  # bytes the apt stage adds (Installed-Size); None: unknown
     gpu_node: tuple[NodeLibrary, ...] = ()  # the NVIDIA driver's: the GPU node provides them
     gpu_weight: GpuWeight | None = None  # GPU-only distributions, also one of `warnings`
+    browsers: BrowserWiring = field(default_factory=BrowserWiring)  # Chromium, for browser drivers
 
     def installed_programs(self) -> tuple[ProgramNeed, ...]:
         """The programs this arch's image carries (what verification runs), and those left
@@ -118,6 +121,14 @@ class Plan:
         """`base_image` as a reference, for every step that asks the registry or the engine
         for it (its text stays what the Dockerfile, the labels and report.json say)."""
         return self.base.pinned
+
+    @property
+    def browser_env(self) -> dict[str, str]:
+        """The environment that points Playwright and Selenium at Debian's Chromium
+        (builder.plan.browsers), the same for every arch as the final stage is."""
+        names = {canonicalize_name(wheel.name) for arch in self.arches for wheel in arch.wheels}
+        installed = {package for arch in self.arches for package in arch.apt_packages}
+        return browsers.browser_env(names, installed, [arch.browsers for arch in self.arches])
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -155,6 +166,7 @@ class Plan:
                     "provided_by_base": list(arch.provided_by_base),
                     "provided_by_gpu_node": [asdict(lib) for lib in arch.gpu_node],
                     "built_from_source": list(arch.built_from_source),
+                    "browser_links": [asdict(link) for link in arch.browsers.links],
                     "warnings": list(arch.warnings),
                 }
                 for arch in self.arches
@@ -203,6 +215,7 @@ def plan_arch(
     target: Target[BaseFacts],
     with_optional: bool = False,
     without_programs: frozenset[str] = frozenset(),
+    wheel_files: Mapping[str, Path] | None = None,
 ) -> ArchPlan:
     """Native needs and programs run → Debian packages for one arch; raises on anything
     unusable.
@@ -210,6 +223,8 @@ def plan_arch(
     Needs only plugins loaded on demand have (and programs only side features run) are listed
     but installed only `with_optional`; `without_programs` (program or package names) are
     never installed. The NVIDIA driver's libraries are the GPU node's, never installed.
+    `wheel_files` (sha256 -> the wheel in the cache) give Playwright's browsers.json, for the
+    Chromium wiring (builder.plan.browsers); without them Playwright gets no registry.
     """
     arch = resolution.arch
     wheels = _planned_wheels(resolution, chosen, inspections)
@@ -232,6 +247,7 @@ def plan_arch(
     optional -= base_packages | required
     optional |= {run.package for run in kept if run.package and run.optional} - required
     installed = tuple(sorted(required | optional if with_optional else required))
+    wiring, browser_warnings = _browsers(wheels, installed, arch, wheel_files or {})
     return ArchPlan(
         arch=arch.name,
         wheels=tuple(wheels),
@@ -240,12 +256,34 @@ def plan_arch(
         provided_by_base=resolution.provided_by_base,
         built_from_source=resolution.built_from_source,
         optional_packages=tuple(sorted(optional)),
-        warnings=tuple(dict.fromkeys([*resolution.warnings, *warnings, *gpu, *program_warnings])),
+        warnings=tuple(
+            dict.fromkeys(
+                [*resolution.warnings, *warnings, *gpu, *program_warnings, *browser_warnings]
+            )
+        ),
         programs=programs,
         apt_size=debian.added_size(installed, base_packages, arch),
         gpu_node=node,
         gpu_weight=weight,
+        browsers=wiring,
     )
+
+
+def _browsers(
+    wheels: Sequence[PlannedWheel],
+    installed: Sequence[str],
+    arch: Arch,
+    wheel_files: Mapping[str, Path],
+) -> tuple[BrowserWiring, list[str]]:
+    """The arch's Chromium wiring (builder.plan.browsers), and the warning that Playwright's
+    other engines are not in the image."""
+    names = {canonicalize_name(wheel.name) for wheel in wheels}
+    directories: dict[str, str] = {}
+    for wheel in wheels:
+        if canonicalize_name(wheel.name) == browsers.PLAYWRIGHT and wheel.sha256 in wheel_files:
+            directories = browsers.playwright_directories(wheel_files[wheel.sha256], arch.name)
+    warnings = [browsers.OTHER_ENGINES_WARNING] if browsers.PLAYWRIGHT in names else []
+    return browsers.wiring(arch.name, names, installed, directories), warnings
 
 
 def _planned_wheels(

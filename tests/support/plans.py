@@ -56,4 +56,5 @@ def plan_for(
         chosen[package.name] = choose_wheel(package, target, AMD64)
         inspections[sha] = inspection
     resolution = Resolution(AMD64, tuple(packages), (), (), "")
-    return plan_arch(resolution, chosen, inspections, target, with_optional, without)
+    files = {sha256_of(wheel): wheel for wheel in wheels}  # Playwright's browsers.json
+    return plan_arch(resolution, chosen, inspections, target, with_optional, without, files)
