@@ -37,8 +37,9 @@ from builder.plan.plan import Plan
 from builder.resolve.target import BaseFacts, BaseProfile
 
 PLAN_FILE = "plan.json"
-DOCUMENT_VERSION = 2  # a document of another version is refused, never guessed at (2: deep
-# imports' requested distributions and skip patterns, the apt secrets' ids)
+DOCUMENT_VERSION = 3  # a document of another version is refused, never guessed at (2: deep
+# imports' requested distributions and skip patterns, the apt secrets' ids; 3: each arch's
+# browser wiring, which a version-2 plan would silently lack)
 
 
 @dataclass(frozen=True)
