@@ -144,6 +144,7 @@ def check_warm_pools(paths: Iterable[Path]) -> None:
 
 
 def _find(path: Path, container: str | None) -> _Found:
+    """The image value to edit, every check made that does not depend on the new image."""
     target = path.resolve()
     raw = _read(target)
     try:
