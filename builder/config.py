@@ -47,7 +47,7 @@ from builder.engines.per_arch import known_arch
 from builder.errors import UserError
 from builder.oci.name import TAG_RE, ImageRef
 from builder.resolve.index_options import torch_backend
-from builder.resolve.requirements import find_links
+from builder.resolve.requirements import find_links, redact_credentials
 
 KNOWN_KEYS = frozenset(
     {
@@ -122,7 +122,7 @@ class PipelineConfig:
 def load_config(path: Path) -> PipelineConfig:
     """The config at `path`; a setting unknown, missing or of the wrong type is one error
     naming the file and the setting."""
-    table = _Table(path, _read(path))
+    table = _Table(path, *_read(path))
     here = path.parent
     base_repository = table.repository("base-repository")
     if base_repository is None:
@@ -132,7 +132,7 @@ def load_config(path: Path) -> PipelineConfig:
         requirements=table.paths("requirements"),
         constraints=table.paths("constraints"),
         base_repository=base_repository,
-        platform_version=str(table.data["platform-version"]),
+        platform_version=table.version(),
         architectures=table.names("architectures", "names"),
         repository=table.repository("repository"),
         template=table.path("template"),
@@ -159,10 +159,11 @@ def load_config(path: Path) -> PipelineConfig:
     )
 
 
-def _read(path: Path) -> dict[str, object]:
-    """The TOML at `path`, with every required setting and no unknown one."""
+def _read(path: Path) -> tuple[dict[str, object], str]:
+    """The TOML at `path`, with every required setting and no unknown one, and its text."""
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        data = tomllib.loads(text)
     except OSError as error:
         raise UserError(f"{path}: cannot read config ({error.strerror})") from None
     except tomllib.TOMLDecodeError as error:
@@ -173,46 +174,76 @@ def _read(path: Path) -> dict[str, object]:
     for key in ("requirements", "base-repository", "platform-version"):
         if key not in data:
             raise UserError(f"{path}: missing setting {key!r}")
-    return data
+    return data, text
 
 
 @dataclass(frozen=True)
 class _Table:
     """The config's settings read one by one: each reader checks its value's type and names
-    the setting (and the file) when it is wrong."""
+    the setting (and the file) when it is wrong, saying what it found. Values are read as
+    written: nothing is turned into a string or a list on the operator's behalf."""
 
     file: Path
     data: Mapping[str, object]
+    source: str = ""  # the file's text, to quote a value as written
 
     def paths(self, key: str) -> tuple[Path, ...]:
-        value = self.data.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise UserError(f"{self.file}: {key!r} must be a list of paths")
-        return tuple(self.file.parent / v for v in value)
+        return tuple(self.file.parent / v for v in self.names(key, "paths", empty=True))
 
     def text(self, key: str, default: str | None = None) -> str | None:
         value = self.data.get(key, default)
         if value is not None and not isinstance(value, str):
-            raise UserError(f"{self.file}: {key!r} must be a string")
+            raise UserError(f"{self.file}: {key!r} must be a string, {self.found(key, value)}")
         return value
+
+    def version(self) -> str:
+        """platform-version, a tag as written: unquoted, 1.10 is the TOML number 1.1."""
+        value = self.text("platform-version") or ""
+        if not TAG_RE.fullmatch(value):
+            raise UserError(f"{self.file}: 'platform-version' {value[:80]!r} is not a valid tag")
+        return value
+
+    def found(self, key: str, value: object) -> str:
+        """What the config gives `key` instead, and how to write it quoted when that is it."""
+        written = redact_credentials(_written(self.source, key) or repr(value))
+        kind = _kind(value)
+        if isinstance(value, bool | int | float) or kind == "a date":
+            return f'not {kind} ({written}): write it quoted, {key} = "{written}"'
+        return f"not {kind} ({written[:80]})"
 
     def path(self, key: str) -> Path | None:
         """A file named relative to the config; None when the setting is absent or empty."""
         value = self.text(key)
         return self.file.parent / value if value else None
 
-    def names(self, key: str, what: str) -> tuple[str, ...]:
-        """A list of non-empty names (`what` says of what, in the error)."""
+    def names(self, key: str, what: str, empty: bool = False) -> tuple[str, ...]:
+        """A list of names (`what` says of what, in the error); non-empty unless `empty`."""
         value = self.data.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise UserError(f"{self.file}: {key!r} must be a list of {what}")
+        if isinstance(value, str):
+            shown = redact_credentials(value[:80])
+            raise UserError(
+                f"{self.file}: {key!r} must be a list of {what}, not a string:"
+                f' write {key} = ["{shown}"]'
+            )
+        if not isinstance(value, list):
+            raise UserError(
+                f"{self.file}: {key!r} must be a list of {what}, {self.found(key, value)}"
+            )
+        wrong = [v for v in value if not isinstance(v, str) or not (v or empty)]
+        if wrong:
+            raise UserError(
+                f"{self.file}: {key!r} must be a list of {what}:"
+                f" {redact_credentials(repr(wrong[0])[:80])} is not one"
+            )
         return tuple(value)
 
     def switch(self, key: str, default: bool = True) -> bool:
         """A setting that is `default` unless the config says otherwise."""
         value = self.data.get(key, default)
         if not isinstance(value, bool):
-            raise UserError(f"{self.file}: {key!r} must be true or false")
+            raise UserError(
+                f"{self.file}: {key!r} must be true or false (unquoted), not {_kind(value)}"
+            )
         return value
 
     def repository(self, key: str) -> ImageRef | None:
@@ -234,6 +265,30 @@ class _Table:
     def torch_backend(self) -> str | None:
         backend = self.text("torch-backend")
         return torch_backend(backend, f"{self.file}: torch-backend") if backend else None
+
+
+def _kind(value: object) -> str:
+    """A TOML value's type, as an operator calls it."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "a table" if isinstance(value, dict) else "a date"
+
+
+def _written(text: str, key: str) -> str | None:
+    """The value of the top-level `key` as the file writes it (None when not on one line)."""
+    line = re.search(
+        rf"""^[ \t]*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')[ \t]*=[ \t]*"""
+        r"""([^#\r\n]*?)[ \t]*(?:#.*)?$""",
+        text,
+        re.M,
+    )
+    return line.group(1) if line else None
 
 
 def _size(value: object, what: str) -> int | None:
@@ -262,6 +317,17 @@ def set_platform_version(config: PipelineConfig, version: str) -> None:
     temp = config.path.with_name(f".{config.path.name}.new")
     temp.write_text(updated)
     temp.replace(config.path)
+
+
+def check_version_settable(config: PipelineConfig) -> None:
+    """A rebuild's check before it builds anything: the config holds the quoted
+    platform-version line `set_platform_version` rewrites once the new image is pushed."""
+    try:
+        text = config.path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{config.path}: cannot read config ({error})") from None
+    if VERSION_LINE.search(text) is None:
+        raise UserError(f"{config.path}: no quoted platform-version line to update")
 
 
 @dataclass(frozen=True)

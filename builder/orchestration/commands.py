@@ -24,11 +24,25 @@ import docker
 from builder.attest.provenance import BuildParameters
 from builder.base.discover import base_profile
 from builder.cache import Cache
-from builder.config import PipelineConfig, RunSettings, set_platform_version, settings_of
+from builder.config import (
+    PipelineConfig,
+    RunSettings,
+    check_version_settable,
+    set_platform_version,
+    settings_of,
+)
 from builder.engines.per_arch import Engines, connect
 from builder.layers.gzipped import ahead as gzip_ahead
 from builder.oci.name import ImageRef
-from builder.orchestration.delivery import Delivery, Outcome, Run, StateRecord, Target, deliver
+from builder.orchestration.delivery import (
+    Delivery,
+    Outcome,
+    Run,
+    StateRecord,
+    Target,
+    deliver,
+    pointing_of,
+)
 from builder.orchestration.prepare import (
     Finish,
     Grounds,
@@ -46,11 +60,13 @@ from builder.plan.plan import Plan
 from builder.publish.state import (
     BuildState,
     changes,
+    check_state,
     load_state,
     rebase_blocker,
     state_of,
 )
 from builder.publish.tags import image_tag
+from builder.publish.writable import check_replaceable
 from builder.reporter import Reporter
 from builder.resolve.target import BaseProfile
 from builder.retry import Retries
@@ -138,6 +154,25 @@ def signing_key(path: Path | None) -> SigningKey | None:
     return load_signing_key(path)
 
 
+def check_written(settings: RunSettings, records_state: bool) -> None:
+    """What a run writes after its push, checked before it builds anything, plan-only runs
+    too: the template (and the warm pools whose warnings it adds) and, when the run
+    `records_state`, the state. One UserError naming the file and what is wrong."""
+    pointing = pointing_of(settings)
+    if pointing is not None:
+        pointing.check()
+    if records_state and settings.state is not None:
+        check_state(settings.state)
+
+
+def check_rebuild_writes(config: PipelineConfig) -> None:
+    """A rebuild's `check_written`, and the config it names the new version in once pushed
+    (builder.config.set_platform_version)."""
+    check_written(settings_of(config), records_state=True)
+    check_version_settable(config)
+    check_replaceable(config.path, "config")
+
+
 def build(
     settings: RunSettings,
     client: docker.DockerClient | None,
@@ -151,6 +186,7 @@ def build(
     fails before anything is planned), then the named engines are reached; they are closed at
     the end."""
     key = signing_key(settings.sign_key)
+    check_written(settings, records_state=settings.push_repository is not None)
     with ExitStack() as stack:
         engines = None
         if client is not None:  # a plan for runners (--no-build --push): the local one compiles
@@ -267,6 +303,7 @@ def rebuild(
     The config's `sign-key` is read first: a key that cannot sign fails before any probe.
     """
     key = None if check_only else signing_key(config.sign_key)
+    check_rebuild_writes(config)
     with ExitStack() as stack:  # the named engines' clients are closed at the end
         named = Engines.local(client) if check_only else connect(config.engines, client)
         engines = stack.enter_context(named)

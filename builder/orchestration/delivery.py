@@ -12,8 +12,10 @@ builder.engines.per_arch); only when every arch passed is anything written
 (builder.oci.remote.write: each image by digest with its SBOM, provenance and SOCI index
 attached, builder.layers.soci, then the index, the tags last; with a signing key the cosign
 signatures and attestations go in before the tags, builder.sign), so a failure
-leaves every tag and the template as they were. Then the template is pointed at the digest (with
-the warm-pool warnings), and report.json and the state are written.
+leaves every tag and the template as they were. The template's new text (and the warm-pool
+warnings) is rendered once the digest is known and before anything is written
+(builder.publish.template.Pointing), so after the push it is only written; then report.json
+and the state.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ if TYPE_CHECKING:  # imported where used: ruamel and cryptography only when a ru
     from builder.layers.soci import SociRecord
     from builder.oci.ztoc import SociIndex
     from builder.publish.attachments import Attestable
-    from builder.publish.template import TemplateChange
+    from builder.publish.template import Pointing, TemplateChange
     from builder.sign.keys import SigningKey
     from builder.verify.programs import ProgramExpectation
     from builder.verify.run import Installed
@@ -192,17 +194,19 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     )
     if outcome.succeeded and delivery.push is not None:
         recorded = delivery.state.path if delivery.state else None
+        pointing = pointing_of(delivery.settings)
         started = time.monotonic()
         try:
             outcome.pushed, outcome.node_update, outcome.written = _write(
-                producer, produced, delivery.push, run, recorded, delivery.sign
+                producer, produced, delivery.push, run, (recorded, pointing), delivery.sign
             )
         except UserError:  # a registry down midway: its retries are what the operator needs
             update_report(run.output, {"registry_retries": run.retries.to_list()})
             raise
         outcome.push_seconds = time.monotonic() - started
-        if delivery.settings.template:
-            _point_template(outcome, delivery)
+        if pointing is not None:  # rendered before the push: only the write is left
+            outcome.template_change = pointing.write(outcome.pushed.reference)
+            outcome.notes += pointing.notes
     _report(outcome, delivery, run)
     if delivery.state and outcome.succeeded and (outcome.pushed or delivery.state.unpushed_too):
         image = outcome.pushed.reference if outcome.pushed else None
@@ -299,12 +303,14 @@ def _write(
     produced: list[Produced],
     target: Target,
     run: Run,
-    state: Path | None,
+    after: tuple[Path | None, Pointing | None],
     key: SigningKey | None = None,
 ) -> tuple[Written, NodeUpdate, dict[str, ArchWritten]]:
     """Every arch's image by digest, then the tag names it (one arch) or an index of them;
-    what a node holding the previous image (the `state`'s, else the tag's) fetches and
-    unpacks, in all; and what writing each arch recorded.
+    what a node holding the previous image (the state's, `after[0]`, else the tag's) fetches
+    and unpacks, in all; and what writing each arch recorded. The template (`after[1]`) is
+    rendered for the digest before anything is written, so a template that cannot take it
+    stops the push.
 
     The bytes written are checked to carry the config verified, byte for byte. Blobs other
     repositories of the registry hold are mounted from them (builder.publish.blob_memory).
@@ -312,6 +318,7 @@ def _write(
     provenance attested) after the manifests and before the tag moves (builder.sign).
     """
     registry = credentials.registry(target.repository, str(target.repository), run.retries)
+    state, pointing = after
     previous, before = previous_images(
         *baseline(state, registry, target.tag), [one.arch for one in produced], run.reporter
     )
@@ -323,6 +330,8 @@ def _write(
         if len(images) > 1:
             platforms = [Platform.linux(one.arch) for one in produced]
             index = Index.build(zip(platforms, images, strict=True), target.annotations)
+        if pointing is not None:
+            pointing.render(f"{registry.label}@{(images[0] if index is None else index).digest}")
         attached = {
             image.digest: one.attestable.attachments(str(target.repository), image.digest)
             for one, image in zip(produced, images, strict=True)
@@ -356,14 +365,18 @@ def publish_index(
     target: Target,
     key: SigningKey | None,
     reporter: Reporter,
+    pointing: Pointing | None = None,
 ) -> Written:
     """What `_write` does once the images are in, for arch images other jobs pushed by digest
     (builder.orchestration.runners.parts): their index (one arch: the image itself) written,
-    signed with `key` (each part signed its own image), then the tag moved."""
+    signed with `key` (each part signed its own image), then the tag moved. The template
+    (`pointing`) is rendered for the digest before anything is written."""
     index = None
     if len(images) > 1:
         platforms = [Platform.linux(arch) for arch, _ in images]
         index = Index.build(zip(platforms, [i for _, i in images], strict=True), target.annotations)
+    if pointing is not None:
+        pointing.render(f"{registry.label}@{(images[0][1] if index is None else index).digest}")
     alone = [image for _, image in images] if index is None else []
     reporter.say(f"pushing {target.repository}:{target.tag} ...")
     written = write(registry, alone, Blobs(), index=index, tags=[] if key else [target.tag])
@@ -479,19 +492,20 @@ def _write_attachments(one: Produced, output: Path) -> tuple[str, ...] | None:
     return tuple(sorted(one.attestable.documents))
 
 
-def _point_template(outcome: Outcome, delivery: Delivery) -> None:
-    """Name the pushed digest in the template; warn of warm pools that keep old pods."""
-    from builder.publish.template import apply_hint, set_image, warm_pool_warnings
+def pointing_of(settings: RunSettings) -> Pointing | None:
+    """The run's template and warm pools (None: no template to point)."""
+    return template_pointing(settings.template, settings.container, settings.warm_pools)
 
-    settings = delivery.settings
-    assert outcome.pushed is not None and settings.template is not None
-    change = set_image(settings.template, outcome.pushed.reference, settings.container)
-    outcome.template_change = change
-    outcome.notes.append(apply_hint(settings.template))
-    if change.template_name:  # a template without metadata.name is one no warm pool can refer to
-        outcome.notes += warm_pool_warnings(
-            (settings.template, *settings.warm_pools), change.template_name
-        )
+
+def template_pointing(
+    template: Path | None, container: str | None, warm_pools: tuple[Path, ...] = ()
+) -> Pointing | None:
+    """`template` to point at what is pushed (None: none given)."""
+    if template is None:
+        return None
+    from builder.publish.template import Pointing  # ruamel: only a run with a template
+
+    return Pointing(template, container, warm_pools)
 
 
 def _report(outcome: Outcome, delivery: Delivery, run: Run) -> None:

@@ -22,6 +22,7 @@ from builder.errors import UserError
 from builder.layers.layer import lock_hash
 from builder.oci.name import ImageRef
 from builder.plan.plan import Plan, PlannedWheel
+from builder.publish.writable import check_replaceable
 from builder.resolve.resolution import SourceKind
 
 
@@ -156,6 +157,14 @@ def load_state(path: Path) -> BuildState | None:
         raise UserError(
             f"{path}: unreadable build state ({type(error).__name__}: {error})"
         ) from None
+
+
+def check_state(path: Path) -> BuildState | None:
+    """The state at `path` (None: none recorded yet), checked before a run builds anything:
+    readable, well-formed, and replaceable (builder.publish.writable)."""
+    previous = load_state(path)
+    check_replaceable(path, "build state")
+    return previous
 
 
 def write_json_whole(path: Path, document: object) -> None:

@@ -5,6 +5,11 @@ YAML emitter (which reflows indentation, quoting and comments) is not acceptable
 the file only to find the exact character span of the one `image` scalar; that span is replaced in
 the original text, so every other byte stays as it was, and the result is parsed again to prove
 that nothing but that value changed.
+
+A run checks the template before it builds anything (`check_template`), renders the new text
+in memory once the digest is known and before the push (`render_image`), and after the push
+only writes that text (`write_edit`): nothing that can fail on the file's content is left
+for after a tag moved.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 import shlex
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -21,6 +26,7 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from builder.errors import UserError
+from builder.publish.writable import check_replaceable
 
 API_GROUP = "extensions.agents.x-k8s.io"
 TEMPLATE_KIND = "SandboxTemplate"
@@ -42,14 +48,103 @@ class TemplateChange:
         return self.old_image != self.new_image
 
 
-def set_image(path: Path, image: str, container: str | None = None) -> TemplateChange:
-    """Set a container's image in the SandboxTemplate at `path`, changing no other byte of the file.
+@dataclass(frozen=True)
+class TemplateEdit:
+    """The template's new text, rendered in memory before the push: writing it is all that
+    follows the push (`write_edit`)."""
 
-    `container` names the container to edit; by default the first one. The file is replaced
-    atomically (mode kept) and only when the image actually changes.
+    path: Path  # the file written: a symlink's target
+    text: str | None  # None: the template names the image already, nothing is written
+    change: TemplateChange
+
+
+@dataclass(frozen=True)
+class _Found:
+    """The template's one image value, found and checked editable."""
+
+    target: Path
+    text: str
+    documents: list[Node | None]
+    node: ScalarNode
+    span: tuple[int, int]  # the scalar's body in `text`
+    in_flow: bool
+    container: str
+    template_name: str | None
+
+
+@dataclass
+class Pointing:
+    """A run's template pointed at what it pushes: checked before anything is built (`check`),
+    rendered with the warm pools' warnings once the digest is known and before the push
+    (`render`), written after the push (`write`)."""
+
+    path: Path
+    container: str | None = None
+    warm_pools: tuple[Path, ...] = ()
+    edit: TemplateEdit | None = None
+    notes: list[str] = field(default_factory=list)  # how to apply it; warm pools left stale
+
+    def check(self) -> None:
+        check_template(self.path, self.container)
+        check_warm_pools(self.warm_pools)
+
+    def render(self, image: str) -> None:
+        self.edit = render_image(self.path, image, self.container)
+        self.notes = [apply_hint(self.path)]
+        if name := self.edit.change.template_name:  # else no warm pool can refer to it
+            self.notes += warm_pool_warnings((self.path, *self.warm_pools), name)
+
+    def write(self, image: str) -> TemplateChange:
+        """Write what `render` made for `image`, the reference the push wrote."""
+        if self.edit is None or self.edit.change.new_image != image:
+            raise AssertionError(f"the template was not rendered for {image} before the push")
+        return write_edit(self.edit)
+
+
+def check_template(path: Path, container: str | None = None) -> None:
+    """What pointing the template needs, checked before a run builds anything: UTF-8 YAML
+    holding one SandboxTemplate, `container` (default: the first) with a one-line image
+    value, and a file that can be replaced (builder.publish.writable). One UserError naming
+    the file and what is wrong."""
+    _find(path, container)
+
+
+def render_image(path: Path, image: str, container: str | None = None) -> TemplateEdit:
+    """The SandboxTemplate at `path` with a container's image set to `image`, in memory, no
+    other byte changed; checked again as `check_template` does (the file may have changed
+    since the run began).
+
+    `container` names the container to edit; by default the first one.
     """
     if not image or any(ch.isspace() or not ch.isprintable() for ch in image):
         raise UserError(f"{image!r} is not an image reference")
+    found = _find(path, container)
+    change = TemplateChange(found.node.value, image, found.container, found.template_name)
+    if not change.changed:
+        return TemplateEdit(found.target, None, change)
+    new_text = _replace_checked(
+        path, found.text, found.documents, found.node, found.span, image, found.in_flow
+    )
+    return TemplateEdit(found.target, new_text, change)
+
+
+def write_edit(edit: TemplateEdit) -> TemplateChange:
+    """Write a rendered edit: the file is replaced atomically (mode kept), and only when the
+    image actually changes."""
+    if edit.text is not None:
+        _write_atomic(edit.path, edit.text.encode("utf-8"))
+    return edit.change
+
+
+def check_warm_pools(paths: Iterable[Path]) -> None:
+    """Each warm-pool file reads as YAML, checked before a run builds anything (its warnings
+    are read before the push)."""
+    for path in paths:
+        _load_all(path)
+
+
+def _find(path: Path, container: str | None) -> _Found:
+    """The image value to edit, every check made that does not depend on the new image."""
     target = path.resolve()
     raw = _read(target)
     try:
@@ -57,15 +152,13 @@ def set_image(path: Path, image: str, container: str | None = None) -> TemplateC
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     documents = _compose(path, text)
+    _safe_data(path, text)
     document = _template_document(path, documents)
     template_name = _scalar(_child(document, "metadata"), "name")
     chosen, node, in_flow = _image_node(path, document, container)
-    old_image = node.value
-    if old_image != image:
-        span = _scalar_body(path, node, text, documents)
-        new_text = _replace_checked(path, text, documents, node, span, image, in_flow)
-        _write_atomic(target, new_text.encode("utf-8"))
-    return TemplateChange(old_image, image, chosen, template_name)
+    span = _scalar_body(path, node, text, documents)
+    check_replaceable(target, "template")
+    return _Found(target, text, documents, node, span, in_flow, chosen, template_name)
 
 
 def warm_pool_warnings(paths: Iterable[Path], template_name: str) -> list[str]:
@@ -257,10 +350,7 @@ def _replace_checked(
     A plain scalar inside a flow mapping falls back to double quotes when the image holds `:` or
     a flow indicator: YAML 1.2 reads it, but YAML 1.1 parsers (PyYAML, older libyaml) refuse it.
     """
-    try:
-        expected = _data(text)
-    except YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({_one_line(exc)})") from None
+    expected = _safe_data(path, text)
     doc_index, keys = next(
         (i, keys) for i, doc in enumerate(documents) if (keys := _data_path(doc, node)) is not None
     )
@@ -285,6 +375,15 @@ def _replace_checked(
     raise UserError(
         f"{path}: cannot write {image!r} into the template without changing its meaning"
     )
+
+
+def _safe_data(path: Path, text: str) -> list:
+    """The documents as plain data, as a YAML 1.1 reader sees them too (a duplicate key is
+    refused here, where composing lets it through)."""
+    try:
+        return _data(text)
+    except YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({_one_line(exc)})") from None
 
 
 def _data(text: str) -> list:

@@ -49,6 +49,72 @@ def test_settings_of_the_wrong_type_name_the_setting(tmp_path, extra, culprit):
         load_config(_config(tmp_path, extra))
 
 
+VERSIONLESS = 'requirements = ["r.txt"]\nbase-repository = "reg.example/rt"\n'
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        (
+            "1.10",
+            "'platform-version' must be a string, not a number (1.10):"
+            ' write it quoted, platform-version = "1.10"',
+        ),
+        ("2", 'not a number (2): write it quoted, platform-version = "2"'),
+        ("2026-01-01", 'not a date (2026-01-01): write it quoted, platform-version = "2026-01-01"'),
+        ("true", "not true or false (true)"),
+        ('["1.4"]', 'must be a string, not a list (["1.4"])'),
+        ('"1.4 beta"', "'platform-version' '1.4 beta' is not a valid tag"),
+        ('""', "'platform-version' '' is not a valid tag"),
+    ],
+)
+def test_a_platform_version_not_written_as_a_tag_is_refused(
+    tmp_path: Path, written: str, message: str
+) -> None:
+    """`platform-version = 1.10` is the TOML number 1.1: read as written, it is refused in
+    one line that says to quote it, never turned into the base `runtime:1.1`."""
+    path = tmp_path / "bsi.toml"
+    path.write_text(f"{VERSIONLESS}platform-version = {written}   # the new platform\n")
+    with pytest.raises(UserError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}: 'platform-version' ")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("container = 2\n", "'container' must be a string, not a number (2): write it quoted"),
+        ("torch-backend = false\n", "'torch-backend' must be a string, not true or false"),
+        (
+            'requirements = "r.txt"\n',
+            "'requirements' must be a list of paths, not a string:"
+            ' write requirements = ["r.txt"]',
+        ),
+        ("without-programs = 3\n", "'without-programs' must be a list of program names, not a"),
+        ('warm-pools = ["a.yaml", 1]\n', "'warm-pools' must be a list of paths: 1 is not one"),
+        ("soci = 0\n", "'soci' must be true or false (unquoted), not a number"),
+        (
+            'find-links = "https://ci:hunter2@mirror.example/w/"\n',
+            'write find-links = ["https://***@mirror.example/w/"]',
+        ),
+    ],
+)
+def test_a_setting_of_the_wrong_shape_says_what_it_found(
+    tmp_path: Path, extra: str, message: str
+) -> None:
+    text = (
+        BASE + extra
+        if not extra.startswith("requirements")
+        else BASE.replace('requirements = ["r.txt"]\n', extra)
+    )
+    path = tmp_path / "bsi.toml"
+    path.write_text(text)
+    with pytest.raises(UserError) as caught:
+        load_config(path)
+    assert message in str(caught.value) and "hunter2" not in str(caught.value)
+
+
 def test_bytecode_is_on_unless_the_config_turns_it_off(tmp_path):
     assert load_config(_config(tmp_path)).bytecode is True
     assert load_config(_config(tmp_path, "bytecode = false\n")).bytecode is False

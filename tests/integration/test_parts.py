@@ -139,7 +139,10 @@ def runs(
     template = tmp_path / "template.yaml"
     template.write_text(TEMPLATE.format(old="0" * 64))
     state = tmp_path / "state.json"
-    state.write_text('{"recorded": "before"}\n')
+    state.write_text(  # a previous build's record (a state that is not one fails the merge first)
+        '{"recorded": "before", "platform_version": "0.9", "base_image": "x",'
+        ' "python_version": "3.13.0", "packages": {}, "apt_packages": {}}\n'
+    )
     runners = {"amd64": a, "arm64": b}
     yield Runs(plan, repository, amd64, arm64, parts, merge_dir, template, state, runners)
     extras = json.loads((plan / "plan.json").read_text())["plan_id"]["extras_hash"]

@@ -207,21 +207,66 @@ def run_cli(*args: str) -> Any:
     return CliRunner().invoke(main, list(args))
 
 
+TEMPLATE = """\
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxTemplate
+metadata: {name: py}
+spec:
+  podTemplate:
+    spec:
+      containers:
+      - name: runtime
+        image: old.example/runtime:1
+"""
+
+
 def test_merge_refuses_before_asking_the_registry_and_touches_nothing(tmp_path: Path) -> None:
     """The CLI end to end, up to the first check: one line naming the missing arch, exit 1;
     the template and the state as they were; the check comes before any registry request."""
     document = document_in(tmp_path, "amd64", "arm64")
     part_file(tmp_path, passed(document, "amd64"))
     template, state = tmp_path / "template.yaml", tmp_path / "state.json"
-    template.write_text("kind: SandboxTemplate\n")
-    state.write_text("{}\n")
+    template.write_text(TEMPLATE)
     result = run_cli(
         "merge", str(tmp_path), "--push", str(REPO), "--template", str(template),
         "--state", str(state),
     )  # fmt: skip
     assert result.exit_code == 1
     assert result.stderr == "error: no part for arm64 in parts/ (run `part --arch` for it)\n"
-    assert template.read_text() == "kind: SandboxTemplate\n" and state.read_text() == "{}\n"
+    assert template.read_text() == TEMPLATE and not state.exists()
+
+
+@pytest.mark.parametrize(
+    ("template_text", "state_text", "args", "culprit"),
+    [
+        ("kind: SandboxTemplate\n", None, (), "template.yaml is not a SandboxTemplate"),
+        (TEMPLATE, None, ("--container", "nosuch"), "template.yaml: no container named 'nosuch'"),
+        (TEMPLATE, "[1, 2]\n", (), "state.json: unreadable build state"),
+    ],
+)
+def test_merge_checks_its_template_and_state_before_the_parts(
+    tmp_path: Path,
+    template_text: str,
+    state_text: str | None,
+    args: tuple[str, ...],
+    culprit: str,
+) -> None:
+    """A merge whose template or state cannot be written is refused before its parts are
+    even read (here they are missing too): the push would move the tag, then fail."""
+    document_in(tmp_path, "amd64")
+    template, state = tmp_path / "template.yaml", tmp_path / "state.json"
+    template.write_text(template_text)
+    if state_text is not None:
+        state.write_text(state_text)
+    result = run_cli(
+        "merge", str(tmp_path), "--push", str(REPO), "--template", str(template),
+        "--state", str(state), *args,
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {tmp_path}/{culprit}")
+    assert result.stderr.count("\n") == 1
+    assert template.read_text() == template_text
+    assert (state.read_text() if state.exists() else None) == state_text
 
 
 @pytest.mark.parametrize("command", ["part", "merge"])

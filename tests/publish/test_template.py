@@ -10,10 +10,26 @@ import pytest
 from ruamel.yaml import YAML
 
 from builder.errors import UserError
-from builder.publish.template import apply_hint, set_image, warm_pool_warnings
+from builder.publish.template import (
+    Pointing,
+    TemplateChange,
+    apply_hint,
+    check_template,
+    check_warm_pools,
+    render_image,
+    warm_pool_warnings,
+    write_edit,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NEW = "127.0.0.1:5000/team/python-sandbox@sha256:" + "0123456789abcdef" * 4
+
+
+def set_image(path: Path, image: str, container: str | None = None) -> TemplateChange:
+    """What a run does to its template: rendered in memory, then written."""
+    return write_edit(render_image(path, image, container))
+
+
 HEADER = "apiVersion: extensions.agents.x-k8s.io/v1beta1\nkind: SandboxTemplate\n"
 
 BLOCK = f"""\
@@ -288,3 +304,82 @@ def test_examples_are_hardened_and_editable(tmp_path: Path) -> None:
         [path, REPO_ROOT / "examples/sandbox-warmpool.yaml"], change.template_name
     )
     assert len(warnings) == 1 and "OnReplenish (the default)" in warnings[0]
+
+
+# -- checked before the run builds anything, rendered before the push --------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "container", "culprit"),
+    [
+        ("a: [unclosed\n", None, "not valid YAML"),
+        ("kind: SandboxTemplate\nkind: SandboxTemplate\n", None, "not valid YAML"),
+        ("apiVersion: v1\nkind: ConfigMap\n", None, "is not a SandboxTemplate"),
+        (BLOCK, "nosuch", "no container named 'nosuch'"),
+        (BLOCK.replace('image: "busybox:1.36"', "args: []"), "sidecar", "is missing"),
+        (BLOCK.replace("image: OLD_IMAGE", "image: |\n            OLD_IMAGE"), None, "one line"),
+    ],
+    ids=["not-yaml", "duplicate-key", "wrong-kind", "no-container", "no-image", "block-scalar"],
+)
+def test_a_template_that_cannot_be_pointed_is_refused_by_the_check(
+    tmp_path: Path, text: str, container: str | None, culprit: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(UserError) as caught:
+        check_template(path, container)
+    assert str(caught.value).startswith(str(path)) and culprit in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert path.read_text() == text
+
+
+def test_a_read_only_template_is_refused_and_left_alone(tmp_path: Path) -> None:
+    """Marked read-only by its owner: refused even for root, whom the bits do not stop."""
+    path = write(tmp_path, BLOCK)
+    path.chmod(0o444)
+    with pytest.raises(UserError, match=r"template\.yaml: is read-only \(mode 0444\)"):
+        check_template(path)
+    with pytest.raises(UserError, match="read-only"):
+        render_image(path, NEW)
+    assert path.read_text() == BLOCK
+
+
+def test_the_check_passes_a_good_template_and_changes_nothing(tmp_path: Path) -> None:
+    path = write(tmp_path, BLOCK)
+    before = path.stat()
+    check_template(path, "sidecar")
+    assert path.read_text() == BLOCK and path.stat().st_mtime_ns == before.st_mtime_ns
+
+
+def test_rendering_writes_nothing_until_the_edit_is_written(tmp_path: Path) -> None:
+    path = write(tmp_path, BLOCK)
+    edit = render_image(path, NEW)
+    assert path.read_text() == BLOCK  # in memory only: the push comes between
+    assert edit.text == swapped(BLOCK, "OLD_IMAGE", NEW) and edit.path == path.resolve()
+    write_edit(edit)
+    assert path.read_text() == edit.text
+
+
+def test_pointing_renders_before_and_writes_only_what_it_rendered(tmp_path: Path) -> None:
+    pools = write(tmp_path, pool(None), "pools.yaml")
+    path = write(tmp_path, BLOCK)
+    pointing = Pointing(path, "runtime", (pools,))
+    pointing.check()
+    with pytest.raises(AssertionError, match="not rendered"):
+        pointing.write(NEW)
+    pointing.render(NEW)
+    assert path.read_text() == BLOCK
+    assert pointing.notes[0] == apply_hint(path) and "pool-default" in pointing.notes[1]
+    with pytest.raises(AssertionError, match="not rendered"):
+        pointing.write(NEW.replace("0123", "3210"))  # the push wrote another digest
+    change = pointing.write(NEW)
+    assert (change.old_image, change.new_image) == ("OLD_IMAGE", NEW)
+    assert path.read_text() == swapped(BLOCK, "OLD_IMAGE", NEW)
+
+
+def test_a_warm_pool_file_is_checked_with_the_template(tmp_path: Path) -> None:
+    broken = write(tmp_path, "a: [unclosed\n", "broken.yaml")
+    pointing = Pointing(write(tmp_path, BLOCK), None, (broken,))
+    with pytest.raises(UserError, match=r"broken\.yaml: not valid YAML"):
+        pointing.check()
+    with pytest.raises(UserError, match=r"gone\.yaml: cannot read"):
+        check_warm_pools([tmp_path / "gone.yaml"])

@@ -34,10 +34,16 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import Written, read
 from builder.oci.v1 import Image
 from builder.orchestration.commands import OnePart, deliver_part
-from builder.orchestration.delivery import Outcome, Run, Target, publish_index
+from builder.orchestration.delivery import (
+    Outcome,
+    Run,
+    Target,
+    publish_index,
+    template_pointing,
+)
 from builder.orchestration.prepare import Finish, extras_hash_of
 from builder.orchestration.runners.document import PlanDocument, PlanId, check_layers
-from builder.publish.state import save_state, state_of, write_json_whole
+from builder.publish.state import check_state, save_state, state_of, write_json_whole
 from builder.publish.tags import image_tag
 from builder.reporter import Reporter
 from builder.retry import Retries
@@ -337,7 +343,14 @@ def _holds_in_order(diff_ids: Sequence[str], planned: Sequence[str]) -> bool:
 
 def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     """Every part checked, then the index (one arch: its image), the signatures, the tag, the
-    template and the state, as a one-job run writes them; nothing when a check fails."""
+    template and the state, as a one-job run writes them; nothing when a check fails. The
+    template and the state are checked first, and the template's new text is rendered before
+    the push."""
+    pointing = template_pointing(job.template, job.container)
+    if pointing is not None:
+        pointing.check()
+    if job.state is not None:
+        check_state(job.state)
     check_plan(document)
     parts = check_parts(document, read_parts(job.plan_dir), job.repository)
     retries = Retries(reporter)
@@ -346,12 +359,8 @@ def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     target = Target(job.repository, tag_of(document), labels_of(document))
     reporter.say(f"merging {len(parts)} part(s) of plan {document.plan_id} ...")
     pushed = [(record.arch, image) for record, image in zip(parts, images, strict=True)]
-    written = publish_index(registry, pushed, target, job.sign, reporter)
-    change = None
-    if job.template is not None:
-        from builder.publish.template import set_image
-
-        change = set_image(job.template, written.reference, job.container)
+    written = publish_index(registry, pushed, target, job.sign, reporter, pointing)
+    change = pointing.write(written.reference) if pointing is not None else None
     if job.state is not None:
         state = state_of(document.plan, document.platform_version, written.reference, "build")
         save_state(job.state, state)
