@@ -45,6 +45,7 @@ from builder.cache.bound import parse_size
 from builder.engines.connection import EngineURL
 from builder.engines.per_arch import known_arch
 from builder.errors import UserError
+from builder.files import refuse_link, write_whole
 from builder.oci.name import TAG_RE, ImageRef
 from builder.resolve.index_options import torch_backend
 from builder.resolve.requirements import find_links
@@ -253,15 +254,14 @@ def set_platform_version(config: PipelineConfig, version: str) -> None:
     """
     if not TAG_RE.fullmatch(version):
         raise UserError(f"{config.path}: platform version {version[:80]!r} is not a valid tag")
+    refuse_link(config.path)
     text = config.path.read_text()
     updated, count = VERSION_LINE.subn(
         lambda m: f"{m.group(1)}{m.group(2)}{version}{m.group(2)}", text, count=1
     )
     if count != 1:
         raise UserError(f"{config.path}: no quoted platform-version line to update")
-    temp = config.path.with_name(f".{config.path.name}.new")
-    temp.write_text(updated)
-    temp.replace(config.path)
+    write_whole(config.path, updated, durable=True)  # its mode kept, never through a link
 
 
 @dataclass(frozen=True)
@@ -310,8 +310,8 @@ def merge(
     so `output_given` and `base_given` say whether the operator gave the flag: a config's value
     wins over a default, a flag wins over the config. Only a config names a state file."""
     if config is None:
-        return flags
-    return replace(
+        return _replaceable(flags)
+    merged = replace(
         flags,
         requirements=flags.requirements or config.requirements,
         constraints=flags.constraints or config.constraints,
@@ -336,10 +336,22 @@ def merge(
         cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
         state=config.state,
     )
+    return _replaceable(merged)
+
+
+def _replaceable(settings: RunSettings) -> RunSettings:
+    """`settings`, once neither file the run may replace (the state, the template) is a
+    symlink: refused now, before any work, rather than after a push (builder.files)."""
+    for path in (settings.state, settings.template):
+        if path is not None:
+            refuse_link(path)
+    return settings
 
 
 def settings_of(config: PipelineConfig) -> RunSettings:
-    """A run's settings from the config alone (a `rebuild`'s): what `merge` fills in."""
+    """A run's settings from the config alone (a `rebuild`'s): what `merge` fills in. The
+    config itself is rewritten at the end (`set_platform_version`): not if it is a symlink."""
+    refuse_link(config.path)
     return merge(
         RunSettings(config.requirements, config.base_image),
         config,

@@ -9,9 +9,7 @@ that nothing but that value changed.
 
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from builder.errors import UserError
+from builder.files import refuse_link, write_whole
 
 API_GROUP = "extensions.agents.x-k8s.io"
 TEMPLATE_KIND = "SandboxTemplate"
@@ -46,12 +45,13 @@ def set_image(path: Path, image: str, container: str | None = None) -> TemplateC
     """Set a container's image in the SandboxTemplate at `path`, changing no other byte of the file.
 
     `container` names the container to edit; by default the first one. The file is replaced
-    atomically (mode kept) and only when the image actually changes.
+    atomically (mode kept) and only when the image actually changes; a template that is a
+    symlink is refused, never written through (builder.files).
     """
     if not image or any(ch.isspace() or not ch.isprintable() for ch in image):
         raise UserError(f"{image!r} is not an image reference")
-    target = path.resolve()
-    raw = _read(target)
+    refuse_link(path)
+    raw = _read(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -64,7 +64,7 @@ def set_image(path: Path, image: str, container: str | None = None) -> TemplateC
     if old_image != image:
         span = _scalar_body(path, node, text, documents)
         new_text = _replace_checked(path, text, documents, node, span, image, in_flow)
-        _write_atomic(target, new_text.encode("utf-8"))
+        write_whole(path, new_text.encode("utf-8"), durable=True)
     return TemplateChange(old_image, image, chosen, template_name)
 
 
@@ -305,19 +305,3 @@ def _data_path(node: Node | None, target: Node) -> list | None:
         if below is not None:
             return [key, *below]
     return None
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` in one rename so a crash never leaves a half-written template."""
-    mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

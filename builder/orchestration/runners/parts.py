@@ -29,6 +29,7 @@ from builder.config import APT_SECRETS
 from builder.context.labels import created, image_labels
 from builder.engines.per_arch import Engines
 from builder.errors import RegistryError, RegistryUnreachable, UserError
+from builder.files import refuse_link
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Written, read
@@ -250,6 +251,7 @@ def _held(registry: RepositoryClient, digest: str) -> Image | None:
 
 def _save(plan_dir: Path, record: PartRecord) -> Path:
     folder = plan_dir / PARTS
+    refuse_link(folder)  # a folder planted as a link would take the record elsewhere
     folder.mkdir(exist_ok=True)
     path = folder / f"{record.arch}.json"
     write_json_whole(path, record.to_dict())
