@@ -197,7 +197,7 @@ def main(context: click.Context, **_flags: object) -> None:
     from builder.orchestration.commands import build
 
     settings = run_settings(context)
-    cache = Cache(settings.cache_dir or default_root())
+    cache = Cache(settings.cache_dir or default_root(), warn=REPORTER.warn)
     planning = not settings.build and settings.push_repository is not None  # for `part`
     client = engine_client() if settings.build or planning else None
     if ignored := unheeded(settings.engines, not settings.build, client is not None):
@@ -368,7 +368,7 @@ def rebuild(
     client = engine_client()
     if client is None:
         raise UserError("rebuild: no Docker engine reachable to probe the new base")
-    cache = Cache(cache_dir or default_root())
+    cache = Cache(cache_dir or default_root(), warn=REPORTER.warn)
     limit = cache_max if cache_max is not None or config is None else config.cache_max
     with bounded_use(cache, limit) as bound:
         if config is None:

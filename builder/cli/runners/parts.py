@@ -88,7 +88,7 @@ def part_command(
     client = engine_client()
     if client is None:
         raise UserError("part: no Docker engine reachable to build on")
-    cache = Cache(cache_dir or default_root())
+    cache = Cache(cache_dir or default_root(), warn=REPORTER.warn)
     secrets = apt_secrets(apt_ca_bundle, apt_auth)
     job = PartJob(plan_dir, arch, repository, key, strict, secrets)
     with connect(engine_flags(engine_urls), client) as engines, bounded_use(cache, cache_max):
