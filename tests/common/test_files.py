@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.cli.fleet import fleet_output
 from builder.config import load_config, set_platform_version, settings_of
 from builder.context.render import add_to_output, render, update_report
 from builder.errors import UserError
@@ -220,6 +221,9 @@ def test_the_shard_table(project: Path, outside: Path) -> None:
     plant(outside, path)
     with pytest.raises(UserError, match="is a symbolic link"):
         write_table(path, document)  # type: ignore[arg-type]
+    for shard in (None, "1/2"):  # refused when the command is read, before the fleet runs
+        with pytest.raises(UserError, match="is a symbolic link"):
+            fleet_output((project / "a.toml",), shard, path, False)
     assert untouched(outside)
 
 
@@ -282,3 +286,26 @@ def test_the_context_output(project: Path, outside: Path) -> None:
     (output / "sbom-amd64.cdx.json").unlink()  # not the tool's: it would keep the context
     _context(project, output)  # a link among our own files: the directory is replaced whole
     assert untouched(outside) and regular(output / "report.json")
+
+
+def test_a_template_flag_that_is_a_link_is_one_error_line_before_any_work(
+    project: Path, outside: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from builder.cli.app import main
+
+    (project / "r.txt").write_text("bsi-none\n")
+    plant(outside, project / "template.yaml")
+    output = project / "sandbox-image"
+    result = CliRunner().invoke(
+        main,
+        ["-r", str(project / "r.txt"), "--template", str(project / "template.yaml"),
+         "--no-build", "--output", str(output), "--cache-dir", str(project / "cache")],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"error: {project / 'template.yaml'}: is a symbolic link; the tool never writes through"
+        " one (name the file or directory itself)"
+    ]
+    assert untouched(outside) and not output.exists() and not (project / "cache").exists()
