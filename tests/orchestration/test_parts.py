@@ -224,6 +224,21 @@ def test_merge_refuses_before_asking_the_registry_and_touches_nothing(tmp_path: 
     assert template.read_text() == "kind: SandboxTemplate\n" and state.read_text() == "{}\n"
 
 
+@pytest.mark.parametrize("which", ["template", "state"])
+def test_merge_refuses_a_symlinked_template_or_state_first(tmp_path: Path, which: str) -> None:
+    """Either is replaced at the end, after the index is pushed: a link is refused before."""
+    document = document_in(tmp_path, "amd64")
+    part_file(tmp_path, passed(document, "amd64"))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the runner's\n")
+    link = tmp_path / f"{which}.link"
+    link.symlink_to(outside)
+    result = run_cli("merge", str(tmp_path), "--push", str(REPO), f"--{which}", str(link))
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {link}: is a symbolic link;")
+    assert outside.read_text() == "the runner's\n"
+
+
 @pytest.mark.parametrize("command", ["part", "merge"])
 def test_a_directory_without_a_plan_is_one_line(tmp_path: Path, command: str) -> None:
     arch = ["--arch", "amd64"] if command == "part" else []

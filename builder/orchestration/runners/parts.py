@@ -339,7 +339,11 @@ def _holds_in_order(diff_ids: Sequence[str], planned: Sequence[str]) -> bool:
 
 def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     """Every part checked, then the index (one arch: its image), the signatures, the tag, the
-    template and the state, as a one-job run writes them; nothing when a check fails."""
+    template and the state, as a one-job run writes them; nothing when a check fails (a
+    template or state that is a symlink included: refused first, builder.files)."""
+    for path in (job.template, job.state):
+        if path is not None:
+            refuse_link(path)
     check_plan(document)
     parts = check_parts(document, read_parts(job.plan_dir), job.repository)
     retries = Retries(reporter)
