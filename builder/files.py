@@ -131,9 +131,10 @@ def _copied(src: IO[bytes], out: IO[bytes]) -> None:
     """The bytes copied by the kernel (no trip through this process), or read and written."""
     size = os.fstat(src.fileno()).st_size
     done = 0
+    in_kernel = getattr(os, "copy_file_range", None)  # Linux's; elsewhere through memory
     try:
-        while done < size:
-            step = os.copy_file_range(src.fileno(), out.fileno(), size - done)
+        while in_kernel is not None and done < size:
+            step = in_kernel(src.fileno(), out.fileno(), size - done)
             if step == 0:  # the source shrank meanwhile: what is left is copied below
                 break
             done += step

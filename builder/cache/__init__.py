@@ -6,12 +6,14 @@ says what it holds and trims it.
 
 Everything is written to a temporary name and renamed into place, so a crash or a parallel
 run never leaves a half-written entry that a later run would trust (a record through
-builder.files, as every file the tool writes). Nothing leaves the cache as a hard link (a build
-context gets copies), and a blob that leaves it as it is, a layer tar copied into a context, is
-found through `checked_blob`: hashed again once a run, and dropped with a warning (`warn`, the
-run's reporter) when it no longer matches its digest, so it is made again. An entry that is slow to
-make (a download) is made under `exclusive`, so a fleet's templates (threads) or parallel runs
-(processes) that need the same one wait for the first instead of making it again.
+builder.files, as every file the tool writes). An entry that is slow to make (a download) is
+made under `exclusive`, so a fleet's templates (threads) or parallel runs (processes) that need
+the same one wait for the first instead of making it again.
+
+Nothing leaves the cache as a hard link (a build context gets copies). A layer tar, which
+leaves it as it is, is found through `checked_blob`: hashed when the file is new to the check
+or changed since (written, linked or unlinked: its ctime says so), and removed with a warning
+(`warn`: the run's reporter) when it no longer matches its digest, so it is made again.
 
 Every entry found is touched (its mtime is its last use: what a prune removes first is what was
 used least recently), a blob under its `exclusive` lock of kind `USE_LOCK`, which a prune

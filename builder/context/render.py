@@ -359,7 +359,7 @@ def _write_arches(
     layers: Mapping[str, Sequence[ExtrasLayer]],
     pylocks: Mapping[str, str],
 ) -> None:
-    """Each arch's locks and its extras layer files (linked from the cache when it can)."""
+    """Each arch's locks and its extras layer files (copies of the cache's)."""
     for arch in plan.arches:
         write_whole(staging / f"requirements-{arch.arch}.lock", lock_text(plan, arch.arch))
         write_whole(staging / f"pylock.{arch.arch}.toml", pylocks[arch.arch])
@@ -420,8 +420,8 @@ def check_output(output: Path) -> Path:
 
     A new or empty directory, or a context this tool wrote (its marker lists every entry in
     it), may be replaced; anything else is refused, naming a few of its entries, and so is a
-    symlink, wherever it points. Cheap enough
-    to call before the slow steps, and called again right before the swap.
+    symlink, wherever it points. Cheap enough to call before the slow steps, and called again
+    right before the swap.
     """
     output = Path(os.path.abspath(output))
     refuse_link(output)  # the context goes where it is named, never where a link points

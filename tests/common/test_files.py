@@ -5,6 +5,7 @@ build context), each with symlinks planted at the names it used to write through
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -157,6 +158,26 @@ def test_a_copy_shares_nothing_an_edit_could_reach(project: Path) -> None:
         edit.seek(100)
         edit.write(b"EDITED")
     assert source.read_bytes() == original
+
+
+@pytest.mark.parametrize("kernel", ["refuses", "absent"])
+def test_a_copy_falls_back_to_memory_where_the_kernel_cannot(
+    project: Path, monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
+    """ext4 has no reflinks (FICLONE says EOPNOTSUPP here); an old kernel's copy_file_range
+    refuses two file systems (EXDEV), and another OS has none."""
+    source = project / "cached.tar"
+    source.write_bytes(os.urandom(1 << 20))
+    if kernel == "absent":
+        monkeypatch.delattr(os, "copy_file_range")
+    else:
+
+        def refuse(*args: object) -> int:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "copy_file_range", refuse)
+    copy_whole(source, project / "context.tar")
+    assert (project / "context.tar").read_bytes() == source.read_bytes()
 
 
 # -- each place that writes one ------------------------------------------------------------------
