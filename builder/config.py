@@ -45,7 +45,7 @@ from builder.cache.bound import parse_size
 from builder.engines.connection import EngineURL
 from builder.engines.per_arch import known_arch
 from builder.errors import UserError
-from builder.files import refuse_link, write_whole
+from builder.files import refuse_link, refuse_links_below, write_whole
 from builder.oci.name import TAG_RE, ImageRef
 from builder.resolve.index_options import torch_backend
 from builder.resolve.requirements import find_links
@@ -122,13 +122,14 @@ class PipelineConfig:
 
 def load_config(path: Path) -> PipelineConfig:
     """The config at `path`; a setting unknown, missing or of the wrong type is one error
-    naming the file and the setting."""
+    naming the file and the setting, and so is a file it names for the tool to write (the
+    state, the template, the output) reached through a symlink below its directory."""
     table = _Table(path, _read(path))
     here = path.parent
     base_repository = table.repository("base-repository")
     if base_repository is None:
         raise UserError(f"{path}: 'base-repository' is empty")
-    return PipelineConfig(
+    config = PipelineConfig(
         path=path,
         requirements=table.paths("requirements"),
         constraints=table.paths("constraints"),
@@ -158,6 +159,10 @@ def load_config(path: Path) -> PipelineConfig:
         no_index=table.switch("no-index", default=False),
         cache_max=_size(table.data.get("cache-max"), f"{path}: 'cache-max'"),
     )
+    for written in (config.state, config.template, config.output):
+        if written is not None:
+            refuse_links_below(here, written)
+    return config
 
 
 def _read(path: Path) -> dict[str, object]:

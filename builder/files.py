@@ -13,7 +13,8 @@ file of a build context) goes through `replacing`:
   follows a symlink there, so a reader sees the old file or the new one, never half of one;
 - a target that is a symlink is refused before anything is written, with one line naming it
   (`refuse_link`): the tool replaces only a regular file and never what a link points to,
-  inside the project or out of it;
+  inside the project or out of it; so is a directory on the way from a config's directory to a
+  file it names (`refuse_links_below`);
 - the new file keeps the mode of the one it replaces (a config or a template checked in as
   0640 stays 0640); a new one gets the usual 0666 less the umask, as `open()` gives;
 - a record others rely on (the state, a table, a part's record) is flushed to disk before the
@@ -56,6 +57,19 @@ def refuse_link(path: Path) -> None:
             f"{path}: is a symbolic link; the tool never writes through one"
             " (name the file or directory itself)"
         )
+
+
+def refuse_links_below(base: Path, path: Path) -> None:
+    """One error line when `path`, to be written, passes through a symlink below `base` (the
+    directory of a team's config: `st/state.json` with `st` a link writes wherever `st` points).
+    A path not below `base` (absolute) has its last component checked alone."""
+    if not path.is_relative_to(base):
+        refuse_link(path)
+        return
+    below = base
+    for part in path.relative_to(base).parts:
+        below = below / part
+        refuse_link(below)
 
 
 @contextmanager

@@ -232,6 +232,28 @@ def test_a_state_or_template_that_is_a_link_is_refused_before_any_work(
     assert untouched(outside)
 
 
+@pytest.mark.parametrize("setting", ["state", "template", "output"])
+def test_a_directory_link_on_the_way_to_a_written_file_is_refused(
+    project: Path, outside: Path, setting: str
+) -> None:
+    """`st/x` with `st` a link to the runner's directory would write beside its keys."""
+    (project / "st").symlink_to(outside.parent, target_is_directory=True)
+    path = project / "bsi.toml"
+    path.write_text(CONFIG + f'{setting} = "st/adv.state.json"\n')
+    with pytest.raises(UserError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{project / 'st'}: is a symbolic link;")
+    assert untouched(outside) and sorted(outside.parent.iterdir()) == [outside]
+
+
+def test_a_written_file_may_lie_above_the_config_when_no_link_leads_there(project: Path) -> None:
+    """The example config writes its context beside the project (`output = "../…"`)."""
+    (project / "team").mkdir()
+    path = project / "team" / "bsi.toml"
+    path.write_text(CONFIG + 'output = "../sandbox-image"\n')
+    assert load_config(path).output == project / "team" / ".." / "sandbox-image"
+
+
 def test_the_shard_table(project: Path, outside: Path) -> None:
     path = project / "out" / "table.json"
     plant(outside, *old_temporaries(path))
