@@ -45,6 +45,7 @@ from builder.cache.bound import parse_size
 from builder.engines.connection import EngineURL
 from builder.engines.per_arch import known_arch
 from builder.errors import UserError
+from builder.files import refuse_link, refuse_links_below, write_whole
 from builder.oci.name import TAG_RE, ImageRef
 from builder.resolve.index_options import torch_backend
 from builder.resolve.requirements import find_links, redact_credentials
@@ -121,13 +122,14 @@ class PipelineConfig:
 
 def load_config(path: Path) -> PipelineConfig:
     """The config at `path`; a setting unknown, missing or of the wrong type is one error
-    naming the file and the setting."""
+    naming the file and the setting, and so is a file it names for the tool to write (the
+    state, the template, the output) reached through a symlink below its directory."""
     table = _Table(path, *_read(path))
     here = path.parent
     base_repository = table.repository("base-repository")
     if base_repository is None:
         raise UserError(f"{path}: 'base-repository' is empty")
-    return PipelineConfig(
+    config = PipelineConfig(
         path=path,
         requirements=table.paths("requirements"),
         constraints=table.paths("constraints"),
@@ -157,6 +159,10 @@ def load_config(path: Path) -> PipelineConfig:
         no_index=table.switch("no-index", default=False),
         cache_max=_size(table.data.get("cache-max"), f"{path}: 'cache-max'"),
     )
+    for written in (config.state, config.template, config.output):
+        if written is not None:
+            refuse_links_below(here, written)
+    return config
 
 
 def _read(path: Path) -> tuple[dict[str, object], str]:
@@ -308,15 +314,14 @@ def set_platform_version(config: PipelineConfig, version: str) -> None:
     """
     if not TAG_RE.fullmatch(version):
         raise UserError(f"{config.path}: platform version {version[:80]!r} is not a valid tag")
+    refuse_link(config.path)
     text = config.path.read_text()
     updated, count = VERSION_LINE.subn(
         lambda m: f"{m.group(1)}{m.group(2)}{version}{m.group(2)}", text, count=1
     )
     if count != 1:
         raise UserError(f"{config.path}: no quoted platform-version line to update")
-    temp = config.path.with_name(f".{config.path.name}.new")
-    temp.write_text(updated)
-    temp.replace(config.path)
+    write_whole(config.path, updated, durable=True)  # its mode kept, never through a link
 
 
 def check_version_settable(config: PipelineConfig) -> None:
@@ -376,8 +381,8 @@ def merge(
     so `output_given` and `base_given` say whether the operator gave the flag: a config's value
     wins over a default, a flag wins over the config. Only a config names a state file."""
     if config is None:
-        return flags
-    return replace(
+        return _replaceable(flags)
+    merged = replace(
         flags,
         requirements=flags.requirements or config.requirements,
         constraints=flags.constraints or config.constraints,
@@ -402,10 +407,22 @@ def merge(
         cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
         state=config.state,
     )
+    return _replaceable(merged)
+
+
+def _replaceable(settings: RunSettings) -> RunSettings:
+    """`settings`, once neither file the run may replace (the state, the template) is a
+    symlink: refused now, before any work, rather than after a push (builder.files)."""
+    for path in (settings.state, settings.template):
+        if path is not None:
+            refuse_link(path)
+    return settings
 
 
 def settings_of(config: PipelineConfig) -> RunSettings:
-    """A run's settings from the config alone (a `rebuild`'s): what `merge` fills in."""
+    """A run's settings from the config alone (a `rebuild`'s): what `merge` fills in. The
+    config itself is rewritten at the end (`set_platform_version`): not if it is a symlink."""
+    refuse_link(config.path)
     return merge(
         RunSettings(config.requirements, config.base_image),
         config,

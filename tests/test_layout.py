@@ -611,6 +611,40 @@ def test_a_docker_save_is_read_in_one_place() -> None:
     assert not offences, f"docker save read outside builder/assemble/saved.py: {offences}"
 
 
+# Modules that write with write_text/write_bytes only into a temporary directory of their own.
+OWN_TEMPORARY_DIRECTORIES = frozenset(
+    {
+        "builder/resolve/uv.py",
+        "builder/orchestration/produce_build.py",
+        "builder/orchestration/reference_base.py",
+        "builder/assemble/apt.py",
+        "builder/assemble/build.py",
+    }
+)
+
+
+def test_a_file_a_user_sees_is_written_in_one_place() -> None:
+    """Every file the tool writes outside its cache and its own temporary directories goes
+    through builder/files.py (a fresh temporary file renamed over the target, never through a
+    symlink), and nothing is hard-linked out of the cache (an edit of the link would be one of
+    the cache). The runtime server, which runs inside the image, is not the tool."""
+    offences = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} {writer}"
+        for path in builder_modules()
+        if SERVER not in path.parents
+        and str(path.relative_to(PACKAGE.parent)) not in OWN_TEMPORARY_DIRECTORIES
+        for writer in ("write_text", "write_bytes")
+        for line in calls(path, writer)
+    ]
+    offences += [
+        f"{path.relative_to(PACKAGE.parent)}:{line} {linker}"
+        for path in builder_modules()
+        for linker in ("link", "hardlink_to", "link_to")
+        for line in calls(path, linker)
+    ]
+    assert not offences, f"writes outside builder/files.py: {offences}"
+
+
 def test_a_layer_is_gzipped_in_one_place() -> None:
     """Every blob a push uploads is compressed by builder/layers/gzipped.py (one format, one
     cache, each tar checked against its diff ID): nothing else deflates."""

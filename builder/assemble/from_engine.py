@@ -155,7 +155,7 @@ def _kept(diff_id: str, cache: Cache, sources: dict[str, BlobSource]) -> Descrip
     tar the system image's save kept (the apt layer)."""
     blob = cached_gzip(diff_id, cache)
     if blob is None:
-        tar = cache.find_blob(diff_id.removeprefix("sha256:"), "layer.tar")
+        tar = cache.checked_blob(diff_id.removeprefix("sha256:"), "layer.tar")
         if tar is None:
             return None
         blob = gzipped(tar, diff_id, cache)

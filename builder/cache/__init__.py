@@ -5,9 +5,15 @@ made once); `bound` is the size an operator gives it and the prune a run ends wi
 says what it holds and trims it.
 
 Everything is written to a temporary name and renamed into place, so a crash or a parallel
-run never leaves a half-written entry that a later run would trust. An entry that is slow to
-make (a download) is made under `exclusive`, so a fleet's templates (threads) or parallel runs
-(processes) that need the same one wait for the first instead of making it again.
+run never leaves a half-written entry that a later run would trust (a record through
+builder.files, as every file the tool writes). An entry that is slow to make (a download) is
+made under `exclusive`, so a fleet's templates (threads) or parallel runs (processes) that need
+the same one wait for the first instead of making it again.
+
+Nothing leaves the cache as a hard link (a build context gets copies). A layer tar, which
+leaves it as it is, is found through `checked_blob`: hashed when the file is new to the check
+or changed since (written, linked or unlinked: its ctime says so), and removed with a warning
+(`warn`: the run's reporter) when it no longer matches its digest, so it is made again.
 
 Every entry found is touched (its mtime is its last use: what a prune removes first is what was
 used least recently), a blob under its `exclusive` lock of kind `USE_LOCK`, which a prune
@@ -21,8 +27,8 @@ cover it too; a run holds it shared while uv runs, and a prune removes it whole 
 it exclusively. The directory is marked as this tool's cache (`CACHEDIR.TAG`); `mark` says what
 the layout holds and which directory may be used as a cache at all.
 
-Every stage keeps what it made here, so the cache imports nothing of the project but the errors
-(tests/test_layout.py).
+Every stage keeps what it made here, so the cache imports nothing of the project but the errors,
+the digest of a file and the writer of files (tests/test_layout.py).
 """
 
 from __future__ import annotations
@@ -36,12 +42,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from builder.digest import CHUNK, HashingWriter, sha256_of
 from builder.errors import UserError
+from builder.files import write_whole
 
 T = TypeVar("T")
 _HEX64 = re.compile("[0-9a-f]{64}")
@@ -50,6 +57,7 @@ RUNS = "runs"  # one file per run using the cache, flock-ed by it while it runs
 UV = "uv"  # uv's own cache (UV_CACHE_DIR), one entry of this one
 UV_LOCK = "uv.lock"  # under locks/: shared by a run while its uv runs, exclusive by a prune
 BLOB_MEMORY = "registry-blobs.json"  # the root's one file: which repositories hold which blob
+CHECKED = "checked-blob"  # records: the file of a blob that hashed to its digest (checked_blob)
 
 
 def default_root() -> Path:
@@ -68,9 +76,25 @@ def touch(path: Path) -> None:
         os.utime(path, (now, now))
 
 
+def _unheard(line: str) -> None:
+    """Where a cache's warnings go when its maker gives no reporter (a test, a library)."""
+
+
+def _identity(path: Path) -> dict[str, int]:
+    """What changes when a file is written, linked or unlinked: the `CHECKED` record."""
+    found = path.stat()
+    return {"inode": found.st_ino, "size": found.st_size, "ctime": found.st_ctime_ns}
+
+
 @dataclass(frozen=True)
 class Cache:
     root: Path
+    # where a warning goes (a reporter's `warn`: a line starting "warning: ")
+    warn: Callable[[str], None] = field(default=_unheard, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple[type[Cache], tuple[Path]]:
+        """The root alone to a worker process (an inspection's): its warnings are the run's."""
+        return Cache, (self.root,)
 
     def blob_path(self, sha256: str, filename: str) -> Path:
         """Where a blob lives; both parts come from an index, so neither may name a path."""
@@ -92,6 +116,33 @@ class Cache:
             except FileNotFoundError:
                 return None
         return path
+
+    def checked_blob(self, sha256: str, filename: str) -> Path | None:
+        """`find_blob`'s blob, once its bytes are known to hash to `sha256`; else a miss, the
+        entry removed with a warning, so the caller makes it again.
+
+        For what leaves the cache as it is (a layer tar copied into a build context): an entry
+        edited through a hard link (an older tool's context held one) must not be passed on
+        under a digest it no longer has. A file is hashed once, not at every lookup: a record
+        (`CHECKED`) keeps its inode, size and change time (ctime) as the last lookup's touch
+        left them. A write to the file, or a link made to it or removed, changes its ctime,
+        which no one can set back, so the next lookup finds the record stale and hashes again."""
+        path = self.blob_path(sha256, filename)
+        try:
+            before = _identity(path)  # before find_blob's touch moves the ctime
+            if self.find_blob(sha256, filename) is None:
+                return None
+            after = _identity(path)
+            if self.get_record(CHECKED, sha256) == before or sha256_of(path) == sha256:
+                with suppress(OSError):  # a cache this user may not write: hashed next time
+                    self.put_record(CHECKED, sha256, after)
+                return path
+        except FileNotFoundError:  # pruned meanwhile, or never made: a miss
+            return None
+        with self.exclusive(USE_LOCK, sha256):
+            path.unlink(missing_ok=True)
+        self.warn(f"cache: {path} no longer hashes to {sha256[:12]}; removed, made again")
+        return None
 
     @contextmanager
     def in_use(self) -> Iterator[None]:
@@ -143,7 +194,7 @@ class Cache:
 
     def place(self, temp: Path, sha256: str, filename: str) -> Path:
         """Rename a finished temporary file (in the cache's root) into place as the blob, readable
-        by builders (build contexts hard-link blobs), under the lock a prune takes to remove the
+        by builders (BuildKit reads a context's copies), under the lock a prune takes to remove the
         blob's directory: a prune never removes the directory between its making and the rename.
         """
         final = self.blob_path(sha256, filename)
@@ -229,8 +280,5 @@ class Cache:
         except (FileNotFoundError, UnicodeDecodeError):
             pass
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(temp, path)
+        write_whole(path, text)
         touch(path)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from builder.cli.errors import error_line, reports_errors
+from builder.cli.shared import REPORTER
 from builder.errors import UserError
 
 if TYPE_CHECKING:
@@ -70,11 +71,15 @@ def open_cache(
     cache_dir: Path | None, *, beside: Sequence[tuple[str, Path]] = (), create: bool = True
 ) -> Cache:
     """The cache a command uses: `cache_dir`, else the default; refused in one line, before any
-    work, when it is not the tool's (builder.cache.mark.opened)."""
+    work, when it is not the tool's (builder.cache.mark.opened). Its warnings (an entry that
+    no longer hashes to its digest) are the run's."""
+    from dataclasses import replace
+
     from builder.cache import default_root
     from builder.cache.mark import opened
 
-    return opened(cache_dir or default_root(), beside=beside, create=create)
+    cache = opened(cache_dir or default_root(), beside=beside, create=create)
+    return replace(cache, warn=REPORTER.warn)
 
 
 CACHE_DIR_OPTION = click.option(

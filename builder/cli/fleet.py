@@ -35,8 +35,13 @@ class FleetOutput:
 def fleet_output(
     configs: tuple[Path, ...], shard_text: str | None, json_path: Path | None, check: bool
 ) -> FleetOutput:
-    """--shard K/N takes this job's slice (builder.orchestration.shard); --check stays one job."""
+    """--shard K/N takes this job's slice (builder.orchestration.shard); --check stays one job.
+    A JSON table's path that is a symlink is refused now, not after the fleet (builder.files)."""
+    from builder.files import refuse_link
+
     if shard_text is None:
+        if json_path is not None:
+            refuse_link(json_path)
         return FleetOutput(configs, len(configs) > 1 or json_path is not None, None, json_path)
     from builder.orchestration.shard import parse_shard, shard_configs
 
@@ -44,6 +49,7 @@ def fleet_output(
         raise click.UsageError("--shard: rebuild --check runs as one job (it builds nothing)")
     shard = parse_shard(shard_text)  # a bad value is its one error line
     mine = tuple(shard_configs(configs, shard))
+    refuse_link(json_path or shard.default_json)
     return FleetOutput(mine, True, shard, json_path or shard.default_json, len(configs))
 
 

@@ -3,7 +3,11 @@
 The context is assembled in a temporary sibling directory and swapped into place at the
 end, so a failure never leaves a half-written output directory behind. Each context holds a
 marker file listing what the tool wrote there; an existing directory is replaced only if it
-is empty or holds nothing but what its marker lists, so no user file is ever deleted.
+is empty or holds nothing but what its marker lists, so no user file is ever deleted. An
+output that is a symlink is refused, and every file is written whole through builder.files,
+never through a symlink found there. The layer tars are copies of the cache's (reflinks where
+the file system has them), never hard links: an edit of the context is not an edit of the
+cache.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL, HOME, HOME_SEED, SANDBOX_USER
 from builder.errors import UserError
+from builder.files import copy_whole, refuse_link, write_whole
 from builder.layers.extras import LAYER_FILE, ExtrasLayer
 from builder.layers.home import SEEDS, distribution_names, image_env, seeds_of
 from builder.plan.plan import Plan
@@ -300,12 +305,10 @@ def lock_of(pins: Iterable[tuple[str, str, str]]) -> str:
 
 
 def place(source: Path, destination: Path) -> None:
-    """Hard-link from the cache when possible (instant, no space), copy otherwise."""
+    """A copy of a cache entry (a reflink where the file system has them: no space, instant),
+    never a hard link, which would make an edit of the copy an edit of the cache."""
     destination.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, destination)
-    except OSError:
-        shutil.copyfile(source, destination)
+    copy_whole(source, destination)
 
 
 def render(
@@ -325,25 +328,26 @@ def render(
     When `labels` say no engine compiled the bytecode (BYTECODE_BY_STEP), the Dockerfile
     compiles it (see `dockerfile`), and report.json says so (`bytecode_step`).
 
-    Each arch's extras layers are hard-linked from the cache: no wheel is copied, and a
-    rerun gives BuildKit nothing new to hash (it reads the layer files only for a hand build).
-    An arch missing from `layers` (the rebase path reuses the pushed layers) gets no file.
+    Each arch's extras layers are copied from the cache (`place`): the tool builds from the
+    cache's own tars, BuildKit reads the context's only for a hand build, and a `part` runner
+    checks them against their diff IDs. An arch missing from `layers` (the rebase path reuses
+    the pushed layers) gets no file.
     """
     output = check_output(output)
     staging = _staging(output)
     try:
         stacks = {arch: len(stack) for arch, stack in layers.items()}
         compile_step = (labels or {}).get(BYTECODE_LABEL) == BYTECODE_BY_STEP
-        (staging / "Dockerfile").write_text(
-            dockerfile(plan, secrets, labels, stacks, compile_step=compile_step)
+        write_whole(
+            staging / "Dockerfile",
+            dockerfile(plan, secrets, labels, stacks, compile_step=compile_step),
         )
         _write_arches(staging, plan, layers, pylocks)
         report = _report(plan, layers, compile_step, bytecode or {}, timeline)
-        (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        write_whole(staging / "report.json", json.dumps(report, indent=2) + "\n")
         # hadolint finds it when run in the context; it justifies each ignored rule.
-        (staging / ".hadolint.yaml").write_text(
-            resources.files("builder.data").joinpath("hadolint.yaml").read_text()
-        )
+        hadolint = resources.files("builder.data").joinpath("hadolint.yaml").read_text()
+        write_whole(staging / ".hadolint.yaml", hadolint)
         _write_marker(staging)
         staging.chmod(0o755)
         _swap(staging, output)
@@ -372,10 +376,10 @@ def _write_arches(
     layers: Mapping[str, Sequence[ExtrasLayer]],
     pylocks: Mapping[str, str],
 ) -> None:
-    """Each arch's locks and its extras layer files (linked from the cache when it can)."""
+    """Each arch's locks and its extras layer files (copies of the cache's)."""
     for arch in plan.arches:
-        (staging / f"requirements-{arch.arch}.lock").write_text(lock_text(plan, arch.arch))
-        (staging / f"pylock.{arch.arch}.toml").write_text(pylocks[arch.arch])
+        write_whole(staging / f"requirements-{arch.arch}.lock", lock_text(plan, arch.arch))
+        write_whole(staging / f"pylock.{arch.arch}.toml", pylocks[arch.arch])
         for index, one in enumerate(layers.get(arch.arch, ()), 1):
             place(one.layer.path, staging / LAYER_FILE.format(arch=arch.arch, index=index))
 
@@ -404,8 +408,9 @@ def _report(
 def _write_marker(staging: Path) -> None:
     """The marker: the tool and its version, then every path written (the marker's too)."""
     written = sorted(_entries(staging) | {MARKER})
-    (staging / MARKER).write_text(
-        f"{TOOL} {metadata.version(TOOL)}\n" + "".join(f"{path}\n" for path in written)
+    write_whole(
+        staging / MARKER,
+        f"{TOOL} {metadata.version(TOOL)}\n" + "".join(f"{path}\n" for path in written),
     )
 
 
@@ -431,17 +436,12 @@ def check_output(output: Path) -> Path:
     """The directory to write the context to, or an error if writing it would lose user files.
 
     A new or empty directory, or a context this tool wrote (its marker lists every entry in
-    it), may be replaced; anything else is refused, naming a few of its entries. Cheap enough
-    to call before the slow steps, and called again right before the swap.
+    it), may be replaced; anything else is refused, naming a few of its entries, and so is a
+    symlink, wherever it points. Cheap enough to call before the slow steps, and called again
+    right before the swap.
     """
     output = Path(os.path.abspath(output))
-    if output.is_symlink():
-        try:
-            output = output.resolve(strict=True)
-        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
-            raise UserError(
-                f"{output}: a symlink that leads nowhere (a loop, or no target)"
-            ) from None
+    refuse_link(output)  # the context goes where it is named, never where a link points
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         if not os.path.lexists(output):
@@ -474,7 +474,8 @@ def _swap(staging: Path, output: Path) -> None:
     if not os.path.lexists(output) or not any(output.iterdir()):
         staging.rename(output)  # rename(2) replaces an empty directory
         return
-    retired = output.with_name(f".{output.name}.old-{os.getpid()}")
+    # a fresh empty directory that rename(2) replaces: nothing planted at a fixed name is used
+    retired = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
     output.rename(retired)
     staging.rename(output)
     with suppress(OSError):
@@ -484,11 +485,11 @@ def _swap(staging: Path, output: Path) -> None:
 def add_to_output(output: Path, name: str, data: bytes) -> None:
     """Write a file the run made after rendering (an attached SBOM, say) beside report.json and
     list it in the marker, so that the next run may replace the directory as its own."""
-    (output / name).write_bytes(data)
+    write_whole(output / name, data)
     listed = _written_by_us(output)
     if listed is not None and name not in listed:
-        with (output / MARKER).open("a") as marker:
-            marker.write(f"{name}\n")
+        marker = output / MARKER
+        write_whole(marker, marker.read_text(errors="replace") + f"{name}\n")
 
 
 def update_report(
@@ -502,10 +503,9 @@ def update_report(
     `extras_layers`: the tars' facts with the pushed blobs'.
     """
     path = output / "report.json"
+    refuse_link(path)  # read, then replaced: never through a link planted meanwhile
     report = json.loads(path.read_text())
     report.update(additions)
     for arch, fields in (layers or {}).items():
         report["architectures"][arch]["extras_layers"] = [dict(one) for one in fields]
-    temp = path.with_name(f".report.json.{os.getpid()}")
-    temp.write_text(json.dumps(report, indent=2) + "\n")
-    temp.replace(path)
+    write_whole(path, json.dumps(report, indent=2) + "\n")

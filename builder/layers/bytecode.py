@@ -356,7 +356,7 @@ def bytecode_layer(
     compiled = sum(p.compiled for p in parts)
     skipped = tuple(sorted({s for p in parts for s in p.skipped}))
     record = cache.get_record("bytecode-layer", key)
-    if record and (path := cache.find_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
         layer = Layer(path, record["diff_id"], record["size"], epoch)
         return BytecodeLayer(layer, interpreter, compiled, skipped)
     files: dict[str, bytes] = {}

@@ -235,7 +235,7 @@ def _cached(record: StackRecord | None, cache: Cache) -> tuple[ExtrasLayer, ...]
         return None
     stack = []
     for entry in record["layers"]:
-        path = cache.find_blob(entry["diff_id"].split(":", 1)[1], "layer.tar")
+        path = cache.checked_blob(entry["diff_id"].split(":", 1)[1], "layer.tar")
         if path is None:
             return None
         layer = Layer(path, entry["diff_id"], entry["size"], entry["sde"])

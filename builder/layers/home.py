@@ -102,7 +102,7 @@ def seed_layer(
     key_text = "\n".join([SEED_FORMAT, image_id, str(epoch), *seeds])
     key = hashlib.sha256(key_text.encode()).hexdigest()
     record = cache.get_record("home-seed", key)
-    if record and (path := cache.find_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
         return Layer(path, record["diff_id"], record["size"], epoch)
     files = _seeded_files(client, image_id, seeds)
     root = HOME_SEED.strip("/")

@@ -148,7 +148,7 @@ def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
     )
     key = hashlib.sha256(key_text.encode()).hexdigest()
     record = cache.get_record("wheels-layer", key)
-    if record and (path := cache.find_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
         return Layer(path, record["diff_id"], record["size"], record["sde"])
     files = [path for _, path in group.wheels]
     epoch = source_date_epoch(files)

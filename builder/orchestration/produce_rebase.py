@@ -208,7 +208,7 @@ def into_engine(
     digest. Otherwise the image is written by digest (no tag) and pulled by digest.
     """
     client = run.engines.for_arch(arch).client
-    tars = [run.cache.find_blob(d.removeprefix("sha256:"), "layer.tar") for d in diff_ids]
+    tars = [run.cache.checked_blob(d.removeprefix("sha256:"), "layer.tar") for d in diff_ids]
     if all(tar is not None for tar in tars):
         try:
             image_id = load(client, config, [tar for tar in tars if tar is not None])

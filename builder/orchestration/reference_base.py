@@ -252,7 +252,8 @@ def _attachments(
 
 
 def _temp_parent(cache: Cache) -> Path | None:
-    """A temp directory beside the cache, so wheels are hard-linked rather than copied."""
+    """A temp directory beside the cache, on its file system: a copy of a wheel is a reflink
+    where that file system has them (builder.files)."""
     try:
         cache.root.mkdir(parents=True, exist_ok=True)
     except OSError:

@@ -19,6 +19,7 @@ from typing import NotRequired, TypedDict
 
 from builder.context.render import lock_text
 from builder.errors import UserError
+from builder.files import refuse_link, write_whole
 from builder.layers.layer import lock_hash
 from builder.oci.name import ImageRef
 from builder.plan.plan import Plan, PlannedWheel
@@ -148,6 +149,9 @@ def rebase_blocker(previous: BuildState | None, current: BuildState) -> str | No
 
 
 def load_state(path: Path) -> BuildState | None:
+    """The state recorded at `path`; a symlink there is refused before any work, as its write
+    at the end would be (builder.files)."""
+    refuse_link(path)
     try:
         return BuildState.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
@@ -168,11 +172,9 @@ def check_state(path: Path) -> BuildState | None:
 
 
 def write_json_whole(path: Path, document: object) -> None:
-    """`document` as JSON at `path`, written whole or not at all (a temporary sibling renamed
-    into place): a reader never sees half a record, whatever stops the run."""
-    temp = path.with_name(f".{path.name}.new")
-    temp.write_text(json.dumps(document, indent=2) + "\n")
-    temp.replace(path)
+    """`document` as JSON at `path`, written whole or not at all, never through a symlink
+    (builder.files): a reader never sees half a record, whatever stops the run."""
+    write_whole(path, json.dumps(document, indent=2) + "\n", durable=True)
 
 
 def save_state(path: Path, state: BuildState) -> None:

@@ -14,9 +14,7 @@ for after a tag moved.
 
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from builder.errors import UserError
+from builder.files import refuse_link, write_whole
 from builder.publish.writable import check_replaceable
 
 API_GROUP = "extensions.agents.x-k8s.io"
@@ -53,7 +52,7 @@ class TemplateEdit:
     """The template's new text, rendered in memory before the push: writing it is all that
     follows the push (`write_edit`)."""
 
-    path: Path  # the file written: a symlink's target
+    path: Path  # the file written (never a symlink: refused, builder.files)
     text: str | None  # None: the template names the image already, nothing is written
     change: TemplateChange
 
@@ -132,7 +131,7 @@ def write_edit(edit: TemplateEdit) -> TemplateChange:
     """Write a rendered edit: the file is replaced atomically (mode kept), and only when the
     image actually changes."""
     if edit.text is not None:
-        _write_atomic(edit.path, edit.text.encode("utf-8"))
+        write_whole(edit.path, edit.text.encode("utf-8"), durable=True)
     return edit.change
 
 
@@ -144,8 +143,10 @@ def check_warm_pools(paths: Iterable[Path]) -> None:
 
 
 def _find(path: Path, container: str | None) -> _Found:
-    """The image value to edit, every check made that does not depend on the new image."""
-    target = path.resolve()
+    """The image value to edit, every check made that does not depend on the new image; a
+    template that is a symlink is refused, never written through (builder.files)."""
+    refuse_link(path)
+    target = path
     raw = _read(target)
     try:
         text = raw.decode("utf-8")
@@ -404,19 +405,3 @@ def _data_path(node: Node | None, target: Node) -> list | None:
         if below is not None:
             return [key, *below]
     return None
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` in one rename so a crash never leaves a half-written template."""
-    mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -80,19 +80,21 @@ def test_new_and_empty_directories_are_written(tmp_path: Path) -> None:
     assert (tmp_path / "empty" / MARKER).is_file()
 
 
-def test_a_symlink_to_a_context_replaces_the_target(tmp_path: Path) -> None:
+def test_a_symlink_to_a_context_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
     write_context(tmp_path, tmp_path / "real")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "real").iterdir()}
     (tmp_path / "link").symlink_to("real")
-    write_context(tmp_path, tmp_path / "link")
-    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "Dockerfile").is_file()
+    with pytest.raises(UserError, match=r"link: is a symbolic link;"):
+        write_context(tmp_path, tmp_path / "link")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "real").iterdir()} == before
 
 
 @pytest.mark.parametrize(
     ("setup", "fragment"),
     [
         (lambda t: (t / "out").write_text("x"), "exists and is not a directory"),
-        (lambda t: (t / "out").symlink_to("out"), "a symlink that leads nowhere"),
-        (lambda t: (t / "out").symlink_to("missing"), "a symlink that leads nowhere"),
+        (lambda t: (t / "out").symlink_to("out"), "is a symbolic link"),
+        (lambda t: (t / "out").symlink_to("missing"), "is a symbolic link"),
     ],
 )
 def test_unusable_outputs_are_one_line(

@@ -115,3 +115,21 @@ def test_layers_written_as_wheels_arrive_are_the_stack_written_after(tmp_path: P
     assert shadowing.shadowed == {"shared/conf.py"}
     with tarfile.open(shadowing.layer.path) as archive:
         assert f"{ROOT[1:]}/shared/conf.py" not in archive.getnames()
+
+
+def test_a_tampered_layer_in_the_cache_is_made_again(tmp_path: Path) -> None:
+    """The tar a context copies out of the cache is checked against its diff ID when found: one
+    written over in place is dropped with a warning and written again from the wheel."""
+    wheel = _wheel(tmp_path, "solo", {"solo.py": b"S = 1\n"})
+    said: list[str] = []
+    pins = [("solo", "1.0", sha256_of(wheel))]
+    first = distribution_layers(pins, {pins[0][2]: wheel}, ROOT, Cache(tmp_path / "cache"))
+    path, clean = first[0].layer.path, first[0].layer.path.read_bytes()
+    with path.open("r+b") as edit:
+        edit.seek(600)
+        edit.write(b"TAMPERED")
+    cache = Cache(tmp_path / "cache", warn=said.append)
+    again = distribution_layers(pins, {pins[0][2]: wheel}, ROOT, cache)
+    assert again[0].layer.path == path and path.read_bytes() == clean
+    assert again[0].layer.diff_id == f"sha256:{sha256_of(path)}" == first[0].layer.diff_id
+    assert len(said) == 1 and said[0].startswith(f"cache: {path} no longer hashes to")

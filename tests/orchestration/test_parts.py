@@ -269,6 +269,21 @@ def test_merge_checks_its_template_and_state_before_the_parts(
     assert (state.read_text() if state.exists() else None) == state_text
 
 
+@pytest.mark.parametrize("which", ["template", "state"])
+def test_merge_refuses_a_symlinked_template_or_state_first(tmp_path: Path, which: str) -> None:
+    """Either is replaced at the end, after the index is pushed: a link is refused before."""
+    document = document_in(tmp_path, "amd64")
+    part_file(tmp_path, passed(document, "amd64"))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the runner's\n")
+    link = tmp_path / f"{which}.link"
+    link.symlink_to(outside)
+    result = run_cli("merge", str(tmp_path), "--push", str(REPO), f"--{which}", str(link))
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {link}: is a symbolic link;")
+    assert outside.read_text() == "the runner's\n"
+
+
 @pytest.mark.parametrize("command", ["part", "merge"])
 def test_a_directory_without_a_plan_is_one_line(tmp_path: Path, command: str) -> None:
     arch = ["--arch", "amd64"] if command == "part" else []

@@ -164,13 +164,15 @@ def test_crlf_bom_mode_and_anchor_kept(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["template.yaml"]  # no temporary file left behind
 
 
-def test_symlinked_template_edits_the_target(tmp_path: Path) -> None:
+def test_a_symlinked_template_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    """A link checked into a team's folder could point anywhere the runner may write."""
     target = write(tmp_path, BLOCK, "real.yaml")
     link = tmp_path / "template.yaml"
     link.symlink_to(target.name)
-    set_image(link, NEW)
-    assert link.is_symlink()
-    assert target.read_text() == swapped(BLOCK, "OLD_IMAGE", NEW)
+    with pytest.raises(UserError) as caught:
+        set_image(link, NEW)
+    assert str(caught.value).startswith(f"{link}: is a symbolic link;")
+    assert link.is_symlink() and target.read_text() == BLOCK
 
 
 def test_unchanged_image_does_not_rewrite(tmp_path: Path) -> None:

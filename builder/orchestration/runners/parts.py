@@ -29,6 +29,7 @@ from builder.config import APT_SECRETS
 from builder.context.labels import created, image_labels
 from builder.engines.per_arch import Engines
 from builder.errors import RegistryError, RegistryUnreachable, UserError
+from builder.files import refuse_link
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Written, read
@@ -256,6 +257,7 @@ def _held(registry: RepositoryClient, digest: str) -> Image | None:
 
 def _save(plan_dir: Path, record: PartRecord) -> Path:
     folder = plan_dir / PARTS
+    refuse_link(folder)  # a folder planted as a link would take the record elsewhere
     folder.mkdir(exist_ok=True)
     path = folder / f"{record.arch}.json"
     write_json_whole(path, record.to_dict())
@@ -344,8 +346,11 @@ def _holds_in_order(diff_ids: Sequence[str], planned: Sequence[str]) -> bool:
 def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     """Every part checked, then the index (one arch: its image), the signatures, the tag, the
     template and the state, as a one-job run writes them; nothing when a check fails. The
-    template and the state are checked first, and the template's new text is rendered before
-    the push."""
+    template and the state are checked first (one that is a symlink is refused, builder.files),
+    and the template's new text is rendered before the push."""
+    for path in (job.template, job.state):
+        if path is not None:
+            refuse_link(path)
     pointing = template_pointing(job.template, job.container)
     if pointing is not None:
         pointing.check()
