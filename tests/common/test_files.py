@@ -23,7 +23,7 @@ from builder.layers.layer import Layer
 from builder.orchestration.runners.parts import PartRecord, Verified, _save
 from builder.orchestration.shard import write_table
 from builder.publish.state import BuildState, load_state, save_state
-from builder.publish.template import set_image
+from builder.publish.template import render_image, write_edit
 
 SECRET = b"the runner's key\n"
 CONFIG = 'requirements = ["r.txt"]\nbase-repository = "reg.example/rt"\nplatform-version = "1.0"\n'
@@ -289,7 +289,7 @@ def test_the_template(project: Path, outside: Path) -> None:
     path = project / "template.yaml"
     path.write_text(TEMPLATE)
     plant(outside, *old_temporaries(path))
-    set_image(path, NEW_IMAGE)
+    write_edit(render_image(path, NEW_IMAGE))
     assert untouched(outside) and regular(path) and NEW_IMAGE in path.read_text()
 
 
