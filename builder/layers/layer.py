@@ -37,6 +37,7 @@ from typing import IO, Any, TypedDict
 from builder.cache import Cache
 from builder.digest import HashingWriter
 from builder.errors import UserError
+from builder.inspect.members import UNREADABLE, unreadable
 from builder.inspect.wheels import newest_date
 from builder.layers.first_reads import (
     LAYOUT_FORMAT,
@@ -263,12 +264,20 @@ def _read_ahead(
             if isinstance(source, _Streamed):
                 yield source.chunks()
             elif source is not None:
-                yield (_sized(entry, source.result()),)
+                yield (_sized(entry, _inflated(entry, source)),)
             else:
                 yield None if entry.data is None else (entry.data,)
     finally:  # the writer stopped (an error, or done): no producer may stay blocked
         for stream in streams:
             stream.cancel()
+
+
+def _inflated(entry: Entry, source: Future[bytes]) -> bytes:
+    """A member's bytes inflated on the pool; one line naming it when they do not inflate."""
+    try:
+        return source.result()
+    except UNREADABLE as error:
+        raise unreadable(entry.wheel_name, entry.member, error) from None
 
 
 def _sized(entry: Entry, data: bytes, found: int | None = None) -> bytes:
@@ -311,6 +320,8 @@ class _Streamed:
     def chunks(self) -> Iterator[bytes]:
         found = 0
         while (item := self.queue.get()) is not None:
+            if isinstance(item, UNREADABLE):
+                raise unreadable(self.entry.wheel_name, self.entry.member, item) from None
             if isinstance(item, BaseException):
                 raise item
             found += len(item)

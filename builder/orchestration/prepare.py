@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import docker
@@ -29,6 +30,7 @@ from builder.config import RunSettings
 from builder.context.labels import created, image_labels
 from builder.context.render import Secrets, check_output, lock_text, render
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
+from builder.inspect.members import UNPACKED_MAX, check_wheel
 from builder.inspect.wheels import WheelInspection, inspect_as_ready
 from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.layers.extras import (
@@ -53,6 +55,7 @@ from builder.plan.plan import (
 )
 from builder.plan.program_needs import ProgramNeed, program_needs
 from builder.publish.tags import extras_hash
+from builder.resolve.direct.fetch import fetch_all
 from builder.resolve.index import start_downloads
 from builder.resolve.requirements import RequirementSet, read_requirements
 from builder.resolve.resolution import RemoteFile, Resolution
@@ -128,13 +131,15 @@ def prepare(
     ):
         compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
         with timeline.step("resolve"):
+            bounded = _bounded(settings.wheel_max)
+            _check_local_wheels(requirements, grounds.cache, grounds.retries, bounded)
             resolutions = _resolve_all(requirements, target, settings, grounds, pool)
         chosen = _choose(resolutions, target)
         files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
         requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
         pins = _pins(resolutions, chosen)
         fetching = timeline.now()
-        downloads = _start_downloads(files, requirements, grounds, fetch)
+        downloads = _start_downloads(files, requirements, grounds, fetch, settings.wheel_max)
         inspecting, feeding = _start_reading(downloads, grounds, pool, compile_)
         writing = _start_layers(pins, downloads, reuse_locks, grounds, pool)
         timeline.record("downloads", fetching)
@@ -170,6 +175,30 @@ def _start_compiling(
     starting = jobs.submit(_start_compiler, grounds, target, stack)
     queue = CompileQueue(starting.result, compiles, grounds.timeline.marker("compiled"))
     return _Compiling(starting, queue)
+
+
+def _bounded(wheel_max: int | None) -> Callable[[Path], None]:
+    """What a wheel is held to before anything unpacks it (builder.inspect.members), with the
+    run's bound on its unpacked size (None: the default)."""
+    return partial(check_wheel, limit=UNPACKED_MAX if wheel_max is None else wheel_max)
+
+
+def _check_local_wheels(
+    requirements: RequirementSet,
+    cache: Cache,
+    retries: Retries | None,
+    check: Callable[[Path], None],
+) -> None:
+    """The local wheels uv is given, checked before it runs: `uv pip compile` unpacks a wheel
+    it reads from a path (a direct requirement's, fetched into the cache, or one in a local
+    wheelhouse) into its own cache to read its metadata. An index's it reads from the index's
+    metadata file or a range of the wheel (only a server offering neither has it unpacked)."""
+    for fetched in fetch_all(requirements, cache, retries):
+        check(fetched.wheel)
+    for location in requirements.find_links:
+        if Path(location).is_dir():
+            for wheel in sorted(Path(location).glob("*.whl")):
+                check(wheel)
 
 
 def _resolve_all(
@@ -221,12 +250,15 @@ def _start_downloads(
     requirements: RequirementSet,
     grounds: Grounds,
     fetch: ThreadPoolExecutor,
+    wheel_max: int | None,
 ) -> dict[str, Future[Path]]:
-    """Every chosen wheel's download started (sha256 -> its path, once here), each marked on
-    the timeline as it arrives."""
+    """Every chosen wheel's download started (sha256 -> its path, once here and checked:
+    builder.inspect.members, bounded by `wheel_max`), each marked on the timeline as it
+    arrives."""
     grounds.timeline.name({file.sha256: file.filename for file in files})
     where = (*requirements.indexes(), *requirements.find_links)  # whose credentials go where
-    downloads = start_downloads(files, grounds.cache, where, fetch, grounds.retries)
+    bounded = _bounded(wheel_max)
+    downloads = start_downloads(files, grounds.cache, where, fetch, grounds.retries, bounded)
     arrived = grounds.timeline.marker("arrived")
     for sha, future in downloads.items():
         future.add_done_callback(_marking(arrived, sha))
@@ -353,10 +385,11 @@ def programs_needed(
     base = shipped_profile(image)
     target = Target(base, (arch_named(arch_name),))
     arch = target.arches[0]
+    _check_local_wheels(requirements, cache, None, check_wheel)
     resolution = resolve(requirements, target, arch, cache)
     chosen = [choose_wheel(p, target, arch)[0] for p in resolution.packages]
     with ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch:
-        downloads = start_downloads(chosen, cache, requirements.indexes(), fetch)
+        downloads = start_downloads(chosen, cache, requirements.indexes(), fetch, check=check_wheel)
         inspections = inspect_as_ready(_as_ready(downloads), cache)
     needs, _ = program_needs(
         [inspections[file.sha256] for file in chosen],

@@ -173,16 +173,32 @@ def start_downloads(
     indexes: Sequence[str],
     pool: ThreadPoolExecutor,
     retries: Retries | None = None,
+    check: Callable[[Path], object] | None = None,
 ) -> dict[str, Future[Path]]:
     """Start each distinct file's download on `pool`: sha256 -> its cached path, when done.
 
     A caller can work on each wheel as it arrives (inspection) instead of after the last one.
+    `check` is run on each file before its future says it is here (builder.inspect.members'
+    bounds): what refuses it fails the future, so nothing that waits on it reads the file.
     """
     unique = {file.sha256: file for file in files}
     return {
-        sha256: pool.submit(download, file, cache, indexes, retries)
+        sha256: pool.submit(_download_checked, file, cache, indexes, retries, check)
         for sha256, file in unique.items()
     }
+
+
+def _download_checked(
+    file: RemoteFile,
+    cache: Cache,
+    indexes: Sequence[str],
+    retries: Retries | None,
+    check: Callable[[Path], object] | None,
+) -> Path:
+    path = download(file, cache, indexes, retries)
+    if check is not None:
+        check(path)
+    return path
 
 
 class _Anchors(HTMLParser):
