@@ -153,6 +153,19 @@ def check_wheel(wheel: Path, limit: int = UNPACKED_MAX) -> None:
         raise UserError(f"{wheel.name}: not a readable wheel ({error})") from None
 
 
+def check_housed(wheel: Path, limit: int = UNPACKED_MAX) -> None:
+    """A wheelhouse's wheel, before the resolver unpacks it to read its metadata: only its
+    unpacked size, and only when its zip directory reads. It may be none of the run's: its
+    names are checked with the rest when a run downloads it, and an unreadable one is the
+    resolver's to refuse when it is a candidate."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return
+    check_unpacked_size(infos, wheel, limit)
+
+
 def _dist_infos(names: Iterable[str]) -> set[str]:
     return {
         name.split("/")[0] for name in names if name.count("/") == 1 and name.endswith("/WHEEL")

@@ -30,7 +30,7 @@ from builder.config import RunSettings
 from builder.context.labels import created, image_labels
 from builder.context.render import Secrets, check_output, lock_text, render
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
-from builder.inspect.members import UNPACKED_MAX, check_wheel
+from builder.inspect.members import UNPACKED_MAX, check_housed, check_wheel
 from builder.inspect.wheels import WheelInspection, inspect_as_ready
 from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.layers.extras import (
@@ -131,8 +131,7 @@ def prepare(
     ):
         compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
         with timeline.step("resolve"):
-            bounded = _bounded(settings.wheel_max)
-            _check_local_wheels(requirements, grounds.cache, grounds.retries, bounded)
+            _check_local_wheels(requirements, grounds.cache, grounds.retries, settings.wheel_max)
             resolutions = _resolve_all(requirements, target, settings, grounds, pool)
         chosen = _choose(resolutions, target)
         files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
@@ -184,21 +183,19 @@ def _bounded(wheel_max: int | None) -> Callable[[Path], None]:
 
 
 def _check_local_wheels(
-    requirements: RequirementSet,
-    cache: Cache,
-    retries: Retries | None,
-    check: Callable[[Path], None],
+    requirements: RequirementSet, cache: Cache, retries: Retries | None, wheel_max: int | None
 ) -> None:
     """The local wheels uv is given, checked before it runs: `uv pip compile` unpacks a wheel
     it reads from a path (a direct requirement's, fetched into the cache, or one in a local
     wheelhouse) into its own cache to read its metadata. An index's it reads from the index's
     metadata file or a range of the wheel (only a server offering neither has it unpacked)."""
+    limit = UNPACKED_MAX if wheel_max is None else wheel_max
     for fetched in fetch_all(requirements, cache, retries):
-        check(fetched.wheel)
+        check_wheel(fetched.wheel, limit)
     for location in requirements.find_links:
         if Path(location).is_dir():
             for wheel in sorted(Path(location).glob("*.whl")):
-                check(wheel)
+                check_housed(wheel, limit)
 
 
 def _resolve_all(
@@ -385,7 +382,7 @@ def programs_needed(
     base = shipped_profile(image)
     target = Target(base, (arch_named(arch_name),))
     arch = target.arches[0]
-    _check_local_wheels(requirements, cache, None, check_wheel)
+    _check_local_wheels(requirements, cache, None, None)
     resolution = resolve(requirements, target, arch, cache)
     chosen = [choose_wheel(p, target, arch)[0] for p in resolution.packages]
     with ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch:

@@ -22,6 +22,7 @@ from builder.errors import UserError
 from builder.inspect.members import (
     RATIO_FLOOR,
     UNPACKED_MAX,
+    check_housed,
     check_unpacked_size,
     check_wheel,
     path_fault,
@@ -125,6 +126,20 @@ def test_a_zip_bomb_is_refused_from_its_directory_in_no_time(bomb: Path) -> None
     assert "more than the bound of 67.1 MB" in message and "--wheel-max" in message
     check_wheel(bomb)  # under the default bound and the ratio's floor
     check_wheel(bomb, limit=0)
+
+
+def test_a_wheelhouse_s_wheels_are_held_to_their_size_alone(bomb: Path, tmp_path: Path) -> None:
+    """Before uv unpacks them: a wheelhouse may hold wheels the run never picks, whose names
+    are checked if it does, and files uv is to refuse itself."""
+    with pytest.raises(UserError, match=r"unpacks to 268\.4 MB"):
+        check_housed(bomb, limit=64 << 20)
+    odd = make_wheel(tmp_path, "bsi-odd", "1.0", "py3-none-any", {"../odd.py": b""})
+    check_housed(odd)
+    with pytest.raises(UserError, match=r"'\.\./odd\.py' leaves its root"):
+        check_wheel(odd)
+    broken = tmp_path / "bsi_broken-1.0-py3-none-any.whl"
+    broken.write_bytes(b"PK\x03\x04 not a zip")
+    check_housed(broken)
 
 
 def _infos(*sizes: int) -> list[zipfile.ZipInfo]:
