@@ -91,17 +91,19 @@ def install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[En
             entries.append(Entry(target, mode, None, index, name, info.file_size, wheel))
             record.append((target, *hashes.get(name, ("", str(info.file_size)))))
         else:
-            entries.append(Entry(target, EXEC_MODE, data))
+            entries.append(Entry(target, EXEC_MODE, data, wheel_name=wheel))
             record.append((target, _hash(data), str(len(data))))
     for script, data in _console_scripts(archive, dist_info, wheel):
-        entries.append(Entry(f"bin/{script}", EXEC_MODE, data))
+        entries.append(Entry(f"bin/{script}", EXEC_MODE, data, wheel_name=wheel))
         record.append((f"bin/{script}", _hash(data), str(len(data))))
-    entries.append(Entry(f"{dist_info}/INSTALLER", FILE_MODE, INSTALLER))
+    entries.append(Entry(f"{dist_info}/INSTALLER", FILE_MODE, INSTALLER, wheel_name=wheel))
     record.append((f"{dist_info}/INSTALLER", _hash(INSTALLER), str(len(INSTALLER))))
     record.append((f"{dist_info}/RECORD", "", ""))
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(sorted(record))
-    entries.append(Entry(f"{dist_info}/RECORD", FILE_MODE, text.getvalue().encode()))
+    entries.append(
+        Entry(f"{dist_info}/RECORD", FILE_MODE, text.getvalue().encode(), wheel_name=wheel)
+    )
     return entries
 
 

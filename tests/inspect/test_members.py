@@ -192,3 +192,20 @@ def test_a_member_inflating_past_its_declared_size_is_cut_there_and_refused(
         read_wheel(liar, "0" * 64)
     assert time.monotonic() - started < 10
     assert _file_bytes(tmp_path) < 1 << 20  # no layer, no temporary file left
+
+
+def test_a_file_that_is_another_s_directory_is_refused_naming_both(tmp_path: Path) -> None:
+    """`docker load` fails on such a layer naming nothing: a script file `bin/tool` and a
+    `.data/scripts/tool/x` of another distribution would make one."""
+    scripts = {"bsi_first-1.0.dist-info/entry_points.txt": b"[console_scripts]\ntool = a:b\n"}
+    first = make_wheel(tmp_path, "bsi-first", "1.0", "py3-none-any", scripts)
+    second = make_wheel(
+        tmp_path, "bsi-second", "1.0", "py3-none-any", {"bsi_second-1.0.data/scripts/tool/x": b""}
+    )
+    with pytest.raises(UserError) as refused:
+        wheels_layer(
+            LayerWheels((("1" * 64, first), ("2" * 64, second))), "app/deps-extra", Cache(tmp_path)
+        )
+    assert str(refused.value) == (
+        f"{first.name}: 'bin/tool' is a file, and {second.name} has 'bin/tool/x' under it"
+    )
