@@ -20,6 +20,7 @@ from support.projects import pure_project, pure_sdist
 
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.resolve.direct.trees import refuse_links_out
 from builder.resolve.index import link_out
 from builder.resolve.requirements import read_requirements
 from builder.resolve.resolution import Resolution
@@ -144,3 +145,16 @@ def test_a_link_out_is_judged_on_the_names_alone(
     link is wherever that link leads (here out of the archive), not where its name says; a
     member under a linked directory is wherever that link leads too."""
     assert link_out(members) == out
+
+
+def test_links_in_a_loop_or_a_chain_are_followed_to_where_they_lead(tmp_path: Path) -> None:
+    tree = tmp_path / "proj"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "loop").symlink_to("loop")
+    (tree / "pkg" / "hop").symlink_to("../pkg/loop")
+    refuse_links_out(tree, "r.txt:1: ./proj")  # nothing leaves
+    (tree / "pkg" / "out").symlink_to("..")
+    (tree / "pkg" / "chain").symlink_to("out/..")  # through `out`: the project's parent
+    with pytest.raises(UserError) as refused:
+        refuse_links_out(tree, "r.txt:1: ./proj")
+    assert str(refused.value) == "r.txt:1: ./proj: 'pkg/chain' links outside the project"

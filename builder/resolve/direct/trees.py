@@ -28,7 +28,7 @@ def refuse_links_out(tree: Path, label: str) -> None:
             link = Path(directory, name)
             if not link.is_symlink():
                 continue
-            target = (link.parent / os.readlink(link)).resolve()
+            target = Path(os.path.realpath(link))  # a loop resolves to itself: no way out
             if target != root and root not in target.parents:
                 inside = str(link.relative_to(tree))
                 raise UserError(f"{label}: {shown(inside)} links outside the project")
