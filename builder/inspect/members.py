@@ -100,7 +100,10 @@ def scripts(archive: zipfile.ZipFile, dist_info: str, wheel: str) -> list[tuple[
     except KeyError:
         return []
     if info.file_size > METADATA_MAX:  # check_unpacked_size refuses it first in a run
-        raise UserError(f"{wheel}: entry_points.txt declares {human(info.file_size)}")
+        raise UserError(
+            f"{wheel}: entry_points.txt declares {human(info.file_size)}, more than a .dist-info"
+            f" file's {human(METADATA_MAX)}"
+        )
     parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     try:

@@ -131,14 +131,15 @@ def prepare(
     ):
         compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
         with timeline.step("resolve"):
-            _check_local_wheels(requirements, grounds.cache, grounds.retries, settings.wheel_max)
+            limit = UNPACKED_MAX if settings.wheel_max is None else settings.wheel_max
+            _check_local_wheels(requirements, grounds.cache, grounds.retries, limit)
             resolutions = _resolve_all(requirements, target, settings, grounds, pool)
         chosen = _choose(resolutions, target)
         files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
         requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
         pins = _pins(resolutions, chosen)
         fetching = timeline.now()
-        downloads = _start_downloads(files, requirements, grounds, fetch, settings.wheel_max)
+        downloads = _start_downloads(files, requirements, grounds, fetch, limit)
         inspecting, feeding = _start_reading(downloads, grounds, pool, compile_)
         writing = _start_layers(pins, downloads, reuse_locks, grounds, pool)
         timeline.record("downloads", fetching)
@@ -176,20 +177,14 @@ def _start_compiling(
     return _Compiling(starting, queue)
 
 
-def _bounded(wheel_max: int | None) -> Callable[[Path], None]:
-    """What a wheel is held to before anything unpacks it (builder.inspect.members), with the
-    run's bound on its unpacked size (None: the default)."""
-    return partial(check_wheel, limit=UNPACKED_MAX if wheel_max is None else wheel_max)
-
-
 def _check_local_wheels(
-    requirements: RequirementSet, cache: Cache, retries: Retries | None, wheel_max: int | None
+    requirements: RequirementSet, cache: Cache, retries: Retries | None, limit: int
 ) -> None:
     """The local wheels uv is given, checked before it runs: `uv pip compile` unpacks a wheel
     it reads from a path (a direct requirement's, fetched into the cache, or one in a local
     wheelhouse) into its own cache to read its metadata. An index's it reads from the index's
-    metadata file or a range of the wheel (only a server offering neither has it unpacked)."""
-    limit = UNPACKED_MAX if wheel_max is None else wheel_max
+    metadata file or a range of the wheel (only a server offering neither has it unpacked).
+    `limit`: the most a wheel may unpack to (builder.inspect.members)."""
     for fetched in fetch_all(requirements, cache, retries):
         check_wheel(fetched.wheel, limit)
     for location in requirements.find_links:
@@ -247,15 +242,15 @@ def _start_downloads(
     requirements: RequirementSet,
     grounds: Grounds,
     fetch: ThreadPoolExecutor,
-    wheel_max: int | None,
+    limit: int,
 ) -> dict[str, Future[Path]]:
-    """Every chosen wheel's download started (sha256 -> its path, once here and checked:
-    builder.inspect.members, bounded by `wheel_max`), each marked on the timeline as it
+    """Every chosen wheel's download started (sha256 -> its path, once here and checked by
+    builder.inspect.members, unpacking to `limit` at most), each marked on the timeline as it
     arrives."""
     grounds.timeline.name({file.sha256: file.filename for file in files})
     where = (*requirements.indexes(), *requirements.find_links)  # whose credentials go where
-    bounded = _bounded(wheel_max)
-    downloads = start_downloads(files, grounds.cache, where, fetch, grounds.retries, bounded)
+    checked = partial(check_wheel, limit=limit)
+    downloads = start_downloads(files, grounds.cache, where, fetch, grounds.retries, checked)
     arrived = grounds.timeline.marker("arrived")
     for sha, future in downloads.items():
         future.add_done_callback(_marking(arrived, sha))
@@ -382,7 +377,7 @@ def programs_needed(
     base = shipped_profile(image)
     target = Target(base, (arch_named(arch_name),))
     arch = target.arches[0]
-    _check_local_wheels(requirements, cache, None, None)
+    _check_local_wheels(requirements, cache, None, UNPACKED_MAX)
     resolution = resolve(requirements, target, arch, cache)
     chosen = [choose_wheel(p, target, arch)[0] for p in resolution.packages]
     with ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch:
