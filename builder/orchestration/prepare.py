@@ -30,6 +30,7 @@ from builder.config import RunSettings
 from builder.context.labels import created, image_labels
 from builder.context.render import Secrets, check_output, lock_text, render
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
+from builder.errors import UserError
 from builder.inspect.members import UNPACKED_MAX, check_housed, check_wheel
 from builder.inspect.wheels import WheelInspection, inspect_as_ready
 from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
@@ -186,7 +187,10 @@ def _check_local_wheels(
     metadata file or a range of the wheel (only a server offering neither has it unpacked).
     `limit`: the most a wheel may unpack to (builder.inspect.members)."""
     for fetched in fetch_all(requirements, cache, retries):
-        check_wheel(fetched.wheel, limit)
+        try:
+            check_wheel(fetched.wheel, limit)
+        except UserError as error:  # named by the line that asked for it too
+            raise UserError(f"{fetched.requirement.origin}: {error}") from None
     for location in requirements.find_links:
         if Path(location).is_dir():
             for wheel in sorted(Path(location).glob("*.whl")):
