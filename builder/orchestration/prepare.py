@@ -183,8 +183,8 @@ def _check_local_wheels(
 ) -> None:
     """The local wheels uv is given, checked before it runs: `uv pip compile` unpacks a wheel
     it reads from a path (a direct requirement's, fetched into the cache, or one in a local
-    wheelhouse) into its own cache to read its metadata. An index's it reads from the index's
-    metadata file or a range of the wheel (only a server offering neither has it unpacked).
+    wheelhouse) into its own cache to read its metadata. An index's it reads without unpacking
+    it (the index's metadata file, or the wheel streamed up to its METADATA).
     `limit`: the most a wheel may unpack to (builder.inspect.members)."""
     for fetched in fetch_all(requirements, cache, retries):
         try:
