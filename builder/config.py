@@ -24,6 +24,8 @@ needs, so it runs one short command:
     cache-max = "5GB"               # optional, as --cache-max: the cache's bound at the end of
                                     # every build (default: the smaller of 20 GB and 10 % of
                                     # its file system; 0: unbounded)
+    wheel-max = "16GiB"             # optional, as --wheel-max: the most a wheel may unpack to
+                                    # (default 8 GiB; 0: unbounded)
 
     [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
     arm64 = "ssh://builder@arm64-host"
@@ -75,6 +77,7 @@ KNOWN_KEYS = frozenset(
         "without-programs",
         "torch-backend",
         "cache-max",
+        "wheel-max",
     }
 )
 # setting -> BuildKit secret id
@@ -111,6 +114,7 @@ class PipelineConfig:
     find_links: tuple[str, ...] = ()  # wheelhouses: directories (relative to it) or URLs
     no_index: bool = False  # only wheelhouses and direct requirements, no package index
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
+    wheel_max: int | None = None  # bytes a wheel may unpack to; None: the default, 0: unbounded
 
     @property
     def base_image(self) -> ImageRef:
@@ -158,6 +162,7 @@ def load_config(path: Path) -> PipelineConfig:
         ),
         no_index=table.switch("no-index", default=False),
         cache_max=_size(table.data.get("cache-max"), f"{path}: 'cache-max'"),
+        wheel_max=_size(table.data.get("wheel-max"), f"{path}: 'wheel-max'"),
     )
     for written in (config.state, config.template, config.output):
         if written is not None:
@@ -361,6 +366,8 @@ class RunSettings:
     find_links: tuple[str, ...] = ()  # --find-links wheelhouses, beside the files' own
     no_index: bool = False  # --no-index: only wheelhouses and direct requirements
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
+    # bytes a wheel may unpack to; None: builder.inspect.members.UNPACKED_MAX, 0: unbounded
+    wheel_max: int | None = None
     cache_dir: Path | None = None  # None: the default cache (builder.cache.default_root)
     state: Path | None = None  # a config's run records what it pushed here, for `rebuild`
     refresh: bool = False  # ask the index again instead of trusting the cached answers
@@ -405,6 +412,7 @@ def merge(
         find_links=tuple(dict.fromkeys(config.find_links + flags.find_links)),
         no_index=flags.no_index or config.no_index,
         cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
+        wheel_max=config.wheel_max if flags.wheel_max is None else flags.wheel_max,
         state=config.state,
     )
     return _replaceable(merged)

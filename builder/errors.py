@@ -14,6 +14,13 @@ failure it was, so a caller can decide without reading messages:
 """
 
 DEBUG_VARIABLE = "BSI_DEBUG"  # set: unexpected errors show their traceback
+SHOWN = 80  # characters of a hostile name an error line shows
+
+
+def shown(name: str) -> str:
+    """A name from hostile input (a wheel's member, a project's link) as an error line shows
+    it: quoted and escaped (a newline in it cannot start a line of its own), cut short."""
+    return repr(name[:SHOWN]) + ("…" if len(name) > SHOWN else "")
 
 
 class UserError(Exception):

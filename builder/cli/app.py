@@ -16,7 +16,7 @@ import click
 from click.core import ParameterSource
 
 from builder.cli.base import base_command
-from builder.cli.cache import CACHE_MAX_OPTION, cache_command
+from builder.cli.cache import CACHE_MAX_OPTION, Size, cache_command
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
 from builder.cli.runners.parts import merge_command, part_command
@@ -123,6 +123,12 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
 @APT_AUTH_OPTION
 @click.option("--cache-dir", type=click.Path(path_type=Path), help="Cache directory.")
 @CACHE_MAX_OPTION
+@click.option(
+    "--wheel-max",
+    type=Size(),
+    help="Refuse a wheel that unpacks to more than this, a zip bomb (default 8 GiB, or past"
+    " 1 GiB 100 times its size; 0: unbounded).",
+)
 @click.option(
     "--refresh", is_flag=True, help="Resolve again even if this input was resolved within the hour."
 )
@@ -252,6 +258,7 @@ def run_settings(context: click.Context) -> RunSettings:
         find_links=flags["find_links"],
         no_index=flags["no_index"],
         cache_max=flags["cache_max"],
+        wheel_max=flags["wheel_max"],
         cache_dir=flags["cache_dir"],
         refresh=flags["refresh"],
         overrides=flags["overrides"],

@@ -33,6 +33,7 @@ from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 from builder.inspect.elf import ElfFile, ElfRecord, UnreadableElf, is_elf, read_elf
 from builder.inspect.loads import LoadRecord, LoadSite, scan_sources, worth_reading
+from builder.inspect.members import checked_members
 from builder.inspect.programs import scan_sources as scan_programs
 
 RECORD_KIND = "inspect"
@@ -246,7 +247,7 @@ def read_wheel(path: Path, sha256: str) -> WheelInspection:
     member = path.name
     try:
         with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
+            infos = checked_members(zf, path.name)  # a run checked them as the download ended
             members = [info.filename for info in infos]
             tree_paths = []
             for info in infos:

@@ -53,6 +53,7 @@ from builder.cache import Cache
 from builder.contract import SANDBOX_USER
 from builder.engines.connection import demultiplexed
 from builder.errors import UserError
+from builder.inspect.members import UNREADABLE, unreadable
 from builder.layers.first_reads import LAYOUT_FORMAT, cached_first_reads, laid_out
 from builder.layers.gzipped import packed
 from builder.layers.install_layout import installed_python_sources
@@ -393,7 +394,10 @@ def _sources_tar(wheel: Path) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(wheel) as archive, tarfile.open(fileobj=buffer, mode="w") as tar:
         for path, member in installed_python_sources(wheel):
-            data = archive.read(member)
+            try:
+                data = archive.read(member)
+            except UNREADABLE as error:
+                raise unreadable(wheel.name, member, error) from None
             info = tarfile.TarInfo(path)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from builder.cache import Cache
+from builder.inspect.members import UNREADABLE, unreadable
 from builder.layers.install_layout import install_entries
 
 # Bump when the order changes, or where install_layout puts a wheel's files: it keys the layers
@@ -245,6 +246,9 @@ def wheel_first_reads(wheel: Path) -> tuple[str, ...]:
 
         def source(path: str) -> bytes:
             entry = entries[path]
-            return entry.data if entry.data is not None else archive.read(entry.member)
+            try:
+                return entry.data if entry.data is not None else archive.read(entry.member)
+            except UNREADABLE as error:
+                raise unreadable(wheel.name, entry.member, error) from None
 
         return first_reads(entries, source)

@@ -4,13 +4,14 @@ purelib and platlib land at the root; `.data/scripts` and console scripts in `bi
 portable `#!/usr/bin/env python3`); headers and data files are dropped, as `--target` drops
 them; `.dist-info` gets an INSTALLER and a RECORD rewritten for what was installed. The layer
 writer (builder.layers.layer) turns these entries into tar members; the bytecode compiler
-(builder.layers.bytecode) compiles the modules among them.
+(builder.layers.bytecode) compiles the modules among them. Every path and script name comes
+checked from builder.inspect.members: a wheel naming one out of its root is refused, never laid
+out.
 """
 
 from __future__ import annotations
 
 import base64
-import configparser
 import csv
 import hashlib
 import io
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import UserError
+from builder.inspect.members import checked_members, scripts
 
 DIR_MODE = 0o755
 FILE_MODE = 0o644
@@ -56,7 +58,7 @@ def installed_python_sources(wheel: Path) -> list[tuple[str, str]]:
 
 def install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[Entry]:
     """Where each member of one wheel lands under the --target directory, plus the metadata."""
-    infos = [info for info in archive.infolist() if not info.is_dir()]
+    infos = [info for info in checked_members(archive, wheel) if not info.is_dir()]
     dist_info = next(
         (i.filename.split("/")[0] for i in infos if i.filename.endswith(".dist-info/WHEEL")), None
     )
@@ -68,7 +70,7 @@ def install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[En
     record: list[tuple[str, str, str]] = []
     for info in infos:
         name = info.filename
-        if name == f"{dist_info}/RECORD" or name.startswith(("/", "../")) or "/../" in name:
+        if name == f"{dist_info}/RECORD":
             continue
         executable = bool((info.external_attr >> 16) & 0o111)
         target: str | None = name
@@ -89,17 +91,19 @@ def install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[En
             entries.append(Entry(target, mode, None, index, name, info.file_size, wheel))
             record.append((target, *hashes.get(name, ("", str(info.file_size)))))
         else:
-            entries.append(Entry(target, EXEC_MODE, data))
+            entries.append(Entry(target, EXEC_MODE, data, wheel_name=wheel))
             record.append((target, _hash(data), str(len(data))))
-    for script, data in _console_scripts(archive, dist_info):
-        entries.append(Entry(f"bin/{script}", EXEC_MODE, data))
+    for script, data in _console_scripts(archive, dist_info, wheel):
+        entries.append(Entry(f"bin/{script}", EXEC_MODE, data, wheel_name=wheel))
         record.append((f"bin/{script}", _hash(data), str(len(data))))
-    entries.append(Entry(f"{dist_info}/INSTALLER", FILE_MODE, INSTALLER))
+    entries.append(Entry(f"{dist_info}/INSTALLER", FILE_MODE, INSTALLER, wheel_name=wheel))
     record.append((f"{dist_info}/INSTALLER", _hash(INSTALLER), str(len(INSTALLER))))
     record.append((f"{dist_info}/RECORD", "", ""))
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(sorted(record))
-    entries.append(Entry(f"{dist_info}/RECORD", FILE_MODE, text.getvalue().encode()))
+    entries.append(
+        Entry(f"{dist_info}/RECORD", FILE_MODE, text.getvalue().encode(), wheel_name=wheel)
+    )
     return entries
 
 
@@ -124,26 +128,20 @@ def _script(data: bytes) -> bytes:
     return data
 
 
-def _console_scripts(archive: zipfile.ZipFile, dist_info: str) -> list[tuple[str, bytes]]:
-    try:
-        text = archive.read(f"{dist_info}/entry_points.txt").decode()
-    except KeyError:
-        return []
-    parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]
-    parser.read_string(text)
-    if not parser.has_section("console_scripts"):
-        return []
-    scripts = []
-    for name, value in sorted(parser.items("console_scripts")):
+def _console_scripts(
+    archive: zipfile.ZipFile, dist_info: str, wheel: str
+) -> list[tuple[str, bytes]]:
+    """Each console script's name (checked: a plain file name) and its wrapper."""
+    wrappers = []
+    for name, value in scripts(archive, dist_info, wheel):
         module, _, attribute = value.partition(":")
         attribute = attribute.split("[", 1)[0].strip()
         head = attribute.split(".", 1)[0] or "__name__"
         call = attribute or "main"
-        scripts.append(
+        wrappers.append(
             (name, _WRAPPER.format(module=module.strip(), head=head, call=call).encode())
         )
-    return scripts
+    return wrappers
 
 
 _WRAPPER = f"""{SHEBANG.decode()}

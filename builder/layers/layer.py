@@ -36,7 +36,8 @@ from typing import IO, Any, TypedDict
 
 from builder.cache import Cache
 from builder.digest import HashingWriter
-from builder.errors import UserError
+from builder.errors import UserError, shown
+from builder.inspect.members import UNREADABLE, unreadable
 from builder.inspect.wheels import newest_date
 from builder.layers.first_reads import (
     LAYOUT_FORMAT,
@@ -187,19 +188,7 @@ def write_tar(
     root = root.strip("/")
     archives = [zipfile.ZipFile(wheel) for wheel in wheels]
     try:
-        entries: dict[str, Entry] = {}
-        for index, archive in enumerate(archives):
-            for entry in install_entries(archive, index, Path(wheels[index]).name):
-                if entry.path not in shadowed:  # a later wheel wins, as with pip (lock order)
-                    entries[entry.path] = entry
-        parts = root.split("/")
-        directories = {"/".join(parts[: i + 1]) for i in range(len(parts))}
-        for path in list(entries):
-            pieces = path.split("/")[:-1]
-            directories |= {f"{root}/" + "/".join(pieces[: i + 1]) for i in range(len(pieces))}
-        full = {f"{root}/{path}": entry for path, entry in entries.items()}
-        for directory in directories:
-            full.setdefault(directory, Entry(directory, DIR_MODE))
+        full, directories = _tree(archives, wheels, root, shadowed)
         if first is None:
             first = [path for wheel in wheels for path in wheel_first_reads(Path(wheel))]
         leading = [f"{root}/{path}" for path in first]
@@ -230,6 +219,33 @@ def write_tar(
     finally:
         for archive in archives:
             archive.close()
+
+
+def _tree(
+    archives: Sequence[zipfile.ZipFile], wheels: Sequence[Path], root: str, shadowed: frozenset[str]
+) -> tuple[dict[str, Entry], set[str]]:
+    """Every tar member of `wheels` installed under `root` (directories included) by its name,
+    and the directories' names; a path that is a file and another's directory is refused."""
+    entries: dict[str, Entry] = {}
+    for index, archive in enumerate(archives):
+        for entry in install_entries(archive, index, Path(wheels[index]).name):
+            if entry.path not in shadowed:  # a later wheel wins, as with pip (lock order)
+                entries[entry.path] = entry
+    parts = root.split("/")
+    directories = {"/".join(parts[: i + 1]) for i in range(len(parts))}
+    for path in list(entries):
+        pieces = path.split("/")[:-1]
+        directories |= {f"{root}/" + "/".join(pieces[: i + 1]) for i in range(len(pieces))}
+    full = {f"{root}/{path}": entry for path, entry in entries.items()}
+    if clash := min(directories & full.keys(), default=None):  # docker load fails on it
+        name, under = next((n, e) for n, e in sorted(full.items()) if n.startswith(f"{clash}/"))
+        raise UserError(
+            f"{full[clash].wheel_name}: {shown(clash.removeprefix(f'{root}/'))} is a file, and"
+            f" {under.wheel_name} has {shown(name.removeprefix(f'{root}/'))} under it"
+        )
+    for directory in directories:
+        full.setdefault(directory, Entry(directory, DIR_MODE))
+    return full, directories
 
 
 def _read_ahead(
@@ -263,12 +279,20 @@ def _read_ahead(
             if isinstance(source, _Streamed):
                 yield source.chunks()
             elif source is not None:
-                yield (_sized(entry, source.result()),)
+                yield (_sized(entry, _inflated(entry, source)),)
             else:
                 yield None if entry.data is None else (entry.data,)
     finally:  # the writer stopped (an error, or done): no producer may stay blocked
         for stream in streams:
             stream.cancel()
+
+
+def _inflated(entry: Entry, source: Future[bytes]) -> bytes:
+    """A member's bytes inflated on the pool; one line naming it when they do not inflate."""
+    try:
+        return source.result()
+    except UNREADABLE as error:
+        raise unreadable(entry.wheel_name, entry.member, error) from None
 
 
 def _sized(entry: Entry, data: bytes, found: int | None = None) -> bytes:
@@ -311,6 +335,8 @@ class _Streamed:
     def chunks(self) -> Iterator[bytes]:
         found = 0
         while (item := self.queue.get()) is not None:
+            if isinstance(item, UNREADABLE):
+                raise unreadable(self.entry.wheel_name, self.entry.member, item) from None
             if isinstance(item, BaseException):
                 raise item
             found += len(item)

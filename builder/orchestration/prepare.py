@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import docker
@@ -29,6 +30,8 @@ from builder.config import RunSettings
 from builder.context.labels import created, image_labels
 from builder.context.render import Secrets, check_output, lock_text, render
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
+from builder.errors import UserError
+from builder.inspect.members import UNPACKED_MAX, check_housed, check_wheel
 from builder.inspect.wheels import WheelInspection, inspect_as_ready
 from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.layers.extras import (
@@ -53,6 +56,7 @@ from builder.plan.plan import (
 )
 from builder.plan.program_needs import ProgramNeed, program_needs
 from builder.publish.tags import extras_hash
+from builder.resolve.direct.fetch import fetch_all
 from builder.resolve.index import start_downloads
 from builder.resolve.requirements import RequirementSet, read_requirements
 from builder.resolve.resolution import RemoteFile, Resolution
@@ -128,13 +132,15 @@ def prepare(
     ):
         compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
         with timeline.step("resolve"):
+            limit = UNPACKED_MAX if settings.wheel_max is None else settings.wheel_max
+            _check_local_wheels(requirements, grounds.cache, grounds.retries, limit)
             resolutions = _resolve_all(requirements, target, settings, grounds, pool)
         chosen = _choose(resolutions, target)
         files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
         requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
         pins = _pins(resolutions, chosen)
         fetching = timeline.now()
-        downloads = _start_downloads(files, requirements, grounds, fetch)
+        downloads = _start_downloads(files, requirements, grounds, fetch, limit)
         inspecting, feeding = _start_reading(downloads, grounds, pool, compile_)
         writing = _start_layers(pins, downloads, reuse_locks, grounds, pool)
         timeline.record("downloads", fetching)
@@ -171,6 +177,25 @@ def _start_compiling(
     starting = jobs.submit(_start_compiler, grounds, target, stack)
     queue = CompileQueue(starting.result, compiles, grounds.timeline.marker("compiled"))
     return _Compiling(starting, queue)
+
+
+def _check_local_wheels(
+    requirements: RequirementSet, cache: Cache, retries: Retries | None, limit: int
+) -> None:
+    """The local wheels uv is given, checked before it runs: `uv pip compile` unpacks a wheel
+    it reads from a path (a direct requirement's, fetched into the cache, or one in a local
+    wheelhouse) into its own cache to read its metadata. An index's it reads without unpacking
+    it (the index's metadata file, or the wheel streamed up to its METADATA).
+    `limit`: the most a wheel may unpack to (builder.inspect.members)."""
+    for fetched in fetch_all(requirements, cache, retries):
+        try:
+            check_wheel(fetched.wheel, limit)
+        except UserError as error:  # named by the line that asked for it too
+            raise UserError(f"{fetched.requirement.origin}: {error}") from None
+    for location in requirements.find_links:
+        if Path(location).is_dir():
+            for wheel in sorted(Path(location).glob("*.whl")):
+                check_housed(wheel, limit)
 
 
 def _resolve_all(
@@ -222,12 +247,15 @@ def _start_downloads(
     requirements: RequirementSet,
     grounds: Grounds,
     fetch: ThreadPoolExecutor,
+    limit: int,
 ) -> dict[str, Future[Path]]:
-    """Every chosen wheel's download started (sha256 -> its path, once here), each marked on
-    the timeline as it arrives."""
+    """Every chosen wheel's download started (sha256 -> its path, once here and checked by
+    builder.inspect.members, unpacking to `limit` at most), each marked on the timeline as it
+    arrives."""
     grounds.timeline.name({file.sha256: file.filename for file in files})
     where = (*requirements.indexes(), *requirements.find_links)  # whose credentials go where
-    downloads = start_downloads(files, grounds.cache, where, fetch, grounds.retries)
+    checked = partial(check_wheel, limit=limit)
+    downloads = start_downloads(files, grounds.cache, where, fetch, grounds.retries, checked)
     arrived = grounds.timeline.marker("arrived")
     for sha, future in downloads.items():
         future.add_done_callback(_marking(arrived, sha))
@@ -357,10 +385,11 @@ def programs_needed(
     base = shipped_profile(image)
     target = Target(base, (arch_named(arch_name),))
     arch = target.arches[0]
+    _check_local_wheels(requirements, cache, None, UNPACKED_MAX)
     resolution = resolve(requirements, target, arch, cache)
     chosen = [choose_wheel(p, target, arch)[0] for p in resolution.packages]
     with ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch:
-        downloads = start_downloads(chosen, cache, requirements.indexes(), fetch)
+        downloads = start_downloads(chosen, cache, requirements.indexes(), fetch, check=check_wheel)
         inspections = inspect_as_ready(_as_ready(downloads), cache)
     needs, _ = program_needs(
         [inspections[file.sha256] for file in chosen],

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -46,7 +47,7 @@ from packaging.utils import (
 from uv import find_uv_bin
 
 from builder.cache import CHUNK, Cache, sha256_of
-from builder.errors import UserError
+from builder.errors import UserError, shown
 from builder.resolve.requirements import DEFAULT_INDEX
 from builder.resolve.resolution import RemoteFile, redact
 from builder.retry import Faulted, Retries, Service, SteadyBody, reason, retryable, unresolvable
@@ -54,6 +55,7 @@ from builder.retry import Faulted, Retries, Service, SteadyBody, reason, retryab
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
 UV = find_uv_bin()
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+LINK_MAX = 4096  # bytes of a zip member holding a link's target (PATH_MAX)
 BUILD_EPOCH = "315532800"  # 1980-01-01, the oldest time a zip (a wheel) can hold
 # Files whose presence in a source distribution means it compiles native code.
 COMPILED_SOURCES = re.compile(
@@ -173,16 +175,32 @@ def start_downloads(
     indexes: Sequence[str],
     pool: ThreadPoolExecutor,
     retries: Retries | None = None,
+    check: Callable[[Path], object] | None = None,
 ) -> dict[str, Future[Path]]:
     """Start each distinct file's download on `pool`: sha256 -> its cached path, when done.
 
     A caller can work on each wheel as it arrives (inspection) instead of after the last one.
+    `check` is run on each file before its future says it is here (builder.inspect.members'
+    bounds): what refuses it fails the future, so nothing that waits on it reads the file.
     """
     unique = {file.sha256: file for file in files}
     return {
-        sha256: pool.submit(download, file, cache, indexes, retries)
+        sha256: pool.submit(_download_checked, file, cache, indexes, retries, check)
         for sha256, file in unique.items()
     }
+
+
+def _download_checked(
+    file: RemoteFile,
+    cache: Cache,
+    indexes: Sequence[str],
+    retries: Retries | None,
+    check: Callable[[Path], object] | None,
+) -> Path:
+    path = download(file, cache, indexes, retries)
+    if check is not None:
+        check(path)
+    return path
 
 
 class _Anchors(HTMLParser):
@@ -292,14 +310,84 @@ def compiled_code_evidence(sdist: Path) -> str | None:
     return next((name for name in names if COMPILED_SOURCES.search(name)), None)
 
 
+def _archive_links(sdist: Path) -> list[tuple[str, str, bool]]:
+    """(member, target, hard) of each link a source distribution holds; ("member", "", False)
+    for each other member, so that a path through a link is seen too."""
+    if not sdist.name.endswith(".zip"):
+        with tarfile.open(sdist) as archive:
+            return [(m.name, m.linkname, m.islnk()) for m in archive.getmembers()]
+    found = []
+    with zipfile.ZipFile(sdist) as archive:
+        for info in archive.infolist():
+            link = stat.S_ISLNK(info.external_attr >> 16) and info.file_size <= LINK_MAX
+            target = archive.read(info).decode(errors="surrogateescape") if link else ""
+            found.append((info.filename.removesuffix("/"), target, False))
+    return found
+
+
+def link_out(members: Sequence[tuple[str, str, bool]]) -> tuple[str, str] | None:
+    """The first (member, target) of an archive's `members` (`_archive_links`) that leads out
+    of it once unpacked: an absolute or `..` path, a symbolic link whose target (from its own
+    directory) or a hard link whose target (from the root) climbs out, or either of them or a
+    member reached through another link. Judged on the names alone, before anything is
+    unpacked: a link through a link could lead anywhere, so it is refused too."""
+    links = {name.strip("/") for name, target, _ in members if target}
+    for name, target, hard in members:
+        parts = [part for part in name.split("/") if part not in ("", ".")]
+        if name.startswith("/") or ".." in parts:
+            return name, name
+        if any("/".join(parts[:end]) in links for end in range(1, len(parts))):
+            return name, name  # under a linked directory
+        if target and _climbs_out([] if hard else parts[:-1], target, links):
+            return name, target
+    return None
+
+
+def _climbs_out(start: list[str], target: str, links: set[str]) -> bool:
+    if target.startswith("/"):
+        return True
+    where = list(start)
+    steps = [step for step in target.split("/") if step not in ("", ".")]
+    for index, step in enumerate(steps):
+        if step == "..":
+            if not where:
+                return True
+            where.pop()
+        else:
+            where.append(step)
+            if index < len(steps) - 1 and "/".join(where) in links:
+                return True  # through another link: wherever that one leads
+    return False
+
+
+def _refuse_links_out(sdist: Path, label: str) -> None:
+    """Refuse a source distribution with a link out of it (`link_out`): its build would read
+    the host's file into the wheel. `label` names it (its requirement, or its file name)."""
+    try:
+        found = link_out(_archive_links(sdist))
+    except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError) as error:
+        raise UserError(f"{label}: unreadable source distribution ({error})") from None
+    if found:
+        member, target = found
+        raise UserError(
+            f"{label}: {shown(member)} links outside the source distribution ({shown(target)})"
+        )
+
+
 def build_pure_wheel(
-    sdist: Path, source: RemoteFile, cache: Cache, options: Sequence[str] = ()
+    sdist: Path,
+    source: RemoteFile,
+    cache: Cache,
+    options: Sequence[str] = (),
+    label: str = "",
 ) -> tuple[Path, str]:
-    """Build a pure-Python sdist into a wheel on the host, cached by the sdist's hash.
+    """Build a pure-Python sdist into a wheel on the host, cached by the sdist's hash, once no
+    link in it leads out (`_refuse_links_out`; `label` names it, its file name by default).
 
     The wheel's sdist is recorded by the wheel's hash, for `built_source` to find. `options`
     say where its build backend comes from (`build_options`), PyPI when none.
     """
+    _refuse_links_out(sdist, label or sdist.name)
     record = cache.get_record("built", source.sha256)
     if record and (found := cache.find_blob(record["sha256"], record["filename"])):
         path, sha256 = found, str(record["sha256"])

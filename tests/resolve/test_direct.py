@@ -349,4 +349,4 @@ def test_a_project_linking_outside_its_tree_is_refused(tmp_path: Path) -> None:
     (repository / "bsi_gitpkg" / "secrets.txt").symlink_to("/etc/hostname")
     commit = commit_all(repository, "a link out")
     message = _refusal(tmp_path, f"bsi-gitpkg @ git+file://{repository}@{commit}")
-    assert "bsi_gitpkg/secrets.txt links outside the project" in message
+    assert "'bsi_gitpkg/secrets.txt' links outside the project" in message

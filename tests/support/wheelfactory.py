@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import struct
 import subprocess
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -110,3 +111,37 @@ def make_wheel(
             zf.writestr(path, data)
         zf.writestr(f"{dist_info}/RECORD", record)
     return wheel
+
+
+def zip_bomb(
+    tmp_path: Path, name: str, unpacked: int, *, declared: int | None = None, member: str = ""
+) -> Path:
+    """A valid wheel of `name` 1.0 plus one member of `unpacked` zero bytes, deflated (about
+    1000:1: a GiB makes a wheel of a MiB). `declared`: the size its zip entries say instead
+    (a lie: the member inflates past it), patched into both of its headers."""
+    wheel = make_wheel(tmp_path, name, "1.0", "py3-none-any", {})
+    member = member or f"{wheel.name.split('-')[0]}/zeros.bin"
+    chunk = bytes(1 << 20)
+    with zipfile.ZipFile(wheel, "a", zipfile.ZIP_DEFLATED) as zf:
+        with zf.open(member, "w", force_zip64=unpacked >= 1 << 32) as out:
+            for _ in range(unpacked // len(chunk)):
+                out.write(chunk)
+            out.write(bytes(unpacked % len(chunk)))
+        info = zf.getinfo(member)
+    if declared is not None:
+        _declare(wheel, info, declared)
+    return wheel
+
+
+def _declare(wheel: Path, info: zipfile.ZipInfo, size: int) -> None:
+    """Patch `info`'s uncompressed size in its local header and its central directory entry."""
+    with zipfile.ZipFile(wheel) as zf:
+        position = zf.start_dir  # the central directory's first entry
+    data = bytearray(wheel.read_bytes())
+    local = info.header_offset
+    data[local + 22 : local + 26] = struct.pack("<I", size)
+    while data[position + 46 : position + 46 + len(info.orig_filename)].decode() != info.filename:
+        lengths = struct.unpack("<HHH", data[position + 28 : position + 34])
+        position += 46 + sum(lengths)
+    data[position + 24 : position + 28] = struct.pack("<I", size)
+    wheel.write_bytes(bytes(data))

@@ -31,6 +31,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from builder.cache import CHUNK, Cache, sha256_of
 from builder.errors import UserError
 from builder.resolve.direct.lines import DirectSource
+from builder.resolve.direct.trees import refuse_links_out
 from builder.resolve.direct.vcs import export, resolve_commit
 from builder.resolve.index import (
     COMPILED_SOURCES,
@@ -132,6 +133,7 @@ def _from_path(
 ) -> tuple[Path, Source]:
     path = Path(source.target)
     if path.is_dir():
+        refuse_links_out(path, f"{source.origin}: {source.shown}")
         _refuse_native_tree(path, source)
         wheel, _ = build_tree(path, run.cache, source.origin, run.options)
         return wheel, Source(SourceKind.PATH, str(path))
@@ -152,7 +154,8 @@ def _wheel_of(file: Path, sha256: str, url: str, source: DirectSource, run: _Fet
             " pure-Python projects are built here: give a wheel for the target"
         )
     origin = RemoteFile(file.name, redact(url), sha256)
-    wheel, _ = build_pure_wheel(file, origin, run.cache, run.options)
+    label = f"{source.origin}: {source.shown}"
+    wheel, _ = build_pure_wheel(file, origin, run.cache, run.options, label)
     return wheel
 
 

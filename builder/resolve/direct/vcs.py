@@ -25,6 +25,7 @@ from pathlib import Path
 
 from builder.errors import UserError
 from builder.resolve.direct.lines import DirectSource
+from builder.resolve.direct.trees import refuse_links_out
 from builder.resolve.requirements import redact_credentials
 from builder.resolve.resolution import redact
 
@@ -109,19 +110,6 @@ def _expand_short(source: DirectSource, url: str) -> str:
     return found.strip()
 
 
-def _refuse_links_out(source: DirectSource, commit: str, tree: Path) -> None:
-    """A symlink of the project pointing outside its tree would let its build read the host's
-    files into a wheel: refused, as a tar's data filter refuses it."""
-    root = tree.resolve()
-    for link in (path for path in tree.rglob("*") if path.is_symlink()):
-        target = (link.parent / os.readlink(link)).resolve()
-        if target != root and root not in target.parents:
-            raise UserError(
-                f"{source.origin}: {source.shown}@{commit[:12]}: "
-                f"{link.relative_to(tree)} links outside the project"
-            )
-
-
 def export(source: DirectSource, commit: str, destination: Path) -> Path:
     """The tree of `commit` written into `destination` (no `.git`); the project's directory."""
     url, _ = _git_environment(source.target)
@@ -139,7 +127,7 @@ def export(source: DirectSource, commit: str, destination: Path) -> Path:
         worktree = f"--work-tree={destination}"
         _git([worktree, "read-tree", commit], source, repository)
         _git([worktree, "checkout-index", "--all"], source, repository)
-    _refuse_links_out(source, commit, destination)
+    refuse_links_out(destination, f"{source.origin}: {source.shown}@{commit[:12]}")
     project = destination / source.subdirectory if source.subdirectory else destination
     if not (project / "pyproject.toml").is_file() and not (project / "setup.py").is_file():
         where = f" in {source.subdirectory!r}" if source.subdirectory else ""
