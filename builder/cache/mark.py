@@ -34,8 +34,8 @@ def opened(root: Path, *, beside: Sequence[tuple[str, Path]] = (), create: bool 
     run's own `beside`, e.g. ("the output directory", its path), too) or a directory that is not
     the tool's cache.
     `create`: a missing one is made (a run); else it stays missing (`cache`, which reads)."""
-    places = tuple((what, path.resolve()) for what, path in beside)
-    if why := refusal(root.resolve(), Path.home().resolve(), Path.cwd().resolve(), places):
+    places = tuple((what, _real(path)) for what, path in beside)
+    if why := refusal(_real(root), _real(Path.home()), _real(Path.cwd()), places):
         raise UserError(
             f"cache directory {root}: {why}; give a directory of its own"
             " (--cache-dir, BSI_CACHE_DIR)"
@@ -44,14 +44,20 @@ def opened(root: Path, *, beside: Sequence[tuple[str, Path]] = (), create: bool 
         if create:
             root.mkdir(parents=True, exist_ok=True)
             mark(root)
-        return Cache(root)
+        return Cache(root.absolute())  # a wheel's file:// URL needs an absolute path
     if not root.is_dir():
         raise UserError(f"cache directory {root}: not a directory")
     if why := not_ours(root):
         raise UserError(f"cache directory {root}: {why}; give an empty or new directory")
     if create or listing(root):
         mark(root)
-    return Cache(root)
+    return Cache(root.absolute())
+
+
+def _real(path: Path) -> Path:
+    """`path` with its links followed as far as they lead: a link in a loop (an `--output` planted
+    as one) is left as it is, for the check that refuses it, where `Path.resolve` raises."""
+    return Path(os.path.realpath(path))
 
 
 def refusal(
