@@ -23,6 +23,7 @@ from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer
 from builder.layers.home import SEEDS, distribution_names, home_env, plan_names, seeds_of
 from builder.plan.plan import Plan
+from builder.reporter import mask
 from builder.resolve.resolution import SourceKind
 
 TOOL = "build-sandbox-image"
@@ -322,7 +323,7 @@ def render(
         )
         _write_arches(staging, plan, layers, pylocks)
         report = _report(plan, layers, compile_step, bytecode or {}, timeline)
-        (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        (staging / "report.json").write_text(mask(json.dumps(report, indent=2), urls=False) + "\n")
         # hadolint finds it when run in the context; it justifies each ignored rule.
         (staging / ".hadolint.yaml").write_text(
             resources.files("builder.data").joinpath("hadolint.yaml").read_text()
@@ -466,8 +467,10 @@ def _swap(staging: Path, output: Path) -> None:
 
 def add_to_output(output: Path, name: str, data: bytes) -> None:
     """Write a file the run made after rendering (an attached SBOM, say) beside report.json and
-    list it in the marker, so that the next run may replace the directory as its own."""
-    (output / name).write_bytes(data)
+    list it in the marker, so that the next run may replace the directory as its own. No
+    secret the run read is written (builder.reporter.mask)."""
+    text = mask(data.decode("utf-8", "surrogateescape"), urls=False)
+    (output / name).write_bytes(text.encode("utf-8", "surrogateescape"))
     listed = _written_by_us(output)
     if listed is not None and name not in listed:
         with (output / MARKER).open("a") as marker:
@@ -490,5 +493,5 @@ def update_report(
     for arch, fields in (layers or {}).items():
         report["architectures"][arch]["extras_layers"] = [dict(one) for one in fields]
     temp = path.with_name(f".report.json.{os.getpid()}")
-    temp.write_text(json.dumps(report, indent=2) + "\n")
+    temp.write_text(mask(json.dumps(report, indent=2), urls=False) + "\n")
     temp.replace(path)
