@@ -5,8 +5,10 @@ nested `-r`/`-c` files, index options (`--index-url`, `--extra-index-url`, `--no
 `--find-links`/`-f`), `--require-hashes`, and direct requirements: a local wheel, sdist or
 project directory, a URL, a git repository (builder.resolve.direct.lines). Editable
 requirements are refused, naming the file and line (nothing to edit in an image). Error lines
-quote user input only through `excerpt`, which is short and redacted: a requirements file may
-be anything (`-r /proc/self/environ`), and the error lands in CI logs.
+quote user input only through `excerpt`, which is short and masked: a requirements file may
+be anything (`-r /proc/self/environ`, `-r .env`), and the error lands in CI logs. `${VAR}` is
+substituted only in the `user:password@` of an http(s) URL, and what it gave is remembered to
+be masked (builder.reporter); only a regular file is read, never a FIFO that would block.
 """
 
 from __future__ import annotations
