@@ -47,13 +47,17 @@ def remember(value: str) -> None:
 
 
 def remember_credentials(url: str) -> None:
-    """Remember the password of `url`'s `user:password@` (the user when no password follows: a
-    token alone); a part still holding an unsubstituted `${VAR}` is left to its substitution."""
-    authority = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    """Remember the password of `url`'s `user:password@` (the user when no password follows
+    in an http(s) URL: a token alone; ssh's `git@` is a login name); a part still holding an
+    unsubstituted `${VAR}` is left to its substitution."""
+    scheme, _, rest = url.partition("://")
+    authority = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
     userinfo, at, _ = authority.rpartition("@")
     if not at:
         return
     user, colon, password = userinfo.partition(":")
+    if not colon and not scheme.lower().endswith(("http", "https")):
+        return
     secret = password if colon else user
     if "${" not in secret:
         remember(secret)

@@ -13,7 +13,14 @@ from click.testing import CliRunner
 from builder.cli.errors import error_line, reports_errors
 from builder.context.render import add_to_output
 from builder.errors import UserError
-from builder.reporter import Reporter, excerpt, mask, redact_credentials, remember
+from builder.reporter import (
+    Reporter,
+    excerpt,
+    mask,
+    redact_credentials,
+    remember,
+    remember_credentials,
+)
 
 TOKEN = "ghp_9f8e7d6c5b4a3f2e1d0c"
 
@@ -97,3 +104,12 @@ def test_a_file_written_beside_the_report_holds_no_remembered_secret(tmp_path: P
     remember(TOKEN)
     add_to_output(tmp_path, "sbom.json", f'{{"purl": "pkg:pypi/x@1", "note": "{TOKEN}"}}'.encode())
     assert (tmp_path / "sbom.json").read_text() == '{"purl": "pkg:pypi/x@1", "note": "***"}'
+
+
+def test_a_urls_password_or_token_is_remembered_and_an_ssh_login_is_not() -> None:
+    remember_credentials("https://ci:written-password@host/simple")
+    remember_credentials("git+https://ghp_token_alone_1234@github.com/acme/tools")
+    remember_credentials("git+ssh://deployment@git.example/acme/tools")
+    remember_credentials("https://ci:${STILL_A_VARIABLE}@host/simple")
+    said = mask("written-password ghp_token_alone_1234 deployment ${STILL_A_VARIABLE}")
+    assert said == "*** *** deployment ${STILL_A_VARIABLE}"

@@ -38,12 +38,13 @@ def index(tmp_path: Path) -> Iterator[tuple[int, Path]]:
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI, plan only, with the secret in its environment as CI_TOKEN (absolute paths: the
-    run's own directory is the test's)."""
+    run's own directory is the test's), and uv's cache in the test's directory too."""
     return subprocess.run(
         [sys.executable, "-m", "builder", "--no-build", "--arch", "amd64",
          "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "out"), *args],
         capture_output=True, text=True, cwd=tmp_path, timeout=TIMEOUT,
-        env={**os.environ, "CI_TOKEN": SECRET, "BSI_DEBUG": "", "UV_HTTP_RETRIES": "0"},
+        env={**os.environ, "CI_TOKEN": SECRET, "BSI_DEBUG": "", "UV_HTTP_RETRIES": "0",
+             "UV_CACHE_DIR": str(tmp_path / "uv-cache")},
     )  # fmt: skip
 
 
@@ -52,7 +53,7 @@ def _assert_nowhere(tmp_path: Path, result: subprocess.CompletedProcess[str]) ->
     forms = {SECRET, urllib.parse.quote(SECRET, safe="")}
     for form in forms:
         assert form not in result.stdout + result.stderr
-    for place in (tmp_path / "out", tmp_path / "cache"):
+    for place in (tmp_path / "out", tmp_path / "cache", tmp_path / "uv-cache"):
         for path in (p for p in place.rglob("*") if p.is_file() and not p.is_symlink()):
             data = path.read_bytes()
             assert not any(form.encode() in data for form in forms), path
@@ -73,6 +74,7 @@ def test_a_secret_substituted_where_credentials_go_is_written_nowhere(
     assert f" {PRIVATE} " in result.stdout and f" {OTHER} " in result.stdout  # the plan's table
     assert (tmp_path / "out" / "report.json").is_file()
     assert any((tmp_path / "cache").rglob("*.whl"))  # the cache holds what was fetched
+    assert any((tmp_path / "uv-cache").rglob("*"))  # and uv's, the pages it read
     _assert_nowhere(tmp_path, result)
 
 
