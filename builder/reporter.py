@@ -33,6 +33,7 @@ URL_CREDENTIALS = re.compile(
 )
 EXCERPT_CHARS = 40
 ASSIGNMENT = re.compile(r"(?<![=<>!~])=(?!=).*")
+KEY_VALUE = re.compile(r":\s.*")  # `password: …`, `"token": "…"`: a YAML or JSON file's line
 TOKEN = re.compile(r"[A-Za-z0-9_+/-]{20,}")
 _secrets: set[str] = set()
 _lock = threading.Lock()
@@ -86,9 +87,10 @@ def excerpt(text: str) -> str:
     """A short, quoted, masked piece of user input, safe to print in an error line.
 
     Masks as `mask` does, then everything after an assignment-like `=` (not `==`, `>=`, ...)
-    and long letter-and-digit runs that look like tokens, then cuts to a few dozen characters.
+    or a `key: ` and long letter-and-digit runs that look like tokens, then cuts to a few dozen
+    characters.
     """
-    text = ASSIGNMENT.sub("=***", mask(text))
+    text = KEY_VALUE.sub(": ***", ASSIGNMENT.sub("=***", mask(text)))
     text = TOKEN.sub(
         lambda m: MASK if re.search(r"\d", m[0]) and re.search(r"[A-Za-z]", m[0]) else m[0], text
     )

@@ -70,6 +70,8 @@ def test_an_excerpt_of_an_environment_files_line_keeps_no_value() -> None:
     remember(TOKEN)
     assert excerpt(f"AWS_SECRET_ACCESS_KEY=abc/{TOKEN}") == "'AWS_SECRET_ACCESS_KEY=***'"
     assert "Pass" not in excerpt("ci:Pass@host/x.whl")
+    assert excerpt("password: hunter2/x") == "'password: ***'"
+    assert excerpt('"token": "ab/cd"') == """'"token": ***'"""
 
 
 def test_the_reporter_masks_every_line_prefixed_ones_too() -> None:

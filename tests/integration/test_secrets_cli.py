@@ -102,6 +102,7 @@ def test_a_secret_anywhere_else_is_refused_by_the_variables_name(tmp_path: Path,
     [
         (f"AWS_SECRET_ACCESS_KEY=wJalr/{SECRET}\n", "secret.env:1: not a requirement line"),
         (f"ci:{SECRET}@files.example/acme-1.0-py3-none-any.whl\n", "secret.env:1: "),
+        (f"aws_secret: {SECRET}/x\n", "secret.env:1: local path 'aws_secret: ***'"),
     ],
 )
 def test_a_secret_file_given_as_requirements_is_not_echoed(
