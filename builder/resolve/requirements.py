@@ -77,6 +77,10 @@ SHA256 = re.compile(r"sha256:([0-9a-fA-F]{64})")
 # `NAME=value`, `export name=value`: an environment file's line, which no requirement is
 # (`foo=1` is rather a mistyped pin: its error quotes it, masked)
 SHELL_ASSIGNMENT = re.compile(r"export\s+[A-Za-z_]\w*\s*=|[A-Z_][A-Z0-9_]*\s*=(?!=)")
+# a run of 20+ letters and digits with no separator, a digit among them: an API token
+# (`ghp_…`, an AWS key, a hex digest), which no distribution's name is (`excerpt` masks the same
+# runs); it would be sent to the index as a project's name
+TOKEN_LIKE = re.compile(r"(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{20,}")
 OPTION_NAME = re.compile(r"--?[a-z][a-z-]{0,30}")
 # `name[extras] @ URL ; marker`: a direct requirement with a name
 NAMED_URL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*\s*(?:\[[^\]]*\])?)\s*@\s*(\S+)\s*(?:;(.*))?$")
@@ -518,6 +522,8 @@ def _parse_requirement(line: str, origin: str, base: Path) -> NamedRequirement:
         raise UserError(
             f"{origin}: invalid requirement {excerpt(text)}{where}: {message}"
         ) from None
+    if TOKEN_LIKE.search(requirement.name):  # `-r token.txt`: neither quote nor send it
+        raise UserError(f"{origin}: not a requirement line (it looks like a token, not a name)")
     _check_marker(requirement, origin)
     return NamedRequirement(requirement, origin, hashes)
 

@@ -13,7 +13,7 @@ import pytest
 
 from builder.errors import UserError
 from builder.reporter import mask
-from builder.resolve.requirements import check_regular, read_requirements
+from builder.resolve.requirements import TOKEN_LIKE, check_regular, read_requirements
 
 SECRET = "s3cr3t-Tok3n-0f-the-runner"
 
@@ -91,6 +91,38 @@ def test_an_environment_files_line_is_not_quoted(tmp_path: Path, line: str) -> N
     secrets = tmp_path / "secret.env"
     message = _refusal(secrets, f"{line}\n")
     assert message == f"{secrets}:1: not a requirement line (it looks like a NAME=value setting)"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ghp_Xk29fLq0ZpW8vR4tY7uN1mB6cD3eH5gJ0aQ2",
+        "AKIAIOSFODNN7EXAMPLE",
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b",
+    ],
+)
+def test_a_token_alone_on_a_line_is_neither_quoted_nor_taken_for_a_name(
+    tmp_path: Path, line: str
+) -> None:
+    """It would be asked of the index as a project, and named in "no such distribution"."""
+    message = _refusal(tmp_path / "token.txt", f"{line}\n")
+    said = "not a requirement line (it looks like a token, not a name)"
+    assert message == f"{tmp_path / 'token.txt'}:1: {said}"
+
+
+def test_long_names_of_real_distributions_are_names() -> None:
+    for name in (
+        "opentelemetry-instrumentation-asgi",
+        "PyQt5-Qt5",
+        "types-aiobotocore-s3",
+        "pyobjc-framework-CoreBluetooth",
+        "nvidia-cusparselt-cu12",
+        "backports.zoneinfo",
+        "sphinxcontrib-applehelp",
+        "backports-datetime-fromisoformat",
+        "zope.interface",
+    ):
+        assert not TOKEN_LIKE.search(name), name
 
 
 @pytest.mark.parametrize(
