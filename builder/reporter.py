@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MASK = "***"
-MIN_SECRET_CHARS = 8  # shorter values are not masked in free text: a password "wrong" would
-# mangle every "wrong passphrase"; a URL's user:password@ is masked whatever its length
+# Shorter values are not masked in free text: a password "wrong" would mangle every "wrong
+# passphrase". A URL's user:password@ is masked whatever its length.
+MIN_SECRET_CHARS = 8
 # `scheme://user:password@`, or a bare `user:password@host` (a URL written without its scheme)
 # that is no image reference's `name:tag@sha256:…`
 URL_CREDENTIALS = re.compile(
@@ -67,7 +68,8 @@ def remember_credentials(url: str) -> None:
 
 def redact_credentials(text: str) -> str:
     """`scheme://user:password@host` → `scheme://***@host`, `user:password@host` → `***@host`,
-    anywhere in the text."""
+    anywhere in the text (builder.resolve.resolution.redact drops them from one URL, for a
+    record that keeps the URL)."""
     return URL_CREDENTIALS.sub(lambda m: f"{m['scheme'] or ''}{MASK}@", text)
 
 
