@@ -358,8 +358,9 @@ def _write_arches(
 ) -> None:
     """Each arch's locks and its extras layer files (linked from the cache when it can)."""
     for arch in plan.arches:
-        (staging / f"requirements-{arch.arch}.lock").write_text(lock_text(plan, arch.arch))
-        (staging / f"pylock.{arch.arch}.toml").write_text(pylocks[arch.arch])
+        lock = lock_text(plan, arch.arch)  # neither holds a secret the run read: masked if so
+        (staging / f"requirements-{arch.arch}.lock").write_text(mask(lock, urls=False))
+        (staging / f"pylock.{arch.arch}.toml").write_text(mask(pylocks[arch.arch], urls=False))
         for index, one in enumerate(layers.get(arch.arch, ()), 1):
             place(one.layer.path, staging / LAYER_FILE.format(arch=arch.arch, index=index))
 
