@@ -250,12 +250,7 @@ def _decode(path: Path, data: bytes) -> str:
 def _read_text(path: Path) -> tuple[str, tuple[int, int]]:
     """The decoded file and its identity (device, inode) for finding include cycles."""
     try:
-        check_regular(path, "requirements file")
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in: no wait
-        with open(descriptor, "rb") as file:
-            status = os.fstat(file.fileno())
-            check_regular(path, "requirements file", status)
-            data = file.read(MAX_FILE_BYTES + 1)
+        data, status = read_regular(path, "requirements file", MAX_FILE_BYTES + 1)
     except OSError as error:
         raise UserError(f"{path}: cannot read requirements file ({error.strerror})") from None
     if len(data) > MAX_FILE_BYTES:
@@ -263,6 +258,18 @@ def _read_text(path: Path) -> tuple[str, tuple[int, int]]:
             f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a requirements file"
         )
     return _decode(path, data), (status.st_dev, status.st_ino)
+
+
+def read_regular(path: Path, what: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """Up to `limit` bytes of the regular file at `path`, and its status; anything else (a
+    FIFO, a device) refused as `check_regular` says, without an open that could wait. An
+    OSError is the caller's to word."""
+    check_regular(path, what)
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in: no wait
+    with open(descriptor, "rb") as file:
+        status = os.fstat(file.fileno())
+        check_regular(path, what, status)
+        return file.read(limit), status
 
 
 def check_regular(path: Path, what: str, status: os.stat_result | None = None) -> None:

@@ -4,13 +4,16 @@ waiting on it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from builder.config import load_config
 from builder.errors import UserError
 from builder.reporter import mask
 from builder.resolve.requirements import TOKEN_LIKE, check_regular, read_requirements
@@ -136,23 +139,34 @@ def test_a_line_that_is_no_requirement_is_quoted_masked(tmp_path: Path, line: st
     assert SECRET not in message
 
 
-def test_a_fifo_given_as_a_requirements_file_is_refused_without_waiting(tmp_path: Path) -> None:
-    """No writer ever opens it: a blocking open would wait forever (the test's thread too)."""
-    fifo = tmp_path / "requirements.txt"
-    os.mkfifo(fifo)
+def _refused_at_once(call: Callable[[], object], fifo: Path) -> str:
+    """The UserError `call` raises, from a thread given 10 s: a read that blocks on `fifo`
+    fails the test instead of hanging it (the FIFO is then opened for writing and closed, which
+    ends the read)."""
     found: list[str] = []
 
-    def read() -> None:
+    def run() -> None:
         try:
-            read_requirements([fifo])
+            call()
         except UserError as error:
             found.append(str(error))
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout=10)
-    assert not reader.is_alive(), "reading a FIFO blocked"
-    assert found == [f"{fifo}: a FIFO, not a requirements file (only a regular file is read)"]
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    if blocked := worker.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert not blocked, "reading a FIFO blocked"
+    assert len(found) == 1, "no UserError raised"
+    return found[0]
+
+
+def test_a_fifo_given_as_a_requirements_file_is_refused_without_waiting(tmp_path: Path) -> None:
+    fifo = tmp_path / "requirements.txt"
+    os.mkfifo(fifo)
+    said = _refused_at_once(lambda: read_requirements([fifo]), fifo)
+    assert said == f"{fifo}: a FIFO, not a requirements file (only a regular file is read)"
 
 
 def test_a_nested_fifo_a_device_a_socket_and_a_directory_are_refused(tmp_path: Path) -> None:
@@ -165,7 +179,10 @@ def test_a_nested_fifo_a_device_a_socket_and_a_directory_are_refused(tmp_path: P
             ("s.sock", "a socket"),
             (".", "a directory"),
         ]:
-            message = _refusal(tmp_path / "r.txt", f"requests\n-r {target}\n")
+            (tmp_path / "r.txt").write_text(f"requests\n-r {target}\n")
+            message = _refused_at_once(
+                lambda: read_requirements([tmp_path / "r.txt"]), tmp_path / "more.txt"
+            )
             said = f": {kind}, not a requirements file (only a regular file is read)"
             assert message.endswith(said)
 
@@ -176,3 +193,19 @@ def test_a_regular_file_passes_the_check(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(UserError, match="fifo: a FIFO, not a uv override file"):
         check_regular(tmp_path / "fifo", "uv override file")
+
+
+def test_a_fifo_as_the_config_or_named_by_it_is_refused_without_waiting(tmp_path: Path) -> None:
+    """`--config` and the requirement files a config names pass the same check."""
+    os.mkfifo(tmp_path / "config.toml")
+    said = _refused_at_once(lambda: load_config(tmp_path / "config.toml"), tmp_path / "config.toml")
+    assert said.endswith("config.toml: a FIFO, not a pipeline config (only a regular file is read)")
+    config = tmp_path / "bsi.toml"
+    config.write_text(
+        'requirements = ["r.fifo"]\nbase-repository = "reg.example/rt"\nplatform-version = "1"\n'
+    )
+    os.mkfifo(tmp_path / "r.fifo")
+    said = _refused_at_once(
+        lambda: read_requirements(load_config(config).requirements), tmp_path / "r.fifo"
+    )
+    assert said.endswith("r.fifo: a FIFO, not a requirements file (only a regular file is read)")
