@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from builder.cli.errors import error_line
+from builder.reporter import remember
 from builder.resolve.requirements import RequirementSet
 from builder.resolve.resolution import authentication_failed
 from builder.resolve.target import ARCHES, Target, shipped_facts
@@ -54,3 +56,12 @@ def test_the_failure_names_the_host_and_not_the_credentials() -> None:
     said = authentication_failed("https://ci:hunter2-pass@pypi.corp.example/simple", "401")
     assert said.startswith("authentication failed at pypi.corp.example (401)")
     assert "hunter2" not in said and "ci:" not in said
+
+
+def test_uvs_own_words_quoted_in_the_error_line_are_masked() -> None:
+    """uv's cause is quoted as it said it; the CLI's one line masks what the run read."""
+    remember("value-of-CI_TOKEN-81f2")
+    stderr = "error: Failed to parse entry\n  cause: unexpected `value-of-CI_TOKEN-81f2` at 3\n"
+    error = unresolvable(stderr, RequirementSet((), ()), Target(shipped_facts(), (AMD64,)), AMD64)
+    assert "value-of-CI_TOKEN-81f2" in str(error)  # it does quote uv
+    assert error_line(str(error)) == ("error: cannot resolve for amd64: unexpected `***` at 3")
