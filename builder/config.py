@@ -49,8 +49,9 @@ from builder.engines.per_arch import known_arch
 from builder.errors import UserError
 from builder.files import refuse_link, refuse_links_below, write_whole
 from builder.oci.name import TAG_RE, ImageRef
+from builder.reporter import redact_credentials
 from builder.resolve.index_options import torch_backend
-from builder.resolve.requirements import find_links, redact_credentials
+from builder.resolve.requirements import find_links, read_regular
 
 KNOWN_KEYS = frozenset(
     {
@@ -80,6 +81,7 @@ KNOWN_KEYS = frozenset(
         "wheel-max",
     }
 )
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a device or a dump is refused
 # setting -> BuildKit secret id
 APT_SECRETS = MappingProxyType({"apt-ca-bundle": "apt-ca", "apt-auth": "apt-auth"})
 VERSION_LINE = re.compile(r'^(platform-version\s*=\s*)(["\'])(.*?)\2', re.M)
@@ -173,10 +175,15 @@ def load_config(path: Path) -> PipelineConfig:
 def _read(path: Path) -> tuple[dict[str, object], str]:
     """The TOML at `path`, with every required setting and no unknown one, and its text."""
     try:
-        text = path.read_text()
+        raw, _ = read_regular(path, "pipeline config", MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise UserError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; not a config")
+        text = raw.decode()
         data = tomllib.loads(text)
     except OSError as error:
         raise UserError(f"{path}: cannot read config ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise UserError(f"{path}: not valid TOML ({error})") from None
     unknown = sorted(set(data) - KNOWN_KEYS)

@@ -32,6 +32,7 @@ from builder.errors import UserError
 from builder.oci.auth import Credentials
 from builder.oci.client import RepositoryClient
 from builder.oci.name import DOCKER_HUB, DOCKER_HUB_API, HUB_ALIASES, ImageRef
+from builder.reporter import remember
 from builder.retry import Retries
 
 CREDENTIAL_ENV = (
@@ -73,7 +74,7 @@ def server_url(registry: str) -> str:
 
 def lookup(registry: str) -> Credentials | None:
     """Credentials for `registry` (as an ImageRef names it), or None for anonymous access."""
-    return from_environment(registry) or from_docker_config(registry)
+    return _remembered(from_environment(registry) or from_docker_config(registry))
 
 
 def engine_auth(registry: str) -> dict[str, str] | None:
@@ -98,11 +99,18 @@ def from_environment(registry: str | None = None) -> Credentials | None:
     for user_var, password_var in CREDENTIAL_ENV:
         user, password = os.environ.get(user_var), os.environ.get(password_var)
         if user and password:
-            return Credentials(user, password, source=user_var)
+            return _remembered(Credentials(user, password, source=user_var))
         if user or password:
             missing = password_var if user else user_var
             raise UserError(f"{user_var}/{password_var}: {missing} is not set; set both or neither")
     return None
+
+
+def _remembered(found: Credentials | None) -> Credentials | None:
+    """`found`, its secret masked in every line and record from now on (builder.reporter)."""
+    if found is not None:
+        remember(found.secret)
+    return found
 
 
 def config_path() -> Path:

@@ -32,6 +32,8 @@ from support.images import Built
 from support.machine import SESSION, Registry, unavailable
 from support.registryhelp import NO_PROXY_OPENER
 
+from builder import reporter
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKER_SOCK = "unix:///var/run/docker.sock"  # default when the test-env file names none
 
@@ -277,6 +279,14 @@ def second_engine(docker_client):
         unavailable(f"second engine: {error}")
     yield engine
     engine.stop()
+
+
+@pytest.fixture(autouse=True)
+def _secrets_of_this_test_only() -> Iterator[None]:
+    """builder.reporter remembers the secrets a run reads for the rest of the process, and masks
+    them in every line: one test's (a password "wrong") must not mask another's messages."""
+    yield
+    reporter._secrets.clear()
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,7 @@ from builder.cli.shared import (
     TEMPLATE_OPTION,
     WITHOUT_PROGRAM_OPTION,
     apt_secrets,
+    echo,
     note,
 )
 from builder.cli.verify import verify_command
@@ -207,7 +208,7 @@ def main(context: click.Context, **_flags: object) -> None:
     planning = not settings.build and settings.push_repository is not None  # for `part`
     client = engine_client() if settings.build or planning else None
     if ignored := unheeded(settings.engines, not settings.build, client is not None):
-        click.echo(ignored, err=True)
+        echo(ignored, err=True)
     with bounded_use(cache, settings.cache_max) as bound:
         built = build(settings, client, cache, REPORTER, partial(show_plan, settings.output))
     if line := bound.summary():
@@ -219,14 +220,14 @@ def main(context: click.Context, **_flags: object) -> None:
             "no Docker engine reachable" if settings.build else "--no-build",
         )
         if planning:  # builder.cli.runners.parts
-            click.echo(
+            echo(
                 f"plan for runners: {settings.output}/plan.json (`part {settings.output} --arch"
                 f" ARCH --push {settings.push_repository}` on each, then `merge`)"
             )
         return
     show_outcome(built.outcome)
     if built.delivery.state is not None and built.outcome.pushed:
-        click.echo(f"state recorded in {built.delivery.state.path}")
+        echo(f"state recorded in {built.delivery.state.path}")
 
 
 def run_settings(context: click.Context) -> RunSettings:
@@ -288,16 +289,16 @@ def show_plan(output: Path, plan: Plan) -> None:
     from builder.cli.summary import summary
 
     for line in plan.warnings:
-        click.echo(line, err=True)
-    click.echo(summary(plan, json.loads((output / "report.json").read_text())))
-    click.echo(f"\nbuild context written to {output}/ (report: report.json)")
+        echo(line, err=True)
+    echo(summary(plan, json.loads((output / "report.json").read_text())))
+    echo(f"\nbuild context written to {output}/ (report: report.json)")
 
 
 def show_not_built(plan: Plan, output: Path, why: str) -> None:
     """Without an engine (or with --no-build): how to build each arch from the context."""
-    click.echo(f"not building ({why}); build each arch with BuildKit:")
+    echo(f"not building ({why}); build each arch with BuildKit:")
     for arch in plan.arches:
-        click.echo(
+        echo(
             f"  DOCKER_BUILDKIT=1 docker build --platform linux/{arch.arch}"
             f" -t IMAGE-{arch.arch} {output}"
         )
@@ -397,16 +398,16 @@ def show_rebuild(found: Rebuild, config: PipelineConfig, new_version: str, check
     status that says whether a rebuild is needed)."""
     from builder.cli.summary import summary
 
-    click.echo(summary(found.plan))
-    click.echo("\nchanges since the last build:" if found.changes else "\nno changes: up to date")
+    echo(summary(found.plan))
+    echo("\nchanges since the last build:" if found.changes else "\nno changes: up to date")
     for line in found.changes:
-        click.echo(f"  {line}")
+        echo(f"  {line}")
     if check:
         sys.exit(EXIT_REBUILD_NEEDED if found.changes else 0)
     if found.outcome is None:
         return
     show_outcome(found.outcome)
-    click.echo(f"state recorded in {config.state}; {config.path} now names {new_version}")
+    echo(f"state recorded in {config.state}; {config.path} now names {new_version}")
 
 
 def _find_links(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -439,17 +440,17 @@ def show_outcome(outcome: Outcome) -> None:
 
     for one in outcome.produced:
         if one.local_tag:
-            click.echo(f"image: {one.local_tag} ({one.engine_name}, {one.arch})")
+            echo(f"image: {one.local_tag} ({one.engine_name}, {one.arch})")
     if outcome.verification is not None:
-        click.echo(outcome.verification.table())
+        echo(outcome.verification.table())
         if not outcome.verification.passed:
             failed = outcome.verification.failed_names()
             raise UserError(f"verification of {outcome.label} failed: {failed}")
     if outcome.pushed:
-        click.echo(pushed_lines(outcome.pushed, outcome.node_update))
+        echo(pushed_lines(outcome.pushed, outcome.node_update))
     if outcome.template_change:
         change = outcome.template_change
-        click.echo(f"template {change.template_name}: {change.old_image} -> {change.new_image}")
+        echo(f"template {change.template_name}: {change.old_image} -> {change.new_image}")
     for line in outcome.notes:
         note(line)
 

@@ -14,6 +14,7 @@ import click
 
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
+from builder.cli.shared import echo
 from builder.resolve.target import ARCHES
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def _build(
         image_id = build_base(
             name, base_image=base_image, arch=wanted[0], cache=cache, log=sys.stderr
         )
-        click.echo(f"{name} {image_id}")
+        echo(f"{name} {image_id}")
         return
     retries = Retries(TO_STDERR)  # its stdout is the pushed reference: notes beside the log
     pushed = build_base_index(
@@ -87,4 +88,4 @@ def _build(
         soci=not no_soci,
         retries=retries,
     )
-    click.echo(f"{tag.as_written} {pushed.reference}")
+    echo(f"{tag.as_written} {pushed.reference}")

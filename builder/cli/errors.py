@@ -15,16 +15,16 @@ from typing import Any, TypeVar
 import click
 
 from builder.errors import DEBUG_VARIABLE, UserError, failure_message
+from builder.reporter import mask
 
 F = TypeVar("F", bound=Callable[..., Any])
 ERROR_CHARS = 600  # an error line longer than this is cut
 
 
 def error_line(message: str) -> str:
-    """The one stderr line for a failure: newlines folded, URL credentials masked, bounded."""
-    from builder.resolve.requirements import redact_credentials  # only a failure pays for it
-
-    line = redact_credentials(" ".join(message.split()))
+    """The one stderr line for a failure: newlines folded, secrets masked (builder.reporter),
+    bounded."""
+    line = mask(" ".join(message.split()))
     return f"error: {line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS] + '…'}"
 
 

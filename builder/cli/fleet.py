@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from builder.cli.shared import echo
 from builder.errors import UserError
 
 if TYPE_CHECKING:
@@ -62,19 +63,19 @@ def show_fleet(result: FleetResult, fleet: Fleet, output: FleetOutput | None = N
     done = "checked against" if fleet.check_only else "rebuilt onto"
     shard = output.shard if output is not None else None
     of = f" (shard {shard} of {output.given} configs)" if output and shard else ""
-    click.echo(f"\nfleet: {len(result.rows)} templates {done} {fleet.new_version}{of}")
-    click.echo(result.table())
+    echo(f"\nfleet: {len(result.rows)} templates {done} {fleet.new_version}{of}")
+    echo(result.table())
     if output is not None and output.json_path is not None:
         from builder.orchestration.shard import table_document, write_table
 
         write_table(output.json_path, table_document(result, fleet, shard))
-        click.echo(f"table written to {output.json_path}")
+        echo(f"table written to {output.json_path}")
     if result.failed:
         raise UserError(
             f"rebuild failed for {len(result.failed)} of {len(result.rows)} templates:"
             f" {', '.join(result.failed)}"
         )
     if fleet.check_only and result.needing_rebuild:
-        click.echo(f"rebuild needed: {', '.join(result.needing_rebuild)}")
+        echo(f"rebuild needed: {', '.join(result.needing_rebuild)}")
         return True
     return False

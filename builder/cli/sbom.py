@@ -12,6 +12,7 @@ import click
 
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
+from builder.cli.shared import echo
 from builder.resolve.target import ARCHES
 
 if TYPE_CHECKING:
@@ -53,5 +54,5 @@ def _print_attached(reference: ImageRef, arch: str | None, want_provenance: bool
         raise UserError(f"no {kind} is attached to {names}")
     for one in found:
         if len(found) > 1:
-            click.echo(f"# {one.arch} {one.digest}")
-        click.echo((one.document or b"").decode())
+            echo(f"# {one.arch} {one.digest}")
+        echo((one.document or b"").decode())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from builder.reporter import Reporter
+from builder.reporter import Reporter, mask
 
 ENGINE_OPTION = click.option(
     "--engine",
@@ -68,9 +68,15 @@ def apt_secrets(ca_bundle: Path | None, auth: Path | None) -> dict[str, Path]:
     return {secret: path for secret, path in given if path is not None}
 
 
+def echo(message: str = "", err: bool = False) -> None:
+    """Print `message` masked (builder.reporter.mask): how every command prints, so no secret
+    a run read reaches a CI log through a table or a summary."""
+    click.echo(mask(message), err=err)
+
+
 def note(line: str) -> None:
     """Progress and notes go to stdout; stderr carries only the one-line error."""
-    click.echo(line)
+    echo(line)
 
 
 REPORTER = Reporter(note)

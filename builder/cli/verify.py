@@ -17,7 +17,7 @@ import click
 
 from builder.cli.errors import reports_errors
 from builder.cli.references import Reference
-from builder.cli.shared import REPORTER, SKIP_MODULE_OPTION, WITHOUT_PROGRAM_OPTION
+from builder.cli.shared import REPORTER, SKIP_MODULE_OPTION, WITHOUT_PROGRAM_OPTION, echo
 from builder.errors import UserError
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def verify_command(
     if key is not None:  # the signatures first: nothing unsigned is run
         lines = check_signature(image, key, retries)
         if not as_json:  # --json prints the report alone
-            click.echo("\n".join(lines))
+            echo("\n".join(lines))
     report = verify_image(
         image,
         modules=modules,
@@ -98,7 +98,7 @@ def verify_command(
     report.strict = strict
     if soci := soci_check(image, retries):
         report.checks.append(soci)
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
+    echo(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
     if not report.passed:
         raise UserError(f"verification of {image.as_written} failed: {report.failed_names()}")
 

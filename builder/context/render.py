@@ -28,6 +28,7 @@ from builder.files import copy_whole, refuse_link, write_whole
 from builder.layers.extras import LAYER_FILE, ExtrasLayer
 from builder.layers.home import SEEDS, distribution_names, image_env, seeds_of
 from builder.plan.plan import Plan
+from builder.reporter import mask
 from builder.resolve.resolution import SourceKind
 
 TOOL = "build-sandbox-image"
@@ -344,7 +345,7 @@ def render(
         )
         _write_arches(staging, plan, layers, pylocks)
         report = _report(plan, layers, compile_step, bytecode or {}, timeline)
-        write_whole(staging / "report.json", json.dumps(report, indent=2) + "\n")
+        write_whole(staging / "report.json", mask(json.dumps(report, indent=2), urls=False) + "\n")
         # hadolint finds it when run in the context; it justifies each ignored rule.
         hadolint = resources.files("builder.data").joinpath("hadolint.yaml").read_text()
         write_whole(staging / ".hadolint.yaml", hadolint)
@@ -378,8 +379,9 @@ def _write_arches(
 ) -> None:
     """Each arch's locks and its extras layer files (copies of the cache's)."""
     for arch in plan.arches:
-        write_whole(staging / f"requirements-{arch.arch}.lock", lock_text(plan, arch.arch))
-        write_whole(staging / f"pylock.{arch.arch}.toml", pylocks[arch.arch])
+        lock = lock_text(plan, arch.arch)  # neither holds a secret the run read: masked if so
+        write_whole(staging / f"requirements-{arch.arch}.lock", mask(lock, urls=False))
+        write_whole(staging / f"pylock.{arch.arch}.toml", mask(pylocks[arch.arch], urls=False))
         for index, one in enumerate(layers.get(arch.arch, ()), 1):
             place(one.layer.path, staging / LAYER_FILE.format(arch=arch.arch, index=index))
 
@@ -484,8 +486,10 @@ def _swap(staging: Path, output: Path) -> None:
 
 def add_to_output(output: Path, name: str, data: bytes) -> None:
     """Write a file the run made after rendering (an attached SBOM, say) beside report.json and
-    list it in the marker, so that the next run may replace the directory as its own."""
-    write_whole(output / name, data)
+    list it in the marker, so that the next run may replace the directory as its own. No
+    secret the run read is written (builder.reporter.mask)."""
+    text = mask(data.decode("utf-8", "surrogateescape"), urls=False)
+    write_whole(output / name, text.encode("utf-8", "surrogateescape"))
     listed = _written_by_us(output)
     if listed is not None and name not in listed:
         marker = output / MARKER
@@ -508,4 +512,4 @@ def update_report(
     report.update(additions)
     for arch, fields in (layers or {}).items():
         report["architectures"][arch]["extras_layers"] = [dict(one) for one in fields]
-    write_whole(path, json.dumps(report, indent=2) + "\n")
+    write_whole(path, mask(json.dumps(report, indent=2), urls=False) + "\n")

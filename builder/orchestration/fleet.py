@@ -30,8 +30,7 @@ from builder.oci.name import ImageRef
 from builder.orchestration import DEFAULT_JOBS
 from builder.orchestration.commands import rebuild
 from builder.publish.state import Route, load_state
-from builder.reporter import Reporter
-from builder.resolve.requirements import redact_credentials
+from builder.reporter import Reporter, mask
 from builder.resolve.target import BaseProfile
 
 REASON_CHARS = 300  # a failed template's reason in the table is cut here
@@ -247,7 +246,7 @@ def _failed(name: str, error: Exception) -> TemplateResult:
 
 def _reason(error: Exception) -> str:
     """A failure as one bounded line, as the CLI's error line says it; credentials masked."""
-    line = redact_credentials(" ".join(failure_message(error).split()))
+    line = mask(" ".join(failure_message(error).split()))
     return line if len(line) <= REASON_CHARS else line[:REASON_CHARS] + "…"
 
 

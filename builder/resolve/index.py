@@ -49,7 +49,7 @@ from uv import find_uv_bin
 from builder.cache import CHUNK, Cache, sha256_of
 from builder.errors import UserError, shown
 from builder.resolve.requirements import DEFAULT_INDEX
-from builder.resolve.resolution import RemoteFile, redact
+from builder.resolve.resolution import AUTH_FAILED, RemoteFile, authentication_failed, redact
 from builder.retry import Faulted, Retries, Service, SteadyBody, reason, retryable, unresolvable
 
 # Found once, at import: sysconfig, which find_uv_bin reads, is not thread-safe to initialize.
@@ -227,6 +227,9 @@ def index_files(
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 continue
+            if error.code in AUTH_FAILED:
+                status = f"{error.code} {error.reason}"
+                raise UserError(f"{name}: {authentication_failed(index, status)}") from None
             raise UserError(f"{name}: index {redact(index)} answered {error.code}") from None
         except INDEX_FAULTS as error:
             why = error.reason if isinstance(error, urllib.error.URLError) else error

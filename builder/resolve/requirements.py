@@ -5,8 +5,10 @@ nested `-r`/`-c` files, index options (`--index-url`, `--extra-index-url`, `--no
 `--find-links`/`-f`), `--require-hashes`, and direct requirements: a local wheel, sdist or
 project directory, a URL, a git repository (builder.resolve.direct.lines). Editable
 requirements are refused, naming the file and line (nothing to edit in an image). Error lines
-quote user input only through `excerpt`, which is short and redacted: a requirements file may
-be anything (`-r /proc/self/environ`), and the error lands in CI logs.
+quote user input only through `excerpt`, which is short and masked: a requirements file may
+be anything (`-r /proc/self/environ`, `-r .env`), and the error lands in CI logs. `${VAR}` is
+substituted only in the `user:password@` of an http(s) URL, and what it gave is remembered to
+be masked (builder.reporter); only a regular file is read, never a FIFO that would block.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import locale
 import os
 import re
 import shlex
+import stat
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +32,7 @@ from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
 from builder.errors import UserError
+from builder.reporter import excerpt, remember, remember_credentials
 from builder.resolve.direct.lines import (
     DirectSource,
     from_url,
@@ -45,9 +49,10 @@ from builder.resolve.target import ARCHES, Target, shipped_facts
 T = TypeVar("T")
 DEFAULT_INDEX = "https://pypi.org/simple"
 ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# an http(s) URL's `user:password@`, the one place a `${VAR}` is substituted
+USERINFO = re.compile(r"(?i)(?:git\+)?https?://(?P<userinfo>[^/?#]*)@")
 MAX_NESTING = 50  # -r/-c depth; deeper is a generated loop, not a real project
 MAX_FILE_BYTES = 10 * 1024 * 1024
-EXCERPT_CHARS = 40
 # Byte-order marks, longest first: the UTF-32-LE mark starts with the UTF-16-LE one.
 BOMS = (
     (codecs.BOM_UTF32_BE, "utf-32-be"),
@@ -57,37 +62,28 @@ BOMS = (
     (codecs.BOM_UTF16_LE, "utf-16-le"),
 )
 ARCHIVES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz")
+FILE_KINDS = (
+    (stat.S_IFIFO, "a FIFO"),
+    (stat.S_IFCHR, "a character device"),
+    (stat.S_IFBLK, "a block device"),
+    (stat.S_IFSOCK, "a socket"),
+    (stat.S_IFDIR, "a directory"),
+)
 VERSION_VARIABLES = ("python_version", "python_full_version", "implementation_version")
 MARKER_COMPARISON = re.compile(
     r'(\w+) (===|==|!=|<=|>=|~=|<|>) "([^"]*)"|"([^"]*)" (===|==|!=|<=|>=|~=|<|>) (\w+)'
 )
 SHA256 = re.compile(r"sha256:([0-9a-fA-F]{64})")
-URL_CREDENTIALS = re.compile(r"(?i)([a-z][a-z0-9+.-]*://)[^/@\s]*@")
-ASSIGNMENT = re.compile(r"(?<![=<>!~])=(?!=).*")
+# `NAME=value`, `export name=value`: an environment file's line, which no requirement is
+# (`foo=1` is rather a mistyped pin: its error quotes it, masked)
+SHELL_ASSIGNMENT = re.compile(r"export\s+[A-Za-z_]\w*\s*=|[A-Z_][A-Z0-9_]*\s*=(?!=)")
+# a run of 20+ letters and digits with no separator, a digit among them: an API token
+# (`ghp_…`, an AWS key, a hex digest), which no distribution's name is (`excerpt` masks the same
+# runs); it would be sent to the index as a project's name
+TOKEN_LIKE = re.compile(r"(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]{20,}")
 OPTION_NAME = re.compile(r"--?[a-z][a-z-]{0,30}")
-TOKEN = re.compile(r"[A-Za-z0-9_+/-]{20,}")
 # `name[extras] @ URL ; marker`: a direct requirement with a name
 NAMED_URL = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*\s*(?:\[[^\]]*\])?)\s*@\s*(\S+)\s*(?:;(.*))?$")
-
-
-def redact_credentials(text: str) -> str:
-    """`scheme://user:password@host` → `scheme://***@host`, anywhere in the text."""
-    return URL_CREDENTIALS.sub(r"\1***@", text)
-
-
-def excerpt(text: str) -> str:
-    """A short, quoted, redacted piece of user input, safe to print in an error line.
-
-    Masks credentials in URLs, everything after an assignment-like `=` (not `==`, `>=`, ...)
-    and long letter-and-digit runs that look like tokens, then cuts to a few dozen characters.
-    """
-    text = ASSIGNMENT.sub("=***", redact_credentials(text))
-    text = TOKEN.sub(
-        lambda m: "***" if re.search(r"\d", m[0]) and re.search(r"[A-Za-z]", m[0]) else m[0], text
-    )
-    if len(text) > EXCERPT_CHARS:
-        text = text[:EXCERPT_CHARS] + "…"
-    return repr(text)
 
 
 def _option_name(option: str) -> str:
@@ -254,9 +250,7 @@ def _decode(path: Path, data: bytes) -> str:
 def _read_text(path: Path) -> tuple[str, tuple[int, int]]:
     """The decoded file and its identity (device, inode) for finding include cycles."""
     try:
-        with open(path, "rb") as file:
-            status = os.fstat(file.fileno())
-            data = file.read(MAX_FILE_BYTES + 1)
+        data, status = read_regular(path, "requirements file", MAX_FILE_BYTES + 1)
     except OSError as error:
         raise UserError(f"{path}: cannot read requirements file ({error.strerror})") from None
     if len(data) > MAX_FILE_BYTES:
@@ -264,6 +258,28 @@ def _read_text(path: Path) -> tuple[str, tuple[int, int]]:
             f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a requirements file"
         )
     return _decode(path, data), (status.st_dev, status.st_ino)
+
+
+def read_regular(path: Path, what: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """Up to `limit` bytes of the regular file at `path`, and its status; anything else (a
+    FIFO, a device) refused as `check_regular` says, without an open that could wait. An
+    OSError is the caller's to word."""
+    check_regular(path, what)
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in: no wait
+    with open(descriptor, "rb") as file:
+        status = os.fstat(file.fileno())
+        check_regular(path, what, status)
+        return file.read(limit), status
+
+
+def check_regular(path: Path, what: str, status: os.stat_result | None = None) -> None:
+    """Refuse a FIFO, a device, a socket or a directory given as a file to read: a FIFO would
+    block the run forever, a device never end. `status`: the open file's (fstat), which
+    closes the race of a file swapped between the check and the open."""
+    mode = (status or os.stat(path)).st_mode
+    if not stat.S_ISREG(mode):
+        kind = dict(FILE_KINDS).get(stat.S_IFMT(mode), "not a regular file")
+        raise UserError(f"{path}: {kind}, not a {what} (only a regular file is read)")
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
@@ -286,13 +302,35 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def _expand(value: str, origin: str) -> str:
-    def substitute(match: re.Match[str]) -> str:
-        name = match.group(1)
+    """`value` with each `${VAR}` replaced by the variable's value, only inside the
+    `user:password@` of an http(s) URL, where the docs say credentials go. Anywhere else (a
+    path, a host, a name) it is refused, naming the variable and never its value: a team's file
+    must not print, or send to a host of its choosing, what the CI runner holds. Each value
+    substituted, and a password written in the URL, is remembered to be masked
+    (builder.reporter)."""
+    match = USERINFO.match(value)
+    start, end = match.span("userinfo") if match else (0, 0)
+    for variable in ENV_VAR.finditer(value):
+        if not (start <= variable.start() and variable.end() <= end):
+            raise _misplaced(variable, origin)
+
+    def substitute(found: re.Match[str]) -> str:
+        name = found.group(1)
         if name not in os.environ:
             raise UserError(f"{origin}: environment variable {name} is not set")
+        remember(os.environ[name])
         return os.environ[name]
 
+    remember_credentials(value)
     return ENV_VAR.sub(substitute, value)
+
+
+def _misplaced(variable: re.Match[str], origin: str) -> UserError:
+    """The refusal of a `${VAR}` outside a URL's credentials: its name, never its value."""
+    return UserError(
+        f"{origin}: ${{{variable[1]}}} is substituted only in the user:password@ of an http(s)"
+        " URL (credentials), not in a path, a host or a name"
+    )
 
 
 def _split(text: str, origin: str) -> list[str]:
@@ -438,6 +476,7 @@ def find_links(value: str, origin: str, base: Path) -> str:
             raise UserError(f"{origin}: --find-links takes a directory or an http(s) URL")
         if value.lower().startswith("file://"):
             return find_links(urllib.parse.unquote(urllib.parse.urlsplit(value).path), origin, base)
+        remember_credentials(value)  # the flag's or the config's: no `${VAR}` was expanded there
         return from_url("--find-links", value, origin, base).target
     path = Path(os.path.normpath(base.absolute() / Path(value).expanduser()))
     if not path.is_dir():
@@ -469,12 +508,16 @@ def _direct_requirement(
 
 
 def _parse_requirement(line: str, origin: str, base: Path) -> NamedRequirement:
+    if SHELL_ASSIGNMENT.match(line):  # `-r .env`: never quote it, the value is a secret
+        raise UserError(f"{origin}: not a requirement line (it looks like a NAME=value setting)")
     words = line.split()
     first_option = next((i for i, word in enumerate(words) if word.startswith("-")), len(words))
     text = " ".join(words[:first_option])
     hashes = _hashes(_split(" ".join(words[first_option:]), origin), origin)
     if direct := _direct_requirement(text, origin, base, hashes):
         return direct
+    if variable := ENV_VAR.search(text):
+        raise _misplaced(variable, origin)
     if re.search(r",\s*(;|$)", text):
         raise UserError(f"{origin}: invalid requirement {excerpt(text)} (trailing comma)")
     try:
@@ -486,6 +529,8 @@ def _parse_requirement(line: str, origin: str, base: Path) -> NamedRequirement:
         raise UserError(
             f"{origin}: invalid requirement {excerpt(text)}{where}: {message}"
         ) from None
+    if TOKEN_LIKE.search(requirement.name):  # `-r token.txt`: neither quote nor send it
+        raise UserError(f"{origin}: not a requirement line (it looks like a token, not a name)")
     _check_marker(requirement, origin)
     return NamedRequirement(requirement, origin, hashes)
 

@@ -34,6 +34,19 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
+AUTH_FAILED = frozenset({401, 403})  # an HTTP answer refusing the credentials (or their lack)
+
+
+def authentication_failed(url: str, status: str) -> str:
+    """What a 401 or 403 from an index, a wheelhouse or a download means, naming the host and
+    never the credentials: it is no missing distribution, and must not read as one."""
+    host = urllib.parse.urlsplit(redact(url)).netloc or redact(url)
+    return (
+        f"authentication failed at {host} ({status}): the user:password@ of its URL is wrong,"
+        " or missing"
+    )
+
+
 class SourceKind(StrEnum):
     """Where a distribution came from when not from an index (report.json says the value)."""
 

@@ -5,7 +5,8 @@ python-dateutil<3 while the base pins 4.0.0, hundreds of lines. The error line n
 distribution, else a dependency that disagrees with a distribution the base pins (with the
 pin), else an index uv could not read (unreachable, refusing its credentials: PyTorch's own
 index from a network that cannot reach it), else uv's own cause, cut short, with any base pin
-it mentions.
+it mentions. An index or a page of links that refused the credentials (401, 403) is said first,
+naming its host: uv then reports the distribution "not found", which it never looked for.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from packaging.utils import canonicalize_name
 
 from builder.errors import UserError
 from builder.resolve.requirements import RequirementSet
-from builder.resolve.resolution import redact
+from builder.resolve.resolution import authentication_failed, redact
 from builder.resolve.target import Arch, BaseFacts, BaseProfile, Target
 
 NOT_FOUND = re.compile(r"Because (\S+) was not found in the package registry")
@@ -40,6 +41,15 @@ CAUSE_LINE = re.compile(r"^\s*cause: (.+)$", re.M)
 # another index has, which uv never asks once the first index lists the project
 NO_VERSION = re.compile(r"there is no version of ([A-Za-z0-9][A-Za-z0-9._-]*)")
 MAX_CAUSE = 400  # characters of uv's explanation an error line carries
+# uv's words for an index, or a page of links, that refused the credentials: "An index URL
+# (URL) could not be queried due to a lack of valid authentication credentials (401
+# Unauthorized)", "HTTP status client error (403 Forbidden) for url (URL)"; matched in its
+# text with the lines joined (uv wraps them at the terminal's width)
+REFUSED = re.compile(
+    r"An index URL \((?P<index>[^)\s]+)\) could not be queried due to a lack of valid"
+    r" authentication credentials \((?P<status>[^)]+)\)"
+    r"|\((?P<code>40[13] [A-Za-z ]+)\) for url \((?P<url>[^)\s]+)\)"
+)
 
 
 def origin(requirements: RequirementSet, name: str) -> str:
@@ -54,6 +64,9 @@ def unresolvable(
     stderr: str, requirements: RequirementSet, target: Target[BaseFacts], arch: Arch
 ) -> UserError:
     """The one-line error for uv's failed resolution for `arch` (its stderr)."""
+    if refused := REFUSED.search(" ".join(stderr.split())):  # before "not found": never read
+        url, status = refused["index"] or refused["url"], refused["status"] or refused["code"]
+        return UserError(f"cannot resolve for {arch.name}: {authentication_failed(url, status)}")
     if match := NOT_FOUND.search(stderr):
         name = canonicalize_name(match.group(1))
         return UserError(f"{origin(requirements, name)}: no such distribution on the package index")

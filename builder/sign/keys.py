@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from builder.errors import UserError
+from builder.reporter import remember
 
 PASSWORD_VARIABLES = ("BSI_SIGN_PASSWORD", "COSIGN_PASSWORD")
 ENCRYPTED_LABEL = "ENCRYPTED SIGSTORE PRIVATE KEY"
@@ -142,6 +143,7 @@ def _pem_body(path: Path, text: str) -> bytes:
 def _password(path: Path) -> bytes:
     for name in PASSWORD_VARIABLES:
         if name in os.environ:
+            remember(os.environ[name])  # masked in every line and record from now on
             return os.environ[name].encode()
     raise UserError(f"{path} is encrypted: set BSI_SIGN_PASSWORD (or COSIGN_PASSWORD)")
 

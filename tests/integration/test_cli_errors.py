@@ -29,7 +29,7 @@ from builder.errors import UserError
         (b"x.whl\n", ("requirements.txt:1: local path 'x.whl' does not exist",)),
         (b"foo (>=1\n", ("requirements.txt:1: invalid requirement 'foo (>=1'",)),
         (b"soupsieve --hashfoo=bar\n", ("requirements.txt:1: per-requirement option --hashfoo",)),
-        (b"CI_TOKEN=" + SECRET.encode() + b"\n", ("requirements.txt:1: invalid requirement",)),
+        (b"CI_TOKEN=" + SECRET.encode() + b"\n", ("requirements.txt:1: not a requirement line",)),
         (f"-i https://ci:{SECRET}@x/simple\nx.zip\n".encode(), ("requirements.txt:2:",)),
     ],
 )

@@ -43,7 +43,14 @@ from builder.resolve.index import (
     retried,
 )
 from builder.resolve.requirements import NamedRequirement, RequirementSet
-from builder.resolve.resolution import RemoteFile, Source, SourceKind, redact
+from builder.resolve.resolution import (
+    AUTH_FAILED,
+    RemoteFile,
+    Source,
+    SourceKind,
+    authentication_failed,
+    redact,
+)
 from builder.resolve.target import Arch, BaseFacts, Target
 from builder.retry import Retries, SteadyBody
 
@@ -213,6 +220,8 @@ def _download(
             why = getattr(error, "reason", None) or error
             if isinstance(error, urllib.error.HTTPError):
                 why = f"HTTP {error.code} {error.reason}"
+                if error.code in AUTH_FAILED:
+                    why = authentication_failed(source.target, why)
             raise UserError(
                 f"{source.origin}: download of {source.shown} failed ({redact(str(why))})"
             ) from None

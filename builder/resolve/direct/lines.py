@@ -33,6 +33,7 @@ from packaging.utils import (
 )
 
 from builder.errors import UserError
+from builder.reporter import excerpt
 from builder.resolve.resolution import SourceKind, redact
 
 VCS_SCHEMES = ("git+https", "git+http", "git+ssh", "git+file")
@@ -88,10 +89,10 @@ def local_path(text: str, origin: str, base: Path) -> DirectSource:
     """A path line (relative to the file naming it), which must exist."""
     path = Path(os.path.normpath(base.absolute() / Path(text).expanduser()))
     if not path.exists():
-        raise UserError(f"{origin}: local path {text!r} does not exist")
+        raise UserError(f"{origin}: local path {excerpt(text)} does not exist")
     if not (path.is_dir() or path.name.endswith((".whl", *SDISTS))):
         raise UserError(
-            f"{origin}: local path {text!r} is not a wheel, a source archive or a directory"
+            f"{origin}: local path {excerpt(text)} is not a wheel, a source archive or a directory"
         )
     return DirectSource(SourceKind.PATH, str(path), origin)
 
@@ -159,10 +160,10 @@ def _fragment(url: str, origin: str) -> str:
     fields = urllib.parse.parse_qs(urllib.parse.urlsplit(url).fragment)
     unknown = set(fields) - {"subdirectory", "egg", "sha256"}
     if unknown:
-        raise UserError(f"{origin}: unknown URL fragment {sorted(unknown)[0]!r}")
+        raise UserError(f"{origin}: unknown URL fragment {excerpt(sorted(unknown)[0])}")
     subdirectory = fields.get("subdirectory", [""])[0]
     if subdirectory and not SUBDIRECTORY.fullmatch(subdirectory):
-        raise UserError(f"{origin}: subdirectory {subdirectory[:60]!r} is not a relative path")
+        raise UserError(f"{origin}: subdirectory {excerpt(subdirectory)} is not a relative path")
     return subdirectory.rstrip("/")
 
 
@@ -171,7 +172,7 @@ def _vcs(url: str, origin: str) -> DirectSource:
     parts = urllib.parse.urlsplit(url[len("git+") :])
     path, at, ref = parts.path.rpartition("@") if "@" in parts.path else (parts.path, "", "")
     if at and not REF.fullmatch(ref):
-        raise UserError(f"{origin}: git ref {ref[:60]!r} is not a tag, branch or commit name")
+        raise UserError(f"{origin}: git ref {excerpt(ref)} is not a tag, branch or commit name")
     if parts.scheme == "http":
         _check_http(url[len("git+") :], "http", origin)
     if parts.scheme != "file" and not parts.hostname:

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from builder.errors import UserError
+from builder.reporter import mask
 from builder.resolve.direct.lines import DirectSource
 from builder.resolve.direct.trees import refuse_links_out
-from builder.resolve.requirements import redact_credentials
 from builder.resolve.resolution import redact
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -71,7 +71,7 @@ def _git(arguments: list[str], source: DirectSource, cwd: Path | None = None) ->
         raise UserError(f"{source.origin}: a git requirement needs git on this machine") from None
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["failed"])[-1]
-        raise UserError(f"{source.origin}: {source.shown}: {redact_credentials(last)[:200]}")
+        raise UserError(f"{source.origin}: {source.shown}: {mask(last)[:200]}")
     return result.stdout
 
 
