@@ -58,7 +58,9 @@ def base_profile(
             )
             return shipped
     elif image.as_written == REFERENCE_BASE:
-        reporter.note(f"no engine probe; planning against the {shipped.source}")
+        reporter.note(
+            f"no engine holds {image.as_written} here: planning against its shipped profile"
+        )
         return shipped
     else:
         reporter.warn(

@@ -495,7 +495,8 @@ def _base_way_out(compiler: _Compiler, stderr: str) -> UserError | None:
         conflict
         for name, version in sorted(pins.items())
         for dependent in via.get(name, ())
-        if dependent not in compiler.target.base.distributions
+        if dependent in pinned
+        and dependent not in compiler.target.base.distributions
         and (conflict := _conflict(compiler, f"{dependent}=={pinned[dependent]}", name, version))
     ]
     return base_way_out(conflicts, pins, compiler.arch) if conflicts else None

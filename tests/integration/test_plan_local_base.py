@@ -79,4 +79,4 @@ def test_a_base_no_engine_holds_is_planned_against_the_profile_with_a_warning(
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
     assert [w for w in warnings if missing in w and REFERENCE_BASE in w], result.stdout
-    assert "note: no engine probe" not in result.stdout
+    assert f"note: no engine holds {missing}" not in result.stdout
