@@ -157,6 +157,8 @@ def test_boto3_on_the_reference_base_names_the_override_that_plans_it(
     assert f"but the base image pins {pinned}" in line
     assert line.endswith(f"give --override FILE with the line {pinned}")
     assert "urllib3" not in line
+    alone, _ = run(tmp_path / "botocore", cache_dir, "botocore\n", "--arch", "amd64")
+    assert one_error(alone) == line  # not its 2019 releases' urllib3 cap, which uv reached last
     overrides = tmp_path / "overrides.txt"
     overrides.write_text(f"{pinned}\n")
     planned, out = run(
