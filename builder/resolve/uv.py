@@ -478,17 +478,14 @@ def _refuse_prereleases(compiler: _Compiler, packages: Sequence[LockedPackage]) 
 
 def _base_way_out(compiler: _Compiler, stderr: str) -> UserError | None:
     """A failure that the base's pins cause, said with its way out: the override lines that
-    let the set resolve (found by resolving with them, the fewest that do), and each conflict
-    of the release the set then takes (the newest, not one of uv's old fallbacks); None when
-    overriding the pins uv names does not resolve it."""
+    let the set resolve (found by resolving with every pin uv names as an override), and each
+    conflict of the releases the set then takes (the newest, not one of uv's old fallbacks).
+    Only a pin some taken release conflicts with is named: the others changed nothing. None
+    when overriding the pins uv names does not resolve the set."""
     pins = implicated_pins(stderr, compiler.target)
     resolved = _resolves_overriding(compiler, pins)
     if resolved is None:
         return None
-    for name in sorted(pins):  # the fewest overrides that still resolve
-        fewer = {n: v for n, v in pins.items() if n != name}
-        if fewer and (output := _resolves_overriding(compiler, fewer)) is not None:
-            pins, resolved = fewer, output
     pinned = parse_pins(resolved)
     via = parse_via(resolved)
     conflicts = [
@@ -499,7 +496,8 @@ def _base_way_out(compiler: _Compiler, stderr: str) -> UserError | None:
         and dependent not in compiler.target.base.distributions
         and (conflict := _conflict(compiler, f"{dependent}=={pinned[dependent]}", name, version))
     ]
-    return base_way_out(conflicts, pins, compiler.arch) if conflicts else None
+    needed = {conflict.name: conflict.pinned for conflict in conflicts}
+    return base_way_out(conflicts, needed, compiler.arch) if conflicts else None
 
 
 def _resolves_overriding(compiler: _Compiler, pins: Mapping[str, str]) -> str | None:
