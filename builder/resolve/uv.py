@@ -83,6 +83,8 @@ from builder.resolve.unresolvable import (
 from builder.retry import Retries
 
 NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")
+# uv's hint when a specifier names a prerelease that `--prerelease-package NAME=disallow` refused
+PRERELEASE_NAMED = re.compile(r"`([^`]+)` was requested with a pre-release marker")
 MAX_SOURCE_ROUNDS = 10
 RESOLUTION_TTL_SECONDS = 3600
 
@@ -363,6 +365,8 @@ class _Compiler:
     retries: Retries | None
     # distributions whose prereleases pip would not take (`_refuse_prereleases`), grown per round
     no_prereleases: list[str] = field(default_factory=list)
+    # refused ones a dependency turned out to ask for by a prerelease specifier: uv's pick stands
+    named_prereleases: list[str] = field(default_factory=list)
 
     @property
     def find_links(self) -> Path:
@@ -442,14 +446,25 @@ def _compile_set(compiler: _Compiler) -> _Compiled:
     built: list[str] = []
     for _ in range(MAX_SOURCE_ROUNDS):
         result = compiler.compile()
-        if result.returncode != 0:
+        if result.returncode != 0 and not _prereleases_named(compiler, result.stderr):
             built += _source_round(compiler, result.stderr)
+        if result.returncode != 0:
             continue
         pylock = compiler.output.read_text()
         packages, provided = _packages(tomllib.loads(pylock), compiler.target, compiler.cache)
         if not _refuse_prereleases(compiler, packages):
             return _Compiled(packages, provided, pylock, tuple(built))
     raise compiler.unresolvable(result.stderr)
+
+
+def _prereleases_named(compiler: _Compiler, stderr: str) -> bool:
+    """Whether the set failed because a refused prerelease is what a dependency's specifier
+    names (`bsi-lib>=2.0rc1`: pip takes it then); those are allowed again for the next round."""
+    named = [n for n in compiler.no_prereleases if n in PRERELEASE_NAMED.findall(stderr)]
+    for name in named:
+        compiler.no_prereleases.remove(name)
+        compiler.named_prereleases.append(name)
+    return bool(named)
 
 
 def _refuse_prereleases(compiler: _Compiler, packages: Sequence[LockedPackage]) -> bool:
@@ -464,6 +479,7 @@ def _refuse_prereleases(compiler: _Compiler, packages: Sequence[LockedPackage]) 
         if Version(p.version).is_prerelease
         and p.name not in direct
         and p.name not in compiler.no_prereleases
+        and p.name not in compiler.named_prereleases
     }
     if not picks:
         return False

@@ -106,6 +106,28 @@ def test_a_pin_on_a_prerelease_gets_it(index: int, tmp_path: Path) -> None:
     assert versions(planned(index, tmp_path, "bsi-pre==2.0a1")) == {"bsi-pre": "2.0a1"}
 
 
+@pytest.fixture(scope="module")
+def asked_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """`bsi-app` asks for `bsi-lib>=2.0rc1`; bsi-lib has a final 1.0 and that rc, both wheels."""
+    files = tmp_path_factory.mktemp("asked-index")
+    app = make_wheel(
+        files, "bsi-app", "1.0", "py3-none-any", {"bsi_app.py": b""}, requires=["bsi-lib>=2.0rc1"]
+    )
+    final = make_wheel(files, "bsi-lib", "1.0", "py3-none-any", {"bsi_lib.py": b""})
+    candidate = make_wheel(files, "bsi-lib", "2.0rc1", "py3-none-any", {"bsi_lib.py": b""})
+    with serve_wheel(final, "bsi-lib", more=(candidate,), others={"bsi-app": app}) as port:
+        yield port
+
+
+def test_a_prerelease_a_dependency_names_is_taken_as_pip_takes_it(
+    asked_index: int, tmp_path: Path
+) -> None:
+    assert versions(planned(asked_index, tmp_path, "bsi-app")) == {
+        "bsi-app": "1.0",
+        "bsi-lib": "2.0rc1",
+    }
+
+
 def test_pip_s_rule_admits_a_prerelease_only_when_named_or_alone() -> None:
     found = [Version(v) for v in ("1.0", "1.1rc1", "2.0a4", "2.0rc9")]
     assert admitted(SpecifierSet(), found) == [Version("1.0")]
