@@ -472,7 +472,7 @@ def _refuse_prereleases(compiler: _Compiler, packages: Sequence[LockedPackage]) 
     read from the releases the set may take of each prerelease it pinned (a direct
     requirement's own file aside)."""
     requirements = compiler.requirements
-    direct = {r.name for r in requirements.requirements if r.requirement.url}
+    direct = {r.name for r in requirements.direct()}
     picks = {
         p.name: p.version
         for p in packages
