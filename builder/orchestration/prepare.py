@@ -67,6 +67,7 @@ from builder.resolve.target import (
     arch_named,
     shipped_profile,
 )
+from builder.resolve.unresolvable import NotOnIndex
 from builder.resolve.uv import resolve
 from builder.retry import Retries
 
@@ -386,7 +387,9 @@ def programs_needed(
     target = Target(base, (arch_named(arch_name),))
     arch = target.arches[0]
     _check_local_wheels(requirements, cache, None, UNPACKED_MAX)
-    resolution = resolve(requirements, target, arch, cache)
+    resolution = _resolve_public(requirements, target, cache)
+    if resolution is None:
+        return ()
     chosen = [choose_wheel(p, target, arch)[0] for p in resolution.packages]
     with ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch:
         downloads = start_downloads(chosen, cache, requirements.indexes(), fetch, check=check_wheel)
@@ -398,6 +401,23 @@ def programs_needed(
         without,
     )
     return tuple(need for need in needs if not need.optional)
+
+
+def _resolve_public(
+    requirements: RequirementSet, target: Target[BaseProfile], cache: Cache
+) -> Resolution | None:
+    """The resolution of what the index holds of the set: a requested distribution no index
+    lists (a private or vendored one the image holds) is left out, so verification reads it
+    from the image's own metadata alone (None when nothing is left)."""
+    while requirements.requirements:
+        try:
+            return resolve(requirements, target, target.arches[0], cache)
+        except NotOnIndex as missing:
+            kept = tuple(r for r in requirements.requirements if r.name != missing.name)
+            if len(kept) == len(requirements.requirements):
+                raise  # a dependency, not a requested distribution: the set is incomplete
+            requirements = replace(requirements, requirements=kept)
+    return None
 
 
 def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str]]:

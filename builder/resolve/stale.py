@@ -7,6 +7,11 @@ release has no wheel for the target, it is reported (with both upload dates and 
 excluded), and a pure-Python source release is offered for building on the host instead.
 When the newest release does have a usable wheel, another distribution's requirement holds
 the version back: uv's `# via` annotations name the candidates, and a note says so.
+
+Prereleases count as pip counts them (PEP 440, `admitted`): only when the requirement names one
+(`>=2.0b1`) or no final release satisfies it. uv also takes one when every final release is
+ruled out by a conflict (dbt-core 2.0.0a4 against a base whose python-dateutil its finals
+refuse); `unwanted_prereleases` finds such picks, for the resolution to refuse them.
 """
 
 from __future__ import annotations
@@ -128,6 +133,23 @@ def held_back_notes(held: Sequence[HeldBack], via: Mapping[str, Sequence[str]]) 
     return notes
 
 
+def requested_held_notes(
+    held: Sequence[HeldBack], via: Mapping[str, Sequence[str]], requested: Iterable[str]
+) -> list[str]:
+    """A note for each requested distribution held back although no other distribution
+    requires it: the newest release's own requirements cannot be met here (dbt-core 1.12.6
+    asks for a dbt-core-experimental-parser that has only source releases), which pip,
+    building sources, would not meet the same way."""
+    wanted = set(requested)
+    return [
+        f"note: {pick.name}=={pick.chosen} chosen, not the newest {pick.newest} (which has a"
+        f" usable wheel): what {pick.newest} requires cannot be met with wheels for the target"
+        f" and the base's pins (resolve {pick.name}=={pick.newest} to see why)"
+        for pick in held
+        if pick.name in wanted and not pick.dependents(via)
+    ]
+
+
 VIA_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\S+\s+# via (.+)$")
 
 
@@ -145,6 +167,18 @@ def parse_via(output: str) -> dict[str, tuple[str, ...]]:
                 if part and not part.startswith("-")
             )
     return via
+
+
+PIN_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;#]+)")
+
+
+def parse_pins(output: str) -> dict[str, str]:
+    """Name -> version, from `uv pip compile`'s requirements.txt output."""
+    return {
+        canonicalize_name(match.group(1)): match.group(2)
+        for line in output.splitlines()
+        if (match := PIN_LINE.match(line.strip()))
+    }
 
 
 def releases(name: str, files: Sequence[RemoteFile]) -> dict[Version, Release]:
@@ -183,16 +217,11 @@ def _stale(
 ) -> StalePick | HeldBack | None:
     by_version = releases(name, files)
     current = Version(chosen)
-    allowed = [
-        v
-        for v in by_version
-        if v > current and (current.is_prerelease or not v.is_prerelease) and v in specifier
-    ]
+    allowed = [v for v in admitted(specifier, by_version) if v > current]
     if not allowed:
         return None
     newest = by_version[max(allowed)]
-    tags = [frozenset(parse_wheel_filename(w.filename)[3]) for w in newest.wheels]
-    if any(target.tag_rank(arch, t) is not None for t in tags):
+    if _has_usable_wheel(newest, target, arch):
         return HeldBack(name, chosen, str(newest.version))
     if newest.wheels:
         reason = f"has no wheel for CPython {target.python_version} on manylinux {arch.machine}"
@@ -208,6 +237,43 @@ def _stale(
         reason=reason,
         sdist=None if newest.wheels else newest.sdist,
     )
+
+
+def admitted(specifier: SpecifierSet, versions: Iterable[Version]) -> list[Version]:
+    """The versions pip would choose among for `specifier`: its final releases, and its
+    prereleases only when it names one or no final release satisfies it (packaging's
+    `filter`, which pip and uv apply; `contains` admits a prerelease to an empty set)."""
+    return list(specifier.filter(versions))
+
+
+def unwanted_prereleases(
+    locked: Mapping[str, str],
+    specifiers: Mapping[str, SpecifierSet],
+    listings: Mapping[str, Sequence[RemoteFile]],
+    target: Target[BaseFacts],
+    arch: Arch,
+) -> list[str]:
+    """The locked prereleases pip would not pick: a final release with a wheel the target
+    accepts satisfies the requirement, which names no prerelease. `listings`: those names'
+    files (`index_listings`)."""
+    unwanted = []
+    for name, chosen in sorted(locked.items()):
+        if not Version(chosen).is_prerelease:
+            continue
+        usable = [
+            release.version
+            for release in releases(name, listings.get(name, ())).values()
+            if _has_usable_wheel(release, target, arch)
+        ]
+        specifier = specifiers.get(name, SpecifierSet())
+        if Version(chosen) not in admitted(specifier, [*usable, Version(chosen)]):
+            unwanted.append(name)
+    return unwanted
+
+
+def _has_usable_wheel(release: Release, target: Target[BaseFacts], arch: Arch) -> bool:
+    tags = [frozenset(parse_wheel_filename(w.filename)[3]) for w in release.wheels]
+    return any(target.tag_rank(arch, t) is not None for t in tags)
 
 
 def index_listings(

@@ -7,11 +7,15 @@ pin), else an index uv could not read (unreachable, refusing its credentials: Py
 index from a network that cannot reach it), else uv's own cause, cut short, with any base pin
 it mentions. An index or a page of links that refused the credentials (401, 403) is said first,
 naming its host: uv then reports the distribution "not found", which it never looked for.
+A conflict with a pin that an override would let through is said with that way
+out (`base_way_out`): the resolver in builder.resolve.uv finds it by resolving with the override.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
@@ -52,6 +56,15 @@ REFUSED = re.compile(
 )
 
 
+class NotOnIndex(UserError):
+    """A distribution no index lists (`name`): a private one, when an image is verified that
+    holds it (`verify IMAGE -r FILE` reads it from the image)."""
+
+    def __init__(self, message: str, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
 def origin(requirements: RequirementSet, name: str) -> str:
     """How an error names `name`: the requirement line that asked for it, or a dependency."""
     for requirement in requirements.requirements:
@@ -69,7 +82,9 @@ def unresolvable(
         return UserError(f"cannot resolve for {arch.name}: {authentication_failed(url, status)}")
     if match := NOT_FOUND.search(stderr):
         name = canonicalize_name(match.group(1))
-        return UserError(f"{origin(requirements, name)}: no such distribution on the package index")
+        return NotOnIndex(
+            f"{origin(requirements, name)}: no such distribution on the package index", name
+        )
     if conflict := _base_conflict(stderr, target):
         return UserError(f"cannot resolve for {arch.name}: {conflict}")
     if platform := _platform_gap(stderr, requirements, arch):
@@ -159,3 +174,51 @@ def _unread_index(stderr: str) -> str | None:
 def not_found(stderr: str) -> bool:
     """Did uv fail because a distribution is on no index?"""
     return NOT_FOUND.search(stderr) is not None
+
+
+@dataclass(frozen=True)
+class BaseConflict:
+    """A release the set takes whose requirement the base's pin does not satisfy."""
+
+    release: str  # "botocore==1.44.30"
+    wanted: str  # what it asks: "python-dateutil>=2.1,<3.0.0"
+    name: str  # the base's distribution: "python-dateutil"
+    pinned: str  # the base's version: "4.0.0"
+
+
+def implicated_pins(stderr: str, target: Target[BaseFacts]) -> dict[str, str]:
+    """The base's pins uv's failure names (`python-dateutil==4.0.0`), name -> version."""
+    return {
+        name: version
+        for name, version in target.base.distributions.items()
+        if re.search(rf"(?<![\w.-]){re.escape(name)}=={re.escape(version)}(?![\w.])", stderr, re.I)
+    }
+
+
+def wanted_of(stderr: str, release: str, name: str) -> str:
+    """What `release` asks of `name`, read from uv's failure to resolve it against the pin
+    ("botocore>=1.44.18 depends on python-dateutil>=2.1,<3.0.0 and python-dateutil==4.0.0");
+    the bare name when uv said it otherwise."""
+    project = release.partition("==")[0]
+    pattern = rf"{re.escape(project)}(?:[=<>~!]\S*)? depends on ({re.escape(name)}\S*) and"
+    match = re.search(pattern, stderr, re.I)
+    return match.group(1) if match else name
+
+
+def base_way_out(
+    conflicts: Sequence[BaseConflict], overrides: Mapping[str, str], arch: Arch
+) -> UserError:
+    """The one-line error for a set the base's pins refuse, naming each conflict and the
+    override lines that let it resolve. The base's /app/deps comes first on PYTHONPATH, so the
+    base's version is what runs whatever the extras would install: the override says so."""
+    said = "; ".join(
+        f"{c.release} depends on {c.wanted}, but the base image pins {c.name}=={c.pinned}"
+        for c in conflicts
+    )
+    lines = " and ".join(f"{name}=={version}" for name, version in sorted(overrides.items()))
+    runs = " and ".join(f"{name} {version}" for name, version in sorted(overrides.items()))
+    return UserError(
+        f"cannot resolve for {arch.name}: {said}. The base's /app/deps comes first on"
+        f" PYTHONPATH, so its {runs} is what runs either way: to plan with it, give --override FILE"
+        f" with the line{'s' if len(overrides) > 1 else ''} {lines}"
+    )

@@ -5,6 +5,12 @@ that have a wheel for it. The base image's /app/deps distributions are constrain
 requirement that contradicts one fails here, naming the base's pin. A distribution that
 has only a source release is built on the host when it is pure Python, and refused when
 it compiles code, naming the newest version that does have a usable wheel.
+
+Versions are chosen as pip chooses them: a prerelease only when the requirement names one or
+no final release satisfies it. uv also falls back to a prerelease when a conflict rules out
+every final release; such a pick is refused for that distribution and the set pinned again, so
+the conflict is what the run reports. A conflict with a distribution the base pins is said with
+its way out: the override line that lets the set resolve, found by resolving with it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import time
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -53,17 +59,32 @@ from builder.resolve.requirements import RequirementSet, check_regular
 from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution, redact
 from builder.resolve.stale import (
     StalePick,
+    admitted,
     held_back_notes,
     index_listings,
+    parse_pins,
     parse_via,
     pinned_notes,
+    requested_held_notes,
     stale_picks,
+    unwanted_prereleases,
 )
 from builder.resolve.target import Arch, BaseFacts, BaseProfile, Target
-from builder.resolve.unresolvable import check_against_base, not_found, origin, unresolvable
+from builder.resolve.unresolvable import (
+    BaseConflict,
+    base_way_out,
+    check_against_base,
+    implicated_pins,
+    not_found,
+    origin,
+    unresolvable,
+    wanted_of,
+)
 from builder.retry import Retries
 
 NEEDS_SOURCE_BUILD = re.compile(r"Wheels are required for `([^`]+)`")
+# uv's hint when a specifier names a prerelease that `--prerelease-package NAME=disallow` refused
+PRERELEASE_NAMED = re.compile(r"`([^`]+)` was requested with a pre-release marker")
 MAX_SOURCE_ROUNDS = 10
 RESOLUTION_TTL_SECONDS = 3600
 
@@ -91,8 +112,12 @@ def _uv_compile_command(
     return command
 
 
-def _uv_compile(compiler: _Compiler, annotated: bool = False) -> subprocess.CompletedProcess[str]:
-    """uv's pylock for the set; `annotated`: its requirements.txt with `# via` on stdout."""
+def _uv_compile(
+    compiler: _Compiler, annotated: bool = False, overrides: Sequence[Path] = ()
+) -> subprocess.CompletedProcess[str]:
+    """uv's pylock for the set; `annotated`: its requirements.txt with `# via` on stdout;
+    `overrides` besides the run's own; the compiler's `no_prereleases`: distributions whose
+    prereleases uv may not take."""
     workdir, target, arch = compiler.workdir, compiler.target, compiler.arch
     command = [
         *_uv_compile_command(workdir / "requirements.in", target, arch, compiler.requirements),
@@ -105,8 +130,10 @@ def _uv_compile(compiler: _Compiler, annotated: bool = False) -> subprocess.Comp
     else:
         command += ["--format", "pylock.toml"]
         command += ["--output-file", str(workdir / f"pylock.{arch.name}.toml")]
-    for override in compiler.overrides:
+    for override in (*compiler.overrides, *overrides):
         command += ["--override", str(override)]
+    for name in compiler.no_prereleases:
+        command += ["--prerelease-package", f"{name}=disallow"]
     return run_uv(command, compiler.cache)
 
 
@@ -187,7 +214,7 @@ def _build_from_source(
                 sdists[parse_sdist_filename(file.filename)[1]] = file
         except (InvalidWheelFilename, InvalidSdistFilename):
             continue
-    candidates = sorted((v for v in sdists if specifier.contains(v)), reverse=True)
+    candidates = sorted(admitted(specifier, sdists), reverse=True)
     usable = newest_usable_version(name, target, arch, requirements, cache)
     suggestion = (
         f"newest version with a usable wheel: {usable}"
@@ -234,7 +261,7 @@ def _resolution_key(
     """Everything a resolution depends on, hashed: a change in any of it means a new one
     (a direct requirement by what it pinned: a file's sha256, a ref's commit)."""
     facts = {
-        "schema": 5,
+        "schema": 6,
         "direct": [asdict(f.source) | {"wheel": f.wheel.name} for f in fetched],
         "find_links": [redact(location) for location in requirements.find_links],
         "no_index": requirements.no_index,
@@ -333,6 +360,10 @@ class _Compiler:
     cache: Cache
     overrides: Sequence[Path]
     retries: Retries | None
+    # distributions whose prereleases pip would not take (`_refuse_prereleases`), grown per round
+    no_prereleases: list[str] = field(default_factory=list)
+    # refused ones a dependency turned out to ask for by a prerelease specifier: uv's pick stands
+    named_prereleases: list[str] = field(default_factory=list)
 
     @property
     def find_links(self) -> Path:
@@ -355,8 +386,11 @@ class _Compiler:
             + "".join(f"{c.requirement}\n" for c in self.requirements.constraints)
         )
 
-    def compile(self, annotated: bool = False) -> subprocess.CompletedProcess[str]:
-        return _uv_compile(self, annotated=annotated)
+    def compile(
+        self, annotated: bool = False, overrides: Sequence[Path] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        """uv's pin of the set (with `overrides` besides the run's own)."""
+        return _uv_compile(self, annotated=annotated, overrides=overrides)
 
     def build(self, name: str) -> str:
         """Build `name`'s pure-Python source release for uv to find: "name==version"."""
@@ -371,7 +405,8 @@ class _Compiler:
         )
 
     def unresolvable(self, stderr: str) -> UserError:
-        return unresolvable(stderr, self.requirements, self.target, self.arch)
+        way_out = None if not_found(stderr) else _base_way_out(self, stderr)
+        return way_out or unresolvable(stderr, self.requirements, self.target, self.arch)
 
 
 def _requirement_lines(requirements: RequirementSet, fetched: Sequence[Fetched]) -> str:
@@ -399,12 +434,101 @@ def _compile_set(compiler: _Compiler) -> _Compiled:
     built: list[str] = []
     for _ in range(MAX_SOURCE_ROUNDS):
         result = compiler.compile()
-        if result.returncode == 0:
-            pylock = compiler.output.read_text()
-            packages, provided = _packages(tomllib.loads(pylock), compiler.target, compiler.cache)
+        if result.returncode != 0 and not _prereleases_named(compiler, result.stderr):
+            built += _source_round(compiler, result.stderr)
+        if result.returncode != 0:
+            continue
+        pylock = compiler.output.read_text()
+        packages, provided = _packages(tomllib.loads(pylock), compiler.target, compiler.cache)
+        if not _refuse_prereleases(compiler, packages):
             return _Compiled(packages, provided, pylock, tuple(built))
-        built += _source_round(compiler, result.stderr)
     raise compiler.unresolvable(result.stderr)
+
+
+def _prereleases_named(compiler: _Compiler, stderr: str) -> bool:
+    """Whether the set failed because a refused prerelease is what a dependency's specifier
+    names (`bsi-lib>=2.0rc1`: pip takes it then); those are allowed again for the next round."""
+    named = [n for n in compiler.no_prereleases if n in PRERELEASE_NAMED.findall(stderr)]
+    for name in named:
+        compiler.no_prereleases.remove(name)
+        compiler.named_prereleases.append(name)
+    return bool(named)
+
+
+def _refuse_prereleases(compiler: _Compiler, packages: Sequence[LockedPackage]) -> bool:
+    """Whether uv took prereleases pip would not (then they are refused for the next round):
+    read from the releases the set may take of each prerelease it pinned (a direct
+    requirement's own file aside)."""
+    requirements = compiler.requirements
+    direct = {r.name for r in requirements.direct()}
+    picks = {
+        p.name: p.version
+        for p in packages
+        if Version(p.version).is_prerelease
+        and p.name not in direct
+        and p.name not in compiler.no_prereleases
+        and p.name not in compiler.named_prereleases
+    }
+    if not picks:
+        return False
+    listings = {name: _release_files(name, requirements, compiler.retries) for name in picks}
+    specifiers = {name: _specifier_for(name, requirements) for name in picks}
+    unwanted = unwanted_prereleases(picks, specifiers, listings, compiler.target, compiler.arch)
+    compiler.no_prereleases.extend(unwanted)
+    if unwanted:  # uv keeps the versions of an existing output file
+        compiler.output.unlink()
+    return bool(unwanted)
+
+
+def _base_way_out(compiler: _Compiler, stderr: str) -> UserError | None:
+    """A failure that the base's pins cause, said with its way out: the override lines that
+    let the set resolve (found by resolving with every pin uv names as an override), and each
+    conflict of the releases the set then takes (the newest, not one of uv's old fallbacks).
+    Only a pin some taken release conflicts with is named: the others changed nothing. None
+    when overriding the pins uv names does not resolve the set."""
+    pins = implicated_pins(stderr, compiler.target)
+    resolved = _resolves_overriding(compiler, pins)
+    if resolved is None:
+        return None
+    pinned = parse_pins(resolved)
+    via = parse_via(resolved)
+    conflicts = [
+        conflict
+        for name, version in sorted(pins.items())
+        for dependent in via.get(name, ())
+        if dependent in pinned
+        and dependent not in compiler.target.base.distributions
+        and (conflict := _conflict(compiler, f"{dependent}=={pinned[dependent]}", name, version))
+    ]
+    needed = {conflict.name: conflict.pinned for conflict in conflicts}
+    return base_way_out(conflicts, needed, compiler.arch) if conflicts else None
+
+
+def _resolves_overriding(compiler: _Compiler, pins: Mapping[str, str]) -> str | None:
+    """The annotated pin of the set with `pins` as override lines, or None when it fails."""
+    if not pins:
+        return None
+    override = compiler.workdir / "base-pins.override.txt"
+    override.write_text("".join(f"{name}=={version}\n" for name, version in pins.items()))
+    result = compiler.compile(annotated=True, overrides=[override])
+    return result.stdout if result.returncode == 0 else None
+
+
+def _conflict(compiler: _Compiler, release: str, name: str, pinned: str) -> BaseConflict | None:
+    """What `release` ("botocore==1.44.30") asks of `name`, when the base's `pinned` version
+    does not satisfy it, by resolving that release alone against that pin."""
+    with tempfile.TemporaryDirectory(prefix="bsi-conflict-") as temp:
+        workdir = Path(temp)
+        (workdir / "requirements.in").write_text(f"{release}\n")
+        (workdir / "constraints.txt").write_text(f"{name}=={pinned}\n")
+        command = _uv_compile_command(
+            workdir / "requirements.in", compiler.target, compiler.arch, compiler.requirements
+        )
+        command += ["--constraint", str(workdir / "constraints.txt"), "--no-annotate"]
+        result = run_uv(command, compiler.cache)
+    if result.returncode == 0:
+        return None
+    return BaseConflict(release, wanted_of(result.stderr, release, name), name, pinned)
 
 
 def _source_round(compiler: _Compiler, stderr: str) -> list[str]:
@@ -518,6 +642,9 @@ def _fresher_sources(
     if held:
         dependents = parse_via(annotations())
         warnings += held_back_notes(held, dependents)
+        warnings += requested_held_notes(
+            held, dependents, {r.name for r in requirements.requirements}
+        )
     rebuilt = []
     for pick in stale:
         if pick.sdist is None:

@@ -14,6 +14,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
 
 from builder.context.render import APT_LISTS, APT_SCRATCH, APT_UPDATE
 from builder.resolve.target import shipped_facts
@@ -30,6 +32,7 @@ def cache_dir(shared_cache: Path) -> Path:
 def run(
     tmp_path: Path, cache_dir: Path, requirements: str, *args: str
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    tmp_path.mkdir(exist_ok=True)
     req = tmp_path / "requirements.txt"
     req.write_text(requirements)
     out = tmp_path / "context"
@@ -131,6 +134,79 @@ def test_failure_leaves_a_previous_context_untouched(tmp_path: Path, cache_dir: 
     assert result.returncode == 1
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before
+
+
+def one_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The run's one `error:` line (it must have failed with exactly one)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_boto3_on_the_reference_base_names_the_override_that_plans_it(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """botocore caps python-dateutil below 3 and the base holds 4.0.0: the line names the
+    newest botocore's conflict (not a 2019 release's urllib3) and the override; with that
+    override the set plans, python-dateutil taken from the base."""
+    pinned = f"python-dateutil=={shipped_facts().distributions['python-dateutil']}"
+    refused, _ = run(tmp_path / "refused", cache_dir, "boto3\n", "--arch", "amd64")
+    line = one_error(refused)
+    assert "botocore==" in line and "depends on python-dateutil" in line
+    assert f"but the base image pins {pinned}" in line
+    assert line.endswith(f"give --override FILE with the line {pinned}")
+    assert "urllib3" not in line
+    alone, _ = run(tmp_path / "botocore", cache_dir, "botocore\n", "--arch", "amd64")
+    assert one_error(alone) == line  # not its 2019 releases' urllib3 cap, which uv reached last
+    overrides = tmp_path / "overrides.txt"
+    overrides.write_text(f"{pinned}\n")
+    planned, out = run(
+        tmp_path / "planned", cache_dir, "boto3\n", "--arch", "amd64", "--override", str(overrides)
+    )
+    assert planned.returncode == 0, planned.stderr
+    amd64 = report(out)["architectures"]["amd64"]
+    assert {"boto3", "botocore", "s3transfer"} <= {p["name"] for p in amd64["packages"]}
+    assert pinned in amd64["provided_by_base"]
+
+
+def pip_newest(name: str, download: Path) -> str:
+    """The release `pip download --no-deps` takes of `name` for the target today."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+         "--python-version", "3.13", "--platform", "manylinux_2_28_x86_64",
+         "--index-url", "https://pypi.org/simple", "--dest", str(download), "--quiet", name],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    (wheel,) = download.glob("*.whl")
+    return str(parse_wheel_filename(wheel.name)[1])
+
+
+def test_unpinned_dbt_core_gets_a_final_release_as_pip_does(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """uv alone took 2.0.0a4: every final release's python-dateutil cap conflicts with the
+    base's. The run says that conflict instead, and with the override plans a final release:
+    pip's own, or one with a note naming pip's and why it is held back."""
+    pip_version = pip_newest("dbt-core", tmp_path / "pip")
+    assert not Version(pip_version).is_prerelease
+    refused, _ = run(tmp_path / "refused", cache_dir, "dbt-core\n", "--arch", "amd64")
+    assert "depends on python-dateutil" in one_error(refused)
+    assert "2.0.0a" not in refused.stdout + refused.stderr
+    overrides = tmp_path / "overrides.txt"
+    pinned = shipped_facts().distributions["python-dateutil"]
+    overrides.write_text(f"python-dateutil=={pinned}\n")
+    planned, out = run(
+        tmp_path / "planned", cache_dir, "dbt-core\n", "--arch", "amd64", "--override",
+        str(overrides),
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    packages = report(out)["architectures"]["amd64"]["packages"]
+    versions = {p["name"]: p["version"] for p in packages}
+    assert not Version(versions["dbt-core"]).is_prerelease
+    held = f"dbt-core=={versions['dbt-core']} chosen, not the newest {pip_version}"
+    if versions["dbt-core"] != pip_version:  # what the newest requires has no usable wheel
+        assert held in planned.stdout + planned.stderr
 
 
 def test_markers_for_other_platforms_are_skipped(tmp_path: Path, cache_dir: Path) -> None:

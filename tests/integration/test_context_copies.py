@@ -86,10 +86,13 @@ def test_a_tampered_cache_entry_is_made_again_with_a_warning(tmp_path: Path) -> 
         edit.write(b"TAMPERED")
     result = _plan(tmp_path, "second")
     said = [line for line in (result.stdout + result.stderr).splitlines() if "warning:" in line]
-    assert said == [
-        f"warning: cache: {entry} no longer"  # a relative --cache-dir is made absolute
-        f" hashes to {diff_id[:12]}; removed, made again"
-    ]
+    assert (
+        said
+        == [
+            f"warning: cache: {entry} no longer"  # a relative --cache-dir is made absolute
+            f" hashes to {diff_id[:12]}; removed, made again"
+        ]
+    )
     assert _files(tmp_path / "second") == _files(first)
     assert _sha256(entry) == f"sha256:{diff_id}"  # made again, under its digest
     third = _plan(tmp_path, "third")

@@ -222,6 +222,30 @@ def test_verify_r_runs_deep_imports_and_skips_what_it_is_told(
     )
 
 
+def test_verify_r_reads_a_private_distribution_from_the_image(
+    probe_image: str, shared_cache: Path, package_index: str, tmp_path: Path
+) -> None:
+    """`bsi-probe` is on no index (nothing serves it here): the image holds it, and its modules
+    are read from the image's own dist-info and deep-imported all the same."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("bsi-probe\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "builder", "verify", probe_image, "-r", str(requirements),
+         "--skip-module", "bsi_probe.skipme", "--skip-module", "bsi_probe.nat*",
+         "--skip-module", "bsi_probe.hangs", "--json"],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "BSI_CACHE_DIR": str(shared_cache)},
+    )  # fmt: skip
+    assert "no such distribution" not in result.stderr, result.stderr[-2000:]
+    record = json.loads(result.stdout)
+    statuses = {check["name"]: check["status"] for check in record["checks"]}
+    assert statuses["deep-import bsi_probe.jitcache"] == "fail"
+    assert record["deep_imports"] == [
+        {"distribution": "bsi-probe", "imported": 2, "failed": 1, "informational": 2,
+         "unreached": 0, "skipped": 3, "seconds": record["deep_imports"][0]["seconds"]}
+    ]  # fmt: skip
+
+
 def test_skip_module_without_requirements_is_refused(probe_image: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "builder", "verify", probe_image, "--skip-module", "x.*"],

@@ -15,7 +15,13 @@ from builder.resolve import stale
 from builder.resolve import uv as resolve_module
 from builder.resolve.requirements import read_requirements
 from builder.resolve.resolution import LockedPackage, RemoteFile
-from builder.resolve.stale import HeldBack, index_listings, parse_via, stale_picks
+from builder.resolve.stale import (
+    HeldBack,
+    index_listings,
+    parse_via,
+    requested_held_notes,
+    stale_picks,
+)
 from builder.resolve.target import ARCHES, Target, shipped_facts
 
 AMD64 = ARCHES["amd64"]
@@ -80,6 +86,19 @@ def test_held_back_note_names_who_requires_it() -> None:
     several = HeldBack("numpy", "2.3.5", "2.5.5").message(via)
     assert several is not None and several.endswith("one of scikit-learn, scipy")
     assert HeldBack("scikit-learn", "1.9.1", "2.0").message(via) is None  # uv cannot tell
+
+
+def test_a_requested_distribution_nothing_else_holds_back_gets_a_note_of_its_own() -> None:
+    """dbt-core 1.12.6 asks for a parser that has only source releases: 1.12.0 is chosen, and
+    nothing in the set requires dbt-core, so uv's `# via` cannot name who holds it back."""
+    via = parse_via(UV_OUTPUT)
+    held = [HeldBack("scikit-learn", "1.9.1", "2.0"), HeldBack("oldlib", "1.4.0", "2.0.0")]
+    assert requested_held_notes(held, via, ["scikit-learn", "oldlib"]) == [
+        "note: scikit-learn==1.9.1 chosen, not the newest 2.0 (which has a usable wheel): what"
+        " 2.0 requires cannot be met with wheels for the target and the base's pins (resolve"
+        " scikit-learn==2.0 to see why)"
+    ]  # oldlib: pinner's requirement holds it back, which the family note says
+    assert requested_held_notes(held, via, ["numpy"]) == []
 
 
 def test_stale_picks_split_wheelless_from_held_back(synthetic_index: None) -> None:
