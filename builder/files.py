@@ -36,7 +36,7 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
@@ -99,6 +99,12 @@ def write_whole(path: Path, data: bytes | str, *, durable: bool = False) -> None
     """`data` (text as UTF-8) as the file at `path`, through `replacing`."""
     with replacing(path, durable=durable) as out:
         out.write(data.encode() if isinstance(data, str) else data)
+
+
+def named_contents(paths: Iterable[Path]) -> tuple[tuple[str, bytes], ...]:
+    """Each file's name and its bytes, read whole: the inputs a run was given, for the documents
+    that name them by content (attest.provenance.input_files)."""
+    return tuple((path.name, path.read_bytes()) for path in paths)
 
 
 def copy_whole(source: Path, destination: Path) -> None:
