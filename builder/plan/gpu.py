@@ -8,6 +8,11 @@
 - CUDA runtimes and compilers that popular distributions pull by default (torch → nvidia-*,
   triton; xgboost → nvidia-nccl) do nothing in a CPU-only sandbox. One warning names them with
   their bytes and a CPU route; it never advises dropping what the set's own code links.
+- GPU plugins (an execution provider, a kernel library, a collective backend a package opens
+  only on a GPU: onnxruntime's CUDA provider, bitsandbytes' per-CUDA kernels) are never loaded
+  on a CPU node: what only they link is optional, never a refusal (`gpu_plugin` says which
+  files are; builder.plan.natives follows their links), and the same warning names what no
+  Debian package provides, with the way to a GPU image (docs/gpu.md#gpu-plugins).
 
 Pure: the table is read once, and the rest are functions of what they are given.
 """

@@ -92,7 +92,7 @@ class ArchPlan:
     programs: tuple[ProgramNeed, ...] = ()  # programs the code runs, and their packages
     apt_size: int | None = None  # bytes the apt stage adds (Installed-Size); None: unknown
     gpu_node: tuple[NodeLibrary, ...] = ()  # the NVIDIA driver's: the GPU node provides them
-    gpu_weight: GpuWeight | None = None  # GPU-only distributions, also one of `warnings`
+    gpu_weight: GpuWeight | None = None  # GPU-only weight, GPU plugins' needs: one warning
 
     def installed_programs(self) -> tuple[ProgramNeed, ...]:
         """The programs this arch's image carries (what verification runs), and those left
