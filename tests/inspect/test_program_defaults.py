@@ -101,6 +101,20 @@ def test_a_property_returning_the_command_through_a_helper_of_varargs() -> None:
     assert len(found) == 2
 
 
+def test_a_command_spread_where_the_program_is_expected() -> None:
+    """`create_subprocess_exec(*cmd)`: the list's first element is the program; a spread where
+    the whole command is expected (`Popen(*cmd)`) says nothing known."""
+    source = b"""\
+import asyncio, subprocess
+async def transcode(path):
+    cmd = ["ffmpeg", "-i", path]
+    return await asyncio.create_subprocess_exec(*cmd)
+def odd(cmd):
+    return subprocess.Popen(*cmd)
+"""
+    assert [s.names for s in scan_source("pkg/aio.py", source)] == [("ffmpeg",)]
+
+
 def test_a_method_that_is_no_property_is_not_read_as_a_value() -> None:
     """`self.arguments` without @property is a bound method: no command."""
     sources = dict(PYTHON_FFMPEG)
