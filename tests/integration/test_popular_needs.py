@@ -5,10 +5,11 @@ execution provider is no refusal, one GPU warning; sglang's NCCL wrapper gets no
 
 Plans are made as the CLI makes them (resolution, wheels, inspection, plan) without writing
 layers, in a cache of the module's own whose wheels are deleted once inspected. Where the point
-is the project's own code, the dependencies over 50 MB (torch and its CUDA wheels, 3 GB for
-whisper or sglang) are left out of the plan: what the project's code runs or loads is read the
-same, and sglang's NCCL load then has no libnccl from the set, the case that made ROCm's RCCL a
-required apt package.
+is the project's own code, the dependencies over 50 MB (torch and its CUDA wheels, 2.5 GB for
+whisper) are left out of the plan: what the project's code runs or loads is read the same.
+sglang resolves for CPython 3.13 to 0.5.2, which pulls no torch: nothing in the set ships
+libnccl, the case that made ROCm's RCCL a required apt package (542 MB); were torch's NCCL wheel
+in the set, the load would be satisfied by it.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def test_onnxruntime_gpu_requires_no_cuda_library_and_warns_once(cache: Cache) -
 
 def test_sglang_gets_no_rocm_package_as_required(cache: Cache) -> None:
     """Its NCCL wrapper loads libnccl, ROCm's librccl or MCCL by name: each an accelerator's,
-    so optional; torch and the other dependencies over 50 MB are left out (see the module)."""
+    so optional (see the module)."""
     planned = plan(cache, ["sglang"], light=True)
     rocm = {"librccl1", "libamdhip64-6", "libamdhip64-5", "librocblas0", "libhipblas2"}
     assert not rocm & set(planned.apt_packages), planned.apt_packages
