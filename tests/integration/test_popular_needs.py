@@ -116,3 +116,11 @@ def test_sglang_gets_no_rocm_package_as_required(cache: Cache) -> None:
     loaded = {lib.soname: lib for lib in planned.libraries if lib.how == "loaded at run time"}
     collective = [lib for name, lib in loaded.items() if name.startswith(("libnccl", "librccl"))]
     assert collective and all(lib.optional and lib.reason for lib in collective), collective
+
+
+def test_a_fallback_and_a_helper_of_small_dependencies_stay_optional(cache: Cache) -> None:
+    """Found by benchmarks/popular.py: keyring pulled git (jaraco-context's repo_context) and
+    typer procps (shellingham's `ps`, a fallback after /proc); both are curated optional."""
+    planned = plan(cache, ["keyring", "typer"])
+    assert not {"git", "procps"} & set(planned.apt_packages), planned.programs
+    assert {"git", "procps"} <= set(planned.optional_packages)
