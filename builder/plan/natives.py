@@ -182,12 +182,12 @@ def on_demand_files(
 
     Loaded on demand: plugins under a `plugins/` directory that no file links and Python cannot
     import (Qt's platform plugins), and GPU plugins (plan.gpu.gpu_plugin: a library no file
-    links and Python cannot import that links an accelerator's runtime, onnxruntime's CUDA
-    execution provider; or one builder/data/gpu.toml's `plugins` names, NVSHMEM's transports,
-    bitsandbytes' kernel library per CUDA version). Every other file is reachable from an
-    extension module or loaded directly: a library no file links may be opened by Python
-    through a computed path (lightgbm's `lib_lightgbm.so`, torch's `libtorch_global_deps.so`),
-    so it counts as loaded.
+    links and Python cannot import that links an accelerator's runtime neither the set nor the
+    base provides, onnxruntime's CUDA execution provider; or one builder/data/gpu.toml's
+    `plugins` names, NVSHMEM's transports, bitsandbytes' kernel library per CUDA version).
+    Every other file is reachable from an extension module or loaded directly: a library no
+    file links may be opened by Python through a computed path (lightgbm's `lib_lightgbm.so`,
+    torch's `libtorch_global_deps.so`), so it counts as loaded.
     """
     files = dict(_files(wheels, machine))
     label_of = {elf.path: label for label, elf in files.items()}
@@ -196,12 +196,16 @@ def on_demand_files(
         if resolution.provider in label_of:
             edges.setdefault(resolution.path, set()).add(label_of[resolution.provider])
     linked = set().union(*edges.values())
+    # Only a runtime the image will not carry says "GPU only": a library whose CUDA runtime the
+    # set ships (xgboost's, were it linked) loads on a CPU node too.
+    missing = {(r.path, r.soname) for r in resolutions if r.by == By.MISSING}
     gpu_plugins = {
         label: why
         for label, elf in files.items()
         if not _is_extension(elf.path)
         and (label not in linked or on_demand_plugin(elf.path) is not None)
-        and (why := gpu_plugin(elf.path, elf.needed)) is not None
+        and (why := gpu_plugin(elf.path, [n for n in elf.needed if (label, n) in missing]))
+        is not None
     }
     roots = [
         label

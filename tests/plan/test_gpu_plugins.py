@@ -134,3 +134,23 @@ def test_a_library_linking_a_gpu_runtime_is_a_gpu_plugin(
 )
 def test_a_library_linking_no_gpu_runtime_is_not_a_gpu_plugin(needed: tuple[str, ...]) -> None:
     assert gpu_plugin("x/libcpu.so", needed) is None
+
+
+def test_a_library_whose_gpu_runtime_the_set_ships_loads_anywhere(tmp_path: Path) -> None:
+    """A library opened by a computed path that links the CUDA runtime a wheel of the set
+    ships loads on a CPU node too: no plugin, so what else it links stays required."""
+    cudart = compile_so(tmp_path, SOURCE, "libcudart.so.12", soname="libcudart.so.12")
+    runtime = make_wheel(tmp_path, "nvidia-cuda-runtime-cu12", "12.0", TAG, {
+        "nvidia/cuda_runtime/lib/libcudart.so.12": cudart.read_bytes(),
+    })  # fmt: skip
+    library = compile_so(
+        tmp_path, SOURCE, "libboost_model.so", libs=[":libcudart.so.12", "gomp"],
+        libdirs=[cudart.parent],
+    )  # fmt: skip
+    wheel = make_wheel(tmp_path, "modelish", "1.0", TAG, {
+        "modelish/lib/libboost_model.so": library.read_bytes(),
+    })  # fmt: skip
+    plan = plan_for(tmp_path, [wheel, runtime])
+    assert plan.apt_packages == ("libgomp1",) and plan.optional_packages == ()
+    alone = plan_for(tmp_path / "alone", [wheel])  # without the runtime: a GPU plugin
+    assert alone.apt_packages == () and alone.optional_packages == ("libgomp1",)
