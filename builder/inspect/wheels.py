@@ -37,7 +37,7 @@ from builder.inspect.members import checked_members
 from builder.inspect.programs import scan_sources as scan_programs
 
 RECORD_KIND = "inspect"
-SCHEMA = 10  # bump whenever WheelInspection or the way it is derived changes
+SCHEMA = 11  # bump whenever WheelInspection or the way it is derived changes
 LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
 MODULE_SUFFIXES = (".py", ".pyc", ".so")
 SOURCE_LIMIT = 4 << 20  # a .py file bigger than this is generated data, not a loader
