@@ -7,8 +7,11 @@ distributions named on the command line are marked as such, the others as depend
 
 Usage: scripts/programs_table.py WHEEL_DIR NAME ...
 The wheels of docs/programs.md's 40 distributions and their dependencies, for example:
-  pip download --only-binary=:all: --platform manylinux_2_28_x86_64 --python-version 3.13 \
-      -d WHEEL_DIR NAME ...
+  pip download --only-binary=:all: --python-version 3.13 -d WHEEL_DIR \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 NAME ...
+(pip takes each --platform as one tag: a wheel tagged only manylinux2014, matplotlib's, needs
+its own.)
 """
 
 from __future__ import annotations

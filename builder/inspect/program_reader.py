@@ -4,9 +4,10 @@ A site's argument is followed through a module constant, an attribute (set from 
 whose default names the program: `def __init__(self, executable="ffmpeg")`),
 `pathlib.Path('dot')`, a list built then extended, a small helper's returns (its parameters
 bound to the call's literals), a method of the same class returning the command
-(`self.make_args(args)`), a constant or function of a sibling module, and candidates tried in
-turn. The result is groups: each group one need, its names alternatives (a conditional, an
-`or`, a helper's several returns, a loop over candidates are one choice of the code).
+(`self.make_args(args)`) or a property read as an attribute (`self.arguments`), a constant or
+function of a sibling module, and candidates tried in turn. The result is groups: each group one
+need, its names alternatives (a conditional, an `or`, a helper's several returns, a loop over
+candidates are one choice of the code).
 """
 
 from __future__ import annotations
@@ -107,6 +108,30 @@ def own_method(module: Module, call: ast.Call) -> Function | None:
         return None
     methods = (n for n in owner.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
     return next((n for n in methods if n.name == name), None)
+
+
+# Decorators that make a method read as an attribute: `self.arguments` is what it returns.
+PROPERTIES = frozenset({"property", "cached_property"})
+
+
+def own_property(module: Module, node: ast.Attribute) -> Function | None:
+    """The property `self.name` reads when the class it is read in defines one (python-ffmpeg's
+    `arguments`, returning `[self._executable, *options]`); a plain method read so is a bound
+    method, no value."""
+    if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+        return None
+    function = module.enclosing(node)
+    owner = module.parents.get(function) if function is not None else None
+    if not isinstance(owner, ast.ClassDef):
+        return None
+    for method in owner.body:
+        if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef) and method.name == node.attr:
+            decorators = [
+                d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "")
+                for d in method.decorator_list
+            ]
+            return method if PROPERTIES.intersection(decorators) else None
+    return None
 
 
 def _empty(node: ast.AST) -> bool:
@@ -237,6 +262,9 @@ class Reader:
         if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
             values += table.values(table.scoped, node.attr, None)
         found = [g for value in values for g in self.groups(module, value, kind, depth)]
+        if not found and (getter := own_property(module, node)) is not None:
+            itself = ast.Call(node, [ast.Name("self", ast.Load())], [])
+            found = self._returns(module, getter, itself, kind, depth)
         return found or self._imported(module, node, kind, depth)
 
     def _imported(self, module: Module, node: ast.AST, kind: Kind, depth: int) -> Groups:

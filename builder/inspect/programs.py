@@ -16,7 +16,10 @@ whose parameter is run, called on `self` in classes deriving from its own (textr
 subprocess.Popen`); a helper's parameter may be only the program at the command's head (pydot's
 `call_graphviz(program=prog, ...)`, callers read by position or keyword) or the candidates it
 loops over (audioread's `popen_multiple(COMMANDS, ...)`), and a value the helper rules out
-around the run (`if viewer == "BytesIO": ... else: run([viewer])`) is none. Following a name is
+around the run (`if viewer == "BytesIO": ... else: run([viewer])`) is none. A helper may hand
+its own `*args` on to the runner (python-ffmpeg's `create_subprocess(*args, **kwargs)`), and a
+list spread where a program name is expected (`create_subprocess_exec(*cmd)`) starts with the
+program. Following a name is
 inspect.program_reader's; the module reading (bindings, helpers, guards) is inspect.loads';
 what a value is, its literals known, is inspect.literals' (shared with library loads);
 what differs from a library load is that an argument list names one program, its first element.
@@ -137,11 +140,48 @@ def _sites(module: Module, call: ast.Call, groups: Groups, probe: bool) -> list[
     return sites
 
 
-def _argument(call: ast.Call, position: int, keyword: str) -> ast.AST | None:
+def _argument(
+    call: ast.Call, position: int, keyword: str, kind: Kind
+) -> tuple[ast.AST | None, Kind]:
+    """The call's argument at `position` (or `keyword`), and what it holds. A list spread where
+    one program name is expected holds the command (`create_subprocess_exec(*cmd)`: the
+    program is its first element); one spread where the command is expected, or past a spread,
+    is not known."""
     if position >= 0 and len(call.args) > position:
+        if any(isinstance(earlier, ast.Starred) for earlier in call.args[:position]):
+            return None, kind
         found = call.args[position]
-        return None if isinstance(found, ast.Starred) else found
-    return next((k.value for k in call.keywords if keyword and k.arg == keyword), None)
+        if isinstance(found, ast.Starred):
+            return (found.value, ARGV) if kind == NAME else (None, kind)
+        return found, kind
+    return next((k.value for k in call.keywords if keyword and k.arg == keyword), None), kind
+
+
+def _vararg_runner(
+    module: Module, call: ast.Call, position: int, kind: Kind, probe: bool
+) -> _Runner | None:
+    """A helper handing its own `*args` on to a runner (python-ffmpeg's `def
+    create_subprocess(*args, **kwargs): return subprocess.Popen(*args, **kwargs)`): what its
+    callers pass where the `*args` start is what the runner gets at `position`."""
+    if position < 0 or len(call.args) <= position:
+        return None
+    spread = call.args[position]
+    function = module.enclosing(call)
+    if (
+        function is None
+        or function.args.vararg is None
+        or not isinstance(spread, ast.Starred)
+        or not isinstance(spread.value, ast.Name)
+        or spread.value.id != function.args.vararg.arg
+        or any(isinstance(earlier, ast.Starred) for earlier in call.args[:position])
+    ):
+        return None
+    index = len(positional(function)) + position
+    if (owner := _method_of(module, function)) is not None:
+        return _Runner(
+            f"{module.name}.{owner.name}.{function.name}", index - 1, kind, True, probe=probe
+        )
+    return _Runner(f"{module.name}.{function.name}", index, kind, probe=probe)
 
 
 def _runner_called(module: Module, call: ast.Call) -> str | None:
@@ -245,16 +285,18 @@ def _analyse(reader: Reader, module: Module) -> tuple[list[LoadSite], list[_Runn
         if qualified is None or qualified not in RUNNERS:
             continue
         position, keyword, kind = RUNNERS[qualified]
-        argument = _argument(node, position, keyword)
-        if argument is None:
-            continue
-        if groups := reader.groups(module, argument, kind):
-            sites += _sites(module, node, groups, qualified in PROBES)
-            continue
-        if (runner := _parameter_runner(module, argument, kind, qualified in PROBES)) is None:
+        probe = qualified in PROBES
+        runner = _vararg_runner(module, node, position, kind, probe)
+        argument, kind = _argument(node, position, keyword, kind)
+        if runner is None and argument is not None:
+            if groups := reader.groups(module, argument, kind):
+                sites += _sites(module, node, groups, probe)
+                continue
+            runner = _parameter_runner(module, argument, kind, probe)
+        if runner is None:
             continue
         sites += _local_callers(reader, module, runner)
-        function = module.enclosing(argument)
+        function = module.enclosing(node)
         defined = (_method_of(module, function) or function) if function is not None else None
         if defined is not None and module.parents.get(defined) is module.tree:
             runners.append(runner)  # a top-level helper or class: other modules may call it
@@ -264,10 +306,10 @@ def _analyse(reader: Reader, module: Module) -> tuple[list[LoadSite], list[_Runn
 def _caller_sites(
     reader: Reader, module: Module, call: ast.Call, runner: _Runner
 ) -> list[LoadSite]:
-    argument = _argument(call, runner.position, runner.keyword)
+    argument, kind = _argument(call, runner.position, runner.keyword, runner.kind)
     if argument is None:
         return []
-    groups = reader.groups(module, argument, runner.kind)
+    groups = reader.groups(module, argument, kind)
     kept = [tuple(name for name in group if name not in runner.handled) for group in groups]
     return _sites(module, call, kept, probe=runner.probe)
 

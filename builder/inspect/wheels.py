@@ -18,7 +18,7 @@ from builder.inspect.elf import ElfFile, ElfRecord
 from builder.inspect.loads import LoadRecord, LoadSite
 
 RECORD_KIND = "inspect"
-SCHEMA = 10  # bump whenever WheelInspection or the way it is derived changes
+SCHEMA = 11  # bump whenever WheelInspection or the way it is derived changes
 LIBRARY_SCHEMES = ("purelib", "platlib")  # .data schemes that pip --target puts at the root
 MODULE_SUFFIXES = (".py", ".pyc", ".so")
 

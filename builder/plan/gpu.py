@@ -8,6 +8,11 @@
 - CUDA runtimes and compilers that popular distributions pull by default (torch → nvidia-*,
   triton; xgboost → nvidia-nccl) do nothing in a CPU-only sandbox. One warning names them with
   their bytes and a CPU route; it never advises dropping what the set's own code links.
+- GPU plugins (an execution provider, a kernel library, a collective backend a package opens
+  only on a GPU: onnxruntime's CUDA provider, bitsandbytes' per-CUDA kernels) are never loaded
+  on a CPU node: what only they link is optional, never a refusal (`gpu_plugin` says which
+  files are; builder.plan.natives follows their links), and the same warning names what no
+  Debian package provides, with the way to a GPU image (docs/gpu.md#gpu-plugins).
 
 Pure: the table is read once, and the rest are functions of what they are given.
 """
@@ -77,6 +82,24 @@ def on_demand_plugin(path: str) -> str | None:
     return next((why for pattern, why in plugins if fnmatch.fnmatchcase(path, pattern)), None)
 
 
+def gpu_plugin(path: str, needed: Sequence[str]) -> str | None:
+    """Why the shared library at tree path `path`, which no file of the set links and Python
+    cannot import, is loaded only on a GPU (an execution provider, a kernel library, a
+    collective backend its package opens by name there), or None: a curated plugin, or one
+    that links an accelerator's runtime or the NVIDIA driver (onnxruntime's
+    libonnxruntime_providers_cuda.so links cuBLAS and cuDNN; bitsandbytes' kernel library for
+    CUDA 12 links libcudart.so.12). Such a library could not load on a CPU node's image
+    unless it carried that runtime: nothing there opens it."""
+    if (curated := on_demand_plugin(path)) is not None:
+        return curated
+    for soname in needed:
+        if driver_library(soname) is not None:
+            return f"a GPU plugin: it links {soname}, the NVIDIA driver's"
+        if (reason := accelerator_only(soname)) is not None:
+            return f"a GPU plugin: it links {soname} ({reason})"
+    return None
+
+
 def accelerator_only(name: str) -> str | None:
     """Why a load of `name` happens only on an accelerator the node may lack (AMD's HIP, Intel's
     Level Zero, the CUDA runtime), or None. Tried as written and as `lib<name>.so`."""
@@ -107,6 +130,7 @@ class GpuWeight:
     download: int
     installed: int
     routes: tuple[str, ...]  # CPU builds to ask for, and what --override may drop
+    plugins: tuple[str, ...] = ()  # sonames only GPU plugins link, which no Debian package has
 
     def sizes(self) -> str:
         return f"{human(self.download)} download, {human(self.installed)} installed"
@@ -117,12 +141,15 @@ def gpu_weight(
     wheels: Sequence[Sized],
     requires: Mapping[str, Collection[str]],
     links: Collection[tuple[str, str]],
+    plugins: Sequence[str] = (),
 ) -> GpuWeight | None:
     """The GPU-only distributions of one arch's set, with the CPU routes known for what pulls
-    them, and --override lines for those `droppable` says can go without breaking an import."""
+    them, and --override lines for those `droppable` says can go without breaking an import;
+    and `plugins`, the libraries only GPU plugins link that the image does not carry. None
+    when the set has neither."""
     gpu = sorted((w for w in wheels if is_gpu_only(w.name)), key=lambda w: w.name)
     if not gpu:
-        return None
+        return GpuWeight(arch, (), 0, 0, (), tuple(plugins)) if plugins else None
     present = {w.name for w in wheels}
     replacements = gpu_table().replacements
     routes = [f"{name} → {replacements[name]}" for name in sorted(present & set(replacements))]
@@ -138,6 +165,7 @@ def gpu_weight(
         download=sum(w.size for w in gpu),
         installed=sum(w.installed_size for w in gpu),
         routes=tuple(routes),
+        plugins=tuple(plugins),
     )
 
 
@@ -181,15 +209,41 @@ def _closure(name: str, requires: Mapping[str, Collection[str]]) -> set[str]:
 
 
 def weight_warnings(weights: Sequence[GpuWeight]) -> list[str]:
-    """The GPU-weight warning, once for the arches whose GPU-only set and routes agree (their
-    bytes differ: each arch's are named)."""
-    groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[GpuWeight]] = {}
+    """The GPU warning, once for the arches whose GPU-only set, routes and GPU plugins' left-out
+    libraries agree (their bytes differ: each arch's are named)."""
+    groups: dict[tuple[tuple[str, ...], ...], list[GpuWeight]] = {}
     for weight in weights:
-        groups.setdefault((weight.pins, weight.routes), []).append(weight)
-    return [_weight_line(pins, routes, same) for (pins, routes), same in groups.items()]
+        groups.setdefault((weight.pins, weight.routes, weight.plugins), []).append(weight)
+    return [
+        _weight_line(pins, routes, plugins, same)
+        for (pins, routes, plugins), same in groups.items()
+    ]
 
 
-def _weight_line(pins: Sequence[str], routes: Sequence[str], weights: Sequence[GpuWeight]) -> str:
+# Where the warning sends a GPU image's builder: what the plugins need comes from the wheels.
+GPU_IMAGE = "a GPU image brings them as wheels (docs/gpu.md#gpu-plugins)"
+NAMED_PLUGINS = 4  # left-out libraries the warning names; the rest are counted
+
+
+def _weight_line(
+    pins: Sequence[str],
+    routes: Sequence[str],
+    plugins: Sequence[str],
+    weights: Sequence[GpuWeight],
+) -> str:
+    parts = [_pins_part(pins, routes, weights)] if pins else []
+    if plugins:
+        named = ", ".join(plugins[:NAMED_PLUGINS])
+        if len(plugins) > NAMED_PLUGINS:
+            named += f" and {len(plugins) - NAMED_PLUGINS} more"
+        parts.append(
+            f"what only GPU plugins load is left out ({named}: no Debian 13 package; the"
+            f" plugins load only on a GPU); {GPU_IMAGE}"
+        )
+    return "warning: " + "; ".join(parts)
+
+
+def _pins_part(pins: Sequence[str], routes: Sequence[str], weights: Sequence[GpuWeight]) -> str:
     if len(weights) == 1:
         sizes = weights[0].sizes()
     else:
@@ -200,4 +254,4 @@ def _weight_line(pins: Sequence[str], routes: Sequence[str], weights: Sequence[G
     else:
         what = f"{len(pins)} distributions only work on a GPU ({sizes}): {names}; useless"
         what += " in a CPU-only sandbox"
-    return f"warning: {what}" + (f"; instead: {'; or '.join(routes)}" if routes else "")
+    return what + (f"; instead: {'; or '.join(routes)}" if routes else "")

@@ -26,6 +26,7 @@ from builder.plan.gpu import (
     DriverLibrary,
     accelerator_only,
     driver_library,
+    gpu_plugin,
     on_demand_plugin,
 )
 from builder.resolve.target import ARCHES, Arch
@@ -61,6 +62,7 @@ class NativeNeed:
     soname: str
     needed_by: tuple[str, ...]  # "dist==version: path/in/tree.so", sorted
     optional: bool = False  # only plugins loaded on demand need it
+    gpu: str = ""  # only GPU plugins need it: why the first of them is one
 
 
 @dataclass(frozen=True)
@@ -165,17 +167,27 @@ def _is_extension(path: str) -> bool:
     return bool(match.group(1)) or not name.startswith("lib")
 
 
-def optional_files(
+@dataclass(frozen=True)
+class OnDemand:
+    """The files of a set nothing loads unless asked, and which of them only GPU plugins reach."""
+
+    optional: frozenset[str]  # labels: "dist==version: path"
+    gpu: Mapping[str, str]  # label of each file only GPU plugins reach -> why the plugin is one
+
+
+def on_demand_files(
     wheels: Sequence[WheelInspection], resolutions: Sequence[NeedSource], machine: str | None
-) -> frozenset[str]:
+) -> OnDemand:
     """Labels of files nothing loads unless asked, and what only they link.
 
     Loaded on demand: plugins under a `plugins/` directory that no file links and Python cannot
-    import (Qt's platform plugins), and the libraries a package's own native code opens by name
-    only when asked (builder/data/gpu.toml's `plugins`: NVSHMEM's transports, cuFile's RDMA
-    plugin), each with its reason. Every other file is reachable from an extension module or
-    loaded directly: a library no file links may be opened by Python through a computed path
-    (lightgbm's `lib_lightgbm.so`, torch's `libtorch_global_deps.so`), so it counts as loaded.
+    import (Qt's platform plugins), and GPU plugins (plan.gpu.gpu_plugin: a library no file
+    links and Python cannot import that links an accelerator's runtime neither the set nor the
+    base provides, onnxruntime's CUDA execution provider; or one builder/data/gpu.toml's
+    `plugins` names, NVSHMEM's transports, bitsandbytes' kernel library per CUDA version).
+    Every other file is reachable from an extension module or loaded directly: a library no
+    file links may be opened by Python through a computed path (lightgbm's `lib_lightgbm.so`,
+    torch's `libtorch_global_deps.so`), so it counts as loaded.
     """
     files = dict(_files(wheels, machine))
     label_of = {elf.path: label for label, elf in files.items()}
@@ -184,17 +196,29 @@ def optional_files(
         if resolution.provider in label_of:
             edges.setdefault(resolution.path, set()).add(label_of[resolution.provider])
     linked = set().union(*edges.values())
+    # Only a runtime the image will not carry says "GPU only": a library whose CUDA runtime the
+    # set ships (xgboost's, were it linked) loads on a CPU node too.
+    missing = {(r.path, r.soname) for r in resolutions if r.by == By.MISSING}
+    gpu_plugins = {
+        label: why
+        for label, elf in files.items()
+        if not _is_extension(elf.path)
+        and (label not in linked or on_demand_plugin(elf.path) is not None)
+        and (why := gpu_plugin(elf.path, [n for n in elf.needed if (label, n) in missing]))
+        is not None
+    }
     roots = [
         label
         for label, elf in files.items()
         if _is_extension(elf.path)
-        or (
-            label not in linked
-            and not PLUGIN_DIR.search(elf.path)
-            and on_demand_plugin(elf.path) is None
-        )
+        or (label not in linked and not PLUGIN_DIR.search(elf.path) and label not in gpu_plugins)
     ]
-    return frozenset(files) - _reach(roots, edges)
+    reached = _reach(roots, edges)
+    gpu: dict[str, str] = {}
+    for plugin, why in sorted(gpu_plugins.items()):
+        for label in sorted(_reach([plugin], edges) - reached):
+            gpu.setdefault(label, why)
+    return OnDemand(frozenset(files) - reached, MappingProxyType(gpu))
 
 
 def _reach(roots: Sequence[str], edges: Mapping[str, set[str]]) -> set[str]:
@@ -213,17 +237,21 @@ def external_needs(
     wheels: Sequence[WheelInspection], provided_by_base: frozenset[str], loader: str
 ) -> tuple[NativeNeed, ...]:
     """Sonames that neither the wheel set, the base nor the loader provide, sorted; optional
-    when only plugins loaded on demand need them."""
+    when only plugins loaded on demand need them, and said to be the GPU's when only GPU
+    plugins do."""
     resolutions = resolve_needs(wheels, provided_by_base, loader)
-    optional = optional_files(wheels, resolutions, LOADER_MACHINES.get(loader))
+    on_demand = on_demand_files(wheels, resolutions, LOADER_MACHINES.get(loader))
     needed_by: dict[str, set[str]] = {}
     for resolution in resolutions:
         if resolution.by == By.MISSING:
             needed_by.setdefault(resolution.soname, set()).add(resolution.path)
-    return tuple(
-        NativeNeed(soname, tuple(sorted(paths)), optional=paths <= optional)
-        for soname, paths in sorted(needed_by.items())
-    )
+    needs = []
+    for soname, paths in sorted(needed_by.items()):
+        ordered_paths = tuple(sorted(paths))
+        only_gpu = all(path in on_demand.gpu for path in paths)
+        gpu = on_demand.gpu[ordered_paths[0]] if only_gpu else ""
+        needs.append(NativeNeed(soname, ordered_paths, paths <= on_demand.optional, gpu))
+    return tuple(needs)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ class NativeLibrary:
     needed_by: tuple[str, ...]
     how: How
     optional: bool = False  # only on-demand plugins or guarded loads need it: on request
-    reason: str = ""  # why it is optional when no guard or plugin says so
+    reason: str = ""  # why it is optional when no guard says so: a GPU plugin, an accelerator
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class ArchPlan:
     programs: tuple[ProgramNeed, ...] = ()  # programs the code runs, and their packages
     apt_size: int | None = None  # bytes the apt stage adds (Installed-Size); None: unknown
     gpu_node: tuple[NodeLibrary, ...] = ()  # the NVIDIA driver's: the GPU node provides them
-    gpu_weight: GpuWeight | None = None  # GPU-only distributions, also one of `warnings`
+    gpu_weight: GpuWeight | None = None  # GPU-only weight, GPU plugins' needs: one warning
     browsers: BrowserWiring = field(default_factory=BrowserWiring)  # Chromium, for browser drivers
 
     def installed_programs(self) -> tuple[ProgramNeed, ...]:
@@ -234,7 +234,7 @@ def plan_arch(
     libraries += _tabled_libraries(wheels, base_sonames, arch)
     requires = {inspection.name: inspection.requires for inspection in inspected}
     links = link_edges(inspected, base_sonames, arch.loader)
-    weight = gpu_weight(arch.name, wheels, requires, links)
+    weight = gpu_weight(arch.name, wheels, requires, links, _unshipped_gpu_libraries(libraries))
     gpu = weight_warnings([weight]) if weight else []
     base_packages = target.base.packages.get(arch.name, frozenset())
     programs, program_warnings = program_needs(inspected, base_packages, arch, without_programs)
@@ -353,6 +353,12 @@ def _native_libraries(
                     " fails there)"
                 )
             continue
+        if need.gpu:  # never a refusal: the GPU warning names what no package provides
+            package = debian.package_for(need.soname, arch) or ""
+            libraries.append(
+                NativeLibrary(need.soname, package, need.needed_by, How.LINKED, True, need.gpu)
+            )
+            continue
         found = debian.package_for(need.soname, arch) if need.optional else None
         if need.optional and found is None:
             warnings.append(
@@ -379,6 +385,17 @@ def _native_libraries(
     ]
     node += [_node_library(n.soname, n.needed_by, How.LOADED, n.driver) for n in loads.node]
     return libraries, _merged(node), warnings
+
+
+def _unshipped_gpu_libraries(libraries: Sequence[NativeLibrary]) -> tuple[str, ...]:
+    """The sonames only GPU plugins link that no Debian 13 package provides (a linked library
+    carries a reason only when GPU plugins alone need it): what a GPU image must bring."""
+    return tuple(
+        sorted(
+            {lib.soname for lib in libraries if lib.how is How.LINKED and lib.reason}
+            - {lib.soname for lib in libraries if lib.package}
+        )
+    )
 
 
 def _node_library(
