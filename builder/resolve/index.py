@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import itertools
 import json
 import os
 import re
@@ -477,14 +478,62 @@ def uv_environment(uv_cache: Path) -> Mapping[str, str]:
     }
 
 
+# uv's options that may carry a URL's user:password@, each with its variable and the separator
+# of that variable's list (uv's own): given there, no other user of the runner reads them in
+# the process table (`ps`, /proc/PID/cmdline), which anyone may; the environment only its owner.
+_LOCATION_OPTIONS = {
+    "--index-url": ("UV_INDEX_URL", ""),
+    "--extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
+    "--find-links": ("UV_FIND_LINKS", ","),
+}
+
+
+def credentials_off_command(command: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """`command` with every option of a kind in `_LOCATION_OPTIONS` moved to uv's environment
+    when one of its values holds credentials (the whole kind, so uv keeps their order); a kind
+    whose values its separator would split stays on the command line."""
+    values: dict[str, list[str]] = {}
+    for option, value in itertools.pairwise(command):
+        if option in _LOCATION_OPTIONS:
+            values.setdefault(option, []).append(value)
+    moved = {
+        option
+        for option, found in values.items()
+        if any("@" in urllib.parse.urlsplit(value).netloc for value in found)
+        and _joinable(found, _LOCATION_OPTIONS[option][1])
+    }
+    kept: list[str] = []
+    skip = False
+    for index, word in enumerate(command):
+        if skip:
+            skip = False
+        elif word in moved and index + 1 < len(command):
+            skip = True
+        else:
+            kept.append(word)
+    env = {
+        _LOCATION_OPTIONS[option][0]: _LOCATION_OPTIONS[option][1].join(values[option])
+        for option in moved
+    }
+    return kept, env
+
+
+def _joinable(values: Sequence[str], separator: str) -> bool:
+    """Whether uv reads `values` back whole from one variable joined by `separator` ("": a
+    variable of one value)."""
+    return len(values) == 1 if not separator else not any(separator in v for v in values)
+
+
 def run_uv(
     command: Sequence[str], cache: Cache, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run uv (its output captured) with its cache in `cache`, held while it runs so that a
-    prune meanwhile leaves it; `env` is set under uv's environment."""
+    prune meanwhile leaves it; `env` is set under uv's environment. Index and link locations
+    that hold credentials go to uv through its environment (`credentials_off_command`)."""
+    argv, locations = credentials_off_command(command)
     with cache.uv_cache() as uv_cache:
-        environment = {**(env or {}), **uv_environment(uv_cache)}
-        return subprocess.run(list(command), capture_output=True, text=True, env=environment)
+        environment = {**(env or {}), **uv_environment(uv_cache), **locations}
+        return subprocess.run(argv, capture_output=True, text=True, env=environment)
 
 
 def builder_pip(cache: Cache, indexes: Sequence[str]) -> Path:
