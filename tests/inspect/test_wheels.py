@@ -12,8 +12,8 @@ from support.waiting import wait_for
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
 from builder.errors import UserError
+from builder.files import sha256_of
 from builder.inspect import wheel_reader as wheels
 from builder.inspect.wheel_reader import inspect_as_ready, inspect_wheel
 from builder.inspect.wheels import RECORD_KIND, WheelInspection

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from builder.cache import Cache
 from builder.config import RunSettings
-from builder.digest import sha256_of
+from builder.files import sha256_of
 from builder.inspect.wheel_reader import inspect_wheel, member_bytes
 from builder.oci.name import ImageRef
 from builder.plan.browsers import BROWSERS_JSON
