@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import docker
 import docker.errors
@@ -195,7 +194,7 @@ def assemble(
                 keep = below[-1] if assembly.apt_layer and below else None
                 base = read_save(client, system_id, cache, keep_layer=keep).config
             preloading.result()
-        data = canonical(_extras_config(base, extras, assembly))
+        data = canonical(extend_config(base, *_on_top(extras, assembly)))
         image_id = load(client, data, [] if preloading else tars[held:])
     finally:  # the final image holds the layers now (or nothing does): the save may have failed
         if preloading and preloading.done() and not preloading.exception():
@@ -206,25 +205,23 @@ def assemble(
     return Assembled(arch, image_id, data, system_id, tuple(extras))
 
 
-def _extras_config(
-    base: Mapping[str, Any], extras: Sequence[ExtrasLayer], assembly: Assembly
-) -> dict[str, Any]:
-    """The system image's config with the extras layers on top, on PYTHONPATH, run as the
-    sandbox user (their digests are known only when pushed)."""
+def _on_top(
+    extras: Sequence[ExtrasLayer], assembly: Assembly
+) -> tuple[list[NewLayer], ConfigChange]:
+    """What the extras layers put on the system image's config: the layers (their digests are
+    known only when pushed), on PYTHONPATH, run as the sandbox user."""
     arch, root = assembly.arch, assembly.root
-    return extend_config(
-        base,
-        [
-            NewLayer("", one.layer.diff_id, one.layer.size, created_by(arch, i, one, root))
-            for i, one in enumerate(extras, 1)
-        ],
-        ConfigChange(
-            {"PYTHONPATH": f"$PYTHONPATH:{root}", **assembly.env},
-            contract.SANDBOX_USER,
-            assembly.labels,
-            assembly.created,
-        ),
+    layers = [
+        NewLayer("", one.layer.diff_id, one.layer.size, created_by(arch, i, one, root))
+        for i, one in enumerate(extras, 1)
+    ]
+    change = ConfigChange(
+        {"PYTHONPATH": f"$PYTHONPATH:{root}", **assembly.env},
+        contract.SANDBOX_USER,
+        assembly.labels,
+        assembly.created,
     )
+    return layers, change
 
 
 def load(client: docker.DockerClient, config: bytes, tops: Sequence[Path]) -> str:
