@@ -16,7 +16,10 @@
   with the digest's `Sha256`);
 - the orchestration alone sequences producers, verification and writes;
 - no package holds more than 12 modules directly, no `# fmt` escapes, no function outside the
-  CLI with more than 8 parameters, module-level constants immutable.
+  CLI with more than 8 parameters, module-level constants immutable; a function's length only
+  as a backstop (ruff's complexity rules hold the rest);
+- the documents agree with the tree: every path pyproject.toml names exists, and
+  docs/design.md names every package, subpackage and module.
 
 Imports are read with `ast` (module level and inside functions alike), so a lazy import does
 not slip past the rule, and followed transitively: a layer must not reach what it may not
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -1036,7 +1040,11 @@ def test_one_readable() -> None:
 
 
 # -- functions a reader can hold in mind ------------------------------------------------------
-MAX_FUNCTION_LINES = 60
+# A backstop, not a target: what keeps a function readable is ruff's complexity rules (C901 at
+# most 12, PLR0912's branches, PLR0915's statements, in `make lint`). A function that sequences
+# many steps says so in its name and reads as a list of calls, however long that list; one past
+# this many lines is steps that want names.
+MAX_FUNCTION_LINES = 100
 REPO = PACKAGE.parent
 
 
@@ -1052,10 +1060,9 @@ def long_functions(paths: list[Path]) -> list[str]:
     ]
 
 
-def test_no_function_is_over_sixty_lines() -> None:
-    """Complexity is held by ruff (C901 <= 12, PLR0912, PLR0915 in `make lint`) and length here:
-    a long function is steps that want names. The runtime server, the scripts, the benchmarks
-    and the tests themselves included."""
+def test_no_function_is_past_the_length_backstop() -> None:
+    """Complexity is held by ruff in `make lint`; length here only as a backstop. The runtime
+    server, the scripts, the benchmarks and the tests themselves included."""
     paths = sorted(
         path
         for folder in ("builder", "scripts", "benchmarks", "tests")
@@ -1063,3 +1070,46 @@ def test_no_function_is_over_sixty_lines() -> None:
     )
     long = long_functions(paths)
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_lint_holds_the_complexity_of_every_function() -> None:
+    """The limits that replace a line cap are on in ruff's configuration."""
+    lint = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert {"C901", "PLR0912", "PLR0915"} <= set(lint["select"])
+    assert lint["mccabe"]["max-complexity"] <= 12
+
+
+# -- the documents a newcomer reads agree with the tree ---------------------------------------
+# A path pyproject.toml names: a folder of the repository, then a file, a folder or a glob.
+NAMED_PATH = re.compile(r"\b(?:builder|tests|docs|scripts|benchmarks)/[\w./*-]*[\w*]")
+
+
+def test_every_path_pyproject_names_exists() -> None:
+    """A comment or a setting that points at a test file or a module that moved misleads."""
+    named = sorted(set(NAMED_PATH.findall((REPO / "pyproject.toml").read_text())))
+    assert named, "pyproject.toml names no path: the pattern is wrong"
+    missing = [path for path in named if not list(REPO.glob(path))]
+    assert not missing, f"pyproject.toml names paths that do not exist: {missing}"
+
+
+DESIGN = REPO / "docs" / "design.md"
+
+
+def test_the_design_names_every_package_and_module() -> None:
+    """docs/design.md is where a newcomer learns the layout: every package and subpackage of
+    builder/ is named by its path (`resolve/direct/`), and every module outside the runtime
+    server by its name (`shard`, `literals`)."""
+    design = DESIGN.read_text()
+    packages = sorted(
+        str(path.parent.relative_to(PACKAGE)) for path in PACKAGE.rglob("__init__.py")
+    )
+    unnamed = [f"{name}/" for name in packages if name != "." and f"{name}/" not in design]
+    unnamed += [
+        str(path.relative_to(PACKAGE))
+        for path in builder_modules()
+        if SERVER not in path.parents
+        and path.stem not in ("__init__", "__main__")
+        and f"`{path.stem}`" not in design
+        and f"{path.stem}.py" not in design
+    ]
+    assert not unnamed, f"docs/design.md does not name: {unnamed}"

@@ -177,7 +177,7 @@ def assemble(
     so the first time, the extras layers are loaded meanwhile under a provisional config
     (the same layers), and the final config follows with no layer to send.
     """
-    arch, root = assembly.arch, assembly.root
+    arch = assembly.arch
     found = client.images.get(system_id).attrs
     if found.get("Architecture") != arch:
         raise UserError(f"image {system_id}: built as {found.get('Architecture')}, not {arch}")
@@ -194,20 +194,7 @@ def assemble(
                 keep = below[-1] if assembly.apt_layer and below else None
                 base = read_save(client, system_id, cache, keep_layer=keep).config
             preloading.result()
-        config = extend_config(
-            base,
-            [  # digests: when pushed
-                NewLayer("", one.layer.diff_id, one.layer.size, created_by(arch, i, one, root))
-                for i, one in enumerate(extras, 1)
-            ],
-            ConfigChange(
-                {"PYTHONPATH": f"$PYTHONPATH:{root}", **assembly.env},
-                contract.SANDBOX_USER,
-                assembly.labels,
-                assembly.created,
-            ),
-        )
-        data = canonical(config)
+        data = canonical(extend_config(base, *_on_top(extras, assembly)))
         image_id = load(client, data, [] if preloading else tars[held:])
     finally:  # the final image holds the layers now (or nothing does): the save may have failed
         if preloading and preloading.done() and not preloading.exception():
@@ -216,6 +203,25 @@ def assemble(
     repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
     client.api.tag(image_id, repository, name or "latest")
     return Assembled(arch, image_id, data, system_id, tuple(extras))
+
+
+def _on_top(
+    extras: Sequence[ExtrasLayer], assembly: Assembly
+) -> tuple[list[NewLayer], ConfigChange]:
+    """What the extras layers put on the system image's config: the layers (their digests are
+    known only when pushed), on PYTHONPATH, run as the sandbox user."""
+    arch, root = assembly.arch, assembly.root
+    layers = [
+        NewLayer("", one.layer.diff_id, one.layer.size, created_by(arch, i, one, root))
+        for i, one in enumerate(extras, 1)
+    ]
+    change = ConfigChange(
+        {"PYTHONPATH": f"$PYTHONPATH:{root}", **assembly.env},
+        contract.SANDBOX_USER,
+        assembly.labels,
+        assembly.created,
+    )
+    return layers, change
 
 
 def load(client: docker.DockerClient, config: bytes, tops: Sequence[Path]) -> str:

@@ -94,6 +94,18 @@ def build_image(
     asks the CLI, which only reads a Docker config, so they go into a private copy of it.
     `started` gets the `docker build` process, for a caller that may have to stop it.
     """
+    with tempfile.TemporaryDirectory(prefix="bsi-build-") as temp:
+        iidfile = Path(temp) / "iid"
+        command = [*_build_command(spec), "--iidfile", str(iidfile), str(context)]
+        passed, tail = _run_build(command, _build_environment(spec, Path(temp)), log, started)
+        if not passed or not iidfile.exists():
+            errors = [line for line in tail if "error" in line.lower()] or tail[-3:]
+            raise UserError(f"docker build of {context} failed: {errors[-1] if errors else '?'}")
+        return iidfile.read_text().strip()
+
+
+def _build_command(spec: BuildSpec) -> list[str]:
+    """`docker build`'s arguments for `spec`, but where the image id goes and the context."""
     command = [docker_cli(), "build", "--progress=plain"]
     if spec.tag:
         command += ["--tag", spec.tag]
@@ -105,35 +117,44 @@ def build_image(
         command += ["--target", spec.target]
     for key, value in spec.build_args.items():
         command += ["--build-arg", f"{key}={value}"]
-    command += secret_arguments(spec.secrets)
-    with tempfile.TemporaryDirectory(prefix="bsi-build-") as temp:
-        iidfile = Path(temp) / "iid"
-        command += ["--iidfile", str(iidfile), str(context)]
-        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-        if spec.engine is not None and spec.engine.environment:
-            for name in ENGINE_VARIABLES:  # the local engine's settings must not leak into it
-                env.pop(name, None)
-            env |= spec.engine.environment
-        if spec.logins:
-            env["DOCKER_CONFIG"] = str(_docker_config_with(Path(temp) / "config", spec.logins))
-        tail: deque[str] = deque(maxlen=15)
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        if started is not None:
-            started(process)
-        assert process.stdout is not None
-        for line in process.stdout:
-            log.write(line)
-            tail.append(line.rstrip())
-        if process.wait() != 0 or not iidfile.exists():
-            errors = [line for line in tail if "error" in line.lower()] or list(tail)[-3:]
-            raise UserError(f"docker build of {context} failed: {errors[-1] if errors else '?'}")
-        return iidfile.read_text().strip()
+    return command + secret_arguments(spec.secrets)
+
+
+def _build_environment(spec: BuildSpec, temp: Path) -> dict[str, str]:
+    """The CLI's environment: BuildKit on, the engine `spec` names (not the local one's
+    settings), and a private Docker config under `temp` holding its logins."""
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    if spec.engine is not None and spec.engine.environment:
+        for name in ENGINE_VARIABLES:  # the local engine's settings must not leak into it
+            env.pop(name, None)
+        env |= spec.engine.environment
+    if spec.logins:
+        env["DOCKER_CONFIG"] = str(_docker_config_with(temp / "config", spec.logins))
+    return env
+
+
+def _run_build(
+    command: list[str],
+    env: dict[str, str],
+    log: Log,
+    started: Callable[[subprocess.Popen[str]], object] | None,
+) -> tuple[bool, list[str]]:
+    """Run `docker build`, its output to `log`: whether it succeeded, and its last lines."""
+    tail: deque[str] = deque(maxlen=15)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    if started is not None:
+        started(process)
+    assert process.stdout is not None
+    for line in process.stdout:
+        log.write(line)
+        tail.append(line.rstrip())
+    return process.wait() == 0, list(tail)
 
 
 def secret_arguments(secrets: Mapping[str, Path]) -> list[str]:

@@ -34,6 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from html.parser import HTMLParser
 from pathlib import Path
+from types import MappingProxyType
 from typing import TypeVar
 from urllib.parse import unquote, urljoin
 
@@ -481,11 +482,13 @@ def uv_environment(uv_cache: Path) -> Mapping[str, str]:
 # uv's options that may carry a URL's user:password@, each with its variable and the separator
 # of that variable's list (uv's own): given there, no other user of the runner reads them in
 # the process table (`ps`, /proc/PID/cmdline), which anyone may; the environment only its owner.
-_LOCATION_OPTIONS = {
-    "--index-url": ("UV_INDEX_URL", ""),
-    "--extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
-    "--find-links": ("UV_FIND_LINKS", ","),
-}
+_LOCATION_OPTIONS = MappingProxyType(
+    {
+        "--index-url": ("UV_INDEX_URL", ""),
+        "--extra-index-url": ("UV_EXTRA_INDEX_URL", " "),
+        "--find-links": ("UV_FIND_LINKS", ","),
+    }
+)
 
 
 def credentials_off_command(command: Sequence[str]) -> tuple[list[str], dict[str, str]]:

@@ -13,8 +13,9 @@ import uuid
 from types import SimpleNamespace
 from typing import NamedTuple
 
-import docker.models.containers
+import docker
 import pytest
+from support.waiting import wait_for
 from support.wheelfactory import compile_so
 
 from builder.base.probe import PROBE_LABEL, _repo_digest, probe_base
@@ -38,21 +39,25 @@ class Probed(NamedTuple):
 PROBE_CONTAINERS: list[str] = []  # the containers the probe below created (other runs' are not)
 
 
+def probes_created(client: docker.DockerClient, image: str, since: float) -> set[str]:
+    """The probe containers the engine created for `image` from `since` until now, read from
+    the engine's own event log (by their label, whose value is the reference probed)."""
+    events = client.events(
+        since=since,
+        until=time.time() + 1,  # the log is read up to a second on: a create at the end counts
+        decode=True,
+        filters={"type": "container", "event": "create", "label": f"{PROBE_LABEL}={image}"},
+    )
+    return {event["id"] for event in events}
+
+
 @pytest.fixture(scope="module")
 def standin(docker_client, test_env, tmp_path_factory) -> Probed:
     """The stand-in base probed once into a fresh cache."""
     cache = Cache(tmp_path_factory.mktemp("probe-cache"))
-    collection = docker.models.containers.ContainerCollection
-    create = collection.create
-
-    def recording_create(self, *args, **kwargs):  # the real create; only its ids are noted
-        container = create(self, *args, **kwargs)
-        PROBE_CONTAINERS.append(container.id)
-        return container
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(collection, "create", recording_create)
-        profile = probe_base(ImageRef.parse(test_env["base_image"]), docker_client, cache)
+    since = time.time()
+    profile = probe_base(ImageRef.parse(test_env["base_image"]), docker_client, cache)
+    PROBE_CONTAINERS.extend(probes_created(docker_client, test_env["base_image"], since))
     image_id = docker_client.images.get(test_env["base_image"]).id
     return Probed(profile, cache, image_id.removeprefix("sha256:"))
 
@@ -127,27 +132,34 @@ def test_arm64_is_derived_the_way_amd64_is_observed(standin):
 
 
 @pytest.mark.usefixtures("docker_client")
-def test_second_probe_uses_the_cache(standin, docker_client, test_env, monkeypatch):
+def test_second_probe_uses_the_cache(standin, docker_client, test_env, tmp_path):
+    """A probed image id is read back from the cache, not probed again: a record whose facts
+    name a library the image lacks gives a profile that names it (a container would not)."""
     profile, cache, key = standin
-    assert cache.get_record("probe", key)["image_id"] == f"sha256:{key}"
-
-    def no_container(*args, **kwargs):
-        raise AssertionError("a cached probe started a container")
-
-    collection = docker.models.containers.ContainerCollection
-    monkeypatch.setattr(collection, "create", no_container)
-    monkeypatch.setattr(collection, "run", no_container)
-    assert probe_base(ImageRef.parse(test_env["base_image"]), docker_client, cache) == profile
+    record = cache.get_record("probe", key)
+    assert record["image_id"] == f"sha256:{key}"
+    base = ImageRef.parse(test_env["base_image"])
+    assert probe_base(base, docker_client, cache) == profile
+    marked = Cache(tmp_path / "marked")
+    facts = {**record["facts"], "sonames": [*record["facts"]["sonames"], "libbsi-cached.so.1"]}
+    marked.put_record("probe", key, {**record, "facts": facts})
+    read_back = probe_base(base, docker_client, marked)
+    assert read_back.sonames["amd64"] == profile.sonames["amd64"] | {"libbsi-cached.so.1"}
 
 
 @pytest.mark.usefixtures("docker_client")
 def test_probe_container_is_removed(standin, docker_client):
-    """Only the probe's own containers count: other tests' builds may be probing meanwhile."""
+    """Only the probe's containers count. Another run probing the same base at the same time
+    (one the event log also names) removes its own within seconds; one left stays."""
     assert PROBE_CONTAINERS, "the probe created no container"
-    # the engine's own listing: docker-py's inspects each container, and one of another
-    # test's probes may be gone by then (a 404 for a container that is no concern here)
-    left = docker_client.api.containers(all=True, filters={"label": PROBE_LABEL})
-    assert not {container["Id"] for container in left} & set(PROBE_CONTAINERS)
+
+    def left() -> set[str]:
+        # the engine's own listing: docker-py's inspects each container, and one of another
+        # test's probes may be gone by then (a 404 for a container that is no concern here)
+        listed = docker_client.api.containers(all=True, filters={"label": PROBE_LABEL})
+        return {container["Id"] for container in listed} & set(PROBE_CONTAINERS)
+
+    wait_for(lambda: not left(), deadline_s=60, what="the probe's containers removed")
 
 
 @pytest.mark.usefixtures("docker_client")

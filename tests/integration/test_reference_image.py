@@ -1,9 +1,10 @@
 """The reference runtime base (Dockerfile.base, its locks) and `build-sandbox-image verify`.
 
-Fast tests cover the locks, the Dockerfile and verify's report logic. Engine tests build the
-reference base once per session (the `reference_image` fixture in conftest.py), prove that it
-serves the runtime contract when run hardened, and that verify fails, naming the failing line,
-on images that break the contract.
+Fast tests cover the locks and the Dockerfile (verify's report and its command's exit codes
+are unit tests: tests/verify/test_report.py, tests/cli/test_verify_command.py). Engine tests
+build the reference base once per session (the `reference_image` fixture in conftest.py), prove
+that it serves the runtime contract when run hardened, and that verify fails, naming the failing
+line, on images that break the contract.
 """
 
 from __future__ import annotations
@@ -20,19 +21,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from packaging.utils import parse_wheel_filename
 from support.waiting import wait_for, wait_serving
 
 from builder.assemble.build import BuildSpec, build_image
-from builder.cli import app as cli
 from builder.orchestration import reference_base as reference
 from builder.resolve.target import ARCHES, Target, shipped_facts
 from builder.runtime import SERVER, SERVER_PACKAGE
 from builder.verify.checks import CONTRACT
 from builder.verify.container import LABEL, image_user_check
-from builder.verify.discovery import importable
-from builder.verify.report import Check, VerifyReport
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where the server's timeout exit code is set, in the image.
@@ -131,41 +128,6 @@ def test_image_user_check(user, passed):
     check = image_user_check(user)
     assert check.name == "image-user"
     assert check.passed is passed
-
-
-def test_importable_names():
-    names = ["numpy", "numpy.libs", "_cffi_backend", "tests", "__editable__", "a-b", "x/y"]
-    assert importable(names) == ["numpy", "_cffi_backend"]
-
-
-def test_report_passes_only_when_every_check_passes():
-    assert not VerifyReport("img").passed
-    report = VerifyReport("img", [Check("health", True, "ok"), Check("timeout", False, "exit 1")])
-    assert not report.passed
-    assert [check.name for check in report.failed] == ["timeout"]
-    assert "FAIL  timeout" in report.table()
-    assert report.to_dict()["passed"] is False
-
-
-def test_verify_command_exit_codes(monkeypatch):
-    reports = {
-        "good": VerifyReport("good", [Check("health", True, "ok")]),
-        "bad": VerifyReport("bad", [Check("health", True, "ok"), Check("uid", False, "uid 0")]),
-    }
-    monkeypatch.setattr(
-        "builder.verify.run.verify_image",
-        lambda image, **kwargs: reports[image.as_written],
-        raising=True,
-    )
-    runner = CliRunner()
-    result = runner.invoke(cli.main, ["verify", "good"])
-    assert result.exit_code == 0, result.output
-    assert "PASS  health" in result.output
-    result = runner.invoke(cli.main, ["verify", "bad", "--json"])
-    assert result.exit_code == 1
-    payload = json.loads(result.output[: result.output.rindex("}") + 1])
-    assert payload["passed"] is False
-    assert "failed: uid" in result.output
 
 
 # --- the built reference image (engine) -----------------------------------------------------
@@ -308,22 +270,6 @@ def derived_images(reference_image, docker_client, tmp_path_factory):
     yield built
     for tag in built:
         docker_client.images.remove(tag, force=True)
-
-
-def test_verify_client_sdk_makes_the_sdk_round_trip_required(monkeypatch):
-    seen = []
-
-    def fake_verify(image, **kwargs):
-        seen.append(kwargs["sdk"])
-        return VerifyReport(image, [Check("health", True, "ok")])
-
-    monkeypatch.setattr("builder.verify.run.verify_image", fake_verify, raising=True)
-    runner = CliRunner()
-    assert runner.invoke(cli.main, ["verify", "img", "--client", "sdk"]).exit_code == 0
-    assert runner.invoke(cli.main, ["verify", "img"]).exit_code == 0
-    assert seen == [True, None]
-    result = runner.invoke(cli.main, ["verify", "img", "--client", "curl"])
-    assert result.exit_code == 2 and "'curl' is not 'sdk'" in result.output
 
 
 def test_verify_client_sdk_and_the_hardening_checks_pass_on_the_reference_image(

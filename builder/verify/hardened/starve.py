@@ -151,7 +151,27 @@ print(json.dumps({"port": port, "opened": opened[0], "refused": refused, "closed
 
 
 def check_starve(sandbox: Sandbox) -> str:
+    """The attack run from inside while the platform's traffic runs from outside, then what
+    each side saw, in order: the attack really held connections, the outside was served."""
     slow = slowness(sandbox)
+    found, traffic = _attack(sandbox, slow)
+    _expect_the_attack_was_bounded(found)
+    health_limit = _expect_the_outside_was_served(sandbox, traffic, slow)
+    expect(found["left"] == 0, f"the server still held {found['left']} of the attack's connections")
+    expect(found["probe"] == 200, f"a request from inside got HTTP {found['probe']} afterwards")
+    return (
+        f"{ATTACK_CONNECTIONS} half-sent connections from inside held {ATTACK_SECONDS:g}s"
+        f" ({found['opened']} opened, {found['refused']} refused with 503, at most"
+        f" {found['held_max']} open): {len(traffic.latencies)} GET / from outside all 200,"
+        f" slowest {max(traffic.latencies, default=float('inf')):.2f}s (limit"
+        f" {health_limit:.1f}s), /execute answered in {traffic.execute_seconds:.2f}s;"
+        f" afterwards none held and a request from inside served; {sandbox.machine}"
+    )
+
+
+def _attack(sandbox: Sandbox, slow: float) -> tuple[Any, Traffic]:
+    """The attack's own account (what it opened, was refused, left held) and the traffic from
+    outside meanwhile."""
     token = f"bsi-starve-{secrets.token_hex(6)}"
     started = f"{sandbox.workspace}/{token}"
     argv = [
@@ -178,6 +198,10 @@ def check_starve(sandbox: Sandbox) -> str:
     except ValueError:
         found = None
     expect(isinstance(found, dict), f"the starving command printed {short(result['stdout'])}")
+    return found, traffic
+
+
+def _expect_the_attack_was_bounded(found: Any) -> None:
     expect(  # else nothing was attacked: e.g. the server is not on 127.0.0.1 at that port
         found["opened"] >= ATTACK_CONNECTIONS,
         f"the attack opened only {found['opened']} connections to port {found['port']}",
@@ -187,25 +211,20 @@ def check_starve(sandbox: Sandbox) -> str:
         f"the server never refused one of the attack's connections ({found['opened']} opened):"
         " nothing bounds what the sandbox's own code holds",
     )
+
+
+def _expect_the_outside_was_served(sandbox: Sandbox, traffic: Traffic, slow: float) -> float:
+    """Nothing from outside refused, GET / answered in time, /execute answered; the health
+    limit the latencies were held to."""
     refused = Counter(traffic.refusals)
     expect(
         not refused,
         "requests from outside were refused during the attack: "
         + ", ".join(f"{what} (x{count})" for what, count in sorted(refused.items())),
     )
-    slowest = max(traffic.latencies, default=float("inf"))
     health_limit = expect_responsive(sandbox, traffic.latencies, slow, "the attack")
     expect(traffic.executed == "", f"/execute during the attack: {traffic.executed}")
-    expect(found["left"] == 0, f"the server still held {found['left']} of the attack's connections")
-    expect(found["probe"] == 200, f"a request from inside got HTTP {found['probe']} afterwards")
-    return (
-        f"{ATTACK_CONNECTIONS} half-sent connections from inside held {ATTACK_SECONDS:g}s"
-        f" ({found['opened']} opened, {found['refused']} refused with 503, at most"
-        f" {found['held_max']} open): {len(traffic.latencies)} GET / from outside all 200,"
-        f" slowest {slowest:.2f}s (limit {health_limit:.1f}s), /execute answered in"
-        f" {traffic.execute_seconds:.2f}s; afterwards none held and a request from inside"
-        f" served; {sandbox.machine}"
-    )
+    return health_limit
 
 
 class Traffic:
