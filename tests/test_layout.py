@@ -261,9 +261,9 @@ def test_module_level_constants_are_immutable() -> None:
 
 def test_only_the_orchestration_sequences_producers_verification_and_writes() -> None:
     """`deliver` is called by builder.orchestration.commands alone; images are verified only in
-    the delivery (and by the `verify` command); only the delivery writes a producer's images (a
-    rebase that must pull its image writes it by digest first, and `base --tag` writes engine
-    images that no producer made)."""
+    the delivery (and by the `verify` command); only the publisher writes a producer's images,
+    signs them and records the state (a rebase that must pull its image writes it by digest
+    first, and `base --tag` writes engine images that no producer made)."""
     allowed = {
         "builder.orchestration.delivery.deliver": {"builder/orchestration/commands.py"},
         "builder.verify.run.verify_image": {
@@ -271,10 +271,13 @@ def test_only_the_orchestration_sequences_producers_verification_and_writes() ->
             "builder/cli/verify.py",
         },
         "builder.oci.remote.write": {
-            "builder/orchestration/delivery.py",
+            "builder/publish/publisher.py",
             "builder/orchestration/produce_rebase.py",
             "builder/assemble/from_engine.py",
         },
+        "builder.oci.remote.sign_and_tag": {"builder/publish/publisher.py"},
+        "builder.sign.cosign.signed_push": {"builder/publish/publisher.py"},
+        "builder.publish.state.save_state": {"builder/publish/publisher.py"},
     }
     offences = [
         f"{path.relative_to(PACKAGE.parent)} imports {name}"
@@ -283,6 +286,21 @@ def test_only_the_orchestration_sequences_producers_verification_and_writes() ->
         if str(path.relative_to(PACKAGE.parent)) not in allowed[name]
     ]
     assert not offences, "\n".join(offences)
+
+
+def test_the_index_is_built_in_one_place() -> None:
+    """A tag names one index, built by the publisher's `index_of` for a one-job run and for a
+    runners' merge alike (builder.publish.publisher); `base --tag` indexes engine images no
+    producer made (builder.assemble.from_engine)."""
+    homes = {"builder/publish/publisher.py", "builder/assemble/from_engine.py"}
+    builders = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if str(path.relative_to(PACKAGE.parent)) not in homes
+        and path != CORE / "v1.py"
+        and "Index.build(" in path.read_text()
+    ]
+    assert not builders, f"an index built outside {sorted(homes)}: {builders}"
 
 
 def test_import_rule_reader_sees_lazy_and_relative_imports() -> None:
