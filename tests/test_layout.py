@@ -9,7 +9,11 @@
   media types and a document's digest live in oci/v1.py, platform variants in the core;
 - one home per shared concept: one retry loop (builder/retry.py), one sha256-with-size of a
   stream or a file and one `Readable` (builder/digest.py);
-- the orchestration alone sequences producers, verification and writes;
+- the orchestration alone sequences producers, verification and writes, and the publisher
+  (builder/publish/publisher.py) alone writes what was verified: a producer's images, the
+  index, the signatures, the tag and the state. publish/ is the last stage, so it may import
+  every package beside the stages (the signer in sign/, the attestations, the SOCI indexes of
+  layers/, the OCI core) without widening any rule; it never imports the orchestration;
 - no package holds more than 12 modules directly, no `# fmt` escapes, no function outside the
   CLI with more than 8 parameters, module-level constants immutable.
 
