@@ -157,7 +157,9 @@ class Outcome:
 
 
 def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Outcome:
-    """Produce and verify every arch; if all passed, write, point the template, record.
+    """Produce -> verify -> publish -> report: every arch made and verified; if all passed,
+    the publisher (builder.publish.publisher) writes them and points the template; then
+    report.json and the state.
 
     A failed production raises (once the other arches end) and a failed verification returns
     before anything is written: no tag moves, the template is untouched, no state is recorded.
@@ -171,7 +173,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     if outcome.succeeded and delivery.push is not None:
         started = time.monotonic()
         try:
-            published = publisher(publishing_of(delivery, run), run.cache, run.output).publish(
+            published = publisher(_publishing(delivery, run), run.cache, run.output).publish(
                 [one.made() for one in produced], f"{producer.path} of {producer.label}"
             )
         except UserError:  # a registry down midway: its retries are what the operator needs
@@ -188,7 +190,7 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     return outcome
 
 
-def publishing_of(delivery: Delivery, run: Run) -> Publishing:
+def _publishing(delivery: Delivery, run: Run) -> Publishing:
     """What the run's publisher is given: the target, the run's reporter and retries, the key,
     the template and the state naming the image a node holds."""
     assert delivery.push is not None
