@@ -23,6 +23,7 @@ from builder.oci.mutate import ConfigChange, NewLayer, append
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, resolve, write
 from builder.oci.v1 import Image, Platform
+from builder.plan.browsers import BrowserWiring
 from support.registryhelp import mount_image
 
 
@@ -134,11 +135,16 @@ def rebase_plan(
         base_reference=ImageRef.parse(base),
         arches=(
             SimpleNamespace(
-                arch="amd64", apt_packages=(), wheels=wheels, installed_programs=lambda: ()
+                arch="amd64",
+                apt_packages=(),
+                wheels=wheels,
+                installed_programs=lambda: (),
+                browsers=BrowserWiring(),  # no browser: no wiring
             ),
         ),
         import_modules=modules,
         runtime_checks=(),
         requested=(),  # no deep imports: what a rebase verifies beyond them is under test
         pythonpath_entry="/app/deps-extra",
+        browser_env={},  # no browser installed: the image's environment is its home's alone
     )
