@@ -3,9 +3,8 @@
 - the pipeline's stages (resolve -> inspect -> plan -> layers -> context -> assemble -> verify ->
   publish) each import only earlier stages, never a later one nor the orchestration; the
   stages inspect and plan reach no process, engine or network module, transitively; verify
-  knows no stage before it
-  (the CLI hands it names); the OCI core imports nothing of the project but the errors, the
-  retry policy and the digest of a stream;
+  knows no stage before it (the CLI hands it names); the OCI core imports nothing of the
+  project but the errors, the retry policy and the digest of a stream;
 - the pure core, declared per module (PURE_MODULES): the decisions import only each other and
   no process, thread, socket, engine, registry or temporary-file module, call no file API, and
   are at least a fifth of builder/ by lines (the runtime server excluded);
@@ -14,7 +13,11 @@
 - one home per shared concept: one retry loop (builder/retry.py), one sha256-with-size of a
   stream and one `Readable` (builder/digest.py; a file's sha256 is builder/files.py's, counted
   with the digest's `Sha256`);
-- the orchestration alone sequences producers, verification and writes;
+- the orchestration alone sequences producers, verification and writes, and the publisher
+  (builder/publish/publisher.py) alone writes what was verified: a producer's images, the
+  index, the signatures, the tag and the state. publish/ is the last stage, so it may import
+  every package beside the stages (the signer in sign/, the attestations, the SOCI indexes of
+  layers/, the OCI core) without widening any rule; it never imports the orchestration;
 - no package holds more than 12 modules directly, no `# fmt` escapes, no function outside the
   CLI with more than 8 parameters, module-level constants immutable; a function's length only
   as a backstop (ruff's complexity rules hold the rest);
@@ -271,9 +274,9 @@ def test_module_level_constants_are_immutable() -> None:
 
 def test_only_the_orchestration_sequences_producers_verification_and_writes() -> None:
     """`deliver` is called by builder.orchestration.commands alone; images are verified only in
-    the delivery (and by the `verify` command); only the delivery writes a producer's images (a
-    rebase that must pull its image writes it by digest first, and `base --tag` writes engine
-    images that no producer made)."""
+    the delivery (and by the `verify` command); only the publisher writes a producer's images,
+    signs them and records the state (a rebase that must pull its image writes it by digest
+    first, and `base --tag` writes engine images that no producer made)."""
     allowed = {
         "builder.orchestration.delivery.deliver": {"builder/orchestration/commands.py"},
         "builder.verify.run.verify_image": {
@@ -281,10 +284,13 @@ def test_only_the_orchestration_sequences_producers_verification_and_writes() ->
             "builder/cli/verify.py",
         },
         "builder.oci.remote.write": {
-            "builder/orchestration/delivery.py",
+            "builder/publish/publisher.py",
             "builder/orchestration/produce_rebase.py",
             "builder/assemble/from_engine.py",
         },
+        "builder.oci.remote.sign_and_tag": {"builder/publish/publisher.py"},
+        "builder.sign.cosign.signed_push": {"builder/publish/publisher.py"},
+        "builder.publish.state.save_state": {"builder/publish/publisher.py"},
     }
     offences = [
         f"{path.relative_to(PACKAGE.parent)} imports {name}"
@@ -293,6 +299,21 @@ def test_only_the_orchestration_sequences_producers_verification_and_writes() ->
         if str(path.relative_to(PACKAGE.parent)) not in allowed[name]
     ]
     assert not offences, "\n".join(offences)
+
+
+def test_the_index_is_built_in_one_place() -> None:
+    """A tag names one index, built by the publisher's `index_of` for a one-job run and for a
+    runners' merge alike (builder.publish.publisher); `base --tag` indexes engine images no
+    producer made (builder.assemble.from_engine)."""
+    homes = {"builder/publish/publisher.py", "builder/assemble/from_engine.py"}
+    builders = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if str(path.relative_to(PACKAGE.parent)) not in homes
+        and path != CORE / "v1.py"
+        and "Index.build(" in path.read_text()
+    ]
+    assert not builders, f"an index built outside {sorted(homes)}: {builders}"
 
 
 def test_import_rule_reader_sees_lazy_and_relative_imports() -> None:

@@ -10,9 +10,9 @@ from typing import TypedDict
 
 from builder.layers.extras import BytecodeRecord, ExtrasLayerFacts
 from builder.oci.remote import Written
-from builder.orchestration.node_update import NodeUpdate
 from builder.plan.plan import ArchPlan, Plan, PlannedWheel
 from builder.plan.sizes import human, size_figures
+from builder.publish.node_update import NodeUpdate
 from builder.resolve.origins import is_default
 
 
@@ -140,7 +140,7 @@ def pushed_lines(pushed: Written, node: NodeUpdate | None) -> str:
 
     Uploaded, mounted from another repository of the registry, already there; then what a node
     holding the image the tag named before downloads and unpacks
-    (builder.orchestration.node_update).
+    (builder.publish.node_update).
     """
     moved = (
         f"push: {human(pushed.bytes_uploaded)} uploaded, {human(pushed.bytes_mounted)} mounted,"

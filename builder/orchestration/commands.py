@@ -34,15 +34,7 @@ from builder.config import (
 from builder.engines.per_arch import Engines, connect
 from builder.layers.gzipped import ahead as gzip_ahead
 from builder.oci.name import ImageRef
-from builder.orchestration.delivery import (
-    Delivery,
-    Outcome,
-    Run,
-    StateRecord,
-    Target,
-    deliver,
-    pointing_of,
-)
+from builder.orchestration.delivery import Delivery, Outcome, Run, deliver
 from builder.orchestration.prepare import (
     Finish,
     Grounds,
@@ -57,6 +49,7 @@ from builder.orchestration.produce_rebase import AptAhead, Previous, RebaseProdu
 from builder.orchestration.runners.document import write_plan
 from builder.orchestration.timeline import Timeline
 from builder.plan.plan import Plan
+from builder.publish.publisher import StateRecord, Target, pointing_of
 from builder.publish.state import (
     BuildState,
     changes,

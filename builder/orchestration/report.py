@@ -17,24 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.oci.remote import Written
-from builder.oci.v1 import Descriptor
-from builder.orchestration.node_update import NodeUpdate
+from builder.publish.node_update import NodeUpdate
+from builder.publish.publisher import ArchWritten
 from builder.verify.report import VerifyReport
 
 if TYPE_CHECKING:  # flatbuffers (builder.oci.ztoc) only when a push writes an index
-    from builder.layers.soci import SociRecord
-
-
-@dataclass(frozen=True)
-class ArchWritten:
-    """What writing one arch's image recorded."""
-
-    digest: str  # its manifest's
-    image_size: int  # config plus layers, compressed
-    node_update: NodeUpdate  # what a node holding the previous image fetches and unpacks
-    layer_blobs: tuple[Descriptor, ...] = ()  # the extras layers' blobs, bottom to top
-    attachments: tuple[str, ...] | None = None  # files beside report.json; None: no facts read
-    soci: SociRecord | None = None  # the SOCI index attached; None: --no-soci
+    pass
 
 
 @dataclass(frozen=True)

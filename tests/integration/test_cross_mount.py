@@ -29,8 +29,8 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, LocalFile, write
 from builder.oci.transport import Exchange
 from builder.oci.v1 import Descriptor, Image, digest_of
-from builder.orchestration.node_update import baseline, chain_ids, node_update, previous_images
 from builder.publish.blob_memory import MAX_HOLDERS, FileBlobMemory
+from builder.publish.node_update import baseline, chain_ids, node_update, previous_images
 from builder.publish.state import BuildState
 
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"

@@ -34,7 +34,7 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, InMemory
 from builder.oci.v1 import Descriptor, Image, canonical, digest_of
 from builder.orchestration import delivery
-from builder.publish import attachments
+from builder.publish import attachments, publisher
 from builder.reporter import QUIET
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry")
@@ -199,7 +199,7 @@ def deliver_tiny(
     plan: Any = SimpleNamespace(arches=(SimpleNamespace(arch="amd64"),))
     asked = delivery.Delivery(
         run_settings(verify=False, template=template),
-        push=delivery.Target(ImageRef.parse_repository(f"{registry.host}/{repository}"), "v1"),
+        push=publisher.Target(ImageRef.parse_repository(f"{registry.host}/{repository}"), "v1"),
     )
     return delivery.deliver(TinyProducer(), plan, asked, run)
 

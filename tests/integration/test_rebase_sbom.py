@@ -44,10 +44,11 @@ from builder.oci.mutate import ConfigChange, NewLayer, append
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
 from builder.oci.remote import Blobs, write
-from builder.orchestration.delivery import Delivery, Run, Target, deliver
+from builder.orchestration.delivery import Delivery, Run, deliver
 from builder.orchestration.prepare import Finish
 from builder.orchestration.produce_rebase import Previous, RebaseProducer
 from builder.plan.layering import bucket_of
+from builder.publish.publisher import Target
 from builder.reporter import QUIET
 
 ROOT = "/app/deps-extra"

@@ -41,10 +41,11 @@ from builder.oci.v1 import (
     Platform,
 )
 from builder.oci.ztoc import SOCI_INDEX
-from builder.orchestration.delivery import Delivery, Outcome, Run, Target, deliver
+from builder.orchestration.delivery import Delivery, Outcome, Run, deliver
 from builder.orchestration.prepare import Finish
 from builder.orchestration.produce_rebase import Previous as Start
 from builder.orchestration.produce_rebase import RebaseProducer
+from builder.publish.publisher import Target
 from builder.reporter import QUIET
 
 CHANGE = ConfigChange(

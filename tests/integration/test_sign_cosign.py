@@ -40,7 +40,7 @@ from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import Blobs, InMemory, write
 from builder.oci.v1 import Descriptor, Image, canonical, digest_of
 from builder.orchestration import delivery
-from builder.publish import attachments
+from builder.publish import attachments, publisher
 from builder.reporter import QUIET
 from builder.sign.check import check_signed
 from builder.sign.cosign import DSSE_ENVELOPE, att_tag, sig_tag, signed_push
@@ -223,7 +223,7 @@ def deliver_tiny(
     run = delivery.Run(Engines.local(client), Cache(output.parent / "cache"), output, QUIET)
     asked = delivery.Delivery(
         run_settings(verify=False, template=template),
-        push=delivery.Target(ImageRef.parse_repository(repository), "v1"),
+        push=publisher.Target(ImageRef.parse_repository(repository), "v1"),
         sign=key,
     )
     return delivery.deliver(TinyProducer(marker), plan, asked, run)

@@ -28,10 +28,11 @@ from support.registryhelp import tool
 from builder.engines.per_arch import Engines
 from builder.oci.mutate import ConfigChange
 from builder.oci.name import ImageRef
-from builder.orchestration.delivery import Delivery, Outcome, Run, Target, deliver
+from builder.orchestration.delivery import Delivery, Outcome, Run, deliver
 from builder.orchestration.prepare import Finish
 from builder.orchestration.produce_rebase import Previous as Start
 from builder.orchestration.produce_rebase import RebaseProducer
+from builder.publish.publisher import Target
 from builder.reporter import QUIET
 from builder.sign.keys import load_signing_key
 

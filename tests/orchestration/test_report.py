@@ -7,8 +7,8 @@ from pathlib import Path
 
 from builder.oci.remote import Written
 from builder.oci.v1 import Descriptor
-from builder.orchestration.node_update import NodeUpdate
 from builder.orchestration.report import ArchRecord, ArchWritten, ImageRecord
+from builder.publish.node_update import NodeUpdate
 from builder.verify.report import Check, VerifyReport
 
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"

@@ -18,6 +18,7 @@ from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.orchestration import delivery
 from builder.orchestration.delivery import Produced
+from builder.publish import publisher
 from builder.publish.state import (
     BuildState,
     changes,
@@ -171,16 +172,16 @@ def test_a_delivery_records_the_state_only_when_asked_and_pushed(
     def state_of(plan: object, version: str, image: str | None, path: str) -> BuildState:
         return state(platform_version=version, image=image, path=path)
 
-    monkeypatch.setattr(delivery, "state_of", state_of)
+    monkeypatch.setattr(publisher, "state_of", state_of)
     plan: Any = SimpleNamespace(arches=(SimpleNamespace(arch="amd64"),))
     client: Any = SimpleNamespace(info=lambda: {"Architecture": "x86_64"})
     (tmp_path / "report.json").write_text("{}")
     run = delivery.Run(Engines.local(client), Cache(tmp_path / "cache"), tmp_path, QUIET)
     where = tmp_path / "state.json"
-    asked = delivery.Delivery(run_settings(verify=False), state=delivery.StateRecord(where, "2.0"))
+    asked = delivery.Delivery(run_settings(verify=False), state=publisher.StateRecord(where, "2.0"))
     outcome = delivery.deliver(Producer(), plan, asked, run)
     assert outcome.succeeded and outcome.pushed is None and not where.exists()
-    rebuild = replace(asked, state=delivery.StateRecord(where, "2.0", unpushed_too=True))
+    rebuild = replace(asked, state=publisher.StateRecord(where, "2.0", unpushed_too=True))
     delivery.deliver(Producer(), plan, rebuild, run)
     assert load_state(where) == state(platform_version="2.0", image=None, path="build")
     report = json.loads((tmp_path / "report.json").read_text())["image"]

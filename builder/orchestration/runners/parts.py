@@ -6,10 +6,11 @@ the plan alone (the context's Dockerfile for the system stage, the context's ext
 checked against the plan before use; nothing resolved, no index asked), verified hardened on
 its engine, pushed **by digest** (no tag moves) with its SBOM, provenance, SOCI index and, with
 a key, signatures, by the same delivery a one-job run uses
-(builder.orchestration.delivery.deliver with `Target.by_digest`); then PLAN/parts/ARCH.json
-records it. `merge` reads the parts and, only when every planned arch has one part of this plan
-that passed, whose image the repository holds with the plan's extras layers, writes the index,
-signs it, moves the tag, points the template and records the state, as a one-job run does.
+(builder.orchestration.delivery.deliver with `Target.by_digest`: the `ByDigest` publisher);
+then PLAN/parts/ARCH.json records it. `merge` reads the parts and, only when every planned
+arch has one part of this plan that passed, whose image the repository holds with the plan's
+extras layers, writes the index, signs it, moves the tag, points the template and records the
+state, as a one-job run does (builder.publish.publisher.publish_index: the same index path).
 Anything else is one UserError naming the part or the arch, before any write.
 """
 
@@ -35,16 +36,18 @@ from builder.oci.name import ImageRef
 from builder.oci.remote import Written, read
 from builder.oci.v1 import Image
 from builder.orchestration.commands import OnePart, deliver_part
-from builder.orchestration.delivery import (
-    Outcome,
-    Run,
-    Target,
-    publish_index,
-    template_pointing,
-)
+from builder.orchestration.delivery import Outcome, Run
 from builder.orchestration.prepare import Finish, extras_hash_of
 from builder.orchestration.runners.document import PlanDocument, PlanId, check_layers
-from builder.publish.state import check_state, save_state, state_of, write_json_whole
+from builder.publish.publisher import (
+    Publishing,
+    StateRecord,
+    Target,
+    publish_index,
+    record_state,
+    template_pointing,
+)
+from builder.publish.state import check_state, write_json_whole
 from builder.publish.tags import image_tag
 from builder.reporter import Reporter
 from builder.retry import Retries
@@ -364,9 +367,9 @@ def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     target = Target(job.repository, tag_of(document), labels_of(document))
     reporter.say(f"merging {len(parts)} part(s) of plan {document.plan_id} ...")
     pushed = [(record.arch, image) for record, image in zip(parts, images, strict=True)]
-    written = publish_index(registry, pushed, target, job.sign, reporter, pointing)
-    change = pointing.write(written.reference) if pointing is not None else None
+    publishing = Publishing(target, reporter, retries, job.sign, pointing)
+    published = publish_index(publishing, registry, pushed)
     if job.state is not None:
-        state = state_of(document.plan, document.platform_version, written.reference, "build")
-        save_state(job.state, state)
-    return Merged(written, parts, change)
+        state = StateRecord(job.state, document.platform_version)
+        record_state(state, document.plan, published.written.reference, "build")
+    return Merged(published.written, parts, published.template_change)
