@@ -468,14 +468,17 @@ UV_HTTP_RETRIES = "5"
 
 
 def uv_environment(uv_cache: Path) -> Mapping[str, str]:
-    """uv's environment: its retries, never an interpreter download (none can be reached), and
-    its cache `uv_cache`, inside the tool's (builder.cache.Cache.uv_cache): under --cache-dir and
-    the bound, not in ~/.cache/uv."""
+    """uv's environment: its retries, never an interpreter download (none can be reached), no
+    configuration file of its own, and its cache `uv_cache`, inside the tool's
+    (builder.cache.Cache.uv_cache): under --cache-dir and the bound, not in ~/.cache/uv."""
     return {
         "UV_HTTP_RETRIES": UV_HTTP_RETRIES,
         **os.environ,
         "UV_PYTHON_DOWNLOADS": "never",
         "UV_CACHE_DIR": str(uv_cache),
+        # the tool's options are uv's only settings: a uv.toml or pyproject [tool.uv] in the
+        # team's folder (or the runner's ~/.config/uv) must not swap the index or add one
+        "UV_NO_CONFIG": "1",
     }
 
 
