@@ -26,7 +26,8 @@ TAG_TEXT = (
     "# This file is a cache directory tag created by build-sandbox-image.\n"
     "# For information about cache directory tags see https://bford.info/cachedir/\n"
 )
-OWNER = "build-sandbox-image"  # what the tag's comment names: another tool's tag is not ours
+# what shows an unmarked directory is an earlier version's cache: a blob of its layout
+LEGACY_EVIDENCE = frozenset({Kind.WHEELS, Kind.LAYERS, Kind.BYTECODE, Kind.SOCI})
 
 
 def opened(root: Path, *, beside: Sequence[tuple[str, Path]] = (), create: bool = True) -> Cache:
@@ -77,15 +78,22 @@ def refusal(
 
 
 def not_ours(root: Path) -> str | None:
-    """Why the directory `root` is not the tool's cache, or None: marked, or unmarked but empty
-    or holding only the tool's layout (an earlier version's cache)."""
+    """Why the directory `root` is not the tool's cache, or None: marked by this tool (its tag's
+    own comment line, not merely its name somewhere in another program's tag), or unmarked but
+    empty or an earlier version's cache: the tool's layout alone, with at least one blob in
+    it. A folder that happens to hold only `runs/`, `locks/`, `uv/` or `<word>/xx/*.json` is no
+    cache an earlier version wrote (they all kept blobs; none kept uv's cache), so it is not
+    adopted, and nothing in it is removed."""
     tag = root / TAG
     if tag.is_file() and not tag.is_symlink():
-        text = tag.read_text(errors="replace")
-        if text.startswith(SIGNATURE) and OWNER in text:
+        lines = tag.read_text(errors="replace").splitlines()
+        if lines[:2] == TAG_TEXT.splitlines()[:2]:
             return None
         return f"its {TAG} is another program's (a cache of its own)"
-    unknown = [entry.path for entry in entries(root) if entry.kind is Kind.UNKNOWN]
+    found = entries(root)
+    unknown = [e.path for e in found if e.kind is Kind.UNKNOWN or e.kind is Kind.UV]
+    if found and not unknown and not any(e.kind in LEGACY_EVIDENCE for e in found):
+        unknown = [e.path for e in found]
     if unknown:
         named = ", ".join(str(path.relative_to(root)) for path in unknown[:3])
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""

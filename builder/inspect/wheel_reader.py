@@ -16,6 +16,7 @@ import heapq
 import multiprocessing
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import zipfile
@@ -198,12 +199,20 @@ def check_housed(wheel: Path, limit: int = UNPACKED_MAX) -> None:
     """A wheelhouse's wheel, before the resolver unpacks it to read its metadata: only its
     unpacked size, and only when its zip directory reads. It may be none of the run's: its
     names are checked with the rest when a run downloads it, and an unreadable one is the
-    resolver's to refuse when it is a candidate."""
+    resolver's to refuse when it is a candidate; one that is no regular file (a FIFO, a
+    device) is refused, as the resolver would wait on it forever."""
     try:
-        with zipfile.ZipFile(wheel) as archive:
-            infos = archive.infolist()
-    except (zipfile.BadZipFile, OSError, EOFError):
+        descriptor = os.open(wheel, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: no wait
+    except OSError:
         return
+    with open(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):  # the resolver would wait on it
+            raise UserError(f"{wheel}: not a regular file; a wheelhouse holds wheel files")
+        try:
+            with zipfile.ZipFile(file) as archive:
+                infos = archive.infolist()
+        except (zipfile.BadZipFile, OSError, EOFError):
+            return
     check_unpacked_size(infos, wheel, limit)
 
 

@@ -416,6 +416,7 @@ def _build(
             [UV, "build", "--wheel", "--quiet", *options, "--out-dir", out, str(sdist)],
             cache,
             {"SOURCE_DATE_EPOCH": BUILD_EPOCH},
+            runs_project_code=True,
         )
         wheels = list(Path(out).glob("*.whl"))
         if result.returncode != 0 or len(wheels) != 1:
@@ -468,14 +469,17 @@ UV_HTTP_RETRIES = "5"
 
 
 def uv_environment(uv_cache: Path) -> Mapping[str, str]:
-    """uv's environment: its retries, never an interpreter download (none can be reached), and
-    its cache `uv_cache`, inside the tool's (builder.cache.Cache.uv_cache): under --cache-dir and
-    the bound, not in ~/.cache/uv."""
+    """uv's environment: its retries, never an interpreter download (none can be reached), no
+    configuration file of its own, and its cache `uv_cache`, inside the tool's
+    (builder.cache.Cache.uv_cache): under --cache-dir and the bound, not in ~/.cache/uv."""
     return {
         "UV_HTTP_RETRIES": UV_HTTP_RETRIES,
         **os.environ,
         "UV_PYTHON_DOWNLOADS": "never",
         "UV_CACHE_DIR": str(uv_cache),
+        # the tool's options are uv's only settings: a uv.toml or pyproject [tool.uv] in the
+        # team's folder (or the runner's ~/.config/uv) must not swap the index or add one
+        "UV_NO_CONFIG": "1",
     }
 
 
@@ -527,15 +531,36 @@ def _joinable(values: Sequence[str], separator: str) -> bool:
     return len(values) == 1 if not separator else not any(separator in v for v in values)
 
 
+# What a source build's backend may see of the runner's environment: what reaching an index
+# takes (the search path, the locale, TLS trust, proxies) and uv's own settings; never the
+# variables a CI runner keeps its keys and passwords in.
+_BUILD_ENVIRONMENT = re.compile(
+    r"PATH|HOME|LANG|LC_[A-Z]+|TZ|TMPDIR|SSL_CERT_(?:FILE|DIR)|NETRC|UV_[A-Z0-9_]+"
+    r"|(?i:(?:http|https|no|all)_proxy)"
+)
+
+
 def run_uv(
-    command: Sequence[str], cache: Cache, env: Mapping[str, str] | None = None
+    command: Sequence[str],
+    cache: Cache,
+    env: Mapping[str, str] | None = None,
+    *,
+    runs_project_code: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run uv (its output captured) with its cache in `cache`, held while it runs so that a
     prune meanwhile leaves it; `env` is set under uv's environment. Index and link locations
-    that hold credentials go to uv through its environment (`credentials_off_command`)."""
+    that hold credentials go to uv through its environment (`credentials_off_command`).
+    `runs_project_code`: uv runs a project's build backend (`uv build`), code the team wrote,
+    so it gets only `_BUILD_ENVIRONMENT`'s variables of the runner's."""
     argv, locations = credentials_off_command(command)
     with cache.uv_cache() as uv_cache:
         environment = {**(env or {}), **uv_environment(uv_cache), **locations}
+        if runs_project_code:
+            environment = {
+                name: value
+                for name, value in environment.items()
+                if _BUILD_ENVIRONMENT.fullmatch(name) or name in (env or {}) or name in locations
+            }
         return subprocess.run(argv, capture_output=True, text=True, env=environment)
 
 

@@ -272,6 +272,26 @@ def read_regular(path: Path, what: str, limit: int) -> tuple[bytes, os.stat_resu
         return file.read(limit), status
 
 
+def check_override_file(path: Path) -> None:
+    """An override file (`--override`) as uv will read it: a regular file of at most
+    MAX_FILE_BYTES holding no `${VAR}`. uv reads it itself and would substitute any variable of
+    the runner's environment anywhere in a line (a path, a host) and print it unmasked, so a
+    variable there is refused, naming it and never its value; credentials belong in a
+    requirements file's URL (where this tool substitutes and masks them)."""
+    try:
+        data, _ = read_regular(path, "uv override file", MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise UserError(f"{path}: cannot read uv override file ({error.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise UserError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; not an override file")
+    for number, line in enumerate(_decode(path, data).splitlines(), 1):
+        if variable := ENV_VAR.search(line):
+            raise UserError(
+                f"{path}:{number}: ${{{variable[1]}}} is not substituted in an override file"
+                " (give credentials in a requirements file's URL)"
+            )
+
+
 def check_regular(path: Path, what: str, status: os.stat_result | None = None) -> None:
     """Refuse a FIFO, a device, a socket or a directory given as a file to read: a FIFO would
     block the run forever, a device never end. `status`: the open file's (fstat), which

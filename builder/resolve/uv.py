@@ -55,7 +55,7 @@ from builder.resolve.index import (
     wheelhouse_files,
 )
 from builder.resolve.origins import as_given, origins_of, with_sources
-from builder.resolve.requirements import RequirementSet, check_regular
+from builder.resolve.requirements import RequirementSet, check_override_file
 from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution, redact
 from builder.resolve.stale import (
     StalePick,
@@ -327,7 +327,7 @@ def resolve(
     (listings, sources) try again on faults as the run's `retries` say; uv retries its own.
     """
     for path in overrides:  # a FIFO would block the key's read, and uv, forever
-        check_regular(path, "uv override file")
+        check_override_file(path)
     check_against_base(requirements, target, arch)
     fetched = refuse_unfit(fetch_all(requirements, cache, retries), target, arch)
     key = _resolution_key(requirements, target, arch, overrides, fetched)

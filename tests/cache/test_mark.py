@@ -200,6 +200,37 @@ def test_another_programs_tag_is_not_ours(tmp_path: Path) -> None:
         opened(tmp_path / "uv")
 
 
+def test_a_tag_that_only_mentions_the_tool_is_another_programs(tmp_path: Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / TAG).write_text(f"{SIGNATURE}\n# ccache's; not build-sandbox-image's\n")
+    with pytest.raises(UserError, match="another program's"):
+        opened(tmp_path / "c")
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"uv/mine/file": "precious\n", "runs/notes.txt": "1\n"},  # no earlier version wrote uv/
+        {"data/ab/abc.json": "{}\n"},  # a record's shape, but no blob: not a cache of ours
+        {"locks/x.lock": ""},
+    ],
+)
+@pytest.mark.parametrize("command", [("cache",), ("cache", "clean"), ("cache", "prune")])
+def test_an_unmarked_folder_of_the_layouts_shape_without_a_blob_is_not_adopted(
+    tmp_path: Path, layout: dict[str, str], command: tuple[str, ...]
+) -> None:
+    """An earlier version's cache always held blobs; a folder that only looks like parts of the
+    layout is someone's, refused and kept byte for byte (no mark written either)."""
+    folder = tmp_path / "c"
+    for name, text in layout.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    before = snapshot(folder)
+    result = cli(tmp_path, *command, "--cache-dir", str(folder))
+    assert_one_error_line(result, f"cache directory {folder}:", "not a build-sandbox-image cache")
+    assert snapshot(folder) == before
+
+
 @pytest.mark.parametrize("text", ["0.5", "0.4B", "0.0009KB", ".1"])
 def test_a_size_below_one_byte_is_refused(text: str) -> None:
     with pytest.raises(UserError, match=f"--cache-max: '{text}' is below one byte"):

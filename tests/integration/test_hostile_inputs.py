@@ -100,3 +100,24 @@ def test_a_bad_wheel_max_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "requirements.txt").write_text("six\n")
     result = run(tmp_path, "-r", "requirements.txt", "--wheel-max", "lots")
     assert result.returncode != 0 and "--wheel-max: 'lots' is not a size" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["direct", "wheelhouse"])
+def test_a_fifo_named_as_a_wheel_is_refused_without_waiting(tmp_path: Path, where: str) -> None:
+    """A wheel path, or a wheelhouse entry, that is a FIFO would be read (hashed, or opened by
+    the resolver) forever: refused in one line, at once."""
+    import os
+
+    (tmp_path / "vendor").mkdir()
+    os.mkfifo(tmp_path / "vendor" / "bsi_fifo-1.0-py3-none-any.whl")
+    line = "./vendor/bsi_fifo-1.0-py3-none-any.whl" if where == "direct" else "-f vendor\nbsi-fifo"
+    (tmp_path / "requirements.txt").write_text(f"--no-index\n{line}\n")
+    started = time.monotonic()
+    result = run(tmp_path, "-r", "requirements.txt", "--output", "out")
+    assert_one_error_line(
+        result,
+        "bsi_fifo-1.0-py3-none-any.whl",
+        "FIFO" if where == "direct" else "not a regular file",
+    )
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "out").exists()

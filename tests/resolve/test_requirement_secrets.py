@@ -16,7 +16,12 @@ import pytest
 from builder.config import load_config
 from builder.errors import UserError
 from builder.reporter import mask
-from builder.resolve.requirements import TOKEN_LIKE, check_regular, read_requirements
+from builder.resolve.requirements import (
+    TOKEN_LIKE,
+    check_override_file,
+    check_regular,
+    read_requirements,
+)
 
 SECRET = "s3cr3t-Tok3n-0f-the-runner"
 
@@ -209,3 +214,18 @@ def test_a_fifo_as_the_config_or_named_by_it_is_refused_without_waiting(tmp_path
         lambda: read_requirements(load_config(config).requirements), tmp_path / "r.fifo"
     )
     assert said.endswith("r.fifo: a FIFO, not a requirements file (only a regular file is read)")
+
+
+def test_a_variable_in_an_override_file_is_refused_by_name(tmp_path: Path) -> None:
+    """uv reads an override file itself and would substitute the variable anywhere (a path, a
+    host) and print it unmasked: refused before uv runs, the name said, never the value."""
+    path = tmp_path / "o.txt"
+    path.write_text("bsi-a==1.0\nbsi-b @ https://host.example/${CI_RUNNER_KEY}/b.whl\n")
+    with pytest.raises(UserError) as refused:
+        check_override_file(path)
+    assert str(refused.value) == (
+        f"{path}:2: ${{CI_RUNNER_KEY}} is not substituted in an override file"
+        " (give credentials in a requirements file's URL)"
+    )
+    path.write_text("bsi-a==1.0\nbsi-c ; python_version < '0'\n")
+    check_override_file(path)  # an ordinary override passes

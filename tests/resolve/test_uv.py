@@ -258,3 +258,29 @@ def test_a_dependency_against_a_base_pin_is_named_with_the_pin(tmp_path: Path) -
         " image pins"
         " bsi-dep==4.0 (its /app/deps comes first on PYTHONPATH)"
     ), failed.stderr
+
+
+def test_a_uv_toml_in_the_working_directory_is_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A team's folder may hold a uv.toml (or a [tool.uv] table) that swaps the index: uv runs
+    with the tool's options as its only settings. The planted config names an index that
+    cannot answer; read, it would fail the compile."""
+    links = tmp_path / "links"
+    make_wheel(links, "bsi-a", "1.0", "py3-none-any", {"bsi_a/__init__.py": b""})
+    (tmp_path / "uv.toml").write_text('[pip]\nno-index = false\nfind-links = ["/nonexistent"]\n')
+    (tmp_path / "requirements.in").write_text("bsi-a\n")
+    monkeypatch.chdir(tmp_path)
+    command = [
+        UV, "pip", "compile", "requirements.in", "--no-index", "--find-links", str(links),
+        "--python-platform", AMD64.uv_platform, "--python-version", "3.13",
+        "--only-binary", ":all:", "--no-header", "--no-annotate", "--quiet", *uv_python(),
+    ]  # fmt: skip
+    planted = {**uv_environment(tmp_path / "uv-cache")}
+    planted.pop("UV_NO_CONFIG")
+    read = subprocess.run(command, capture_output=True, text=True, env=planted)
+    assert read.returncode != 0 and "/nonexistent" in read.stderr  # the planted file counts
+    ours = subprocess.run(
+        command, capture_output=True, text=True, env=uv_environment(tmp_path / "uv-cache")
+    )
+    assert ours.returncode == 0 and ours.stdout == "bsi-a==1.0\n", ours.stderr

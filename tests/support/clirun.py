@@ -18,6 +18,7 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         cwd=tmp_path,
         env={**os.environ, "CI_TOKEN": SECRET, "BSI_DEBUG": ""},
+        timeout=600,  # a run that waits forever (a FIFO read) fails the test, not the suite
     )  # fmt: skip
 
 

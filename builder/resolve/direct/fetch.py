@@ -42,7 +42,7 @@ from builder.resolve.index import (
     compiled_code_evidence,
     retried,
 )
-from builder.resolve.requirements import NamedRequirement, RequirementSet
+from builder.resolve.requirements import NamedRequirement, RequirementSet, check_regular
 from builder.resolve.resolution import (
     AUTH_FAILED,
     RemoteFile,
@@ -144,6 +144,7 @@ def _from_path(
         _refuse_native_tree(path, source)
         wheel, _ = build_tree(path, run.cache, source.origin, run.options)
         return wheel, Source(SourceKind.PATH, str(path))
+    check_regular(path, "wheel or source distribution")  # a FIFO, /dev/zero: never ends
     sha256 = sha256_of(path)
     _checked(requirement, source, sha256)
     cached, _ = run.cache.add_blob(path, path.name)
