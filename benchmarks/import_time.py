@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 import docker
 
 from builder.cache import Cache
-from builder.digest import sha256_of
+from builder.files import sha256_of
 from builder.layers.bytecode import Compiled, CompileQueue, Compiler, Interpreter, bytecode_layer
 from builder.layers.layer import (
     Layer,

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from import_time import start_seconds  # noqa: E402
 
 from builder.credentials import Credentials  # noqa: E402
-from builder.digest import sha256_of  # noqa: E402
+from builder.files import sha256_of  # noqa: E402
 from builder.oci.client import RepositoryClient  # noqa: E402
 from builder.oci.name import ImageRef  # noqa: E402
 from builder.oci.remote import Blobs, LocalFile, resolve, write  # noqa: E402

@@ -60,7 +60,10 @@ PHASES = (
     ("base probe", ("builder/base/",)),
     ("resolution (uv), stale picks", ("resolve/uv.py", "resolve/stale.py")),
     ("downloads", ("resolve/index.py",)),
-    ("wheel inspection: ELF, run-time loads", ("inspect/wheels.py", "inspect/elf.py")),
+    (
+        "wheel inspection: ELF, run-time loads",
+        ("inspect/wheel_reader.py", "inspect/wheels.py", "inspect/elf.py"),
+    ),
     ("wheel inspection: ELF, run-time loads", ("inspect/loads.py",)),
     ("planning: natives, Debian packages", ("builder/plan/",)),
     ("bytecode compile (waiting on the engine)", ("layers/bytecode.py",)),

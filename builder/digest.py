@@ -7,7 +7,7 @@ registry blob read (checked against its digest), an upload's stream (the digest 
 is committed under), a ztoc's spans. `Sha256` is what they count with: the hash and the size
 of the bytes given in pieces, as a hex digest or as the `sha256:<hex>` an OCI descriptor
 carries. `HashingReader` and `HashingWriter` pass a stream's bytes through, counting them;
-`sha256_of` hashes a file in chunks.
+a file's (`builder.files.sha256_of`) is counted with `Sha256` too. Pure: it opens nothing.
 
 `Readable` is what every reader of a blob's bytes takes: a file, a registry's verified blob
 stream, a gzip stream. It lives here, beside errors and the retry policy at the bottom of the
@@ -19,7 +19,6 @@ Imports nothing of the project (the OCI core and the cache import it).
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import IO, Protocol
 
 CHUNK = 1 << 20  # bytes read at a time from a file
@@ -86,17 +85,3 @@ class HashingWriter:
 
     def flush(self) -> None:
         self.sink.flush()
-
-
-def file_sha256(path: Path) -> Sha256:
-    """The sha256 and size of the file at `path`, read a chunk at a time."""
-    found = Sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            found.update(chunk)
-    return found
-
-
-def sha256_of(path: Path) -> str:
-    """The hex sha256 of the file at `path`: how the cache and a lock name it."""
-    return file_sha256(path).hex

@@ -50,6 +50,14 @@ class IntegrityError(UserError):
         super().__init__(f"{what} does not match its digest: expected {expected}, got {actual}")
 
 
+def human(size: int) -> str:
+    """`size` bytes as an operator reads them (decimal units, as `du --si` and Docker print)."""
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
 def failure_message(error: Exception) -> str:
     """What a failure tells the user: a UserError its message (it names the culprit), an
     OSError the path it is about, anything else `internal: Type: text` (a bug, with the hint).

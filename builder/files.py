@@ -26,7 +26,8 @@ as it was), else in the kernel (`copy_file_range`), else through memory: never a
 which would make an edit of the copy an edit of the cache.
 
 The cache (builder.cache) writes its own entries the same way: a fresh temporary file in the
-cache, renamed into place. Imports nothing of the project but the errors.
+cache, renamed into place. `sha256_of` is a file's sha256, counted by builder.digest's
+`Sha256` a chunk at a time. Imports nothing of the project but the errors and the digest.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
+from builder.digest import CHUNK, Sha256
 from builder.errors import UserError
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -99,6 +101,26 @@ def write_whole(path: Path, data: bytes | str, *, durable: bool = False) -> None
     """`data` (text as UTF-8) as the file at `path`, through `replacing`."""
     with replacing(path, durable=durable) as out:
         out.write(data.encode() if isinstance(data, str) else data)
+
+
+def named_contents(paths: Iterable[Path]) -> tuple[tuple[str, bytes], ...]:
+    """Each file's name and its bytes, read whole: the inputs a run was given, for the documents
+    that name them by content (attest.provenance.input_files)."""
+    return tuple((path.name, path.read_bytes()) for path in paths)
+
+
+def file_sha256(path: Path) -> Sha256:
+    """The sha256 and size of the file at `path`, read a chunk at a time."""
+    found = Sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            found.update(chunk)
+    return found
+
+
+def sha256_of(path: Path) -> str:
+    """The hex sha256 of the file at `path`: how the cache and a lock name it."""
+    return file_sha256(path).hex
 
 
 def copy_whole(source: Path, destination: Path) -> None:

@@ -1,6 +1,6 @@
 """Print docs/programs.md's table: what the reading finds in a set of wheels, and what it installs.
 
-Each wheel is read as a build reads it (builder.inspect.wheels.read_wheel) and decided alone,
+Each wheel is read as a build reads it (builder.inspect.wheel_reader.read_wheel) and decided alone,
 as the plan decides per distribution (builder.plan.program_needs), for amd64 against the
 reference base's shipped facts. Only wheels whose code runs a program are listed; the
 distributions named on the command line are marked as such, the others as dependencies.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))  # run as a plain script from a checkout
 
 from packaging.utils import canonicalize_name  # noqa: E402
 
-from builder.inspect.wheels import read_wheel  # noqa: E402
+from builder.inspect.wheel_reader import read_wheel  # noqa: E402
 from builder.plan.program_needs import program_needs  # noqa: E402
 from builder.resolve.target import ARCHES, shipped_facts  # noqa: E402
 

@@ -1,14 +1,18 @@
 """The layering the package promises, and the house rules that keep it readable.
 
 - the pipeline's stages (resolve -> inspect -> plan -> layers -> context -> assemble -> verify ->
-  publish) each import only earlier stages, never a later one nor the orchestration; the pure
-  stages (inspect, plan) reach no I/O module, transitively; verify knows no stage before it
-  (the CLI hands it names); the OCI core imports nothing of the project but the errors, the
-  retry policy and the digest of a stream;
+  publish) each import only earlier stages, never a later one nor the orchestration; the
+  stages inspect and plan reach no process, engine or network module, transitively; verify
+  knows no stage before it (the CLI hands it names); the OCI core imports nothing of the
+  project but the errors, the retry policy and the digest of a stream;
+- the pure core, declared per module (PURE_MODULES): the decisions import only each other and
+  no process, thread, socket, engine, registry or temporary-file module, call no file API, and
+  are at least a fifth of builder/ by lines (the runtime server excluded);
 - one home per publishing step: blobs, manifests and tags are written by oci/remote.py only,
   media types and a document's digest live in oci/v1.py, platform variants in the core;
 - one home per shared concept: one retry loop (builder/retry.py), one sha256-with-size of a
-  stream or a file and one `Readable` (builder/digest.py);
+  stream and one `Readable` (builder/digest.py; a file's sha256 is builder/files.py's, counted
+  with the digest's `Sha256`);
 - the orchestration alone sequences producers, verification and writes, and the publisher
   (builder/publish/publisher.py) alone writes what was verified: a producer's images, the
   index, the signatures, the tag and the state. publish/ is the last stage, so it may import
@@ -42,7 +46,8 @@ STAGES = ("resolve", "inspect", "plan", "layers", "context", "assemble", "verify
 # The orchestration (the only code that sequences producers, verification and writes) and the
 # command line above it.
 ORCHESTRATION = ("builder.orchestration", "builder.cli")
-# What a pure stage may not reach: the modules that talk to a process, an engine or a network.
+# What inspect and plan may not reach: the modules that talk to a process, an engine or a
+# network (the stricter rule of the pure core, per module, is PURE_MODULES's, below).
 IO_MODULES = ("subprocess", "docker", "socket", "http", "urllib.request", "requests")
 PURE = ("inspect", "plan")
 
@@ -316,6 +321,205 @@ def test_import_rule_reader_sees_lazy_and_relative_imports() -> None:
     source = "def f():\n    from ..context import render\n    import docker\n"
     names = imported_names(source, "builder.plan")
     assert "builder.context.render" in names and "docker" in names
+
+
+# -- the pure core: the decisions, readable without an engine ----------------------------------
+# Purity is declared per module. A pure module decides and does no I/O of its own: it imports
+# no process, thread, socket, engine, registry or temporary-file API and calls no file API; it
+# is handed what it decides on (a wheel's member list, a run's JSON lines, a file's bytes) by
+# an I/O edge beside it (inspect.wheel_reader, verify.client, verify.deep.imports, the
+# orchestration...). It imports only other pure modules of builder/ and, of what is outside,
+# none of PURE_FORBIDDEN_IMPORTS. Package __init__ modules are listed when a pure module's
+# import runs them.
+PURE_MODULES = frozenset(
+    {
+        "builder",
+        "builder.contract",
+        "builder.data",
+        "builder.digest",
+        "builder.errors",
+        "builder.attest",
+        "builder.attest.contents",
+        "builder.attest.provenance",
+        "builder.attest.sbom",
+        "builder.attest.sbom_render",
+        "builder.base",
+        "builder.base.profile",
+        "builder.context",
+        "builder.context.labels",
+        "builder.inspect",
+        "builder.inspect.elf",
+        "builder.inspect.literals",
+        "builder.inspect.loads",
+        "builder.inspect.members",
+        "builder.inspect.program_names",
+        "builder.inspect.program_reader",
+        "builder.inspect.programs",
+        "builder.inspect.wheels",
+        "builder.layers",
+        "builder.layers.install_layout",
+        "builder.oci",
+        "builder.oci.mutate",
+        "builder.oci.name",
+        "builder.oci.v1",
+        "builder.plan",
+        "builder.plan.browsers",
+        "builder.plan.debian",
+        "builder.plan.gpu",
+        "builder.plan.layering",
+        "builder.plan.natives",
+        "builder.plan.plan",
+        "builder.plan.program_needs",
+        "builder.plan.sizes",
+        "builder.publish",
+        "builder.publish.tags",
+        "builder.resolve",
+        "builder.resolve.index_options",
+        "builder.resolve.resolution",
+        "builder.resolve.target",
+        "builder.verify",
+        "builder.verify.deep",
+        "builder.verify.deep.causes",
+        "builder.verify.deep.script",
+        "builder.verify.report",
+    }
+)
+# The tool's own shipped tables (builder/data: Debian's sonames and packages, the GPU table, the
+# base profile) are part of the installed tool, fixed as its code is: builder.data is their
+# one reader, and the one module of the pure set allowed importlib.resources and a file read.
+SHIPPED_DATA = "builder.data"
+# What a pure module may not reach (stdlib and third-party; a deny-list, with its prefixes).
+PURE_FORBIDDEN_IMPORTS = (
+    *IO_MODULES,
+    "ssl",
+    "multiprocessing",
+    "concurrent",
+    "threading",
+    "asyncio",
+    "selectors",
+    "signal",
+    "tempfile",
+    "shutil",
+    "fcntl",
+    "mmap",
+    "sqlite3",
+    "glob",
+    "importlib.resources",
+)
+# Calls that open, read, write or lay out files: `open(...)`, `path.open(...)`, `x.read_text()`,
+# `zipfile.ZipFile(path)`... by the called name (what `ast` can see without types; `stat`,
+# `exists` and `is_dir` are left out: a ZipInfo has `is_dir` too). Any `os.<f>(...)` but
+# `os.path.*` and `os.fspath` is I/O as well.
+PURE_FORBIDDEN_CALLS = frozenset(
+    {
+        "open",
+        "read_bytes",
+        "read_text",
+        "write_bytes",
+        "write_text",
+        "mkdir",
+        "makedirs",
+        "unlink",
+        "rmdir",
+        "rmtree",
+        "iterdir",
+        "rglob",
+        "listdir",
+        "scandir",
+        "touch",
+        "symlink_to",
+        "chmod",
+        "ZipFile",
+        "TarFile",
+    }
+)
+# The pure core's share of the tool's lines. The runtime server (builder/runtime/) is not
+# counted: it runs inside the image as its own program and imports nothing of the tool.
+MIN_PURE_SHARE = 0.20
+RUNTIME = PACKAGE / "runtime"
+
+
+def module_paths() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py") if SERVER not in p.parents}
+
+
+def file_calls(path: Path) -> list[str]:
+    """`line name` of each call in `path` that opens, reads or writes a file (above)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        function = node.func
+        name = function.attr if isinstance(function, ast.Attribute) else None
+        name = function.id if isinstance(function, ast.Name) else name
+        dotted = ast.unparse(function)
+        if name in PURE_FORBIDDEN_CALLS or (
+            dotted.startswith("os.") and not dotted.startswith(("os.path.", "os.fspath"))
+        ):
+            found.append(f"{node.lineno} {dotted}")
+    return found
+
+
+def test_every_pure_module_exists() -> None:
+    missing = sorted(PURE_MODULES - set(module_paths()))
+    assert not missing, f"PURE_MODULES names modules that are not there: {missing}"
+
+
+@pytest.mark.parametrize("module", sorted(PURE_MODULES))
+def test_a_pure_module_imports_only_pure_modules_and_no_io(module: str) -> None:
+    """Directly: its builder imports are pure modules; transitively: no module it reaches
+    imports an I/O, process, thread or temporary-file module (builder.data alone reads its
+    tables, with importlib.resources)."""
+    paths = module_paths()
+    impure = sorted(
+        name for name in import_graph()[module] if name in paths and name not in PURE_MODULES
+    )
+    assert not impure, f"{module} imports modules outside the pure core: {impure}"
+    through = {module} | {name for name in reachable(module) if name in paths}
+    reached = sorted(
+        f"{name} (by {importer})"
+        for importer in through
+        for name in import_graph()[importer]
+        if any(name == f or name.startswith(f + ".") for f in PURE_FORBIDDEN_IMPORTS)
+        and not (importer == SHIPPED_DATA and name == "importlib.resources")
+    )
+    assert not reached, f"{module} reaches {reached}"
+
+
+@pytest.mark.parametrize("module", sorted(PURE_MODULES - {SHIPPED_DATA}))
+def test_a_pure_module_calls_no_file_api(module: str) -> None:
+    path = module_paths()[module]
+    found = file_calls(path)
+    assert not found, f"{path.relative_to(PACKAGE.parent)} does I/O: {found}"
+
+
+def test_the_pure_core_is_at_least_a_fifth_of_the_tool() -> None:
+    """The decisions a reviewer needs to read without an engine (which wheel, which Debian
+    package, which need is optional, how a failure is classified, what a layer holds) are not a
+    corner of the tool: at least MIN_PURE_SHARE of builder/ by lines, the runtime excluded."""
+    paths = {n: p for n, p in module_paths().items() if RUNTIME not in p.parents}
+    lines = {name: len(path.read_text().splitlines()) for name, path in paths.items()}
+    pure = sum(lines[name] for name in PURE_MODULES)
+    total = sum(lines.values())
+    share = pure / total
+    assert share >= MIN_PURE_SHARE, (
+        f"the pure core is {pure} of {total} lines of builder/ (runtime excluded):"
+        f" {share:.1%}, under {MIN_PURE_SHARE:.0%}"
+    )
+
+
+def test_the_purity_checks_see_what_they_exist_to_see(tmp_path: Path) -> None:
+    """The call reader catches a file read, an open, a zip opened and an os call; not a path's
+    arithmetic."""
+    path = tmp_path / "m.py"
+    path.write_bytes(
+        b"import os\n"
+        b"def f(p, z):\n"
+        b"    p.read_text(); open(p); z.ZipFile(p); os.replace(p, p)\n"
+        b"    return os.path.join(p, 'x'), os.fspath(p)\n"
+    )
+    found = sorted(call.split(" ", 1)[1] for call in file_calls(path))
+    assert found == ["open", "os.replace", "p.read_text", "z.ZipFile"]
 
 
 # -- the OCI core: one home for each image-publishing concept ---------------------------------
@@ -802,7 +1006,8 @@ DIGEST = PACKAGE / "digest.py"
 def test_one_sha256_with_size() -> None:
     """builder/digest.py alone hashes bytes given in pieces (`hashlib.sha256()` made empty and
     fed: a download, a layer tar written or read, a gzip, a registry blob, an upload, a ztoc's
-    spans) and defines a file's or a stream's digest. What stays elsewhere hashes bytes whole
+    spans) and defines a stream's digest; a file's is builder/files.py's (it reads the file),
+    counted with the digest's `Sha256`. What stays elsewhere hashes bytes whole
     in memory: cache keys, a script's fingerprint, the ztoc check's raw span digests (compared
     as bytes, never named)."""
     fed = [
@@ -816,11 +1021,15 @@ def test_one_sha256_with_size() -> None:
     ]
     assert not fed, f"sha256 fed in pieces outside builder/digest.py: {fed}"
     helpers = {"sha256_of", "file_sha256", "file_digest", "sha256_digest", "_sha256"}
+    # a file's digest reads the file: builder/files.py's, counted with digest's Sha256, so that
+    # the digest stays pure (PURE_MODULES)
+    of_a_file = {"sha256_of", "file_sha256"}
     defined = [
         f"{path.relative_to(PACKAGE.parent)}: {name}"
         for path in builder_modules()
         if path != DIGEST
         for name in sorted(defined_functions(path) & helpers)
+        if not (path == PACKAGE / "files.py" and name in of_a_file)
     ]
     assert not defined, f"file or stream digest helpers outside builder/digest.py: {defined}"
     hashing = sorted(

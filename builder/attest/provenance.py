@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import NotRequired, TypedDict
 
 from builder.attest.contents import DebianPackage, WheelOrigin, without_credentials
@@ -36,9 +35,10 @@ class InputFile:
     sha256: str
 
 
-def input_files(paths: tuple[Path, ...]) -> tuple[InputFile, ...]:
-    """Files the operator gave, by name and content hash (what provenance names them by)."""
-    return tuple(InputFile(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in paths)
+def input_files(contents: Iterable[tuple[str, bytes]]) -> tuple[InputFile, ...]:
+    """Files the operator gave, by name and content hash (what provenance names them by); the
+    caller reads them (builder.files.named_contents): this module is handed facts, it reads none."""
+    return tuple(InputFile(name, hashlib.sha256(data).hexdigest()) for name, data in contents)
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from builder.digest import CHUNK, HashingWriter, sha256_of
+from builder.digest import CHUNK, HashingWriter
 from builder.errors import UserError
-from builder.files import write_whole
+from builder.files import sha256_of, write_whole
 
 T = TypeVar("T")
 _HEX64 = re.compile("[0-9a-f]{64}")

@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from builder.cache import Cache
 from builder.cache.prune import Pruned, prune
-from builder.errors import UserError
+from builder.errors import UserError, human
 
 DEFAULT_MAX = 20 * 10**9  # bytes: the default bound's ceiling
 DEFAULT_SHARE = 0.10  # of the cache's file system: the default bound on a smaller disk
@@ -59,14 +59,6 @@ def parse_size(text: str, what: str) -> int:
     if 0 < exact < 1:
         raise UserError(f"{what}: {text[:40]!r} is below one byte (0 means unbounded)")
     return int(exact)
-
-
-def human(size: int) -> str:
-    """`size` bytes as an operator reads them (decimal units, as `du --si` and Docker print)."""
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
 
 
 def default_bound(root: Path) -> int:

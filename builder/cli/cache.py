@@ -103,8 +103,8 @@ def cache_command(context: click.Context, cache_dir: Path | None, as_json: bool)
     context.obj = cache_dir or context.find_root().params.get("cache_dir")
     if context.invoked_subcommand is not None:
         return
-    from builder.cache.bound import human
     from builder.cache.prune import usage
+    from builder.errors import human
 
     found = usage(open_cache(context.obj, create=False))
     if as_json:
@@ -161,7 +161,7 @@ def clean_command(context: click.Context, cache_dir: Path | None) -> None:
 
 
 def show_pruned(pruned: Pruned, root: Path) -> None:
-    from builder.cache.bound import human
+    from builder.errors import human
 
     click.echo(
         f"removed {pruned.removed} entries ({human(pruned.freed)}) from {root};"

@@ -19,10 +19,11 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import metadata
 from pathlib import Path
 
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL, HOME, HOME_SEED, SANDBOX_USER
+from builder.data import shipped_text
 from builder.errors import UserError
 from builder.files import copy_whole, refuse_link, write_whole
 from builder.layers.extras import LAYER_FILE, ExtrasLayer
@@ -347,7 +348,7 @@ def render(
         report = _report(plan, layers, compile_step, bytecode or {}, timeline)
         write_whole(staging / "report.json", mask(json.dumps(report, indent=2), urls=False) + "\n")
         # hadolint finds it when run in the context; it justifies each ignored rule.
-        hadolint = resources.files("builder.data").joinpath("hadolint.yaml").read_text()
+        hadolint = shipped_text("hadolint.yaml")
         write_whole(staging / ".hadolint.yaml", hadolint)
         _write_marker(staging)
         staging.chmod(0o755)

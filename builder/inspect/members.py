@@ -13,20 +13,20 @@ download ends, before the inspection, the layer writer or the compiler reads a b
 them reads a member past its declared size (zipfile stops there, and a member that inflates
 to more fails its CRC), so the declared sum bounds the bytes written. Only stored and deflated
 members are read: zipfile inflates bzip2 and lzma without a bound on one call's output.
+
+Pure: the checks take an archive already open or its member list; inspect.wheel_reader opens
+the wheel (`check_wheel`, `check_housed`).
 """
 
 from __future__ import annotations
 
 import configparser
-import os
-import stat
 import zipfile
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from builder.cache.bound import human
-from builder.errors import UserError, shown
+from builder.errors import UserError, human, shown
 
 UNPACKED_MAX = 8 << 30  # bytes a wheel may unpack to by default; torch's CUDA wheel is ~2 GB
 RATIO_FLOOR = 1 << 30  # above this many unpacked bytes, the ratio below applies too
@@ -145,41 +145,7 @@ def check_unpacked_size(infos: Sequence[zipfile.ZipInfo], wheel: Path, limit: in
     )
 
 
-def check_wheel(wheel: Path, limit: int = UNPACKED_MAX) -> None:
-    """Every check above on the wheel at `wheel`, reading only its zip directory and its
-    entry_points.txt: what a download is held to before anything unpacks it."""
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            infos = checked_members(archive, wheel.name)
-            check_unpacked_size(infos, wheel, limit)
-            for dist_info in _dist_infos(info.filename for info in infos):
-                scripts(archive, dist_info, wheel.name)
-    except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise UserError(f"{wheel.name}: not a readable wheel ({error})") from None
-
-
-def check_housed(wheel: Path, limit: int = UNPACKED_MAX) -> None:
-    """A wheelhouse's wheel, before the resolver unpacks it to read its metadata: only its
-    unpacked size, and only when its zip directory reads. It may be none of the run's: its
-    names are checked with the rest when a run downloads it, and an unreadable one is the
-    resolver's to refuse when it is a candidate; one that is no regular file (a FIFO, a
-    device) is refused, as the resolver would wait on it forever."""
-    try:
-        descriptor = os.open(wheel, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: no wait
-    except OSError:
-        return
-    with open(descriptor, "rb") as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):  # the resolver would wait on it
-            raise UserError(f"{wheel}: not a regular file; a wheelhouse holds wheel files")
-        try:
-            with zipfile.ZipFile(file) as archive:
-                infos = archive.infolist()
-        except (zipfile.BadZipFile, OSError, EOFError):
-            return
-    check_unpacked_size(infos, wheel, limit)
-
-
-def _dist_infos(names: Iterable[str]) -> set[str]:
+def dist_infos(names: Iterable[str]) -> set[str]:
     return {
         name.split("/")[0] for name in names if name.count("/") == 1 and name.endswith("/WHEEL")
     }

@@ -56,7 +56,7 @@ from builder.errors import UserError
 from builder.inspect.members import UNREADABLE, unreadable
 from builder.layers.first_reads import LAYOUT_FORMAT, cached_first_reads, laid_out
 from builder.layers.gzipped import packed
-from builder.layers.install_layout import installed_python_sources
+from builder.layers.install_layout import install_entries
 from builder.layers.layer import Layer, keep, written
 
 BYTECODE_FORMAT = "bytecode/2"  # bump when the compile recipe or the tar layout changes
@@ -114,6 +114,20 @@ with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as out:
         info.size = len(pyc)
         out.addfile(info, io.BytesIO(pyc))
 """
+
+
+def installed_python_sources(wheel: Path) -> list[tuple[str, str]]:
+    """(path under the --target root, wheel member) of each .py module the wheel installs.
+
+    What pip byte-compiles: modules in purelib/platlib, not the scripts in `bin/`.
+    """
+    with zipfile.ZipFile(wheel) as archive:
+        entries = install_entries(archive, 0, wheel.name)
+    return sorted(
+        (entry.path, entry.member)
+        for entry in entries
+        if entry.path.endswith(".py") and entry.member and not entry.path.startswith("bin/")
+    )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ import hashlib
 import io
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from builder.errors import UserError
 from builder.inspect.members import checked_members, scripts
@@ -40,20 +39,6 @@ class Entry:
     member: str = ""
     size: int = 0
     wheel_name: str = ""
-
-
-def installed_python_sources(wheel: Path) -> list[tuple[str, str]]:
-    """(path under the --target root, wheel member) of each .py module the wheel installs.
-
-    What pip byte-compiles: modules in purelib/platlib, not the scripts in `bin/`.
-    """
-    with zipfile.ZipFile(wheel) as archive:
-        entries = install_entries(archive, 0, wheel.name)
-    return sorted(
-        (entry.path, entry.member)
-        for entry in entries
-        if entry.path.endswith(".py") and entry.member and not entry.path.startswith("bin/")
-    )
 
 
 def install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[Entry]:

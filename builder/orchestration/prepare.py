@@ -31,8 +31,10 @@ from builder.context.labels import created, image_labels
 from builder.context.render import Secrets, check_output, lock_text, render
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
 from builder.errors import UserError
-from builder.inspect.members import UNPACKED_MAX, check_housed, check_wheel
-from builder.inspect.wheels import WheelInspection, inspect_as_ready
+from builder.files import named_contents
+from builder.inspect.members import UNPACKED_MAX
+from builder.inspect.wheel_reader import check_housed, check_wheel, inspect_as_ready, member_bytes
+from builder.inspect.wheels import WheelInspection
 from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.layers.extras import (
     BytecodeFacts,
@@ -45,6 +47,7 @@ from builder.layers.extras import (
 from builder.layers.interpreter import base_compiler
 from builder.oci.name import ImageRef
 from builder.orchestration.timeline import Timeline
+from builder.plan import browsers
 from builder.plan.plan import (
     EXTRA_DEPS,
     Plan,
@@ -311,7 +314,13 @@ def _plan(
     wheel_files: Mapping[str, Path],
 ) -> Plan:
     """Every arch's plan from its resolution and the wheels' inspections (pure; Playwright's
-    browsers.json is read from its wheel)."""
+    browsers.json is read from its wheel here, and handed to the plan)."""
+    browser_lists = {
+        sha256: listing
+        for sha256, inspection in inspections.items()
+        if inspection.name == browsers.PLAYWRIGHT and sha256 in wheel_files
+        if (listing := member_bytes(wheel_files[sha256], browsers.BROWSERS_JSON)) is not None
+    }
     arch_plans = tuple(
         plan_arch(
             resolution,
@@ -320,7 +329,7 @@ def _plan(
             target,
             settings.with_optional,
             frozenset(settings.without_programs),
-            wheel_files,
+            browser_lists,
         )
         for resolution in resolutions
     )
@@ -509,9 +518,9 @@ def build_parameters(plan: Plan, settings: RunSettings) -> BuildParameters:
     requirements = _requirements(settings)
     indexes = () if requirements.no_index else requirements.indexes()
     return BuildParameters(
-        requirements=input_files(settings.requirements),
-        constraints=input_files(settings.constraints),
-        overrides=input_files(settings.overrides),
+        requirements=input_files(named_contents(settings.requirements)),
+        constraints=input_files(named_contents(settings.constraints)),
+        overrides=input_files(named_contents(settings.overrides)),
         arches=tuple(a.arch for a in plan.arches),
         platform_version=platform_version(plan.base_reference, settings.platform_version),
         base_image=plan.base_image,

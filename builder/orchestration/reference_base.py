@@ -35,6 +35,7 @@ from builder.context.render import place
 from builder.contract import DEPS
 from builder.engines.connection import engine_client
 from builder.errors import UserError
+from builder.files import named_contents
 from builder.layers.soci import soci_index
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Artifact
@@ -242,7 +243,9 @@ def _attachments(
         base_wheels=wheels,
     )
     parameters = BuildParameters(
-        requirements=input_files((RUNTIME_DIR / "requirements.in", lock_path(arch))),
+        requirements=input_files(
+            named_contents((RUNTIME_DIR / "requirements.in", lock_path(arch)))
+        ),
         arches=tuple(images),
         base_image=source.as_written,
     )

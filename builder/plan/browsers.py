@@ -31,10 +31,8 @@ its WebKit its own build): a plan with Playwright warns so once.
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 
 from builder.errors import UserError
@@ -127,18 +125,18 @@ def _double_quoted(text: str) -> str:
     return text.replace("%", "%%").replace("\n", "\\n")
 
 
-def playwright_directories(wheel: Path, arch: str) -> dict[str, str]:
-    """Each browser of the wheel's browsers.json (name -> its revision's directory) as
-    Playwright names it on `arch`'s Debian 13 (a platform's `revisionOverrides` entry gets a
-    directory of its own); `{}` for a wheel without one."""
+def playwright_directories(listing: bytes | None, arch: str, wheel: str) -> dict[str, str]:
+    """Each browser of the wheel's browsers.json (`listing`, read by the caller:
+    inspect.wheel_reader.member_bytes) (name -> its revision's directory) as Playwright names
+    it on `arch`'s Debian 13 (a platform's `revisionOverrides` entry gets a directory of its
+    own); `{}` for a wheel without one. `wheel` (its file name) names it in an error."""
+    if listing is None:
+        return {}
     try:
-        with zipfile.ZipFile(wheel) as archive:
-            if BROWSERS_JSON not in archive.namelist():
-                return {}
-            data = json.loads(archive.read(BROWSERS_JSON))
+        data = json.loads(listing)
         return {str(b["name"]): _directory(b, HOST_PLATFORM[arch]) for b in data["browsers"]}
-    except (OSError, zipfile.BadZipFile, ValueError, KeyError, TypeError) as error:
-        raise UserError(f"{wheel.name}: cannot read {BROWSERS_JSON} ({error})") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{wheel}: cannot read {BROWSERS_JSON} ({error})") from None
 
 
 def _directory(browser: Mapping[str, object], platform: str) -> str:

@@ -14,16 +14,15 @@ import tomllib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from types import MappingProxyType
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion
 
+from builder.data import shipped_bytes, shipped_text
 from builder.resolve.target import Arch
 
-_DATA = resources.files("builder.data")
 # Another OS's library names: Windows and macOS suffixes, a backslash, macOS system paths.
 _FOREIGN = re.compile(
     r"\.(dll|dylib|framework)$|\\|^/(System|Library)/|\.framework/|^(ucrtbase|vcruntime\d*|msvc[rp]\d*)$",
@@ -105,8 +104,7 @@ def program_index(arch: Arch) -> Mapping[str, str]:
 
 def _name_index(filename: str) -> Mapping[str, str]:
     """A shipped `name<TAB>packages` index, lines cut in one pass (see `soname_index`)."""
-    with _DATA.joinpath(filename).open("rb") as raw:
-        fields = gzip.decompress(raw.read()).decode().replace("\n", "\t").split("\t")
+    fields = gzip.decompress(shipped_bytes(filename)).decode().replace("\n", "\t").split("\t")
     if fields[-1] == "":
         fields.pop()  # the last line's newline
     return MappingProxyType(dict(zip(fields[0::2], fields[1::2], strict=True)))
@@ -133,8 +131,7 @@ def package_for_program(name: str, arch: Arch) -> str | None:
 def _package_table(arch: Arch) -> tuple[Mapping[str, int], tuple[tuple[int, tuple[int, ...]], ...]]:
     """packages-<arch>.tsv.gz (scripts/gen_package_sizes.py): name -> line number, and each
     line's installed kB and dependencies (line numbers)."""
-    with _DATA.joinpath(f"packages-{arch.name}.tsv.gz").open("rb") as raw:
-        lines = gzip.decompress(raw.read()).decode().splitlines()
+    lines = gzip.decompress(shipped_bytes(f"packages-{arch.name}.tsv.gz")).decode().splitlines()
     numbers: dict[str, int] = {}
     rows = []
     for number, line in enumerate(lines):
@@ -188,7 +185,7 @@ def packages_providing(packages: Iterable[str], arch: Arch) -> frozenset[str]:
 @cache
 def dynamic_loads() -> Mapping[str, DynamicLoad]:
     """The curated ctypes/cffi table, keyed by normalized distribution name."""
-    table = tomllib.loads(_DATA.joinpath("ctypes.toml").read_text())
+    table = tomllib.loads(shipped_text("ctypes.toml"))
     loads: dict[str, DynamicLoad] = {}
     for name, entry in table.items():
         distribution = canonicalize_name(name)
@@ -277,7 +274,7 @@ def _program_entry(name: str, entry: Mapping[str, object]) -> ProgramEntry:
 @cache
 def program_table() -> ProgramTable:
     """The curated programs table (`[[name]]` for several entries, each with its `versions`)."""
-    table = tomllib.loads(_DATA.joinpath("programs.toml").read_text())
+    table = tomllib.loads(shipped_text("programs.toml"))
     provided = frozenset(table.pop("provided", ()))
     desktop = frozenset(table.pop("desktop", ()))
     alternatives = {
@@ -379,7 +376,7 @@ def split_symbol_version(name: str) -> tuple[str, tuple[int, ...]] | None:
 @cache
 def symbol_maxima() -> Mapping[str, tuple[int, ...]]:
     """Version-name prefix -> newest version trixie defines (GLIBC -> (2, 41), ...)."""
-    table = tomllib.loads(_DATA.joinpath("symbol-maxima.toml").read_text())
+    table = tomllib.loads(shipped_text("symbol-maxima.toml"))
     return MappingProxyType(
         {prefix: version_tuple(entry["max"]) for prefix, entry in table.items()}
     )

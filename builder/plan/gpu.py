@@ -24,9 +24,9 @@ import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from types import MappingProxyType
 
+from builder.data import shipped_text
 from builder.plan.sizes import Sized, human
 
 
@@ -52,7 +52,7 @@ class GpuTable:
 @cache
 def gpu_table() -> GpuTable:
     """builder/data/gpu.toml, read once a process."""
-    table = tomllib.loads(resources.files("builder.data").joinpath("gpu.toml").read_text())
+    table = tomllib.loads(shipped_text("gpu.toml"))
     return GpuTable(
         patterns=tuple(table["patterns"]),
         replacements=MappingProxyType(dict(table.get("replacements", {}))),

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -215,7 +214,7 @@ def plan_arch(
     target: Target[BaseFacts],
     with_optional: bool = False,
     without_programs: frozenset[str] = frozenset(),
-    wheel_files: Mapping[str, Path] | None = None,
+    browser_lists: Mapping[str, bytes] | None = None,
 ) -> ArchPlan:
     """Native needs and programs run → Debian packages for one arch; raises on anything
     unusable.
@@ -223,8 +222,8 @@ def plan_arch(
     Needs only plugins loaded on demand have (and programs only side features run) are listed
     but installed only `with_optional`; `without_programs` (program or package names) are
     never installed. The NVIDIA driver's libraries are the GPU node's, never installed.
-    `wheel_files` (sha256 -> the wheel in the cache) give Playwright's browsers.json, for the
-    Chromium wiring (builder.plan.browsers); without them Playwright gets no registry.
+    `browser_lists` (sha256 -> the Playwright wheel's browsers.json, as the caller read it) give
+    the Chromium wiring (builder.plan.browsers); without them Playwright gets no registry.
     """
     arch = resolution.arch
     wheels = _planned_wheels(resolution, chosen, inspections)
@@ -247,7 +246,7 @@ def plan_arch(
     optional -= base_packages | required
     optional |= {run.package for run in kept if run.package and run.optional} - required
     installed = tuple(sorted(required | optional if with_optional else required))
-    wiring, browser_warnings = _browsers(wheels, installed, arch, wheel_files or {})
+    wiring, browser_warnings = _browsers(wheels, installed, arch, browser_lists or {})
     return ArchPlan(
         arch=arch.name,
         wheels=tuple(wheels),
@@ -273,15 +272,16 @@ def _browsers(
     wheels: Sequence[PlannedWheel],
     installed: Sequence[str],
     arch: Arch,
-    wheel_files: Mapping[str, Path],
+    browser_lists: Mapping[str, bytes],
 ) -> tuple[BrowserWiring, list[str]]:
     """The arch's Chromium wiring (builder.plan.browsers), and the warning that Playwright's
     other engines are not in the image."""
     names = {canonicalize_name(wheel.name) for wheel in wheels}
     directories: dict[str, str] = {}
     for wheel in wheels:
-        if canonicalize_name(wheel.name) == browsers.PLAYWRIGHT and wheel.sha256 in wheel_files:
-            directories = browsers.playwright_directories(wheel_files[wheel.sha256], arch.name)
+        if canonicalize_name(wheel.name) == browsers.PLAYWRIGHT and wheel.sha256 in browser_lists:
+            listing = browser_lists[wheel.sha256]
+            directories = browsers.playwright_directories(listing, arch.name, wheel.filename)
     warnings = [browsers.OTHER_ENGINES_WARNING] if browsers.PLAYWRIGHT in names else []
     return browsers.wiring(arch.name, names, installed, directories), warnings
 

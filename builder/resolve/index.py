@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from html.parser import HTMLParser
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import TypeVar
@@ -49,6 +48,7 @@ from packaging.utils import (
 from uv import find_uv_bin
 
 from builder.cache import CHUNK, Cache, sha256_of
+from builder.data import shipped_text
 from builder.errors import UserError, shown
 from builder.resolve.requirements import DEFAULT_INDEX
 from builder.resolve.resolution import AUTH_FAILED, RemoteFile, authentication_failed, redact
@@ -566,9 +566,7 @@ def run_uv(
 
 def builder_pip(cache: Cache, indexes: Sequence[str]) -> Path:
     """The pinned pip wheel the builder stage runs, from the cache or the index."""
-    pinned = tomllib.loads(
-        resources.files("builder.data").joinpath("builder-tools.toml").read_text()
-    )["pip"]
+    pinned = tomllib.loads(shipped_text("builder-tools.toml"))["pip"]
     found = cache.find_blob(pinned["sha256"], pinned["filename"])
     if found:
         return found

@@ -12,10 +12,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache, cached_property
-from importlib import resources
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Generic, NotRequired, TypedDict, TypeVar
 
+from builder.data import shipped_text
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 
@@ -181,7 +181,7 @@ class BaseProfile(BaseFacts):
 def shipped_facts() -> BaseFacts:
     """The reference base's facts, as shipped: what a plan assumes when no probe can be made,
     and what a probed base is compared with."""
-    text = resources.files("builder.data").joinpath("base-profile.json").read_text()
+    text = shipped_text("base-profile.json")
     return BaseFacts.from_dict(json.loads(text))
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import http.client
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict, cast
 from urllib.parse import quote
 
 from builder import contract
-from builder.verify.report import CheckFailed, ContractViolation, expect, short
+from builder.verify.report import Check, CheckFailed, ContractViolation, expect, short
 
 EXECUTE_TIMEOUT = 120.0  # seconds allowed to one ordinary command (imports of big libraries)
 # Under qemu, as for the server's start (60 s, 240 s emulated): a big set's imports take
@@ -221,3 +221,28 @@ def python_json(sandbox: Sandbox, code: str, *args: str, **kwargs: Any) -> Any:
         return json.loads(result["stdout"])
     except ValueError:
         raise CheckFailed(f"unexpected output: {short(result['stdout'])}") from None
+
+
+def run_check(
+    name: str,
+    function: Callable[[], str],
+    client_errors: tuple[type[Exception], ...] = (),
+) -> Check:
+    """Run one check: its detail on success, the reason on failure.
+
+    `client_errors` are what a third-party client raises when the server misbehaves (the SDK's
+    request errors); they fail the check instead of ending the run.
+    """
+    try:
+        return Check(name, True, function())
+    except ContractViolation as failure:
+        return Check(name, False, str(failure))
+    except (OSError, http.client.HTTPException) as error:
+        return Check(name, False, f"server did not answer: {type(error).__name__}: {error}")
+    except client_errors as error:
+        return Check(name, False, f"{type(error).__name__}: {short(str(error), 300)}")
+    except (LookupError, TypeError, AttributeError, ValueError) as error:
+        # JSON of a shape no check foresaw: this check fails, the report goes on.
+        return Check(
+            name, False, f"unexpected answer ({type(error).__name__}: {short(str(error))})"
+        )

@@ -17,14 +17,13 @@ from functools import partial
 from typing import NotRequired, TypedDict, cast
 
 from builder.contract import DEPS_EXTRA
-from builder.verify.client import Sandbox, python_json
+from builder.verify.client import Sandbox, python_json, run_check
 from builder.verify.report import (
     Check,
     Checked,
     ContractViolation,
     expect,
     last_line,
-    run_check,
     short,
     warned,
 )

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import http.client
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, NotRequired, TypedDict
@@ -212,28 +211,3 @@ class VerifyReport:
         if self.deep:
             record["deep_imports"] = [DeepRecord(**vars(figures)) for figures in self.deep]  # type: ignore[typeddict-item]
         return record
-
-
-def run_check(
-    name: str,
-    function: Callable[[], str],
-    client_errors: tuple[type[Exception], ...] = (),
-) -> Check:
-    """Run one check: its detail on success, the reason on failure.
-
-    `client_errors` are what a third-party client raises when the server misbehaves (the SDK's
-    request errors); they fail the check instead of ending the run.
-    """
-    try:
-        return Check(name, True, function())
-    except ContractViolation as failure:
-        return Check(name, False, str(failure))
-    except (OSError, http.client.HTTPException) as error:
-        return Check(name, False, f"server did not answer: {type(error).__name__}: {error}")
-    except client_errors as error:
-        return Check(name, False, f"{type(error).__name__}: {short(str(error), 300)}")
-    except (LookupError, TypeError, AttributeError, ValueError) as error:
-        # JSON of a shape no check foresaw: this check fails, the report goes on.
-        return Check(
-            name, False, f"unexpected answer ({type(error).__name__}: {short(str(error))})"
-        )

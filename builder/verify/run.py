@@ -13,7 +13,7 @@ from builder.engines.connection import Engine, engine_client, local_image
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.verify.checks import contract_checks
-from builder.verify.client import Sandbox
+from builder.verify.client import Sandbox, run_check
 from builder.verify.container import Running, hardened, image_user_check
 from builder.verify.deep.imports import DeepOptions, Rerun, deep_checks, permissive_run
 from builder.verify.deep.use import UseRequest, use_checks
@@ -25,7 +25,6 @@ from builder.verify.report import (
     CheckFailed,
     ContractViolation,
     VerifyReport,
-    run_check,
 )
 from builder.verify.sbom_check import sbom_check
 from builder.verify.sdk import sdk_checks

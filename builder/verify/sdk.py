@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from builder import contract
-from builder.verify.client import Sandbox
-from builder.verify.report import Check, expect, run_check, short
+from builder.verify.client import Sandbox, run_check
+from builder.verify.report import Check, expect, short
 
 if TYPE_CHECKING:
     from k8s_agent_sandbox.commands.command_executor import CommandExecutor

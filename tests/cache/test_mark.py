@@ -19,11 +19,11 @@ from support.clirun import assert_one_error_line, run
 from support.wheelfactory import make_wheel
 
 from builder.cache import BLOB_MEMORY, Cache
-from builder.cache.bound import human, parse_size
+from builder.cache.bound import parse_size
 from builder.cache.layout import TAG, Kind, entries
 from builder.cache.mark import SIGNATURE, opened, refusal
 from builder.cache.prune import clean, prune, usage
-from builder.errors import UserError
+from builder.errors import UserError, human
 from builder.resolve.index import UV, run_uv
 
 DAY = 86_400

@@ -8,7 +8,8 @@ import hashlib
 import io
 from pathlib import Path
 
-from builder.digest import CHUNK, HashingReader, HashingWriter, Sha256, file_sha256, sha256_of
+from builder.digest import CHUNK, HashingReader, HashingWriter, Sha256
+from builder.files import file_sha256, sha256_of
 
 PIECES = (b"", b"a layer ", b"in", b"", b" pieces" * 1000)
 WHOLE = b"".join(PIECES)

@@ -10,9 +10,9 @@ from support.plans import AMD64, plan_for
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
+from builder.files import sha256_of
 from builder.inspect.loads import LoadSite, scan_source, worth_reading
-from builder.inspect.wheels import inspect_wheel
+from builder.inspect.wheel_reader import inspect_wheel
 
 PURE = "py3-none-any"
 

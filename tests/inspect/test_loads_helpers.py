@@ -14,9 +14,9 @@ from support.plans import plan_for
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
+from builder.files import sha256_of
 from builder.inspect.loads import LoadSite, scan_sources
-from builder.inspect.wheels import inspect_wheel
+from builder.inspect.wheel_reader import inspect_wheel
 
 PURE = "py3-none-any"
 INIT = b"""\

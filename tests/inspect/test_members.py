@@ -22,13 +22,11 @@ from builder.errors import UserError
 from builder.inspect.members import (
     RATIO_FLOOR,
     UNPACKED_MAX,
-    check_housed,
     check_unpacked_size,
-    check_wheel,
     path_fault,
     script_fault,
 )
-from builder.inspect.wheels import read_wheel
+from builder.inspect.wheel_reader import check_housed, check_wheel, read_wheel
 from builder.layers.install_layout import install_entries
 from builder.layers.layer import LayerWheels, wheels_layer
 

@@ -12,10 +12,11 @@ from support.waiting import wait_for
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
 from builder.errors import UserError
-from builder.inspect import wheels
-from builder.inspect.wheels import RECORD_KIND, inspect_as_ready, inspect_wheel
+from builder.files import sha256_of
+from builder.inspect import wheel_reader as wheels
+from builder.inspect.wheel_reader import inspect_as_ready, inspect_wheel
+from builder.inspect.wheels import RECORD_KIND, WheelInspection
 
 
 def wheel(tmp_path: Path, name: str) -> tuple[Path, str]:
@@ -94,10 +95,10 @@ class _BreakingPool:
     ProcessPoolExecutor does once a worker died (BrokenProcessPool)."""
 
     def __init__(self) -> None:
-        self.first: Future[wheels.WheelInspection] = Future()
+        self.first: Future[WheelInspection] = Future()
         self.submits = 0
 
-    def submit(self, *args: object) -> Future[wheels.WheelInspection]:
+    def submit(self, *args: object) -> Future[WheelInspection]:
         self.submits += 1
         if self.submits > 1:
             raise RuntimeError("a child process terminated abruptly")

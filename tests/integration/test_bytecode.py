@@ -21,8 +21,8 @@ from support.unpack import unpack
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
 from builder.errors import UserError
+from builder.files import sha256_of
 from builder.layers import bytecode, first_reads
 from builder.layers.bytecode import CompileQueue, Compiler, bytecode_layer
 

@@ -15,8 +15,8 @@ from support.wheelfactory import make_wheel
 from builder.assemble.assemble import Assembly, assemble
 from builder.cache import Cache
 from builder.contract import BYTECODE_LABEL
-from builder.digest import sha256_of
 from builder.engines.connection import Engine
+from builder.files import sha256_of
 from builder.layers import bytecode
 from builder.layers.bytecode import Compiler
 from builder.layers.extras import LayerKind, distribution_layers, with_bytecode

@@ -19,7 +19,8 @@ from support.clirun import assert_one_error_line
 from support.plans import reference_profile
 
 from builder.cache import Cache
-from builder.inspect.wheels import WheelInspection, cached_inspection, inspect_wheel
+from builder.inspect.wheel_reader import cached_inspection, inspect_wheel
+from builder.inspect.wheels import WheelInspection
 from builder.plan.plan import ArchPlan, Plan, choose_wheel, plan_arch
 from builder.resolve.index import download_all
 from builder.resolve.requirements import RequirementSet, read_requirements

@@ -22,7 +22,8 @@ import pytest
 from support.plans import reference_profile
 
 from builder.cache import Cache
-from builder.inspect.wheels import WheelInspection, cached_inspection, inspect_wheel
+from builder.inspect.wheel_reader import cached_inspection, inspect_wheel
+from builder.inspect.wheels import WheelInspection
 from builder.plan.plan import ArchPlan, Plan, choose_wheel, plan_arch
 from builder.resolve.index import download_all
 from builder.resolve.requirements import read_requirements

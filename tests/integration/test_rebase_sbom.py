@@ -29,8 +29,8 @@ from support.wheelfactory import make_wheel
 from builder import credentials
 from builder.attest import sbom
 from builder.cache import Cache
-from builder.digest import sha256_of
 from builder.engines.per_arch import Engines
+from builder.files import sha256_of
 from builder.layers.extras import (
     ExtrasLayer,
     LayerKind,

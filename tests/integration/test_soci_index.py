@@ -13,8 +13,8 @@ from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
 from builder.config import RunSettings, load_config, merge, settings_of
-from builder.digest import sha256_of
 from builder.errors import UserError
+from builder.files import sha256_of
 from builder.layers import soci as soci_module
 from builder.layers.gzipped import gzipped, spans_of
 from builder.layers.layer import LayerWheels, wheels_layer

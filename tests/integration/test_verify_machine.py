@@ -19,10 +19,9 @@ from support.sandboxserver import start_server, stop_server
 
 from builder.engines.connection import Engine as RunEngine
 from builder.engines.connection import native_arch
-from builder.verify.client import Machine, Sandbox
+from builder.verify.client import Machine, Sandbox, run_check
 from builder.verify.container import confirmed, hardened, machine_of
 from builder.verify.hardened import hardening
-from builder.verify.report import run_check
 
 
 @pytest.mark.usefixtures("docker_client")

@@ -12,7 +12,7 @@ from pathlib import Path
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
+from builder.files import sha256_of
 from builder.layers.bytecode import source_of
 from builder.layers.extras import distribution_layers, own_layers_as_ready
 from builder.layers.layer import LayerWheels, shadowed_files, wheels_layer, write_tar

@@ -11,7 +11,7 @@ from pathlib import Path
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
+from builder.files import sha256_of
 from builder.layers.extras import LayerKind, distribution_layers
 from builder.layers.layer import write_tar
 from builder.plan.layering import BUCKETS

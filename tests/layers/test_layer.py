@@ -17,10 +17,11 @@ from support.unpack import unpack
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
 from builder.errors import UserError
+from builder.files import sha256_of
 from builder.inspect import wheels as wheels_module
-from builder.inspect.wheels import WheelInspection, inspect_wheel
+from builder.inspect.wheel_reader import inspect_wheel
+from builder.inspect.wheels import WheelInspection
 from builder.layers import gzipped as gzipped_module
 from builder.layers import layer as layer_module
 from builder.layers.gzipped import gzipped, spans_of

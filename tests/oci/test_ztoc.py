@@ -15,8 +15,8 @@ import pytest
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
 from builder.errors import UserError
+from builder.files import sha256_of
 from builder.layers import gzipped as gzipped_module
 from builder.layers.gzipped import gzipped
 from builder.layers.layer import LayerWheels, wheels_layer

@@ -9,7 +9,7 @@ from support.plans import reference_profile
 
 from builder.cache import Cache
 from builder.config import RunSettings
-from builder.inspect import wheels as inspect
+from builder.inspect import wheel_reader as inspect
 from builder.orchestration.prepare import Grounds, prepare
 from builder.resolve import index as fetch
 from builder.resolve import uv as resolve

@@ -12,6 +12,7 @@ from support.plans import plan_for, reference_profile
 from support.wheelfactory import make_wheel
 
 from builder.context.render import dockerfile
+from builder.inspect.wheel_reader import member_bytes
 from builder.orchestration.runners.document import _decode, _encode
 from builder.plan.browsers import (
     BROWSERS_JSON,
@@ -98,8 +99,9 @@ def test_arm64_has_its_own_layout_and_a_platform_override_its_own_directory(
     tmp_path: Path,
 ) -> None:
     wheel = playwright(tmp_path, overrides={"debian13-arm64": "2000"})
-    assert playwright_directories(wheel, "amd64")["webkit"] == "webkit-2388"
-    arm = playwright_directories(wheel, "arm64")
+    listing = member_bytes(wheel, BROWSERS_JSON)
+    assert playwright_directories(listing, "amd64", wheel.name)["webkit"] == "webkit-2388"
+    arm = playwright_directories(listing, "arm64", wheel.name)
     assert arm["webkit"] == "webkit_debian13_arm64_special-2000"
     found = wiring("arm64", {"playwright"}, {"chromium-headless-shell"}, arm)
     paths = {link.path for link in found.links}

@@ -10,17 +10,12 @@ import pytest
 from support.wheelfactory import EXTENSION_SUFFIX, compile_so, make_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
 from builder.errors import UserError
+from builder.files import sha256_of
 from builder.inspect import wheels as inspection_module
 from builder.inspect.elf import ElfFile, is_elf, read_elf
-from builder.inspect.wheels import (
-    RECORD_KIND,
-    WheelInspection,
-    derive_top_level,
-    inspect_as_ready,
-    inspect_wheel,
-)
+from builder.inspect.wheel_reader import inspect_as_ready, inspect_wheel
+from builder.inspect.wheels import RECORD_KIND, WheelInspection, derive_top_level
 from builder.plan.natives import (
     By,
     NativeNeed,

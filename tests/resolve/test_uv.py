@@ -20,8 +20,8 @@ from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
 from builder.cache import Cache
-from builder.digest import sha256_of
 from builder.errors import UserError
+from builder.files import sha256_of
 from builder.reporter import Reporter
 from builder.resolve.index import (
     INDEX_FAULTS,

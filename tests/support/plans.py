@@ -8,9 +8,10 @@ from pathlib import Path
 
 from builder.cache import Cache
 from builder.config import RunSettings
-from builder.digest import sha256_of
-from builder.inspect.wheels import inspect_wheel
+from builder.files import sha256_of
+from builder.inspect.wheel_reader import inspect_wheel, member_bytes
 from builder.oci.name import ImageRef
+from builder.plan.browsers import BROWSERS_JSON
 from builder.plan.plan import ArchPlan, choose_wheel, plan_arch
 from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution
 from builder.resolve.target import (
@@ -56,5 +57,9 @@ def plan_for(
         chosen[package.name] = choose_wheel(package, target, AMD64)
         inspections[sha] = inspection
     resolution = Resolution(AMD64, tuple(packages), (), (), "")
-    files = {sha256_of(wheel): wheel for wheel in wheels}  # Playwright's browsers.json
-    return plan_arch(resolution, chosen, inspections, target, with_optional, without, files)
+    listings = {  # Playwright's browsers.json, read as the orchestration reads it
+        sha256_of(wheel): listing
+        for wheel in wheels
+        if (listing := member_bytes(wheel, BROWSERS_JSON)) is not None
+    }
+    return plan_arch(resolution, chosen, inspections, target, with_optional, without, listings)

@@ -15,9 +15,8 @@ import pytest
 
 from builder import contract
 from builder.verify import checks
-from builder.verify.client import LOCAL_PROCESS, Machine, Response, Sandbox
+from builder.verify.client import LOCAL_PROCESS, Machine, Response, Sandbox, run_check
 from builder.verify.hardened import hardening, race
-from builder.verify.report import run_check
 
 Answer = Callable[[list[str]], str]  # argv -> what the command printed
 

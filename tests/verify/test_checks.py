@@ -26,11 +26,11 @@ from support.sandboxserver import (
 
 from builder.verify import client
 from builder.verify.checks import CONTRACT, IMAGE_ONLY, contract_checks, hostile_forms
-from builder.verify.client import Machine, Sandbox, multipart_filename
+from builder.verify.client import Machine, Sandbox, multipart_filename, run_check
 from builder.verify.discovery import import_alone, import_checks
 from builder.verify.hardened import hardening, race
 from builder.verify.programs import ProgramExpectation, program_checks
-from builder.verify.report import Status, VerifyReport, run_check
+from builder.verify.report import Status, VerifyReport
 from builder.verify.run import served_checks
 from builder.verify.sdk import sdk_installed
 

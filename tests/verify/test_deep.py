@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from builder.verify.deep.imports import (
+from builder.verify.deep.causes import (
     Cause,
-    DeepOptions,
     DeepRun,
     Outcome,
     classify,
@@ -16,8 +15,8 @@ from builder.verify.deep.imports import (
     figures_of,
     information_checks,
     parsed,
-    summary_check,
 )
+from builder.verify.deep.imports import DeepOptions, summary_check
 from builder.verify.report import Check, DeepFigures, Status, VerifyReport, noted
 
 READ_ONLY = "OSError: [Errno 30] Read-only file system: '/app/deps-extra/pkg/cache.nbi'"

@@ -20,9 +20,8 @@ from support import sandboxserver
 from support.sandboxserver import SERVER_PYTHONPATH, NamespacedServer, sandbox_of, start_namespaced
 
 from builder.verify.checks import CONTRACT
-from builder.verify.client import Sandbox
+from builder.verify.client import Sandbox, run_check
 from builder.verify.hardened import hardening
-from builder.verify.report import run_check
 
 UNHARDENED = Path(__file__).resolve().parents[1] / "support" / "unhardened_server.py"
 

@@ -27,8 +27,8 @@ from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
 from builder.config import RunSettings
 from builder.context.render import add_to_output
-from builder.digest import sha256_of
 from builder.errors import UserError
+from builder.files import sha256_of
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind, LayerRecord
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef

@@ -19,14 +19,14 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache, partial
-from importlib import resources
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from builder.verify.client import Sandbox, python_json
-from builder.verify.report import Check, expect, last_line, noted, run_check
+from builder.data import shipped_text
+from builder.verify.client import Sandbox, python_json, run_check
+from builder.verify.report import Check, expect, last_line, noted
 
 WORKERS = 2  # checks at once: each starts a Python that loads a heavy library
 VERSIONS_SCRIPT = """
@@ -92,7 +92,7 @@ def _listed(value: object, name: str) -> list[object]:
 @cache
 def curated() -> tuple[UseCheck, ...]:
     """Every check of builder/data/use-checks.toml, in the file's order."""
-    text = resources.files("builder.data").joinpath("use-checks.toml").read_text()
+    text = shipped_text("use-checks.toml")
     found: list[UseCheck] = []
     for name, value in tomllib.loads(text).items():
         for entry in value if isinstance(value, list) else [value]:
