@@ -49,7 +49,7 @@ from builder.oci.client import RepositoryClient  # noqa: E402
 from builder.oci.name import ImageRef  # noqa: E402
 from builder.oci.remote import Blobs, LocalFile, resolve, write  # noqa: E402
 from builder.oci.v1 import Descriptor, Image, Platform, canonical  # noqa: E402
-from builder.orchestration.node_update import NodeUpdate, node_update  # noqa: E402
+from builder.publish.node_update import NodeUpdate, node_update  # noqa: E402
 
 # The reference base holds numpy and pandas (/app/deps): the extras are the rest.
 SET_A = "scikit-learn\nmatplotlib\njoblib==1.4.0\n"
