@@ -62,6 +62,9 @@ class _Bindings:
         self.augmented: dict[str, list[tuple[ast.AST | None, ast.AST]]] = {}
         self.attributes: dict[str, list[ast.AST]] = {}
         for node in module.nodes:
+            kind = type(node)  # a type test first: most nodes are neither (torch: millions)
+            if kind is not ast.Assign and kind is not ast.AnnAssign and kind is not ast.AugAssign:
+                continue
             if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:

@@ -33,7 +33,7 @@ carries on, and a `which` lookup (a probe the code answers itself), are optional
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -314,14 +314,47 @@ def _caller_sites(
     return _sites(module, call, kept, probe=runner.probe)
 
 
-def _mentions_runner_of(source: bytes, runners: Mapping[str, _Runner]) -> bool:
-    """Whether a file may call one of the wheel's runners: it names the function and the
-    module defining it (`from .backend import execute` ... `execute.run_check(cmd)`)."""
+@dataclass(frozen=True)
+class _Naming:
+    """How a file names a runner it may call: the function's name, and the names it may
+    import it under (the module defining it; its package's, when the package re-exports)."""
+
+    function: bytes
+    importers: tuple[bytes, ...]
+
+
+def _namings(runners: Mapping[str, _Runner], reader: Reader) -> list[_Naming]:
+    """Each runner's `_Naming`. Its package's name is one to import it under only when the
+    package's `__init__` binds the function (a re-export): otherwise that name alone (torch's
+    `utils`, which hundreds of its files name) says nothing, and those files are not parsed
+    for nothing. A method's "package" is the module defining its class: always such a name."""
+    found = []
     for qualified in runners:
         module, _, function = qualified.rpartition(".")
         package, _, tail = module.rpartition(".")
-        named = tail.encode() in source or package.rpartition(".")[2].encode() in source
-        if function.encode() in source and named:  # the module, or its package re-exporting
+        importers = [tail]
+        if package not in reader.paths or _binds(reader.module(package), function):
+            importers.append(package.rpartition(".")[2])
+        found.append(_Naming(function.encode(), tuple(name.encode() for name in importers)))
+    return found
+
+
+def _binds(package: tuple[Module, object] | None, name: str) -> bool:
+    """Whether a package's `__init__` (parsed; None: it does not parse) binds `name`, by an
+    import or an assignment; a star import may bind anything."""
+    if package is None:
+        return True
+    module = package[0]
+    stars = any(value.endswith(".*") for value in module.imports.values())
+    return stars or name in module.imports or name in module.assigned or name in module.functions
+
+
+def _mentions_runner_of(source: bytes, namings: Sequence[_Naming]) -> bool:
+    """Whether a file may call one of the wheel's runners: it names the function and a name
+    to import it under (`from .backend import execute` ... `execute.run_check(cmd)`)."""
+    for naming in namings:
+        named = any(importer in source for importer in naming.importers)
+        if naming.function in source and named:
             return True
     return False
 
@@ -338,8 +371,9 @@ def scan_sources(paths: Iterable[str], read: Callable[[str], bytes]) -> list[Loa
     sites, runners, unparsed = _own_sites(reader, paths, read)
     if not runners:
         return ordered(sites)
+    namings = _namings(runners, reader)
     for path in paths:
-        if path in unparsed and not _mentions_runner_of(read(path), runners):
+        if path in unparsed and not _mentions_runner_of(read(path), namings):
             continue
         if (loaded := reader.module(module_name(path))) is not None:
             sites += _runner_callers(reader, loaded[0], runners)
