@@ -1,9 +1,14 @@
 """The pipeline config file, and the one record of a run's settings built from it and the flags.
 
 `PipelineConfig` is the file as written; `RunSettings` is what one run is asked, made once
-(`merge`: the flags over the config; `settings_of`: a `rebuild`'s, the config alone) and passed
-down to the planning, the producers and the delivery. A config file gives everything a CI job
-needs, so it runs one short command:
+(`merge`: the flags over the config; `settings_of`: a `rebuild`'s, the config alone) and read
+by the planning. `Settings` is that record resolved once the plan exists (a `rebuild` plans
+against the next base, so some values are known only then): the asked settings whole, with the
+values derived from them and the plan (the platform version, the local tag) computed here
+once; it is what the producers, the delivery and the publisher are handed, and what the plan
+document carries to a runner's `part` and `merge` (builder.orchestration.runners). Adding an
+option is the flag, the config key and a field of `RunSettings`. A config file gives
+everything a CI job needs, so it runs one short command:
 
     # build-sandbox-image.toml
     requirements = ["requirements.txt"]
@@ -384,6 +389,31 @@ class RunSettings:
     verify: bool = True  # verify the images (and gate a push on it)
     strict: bool = False  # a verification warning (a noisy import) fails it too
     tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A run's settings resolved: what it was asked, whole, and the two facts of its plan the
+    rest follow from. Each derived value has its one function here; a runner's part and merge
+    get the planning run's record from the plan document, their own flags laid over it."""
+
+    asked: RunSettings
+    base: ImageRef  # the plan's base reference: its tag is the default platform version
+    extras_hash: str  # the plan's (builder.orchestration.prepare.extras_hash_of)
+    part: str | None = None  # a runner's part: the one arch it builds (its images name it)
+
+    @property
+    def platform_version(self) -> str:
+        """The platform version the image is built for: asked, else the base image's tag."""
+        return self.asked.platform_version or self.base.tag or "latest"
+
+    @property
+    def local_tag(self) -> str:
+        """What the engine calls the built images: --tag, else sandbox-extension:x<extras>
+        (a part's: with its arch, and no --tag: its planning run built nothing to name)."""
+        if self.part is not None:
+            return f"sandbox-extension:x{self.extras_hash}-{self.part}"
+        return self.asked.tag or f"sandbox-extension:x{self.extras_hash}"
 
 
 def merge(

@@ -13,10 +13,13 @@ import pytest
 from support.plans import reference_profile
 
 from builder.attest.provenance import BuildParameters, InputFile
+from builder.config import RunSettings
+from builder.engines.connection import EngineURL
 from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
+from builder.orchestration.prepare import settle
 from builder.orchestration.runners.document import (
     PlanDocument,
     PlanId,
@@ -88,15 +91,19 @@ def document_in(folder: Path, *arches: str) -> PlanDocument:
             ExtrasLayer(LayerKind.DISTRIBUTION, ("lxml",), "lxml", layer, ("ab" * 32,)),
         )
     parameters = BuildParameters((InputFile("requirements.txt", "d" * 64),), arches=arches)
-    document = PlanDocument(
-        PlanId("", ""),
-        plan,
-        layers,
-        "1.0",
-        parameters,
+    asked = RunSettings(
+        (folder / "requirements.txt",),
+        plan.base_reference,
+        output=folder,  # read back as of the folder it is read from
+        push_repository=REPO,
+        platform_version="1.0",
         skip_modules=("lxml.html.*",),
-        apt_secrets=("apt-auth",),
+        apt_secrets={"apt-auth": folder / "auth.conf"},
+        engines={"arm64": EngineURL("tcp://arm:2376", folder / "certs", "10.0.0.2")},
+        soci=False,
+        strict=True,
     )
+    document = PlanDocument(PlanId("", ""), plan, layers, settle(asked, plan), parameters)
     document = replace(document, plan_id=plan_id_of(document))
     write_document(folder, document)
     return document
@@ -121,8 +128,10 @@ def test_the_plan_reads_back_equal_to_the_plan_written(tmp_path: Path) -> None:
     assert read.layers == written.layers
     assert read.parameters == written.parameters
     assert read.plan_id == written.plan_id
-    assert (read.plan.requested, read.skip_modules) == (("lxml",), ("lxml.html.*",))
+    assert read.settings == written.settings  # the planning run's settings, whole
+    assert (read.plan.requested, read.settings.asked.skip_modules) == (("lxml",), ("lxml.html.*",))
     assert read.apt_secrets == ("apt-auth",)
+    assert read.settings.platform_version == "1.0"
     check_plan(read)  # the content is the plan its id names
 
 
