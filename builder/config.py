@@ -426,6 +426,7 @@ def merge(
     wins over a default, a flag wins over the config. Only a config names a state file."""
     if config is None:
         return _replaceable(flags)
+    config = with_flags(config, flags.engines, flags.cache_max)
     merged = replace(
         flags,
         requirements=flags.requirements or config.requirements,
@@ -440,7 +441,7 @@ def merge(
         warm_pools=flags.warm_pools or config.warm_pools,
         apt_secrets=flags.apt_secrets or config.apt_secrets,
         bytecode=flags.bytecode and config.bytecode,
-        engines={**config.engines, **flags.engines},  # per arch: the flag wins
+        engines=config.engines,  # the flags' over it (`with_flags`), as cache_max
         sign_key=flags.sign_key or config.sign_key,
         soci=flags.soci and config.soci,
         without_programs=tuple(dict.fromkeys(config.without_programs + flags.without_programs)),
@@ -448,7 +449,7 @@ def merge(
         torch_backend=flags.torch_backend or config.torch_backend,
         find_links=tuple(dict.fromkeys(config.find_links + flags.find_links)),
         no_index=flags.no_index or config.no_index,
-        cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
+        cache_max=config.cache_max,
         wheel_max=config.wheel_max if flags.wheel_max is None else flags.wheel_max,
         state=config.state,
     )
@@ -476,6 +477,13 @@ def settings_of(config: PipelineConfig) -> RunSettings:
     )
 
 
-def with_engines(config: PipelineConfig, flags: Mapping[str, EngineURL]) -> PipelineConfig:
-    """The config with --engine flags over its [engines]: per arch, the flag wins."""
-    return replace(config, engines={**config.engines, **flags}) if flags else config
+def with_flags(
+    config: PipelineConfig, engines: Mapping[str, EngineURL], cache_max: int | None
+) -> PipelineConfig:
+    """The config with the flags a config's run takes over it (`build --config` through
+    `merge`, `rebuild` directly): per arch, an --engine wins over [engines]; --cache-max wins
+    over cache-max."""
+    if not engines and cache_max is None:
+        return config
+    over = config.cache_max if cache_max is None else cache_max
+    return replace(config, engines={**config.engines, **engines}, cache_max=over)

@@ -488,17 +488,22 @@ def finish(
     interpreter = known_interpreter(cache, plan.base_image) if plan.bytecode else None
     if layers is None:
         layers = plan_layers(plan, cache, interpreter, group_budget(bool(plan.bytecode)))
-    epoch = plan_epoch(plan)
-    bytecode = interpreter.build if interpreter else "none"
-    labels = image_labels(
+    labels = labels_of(plan, settings, interpreter.build if interpreter else "none")
+    return Finish(layers, labels, created(plan_epoch(plan)), cache)
+
+
+def labels_of(plan: Plan, settings: Settings, bytecode: str) -> dict[str, str]:
+    """The labels each arch's image and the index carry (the same in the Dockerfile): the
+    base, the date the locks fix, the platform version and extras hash, and the interpreter
+    build that compiled the bytecode (`bytecode`; "none")."""
+    return image_labels(
         plan.base.image,
         plan.base.digest,
-        epoch,
+        plan_epoch(plan),
         settings.platform_version,
         settings.extras_hash,
         bytecode,
     )
-    return Finish(layers, labels, created(epoch), cache)
 
 
 def _requirements(settings: RunSettings) -> RequirementSet:

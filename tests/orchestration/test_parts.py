@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,44 @@ def test_a_plan_whose_content_is_not_its_id_is_refused(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(body))
     with pytest.raises(UserError, match="its content is not the plan"):
         check_plan(read_document(tmp_path))
+
+
+def test_the_plan_carries_no_wheelhouse_token_nor_the_planning_machine_s_cache(
+    tmp_path: Path,
+) -> None:
+    document = document_in(tmp_path, "amd64")
+    wheelhouses = ("https://ci:s3cret@mirror.example/w/", str(tmp_path / "wheels"))
+    asked = replace(
+        document.settings.asked, find_links=wheelhouses, cache_dir=tmp_path / "planning-cache"
+    )
+    write_document(tmp_path, replace(document, settings=replace(document.settings, asked=asked)))
+    text = (tmp_path / "plan.json").read_text()
+    assert "s3cret" not in text and "planning-cache" not in text
+    read = read_document(tmp_path).settings.asked
+    assert read.find_links == ("https://mirror.example/w/", str(tmp_path / "wheels"))
+    assert (read.cache_dir, read.output) == (None, tmp_path)  # the runner's own; the plan's dir
+
+
+def test_settings_not_of_the_plan_or_a_plan_of_another_version_are_refused(
+    tmp_path: Path,
+) -> None:
+    document_in(tmp_path, "amd64")
+    written = json.loads((tmp_path / "plan.json").read_text())
+
+    def edited(change: Callable[[dict[str, Any]], None]) -> None:
+        body = json.loads(json.dumps(written))
+        change(body)
+        (tmp_path / "plan.json").write_text(json.dumps(body))
+
+    edited(lambda body: body["settings"].update(extras_hash="0" * 12))
+    with pytest.raises(UserError, match="its settings are not resolved against the plan"):
+        check_plan(read_document(tmp_path))
+    edited(lambda body: body.update(platform_version="9.9"))
+    with pytest.raises(UserError, match=r"its platform version '9.9' is not its settings'"):
+        read_document(tmp_path)
+    edited(lambda body: body.update(version=3))  # before the settings travelled whole
+    with pytest.raises(UserError, match=r"plan.json: not a plan of this tool's version 4$"):
+        read_document(tmp_path)
 
 
 def test_a_layer_tar_changed_after_planning_is_refused(tmp_path: Path) -> None:

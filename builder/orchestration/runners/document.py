@@ -36,6 +36,7 @@ from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
 from builder.orchestration.prepare import build_parameters, finish
 from builder.plan.plan import Plan
+from builder.resolve.resolution import redact
 from builder.resolve.target import BaseFacts, BaseProfile
 
 PLAN_FILE = "plan.json"
@@ -95,7 +96,7 @@ def write_document(output: Path, document: PlanDocument) -> Path:
         "plan_id": dataclasses.asdict(document.plan_id),
         "plan": _encode(document.plan),
         "layers": layers,
-        "settings": _encode(_here(document.settings, HERE)),
+        "settings": _encode(_portable(document.settings, HERE)),
         "platform_version": document.settings.platform_version,  # for a reader: derived
         "parameters": _encode(document.parameters),
     }
@@ -123,7 +124,7 @@ def read_document(plan_dir: Path) -> PlanDocument:
             arch: tuple(_layer(plan_dir, arch, n, one) for n, one in enumerate(stack, 1))
             for arch, stack in body["layers"].items()
         }
-        settings = _here(_decode(Settings, body["settings"]), plan_dir)
+        settings = _portable(_decode(Settings, body["settings"]), plan_dir)
         parameters = _decode(BuildParameters, body["parameters"])
         document = PlanDocument(PlanId(**body["plan_id"]), plan, layers, settings, parameters)
         derived = body["platform_version"]
@@ -134,12 +135,18 @@ def read_document(plan_dir: Path) -> PlanDocument:
     return document
 
 
-def _here(settings: Settings, output: Path) -> Settings:
-    """`settings` as of the plan's directory `output`, without the planning machine's cache (a
-    runner opens its own, --cache-dir): the document is written as of its own directory (HERE),
-    so that the same plan into another --output, from another cache, writes the same bytes,
-    and read back as of the directory it is read from."""
-    asked = dataclasses.replace(settings.asked, output=output, cache_dir=None)
+def _portable(settings: Settings, output: Path) -> Settings:
+    """`settings` as the document holds them: as of the plan's directory `output`, without
+    the planning machine's cache (a runner opens its own, --cache-dir) and the wheelhouses'
+    credentials (a runner resolves nothing; a CI artifact carries no token). Written as of
+    its own directory (HERE), so that the same plan into another --output, from another
+    cache, writes the same bytes; read back as of the directory it is read from."""
+    asked = dataclasses.replace(
+        settings.asked,
+        output=output,
+        cache_dir=None,
+        find_links=tuple(redact(location) for location in settings.asked.find_links),
+    )
     return dataclasses.replace(settings, asked=asked)
 
 

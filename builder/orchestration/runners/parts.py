@@ -27,7 +27,7 @@ from builder import credentials
 from builder.assemble.assemble import plan_epoch
 from builder.cache import Cache
 from builder.config import APT_SECRETS, Settings
-from builder.context.labels import created, image_labels
+from builder.context.labels import created
 from builder.engines.per_arch import Engines
 from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.files import refuse_link
@@ -37,7 +37,7 @@ from builder.oci.remote import Written, read
 from builder.oci.v1 import Image
 from builder.orchestration.commands import OnePart, deliver_part
 from builder.orchestration.delivery import Outcome, Run
-from builder.orchestration.prepare import Finish, extras_hash_of
+from builder.orchestration.prepare import Finish, extras_hash_of, labels_of
 from builder.orchestration.runners.document import PlanDocument, PlanId, check_layers
 from builder.publish.publisher import (
     Publishing,
@@ -129,25 +129,18 @@ def check_plan(document: PlanDocument) -> str:
     return str(document.plan_id)
 
 
-def labels_of(document: PlanDocument) -> dict[str, str]:
+def document_labels(document: PlanDocument) -> dict[str, str]:
     """The labels a one-job run of the plan gives each arch's image (and its index): the
     extras hash covers every arch, so every part carries the same."""
     plan = document.plan
-    return image_labels(
-        plan.base.image,
-        plan.base.digest,
-        plan_epoch(plan),
-        document.settings.platform_version,
-        document.settings.extras_hash,
-        plan.bytecode or "none",
-    )
+    return labels_of(plan, document.settings, plan.bytecode or "none")
 
 
 def finish_of(document: PlanDocument, arch: str, cache: Cache) -> Finish:
     """What a one-job run's `finish` gives `arch`, from the document alone: the whole plan's
     labels and `created`, and the arch's layers (their tars in the context)."""
     layers = {arch: document.layers[arch]}
-    return Finish(layers, labels_of(document), created(plan_epoch(document.plan)), cache)
+    return Finish(layers, document_labels(document), created(plan_epoch(document.plan)), cache)
 
 
 @dataclass(frozen=True)
@@ -382,7 +375,7 @@ def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     retries = Retries(reporter)
     registry = credentials.registry(job.repository, str(job.repository), retries)
     images = pushed_images(document, parts, registry)
-    target = target_of(settings, labels_of(document))
+    target = target_of(settings, document_labels(document))
     assert target is not None, "a merge is asked where the parts went"
     reporter.say(f"merging {len(parts)} part(s) of plan {document.plan_id} ...")
     pushed = [(record.arch, image) for record, image in zip(parts, images, strict=True)]
