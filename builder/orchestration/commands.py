@@ -100,15 +100,15 @@ class OnePart:
 
 def deliver_part(part: OnePart, run: Run) -> Outcome:
     """A runner's part: the delivery a one-job run makes, of one arch, from the plan's
-    context (`run.output`): BuildKit's system stage, the plan's layers, verified, pushed by
-    digest."""
+    context (the plan's directory, its settings' output): BuildKit's system stage, the plan's
+    layers, verified, pushed by digest."""
     settings = part.settings
     written = (part.finished.labels, part.parameters)
     delivery = delivery_for(part.plan, settings, run.cache, None, part.sign, written)
     with SystemStages(settings.asked.apt_secrets, run.engines, run.cache) as stages:
         producer = BuildProducer(
             part.plan,
-            run.output,
+            settings.asked.output,
             part.finished,
             settings.local_tag,
             run.engines,
@@ -197,7 +197,7 @@ def build(
         if settings.state is not None:  # a run from a config records what it pushed
             state = StateRecord(settings.state, resolved.platform_version)
         delivery = delivery_for(plan, resolved, cache, state, sign=key)
-        run = Run(engines, cache, settings.output, reporter, retries)
+        run = Run(engines, cache, reporter, retries)
         return Built(plan, delivery, build_images(plan, resolved, delivery, stages, run))
 
 
@@ -235,7 +235,7 @@ def build_images(
     """
     finished = finish(plan, settings, run.cache)
     producer = BuildProducer(
-        plan, run.output, finished, settings.local_tag, run.engines, stages, run.reporter
+        plan, settings.asked.output, finished, settings.local_tag, run.engines, stages, run.reporter
     )
     pushing = [
         (one.layer.path, one.layer.diff_id) for stack in finished.layers.values() for one in stack
@@ -324,7 +324,7 @@ def rebuild(
         found = Rebuild(plan, changes(previous, state_of(plan, resolved.platform_version)))
         if check_only or not found.changes:
             return found
-        run = Run(engines, cache, settings.output, reporter, retries)
+        run = Run(engines, cache, reporter, retries)
         started = (ahead, stages)
         found.path, found.outcome = _upgrade(resolved, previous, plan, run, started, key)
         if found.outcome.succeeded:

@@ -124,12 +124,12 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Run:
-    """What every step of one run shares: the engines, the cache, the output, the reporter, and
-    the retries of its registry requests (one budget; report.json records them)."""
+    """What every step of one run shares: the engines, the cache, the reporter, and the retries
+    of its registry requests (one budget; report.json records them). Where it writes is its
+    settings' (`Delivery.settings`: the build context's directory, where report.json is)."""
 
     engines: Engines  # each arch's engine: `run.engines.for_arch(arch)`
     cache: Cache
-    output: Path  # the build context directory, where report.json is
     reporter: Reporter
     retries: Retries = field(default_factory=Retries)
 
@@ -170,14 +170,15 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     outcome.verification = VerifyReport.merged(
         producer.label, [(p.arch, p.verification) for p in produced if p.verification]
     )
+    output = delivery.settings.asked.output  # the build context's directory: report.json's
     if outcome.succeeded and delivery.push is not None:
         started = time.monotonic()
         try:
-            published = publisher(_publishing(delivery, run), run.cache, run.output).publish(
+            published = publisher(_publishing(delivery, run), run.cache, output).publish(
                 [one.made() for one in produced], f"{producer.path} of {producer.label}"
             )
         except UserError:  # a registry down midway: its retries are what the operator needs
-            update_report(run.output, {"registry_retries": run.retries.to_list()})
+            update_report(output, {"registry_retries": run.retries.to_list()})
             raise
         outcome.push_seconds = time.monotonic() - started
         outcome.pushed, outcome.node_update = published.written, published.node_update
@@ -312,4 +313,4 @@ def _report(outcome: Outcome, delivery: Delivery, run: Run) -> None:
         outcome.push_seconds,
     )
     additions = {"image": record.to_dict(), "registry_retries": run.retries.to_list()}
-    update_report(run.output, additions, record.pushed_layers())
+    update_report(delivery.settings.asked.output, additions, record.pushed_layers())

@@ -222,7 +222,7 @@ def _deliver_part(
     finished = finish_of(document, job.arch, cache)
     settings = part_settings(job, document)
     one = OnePart(plan, finished, document.parameters, settings, job.sign)
-    return deliver_part(one, Run(engines, cache, job.plan_dir, reporter, Retries(reporter)))
+    return deliver_part(one, Run(engines, cache, reporter, Retries(reporter)))
 
 
 def _done_before(job: PartJob, plan_id: str, retries: Retries) -> PartRecord | None:
