@@ -49,7 +49,7 @@ from builder.orchestration.produce_rebase import AptAhead, Previous, RebaseProdu
 from builder.orchestration.runners.document import write_plan
 from builder.orchestration.timeline import Timeline
 from builder.plan.plan import Plan
-from builder.publish.publisher import StateRecord, pointing_of, target_of
+from builder.publish.publisher import StateRecord, pointing_of, state_record, target_of
 from builder.publish.state import (
     BuildState,
     changes,
@@ -193,9 +193,7 @@ def build(
             write_plan(plan, resolved, cache)
         if engines is None or not building:
             return Built(plan)
-        state = None
-        if settings.state is not None:  # a run from a config records what it pushed
-            state = StateRecord(settings.state, resolved.platform_version)
+        state = state_record(resolved)  # a run from a config records what it pushed
         delivery = delivery_for(plan, resolved, cache, state, sign=key)
         run = Run(engines, cache, reporter, retries)
         return Built(plan, delivery, build_images(plan, resolved, delivery, stages, run))
@@ -346,8 +344,7 @@ def _upgrade(
     blocker = rebase_blocker(previous, state_of(plan, new_version))
     path = "build" if blocker or previous is None else "rebase"
     run.reporter.say(f"upgrade path: {path} ({blocker or 'the resolution is unchanged'})")
-    assert settings.asked.state is not None, "a rebuild's settings are its config's"
-    state = StateRecord(settings.asked.state, new_version, unpushed_too=True)
+    state = state_record(settings, unpushed_too=True)  # its plan, even when nothing was pushed
     delivery = delivery_for(plan, settings, run.cache, state, sign=key)
     ahead, stages = started
     if path == "build" or previous is None or previous.image_reference is None:

@@ -381,6 +381,13 @@ def _write_attachments(one: Made, output: Path) -> tuple[str, ...] | None:
     return tuple(sorted(one.attestable.documents))
 
 
+def state_record(settings: Settings, unpushed_too: bool = False) -> StateRecord | None:
+    """Where a run records what it pushed, of the platform version its settings give (None:
+    no state asked; a run from a config, or `merge --state`, asks one)."""
+    path = settings.asked.state
+    return None if path is None else StateRecord(path, settings.platform_version, unpushed_too)
+
+
 def record_state(state: StateRecord, plan: Plan, image: str | None, route: str) -> None:
     """The state a later `rebuild` diffs against: the plan, the platform version, the image
     pushed (None: a rebuild that pushed nothing) and how it was made (build, rebase)."""

@@ -41,10 +41,10 @@ from builder.orchestration.prepare import Finish, extras_hash_of, labels_of
 from builder.orchestration.runners.document import PlanDocument, PlanId, check_layers
 from builder.publish.publisher import (
     Publishing,
-    StateRecord,
     pointing_of,
     publish_index,
     record_state,
+    state_record,
     target_of,
 )
 from builder.publish.state import check_state, write_json_whole
@@ -381,7 +381,6 @@ def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     pushed = [(record.arch, image) for record, image in zip(parts, images, strict=True)]
     publishing = Publishing(target, reporter, retries, job.sign, pointing)
     published = publish_index(publishing, registry, pushed)
-    if job.state is not None:
-        state = StateRecord(job.state, settings.platform_version)
+    if (state := state_record(settings)) is not None:
         record_state(state, document.plan, published.written.reference, "build")
     return Merged(published.written, parts, published.template_change)
