@@ -227,9 +227,8 @@ def build_images(
     """After `prepare`: BuildKit and the tool make every arch's image; one delivery.
 
     The images are tagged locally (`settings.local_tag`): an untagged image would vanish if a
-    later step untags it. With a push, each arch's extras
-    layers are gzipped in the background while the images build and verify, and given their
-    ztocs.
+    later step untags it. With a push, each arch's extras layers are gzipped in the background
+    while the images build and verify, and given their ztocs.
     """
     finished = finish(plan, settings, run.cache)
     producer = BuildProducer(

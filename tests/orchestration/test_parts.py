@@ -29,17 +29,22 @@ from builder.orchestration.runners.document import (
     write_document,
 )
 from builder.orchestration.runners.parts import (
+    MergeJob,
+    PartJob,
     PartRecord,
     Verified,
     check_apt_secrets,
     check_parts,
     check_plan,
+    merge_settings,
+    part_settings,
     plan_id_of,
     read_parts,
 )
 from builder.plan.gpu import GpuWeight
 from builder.plan.plan import ArchPlan, How, NativeLibrary, NodeLibrary, Plan, PlannedWheel
 from builder.plan.program_needs import ProgramNeed
+from builder.publish.publisher import target_of
 
 REPO = ImageRef.parse_repository("127.0.0.1:5000/team/runtime")
 
@@ -134,6 +139,33 @@ def test_the_plan_reads_back_equal_to_the_plan_written(tmp_path: Path) -> None:
     assert read.apt_secrets == ("apt-auth",)
     assert read.settings.platform_version == "1.0"
     check_plan(read)  # the content is the plan its id names
+
+
+def test_a_part_and_a_merge_lay_their_flags_over_the_planning_run_s_settings(
+    tmp_path: Path,
+) -> None:
+    document = document_in(tmp_path, "amd64", "arm64")
+    planned = replace(
+        document.settings.asked, verify=False, template=tmp_path / "t.yaml", tag="mine:1"
+    )
+    document = replace(document, settings=replace(document.settings, asked=planned))
+    elsewhere = ImageRef.parse_repository("127.0.0.1:5000/team/other")
+    secrets = {"apt-auth": tmp_path / "runner-auth.conf"}
+    job = PartJob(tmp_path / "plan", "arm64", elsewhere, strict=False, apt_secrets=secrets)
+    part = part_settings(job, document)
+    assert (part.asked.push_repository, part.asked.strict) == (elsewhere, False)  # its flags
+    assert (part.asked.apt_secrets, part.asked.output) == (secrets, tmp_path / "plan")
+    assert (part.asked.skip_modules, part.asked.soci) == (("lxml.html.*",), False)  # planned
+    assert (part.asked.verify, part.asked.template) == (True, None)  # a part verifies, points none
+    assert part.local_tag == f"sandbox-extension:x{document.plan_id.extras_hash}-arm64"
+    target = target_of(part, {})
+    assert target is not None and target.by_digest and not target.soci
+    assert target.tag == f"1.0-x{document.plan_id.extras_hash}"
+    merge_job = MergeJob(tmp_path, REPO, tmp_path / "m.yaml", "runtime", tmp_path / "s.json")
+    merging = merge_settings(merge_job, document)
+    assert (merging.asked.template, merging.asked.container) == (tmp_path / "m.yaml", "runtime")
+    assert (merging.asked.state, merging.asked.warm_pools) == (tmp_path / "s.json", ())
+    assert merging.platform_version == part.platform_version == "1.0"  # the plan's, whole
 
 
 def test_a_plan_whose_content_is_not_its_id_is_refused(tmp_path: Path) -> None:

@@ -116,11 +116,8 @@ def check_plan(document: PlanDocument) -> str:
     settings to be resolved against that plan."""
     if plan_id_of(document) != document.plan_id:
         raise UserError(f"plan.json: its content is not the plan {document.plan_id}")
-    settings = document.settings
-    if (settings.extras_hash, settings.base) != (
-        document.plan_id.extras_hash,
-        document.plan.base_reference,
-    ):
+    planned = (document.plan_id.extras_hash, document.plan.base_reference)
+    if (document.settings.extras_hash, document.settings.base) != planned:
         raise UserError(
             f"plan.json: its settings are not resolved against the plan {document.plan_id}"
         )
@@ -157,9 +154,11 @@ class PartJob:
 
 
 def part_settings(job: PartJob, document: PlanDocument) -> Settings:
-    """A part's settings: the planning run's, with the part's flags over them (where it pushes,
-    --strict, this runner's files for the apt secrets the plan mounts), built into the plan's
-    directory; `part` names the arch its images are built and tagged for."""
+    """A part's settings: the planning run's (its --skip-module patterns, --no-soci, platform
+    version), with the part's flags over them (where it pushes, --strict, this runner's files
+    for the apt secrets the plan mounts), built into the plan's directory; `part` names the
+    arch its images are built and tagged for. A part always verifies (it takes no
+    --no-verify) and points no template (the merge does)."""
     asked = replace(
         document.settings.asked,
         push_repository=job.repository,
@@ -167,6 +166,8 @@ def part_settings(job: PartJob, document: PlanDocument) -> Settings:
         apt_secrets=job.apt_secrets,
         output=job.plan_dir,
         tag=None,
+        verify=True,
+        template=None,
     )
     return replace(document.settings, asked=asked, part=job.arch)
 
