@@ -1,9 +1,14 @@
 """The pipeline config file, and the one record of a run's settings built from it and the flags.
 
 `PipelineConfig` is the file as written; `RunSettings` is what one run is asked, made once
-(`merge`: the flags over the config; `settings_of`: a `rebuild`'s, the config alone) and passed
-down to the planning, the producers and the delivery. A config file gives everything a CI job
-needs, so it runs one short command:
+(`merge`: the flags over the config; `settings_of`: a `rebuild`'s, the config alone) and read
+by the planning. `Settings` is that record resolved once the plan exists (a `rebuild` plans
+against the next base, so some values are known only then): the asked settings whole, with the
+values derived from them and the plan (the platform version, the local tag) computed here
+once; it is what the producers, the delivery and the publisher are handed, and what the plan
+document carries to a runner's `part` and `merge` (builder.orchestration.runners). Adding an
+option is the flag, the config key and a field of `RunSettings`. A config file gives
+everything a CI job needs, so it runs one short command:
 
     # build-sandbox-image.toml
     requirements = ["requirements.txt"]
@@ -386,6 +391,31 @@ class RunSettings:
     tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
 
 
+@dataclass(frozen=True)
+class Settings:
+    """A run's settings resolved: what it was asked, whole, and the two facts of its plan the
+    rest follow from. Each derived value has its one function here; a runner's part and merge
+    get the planning run's record from the plan document, their own flags laid over it."""
+
+    asked: RunSettings
+    base: ImageRef  # the plan's base reference: its tag is the default platform version
+    extras_hash: str  # the plan's (builder.orchestration.prepare.extras_hash_of)
+    part: str | None = None  # a runner's part: the one arch it builds (its images name it)
+
+    @property
+    def platform_version(self) -> str:
+        """The platform version the image is built for: asked, else the base image's tag."""
+        return self.asked.platform_version or self.base.tag or "latest"
+
+    @property
+    def local_tag(self) -> str:
+        """What the engine calls the built images: --tag, else sandbox-extension:x<extras>
+        (a part's: with its arch, and no --tag: its planning run built nothing to name)."""
+        if self.part is not None:
+            return f"sandbox-extension:x{self.extras_hash}-{self.part}"
+        return self.asked.tag or f"sandbox-extension:x{self.extras_hash}"
+
+
 def merge(
     flags: RunSettings, config: PipelineConfig | None, *, output_given: bool, base_given: bool
 ) -> RunSettings:
@@ -396,6 +426,7 @@ def merge(
     wins over a default, a flag wins over the config. Only a config names a state file."""
     if config is None:
         return _replaceable(flags)
+    config = with_flags(config, flags.engines, flags.cache_max)
     merged = replace(
         flags,
         requirements=flags.requirements or config.requirements,
@@ -410,7 +441,7 @@ def merge(
         warm_pools=flags.warm_pools or config.warm_pools,
         apt_secrets=flags.apt_secrets or config.apt_secrets,
         bytecode=flags.bytecode and config.bytecode,
-        engines={**config.engines, **flags.engines},  # per arch: the flag wins
+        engines=config.engines,  # the flags' over it (`with_flags`), as cache_max
         sign_key=flags.sign_key or config.sign_key,
         soci=flags.soci and config.soci,
         without_programs=tuple(dict.fromkeys(config.without_programs + flags.without_programs)),
@@ -418,7 +449,7 @@ def merge(
         torch_backend=flags.torch_backend or config.torch_backend,
         find_links=tuple(dict.fromkeys(config.find_links + flags.find_links)),
         no_index=flags.no_index or config.no_index,
-        cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
+        cache_max=config.cache_max,
         wheel_max=config.wheel_max if flags.wheel_max is None else flags.wheel_max,
         state=config.state,
     )
@@ -446,6 +477,13 @@ def settings_of(config: PipelineConfig) -> RunSettings:
     )
 
 
-def with_engines(config: PipelineConfig, flags: Mapping[str, EngineURL]) -> PipelineConfig:
-    """The config with --engine flags over its [engines]: per arch, the flag wins."""
-    return replace(config, engines={**config.engines, **flags}) if flags else config
+def with_flags(
+    config: PipelineConfig, engines: Mapping[str, EngineURL], cache_max: int | None
+) -> PipelineConfig:
+    """The config with the flags a config's run takes over it (`build --config` through
+    `merge`, `rebuild` directly): per arch, an --engine wins over [engines]; --cache-max wins
+    over cache-max."""
+    if not engines and cache_max is None:
+        return config
+    over = config.cache_max if cache_max is None else cache_max
+    return replace(config, engines={**config.engines, **engines}, cache_max=over)

@@ -925,6 +925,31 @@ def test_a_run_is_asked_for_in_one_place(record: str) -> None:
     assert len(found) == 1 and found[0].startswith("builder/orchestration/commands.py"), found
 
 
+@pytest.mark.parametrize(
+    ("name", "home"),
+    [
+        ("Settings", "builder/orchestration/prepare.py"),
+        ("image_tag", "builder/publish/publisher.py"),
+    ],
+)
+def test_a_run_s_settings_are_resolved_in_one_place(name: str, home: str) -> None:
+    """The settings are resolved against the plan by `prepare.settle` alone, and the tag a
+    push moves is named by `publisher.target_of` alone; the values derived from the record
+    (the platform version, the local tag) are its own properties (builder.config.Settings)."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in builder_modules()
+        for line in constructions(path, name)
+    ]
+    assert len(found) == 1 and found[0].startswith(home), found
+    spelled = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in builder_modules()
+        if "sandbox-extension:x" in path.read_text()
+    ]
+    assert spelled == ["builder/config.py"], spelled
+
+
 def test_native_or_emulated_is_decided_in_one_place() -> None:
     """`engines.connection.runs_emulated` is the one rule (the delivery orders and announces
     the arches by it, verify picks a sandbox's bounds by it), over the engine's own arch that

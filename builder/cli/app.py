@@ -362,7 +362,7 @@ def rebuild(
     from builder.cache.bound import bounded_use
     from builder.cli.cache import open_cache
     from builder.cli.fleet import fleet_output, show_fleet
-    from builder.config import load_config, with_engines
+    from builder.config import load_config, with_flags
     from builder.engines.connection import engine_client
     from builder.engines.per_arch import engine_flags
     from builder.orchestration.commands import rebuild as run_rebuild
@@ -373,11 +373,11 @@ def rebuild(
     config = None if output.as_fleet else load_config(config_paths[0])
     if engine_urls and config is None:
         raise click.UsageError("--engine takes one --config: a fleet's configs name [engines]")
-    config = config and with_engines(config, engine_flags(engine_urls))
+    config = config and with_flags(config, engine_flags(engine_urls), cache_max)
     client = engine_client()
     if client is None:
         raise UserError("rebuild: no Docker engine reachable to probe the new base")
-    limit = cache_max if cache_max is not None or config is None else config.cache_max
+    limit = cache_max if config is None else config.cache_max
     with bounded_use(cache, limit) as bound:
         if config is None:
             fleet = Fleet(output.configs, platform_version, jobs, check)

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ from builder.cache import Cache
 from builder.config import (
     PipelineConfig,
     RunSettings,
+    Settings,
     check_version_settable,
     set_platform_version,
     settings_of,
@@ -39,17 +40,16 @@ from builder.orchestration.prepare import (
     Finish,
     Grounds,
     build_parameters,
-    extras_hash_of,
     finish,
-    platform_version,
     prepare,
+    settle,
 )
 from builder.orchestration.produce_build import BuildProducer, SystemStages, target_arches
 from builder.orchestration.produce_rebase import AptAhead, Previous, RebaseProducer
 from builder.orchestration.runners.document import write_plan
 from builder.orchestration.timeline import Timeline
 from builder.plan.plan import Plan
-from builder.publish.publisher import StateRecord, Target, pointing_of
+from builder.publish.publisher import StateRecord, pointing_of, state_record, target_of
 from builder.publish.state import (
     BuildState,
     changes,
@@ -58,7 +58,6 @@ from builder.publish.state import (
     rebase_blocker,
     state_of,
 )
-from builder.publish.tags import image_tag
 from builder.publish.writable import check_replaceable
 from builder.reporter import Reporter
 from builder.resolve.target import BaseProfile
@@ -68,34 +67,24 @@ if TYPE_CHECKING:
     from builder.sign.keys import SigningKey
 
 
-def push_target(plan: Plan, settings: RunSettings, cache: Cache) -> Target | None:
-    """The repository, tag and index annotations of a push (and whether a SOCI index goes with
-    each image); None when nothing is pushed."""
-    if settings.push_repository is None:
-        return None
-    version = platform_version(plan.base_reference, settings.platform_version)
-    labels = finish(plan, settings, cache, {}).labels
-    tag = image_tag(version, extras_hash_of(plan))
-    return Target(settings.push_repository, tag, labels, settings.soci, plan.base_reference)
-
-
 def delivery_for(
     plan: Plan,
-    settings: RunSettings,
+    settings: Settings,
     cache: Cache,
     state: StateRecord | None,
     sign: SigningKey | None = None,
-    written: tuple[Target, BuildParameters] | None = None,
+    written: tuple[Mapping[str, str], BuildParameters] | None = None,
 ) -> Delivery:
     """What a run does with its images, from its settings (a `rebuild`'s: its config's); a
     run from a config records what it pushed in `state`, for `rebuild` to diff against.
-    `written`: the push target and the provenance's parameters when a written plan says them
-    (a runner's part, which holds neither the requirement files nor the planning cache)."""
-    push, parameters = written or (
-        push_target(plan, settings, cache),
-        build_parameters(plan, settings),
-    )
-    return Delivery(settings, push, state, parameters, sign)
+    `written`: the images' labels and the provenance's parameters when a written plan says
+    them (a runner's part, which holds neither the requirement files nor the planning cache)."""
+    if written is None:
+        pushing = settings.asked.push_repository is not None
+        labels = finish(plan, settings, cache, {}).labels if pushing else {}
+        written = labels, build_parameters(plan, settings)
+    labels, parameters = written
+    return Delivery(settings, target_of(settings, labels), state, parameters, sign)
 
 
 @dataclass(frozen=True)
@@ -104,26 +93,27 @@ class OnePart:
 
     plan: Plan  # that arch's alone
     finished: Finish  # the whole plan's labels and `created`, the arch's layers
-    target: Target  # by digest: no tag moves
     parameters: BuildParameters
-    local_tag: str
-    strict: bool = False
+    settings: Settings  # the planning run's, the part's flags over them (`part` names the arch)
     sign: SigningKey | None = None
-    skip_modules: tuple[str, ...] = ()  # the planning run's, for the same verification
-    apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # the plan's apt step mounts
 
 
 def deliver_part(part: OnePart, run: Run) -> Outcome:
     """A runner's part: the delivery a one-job run makes, of one arch, from the plan's
-    context (`run.output`): BuildKit's system stage, the plan's layers, verified, pushed."""
-    settings = RunSettings(
-        (), part.plan.base.reference, skip_modules=part.skip_modules, strict=part.strict
-    )
-    written = (part.target, part.parameters)
+    context (the plan's directory, its settings' output): BuildKit's system stage, the plan's
+    layers, verified, pushed by digest."""
+    settings = part.settings
+    written = (part.finished.labels, part.parameters)
     delivery = delivery_for(part.plan, settings, run.cache, None, part.sign, written)
-    with SystemStages(part.apt_secrets, run.engines, run.cache) as stages:
+    with SystemStages(settings.asked.apt_secrets, run.engines, run.cache) as stages:
         producer = BuildProducer(
-            part.plan, run.output, part.finished, part.local_tag, run.engines, stages, run.reporter
+            part.plan,
+            settings.asked.output,
+            part.finished,
+            settings.local_tag,
+            run.engines,
+            stages,
+            run.reporter,
         )
         return deliver(producer, part.plan, delivery, run)
 
@@ -158,12 +148,15 @@ def check_written(settings: RunSettings, records_state: bool) -> None:
         check_state(settings.state)
 
 
-def check_rebuild_writes(config: PipelineConfig) -> None:
-    """A rebuild's `check_written`, and the config it names the new version in once pushed
-    (builder.config.set_platform_version)."""
-    check_written(settings_of(config), records_state=True)
+def check_rebuild_writes(config: PipelineConfig) -> RunSettings:
+    """A rebuild's settings (its config's: builder.config.settings_of), once its
+    `check_written` and the config it names the new version in once pushed
+    (builder.config.set_platform_version) are checked."""
+    asked = settings_of(config)
+    check_written(asked, records_state=True)
     check_version_settable(config)
     check_replaceable(config.path, "config")
+    return asked
 
 
 def build(
@@ -195,17 +188,15 @@ def build(
         building = engines is not None and settings.build
         plan = prepare(settings, grounds, planned=stages.start if building else None)
         planned(plan)
+        resolved = settle(settings, plan)
         if not settings.build:  # the plan a runner is handed (builder.orchestration.runners.parts)
-            write_plan(plan, settings, cache)
+            write_plan(plan, resolved, cache)
         if engines is None or not building:
             return Built(plan)
-        state = None
-        if settings.state is not None:  # a run from a config records what it pushed
-            version = platform_version(plan.base_reference, settings.platform_version)
-            state = StateRecord(settings.state, version)
-        delivery = delivery_for(plan, settings, cache, state, sign=key)
-        run = Run(engines, cache, settings.output, reporter, retries)
-        return Built(plan, delivery, build_images(plan, settings, delivery, stages, run))
+        state = state_record(resolved)  # a run from a config records what it pushed
+        delivery = delivery_for(plan, resolved, cache, state, sign=key)
+        run = Run(engines, cache, reporter, retries)
+        return Built(plan, delivery, build_images(plan, resolved, delivery, stages, run))
 
 
 def grounds_for(
@@ -228,22 +219,20 @@ def grounds_for(
 
 def build_images(
     plan: Plan,
-    settings: RunSettings,
+    settings: Settings,
     delivery: Delivery,
     stages: SystemStages,
     run: Run,
 ) -> Outcome:
     """After `prepare`: BuildKit and the tool make every arch's image; one delivery.
 
-    The images are tagged locally (`settings.tag`, default `sandbox-extension:x<extras>`): an
-    untagged image would vanish if a later step untags it. With a push, each arch's extras
-    layers are gzipped in the background while the images build and verify, and given their
-    ztocs.
+    The images are tagged locally (`settings.local_tag`): an untagged image would vanish if a
+    later step untags it. With a push, each arch's extras layers are gzipped in the background
+    while the images build and verify, and given their ztocs.
     """
     finished = finish(plan, settings, run.cache)
-    local_tag = settings.tag or f"sandbox-extension:x{extras_hash_of(plan)}"
     producer = BuildProducer(
-        plan, settings.output, finished, local_tag, run.engines, stages, run.reporter
+        plan, settings.asked.output, finished, settings.local_tag, run.engines, stages, run.reporter
     )
     pushing = [
         (one.layer.path, one.layer.diff_id) for stack in finished.layers.values() for one in stack
@@ -296,22 +285,22 @@ def rebuild(
     The config's `sign-key` is read first: a key that cannot sign fails before any probe.
     """
     key = None if check_only else signing_key(config.sign_key)
-    check_rebuild_writes(config)
+    configured = check_rebuild_writes(config)
     with ExitStack() as stack:  # the named engines' clients are closed at the end
-        named = Engines.local(client) if check_only else connect(config.engines, client)
+        named = Engines.local(client) if check_only else connect(configured.engines, client)
         engines = stack.enter_context(named)
         image = config.base_image_for(new_version)
         retries = Retries(reporter)  # the run's: every registry request, one budget, one record
         base = bases(image, lambda: base_profile(image, client, cache, reporter, retries))
         previous = load_state(config.state)
-        arches = target_arches(config.architectures, base, client, cache, reporter, retries)
+        arches = target_arches(configured.arches, base, client, cache, reporter, retries)
         rebasing = previous is not None and previous.image is not None and not check_only
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bsi-check-"))
         early = stack.enter_context(ThreadPoolExecutor(max_workers=len(arches)))
-        stages = stack.enter_context(SystemStages(config.apt_secrets, engines))
+        stages = stack.enter_context(SystemStages(configured.apt_secrets, engines))
         settings = replace(
-            settings_of(config),
-            output=Path(scratch) / "context" if check_only else config.output,
+            configured,
+            output=Path(scratch) / "context" if check_only else configured.output,
             platform_version=new_version,
             refresh=True,  # an upgrade must see what the index offers now
         )
@@ -319,7 +308,8 @@ def rebuild(
         ahead = None
         if previous is not None and rebasing:
             wanted = {arch: previous.apt_packages.get(arch, ()) for arch in arches}
-            ahead = AptAhead(early, wanted, base.pinned.as_written, engines, config.apt_secrets)
+            secrets = settings.apt_secrets
+            ahead = AptAhead(early, wanted, base.pinned.as_written, engines, secrets)
         building = not rebasing and not check_only  # the full path: start the apt builds early
         plan = prepare(
             settings,
@@ -327,20 +317,20 @@ def rebuild(
             previous.locks if previous is not None and rebasing else None,
             stages.start if building else None,
         )
-        found = Rebuild(plan, changes(previous, state_of(plan, new_version)))
+        resolved = settle(settings, plan)
+        found = Rebuild(plan, changes(previous, state_of(plan, resolved.platform_version)))
         if check_only or not found.changes:
             return found
-        run = Run(engines, cache, settings.output, reporter, retries)
+        run = Run(engines, cache, reporter, retries)
         started = (ahead, stages)
-        found.path, found.outcome = _upgrade(config, settings, previous, plan, run, started, key)
+        found.path, found.outcome = _upgrade(resolved, previous, plan, run, started, key)
         if found.outcome.succeeded:
             set_platform_version(config, new_version)
         return found
 
 
 def _upgrade(
-    config: PipelineConfig,
-    settings: RunSettings,
+    settings: Settings,
     previous: BuildState | None,
     plan: Plan,
     run: Run,
@@ -349,11 +339,11 @@ def _upgrade(
 ) -> tuple[str, Outcome]:
     """The rebase path when the resolution is unchanged and a pushed image is recorded; else
     the build path. Either ends in the one delivery."""
-    new_version = settings.platform_version or config.platform_version  # a rebuild's: the new
+    new_version = settings.platform_version
     blocker = rebase_blocker(previous, state_of(plan, new_version))
     path = "build" if blocker or previous is None else "rebase"
     run.reporter.say(f"upgrade path: {path} ({blocker or 'the resolution is unchanged'})")
-    state = StateRecord(config.state, new_version, unpushed_too=True)
+    state = state_record(settings, unpushed_too=True)  # its plan, even when nothing was pushed
     delivery = delivery_for(plan, settings, run.cache, state, sign=key)
     ahead, stages = started
     if path == "build" or previous is None or previous.image_reference is None:
@@ -363,6 +353,6 @@ def _upgrade(
     start = Previous(previous.image_reference, previous.base_digest)
     finished = finish(plan, settings, run.cache, {})
     with RebaseProducer(
-        start, plan, finished, delivery.push.repository, run, ahead, config.apt_secrets
+        start, plan, finished, delivery.push.repository, run, ahead, settings.asked.apt_secrets
     ) as producer:
         return path, deliver(producer, plan, delivery, run)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
-from builder.config import RunSettings
+from builder.config import Settings
 from builder.context.render import update_report
 from builder.engines.connection import runs_emulated
 from builder.engines.per_arch import Engines
@@ -115,7 +115,7 @@ class Producer(Protocol):
 class Delivery:
     """What happens to the images once made: verified, pushed, the template pointed at them."""
 
-    settings: RunSettings  # verify, strict, skip_modules, template, container, warm_pools
+    settings: Settings  # the run's, whole: verify, strict, skip_modules, template, ...
     push: Target | None = None
     state: StateRecord | None = None
     parameters: BuildParameters = field(default_factory=lambda: BuildParameters(()))  # asked
@@ -124,12 +124,12 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Run:
-    """What every step of one run shares: the engines, the cache, the output, the reporter, and
-    the retries of its registry requests (one budget; report.json records them)."""
+    """What every step of one run shares: the engines, the cache, the reporter, and the retries
+    of its registry requests (one budget; report.json records them). Where it writes is its
+    settings' (`Delivery.settings`: the build context's directory, where report.json is)."""
 
     engines: Engines  # each arch's engine: `run.engines.for_arch(arch)`
     cache: Cache
-    output: Path  # the build context directory, where report.json is
     reporter: Reporter
     retries: Retries = field(default_factory=Retries)
 
@@ -170,14 +170,15 @@ def deliver(producer: Producer, plan: Plan, delivery: Delivery, run: Run) -> Out
     outcome.verification = VerifyReport.merged(
         producer.label, [(p.arch, p.verification) for p in produced if p.verification]
     )
+    output = delivery.settings.asked.output  # the build context's directory: report.json's
     if outcome.succeeded and delivery.push is not None:
         started = time.monotonic()
         try:
-            published = publisher(_publishing(delivery, run), run.cache, run.output).publish(
+            published = publisher(_publishing(delivery, run), run.cache, output).publish(
                 [one.made() for one in produced], f"{producer.path} of {producer.label}"
             )
         except UserError:  # a registry down midway: its retries are what the operator needs
-            update_report(run.output, {"registry_retries": run.retries.to_list()})
+            update_report(output, {"registry_retries": run.retries.to_list()})
             raise
         outcome.push_seconds = time.monotonic() - started
         outcome.pushed, outcome.node_update = published.written, published.node_update
@@ -199,7 +200,7 @@ def _publishing(delivery: Delivery, run: Run) -> Publishing:
         run.reporter,
         run.retries,
         delivery.sign,
-        None if delivery.push.by_digest else pointing_of(delivery.settings),
+        None if delivery.push.by_digest else pointing_of(delivery.settings.asked),
         delivery.state.path if delivery.state else None,
     )
 
@@ -225,7 +226,7 @@ def _produce_and_verify(
             one = future.result()
             one.emulated = emulated[one.arch]
             engine = run.engines.for_arch(one.arch)
-            if delivery.settings.verify or delivery.push:  # its SBOM is verified, or attached
+            if delivery.settings.asked.verify or delivery.push:  # its SBOM is verified, or attached
                 from builder.publish.attachments import attestable, plan_facts
 
                 began = time.monotonic()
@@ -235,7 +236,7 @@ def _produce_and_verify(
                 )
                 one.attestable = attestable(engine.client, facts, delivery.parameters, started)
                 one.seconds["facts"] = time.monotonic() - began
-            if delivery.settings.verify:
+            if delivery.settings.asked.verify:
                 from builder.verify.run import verify_image
 
                 on = f" on {engine}" if engine.url else ""
@@ -249,10 +250,10 @@ def _produce_and_verify(
                     engine=engine,
                     sbom=one.attestable.sbom() if one.attestable else None,
                     installed=installed_on(
-                        arch_plan, plan.requested, delivery.settings.skip_modules
+                        arch_plan, plan.requested, delivery.settings.asked.skip_modules
                     ),
                 )
-                one.verification.strict = delivery.settings.strict
+                one.verification.strict = delivery.settings.asked.strict
                 one.seconds["verify"] = time.monotonic() - began
             found[one.arch] = one
     return [found[arch] for arch in arches]
@@ -308,8 +309,8 @@ def _report(outcome: Outcome, delivery: Delivery, run: Run) -> None:
         outcome.verification,
         outcome.pushed,
         outcome.node_update,
-        delivery.settings.template,
+        delivery.settings.asked.template,
         outcome.push_seconds,
     )
     additions = {"image": record.to_dict(), "registry_retries": run.retries.to_list()}
-    update_report(run.output, additions, record.pushed_layers())
+    update_report(delivery.settings.asked.output, additions, record.pushed_layers())

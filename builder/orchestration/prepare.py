@@ -26,7 +26,7 @@ from builder.assemble.assemble import (
 from builder.attest.contents import without_credentials
 from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache
-from builder.config import RunSettings
+from builder.config import RunSettings, Settings
 from builder.context.labels import created, image_labels
 from builder.context.render import Secrets, check_output, lock_text, render
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
@@ -368,7 +368,7 @@ def _render(
     facts: Mapping[str, BytecodeFacts],
 ) -> None:
     """The build context: the Dockerfile, the locks, the layers, report.json."""
-    labels = dict(finish(plan, settings, grounds.cache, layers).labels)
+    labels = dict(finish(plan, settle(settings, plan), grounds.cache, layers).labels)
     if settings.bytecode and grounds.compiler is None:  # no engine compiled it: the Dockerfile will
         labels[BYTECODE_LABEL] = BYTECODE_BY_STEP
     render(
@@ -467,9 +467,15 @@ def extras_hash_of(plan: Plan) -> str:
     return extras_hash([plan.base_image, *digest_input])
 
 
+def settle(asked: RunSettings, plan: Plan) -> Settings:
+    """The run's settings resolved against its plan: the one place the record is made (a
+    runner's part and merge read the planning run's back from the plan document)."""
+    return Settings(asked, plan.base_reference, extras_hash_of(plan))
+
+
 def finish(
     plan: Plan,
-    settings: RunSettings,
+    settings: Settings,
     cache: Cache,
     layers: Mapping[str, tuple[ExtrasLayer, ...]] | None = None,
 ) -> Finish:
@@ -482,20 +488,22 @@ def finish(
     interpreter = known_interpreter(cache, plan.base_image) if plan.bytecode else None
     if layers is None:
         layers = plan_layers(plan, cache, interpreter, group_budget(bool(plan.bytecode)))
-    epoch = plan_epoch(plan)
-    version = platform_version(plan.base_reference, settings.platform_version)
-    bytecode = interpreter.build if interpreter else "none"
-    labels = image_labels(
-        plan.base.image, plan.base.digest, epoch, version, extras_hash_of(plan), bytecode
+    labels = labels_of(plan, settings, interpreter.build if interpreter else "none")
+    return Finish(layers, labels, created(plan_epoch(plan)), cache)
+
+
+def labels_of(plan: Plan, settings: Settings, bytecode: str) -> dict[str, str]:
+    """The labels each arch's image and the index carry (the same in the Dockerfile): the
+    base, the date the locks fix, the platform version and extras hash, and the interpreter
+    build that compiled the bytecode (`bytecode`; "none")."""
+    return image_labels(
+        plan.base.image,
+        plan.base.digest,
+        plan_epoch(plan),
+        settings.platform_version,
+        settings.extras_hash,
+        bytecode,
     )
-    return Finish(layers, labels, created(epoch), cache)
-
-
-def platform_version(base: ImageRef, explicit: str | None) -> str:
-    """The platform version an image is built for: given, or the base image's tag."""
-    if explicit:
-        return explicit
-    return base.tag or "latest"
 
 
 def _requirements(settings: RunSettings) -> RequirementSet:
@@ -510,10 +518,11 @@ def _requirements(settings: RunSettings) -> RequirementSet:
     )
 
 
-def build_parameters(plan: Plan, settings: RunSettings) -> BuildParameters:
+def build_parameters(plan: Plan, resolved: Settings) -> BuildParameters:
     """What the operator asked for, as the provenance names it: files by hash, the package
     indexes without their credentials, apt secrets by the id BuildKit mounts them under (never
     their contents)."""
+    settings = resolved.asked
     secrets = Secrets.of(settings.apt_secrets)
     requirements = _requirements(settings)
     indexes = () if requirements.no_index else requirements.indexes()
@@ -522,7 +531,7 @@ def build_parameters(plan: Plan, settings: RunSettings) -> BuildParameters:
         constraints=input_files(named_contents(settings.constraints)),
         overrides=input_files(named_contents(settings.overrides)),
         arches=tuple(a.arch for a in plan.arches),
-        platform_version=platform_version(plan.base_reference, settings.platform_version),
+        platform_version=resolved.platform_version,
         base_image=plan.base_image,
         flags={
             "with_optional": settings.with_optional,

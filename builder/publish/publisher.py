@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from builder import credentials
 from builder.cache import Cache
-from builder.config import RunSettings
+from builder.config import RunSettings, Settings
 from builder.context.render import add_to_output
 from builder.errors import UserError
 from builder.oci.client import RepositoryClient
@@ -36,6 +36,7 @@ from builder.plan.plan import Plan
 from builder.publish.blob_memory import blob_memory
 from builder.publish.node_update import NodeUpdate, baseline, node_update, previous_images, total
 from builder.publish.state import save_state, state_of
+from builder.publish.tags import image_tag
 from builder.reporter import Reporter
 from builder.retry import Retries
 
@@ -380,10 +381,29 @@ def _write_attachments(one: Made, output: Path) -> tuple[str, ...] | None:
     return tuple(sorted(one.attestable.documents))
 
 
+def state_record(settings: Settings, unpushed_too: bool = False) -> StateRecord | None:
+    """Where a run records what it pushed, of the platform version its settings give (None:
+    no state asked; a run from a config, or `merge --state`, asks one)."""
+    path = settings.asked.state
+    return None if path is None else StateRecord(path, settings.platform_version, unpushed_too)
+
+
 def record_state(state: StateRecord, plan: Plan, image: str | None, route: str) -> None:
     """The state a later `rebuild` diffs against: the plan, the platform version, the image
     pushed (None: a rebuild that pushed nothing) and how it was made (build, rebase)."""
     save_state(state.path, state_of(plan, state.platform_version, image, route))
+
+
+def target_of(settings: Settings, annotations: Mapping[str, str]) -> Target | None:
+    """Where a run's images go (None: nothing is pushed): the repository it was asked for,
+    tagged `<platform-version>-x<extras hash>` (a runner's part moves no tag: by digest), the
+    index annotated with the images' labels, a SOCI index with each unless --no-soci."""
+    repository = settings.asked.push_repository
+    if repository is None:
+        return None
+    tag = image_tag(settings.platform_version, settings.extras_hash)
+    by_digest = settings.part is not None
+    return Target(repository, tag, annotations, settings.asked.soci, settings.base, by_digest)
 
 
 def pointing_of(settings: RunSettings) -> Pointing | None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from builder.assemble.build import BuildSpec, build_image
-from builder.config import load_config, with_engines
+from builder.config import load_config, with_flags
 from builder.engines import per_arch as engines_module
 from builder.engines.connection import Engine, EngineURL
 from builder.engines.per_arch import Engines, connect, engine_flags
@@ -126,12 +126,12 @@ def test_the_config_names_engines_and_a_flag_wins_for_its_arch(tmp_path: Path) -
     config = load_config(path)
     assert config.engines["arm64"].certs == tmp_path / "arm64-certs"  # relative to the config
     assert config.engines["amd64"].url == "unix:///run/amd.sock"
-    flagged = with_engines(config, engine_flags(["arm64=ssh://arm"]))
+    flagged = with_flags(config, engine_flags(["arm64=ssh://arm"]), None)
     assert {arch: url.url for arch, url in flagged.engines.items()} == {
         "arm64": "ssh://arm",
         "amd64": "unix:///run/amd.sock",
     }
-    assert with_engines(config, {}) is config
+    assert with_flags(config, {}, None) is config
 
 
 @pytest.mark.parametrize(

@@ -195,10 +195,10 @@ def deliver_tiny(
     output.mkdir()
     (output / "report.json").write_text("{}")
     client: Any = SimpleNamespace(info=lambda: {"Architecture": "x86_64"})
-    run = delivery.Run(Engines.local(client), Cache(tmp_path / "cache"), output, QUIET)
+    run = delivery.Run(Engines.local(client), Cache(tmp_path / "cache"), QUIET)
     plan: Any = SimpleNamespace(arches=(SimpleNamespace(arch="amd64"),))
     asked = delivery.Delivery(
-        run_settings(verify=False, template=template),
+        run_settings(verify=False, template=template, output=output),
         push=publisher.Target(ImageRef.parse_repository(f"{registry.host}/{repository}"), "v1"),
     )
     return delivery.deliver(TinyProducer(), plan, asked, run)

@@ -208,12 +208,15 @@ def test_a_rebased_image_s_sbom_names_each_extra_s_own_layer(
     )
     target = f"{registry.host}/{stacked.image.split('/')[1]}/sandbox"
     finished = Finish({}, stacked.labels, "2024-07-01T00:00:00Z", stacked.cache)
-    run = Run(Engines.local(docker_client), stacked.cache, stacked.output, QUIET)
+    run = Run(Engines.local(docker_client), stacked.cache, QUIET)
     repository = ImageRef.parse_repository(target)
     start = Previous(ImageRef.parse(stacked.image), stacked.base_digest)
     with RebaseProducer(start, plan, finished, repository, run) as producer:
         outcome = deliver(
-            producer, plan, Delivery(run_settings(), push=Target(repository, "v1")), run
+            producer,
+            plan,
+            Delivery(run_settings(output=stacked.output), push=Target(repository, "v1")),
+            run,
         )
     assert outcome.verification is not None and outcome.verification.passed
     assert outcome.pushed is not None

@@ -84,12 +84,14 @@ def rebase_onto_same_base(previous: Previous, target: str, client: docker.Docker
     delivery: verify, push, tag."""
     plan = rebase_plan(previous.base_tag, previous.base_digest, (previous.module,))
     finished = Finish({}, previous.labels, CREATED, previous.cache)
-    run = Run(Engines.local(client), previous.cache, previous.output, QUIET)
+    run = Run(Engines.local(client), previous.cache, QUIET)
     repository = ImageRef.parse_repository(target)
     start = Start(ImageRef.parse(previous.image), previous.base_digest)
     with RebaseProducer(start, plan, finished, repository, run) as producer:
         push = Target(repository, f"v1-x{EXTRAS[:12]}")
-        return deliver(producer, plan, Delivery(run_settings(), push=push), run)
+        return deliver(
+            producer, plan, Delivery(run_settings(output=previous.output), push=push), run
+        )
 
 
 @pytest.mark.usefixtures("docker_client")

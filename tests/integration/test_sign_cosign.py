@@ -220,9 +220,9 @@ def deliver_tiny(
     client: Any = SimpleNamespace(info=lambda: {"Architecture": "x86_64"})
     output.mkdir(exist_ok=True)
     (output / "report.json").write_text("{}")
-    run = delivery.Run(Engines.local(client), Cache(output.parent / "cache"), output, QUIET)
+    run = delivery.Run(Engines.local(client), Cache(output.parent / "cache"), QUIET)
     asked = delivery.Delivery(
-        run_settings(verify=False, template=template),
+        run_settings(verify=False, template=template, output=output),
         push=publisher.Target(ImageRef.parse_repository(repository), "v1"),
         sign=key,
     )

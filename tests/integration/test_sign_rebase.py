@@ -66,13 +66,15 @@ def signed_rebase(previous: Previous, target: str, client: Any, key_file: Path) 
     """The rebase producer on the previous image's own base, then the delivery with a key."""
     plan = rebase_plan(previous.base_tag, previous.base_digest, (previous.module,))
     finished = Finish({}, previous.labels, "2024-07-01T00:00:00Z", previous.cache)
-    run = Run(Engines.local(client), previous.cache, previous.output, QUIET)
+    run = Run(Engines.local(client), previous.cache, QUIET)
     repository = ImageRef.parse_repository(target)
     start = Start(ImageRef.parse(previous.image), previous.base_digest)
     key = load_signing_key(key_file)
     with RebaseProducer(start, plan, finished, repository, run) as producer:
         push = Target(repository, "v2-xsigned")
-        return deliver(producer, plan, Delivery(run_settings(), push=push, sign=key), run)
+        return deliver(
+            producer, plan, Delivery(run_settings(output=previous.output), push=push, sign=key), run
+        )
 
 
 def test_a_rebase_signs_and_attests_its_new_digest(

@@ -21,7 +21,7 @@ from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.oci.name import ImageRef
 from builder.orchestration import produce_build
-from builder.orchestration.prepare import Grounds, finish, prepare
+from builder.orchestration.prepare import Grounds, finish, prepare, settle
 from builder.orchestration.produce_build import BuildProducer, SystemStages
 from builder.reporter import Reporter
 
@@ -73,7 +73,7 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
         producer = BuildProducer(
             plan,
             settings.output,
-            finish(plan, settings, grounds.cache),
+            finish(plan, settle(settings, plan), grounds.cache),
             tag,
             engines,
             stages,

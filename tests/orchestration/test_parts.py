@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,13 @@ import pytest
 from support.plans import reference_profile
 
 from builder.attest.provenance import BuildParameters, InputFile
+from builder.config import RunSettings
+from builder.engines.connection import EngineURL
 from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
+from builder.orchestration.prepare import settle
 from builder.orchestration.runners.document import (
     PlanDocument,
     PlanId,
@@ -25,17 +29,22 @@ from builder.orchestration.runners.document import (
     write_document,
 )
 from builder.orchestration.runners.parts import (
+    MergeJob,
+    PartJob,
     PartRecord,
     Verified,
     check_apt_secrets,
     check_parts,
     check_plan,
+    merge_settings,
+    part_settings,
     plan_id_of,
     read_parts,
 )
 from builder.plan.gpu import GpuWeight
 from builder.plan.plan import ArchPlan, How, NativeLibrary, NodeLibrary, Plan, PlannedWheel
 from builder.plan.program_needs import ProgramNeed
+from builder.publish.publisher import target_of
 
 REPO = ImageRef.parse_repository("127.0.0.1:5000/team/runtime")
 
@@ -88,15 +97,19 @@ def document_in(folder: Path, *arches: str) -> PlanDocument:
             ExtrasLayer(LayerKind.DISTRIBUTION, ("lxml",), "lxml", layer, ("ab" * 32,)),
         )
     parameters = BuildParameters((InputFile("requirements.txt", "d" * 64),), arches=arches)
-    document = PlanDocument(
-        PlanId("", ""),
-        plan,
-        layers,
-        "1.0",
-        parameters,
+    asked = RunSettings(
+        (folder / "requirements.txt",),
+        plan.base_reference,
+        output=folder,  # read back as of the folder it is read from
+        push_repository=REPO,
+        platform_version="1.0",
         skip_modules=("lxml.html.*",),
-        apt_secrets=("apt-auth",),
+        apt_secrets={"apt-auth": folder / "auth.conf"},
+        engines={"arm64": EngineURL("tcp://arm:2376", folder / "certs", "10.0.0.2")},
+        soci=False,
+        strict=True,
     )
+    document = PlanDocument(PlanId("", ""), plan, layers, settle(asked, plan), parameters)
     document = replace(document, plan_id=plan_id_of(document))
     write_document(folder, document)
     return document
@@ -121,9 +134,38 @@ def test_the_plan_reads_back_equal_to_the_plan_written(tmp_path: Path) -> None:
     assert read.layers == written.layers
     assert read.parameters == written.parameters
     assert read.plan_id == written.plan_id
-    assert (read.plan.requested, read.skip_modules) == (("lxml",), ("lxml.html.*",))
+    assert read.settings == written.settings  # the planning run's settings, whole
+    assert (read.plan.requested, read.settings.asked.skip_modules) == (("lxml",), ("lxml.html.*",))
     assert read.apt_secrets == ("apt-auth",)
+    assert read.settings.platform_version == "1.0"
     check_plan(read)  # the content is the plan its id names
+
+
+def test_a_part_and_a_merge_lay_their_flags_over_the_planning_run_s_settings(
+    tmp_path: Path,
+) -> None:
+    document = document_in(tmp_path, "amd64", "arm64")
+    planned = replace(
+        document.settings.asked, verify=False, template=tmp_path / "t.yaml", tag="mine:1"
+    )
+    document = replace(document, settings=replace(document.settings, asked=planned))
+    elsewhere = ImageRef.parse_repository("127.0.0.1:5000/team/other")
+    secrets = {"apt-auth": tmp_path / "runner-auth.conf"}
+    job = PartJob(tmp_path / "plan", "arm64", elsewhere, strict=False, apt_secrets=secrets)
+    part = part_settings(job, document)
+    assert (part.asked.push_repository, part.asked.strict) == (elsewhere, False)  # its flags
+    assert (part.asked.apt_secrets, part.asked.output) == (secrets, tmp_path / "plan")
+    assert (part.asked.skip_modules, part.asked.soci) == (("lxml.html.*",), False)  # planned
+    assert (part.asked.verify, part.asked.template) == (True, None)  # a part verifies, points none
+    assert part.local_tag == f"sandbox-extension:x{document.plan_id.extras_hash}-arm64"
+    target = target_of(part, {})
+    assert target is not None and target.by_digest and not target.soci
+    assert target.tag == f"1.0-x{document.plan_id.extras_hash}"
+    merge_job = MergeJob(tmp_path, REPO, tmp_path / "m.yaml", "runtime", tmp_path / "s.json")
+    merging = merge_settings(merge_job, document)
+    assert (merging.asked.template, merging.asked.container) == (tmp_path / "m.yaml", "runtime")
+    assert (merging.asked.state, merging.asked.warm_pools) == (tmp_path / "s.json", ())
+    assert merging.platform_version == part.platform_version == "1.0"  # the plan's, whole
 
 
 def test_a_plan_whose_content_is_not_its_id_is_refused(tmp_path: Path) -> None:
@@ -133,6 +175,44 @@ def test_a_plan_whose_content_is_not_its_id_is_refused(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(body))
     with pytest.raises(UserError, match="its content is not the plan"):
         check_plan(read_document(tmp_path))
+
+
+def test_the_plan_carries_no_wheelhouse_token_nor_the_planning_machine_s_cache(
+    tmp_path: Path,
+) -> None:
+    document = document_in(tmp_path, "amd64")
+    wheelhouses = ("https://ci:s3cret@mirror.example/w/", str(tmp_path / "wheels"))
+    asked = replace(
+        document.settings.asked, find_links=wheelhouses, cache_dir=tmp_path / "planning-cache"
+    )
+    write_document(tmp_path, replace(document, settings=replace(document.settings, asked=asked)))
+    text = (tmp_path / "plan.json").read_text()
+    assert "s3cret" not in text and "planning-cache" not in text
+    read = read_document(tmp_path).settings.asked
+    assert read.find_links == ("https://mirror.example/w/", str(tmp_path / "wheels"))
+    assert (read.cache_dir, read.output) == (None, tmp_path)  # the runner's own; the plan's dir
+
+
+def test_settings_not_of_the_plan_or_a_plan_of_another_version_are_refused(
+    tmp_path: Path,
+) -> None:
+    document_in(tmp_path, "amd64")
+    written = json.loads((tmp_path / "plan.json").read_text())
+
+    def edited(change: Callable[[dict[str, Any]], None]) -> None:
+        body = json.loads(json.dumps(written))
+        change(body)
+        (tmp_path / "plan.json").write_text(json.dumps(body))
+
+    edited(lambda body: body["settings"].update(extras_hash="0" * 12))
+    with pytest.raises(UserError, match="its settings are not resolved against the plan"):
+        check_plan(read_document(tmp_path))
+    edited(lambda body: body.update(platform_version="9.9"))
+    with pytest.raises(UserError, match=r"its platform version '9.9' is not its settings'"):
+        read_document(tmp_path)
+    edited(lambda body: body.update(version=3))  # before the settings travelled whole
+    with pytest.raises(UserError, match=r"plan.json: not a plan of this tool's version 4$"):
+        read_document(tmp_path)
 
 
 def test_a_layer_tar_changed_after_planning_is_refused(tmp_path: Path) -> None:

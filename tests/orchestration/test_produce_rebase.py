@@ -66,7 +66,7 @@ def cache_with_layer(tmp_path: Path) -> Cache:
 
 def into(engine: Engine, cache: Cache, said: list[str]) -> str:
     client: Any = engine
-    run = Run(Engines(RunEngine(client, "amd64")), cache, Path("unused"), Reporter(said.append))
+    run = Run(Engines(RunEngine(client, "amd64")), cache, Reporter(said.append))
     name, written = into_engine(
         run, "amd64", IMAGE.config_bytes, [DIFF_ID], pushed, "127.0.0.1:5000"
     )

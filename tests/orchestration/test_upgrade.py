@@ -176,9 +176,11 @@ def test_a_delivery_records_the_state_only_when_asked_and_pushed(
     plan: Any = SimpleNamespace(arches=(SimpleNamespace(arch="amd64"),))
     client: Any = SimpleNamespace(info=lambda: {"Architecture": "x86_64"})
     (tmp_path / "report.json").write_text("{}")
-    run = delivery.Run(Engines.local(client), Cache(tmp_path / "cache"), tmp_path, QUIET)
+    run = delivery.Run(Engines.local(client), Cache(tmp_path / "cache"), QUIET)
     where = tmp_path / "state.json"
-    asked = delivery.Delivery(run_settings(verify=False), state=publisher.StateRecord(where, "2.0"))
+    asked = delivery.Delivery(
+        run_settings(verify=False, output=tmp_path), state=publisher.StateRecord(where, "2.0")
+    )
     outcome = delivery.deliver(Producer(), plan, asked, run)
     assert outcome.succeeded and outcome.pushed is None and not where.exists()
     rebuild = replace(asked, state=publisher.StateRecord(where, "2.0", unpushed_too=True))

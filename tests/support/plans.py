@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.cache import Cache
-from builder.config import RunSettings
+from builder.config import RunSettings, Settings
 from builder.files import sha256_of
 from builder.inspect.wheel_reader import inspect_wheel, member_bytes
 from builder.oci.name import ImageRef
@@ -28,9 +28,12 @@ TAG = "cp313-cp313-manylinux_2_17_x86_64.manylinux2014_x86_64"
 SOURCE = "int f(void) { return 1; }\n"
 
 
-def run_settings(**given: object) -> RunSettings:
-    """A run's settings on the reference base, `given` over the defaults (verify, template, ...)."""
-    return RunSettings((), ImageRef.parse(REFERENCE_BASE), **given)  # type: ignore[arg-type]
+def run_settings(**given: object) -> Settings:
+    """A run's settings on the reference base, resolved against a plan on it: `given` over
+    the defaults (verify, template, ...)."""
+    base = ImageRef.parse(REFERENCE_BASE)
+    asked = RunSettings((), base, **given)  # type: ignore[arg-type]
+    return Settings(asked, base, "0" * 12)
 
 
 def reference_profile() -> BaseProfile:

@@ -4,12 +4,14 @@
 later `part` or `merge` (builder.orchestration.runners.parts) reads instead of resolving again: the
 plan itself (every field, so that the image a runner builds is the one a one-job run builds),
 each arch's extras layers as the context holds them (their tars' facts, checked against the
-files before anything is built), the platform version and the provenance's parameters (the
-runner lacks the requirement files they hash), and the plan id every later step checks.
+files before anything is built), the planning run's settings whole (builder.config.Settings:
+a part and a merge lay their own flags over them), the provenance's parameters (the runner
+lacks the requirement files they hash), and the plan id every later step checks.
 
-The plan is a tree of frozen dataclasses, enums and tuples: it is written with `asdict` and
-read back field by field from the dataclasses' own type hints (`_decode`), the base's facts by
-their own `to_dict`/`from_dict`; JSON, never pickle: a CI artifact must not run code.
+The plan and the settings are trees of frozen dataclasses, enums, tuples and paths: written
+field by field (`_encode`) and read back from the dataclasses' own type hints (`_decode`), the
+base's facts by their own `to_dict`/`from_dict`; JSON, never pickle: a CI artifact must not
+run code.
 """
 
 from __future__ import annotations
@@ -25,21 +27,23 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
-from builder.config import RunSettings
+from builder.config import Settings
 from builder.context.render import add_to_output
 from builder.errors import UserError
 from builder.files import sha256_of
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind, LayerRecord
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
-from builder.orchestration.prepare import build_parameters, extras_hash_of, finish, platform_version
+from builder.orchestration.prepare import build_parameters, finish
 from builder.plan.plan import Plan
+from builder.resolve.resolution import redact
 from builder.resolve.target import BaseFacts, BaseProfile
 
 PLAN_FILE = "plan.json"
-DOCUMENT_VERSION = 3  # a document of another version is refused, never guessed at (2: deep
+HERE = Path(".")  # the settings' output, as written: the plan's own directory
+DOCUMENT_VERSION = 4  # a document of another version is refused, never guessed at (2: deep
 # imports' requested distributions and skip patterns, the apt secrets' ids; 3: each arch's
-# browser wiring, which a version-2 plan would silently lack)
+# browser wiring, which a version-2 plan would silently lack; 4: the run's settings whole)
 
 
 @dataclass(frozen=True)
@@ -61,37 +65,25 @@ class PlanDocument:
     plan_id: PlanId
     plan: Plan
     layers: Mapping[str, tuple[ExtrasLayer, ...]]  # arch -> its layers, tars in the context
-    platform_version: str
+    settings: Settings  # the planning run's: its parts verify, push and label alike
     parameters: BuildParameters
-    soci: bool = True  # a one-job run's --no-soci, kept for its parts
-    skip_modules: tuple[str, ...] = ()  # its --skip-module patterns: its parts verify alike
-    apt_secrets: tuple[str, ...] = ()  # the secret ids its apt step mounts: each part is given them
+
+    @property
+    def apt_secrets(self) -> tuple[str, ...]:
+        """The secret ids the plan's apt step mounts (each part is given them): the planning
+        run's, when some arch has an apt step."""
+        has_apt_step = any(arch.apt_packages for arch in self.plan.arches)
+        return tuple(sorted(self.settings.asked.apt_secrets)) if has_apt_step else ()
 
 
-def write_plan(plan: Plan, settings: RunSettings, cache: Cache) -> Path:
-    """PLAN/plan.json for the context `prepare` just wrote to `settings.output`: the layers
+def write_plan(plan: Plan, settings: Settings, cache: Cache) -> Path:
+    """PLAN/plan.json for the context `prepare` just wrote to the run's output: the layers
     are the ones it wrote (found in the cache by the plan, as the build would find them)."""
     layers = finish(plan, settings, cache).layers
-    plan_id = PlanId(extras_hash_of(plan), plan.base.digest or "")
-    version = platform_version(plan.base_reference, settings.platform_version)
+    plan_id = PlanId(settings.extras_hash, plan.base.digest or "")
     parameters = build_parameters(plan, settings)
-    document = PlanDocument(
-        plan_id,
-        plan,
-        layers,
-        version,
-        parameters,
-        settings.soci,
-        settings.skip_modules,
-        apt_secrets_mounted(plan, settings),
-    )
-    return write_document(settings.output, document)
-
-
-def apt_secrets_mounted(plan: Plan, settings: RunSettings) -> tuple[str, ...]:
-    """The secret ids the plan's apt step mounts: the run's, when some arch has an apt step."""
-    has_apt_step = any(arch.apt_packages for arch in plan.arches)
-    return tuple(sorted(settings.apt_secrets)) if has_apt_step else ()
+    document = PlanDocument(plan_id, plan, layers, settings, parameters)
+    return write_document(settings.asked.output, document)
 
 
 def write_document(output: Path, document: PlanDocument) -> Path:
@@ -104,11 +96,9 @@ def write_document(output: Path, document: PlanDocument) -> Path:
         "plan_id": dataclasses.asdict(document.plan_id),
         "plan": _encode(document.plan),
         "layers": layers,
-        "platform_version": document.platform_version,
+        "settings": _encode(_portable(document.settings, HERE)),
+        "platform_version": document.settings.platform_version,  # for a reader: derived
         "parameters": _encode(document.parameters),
-        "soci": document.soci,
-        "skip_modules": list(document.skip_modules),
-        "apt_secrets": list(document.apt_secrets),
     }
     # listed in the context's marker: a next run into the same --output replaces it as its own
     add_to_output(output, PLAN_FILE, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
@@ -134,18 +124,30 @@ def read_document(plan_dir: Path) -> PlanDocument:
             arch: tuple(_layer(plan_dir, arch, n, one) for n, one in enumerate(stack, 1))
             for arch, stack in body["layers"].items()
         }
-        return PlanDocument(
-            PlanId(**body["plan_id"]),
-            plan,
-            layers,
-            body["platform_version"],
-            _decode(BuildParameters, body["parameters"]),
-            bool(body["soci"]),
-            tuple(str(pattern) for pattern in body["skip_modules"]),
-            tuple(str(secret) for secret in body["apt_secrets"]),
-        )
+        settings = _portable(_decode(Settings, body["settings"]), plan_dir)
+        parameters = _decode(BuildParameters, body["parameters"])
+        document = PlanDocument(PlanId(**body["plan_id"]), plan, layers, settings, parameters)
+        derived = body["platform_version"]
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"{path}: malformed plan ({error!r})") from None
+    if derived != settings.platform_version:
+        raise UserError(f"{path}: its platform version {derived!r} is not its settings'")
+    return document
+
+
+def _portable(settings: Settings, output: Path) -> Settings:
+    """`settings` as the document holds them: as of the plan's directory `output`, without
+    the planning machine's cache (a runner opens its own, --cache-dir) and the wheelhouses'
+    credentials (a runner resolves nothing; a CI artifact carries no token). Written as of
+    its own directory (HERE), so that the same plan into another --output, from another
+    cache, writes the same bytes; read back as of the directory it is read from."""
+    asked = dataclasses.replace(
+        settings.asked,
+        output=output,
+        cache_dir=None,
+        find_links=tuple(redact(location) for location in settings.asked.find_links),
+    )
+    return dataclasses.replace(settings, asked=asked)
 
 
 def check_layers(document: PlanDocument, arch: str) -> None:
@@ -194,6 +196,8 @@ def _encode(value: object) -> Any:
         return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, Path):
+        return str(value)
     if isinstance(value, Mapping):
         return {str(key): _encode(item) for key, item in value.items()}
     if isinstance(value, (tuple, list, frozenset, set)):
@@ -217,7 +221,7 @@ def _decode(kind: Any, data: Any) -> Any:
         hints = get_type_hints(kind)
         names = [f.name for f in dataclasses.fields(kind) if f.init]
         return kind(**{name: _decode(hints[name], data[name]) for name in names if name in data})
-    if isinstance(kind, type) and issubclass(kind, Enum):
+    if isinstance(kind, type) and issubclass(kind, (Enum, Path)):
         return kind(data)
     if origin is tuple:
         item = args[0] if args else Any

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from builder import credentials
 from builder.assemble.assemble import plan_epoch
 from builder.cache import Cache
-from builder.config import APT_SECRETS
-from builder.context.labels import created, image_labels
+from builder.config import APT_SECRETS, Settings
+from builder.context.labels import created
 from builder.engines.per_arch import Engines
 from builder.errors import RegistryError, RegistryUnreachable, UserError
 from builder.files import refuse_link
@@ -37,18 +37,17 @@ from builder.oci.remote import Written, read
 from builder.oci.v1 import Image
 from builder.orchestration.commands import OnePart, deliver_part
 from builder.orchestration.delivery import Outcome, Run
-from builder.orchestration.prepare import Finish, extras_hash_of
+from builder.orchestration.prepare import Finish, extras_hash_of, labels_of
 from builder.orchestration.runners.document import PlanDocument, PlanId, check_layers
 from builder.publish.publisher import (
     Publishing,
-    StateRecord,
-    Target,
+    pointing_of,
     publish_index,
     record_state,
-    template_pointing,
+    state_record,
+    target_of,
 )
 from builder.publish.state import check_state, write_json_whole
-from builder.publish.tags import image_tag
 from builder.reporter import Reporter
 from builder.retry import Retries
 
@@ -113,43 +112,38 @@ def check_apt_secrets(document: PlanDocument, given: Mapping[str, Path]) -> None
 
 
 def check_plan(document: PlanDocument) -> str:
-    """The plan's id, once its content is checked to be the plan that id names."""
+    """The plan's id, once its content is checked to be the plan that id names, and its
+    settings to be resolved against that plan."""
     if plan_id_of(document) != document.plan_id:
         raise UserError(f"plan.json: its content is not the plan {document.plan_id}")
+    planned = (document.plan_id.extras_hash, document.plan.base_reference)
+    if (document.settings.extras_hash, document.settings.base) != planned:
+        raise UserError(
+            f"plan.json: its settings are not resolved against the plan {document.plan_id}"
+        )
     if not document.plan_id.base_digest:
         raise UserError("plan.json: the base has no digest (plan with a reachable registry)")
     return str(document.plan_id)
 
 
-def labels_of(document: PlanDocument) -> dict[str, str]:
+def document_labels(document: PlanDocument) -> dict[str, str]:
     """The labels a one-job run of the plan gives each arch's image (and its index): the
     extras hash covers every arch, so every part carries the same."""
     plan = document.plan
-    return image_labels(
-        plan.base.image,
-        plan.base.digest,
-        plan_epoch(plan),
-        document.platform_version,
-        document.plan_id.extras_hash,
-        plan.bytecode or "none",
-    )
+    return labels_of(plan, document.settings, plan.bytecode or "none")
 
 
 def finish_of(document: PlanDocument, arch: str, cache: Cache) -> Finish:
     """What a one-job run's `finish` gives `arch`, from the document alone: the whole plan's
     labels and `created`, and the arch's layers (their tars in the context)."""
     layers = {arch: document.layers[arch]}
-    return Finish(layers, labels_of(document), created(plan_epoch(document.plan)), cache)
-
-
-def tag_of(document: PlanDocument) -> str:
-    """The tag a one-job run of this plan moves."""
-    return image_tag(document.platform_version, document.plan_id.extras_hash)
+    return Finish(layers, document_labels(document), created(plan_epoch(document.plan)), cache)
 
 
 @dataclass(frozen=True)
 class PartJob:
-    """What one `part` is asked: the plan's directory, the arch, where to push, how."""
+    """What one `part` is asked (its flags): the plan's directory, the arch, where to push,
+    how. Laid over the planning run's settings (`part_settings`)."""
 
     plan_dir: Path
     arch: str
@@ -157,6 +151,25 @@ class PartJob:
     sign: SigningKey | None = None
     strict: bool = False
     apt_secrets: Mapping[str, Path] = field(default_factory=dict)  # BuildKit secret id -> file
+
+
+def part_settings(job: PartJob, document: PlanDocument) -> Settings:
+    """A part's settings: the planning run's (its --skip-module patterns, --no-soci, platform
+    version), with the part's flags over them (where it pushes, --strict, this runner's files
+    for the apt secrets the plan mounts), built into the plan's directory; `part` names the
+    arch its images are built and tagged for. A part always verifies (it takes no
+    --no-verify) and points no template (the merge does)."""
+    asked = replace(
+        document.settings.asked,
+        push_repository=job.repository,
+        strict=job.strict,
+        apt_secrets=job.apt_secrets,
+        output=job.plan_dir,
+        tag=None,
+        verify=True,
+        template=None,
+    )
+    return replace(document.settings, asked=asked, part=job.arch)
 
 
 def part(
@@ -208,27 +221,9 @@ def _deliver_part(
     arches = tuple(a for a in document.plan.arches if a.arch == job.arch)
     plan = replace(document.plan, arches=arches)
     finished = finish_of(document, job.arch, cache)
-    target = Target(
-        job.repository,
-        tag_of(document),
-        finished.labels,
-        document.soci,
-        plan.base_reference,
-        by_digest=True,
-    )
-    local_tag = f"sandbox-extension:x{document.plan_id.extras_hash}-{job.arch}"
-    one = OnePart(
-        plan,
-        finished,
-        target,
-        document.parameters,
-        local_tag,
-        job.strict,
-        job.sign,
-        document.skip_modules,
-        job.apt_secrets,
-    )
-    return deliver_part(one, Run(engines, cache, job.plan_dir, reporter, Retries(reporter)))
+    settings = part_settings(job, document)
+    one = OnePart(plan, finished, document.parameters, settings, job.sign)
+    return deliver_part(one, Run(engines, cache, reporter, Retries(reporter)))
 
 
 def _done_before(job: PartJob, plan_id: str, retries: Retries) -> PartRecord | None:
@@ -269,7 +264,8 @@ def _save(plan_dir: Path, record: PartRecord) -> Path:
 
 @dataclass(frozen=True)
 class MergeJob:
-    """What one `merge` is asked: the plan's directory, where the parts went, what to point."""
+    """What one `merge` is asked (its flags): the plan's directory, where the parts went, what
+    to point. Laid over the planning run's settings (`merge_settings`)."""
 
     plan_dir: Path
     repository: ImageRef
@@ -277,6 +273,21 @@ class MergeJob:
     container: str | None = None
     state: Path | None = None
     sign: SigningKey | None = None
+
+
+def merge_settings(job: MergeJob, document: PlanDocument) -> Settings:
+    """A merge's settings: the planning run's, with the merge's flags over them (where the
+    parts went, the template and its container, the state); no warm pools (a merge names
+    none)."""
+    asked = replace(
+        document.settings.asked,
+        push_repository=job.repository,
+        template=job.template,
+        container=job.container,
+        warm_pools=(),
+        state=job.state,
+    )
+    return replace(document.settings, asked=asked)
 
 
 @dataclass(frozen=True)
@@ -354,7 +365,8 @@ def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     for path in (job.template, job.state):
         if path is not None:
             refuse_link(path)
-    pointing = template_pointing(job.template, job.container)
+    settings = merge_settings(job, document)
+    pointing = pointing_of(settings.asked)
     if pointing is not None:
         pointing.check()
     if job.state is not None:
@@ -364,12 +376,12 @@ def merge(job: MergeJob, document: PlanDocument, reporter: Reporter) -> Merged:
     retries = Retries(reporter)
     registry = credentials.registry(job.repository, str(job.repository), retries)
     images = pushed_images(document, parts, registry)
-    target = Target(job.repository, tag_of(document), labels_of(document))
+    target = target_of(settings, document_labels(document))
+    assert target is not None, "a merge is asked where the parts went"
     reporter.say(f"merging {len(parts)} part(s) of plan {document.plan_id} ...")
     pushed = [(record.arch, image) for record, image in zip(parts, images, strict=True)]
     publishing = Publishing(target, reporter, retries, job.sign, pointing)
     published = publish_index(publishing, registry, pushed)
-    if job.state is not None:
-        state = StateRecord(job.state, document.platform_version)
+    if (state := state_record(settings)) is not None:
         record_state(state, document.plan, published.written.reference, "build")
     return Merged(published.written, parts, published.template_change)
