@@ -79,6 +79,7 @@ KNOWN_KEYS = frozenset(
         "torch-backend",
         "cache-max",
         "wheel-max",
+        "cache-from",
     }
 )
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a device or a dump is refused
@@ -117,6 +118,7 @@ class PipelineConfig:
     no_index: bool = False  # only wheelhouses and direct requirements, no package index
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
     wheel_max: int | None = None  # bytes a wheel may unpack to; None: the default, 0: unbounded
+    cache_from: tuple[str, ...] = ()  # images whose build facts seed the cache (cache_from)
 
     @property
     def base_image(self) -> ImageRef:
@@ -165,6 +167,7 @@ def load_config(path: Path) -> PipelineConfig:
         no_index=table.switch("no-index", default=False),
         cache_max=_size(table.data.get("cache-max"), f"{path}: 'cache-max'"),
         wheel_max=_size(table.data.get("wheel-max"), f"{path}: 'wheel-max'"),
+        cache_from=table.names("cache-from", "image references"),
     )
     for written in (config.state, config.template, config.output):
         if written is not None:
@@ -384,6 +387,8 @@ class RunSettings:
     verify: bool = True  # verify the images (and gate a push on it)
     strict: bool = False  # a verification warning (a noisy import) fails it too
     tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
+    # images whose build facts seed the cache (builder.publish.cache_from); empty: the state's
+    cache_from: tuple[str, ...] = ()
 
 
 def merge(
@@ -421,6 +426,7 @@ def merge(
         cache_max=config.cache_max if flags.cache_max is None else flags.cache_max,
         wheel_max=config.wheel_max if flags.wheel_max is None else flags.wheel_max,
         state=config.state,
+        cache_from=flags.cache_from or config.cache_from,
     )
     return _replaceable(merged)
 

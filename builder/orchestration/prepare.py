@@ -28,17 +28,24 @@ from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache
 from builder.config import RunSettings
 from builder.context.labels import created, image_labels
-from builder.context.render import Secrets, check_output, lock_text, render
+from builder.context.render import Secrets, check_output, lock_text, render, update_report
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
 from builder.errors import UserError
 from builder.files import named_contents
 from builder.inspect.members import UNPACKED_MAX
-from builder.inspect.wheel_reader import check_housed, check_wheel, inspect_as_ready, member_bytes
+from builder.inspect.wheel_reader import (
+    cached_inspection,
+    check_housed,
+    check_wheel,
+    inspect_as_ready,
+    member_bytes,
+)
 from builder.inspect.wheels import WheelInspection
 from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
 from builder.layers.extras import (
     BytecodeFacts,
     ExtrasLayer,
+    LayerKind,
     group_budget,
     known_interpreter,
     remember_interpreter,
@@ -46,6 +53,7 @@ from builder.layers.extras import (
 )
 from builder.layers.interpreter import base_compiler
 from builder.oci.name import ImageRef
+from builder.oci.v1 import digest_of
 from builder.orchestration.timeline import Timeline
 from builder.plan import browsers
 from builder.plan.plan import (
@@ -58,6 +66,9 @@ from builder.plan.plan import (
     runtime_checks,
 )
 from builder.plan.program_needs import ProgramNeed, program_needs
+from builder.publish.build_facts import FACTS_LABEL, LaidOut, facts_of
+from builder.publish.cache_from import FORMATS, Seeded, open_source, seed
+from builder.publish.state import load_state
 from builder.publish.tags import extras_hash
 from builder.resolve.direct.fetch import fetch_all
 from builder.resolve.index import start_downloads
@@ -75,6 +86,7 @@ from builder.resolve.uv import resolve
 from builder.retry import Retries
 
 DOWNLOADS = 8  # wheel downloads at once
+PULLS = 4  # layers pulled at once from --cache-from images, beside the downloads
 
 
 @dataclass(frozen=True)
@@ -133,8 +145,14 @@ def prepare(
         cancelled_on_error(compiling) as compile_pool,  # a failure waits for no queued compile
         ThreadPoolExecutor(max_workers=4 + len(target.arches)) as pool,
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
+        ThreadPoolExecutor(max_workers=PULLS) as pulling,
     ):
         compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
+        asked = _cache_sources(settings)
+        opening = [
+            pool.submit(open_source, ref, grounds.arches, grounds.retries, grounds.cache.warn)
+            for ref in asked
+        ]
         with timeline.step("resolve"):
             limit = UNPACKED_MAX if settings.wheel_max is None else settings.wheel_max
             _check_local_wheels(requirements, grounds.cache, grounds.retries, limit)
@@ -143,10 +161,13 @@ def prepare(
         files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
         requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
         pins = _pins(resolutions, chosen)
+        lock = {file.sha256: file.filename for file in files}
+        sources = [one.result() for one in opening]  # read while the set resolved
+        seeded = seed(asked, sources, lock, grounds.cache, pulling, grounds.cache.warn)
         fetching = timeline.now()
         downloads = _start_downloads(files, requirements, grounds, fetch, limit)
         inspecting, feeding = _start_reading(downloads, grounds, pool, compile_)
-        writing = _start_layers(pins, downloads, reuse_locks, grounds, pool)
+        writing = _start_layers(pins, downloads, reuse_locks, grounds, pool, seeded)
         timeline.record("downloads", fetching)
         inspections = inspecting.result()
         timeline.record("inspections", fetching)
@@ -163,7 +184,23 @@ def prepare(
             plan, layers, facts = _with_bytecode(plan, layers, compile_, grounds.cache)
             timeline.record("bytecode", fetching)
     _render(plan, settings, grounds, layers, resolutions, facts)
+    if seeded.sources:
+        update_report(settings.output, {"cache_from": seeded.record(len(lock))})
     return plan
+
+
+def _cache_sources(settings: RunSettings) -> tuple[str, ...]:
+    """The images the run's cache is seeded from (builder.publish.cache_from): --cache-from,
+    else the config's; else the image its state last pushed (by digest), when there is one."""
+    if settings.cache_from:
+        return settings.cache_from
+    if settings.state is None:
+        return ()
+    try:
+        previous = load_state(settings.state)
+    except UserError:
+        return ()  # the run reads it again where it matters, and says so there
+    return (previous.image,) if previous is not None and previous.image else ()
 
 
 def _start_compiling(
@@ -287,18 +324,22 @@ def _start_layers(
     reuse_locks: Mapping[str, str] | None,
     grounds: Grounds,
     pool: ThreadPoolExecutor,
+    seeded: Seeded,
 ) -> Mapping[str, Future[tuple[ExtrasLayer, ...]]]:
-    """Each arch's extras layers started: each wheel's own layer as its download ends, the
-    rest once every wheel is here (this waits for the downloads); none when a rebase reuses
-    the previous layers (with bytecode, the base's interpreter decides that later)."""
+    """Each arch's extras layers started: each wheel's own layer as its download ends (and its
+    pull from a --cache-from image, when it has one, ended), the rest once every wheel is here
+    and every pull ended (this waits for both); none when a rebase reuses the previous layers
+    (with bytecode, the base's interpreter decides that later)."""
     compiles = grounds.compiler is not None
     budget = group_budget(compiles)
     reused = not compiles and reused_layers(pins, reuse_locks)
     own = None
     if not reused:
         laid_out = grounds.timeline.marker("laid_out")
-        own = start_own_layers(pool, pins, _as_ready(downloads), grounds.cache, budget, laid_out)
+        ready = _pulled_first(_as_ready(downloads), seeded)
+        own = start_own_layers(pool, pins, ready, grounds.cache, budget, laid_out)
     paths = {sha: future.result() for sha, future in downloads.items()}
+    seeded.wait()
     if reused:
         return {}
     return start_layers(pool, pins, paths, grounds.cache, budget, own)
@@ -436,6 +477,15 @@ def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str
         yield future.result(), arrived[future]
 
 
+def _pulled_first(ready: Iterator[tuple[Path, str]], seeded: Seeded) -> Iterator[tuple[Path, str]]:
+    """`ready`'s wheels, each once its layer's pull (if any) ended: a pulled layer is found, not
+    laid out again beside its pull."""
+    for path, sha256 in ready:
+        if (pull := seeded.pulls.get(sha256)) is not None:
+            pull.result()
+        yield path, sha256
+
+
 def _marking(mark: Callable[[str], None], sha256: str) -> Callable[[Future[Path]], None]:
     """A download's callback: `sha256` arrived (the timeline's mark)."""
     return lambda _: mark(sha256)
@@ -459,6 +509,7 @@ class Finish:
     labels: Mapping[str, str]
     created: str
     cache: Cache
+    facts: bytes | None = None  # the build facts attached to each image (FACTS_LABEL names it)
 
 
 def extras_hash_of(plan: Plan) -> str:
@@ -488,7 +539,36 @@ def finish(
     labels = image_labels(
         plan.base.image, plan.base.digest, epoch, version, extras_hash_of(plan), bytecode
     )
-    return Finish(layers, labels, created(epoch), cache)
+    facts = build_facts(plan, layers, cache) if layers else None
+    if facts is not None:
+        labels = dict(sorted({**labels, FACTS_LABEL: digest_of(facts)}.items()))
+    return Finish(layers, labels, created(epoch), cache, facts)
+
+
+def build_facts(
+    plan: Plan, layers: Mapping[str, tuple[ExtrasLayer, ...]], cache: Cache
+) -> bytes | None:
+    """The build facts document of `plan` (builder.publish.build_facts): every wheel's
+    inspection, as the cache holds it, and every distribution layer; None when a wheel's
+    inspection is not in the cache (a plan made elsewhere: no facts rather than partial ones)."""
+    wheels = {w.sha256: w.filename for arch in plan.arches for w in arch.wheels}
+    inspections = [cached_inspection(cache, name, sha) for sha, name in sorted(wheels.items())]
+    known = [one for one in inspections if one is not None]
+    if len(known) != len(inspections):
+        return None
+    laid = [
+        LaidOut(
+            one.wheels,
+            tuple(sorted(one.shadowed)),
+            one.layer.diff_id,
+            one.layer.size,
+            one.layer.source_date_epoch,
+        )
+        for stack in layers.values()
+        for one in stack
+        if one.kind == LayerKind.DISTRIBUTION and one.wheels
+    ]
+    return facts_of(FORMATS, known, laid).document()
 
 
 def platform_version(base: ImageRef, explicit: str | None) -> str:

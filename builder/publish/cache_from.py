@@ -1,0 +1,208 @@
+"""`--cache-from REF`: an image this tool pushed seeds the local cache (a fresh CI runner).
+
+What `REF`'s build learned is attached to each of its arch images as the build facts document
+(builder.publish.build_facts), pinned by the image's config label. `open_source` reads it
+while the set resolves: REF's images, the label, the attachment that hashes to it (no other
+is trusted). `seed` then gives the run what the document may serve it (`reusable`, for the
+lock's wheels only): each inspection record into the cache (inspect_as_ready finds it: no
+inspection), and each distribution layer pulled in parallel with the downloads, its gzip blob
+checked against the manifest's digest as it streams and its tar against the config's diff ID
+before it counts (Cache.writing_blob), then recorded where the layer writer looks
+(builder.layers.layer.adopt_layer: no layout). Bytecode is compiled again: its layers are
+assembled from per-wheel parts (builder.layers.bytecode) that no image holds.
+
+Nothing here fails a run: a REF unreachable, absent, foreign (no facts, another format) or
+tampered with (a document that is not the one the label names, a layer that does not hold
+its diff ID) is one warning line naming REF and why, and the run builds cold what it could not
+take. What REF's pusher could push is what REF can give: the label pins the document to the
+image, not the image to its maker (give REF by digest, as the state's default is, or sign).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+
+from builder import credentials
+from builder.cache import CHUNK, Cache
+from builder.errors import UserError
+from builder.inspect.wheels import RECORD_KIND, SCHEMA
+from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer
+from builder.oci.client import RepositoryClient
+from builder.oci.name import ImageRef
+from builder.oci.referrers import attached_document, referrers
+from builder.oci.remote import platform_image, read
+from builder.oci.transport import VerifiedBlob
+from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
+from builder.plan.plan import EXTRA_DEPS
+from builder.publish.build_facts import (
+    FACTS_LABEL,
+    FACTS_TYPE,
+    BuildFacts,
+    Formats,
+    LaidOut,
+    Reuse,
+    parse_facts,
+    reusable,
+)
+from builder.retry import Retries
+
+FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS)  # what this tool makes: what it reuses
+LAYER_FILE = "layer.tar"  # the cache's name of a layer tar (builder.layers.layer)
+
+Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A trusted REF: its facts, and where each layer its images hold is (diff ID -> blob)."""
+
+    ref: str
+    registry: RepositoryClient
+    facts: BuildFacts
+    blobs: Mapping[str, Descriptor]
+
+
+@dataclass
+class Seeded:
+    """What the sources gave a run: the wheels (sha256) whose layer is being pulled, and the
+    distributions reused (inspection and layer both), once the pulls end."""
+
+    sources: tuple[str, ...]  # the images asked, trusted or not
+    pulls: dict[str, Future[bool]] = field(default_factory=dict)  # wheel sha256 -> its pull
+    reuse: dict[str, frozenset[str]] = field(default_factory=dict)  # ref -> its distributions
+
+    def wait(self) -> None:
+        """Every pull ended (a failed one warned and counts as not pulled)."""
+        for pull in self.pulls.values():
+            pull.result()
+
+    def record(self, distributions: int) -> dict[str, object]:
+        """report.json's `cache_from` (docs/report.md), once the pulls ended."""
+        pulled = {sha for sha, pull in self.pulls.items() if pull.result()}
+        reused = {ref: len(shas & pulled) for ref, shas in self.reuse.items()}
+        return {
+            "sources": list(self.sources),
+            "reused": sum(reused.values()),
+            "distributions": distributions,
+            "by_source": reused,
+        }
+
+
+def open_source(ref: str, arches: Sequence[str], retries: Retries, warn: Warn) -> Source | None:
+    """REF's images (of an index, the run's arches), their facts, if REF is trusted; else None
+    with one warning (unreachable, absent, foreign, tampered)."""
+    try:
+        registry = credentials.registry(ImageRef.parse(ref, "--cache-from"), ref, retries)
+        images = _images(registry, read(registry), arches)
+        return _trusted(ref, registry, images)
+    except (UserError, ValueError, OSError) as error:  # RegistryError is a UserError
+        warn(f"--cache-from {ref}: {str(error)[:300]}; building without it")
+        return None
+
+
+def _images(registry: RepositoryClient, found: Image | Index, arches: Sequence[str]) -> list[Image]:
+    """The arch images of REF the run builds (an image alone: itself)."""
+    if isinstance(found, Image):
+        return [found]
+    offered = [Platform.linux(arch) for arch in arches if found.pick(Platform.linux(arch))]
+    if not offered:
+        raise UserError(f"it holds no image for {', '.join(arches)}")
+    return [platform_image(registry, found, platform) for platform in offered]
+
+
+def _trusted(ref: str, registry: RepositoryClient, images: Sequence[Image]) -> Source:
+    """The facts the images' label names, from the attachment hashing to it, and the blob of
+    each diff ID; UserError when no image names a document, or no attachment is the one."""
+    labelled = [(image, image.config_file.labels.get(FACTS_LABEL)) for image in images]
+    named = [(image, label) for image, label in labelled if label]
+    if not named:
+        raise UserError("its image carries no build facts (not pushed by a build of this tool)")
+    image, label = named[0]
+    document = next(
+        (
+            found
+            for one in referrers(registry, image.digest)
+            if one.artifact_type == FACTS_TYPE
+            and digest_of(found := attached_document(registry, one)) == label
+        ),
+        None,
+    )
+    if document is None:
+        raise UserError(f"no build facts attached hash to its label {label[:19]}: not trusted")
+    blobs = {
+        diff_id: layer
+        for image, found in named
+        if found == label
+        for diff_id, layer in zip(image.diff_ids, image.layers, strict=False)
+    }
+    return Source(ref, registry, parse_facts(document), blobs)
+
+
+def seed(
+    asked: Sequence[str],
+    sources: Sequence[Source | None],
+    lock: Mapping[str, str],
+    cache: Cache,
+    pool: Executor,
+    warn: Warn,
+) -> Seeded:
+    """The lock's wheels (sha256 -> file name) the sources (those of `asked` that are trusted)
+    serve, first source first: their inspection records put in the cache now, their layers
+    pulled on `pool`."""
+    seeded = Seeded(tuple(asked))
+    for source in sources:
+        if source is None:
+            continue
+        left = {sha: name for sha, name in lock.items() if sha not in seeded.pulls}
+        try:
+            reuse = reusable(source.facts, FORMATS, left, tuple(source.blobs))
+        except ValueError as error:
+            warn(f"--cache-from {source.ref}: its build facts are not trusted: {error}")
+            continue
+        _put_inspections(reuse, cache)
+        for one in reuse.layers:
+            pull = pool.submit(_pulled, source, one, cache, warn)
+            for sha in one.wheels:
+                seeded.pulls.setdefault(sha, pull)
+        seeded.reuse[source.ref] = reuse.distributions
+    return seeded
+
+
+def _put_inspections(reuse: Reuse, cache: Cache) -> None:
+    for sha, inspection in reuse.inspections.items():
+        cache.put_record(RECORD_KIND, sha, inspection.to_dict())
+
+
+def _pulled(source: Source, one: LaidOut, cache: Cache, warn: Warn) -> bool:
+    """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer;
+    False, with a warning, when the blob is not what the image says it is."""
+    hexdigest = one.diff_id.removeprefix("sha256:")
+    try:
+        if cache.checked_blob(hexdigest, LAYER_FILE) is None:
+            blob = source.blobs[one.diff_id]
+
+            def unpacked(stream: VerifiedBlob) -> None:  # restartable: a new temp file each
+                with (
+                    cache.writing_blob(hexdigest, LAYER_FILE) as out,  # checked: the diff ID
+                    gzip.GzipFile(fileobj=stream, mode="rb") as tar,  # type: ignore[call-overload]
+                ):
+                    shutil.copyfileobj(tar, out, CHUNK)
+
+            source.registry.read_blob(blob.digest, unpacked)
+        path = cache.blob_path(hexdigest, LAYER_FILE)
+        if path.stat().st_size != one.size:
+            raise ValueError(f"{path.stat().st_size} bytes, not the {one.size} its facts say")
+    except (UserError, ValueError, OSError, EOFError, zlib.error) as error:
+        warn(
+            f"--cache-from {source.ref}: layer {one.diff_id[:19]} is not trusted"
+            f" ({str(error)[:200]}); laid out here"
+        )
+        return False
+    layer = Layer(path, one.diff_id, one.size, one.sde)
+    adopt_layer(cache, one.wheels, one.shadowed, FORMATS.root, layer)
+    return True
