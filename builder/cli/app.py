@@ -166,6 +166,7 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
     "--cache-from",
     "cache_from",
     multiple=True,
+    type=Reference("--cache-from"),
     metavar="REF",
     help="An image this tool pushed whose build facts and layers seed the cache (a fresh CI"
     " runner); repeatable; default: the image the config's state last pushed (docs/ci.md).",

@@ -189,7 +189,7 @@ def prepare(
     return plan
 
 
-def _cache_sources(settings: RunSettings) -> tuple[str, ...]:
+def _cache_sources(settings: RunSettings) -> tuple[ImageRef, ...]:
     """The images the run's cache is seeded from (builder.publish.cache_from): --cache-from,
     else the config's; else the image its state last pushed (by digest), when there is one."""
     if settings.cache_from:
@@ -200,7 +200,8 @@ def _cache_sources(settings: RunSettings) -> tuple[str, ...]:
         previous = load_state(settings.state)
     except UserError:
         return ()  # the run reads it again where it matters, and says so there
-    return (previous.image,) if previous is not None and previous.image else ()
+    last = previous.image_reference if previous is not None else None
+    return (last,) if last is not None else ()
 
 
 def _start_compiling(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TypedDict, cast
 
 from builder.inspect.wheels import WheelInspection, WheelRecord
 from builder.oci.v1 import canonical
@@ -44,6 +44,16 @@ class Formats:
     root: str  # where the distribution layers install (builder.plan.plan.EXTRA_DEPS)
 
 
+class LaidOutRecord(TypedDict):
+    """A distribution layer as the document holds it."""
+
+    wheels: list[str]
+    shadowed: list[str]
+    diff_id: str
+    size: int
+    sde: int
+
+
 @dataclass(frozen=True)
 class LaidOut:
     """One distribution layer: the wheels it holds (lock order), the files it leaves to a later
@@ -55,14 +65,14 @@ class LaidOut:
     size: int
     sde: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "wheels": list(self.wheels),
-            "shadowed": list(self.shadowed),
-            "diff_id": self.diff_id,
-            "size": self.size,
-            "sde": self.sde,
-        }
+    def to_dict(self) -> LaidOutRecord:
+        return LaidOutRecord(
+            wheels=list(self.wheels),
+            shadowed=list(self.shadowed),
+            diff_id=self.diff_id,
+            size=self.size,
+            sde=self.sde,
+        )
 
 
 @dataclass(frozen=True)

@@ -93,26 +93,35 @@ class Seeded:
         }
 
 
-def open_source(ref: str, arches: Sequence[str], retries: Retries, warn: Warn) -> Source | None:
+def open_source(
+    ref: ImageRef, arches: Sequence[str], retries: Retries, warn: Warn
+) -> Source | None:
     """REF's images (of an index, the run's arches), their facts, if REF is trusted; else None
     with one warning (unreachable, absent, foreign, tampered)."""
+    named = ref.as_written
     try:
-        registry = credentials.registry(ImageRef.parse(ref, "--cache-from"), ref, retries)
+        registry = credentials.registry(ref, named, retries)
         images = _images(registry, read(registry), arches)
-        return _trusted(ref, registry, images)
+        return _trusted(named, registry, images)
     except (UserError, ValueError, OSError) as error:  # RegistryError is a UserError
-        warn(f"--cache-from {ref}: {str(error)[:300]}; building without it")
+        warn(f"--cache-from {named}: {str(error)[:300]}; building without it")
         return None
 
 
 def _images(registry: RepositoryClient, found: Image | Index, arches: Sequence[str]) -> list[Image]:
-    """The arch images of REF the run builds (an image alone: itself)."""
+    """The arch images of REF the run builds (an image alone: itself, whatever its arch: the
+    facts say which wheels they are of)."""
     if isinstance(found, Image):
         return [found]
-    offered = [Platform.linux(arch) for arch in arches if found.pick(Platform.linux(arch))]
-    if not offered:
+    images = []
+    for arch in arches:
+        try:
+            images.append(platform_image(registry, found, Platform.linux(arch)))
+        except UserError:  # not of this arch: another arch's may serve
+            continue
+    if not images:
         raise UserError(f"it holds no image for {', '.join(arches)}")
-    return [platform_image(registry, found, platform) for platform in offered]
+    return images
 
 
 def _trusted(ref: str, registry: RepositoryClient, images: Sequence[Image]) -> Source:
@@ -144,7 +153,7 @@ def _trusted(ref: str, registry: RepositoryClient, images: Sequence[Image]) -> S
 
 
 def seed(
-    asked: Sequence[str],
+    asked: Sequence[ImageRef],
     sources: Sequence[Source | None],
     lock: Mapping[str, str],
     cache: Cache,
@@ -154,7 +163,7 @@ def seed(
     """The lock's wheels (sha256 -> file name) the sources (those of `asked` that are trusted)
     serve, first source first: their inspection records put in the cache now, their layers
     pulled on `pool`."""
-    seeded = Seeded(tuple(asked))
+    seeded = Seeded(tuple(ref.as_written for ref in asked))
     for source in sources:
         if source is None:
             continue
