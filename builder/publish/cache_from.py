@@ -8,8 +8,10 @@ lock's wheels only): each inspection record into the cache (inspect_as_ready fin
 inspection), and each distribution layer pulled in parallel with the downloads, its gzip blob
 checked against the manifest's digest as it streams and its tar against the config's diff ID
 before it counts (Cache.writing_blob), then recorded where the layer writer looks
-(builder.layers.layer.adopt_layer: no layout). Bytecode is compiled again: its layers are
-assembled from per-wheel parts (builder.layers.bytecode) that no image holds.
+(builder.layers.layer.adopt_layer: no layout). REF's blobs are remembered as held by its
+repository (builder.publish.blob_memory), so a push to the same registry mounts them. Bytecode
+is compiled again: its layers are assembled from per-wheel parts (builder.layers.bytecode) that
+no image holds.
 
 Nothing here fails a run: a REF unreachable, absent, foreign (no facts, another format) or
 tampered with (a document that is not the one the label names, a layer that does not hold
@@ -39,6 +41,7 @@ from builder.oci.remote import platform_image, read
 from builder.oci.transport import VerifiedBlob
 from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.plan.plan import EXTRA_DEPS
+from builder.publish.blob_memory import blob_memory
 from builder.publish.build_facts import (
     FACTS_LABEL,
     FACTS_TYPE,
@@ -164,9 +167,12 @@ def seed(
     serve, first source first: their inspection records put in the cache now, their layers
     pulled on `pool`."""
     seeded = Seeded(tuple(ref.as_written for ref in asked))
+    memory = blob_memory(cache)
     for source in sources:
         if source is None:
             continue
+        held = source.registry.ref
+        memory.remember(held.registry, held.repository, [b.digest for b in source.blobs.values()])
         left = {sha: name for sha, name in lock.items() if sha not in seeded.pulls}
         try:
             reuse = reusable(source.facts, FORMATS, left, tuple(source.blobs))

@@ -183,6 +183,8 @@ def test_a_fresh_runner_reuses_what_the_registry_holds(
     before, after = first.build.layers(), warm.layers()
     assert {name: after[name] for name in before} == before  # the same layers for the others
     assert warm.digest == cold.digest  # the image a cold build pushes
+    pushed = next(line for line in warm.stdout.splitlines() if line.startswith("push: "))
+    assert " 0 kB mounted" not in pushed, pushed  # REF's blobs mounted, not uploaded again
     print(f"\ncold {cold.seconds:.1f} s, fresh runner with --cache-from {warm.seconds:.1f} s")
 
 
