@@ -29,6 +29,7 @@ class CacheFromReport(TypedDict):
     sources: list[str]
     reused: int
     distributions: int
+    compiled: int
 
 
 class Report(TypedDict, total=False):
@@ -82,8 +83,8 @@ def summary(plan: Plan, report: Report | None = None) -> str:
     if report and (cached := report.get("cache_from")):
         lines.append(
             f"reused {cached['reused']} of {cached['distributions']} distributions from"
-            f" {', '.join(cached['sources'])}"
-            " (their inspections and layers; bytecode compiled here)"
+            f" {', '.join(cached['sources'])} (inspections and layers; the bytecode of"
+            f" {cached.get('compiled', 0)} not compiled again)"
         )
     return "\n".join(lines)
 

@@ -41,7 +41,14 @@ from builder.inspect.wheel_reader import (
     member_bytes,
 )
 from builder.inspect.wheels import WheelInspection
-from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
+from builder.layers.bytecode import (
+    COMPILERS,
+    CompileQueue,
+    Compiler,
+    Interpreter,
+    cancelled_on_error,
+    compiled_record,
+)
 from builder.layers.extras import (
     BytecodeFacts,
     ExtrasLayer,
@@ -66,8 +73,14 @@ from builder.plan.plan import (
     runtime_checks,
 )
 from builder.plan.program_needs import ProgramNeed, program_needs
-from builder.publish.build_facts import FACTS_LABEL, LaidOut, facts_of
-from builder.publish.cache_from import FORMATS, Seeded, open_source, seed
+from builder.publish.build_facts import (
+    FACTS_LABEL,
+    Bytecode,
+    CompiledRecord,
+    LaidOut,
+    facts_of,
+)
+from builder.publish.cache_from import FORMATS, Seeded, Seeding, open_source, seed
 from builder.publish.state import load_state
 from builder.publish.tags import extras_hash
 from builder.resolve.direct.fetch import fetch_all
@@ -163,10 +176,11 @@ def prepare(
         pins = _pins(resolutions, chosen)
         lock = {file.sha256: file.filename for file in files}
         sources = [one.result() for one in opening]  # read while the set resolved
-        seeded = seed(asked, sources, lock, grounds.cache, pulling, grounds.cache.warn)
+        seeding = Seeding(grounds.cache, pulling, grounds.cache.warn, _build_of(compile_))
+        seeded = seed(asked, sources, lock, seeding)
         fetching = timeline.now()
         downloads = _start_downloads(files, requirements, grounds, fetch, limit)
-        inspecting, feeding = _start_reading(downloads, grounds, pool, compile_)
+        inspecting, feeding = _start_reading(downloads, grounds, pool, compile_, seeded)
         writing = _start_layers(pins, downloads, reuse_locks, grounds, pool, seeded)
         timeline.record("downloads", fetching)
         inspections = inspecting.result()
@@ -309,14 +323,31 @@ def _start_reading(
     grounds: Grounds,
     pool: ThreadPoolExecutor,
     compile_: _Compiling | None,
+    seeded: Seeded,
 ) -> tuple[Future[dict[str, WheelInspection]], Future[None] | None]:
-    """Each wheel inspected, and queued for its compile (every arch's once), as soon as it is
-    here; the compile's feed is None without bytecode."""
+    """Each wheel inspected, and queued for its compile (every arch's once, after its bytecode's
+    pull from a --cache-from image, when it has one), as soon as it is here; the compile's feed
+    is None without bytecode."""
     inspected = grounds.timeline.marker("inspected")
     inspecting = pool.submit(inspect_as_ready, _as_ready(downloads), grounds.cache, done=inspected)
     if compile_ is None:
         return inspecting, None
-    return inspecting, pool.submit(compile_.queue.add_as_ready, _as_ready(downloads))
+    ready = _pulled_first(_as_ready(downloads), seeded.compiles)
+    return inspecting, pool.submit(compile_.queue.add_as_ready, ready)
+
+
+def _build_of(compile_: _Compiling | None) -> Callable[[], str] | None:
+    """The compiling interpreter's build, waited for (None: no bytecode)."""
+    if compile_ is None:
+        return None
+    starting = compile_.starting
+
+    def build() -> str:
+        interpreter = starting.result().interpreter
+        assert interpreter is not None, "the Compiler identifies its interpreter on entry"
+        return interpreter.build
+
+    return build
 
 
 def _start_layers(
@@ -337,7 +368,7 @@ def _start_layers(
     own = None
     if not reused:
         laid_out = grounds.timeline.marker("laid_out")
-        ready = _pulled_first(_as_ready(downloads), seeded)
+        ready = _pulled_first(_as_ready(downloads), seeded.pulls)
         own = start_own_layers(pool, pins, ready, grounds.cache, budget, laid_out)
     paths = {sha: future.result() for sha, future in downloads.items()}
     seeded.wait()
@@ -478,11 +509,13 @@ def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str
         yield future.result(), arrived[future]
 
 
-def _pulled_first(ready: Iterator[tuple[Path, str]], seeded: Seeded) -> Iterator[tuple[Path, str]]:
-    """`ready`'s wheels, each once its layer's pull (if any) ended: a pulled layer is found, not
-    laid out again beside its pull."""
+def _pulled_first(
+    ready: Iterator[tuple[Path, str]], pulls: Mapping[str, Future[bool]]
+) -> Iterator[tuple[Path, str]]:
+    """`ready`'s wheels, each once its pull (if any: its layer, its bytecode) ended: what was
+    pulled is found, not made again beside its pull."""
     for path, sha256 in ready:
-        if (pull := seeded.pulls.get(sha256)) is not None:
+        if (pull := pulls.get(sha256)) is not None:
             pull.result()
         yield path, sha256
 
@@ -540,36 +573,49 @@ def finish(
     labels = image_labels(
         plan.base.image, plan.base.digest, epoch, version, extras_hash_of(plan), bytecode
     )
-    facts = build_facts(plan, layers, cache) if layers else None
+    facts = build_facts(plan, layers, cache, interpreter) if layers else None
     if facts is not None:
         labels = dict(sorted({**labels, FACTS_LABEL: digest_of(facts)}.items()))
     return Finish(layers, labels, created(epoch), cache, facts)
 
 
 def build_facts(
-    plan: Plan, layers: Mapping[str, tuple[ExtrasLayer, ...]], cache: Cache
+    plan: Plan,
+    layers: Mapping[str, tuple[ExtrasLayer, ...]],
+    cache: Cache,
+    interpreter: Interpreter | None,
 ) -> bytes | None:
     """The build facts document of `plan` (builder.publish.build_facts): every wheel's
-    inspection, as the cache holds it, and every distribution layer; None when a wheel's
-    inspection is not in the cache (a plan made elsewhere: no facts rather than partial ones)."""
+    inspection, as the cache holds it, every distribution layer and, with bytecode compiled by
+    `interpreter`, every wheel's compile and bytecode layer; None when a wheel's inspection is
+    not in the cache (a plan made elsewhere: no facts rather than partial ones), no bytecode
+    facts when a compile is not."""
     wheels = {w.sha256: w.filename for arch in plan.arches for w in arch.wheels}
     inspections = [cached_inspection(cache, name, sha) for sha, name in sorted(wheels.items())]
     known = [one for one in inspections if one is not None]
     if len(known) != len(inspections):
         return None
-    laid = [
-        LaidOut(
-            one.wheels,
-            tuple(sorted(one.shadowed)),
-            one.layer.diff_id,
-            one.layer.size,
-            one.layer.source_date_epoch,
-        )
-        for stack in layers.values()
-        for one in stack
-        if one.kind == LayerKind.DISTRIBUTION and one.wheels
-    ]
-    return facts_of(FORMATS, known, laid).document()
+    stacks = [one for stack in layers.values() for one in stack if one.wheels]
+    laid = [_laid_out(one) for one in stacks if one.kind == LayerKind.DISTRIBUTION]
+    bytecode = None
+    if interpreter is not None:
+        build = interpreter.build
+        found = {sha: compiled_record(cache, sha, build, EXTRA_DEPS) for sha in sorted(wheels)}
+        compiled = {
+            sha: CompiledRecord(compiled=one[0], skipped=list(one[1]))
+            for sha, one in found.items()
+            if one is not None
+        }
+        kept = [_laid_out(one) for one in stacks if one.kind == LayerKind.BYTECODE]
+        if len(compiled) == len(found):
+            bytecode = Bytecode(build, compiled, tuple(kept))
+    return facts_of(FORMATS, known, laid, bytecode).document()
+
+
+def _laid_out(one: ExtrasLayer) -> LaidOut:
+    layer = one.layer
+    shadowed = tuple(sorted(one.shadowed))
+    return LaidOut(one.wheels, shadowed, layer.diff_id, layer.size, layer.source_date_epoch)
 
 
 def platform_version(base: ImageRef, explicit: str | None) -> str:

@@ -8,10 +8,11 @@ lock's wheels only): each inspection record into the cache (inspect_as_ready fin
 inspection), and each distribution layer pulled in parallel with the downloads, its gzip blob
 checked against the manifest's digest as it streams and its tar against the config's diff ID
 before it counts (Cache.writing_blob), then recorded where the layer writer looks
-(builder.layers.layer.adopt_layer: no layout). REF's blobs are remembered as held by its
-repository (builder.publish.blob_memory), so a push to the same registry mounts them. Bytecode
-is compiled again: its layers are assembled from per-wheel parts (builder.layers.bytecode) that
-no image holds.
+(builder.layers.layer.adopt_layer: no layout). A wheel's bytecode layer, when it holds that
+wheel's bytecode alone and whole and the run's interpreter is the one that compiled it, is
+pulled the same way and read back as the wheel's compile (builder.layers.bytecode.
+adopt_compiled: no compile). REF's blobs are remembered as held by its repository
+(builder.publish.blob_memory), so a push to the same registry mounts them.
 
 Nothing here fails a run: a REF unreachable, absent, foreign (no facts, another format) or
 tampered with (a document that is not the one the label names, a layer that does not hold
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+import tarfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -33,6 +35,7 @@ from builder import credentials
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 from builder.inspect.wheels import RECORD_KIND, SCHEMA
+from builder.layers.bytecode import BYTECODE_FORMAT, adopt_compiled
 from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -46,6 +49,7 @@ from builder.publish.build_facts import (
     FACTS_LABEL,
     FACTS_TYPE,
     BuildFacts,
+    CompiledRecord,
     Formats,
     LaidOut,
     Reuse,
@@ -54,7 +58,7 @@ from builder.publish.build_facts import (
 )
 from builder.retry import Retries
 
-FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS)  # what this tool makes: what it reuses
+FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS, BYTECODE_FORMAT)  # what it makes and reuses
 LAYER_FILE = "layer.tar"  # the cache's name of a layer tar (builder.layers.layer)
 
 Warn = Callable[[str], None]
@@ -78,10 +82,11 @@ class Seeded:
     sources: tuple[str, ...]  # the images asked, trusted or not
     pulls: dict[str, Future[bool]] = field(default_factory=dict)  # wheel sha256 -> its pull
     reuse: dict[str, frozenset[str]] = field(default_factory=dict)  # ref -> its distributions
+    compiles: dict[str, Future[bool]] = field(default_factory=dict)  # sha256 -> its bytecode's
 
     def wait(self) -> None:
         """Every pull ended (a failed one warned and counts as not pulled)."""
-        for pull in self.pulls.values():
+        for pull in (*self.pulls.values(), *self.compiles.values()):
             pull.result()
 
     def record(self, distributions: int) -> dict[str, object]:
@@ -92,6 +97,7 @@ class Seeded:
             "sources": list(self.sources),
             "reused": sum(reused.values()),
             "distributions": distributions,
+            "compiled": sum(1 for pull in self.compiles.values() if pull.result()),
             "by_source": reused,
         }
 
@@ -155,17 +161,27 @@ def _trusted(ref: str, registry: RepositoryClient, images: Sequence[Image]) -> S
     return Source(ref, registry, parse_facts(document), blobs)
 
 
+@dataclass(frozen=True)
+class Seeding:
+    """Where a run's seeds go: its cache, the pool the pulls run on, its warnings, and its
+    interpreter's build (waited for; None: the run compiles no bytecode)."""
+
+    cache: Cache
+    pool: Executor
+    warn: Warn
+    interpreter: Callable[[], str] | None = None
+
+
 def seed(
     asked: Sequence[ImageRef],
     sources: Sequence[Source | None],
     lock: Mapping[str, str],
-    cache: Cache,
-    pool: Executor,
-    warn: Warn,
+    seeding: Seeding,
 ) -> Seeded:
     """The lock's wheels (sha256 -> file name) the sources (those of `asked` that are trusted)
     serve, first source first: their inspection records put in the cache now, their layers
-    pulled on `pool`."""
+    (and bytecode) pulled on the pool."""
+    cache, pool, warn = seeding.cache, seeding.pool, seeding.warn
     seeded = Seeded(tuple(ref.as_written for ref in asked))
     memory = blob_memory(cache)
     for source in sources:
@@ -185,6 +201,13 @@ def seed(
             for sha in one.wheels:
                 seeded.pulls.setdefault(sha, pull)
         seeded.reuse[source.ref] = reuse.distributions
+        if seeding.interpreter is None or reuse.interpreter is None:
+            continue
+        for one, record in reuse.compiled:
+            if one.wheels[0] not in seeded.compiles:
+                compiled = (one, record, reuse.interpreter)
+                job = pool.submit(_compiled, source, compiled, seeding)
+                seeded.compiles[one.wheels[0]] = job
     return seeded
 
 
@@ -193,31 +216,64 @@ def _put_inspections(reuse: Reuse, cache: Cache) -> None:
         cache.put_record(RECORD_KIND, sha, inspection.to_dict())
 
 
+PULL_ERRORS = (UserError, ValueError, OSError, EOFError, zlib.error, tarfile.TarError)
+
+
 def _pulled(source: Source, one: LaidOut, cache: Cache, warn: Warn) -> bool:
     """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer;
     False, with a warning, when the blob is not what the image says it is."""
-    hexdigest = one.diff_id.removeprefix("sha256:")
     try:
-        if cache.checked_blob(hexdigest, LAYER_FILE) is None:
-            blob = source.blobs[one.diff_id]
-
-            def unpacked(stream: VerifiedBlob) -> None:  # restartable: a new temp file each
-                with (
-                    cache.writing_blob(hexdigest, LAYER_FILE) as out,  # checked: the diff ID
-                    gzip.GzipFile(fileobj=stream, mode="rb") as tar,  # type: ignore[call-overload]
-                ):
-                    shutil.copyfileobj(tar, out, CHUNK)
-
-            source.registry.read_blob(blob.digest, unpacked)
-        path = cache.blob_path(hexdigest, LAYER_FILE)
-        if path.stat().st_size != one.size:
-            raise ValueError(f"{path.stat().st_size} bytes, not the {one.size} its facts say")
-    except (UserError, ValueError, OSError, EOFError, zlib.error) as error:
-        warn(
-            f"--cache-from {source.ref}: layer {one.diff_id[:19]} is not trusted"
-            f" ({str(error)[:200]}); laid out here"
-        )
+        layer = _pull(source, one, cache)
+    except PULL_ERRORS as error:
+        warn(_untrusted(source, one, error, "laid out here"))
         return False
-    layer = Layer(path, one.diff_id, one.size, one.sde)
     adopt_layer(cache, one.wheels, one.shadowed, FORMATS.root, layer)
     return True
+
+
+def _compiled(
+    source: Source, compiled: tuple[LaidOut, CompiledRecord, str], seeding: Seeding
+) -> bool:
+    """A wheel's bytecode layer pulled and read back as its compile, when the run's interpreter
+    (waited for) is the one that compiled it; False (a warning when the layer is not what the
+    image says it is) when it is not."""
+    one, record, build = compiled
+    assert seeding.interpreter is not None
+    if seeding.interpreter() != build:
+        return False  # another interpreter: its compile would differ, so it compiles
+    summary = record["compiled"], tuple(record["skipped"])
+    try:
+        layer = _pull(source, one, seeding.cache)
+        adopt_compiled(seeding.cache, one.wheels[0], build, FORMATS.root, layer.path, summary)
+    except PULL_ERRORS as error:
+        seeding.warn(_untrusted(source, one, error, "compiled here"))
+        return False
+    return True
+
+
+def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
+    """`one`'s tar in the cache: there already, or pulled, its gzip blob checked against the
+    manifest's digest as it streams and the tar against the diff ID before it is kept."""
+    hexdigest = one.diff_id.removeprefix("sha256:")
+    if cache.checked_blob(hexdigest, LAYER_FILE) is None:
+        blob = source.blobs[one.diff_id]
+
+        def unpacked(stream: VerifiedBlob) -> None:  # restartable: a new temp file each
+            with (
+                cache.writing_blob(hexdigest, LAYER_FILE) as out,  # checked: the diff ID
+                gzip.GzipFile(fileobj=stream, mode="rb") as tar,  # type: ignore[call-overload]
+            ):
+                shutil.copyfileobj(tar, out, CHUNK)
+
+        source.registry.read_blob(blob.digest, unpacked)
+    path = cache.blob_path(hexdigest, LAYER_FILE)
+    if path.stat().st_size != one.size:
+        raise ValueError(f"{path.stat().st_size} bytes, not the {one.size} its facts say")
+    return Layer(path, one.diff_id, one.size, one.sde)
+
+
+def _untrusted(source: Source, one: LaidOut, error: BaseException, instead: str) -> str:
+    return (
+        f"--cache-from {source.ref}: layer {one.diff_id[:19]} is not trusted"
+        f" ({str(error)[:200]}); {instead}"
+    )

@@ -96,7 +96,7 @@ def build(
          "--no-index", "--find-links", str(house), "--arch", "amd64",
          "--base-image", base, "--tag", f"bsi-cache-from-{RUN}/{work.name}:test",
          "--output", str(work / "context"), "--cache-dir", str(work / "cache"),
-         "--no-verify", "--no-bytecode", "--no-soci", *push, *flags],
+         "--no-verify", "--no-soci", *push, *flags],
         capture_output=True, text=True, env=env, timeout=1200,
     )  # fmt: skip
     seconds = time.monotonic() - began
@@ -177,7 +177,7 @@ def test_a_fresh_runner_reuses_what_the_registry_holds(
         "--cache-from", first.ref,
     )  # fmt: skip
     record = warm.report["cache_from"]
-    assert (record["reused"], record["distributions"]) == (2, 3)
+    assert (record["reused"], record["distributions"], record["compiled"]) == (2, 3, 2)
     assert f"reused 2 of 3 distributions from {first.ref}" in warm.stdout
     assert "warning" not in warm.stdout.lower()
     before, after = first.build.layers(), warm.layers()
@@ -270,6 +270,7 @@ def test_a_layer_not_the_one_its_config_names_is_not_trusted(
     )  # fmt: skip
     assert f"warning: --cache-from {ref}: layer {alpha[:19]} is not trusted" in seeded.stdout
     assert seeded.report["cache_from"]["reused"] == 1  # beta's layer was the image's own
+    assert seeded.report["cache_from"]["compiled"] == 2  # alpha's bytecode layer was too
     assert seeded.digest == cold.digest
 
 
