@@ -32,11 +32,13 @@ from builder.files import sha256_of
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind, LayerRecord
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
+from builder.oci.v1 import digest_of
 from builder.orchestration.prepare import build_parameters, extras_hash_of, finish, platform_version
 from builder.plan.plan import Plan
 from builder.resolve.target import BaseFacts, BaseProfile
 
 PLAN_FILE = "plan.json"
+FACTS_FILE = "build-facts.json"  # beside it, when the plan has them
 DOCUMENT_VERSION = 3  # a document of another version is refused, never guessed at (2: deep
 # imports' requested distributions and skip patterns, the apt secrets' ids; 3: each arch's
 # browser wiring, which a version-2 plan would silently lack)
@@ -66,24 +68,26 @@ class PlanDocument:
     soci: bool = True  # a one-job run's --no-soci, kept for its parts
     skip_modules: tuple[str, ...] = ()  # its --skip-module patterns: its parts verify alike
     apt_secrets: tuple[str, ...] = ()  # the secret ids its apt step mounts: each part is given them
+    facts: bytes | None = None  # the build facts a one-job run attaches (publish.build_facts)
 
 
 def write_plan(plan: Plan, settings: RunSettings, cache: Cache) -> Path:
     """PLAN/plan.json for the context `prepare` just wrote to `settings.output`: the layers
     are the ones it wrote (found in the cache by the plan, as the build would find them)."""
-    layers = finish(plan, settings, cache).layers
+    finished = finish(plan, settings, cache)
     plan_id = PlanId(extras_hash_of(plan), plan.base.digest or "")
     version = platform_version(plan.base_reference, settings.platform_version)
     parameters = build_parameters(plan, settings)
     document = PlanDocument(
         plan_id,
         plan,
-        layers,
+        finished.layers,
         version,
         parameters,
         settings.soci,
         settings.skip_modules,
         apt_secrets_mounted(plan, settings),
+        finished.facts,
     )
     return write_document(settings.output, document)
 
@@ -109,7 +113,10 @@ def write_document(output: Path, document: PlanDocument) -> Path:
         "soci": document.soci,
         "skip_modules": list(document.skip_modules),
         "apt_secrets": list(document.apt_secrets),
+        "facts": digest_of(document.facts) if document.facts else None,
     }
+    if document.facts:  # beside it: the parts attach these bytes, which the label names
+        add_to_output(output, FACTS_FILE, document.facts)
     # listed in the context's marker: a next run into the same --output replaces it as its own
     add_to_output(output, PLAN_FILE, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
     return output / PLAN_FILE
@@ -143,9 +150,24 @@ def read_document(plan_dir: Path) -> PlanDocument:
             bool(body["soci"]),
             tuple(str(pattern) for pattern in body["skip_modules"]),
             tuple(str(secret) for secret in body["apt_secrets"]),
+            _facts(plan_dir, body.get("facts")),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"{path}: malformed plan ({error!r})") from None
+
+
+def _facts(plan_dir: Path, digest: object) -> bytes | None:
+    """The build facts beside plan.json, the ones it names (None: it names none)."""
+    if digest is None:
+        return None
+    path = plan_dir / FACTS_FILE
+    try:
+        facts = path.read_bytes()
+    except OSError as error:
+        raise UserError(f"{path}: the plan's build facts are unreadable ({error})") from None
+    if digest_of(facts) != digest:
+        raise UserError(f"{path}: not the build facts the plan names ({digest})")
+    return facts
 
 
 def check_layers(document: PlanDocument, arch: str) -> None:
