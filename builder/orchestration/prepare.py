@@ -162,8 +162,8 @@ def prepare(
     ):
         compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
         asked = _cache_sources(settings)
-        opening = [
-            pool.submit(open_source, ref, grounds.arches, grounds.retries, grounds.cache.warn)
+        opening = [  # on the pulls' pool: the resolution's jobs never wait behind them
+            pulling.submit(open_source, ref, grounds.arches, grounds.retries, grounds.cache.warn)
             for ref in asked
         ]
         with timeline.step("resolve"):
@@ -199,7 +199,8 @@ def prepare(
             timeline.record("bytecode", fetching)
     _render(plan, settings, grounds, layers, resolutions, facts)
     if seeded.sources:
-        update_report(settings.output, {"cache_from": seeded.record(len(lock))})
+        stacks = [_laid_out(one) for stack in layers.values() for one in stack]
+        update_report(settings.output, {"cache_from": seeded.record(len(lock), stacks)})
     return plan
 
 

@@ -27,7 +27,7 @@ import gzip
 import shutil
 import tarfile
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
@@ -76,23 +76,27 @@ class Source:
 
 @dataclass
 class Seeded:
-    """What the sources gave a run: the wheels (sha256) whose layer is being pulled, and the
-    distributions reused (inspection and layer both), once the pulls end."""
+    """What the sources gave a run: each wheel's layer pull (sha256 -> it), each layer's
+    (diff ID -> it), each wheel's bytecode pull, and the wheels each source's facts served."""
 
     sources: tuple[str, ...]  # the images asked, trusted or not
     pulls: dict[str, Future[bool]] = field(default_factory=dict)  # wheel sha256 -> its pull
-    reuse: dict[str, frozenset[str]] = field(default_factory=dict)  # ref -> its distributions
+    layers: dict[str, Future[bool]] = field(default_factory=dict)  # diff ID -> its pull
+    reuse: dict[str, frozenset[str]] = field(default_factory=dict)  # ref -> wheels it serves
     compiles: dict[str, Future[bool]] = field(default_factory=dict)  # sha256 -> its bytecode's
 
     def wait(self) -> None:
         """Every pull ended (a failed one warned and counts as not pulled)."""
-        for pull in (*self.pulls.values(), *self.compiles.values()):
+        for pull in (*self.layers.values(), *self.compiles.values()):
             pull.result()
 
-    def record(self, distributions: int) -> dict[str, object]:
-        """report.json's `cache_from` (docs/report.md), once the pulls ended."""
-        pulled = {sha for sha, pull in self.pulls.items() if pull.result()}
-        reused = {ref: len(shas & pulled) for ref, shas in self.reuse.items()}
+    def record(self, distributions: int, stacks: Iterable[LaidOut]) -> dict[str, object]:
+        """report.json's `cache_from` (docs/report.md), once the pulls ended: a distribution is
+        reused when the layer holding it in `stacks` (the run's distribution layers) is one a
+        pull gave, and its inspection came from the same source."""
+        pulled = {diff_id for diff_id, pull in self.layers.items() if pull.result()}
+        laid = {sha for one in stacks if one.diff_id in pulled for sha in one.wheels}
+        reused = {ref: len(shas & laid) for ref, shas in self.reuse.items()}
         return {
             "sources": list(self.sources),
             "reused": sum(reused.values()),
@@ -197,7 +201,9 @@ def seed(
             continue
         _put_inspections(reuse, cache)
         for one in reuse.layers:
-            pull = pool.submit(_pulled, source, one, cache, warn)
+            if one.diff_id in seeded.layers:
+                continue
+            pull = seeded.layers[one.diff_id] = pool.submit(_pulled, source, one, cache, warn)
             for sha in one.wheels:
                 seeded.pulls.setdefault(sha, pull)
         seeded.reuse[source.ref] = reuse.distributions
