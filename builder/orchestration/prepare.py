@@ -161,7 +161,7 @@ def prepare(
         ThreadPoolExecutor(max_workers=PULLS) as pulling,
     ):
         compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
-        asked = _cache_sources(settings)
+        asked = cache_sources(settings)
         opening = [  # on the pulls' pool: the resolution's jobs never wait behind them
             pulling.submit(open_source, ref, grounds.arches, grounds.retries, grounds.cache.warn)
             for ref in asked
@@ -204,7 +204,7 @@ def prepare(
     return plan
 
 
-def _cache_sources(settings: RunSettings) -> tuple[ImageRef, ...]:
+def cache_sources(settings: RunSettings) -> tuple[ImageRef, ...]:
     """The images the run's cache is seeded from (builder.publish.cache_from): --cache-from,
     else the config's; else the image its state last pushed (by digest), when there is one."""
     if settings.cache_from:
