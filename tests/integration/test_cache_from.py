@@ -3,10 +3,12 @@
 Tiny pure wheels from a local wheelhouse (`--no-index`: no network), one arch, on the
 reference base, pushed to the local registry. A first build pushes; a second one, with an
 empty cache directory and `--cache-from` that image, one distribution added, reuses the two
-others (their inspections and layers, report.json and the summary say so) and pushes the
-image a cold build of the same set pushes. A cache image whose only facts attachment is not
-the one its label names, or whose manifest names another blob for a layer, is not trusted: a
-warning, and the same image as the cold build. An absent or unreachable REF is a warning.
+others (their inspections, layers and bytecode: report.json and the summary say so), mounts
+the first push's blobs, passes verification and pushes the image a cold build of the same set
+pushes. A cache image whose only facts attachment is not the one its label names, or whose
+manifest names another blob for a layer, is not trusted: a warning, and the same image as the
+cold build; a facts attachment added beside the labelled one is ignored. An absent or
+unreachable REF is a warning.
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ def build(
     names: tuple[str, ...],
     repository: str,
     *flags: str,
+    verify: bool = False,
 ) -> Build:
+    """A build of `names` from the wheelhouse, pushed to `repository` (empty: not built),
+    verified only when `verify` says so."""
     work.mkdir(parents=True)
     (work / "requirements.txt").write_text("".join(f"bsi-{name}==1.0\n" for name in names))
     env = {
@@ -90,13 +95,14 @@ def build(
         "BSI_REGISTRY_PASSWORD": registry.password,
     }
     push = ("--push", repository) if repository else ("--no-build",)
+    flags = flags if verify else ("--no-verify", *flags)
     began = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "builder", "-r", str(work / "requirements.txt"),
          "--no-index", "--find-links", str(house), "--arch", "amd64",
          "--base-image", base, "--tag", f"bsi-cache-from-{RUN}/{work.name}:test",
          "--output", str(work / "context"), "--cache-dir", str(work / "cache"),
-         "--no-verify", "--no-soci", *push, *flags],
+         "--no-soci", *push, *flags],
         capture_output=True, text=True, env=env, timeout=1200,
     )  # fmt: skip
     seconds = time.monotonic() - began
@@ -174,8 +180,9 @@ def test_a_fresh_runner_reuses_what_the_registry_holds(
     repository = f"{registry.host}/bsi-cache-from-{RUN}/warm"
     warm = build(
         registry, reference_image, tmp_path / "warm", house, ALL, repository,
-        "--cache-from", first.ref,
+        "--cache-from", first.ref, verify=True,
     )  # fmt: skip
+    assert "checks passed" in warm.stdout  # verified, and pushed as verified
     record = warm.report["cache_from"]
     assert (record["reused"], record["distributions"], record["compiled"]) == (2, 3, 2)
     assert f"reused 2 of 3 distributions from {first.ref}" in warm.stdout
@@ -185,7 +192,7 @@ def test_a_fresh_runner_reuses_what_the_registry_holds(
     assert warm.digest == cold.digest  # the image a cold build pushes
     pushed = next(line for line in warm.stdout.splitlines() if line.startswith("push: "))
     assert " 0 kB mounted" not in pushed, pushed  # REF's blobs mounted, not uploaded again
-    print(f"\ncold {cold.seconds:.1f} s, fresh runner with --cache-from {warm.seconds:.1f} s")
+    print(f"\ncold {cold.seconds:.1f} s; fresh runner, --cache-from, verified {warm.seconds:.1f} s")
 
 
 def _copy(
@@ -231,6 +238,36 @@ def test_a_facts_attachment_not_the_labelled_one_is_not_trusted(
     )  # fmt: skip
     assert f"warning: --cache-from {ref}:" in seeded.stdout
     assert "not trusted" in seeded.stdout
+    assert seeded.digest == cold.digest
+
+
+def test_a_facts_attachment_someone_added_beside_the_labelled_one_is_ignored(
+    registry: Registry,
+    reference_image: str,
+    first: Pushed,
+    cold: Build,
+    house: Path,
+    tmp_path: Path,
+) -> None:
+    source = client_of(registry, first.repository)
+    original = read(source, first.build.digest)
+    assert isinstance(original, Image)
+    target = _copy(registry, first, "extra-facts", list(original.layers))
+    kept = next(r for r in referrers(source, original.digest) if r.artifact_type == FACTS_TYPE)
+    genuine = attached_document(source, kept)
+    facts = json.loads(genuine)
+    for record in facts["wheels"].values():
+        record["top_level"] = ["os"]
+    added = Attachment(FACTS_TYPE, json.dumps(facts, sort_keys=True).encode())
+    attach(target, original.descriptor(), [added, Attachment(FACTS_TYPE, genuine)])
+    ref = f"{target.ref.registry}/{target.ref.repository}:cache"
+    repository = f"{registry.host}/bsi-cache-from-{RUN}/after-extra"
+    seeded = build(
+        registry, reference_image, tmp_path / "seeded", house, ALL, repository,
+        "--cache-from", ref,
+    )  # fmt: skip
+    assert "warning" not in seeded.stdout.lower()
+    assert seeded.report["cache_from"]["reused"] == 2  # from the labelled document alone
     assert seeded.digest == cold.digest
 
 
