@@ -147,6 +147,10 @@ def prepare(
     previous bytecode layers still fit. The base's python3 (its container started while the
     set resolves) compiles every arch's wheels once, natively, each as soon as its download
     ends (builder.layers.bytecode.CompileQueue): the longest step of a cold build starts early.
+    Images named by --cache-from (else the state's last push) are read while the set resolves,
+    then seed the cache with what their builds learned of this lock's wheels: inspections at
+    once, layers and bytecode pulled beside the downloads (builder.publish.cache_from); a wheel
+    is laid out or compiled only once its pull has ended without giving it.
     """
     requirements = _requirements(settings)
     check_output(settings.output)  # refuse a directory we may not replace before the slow steps
