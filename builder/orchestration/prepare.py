@@ -517,12 +517,18 @@ def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str
 def _pulled_first(
     ready: Iterator[tuple[Path, str]], pulls: Mapping[str, Future[bool]]
 ) -> Iterator[tuple[Path, str]]:
-    """`ready`'s wheels, each once its pull (if any: its layer, its bytecode) ended: what was
-    pulled is found, not made again beside its pull."""
+    """`ready`'s wheels, each once its pull (if any: its layer, its bytecode) ended, so what was
+    pulled is found, not made again beside its pull: a wheel with no pull under way as it
+    comes, the others after, each as its pull ends, so none to make waits behind a pull."""
+    waiting: dict[Future[bool], list[tuple[Path, str]]] = {}
     for path, sha256 in ready:
-        if (pull := pulls.get(sha256)) is not None:
-            pull.result()
-        yield path, sha256
+        pull = pulls.get(sha256)
+        if pull is None or pull.done():
+            yield path, sha256
+        else:
+            waiting.setdefault(pull, []).append((path, sha256))
+    for pull in as_completed(waiting):
+        yield from waiting[pull]
 
 
 def _marking(mark: Callable[[str], None], sha256: str) -> Callable[[Future[Path]], None]:
