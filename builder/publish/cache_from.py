@@ -160,7 +160,7 @@ def _trusted(ref: str, registry: RepositoryClient, images: Sequence[Image]) -> S
         diff_id: layer
         for image, found in named
         if found == label
-        for diff_id, layer in zip(image.diff_ids, image.layers, strict=False)
+        for diff_id, layer in zip(image.diff_ids, image.layers, strict=True)  # else malformed
     }
     return Source(ref, registry, parse_facts(document), blobs)
 
