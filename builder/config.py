@@ -31,6 +31,10 @@ everything a CI job needs, so it runs one short command:
                                     # its file system; 0: unbounded)
     wheel-max = "16GiB"             # optional, as --wheel-max: the most a wheel may unpack to
                                     # (default 8 GiB; 0: unbounded)
+    cache-from = ["registry.example/team/sandbox:latest"]
+                                    # optional, as --cache-from: images this tool pushed whose
+                                    # build facts and layers seed the cache (default: the one
+                                    # the state last pushed)
 
     [engines]                       # optional, as --engine ARCH=URL (a flag wins for its arch)
     arm64 = "ssh://builder@arm64-host"
@@ -43,7 +47,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -84,6 +88,7 @@ KNOWN_KEYS = frozenset(
         "torch-backend",
         "cache-max",
         "wheel-max",
+        "cache-from",
     }
 )
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; a device or a dump is refused
@@ -122,6 +127,7 @@ class PipelineConfig:
     no_index: bool = False  # only wheelhouses and direct requirements, no package index
     cache_max: int | None = None  # bytes; None: the default bound, 0: unbounded
     wheel_max: int | None = None  # bytes a wheel may unpack to; None: the default, 0: unbounded
+    cache_from: tuple[ImageRef, ...] = ()  # images whose build facts seed the cache
 
     @property
     def base_image(self) -> ImageRef:
@@ -170,6 +176,7 @@ def load_config(path: Path) -> PipelineConfig:
         no_index=table.switch("no-index", default=False),
         cache_max=_size(table.data.get("cache-max"), f"{path}: 'cache-max'"),
         wheel_max=_size(table.data.get("wheel-max"), f"{path}: 'wheel-max'"),
+        cache_from=table.references("cache-from"),
     )
     for written in (config.state, config.template, config.output):
         if written is not None:
@@ -271,7 +278,24 @@ class _Table:
 
     def repository(self, key: str) -> ImageRef | None:
         value = self.text(key)
-        return ImageRef.parse_repository(value, f"{self.file}: {key}") if value else None
+        return self._references(key, (value,), repository=True)[0] if value else None
+
+    def references(self, key: str) -> tuple[ImageRef, ...]:
+        """A list of image references (tags or digests)."""
+        return self._references(key, self.names(key, "image references"), repository=False)
+
+    def _references(
+        self, key: str, values: Sequence[str], repository: bool
+    ) -> tuple[ImageRef, ...]:
+        """Each of `values` parsed (the config's one parse site); a repository takes neither
+        tag nor digest."""
+        what = f"{self.file}: {key}"
+        found = tuple(ImageRef.parse(value, what) for value in values)
+        if repository and (named := next((r for r in found if r.tag or r.digest), None)):
+            raise UserError(
+                f"{what} {named.as_written!r}: give a repository without a tag or digest"
+            )
+        return found
 
     def engines(self) -> dict[str, EngineURL]:
         """[engines]: arch -> its engine's URL (relative paths are the config's)."""
@@ -389,6 +413,8 @@ class RunSettings:
     verify: bool = True  # verify the images (and gate a push on it)
     strict: bool = False  # a verification warning (a noisy import) fails it too
     tag: str | None = None  # the local tag; default sandbox-extension:x<extras>
+    # images whose build facts seed the cache (builder.publish.cache_from); empty: the state's
+    cache_from: tuple[ImageRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -452,6 +478,7 @@ def merge(
         cache_max=config.cache_max,
         wheel_max=config.wheel_max if flags.wheel_max is None else flags.wheel_max,
         state=config.state,
+        cache_from=flags.cache_from or config.cache_from,
     )
     return _replaceable(merged)
 

@@ -372,6 +372,7 @@ PURE_MODULES = frozenset(
         "builder.plan.program_needs",
         "builder.plan.sizes",
         "builder.publish",
+        "builder.publish.build_facts",
         "builder.publish.tags",
         "builder.resolve",
         "builder.resolve.index_options",

@@ -163,6 +163,15 @@ EXIT_REBUILD_NEEDED = 3  # rebuild --check: the platform upgrade changes the ima
     help="A wheelhouse (directory or page of links) searched like an index; repeatable.",
 )
 @click.option(
+    "--cache-from",
+    "cache_from",
+    multiple=True,
+    type=Reference("--cache-from"),
+    metavar="REF",
+    help="An image this tool pushed whose build facts and layers seed the cache (a fresh CI"
+    " runner); repeatable; default: the image the config's state last pushed (docs/ci.md).",
+)
+@click.option(
     "--no-index",
     is_flag=True,
     help="Use no package index: only --find-links wheelhouses and direct requirements.",
@@ -269,6 +278,7 @@ def run_settings(context: click.Context) -> RunSettings:
         strict=flags["strict"],
         skip_modules=flags["skip_modules"],
         tag=flags["tag"],
+        cache_from=flags["cache_from"],
     )
     given = {
         name: context.get_parameter_source(name) is not ParameterSource.DEFAULT

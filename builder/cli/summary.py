@@ -23,11 +23,21 @@ class ArchReport(TypedDict, total=False):
     bytecode: BytecodeRecord
 
 
+class CacheFromReport(TypedDict):
+    """report.json's `cache_from` (builder.publish.cache_from.Seeded.record)."""
+
+    sources: list[str]
+    reused: int
+    distributions: int
+    compiled: int
+
+
 class Report(TypedDict, total=False):
     """What the summary reads of the context's report.json."""
 
     architectures: dict[str, ArchReport]
     bytecode_step: str  # the Dockerfile compiles the bytecode (a --no-build context)
+    cache_from: CacheFromReport
 
 
 def summary(plan: Plan, report: Report | None = None) -> str:
@@ -70,6 +80,12 @@ def summary(plan: Plan, report: Report | None = None) -> str:
                 f" features run; --with-optional installs them): {' '.join(arch.optional_packages)}"
             )
         lines += _extras_lines(arch.arch, report or {})
+    if report and (cached := report.get("cache_from")):
+        lines.append(
+            f"reused {cached['reused']} of {cached['distributions']} distributions from"
+            f" {', '.join(cached['sources'])} (inspections and layers; the bytecode of"
+            f" {cached.get('compiled', 0)} not compiled again)"
+        )
     return "\n".join(lines)
 
 

@@ -61,6 +61,7 @@ from builder.layers.layer import Layer, keep, written
 
 BYTECODE_FORMAT = "bytecode/2"  # bump when the compile recipe or the tar layout changes
 COMPILED_FILE = "bytecode.tar.gz"  # a distribution's .pyc, gzipped in the cache (gzipped.packed)
+COMPILED = "bytecode"  # the cache's records: a wheel compiled by an interpreter -> its tar
 LAYER_KEY = f"{BYTECODE_FORMAT}\n{LAYOUT_FORMAT}"  # a bytecode layer's: its order is the layout's
 # Distributions compiled at once, each a fresh interpreter: one per core, as uv compiles. The
 # compiling engine is always one reached over a unix socket (Engines.compiling_client), so its
@@ -259,10 +260,8 @@ class Compiler:
     def compile(self, wheel_sha256: str, wheel: Path) -> Compiled:
         """One wheel's bytecode, from the cache when this interpreter made it before."""
         assert self.interpreter is not None, "use the Compiler as a context manager"
-        key = hashlib.sha256(
-            f"{BYTECODE_FORMAT}\n{wheel_sha256}\n{self.interpreter.build}\n{self.root}".encode()
-        ).hexdigest()
-        record = self.cache.get_record("bytecode", key)
+        key = compiled_key(wheel_sha256, self.interpreter.build, self.root)
+        record = self.cache.get_record(COMPILED, key)
         if record and (tar := self.cache.find_blob(record["tar"], COMPILED_FILE)):
             found = record["compiled"], tuple(record["skipped"])
             first = cached_first_reads(wheel, wheel_sha256, self.cache)
@@ -279,10 +278,56 @@ class Compiler:
         tar = self.cache.place(temp, digest, COMPILED_FILE)
         skipped = tuple(sorted(summary["skipped"]))
         self.cache.put_record(
-            "bytecode", key, {"tar": digest, "compiled": len(pycs), "skipped": skipped}
+            COMPILED, key, {"tar": digest, "compiled": len(pycs), "skipped": skipped}
         )
         first = cached_first_reads(wheel, wheel_sha256, self.cache)
         return Compiled(wheel_sha256, tar, len(pycs), skipped, first)
+
+
+def compiled_key(wheel_sha256: str, build: str, root: str) -> str:
+    """What a distribution's bytecode is a function of, hashed: its record's key."""
+    text = f"{BYTECODE_FORMAT}\n{wheel_sha256}\n{build}\n{root}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compiled_record(
+    cache: Cache, wheel_sha256: str, build: str, root: str
+) -> tuple[int, tuple[str, ...]] | None:
+    """How many modules the interpreter `build` compiled of the wheel and which it skipped, as
+    the cache recorded its compile (None: not compiled, or its tar is gone)."""
+    record = cache.get_record(COMPILED, compiled_key(wheel_sha256, build, root))
+    if not record or cache.find_blob(record["tar"], COMPILED_FILE) is None:
+        return None
+    return int(record["compiled"]), tuple(record["skipped"])
+
+
+def adopt_compiled(
+    cache: Cache,
+    wheel_sha256: str,
+    build: str,
+    root: str,
+    layer: Path,
+    summary: tuple[int, tuple[str, ...]],
+) -> None:
+    """A distribution's bytecode read back from `layer`, the bytecode layer that holds it alone
+    and whole (pulled from a registry and checked against its diff ID:
+    builder.publish.cache_from), recorded as the interpreter `build`'s compile of the wheel, so
+    `Compiler.compile` finds it. `summary`: (modules compiled, sources skipped) as the compile
+    recorded them; a layer holding another count of modules is a ValueError."""
+    prefix = f"{root.strip('/')}/"
+    pycs: dict[str, bytes] = {}
+    with tarfile.open(layer) as archive:
+        for member in archive:
+            extracted = archive.extractfile(member) if member.isfile() else None
+            if extracted is not None and member.name.startswith(prefix):
+                pycs[member.name.removeprefix(prefix)] = extracted.read()
+    compiled, skipped = summary
+    if len(pycs) != compiled:
+        raise ValueError(f"it holds {len(pycs)} modules, not the {compiled} compiled")
+    temp, digest = written(cache, packed(lambda out: normalized_tar(out, pycs.items(), "", 0)))
+    cache.place(temp, digest, COMPILED_FILE)
+    record = {"tar": digest, "compiled": compiled, "skipped": list(skipped)}
+    cache.put_record(COMPILED, compiled_key(wheel_sha256, build, root), record)
 
 
 class CompileQueue:

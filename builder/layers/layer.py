@@ -58,6 +58,7 @@ READ_AHEAD = 64 << 20  # uncompressed bytes inflated ahead of the writer
 READERS = os.cpu_count() or 1
 STREAMED = 8 << 20  # members larger than this stream through the writer in chunks
 QUEUED = 8  # chunks of a streamed member inflated ahead of the writer
+WHEELS_LAYER = "wheels-layer"  # the cache's records: a group of wheels -> its layer tar
 
 
 class LayerFacts(TypedDict):
@@ -144,11 +145,8 @@ def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
     Its bytes depend only on those wheels, the root, the layout version and what a later
     distribution shadows, so the same wheel gives the same layer in every set and on any base.
     """
-    key_text = "\n".join(
-        [LAYER_FORMAT, root, *(sha for sha, _ in group.wheels), *sorted(group.shadowed)]
-    )
-    key = hashlib.sha256(key_text.encode()).hexdigest()
-    record = cache.get_record("wheels-layer", key)
+    key = _layer_key([sha for sha, _ in group.wheels], group.shadowed, root)
+    record = cache.get_record(WHEELS_LAYER, key)
     if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
         return Layer(path, record["diff_id"], record["size"], record["sde"])
     files = [path for _, path in group.wheels]
@@ -158,9 +156,25 @@ def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
         cache, epoch, lambda out: write_tar(out, files, root, epoch, group.shadowed, first)
     )
     cache.put_record(
-        "wheels-layer", key, {"diff_id": layer.diff_id, "size": layer.size, "sde": epoch}
+        WHEELS_LAYER, key, {"diff_id": layer.diff_id, "size": layer.size, "sde": epoch}
     )
     return layer
+
+
+def adopt_layer(
+    cache: Cache, wheels: Sequence[str], shadowed: Iterable[str], root: str, layer: Layer
+) -> None:
+    """Record `layer` (its tar already in the cache, checked against its diff ID: one pulled
+    from a registry, builder.publish.cache_from) as the layer of `wheels` leaving out
+    `shadowed`, so `wheels_layer` finds it instead of laying the wheels out."""
+    record = {"diff_id": layer.diff_id, "size": layer.size, "sde": layer.source_date_epoch}
+    cache.put_record(WHEELS_LAYER, _layer_key(wheels, frozenset(shadowed), root), record)
+
+
+def _layer_key(wheels: Sequence[str], shadowed: frozenset[str], root: str) -> str:
+    """What decides a layer's bytes, hashed: the format, the root, its wheels, what it leaves."""
+    key_text = "\n".join([LAYER_FORMAT, root, *wheels, *sorted(shadowed)])
+    return hashlib.sha256(key_text.encode()).hexdigest()
 
 
 def source_date_epoch(wheels: Iterable[Path]) -> int:

@@ -83,12 +83,22 @@ class Produced:
     # what a CI minute paid for (report.json `seconds`).
     seconds: dict[str, float] = field(default_factory=dict)
     emulated: bool = False  # made and verified on an engine not of its arch (under qemu)
+    facts: bytes | None = None  # the build facts attached with it (builder.publish.build_facts)
 
     def made(self) -> Made:
         """What the publisher takes of this arch, once verified."""
         reads = self.verification.first_import_reads if self.verification else ()
         extras = len(self.extras_layers) if self.extras_layers else 0
-        return Made(self.arch, self.value, self.config, self.attestable, self.early, extras, reads)
+        return Made(
+            self.arch,
+            self.value,
+            self.config,
+            self.attestable,
+            self.early,
+            extras,
+            reads,
+            self.facts,
+        )
 
 
 class Producer(Protocol):

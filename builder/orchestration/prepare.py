@@ -28,17 +28,31 @@ from builder.attest.provenance import BuildParameters, input_files
 from builder.cache import Cache
 from builder.config import RunSettings, Settings
 from builder.context.labels import created, image_labels
-from builder.context.render import Secrets, check_output, lock_text, render
+from builder.context.render import Secrets, check_output, lock_text, render, update_report
 from builder.contract import BYTECODE_BY_STEP, BYTECODE_LABEL
 from builder.errors import UserError
 from builder.files import named_contents
 from builder.inspect.members import UNPACKED_MAX
-from builder.inspect.wheel_reader import check_housed, check_wheel, inspect_as_ready, member_bytes
+from builder.inspect.wheel_reader import (
+    cached_inspection,
+    check_housed,
+    check_wheel,
+    inspect_as_ready,
+    member_bytes,
+)
 from builder.inspect.wheels import WheelInspection
-from builder.layers.bytecode import COMPILERS, CompileQueue, Compiler, cancelled_on_error
+from builder.layers.bytecode import (
+    COMPILERS,
+    CompileQueue,
+    Compiler,
+    Interpreter,
+    cancelled_on_error,
+    compiled_record,
+)
 from builder.layers.extras import (
     BytecodeFacts,
     ExtrasLayer,
+    LayerKind,
     group_budget,
     known_interpreter,
     remember_interpreter,
@@ -46,6 +60,7 @@ from builder.layers.extras import (
 )
 from builder.layers.interpreter import base_compiler
 from builder.oci.name import ImageRef
+from builder.oci.v1 import digest_of
 from builder.orchestration.timeline import Timeline
 from builder.plan import browsers
 from builder.plan.plan import (
@@ -58,6 +73,15 @@ from builder.plan.plan import (
     runtime_checks,
 )
 from builder.plan.program_needs import ProgramNeed, program_needs
+from builder.publish.build_facts import (
+    FACTS_LABEL,
+    Bytecode,
+    CompiledRecord,
+    LaidOut,
+    facts_of,
+)
+from builder.publish.cache_from import FORMATS, Seeded, Seeding, open_source, seed
+from builder.publish.state import load_state
 from builder.publish.tags import extras_hash
 from builder.resolve.direct.fetch import fetch_all
 from builder.resolve.index import start_downloads
@@ -75,6 +99,7 @@ from builder.resolve.uv import resolve
 from builder.retry import Retries
 
 DOWNLOADS = 8  # wheel downloads at once
+PULLS = 4  # layers pulled at once from --cache-from images, beside the downloads
 
 
 @dataclass(frozen=True)
@@ -122,6 +147,10 @@ def prepare(
     previous bytecode layers still fit. The base's python3 (its container started while the
     set resolves) compiles every arch's wheels once, natively, each as soon as its download
     ends (builder.layers.bytecode.CompileQueue): the longest step of a cold build starts early.
+    Images named by --cache-from (else the state's last push) are read while the set resolves,
+    then seed the cache with what their builds learned of this lock's wheels: inspections at
+    once, layers and bytecode pulled beside the downloads (builder.publish.cache_from); a wheel
+    is laid out or compiled only once its pull has ended without giving it.
     """
     requirements = _requirements(settings)
     check_output(settings.output)  # refuse a directory we may not replace before the slow steps
@@ -133,8 +162,14 @@ def prepare(
         cancelled_on_error(compiling) as compile_pool,  # a failure waits for no queued compile
         ThreadPoolExecutor(max_workers=4 + len(target.arches)) as pool,
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
+        ThreadPoolExecutor(max_workers=PULLS) as pulling,
     ):
         compile_ = _start_compiling(grounds, target, stack, pool, compile_pool)  # while resolving
+        asked = cache_sources(settings)
+        opening = [  # on the pulls' pool: the resolution's jobs never wait behind them
+            pulling.submit(open_source, ref, grounds.arches, grounds.retries, grounds.cache.warn)
+            for ref in asked
+        ]
         with timeline.step("resolve"):
             limit = UNPACKED_MAX if settings.wheel_max is None else settings.wheel_max
             _check_local_wheels(requirements, grounds.cache, grounds.retries, limit)
@@ -143,10 +178,14 @@ def prepare(
         files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
         requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
         pins = _pins(resolutions, chosen)
+        lock = {file.sha256: file.filename for file in files}
+        sources = [one.result() for one in opening]  # read while the set resolved
+        seeding = Seeding(grounds.cache, pulling, grounds.cache.warn, _build_of(compile_))
+        seeded = seed(asked, sources, lock, seeding)
         fetching = timeline.now()
         downloads = _start_downloads(files, requirements, grounds, fetch, limit)
-        inspecting, feeding = _start_reading(downloads, grounds, pool, compile_)
-        writing = _start_layers(pins, downloads, reuse_locks, grounds, pool)
+        inspecting, feeding = _start_reading(downloads, grounds, pool, compile_, seeded)
+        writing = _start_layers(pins, downloads, reuse_locks, grounds, pool, seeded)
         timeline.record("downloads", fetching)
         inspections = inspecting.result()
         timeline.record("inspections", fetching)
@@ -163,7 +202,25 @@ def prepare(
             plan, layers, facts = _with_bytecode(plan, layers, compile_, grounds.cache)
             timeline.record("bytecode", fetching)
     _render(plan, settings, grounds, layers, resolutions, facts)
+    if seeded.sources:
+        stacks = [_laid_out(one) for stack in layers.values() for one in stack]
+        update_report(settings.output, {"cache_from": seeded.record(len(lock), stacks)})
     return plan
+
+
+def cache_sources(settings: RunSettings) -> tuple[ImageRef, ...]:
+    """The images the run's cache is seeded from (builder.publish.cache_from): --cache-from,
+    else the config's; else the image its state last pushed (by digest), when there is one."""
+    if settings.cache_from:
+        return settings.cache_from
+    if settings.state is None:
+        return ()
+    try:
+        previous = load_state(settings.state)
+    except UserError:
+        return ()  # the run reads it again where it matters, and says so there
+    last = previous.image_reference if previous is not None else None
+    return (last,) if last is not None else ()
 
 
 def _start_compiling(
@@ -271,14 +328,31 @@ def _start_reading(
     grounds: Grounds,
     pool: ThreadPoolExecutor,
     compile_: _Compiling | None,
+    seeded: Seeded,
 ) -> tuple[Future[dict[str, WheelInspection]], Future[None] | None]:
-    """Each wheel inspected, and queued for its compile (every arch's once), as soon as it is
-    here; the compile's feed is None without bytecode."""
+    """Each wheel inspected, and queued for its compile (every arch's once, after its bytecode's
+    pull from a --cache-from image, when it has one), as soon as it is here; the compile's feed
+    is None without bytecode."""
     inspected = grounds.timeline.marker("inspected")
     inspecting = pool.submit(inspect_as_ready, _as_ready(downloads), grounds.cache, done=inspected)
     if compile_ is None:
         return inspecting, None
-    return inspecting, pool.submit(compile_.queue.add_as_ready, _as_ready(downloads))
+    ready = _pulled_first(_as_ready(downloads), seeded.compiles)
+    return inspecting, pool.submit(compile_.queue.add_as_ready, ready)
+
+
+def _build_of(compile_: _Compiling | None) -> Callable[[], str] | None:
+    """The compiling interpreter's build, waited for (None: no bytecode)."""
+    if compile_ is None:
+        return None
+    starting = compile_.starting
+
+    def build() -> str:
+        interpreter = starting.result().interpreter
+        assert interpreter is not None, "the Compiler identifies its interpreter on entry"
+        return interpreter.build
+
+    return build
 
 
 def _start_layers(
@@ -287,18 +361,22 @@ def _start_layers(
     reuse_locks: Mapping[str, str] | None,
     grounds: Grounds,
     pool: ThreadPoolExecutor,
+    seeded: Seeded,
 ) -> Mapping[str, Future[tuple[ExtrasLayer, ...]]]:
-    """Each arch's extras layers started: each wheel's own layer as its download ends, the
-    rest once every wheel is here (this waits for the downloads); none when a rebase reuses
-    the previous layers (with bytecode, the base's interpreter decides that later)."""
+    """Each arch's extras layers started: each wheel's own layer as its download ends (and its
+    pull from a --cache-from image, when it has one, ended), the rest once every wheel is here
+    and every pull ended (this waits for both); none when a rebase reuses the previous layers
+    (with bytecode, the base's interpreter decides that later)."""
     compiles = grounds.compiler is not None
     budget = group_budget(compiles)
     reused = not compiles and reused_layers(pins, reuse_locks)
     own = None
     if not reused:
         laid_out = grounds.timeline.marker("laid_out")
-        own = start_own_layers(pool, pins, _as_ready(downloads), grounds.cache, budget, laid_out)
+        ready = _pulled_first(_as_ready(downloads), seeded.pulls)
+        own = start_own_layers(pool, pins, ready, grounds.cache, budget, laid_out)
     paths = {sha: future.result() for sha, future in downloads.items()}
+    seeded.wait()
     if reused:
         return {}
     return start_layers(pool, pins, paths, grounds.cache, budget, own)
@@ -436,6 +514,23 @@ def _as_ready(downloads: Mapping[str, Future[Path]]) -> Iterator[tuple[Path, str
         yield future.result(), arrived[future]
 
 
+def _pulled_first(
+    ready: Iterator[tuple[Path, str]], pulls: Mapping[str, Future[bool]]
+) -> Iterator[tuple[Path, str]]:
+    """`ready`'s wheels, each once its pull (if any: its layer, its bytecode) ended, so what was
+    pulled is found, not made again beside its pull: a wheel with no pull under way as it
+    comes, the others after, each as its pull ends, so none to make waits behind a pull."""
+    waiting: dict[Future[bool], list[tuple[Path, str]]] = {}
+    for path, sha256 in ready:
+        pull = pulls.get(sha256)
+        if pull is None or pull.done():
+            yield path, sha256
+        else:
+            waiting.setdefault(pull, []).append((path, sha256))
+    for pull in as_completed(waiting):
+        yield from waiting[pull]
+
+
 def _marking(mark: Callable[[str], None], sha256: str) -> Callable[[Future[Path]], None]:
     """A download's callback: `sha256` arrived (the timeline's mark)."""
     return lambda _: mark(sha256)
@@ -459,6 +554,7 @@ class Finish:
     labels: Mapping[str, str]
     created: str
     cache: Cache
+    facts: bytes | None = None  # the build facts attached to each image (FACTS_LABEL names it)
 
 
 def extras_hash_of(plan: Plan) -> str:
@@ -489,7 +585,10 @@ def finish(
     if layers is None:
         layers = plan_layers(plan, cache, interpreter, group_budget(bool(plan.bytecode)))
     labels = labels_of(plan, settings, interpreter.build if interpreter else "none")
-    return Finish(layers, labels, created(plan_epoch(plan)), cache)
+    facts = build_facts(plan, layers, cache, interpreter) if layers else None
+    if facts is not None:
+        labels = dict(sorted({**labels, FACTS_LABEL: digest_of(facts)}.items()))
+    return Finish(layers, labels, created(plan_epoch(plan)), cache, facts)
 
 
 def labels_of(plan: Plan, settings: Settings, bytecode: str) -> dict[str, str]:
@@ -504,6 +603,45 @@ def labels_of(plan: Plan, settings: Settings, bytecode: str) -> dict[str, str]:
         settings.extras_hash,
         bytecode,
     )
+
+
+def build_facts(
+    plan: Plan,
+    layers: Mapping[str, tuple[ExtrasLayer, ...]],
+    cache: Cache,
+    interpreter: Interpreter | None,
+) -> bytes | None:
+    """The build facts document of `plan` (builder.publish.build_facts): every wheel's
+    inspection, as the cache holds it, every distribution layer and, with bytecode compiled by
+    `interpreter`, every wheel's compile and bytecode layer; None when a wheel's inspection is
+    not in the cache (a plan made elsewhere: no facts rather than partial ones), no bytecode
+    facts when a compile is not."""
+    wheels = {w.sha256: w.filename for arch in plan.arches for w in arch.wheels}
+    inspections = [cached_inspection(cache, name, sha) for sha, name in sorted(wheels.items())]
+    known = [one for one in inspections if one is not None]
+    if len(known) != len(inspections):
+        return None
+    stacks = [one for stack in layers.values() for one in stack if one.wheels]
+    laid = [_laid_out(one) for one in stacks if one.kind == LayerKind.DISTRIBUTION]
+    bytecode = None
+    if interpreter is not None:
+        build = interpreter.build
+        found = {sha: compiled_record(cache, sha, build, EXTRA_DEPS) for sha in sorted(wheels)}
+        compiled = {
+            sha: CompiledRecord(compiled=one[0], skipped=list(one[1]))
+            for sha, one in found.items()
+            if one is not None
+        }
+        kept = [_laid_out(one) for one in stacks if one.kind == LayerKind.BYTECODE]
+        if len(compiled) == len(found):
+            bytecode = Bytecode(build, compiled, tuple(kept))
+    return facts_of(FORMATS, known, laid, bytecode).document()
+
+
+def _laid_out(one: ExtrasLayer) -> LaidOut:
+    layer = one.layer
+    shadowed = tuple(sorted(one.shadowed))
+    return LaidOut(one.wheels, shadowed, layer.diff_id, layer.size, layer.source_date_epoch)
 
 
 def _requirements(settings: RunSettings) -> RequirementSet:

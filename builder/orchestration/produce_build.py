@@ -259,6 +259,7 @@ class BuildProducer:
                 for name in one.names
             },
             seconds={"build": built_at - started, "load": time.monotonic() - built_at},
+            facts=self.finish.facts,
         )
 
     def _seeded(

@@ -31,9 +31,10 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Artifact, Attachment
 from builder.oci.remote import BlobMemory, Blobs, Tagged, Written, sign_and_tag, write
-from builder.oci.v1 import Descriptor, Image, Index, Platform
+from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
 from builder.plan.plan import Plan
 from builder.publish.blob_memory import blob_memory
+from builder.publish.build_facts import FACTS_LABEL, FACTS_TYPE
 from builder.publish.node_update import NodeUpdate, baseline, node_update, previous_images, total
 from builder.publish.state import save_state, state_of
 from builder.publish.tags import image_tag
@@ -82,6 +83,7 @@ class Made:
     early: Written | None = None
     extras: int = 0  # how many extras layers top the image (their blobs go in the report)
     import_reads: Sequence[str] = ()  # what verification's import of the set read (SOCI)
+    facts: bytes | None = None  # the build facts its config's label names (build_facts)
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,7 @@ def _publish(by: ByTag | ByDigest, made: Sequence[Made], maker: str, moves_tag: 
             images,
             index,
             blobs,
-            _with_soci(attested, soci),  # in before the tags move, like the SBOM
+            _with_facts(_with_soci(attested, soci), made, images),  # in before the tags move
             attested,
             _early_blobs(made, images),
             blob_memory(by.cache),
@@ -359,6 +361,18 @@ def _with_soci(
     for digest, (index, _) in soci.items():
         if index is not None:
             found[digest] = (*found.get(digest, ()), index)
+    return found
+
+
+def _with_facts(
+    attached: Mapping[str, tuple[Artifact, ...]], made: Sequence[Made], images: Sequence[Image]
+) -> dict[str, tuple[Artifact, ...]]:
+    """The attachments, and each image's build facts beside them (builder.publish.build_facts:
+    what a later run's --cache-from reads), where its config's label names that document."""
+    found = dict(attached)
+    for one, image in zip(made, images, strict=True):
+        if one.facts and image.config_file.labels.get(FACTS_LABEL) == digest_of(one.facts):
+            found[image.digest] = (*found.get(image.digest, ()), Attachment(FACTS_TYPE, one.facts))
     return found
 
 

@@ -40,6 +40,7 @@ from builder.oci.referrers import attached_document, referrers
 from builder.oci.ztoc import SOCI_INDEX
 from builder.orchestration.reference_base import build_base_index, chosen_wheels, locked_packages
 from builder.publish.attachments import read_attached
+from builder.publish.build_facts import FACTS_TYPE
 from builder.verify.run import verify_image
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry", "package_index")
@@ -139,8 +140,9 @@ def test_the_sbom_and_provenance_are_found_through_the_fallback_tag(
 ) -> None:
     documents = attached(registry, pushed)
     # and a SOCI index: built from another cache, the image takes its base's layers' ztocs from
-    # the index `base` attached to the base (builder.layers.soci.base_ztocs)
-    assert set(documents) == {SBOM, INTOTO, SOCI_INDEX}
+    # the index `base` attached to the base (builder.layers.soci.base_ztocs); and the build
+    # facts a later --cache-from reads (builder.publish.build_facts)
+    assert set(documents) == {SBOM, INTOTO, SOCI_INDEX, FACTS_TYPE}
     assert pushed.report["soci"]["ztocs"] and pushed.report["soci"]["index"]
     assert documents[SBOM] == (pushed.context / "sbom-amd64.cdx.json").read_bytes()
     assert documents[INTOTO] == (pushed.context / "provenance-amd64.intoto.json").read_bytes()

@@ -14,14 +14,17 @@ import pytest
 from support.plans import reference_profile
 
 from builder.attest.provenance import BuildParameters, InputFile
+from builder.cache import Cache
 from builder.config import RunSettings
 from builder.engines.connection import EngineURL
 from builder.errors import UserError
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
+from builder.oci.v1 import digest_of
 from builder.orchestration.prepare import settle
 from builder.orchestration.runners.document import (
+    FACTS_FILE,
     PlanDocument,
     PlanId,
     check_layers,
@@ -36,6 +39,8 @@ from builder.orchestration.runners.parts import (
     check_apt_secrets,
     check_parts,
     check_plan,
+    document_labels,
+    finish_of,
     merge_settings,
     part_settings,
     plan_id_of,
@@ -44,6 +49,7 @@ from builder.orchestration.runners.parts import (
 from builder.plan.gpu import GpuWeight
 from builder.plan.plan import ArchPlan, How, NativeLibrary, NodeLibrary, Plan, PlannedWheel
 from builder.plan.program_needs import ProgramNeed
+from builder.publish.build_facts import FACTS_LABEL
 from builder.publish.publisher import target_of
 
 REPO = ImageRef.parse_repository("127.0.0.1:5000/team/runtime")
@@ -388,3 +394,24 @@ def test_a_part_is_given_exactly_the_apt_secrets_the_plan_mounts(tmp_path: Path)
     assert str(unused.value) == (
         "--apt-ca-bundle: the plan's apt step mounts no such secret (planned without it)"
     )
+
+
+def test_the_build_facts_travel_beside_the_plan_to_each_part_s_image(tmp_path: Path) -> None:
+    facts = b'{"format":"build-facts/1"}'
+    (tmp_path / "with").mkdir()
+    written = replace(document_in(tmp_path / "with", "amd64"), facts=facts)
+    write_document(tmp_path / "with", written)
+    read = read_document(tmp_path / "with")
+    assert read.facts == facts
+    finished = finish_of(read, "amd64", Cache(tmp_path / "cache"))
+    assert finished.facts == facts
+    assert finished.labels[FACTS_LABEL] == digest_of(facts)  # as a one-job run labels it
+    assert FACTS_LABEL not in document_labels(read)  # the index's annotations: none, as a one-job's
+    (tmp_path / "with" / FACTS_FILE).write_bytes(facts + b" ")
+    with pytest.raises(UserError, match="not the build facts the plan names"):
+        read_document(tmp_path / "with")
+    (tmp_path / "without").mkdir()
+    document_in(tmp_path / "without", "amd64")
+    without = read_document(tmp_path / "without")
+    assert without.facts is None
+    assert FACTS_LABEL not in finish_of(without, "amd64", Cache(tmp_path / "cache")).labels

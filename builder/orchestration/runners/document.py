@@ -34,6 +34,7 @@ from builder.files import sha256_of
 from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind, LayerRecord
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
+from builder.oci.v1 import digest_of
 from builder.orchestration.prepare import build_parameters, finish
 from builder.plan.plan import Plan
 from builder.resolve.resolution import redact
@@ -41,6 +42,7 @@ from builder.resolve.target import BaseFacts, BaseProfile
 
 PLAN_FILE = "plan.json"
 HERE = Path(".")  # the settings' output, as written: the plan's own directory
+FACTS_FILE = "build-facts.json"  # beside it, when the plan has them
 DOCUMENT_VERSION = 4  # a document of another version is refused, never guessed at (2: deep
 # imports' requested distributions and skip patterns, the apt secrets' ids; 3: each arch's
 # browser wiring, which a version-2 plan would silently lack; 4: the run's settings whole)
@@ -67,6 +69,7 @@ class PlanDocument:
     layers: Mapping[str, tuple[ExtrasLayer, ...]]  # arch -> its layers, tars in the context
     settings: Settings  # the planning run's: its parts verify, push and label alike
     parameters: BuildParameters
+    facts: bytes | None = None  # the build facts a one-job run attaches (publish.build_facts)
 
     @property
     def apt_secrets(self) -> tuple[str, ...]:
@@ -79,10 +82,10 @@ class PlanDocument:
 def write_plan(plan: Plan, settings: Settings, cache: Cache) -> Path:
     """PLAN/plan.json for the context `prepare` just wrote to the run's output: the layers
     are the ones it wrote (found in the cache by the plan, as the build would find them)."""
-    layers = finish(plan, settings, cache).layers
+    finished = finish(plan, settings, cache)
     plan_id = PlanId(settings.extras_hash, plan.base.digest or "")
     parameters = build_parameters(plan, settings)
-    document = PlanDocument(plan_id, plan, layers, settings, parameters)
+    document = PlanDocument(plan_id, plan, finished.layers, settings, parameters, finished.facts)
     return write_document(settings.asked.output, document)
 
 
@@ -99,7 +102,10 @@ def write_document(output: Path, document: PlanDocument) -> Path:
         "settings": _encode(_portable(document.settings, HERE)),
         "platform_version": document.settings.platform_version,  # for a reader: derived
         "parameters": _encode(document.parameters),
+        "facts": digest_of(document.facts) if document.facts else None,
     }
+    if document.facts:  # beside it: the parts attach these bytes, which the label names
+        add_to_output(output, FACTS_FILE, document.facts)
     # listed in the context's marker: a next run into the same --output replaces it as its own
     add_to_output(output, PLAN_FILE, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
     return output / PLAN_FILE
@@ -126,7 +132,10 @@ def read_document(plan_dir: Path) -> PlanDocument:
         }
         settings = _portable(_decode(Settings, body["settings"]), plan_dir)
         parameters = _decode(BuildParameters, body["parameters"])
-        document = PlanDocument(PlanId(**body["plan_id"]), plan, layers, settings, parameters)
+        facts = _facts(plan_dir, body.get("facts"))
+        document = PlanDocument(
+            PlanId(**body["plan_id"]), plan, layers, settings, parameters, facts
+        )
         derived = body["platform_version"]
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"{path}: malformed plan ({error!r})") from None
@@ -148,6 +157,20 @@ def _portable(settings: Settings, output: Path) -> Settings:
         find_links=tuple(redact(location) for location in settings.asked.find_links),
     )
     return dataclasses.replace(settings, asked=asked)
+
+
+def _facts(plan_dir: Path, digest: object) -> bytes | None:
+    """The build facts beside plan.json, the ones it names (None: it names none)."""
+    if digest is None:
+        return None
+    path = plan_dir / FACTS_FILE
+    try:
+        facts = path.read_bytes()
+    except OSError as error:
+        raise UserError(f"{path}: the plan's build facts are unreadable ({error})") from None
+    if digest_of(facts) != digest:
+        raise UserError(f"{path}: not the build facts the plan names ({digest})")
+    return facts
 
 
 def check_layers(document: PlanDocument, arch: str) -> None:

@@ -34,11 +34,12 @@ from builder.files import refuse_link
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.remote import Written, read
-from builder.oci.v1 import Image
+from builder.oci.v1 import Image, digest_of
 from builder.orchestration.commands import OnePart, deliver_part
 from builder.orchestration.delivery import Outcome, Run
 from builder.orchestration.prepare import Finish, extras_hash_of, labels_of
 from builder.orchestration.runners.document import PlanDocument, PlanId, check_layers
+from builder.publish.build_facts import FACTS_LABEL
 from builder.publish.publisher import (
     Publishing,
     pointing_of,
@@ -137,7 +138,11 @@ def finish_of(document: PlanDocument, arch: str, cache: Cache) -> Finish:
     """What a one-job run's `finish` gives `arch`, from the document alone: the whole plan's
     labels and `created`, and the arch's layers (their tars in the context)."""
     layers = {arch: document.layers[arch]}
-    return Finish(layers, document_labels(document), created(plan_epoch(document.plan)), cache)
+    labels = document_labels(document)
+    if document.facts:  # an image's label, not the index's (as a one-job run's `finish`)
+        labels = dict(sorted({**labels, FACTS_LABEL: digest_of(document.facts)}.items()))
+    epoch = created(plan_epoch(document.plan))
+    return Finish(layers, labels, epoch, cache, document.facts)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,285 @@
+"""`--cache-from REF`: an image this tool pushed seeds the local cache (a fresh CI runner).
+
+What `REF`'s build learned is attached to each of its arch images as the build facts document
+(builder.publish.build_facts), pinned by the image's config label. `open_source` reads it
+while the set resolves: REF's images, the label, the attachment that hashes to it (no other
+is trusted). `seed` then gives the run what the document may serve it (`reusable`, for the
+lock's wheels only): each inspection record into the cache (inspect_as_ready finds it: no
+inspection), and each distribution layer pulled in parallel with the downloads, its gzip blob
+checked against the manifest's digest as it streams and its tar against the config's diff ID
+before it counts (Cache.writing_blob), then recorded where the layer writer looks
+(builder.layers.layer.adopt_layer: no layout). A wheel's bytecode layer, when it holds that
+wheel's bytecode alone and whole and the run's interpreter is the one that compiled it, is
+pulled the same way and read back as the wheel's compile (builder.layers.bytecode.
+adopt_compiled: no compile). REF's blobs are remembered as held by its repository
+(builder.publish.blob_memory), so a push to the same registry mounts them.
+
+Nothing here fails a run: a REF unreachable, absent, foreign (no facts, another format) or
+tampered with (a document that is not the one the label names, a layer that does not hold
+its diff ID) is one warning line naming REF and why, and the run builds cold what it could not
+take. What REF's pusher could push is what REF can give: the label pins the document to the
+image, not the image to its maker (give REF by digest, as the state's default is, or sign).
+"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import tarfile
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+
+from builder import credentials
+from builder.cache import CHUNK, Cache
+from builder.errors import UserError
+from builder.inspect.wheels import RECORD_KIND, SCHEMA
+from builder.layers.bytecode import BYTECODE_FORMAT, adopt_compiled
+from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer
+from builder.oci.client import RepositoryClient
+from builder.oci.name import ImageRef
+from builder.oci.referrers import attached_document, referrers
+from builder.oci.remote import platform_image, read
+from builder.oci.transport import VerifiedBlob
+from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
+from builder.plan.plan import EXTRA_DEPS
+from builder.publish.blob_memory import blob_memory
+from builder.publish.build_facts import (
+    FACTS_LABEL,
+    FACTS_TYPE,
+    BuildFacts,
+    CompiledRecord,
+    Formats,
+    LaidOut,
+    Reuse,
+    parse_facts,
+    reusable,
+)
+from builder.retry import Retries
+
+FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS, BYTECODE_FORMAT)  # what it makes and reuses
+LAYER_FILE = "layer.tar"  # the cache's name of a layer tar (builder.layers.layer)
+
+Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A trusted REF: its facts, and where each layer its images hold is (diff ID -> blob)."""
+
+    ref: str
+    registry: RepositoryClient
+    facts: BuildFacts
+    blobs: Mapping[str, Descriptor]
+
+
+@dataclass
+class Seeded:
+    """What the sources gave a run: each wheel's layer pull (sha256 -> it), each layer's
+    (diff ID -> it), each wheel's bytecode pull, and the wheels each source's facts served."""
+
+    sources: tuple[str, ...]  # the images asked, trusted or not
+    pulls: dict[str, Future[bool]] = field(default_factory=dict)  # wheel sha256 -> its pull
+    layers: dict[str, Future[bool]] = field(default_factory=dict)  # diff ID -> its pull
+    reuse: dict[str, frozenset[str]] = field(default_factory=dict)  # ref -> wheels it serves
+    compiles: dict[str, Future[bool]] = field(default_factory=dict)  # sha256 -> its bytecode's
+
+    def wait(self) -> None:
+        """Every pull ended (a failed one warned and counts as not pulled)."""
+        for pull in (*self.layers.values(), *self.compiles.values()):
+            pull.result()
+
+    def record(self, distributions: int, stacks: Iterable[LaidOut]) -> dict[str, object]:
+        """report.json's `cache_from` (docs/report.md), once the pulls ended: a distribution is
+        reused when the layer holding it in `stacks` (the run's distribution layers) is one a
+        pull gave, and its inspection came from the same source."""
+        pulled = {diff_id for diff_id, pull in self.layers.items() if pull.result()}
+        laid = {sha for one in stacks if one.diff_id in pulled for sha in one.wheels}
+        reused = {ref: len(shas & laid) for ref, shas in self.reuse.items()}
+        return {
+            "sources": list(self.sources),
+            "reused": sum(reused.values()),
+            "distributions": distributions,
+            "compiled": sum(1 for pull in self.compiles.values() if pull.result()),
+            "by_source": reused,
+        }
+
+
+def open_source(
+    ref: ImageRef, arches: Sequence[str], retries: Retries, warn: Warn
+) -> Source | None:
+    """REF's images (of an index, the run's arches), their facts, if REF is trusted; else None
+    with one warning (unreachable, absent, foreign, tampered)."""
+    named = ref.as_written
+    try:
+        registry = credentials.registry(ref, named, retries)
+        images = _images(registry, read(registry), arches)
+        return _trusted(named, registry, images)
+    except (UserError, ValueError, OSError) as error:  # RegistryError is a UserError
+        warn(f"--cache-from {named}: {str(error)[:300]}; building without it")
+        return None
+
+
+def _images(registry: RepositoryClient, found: Image | Index, arches: Sequence[str]) -> list[Image]:
+    """The arch images of REF the run builds (an image alone: itself, whatever its arch: the
+    facts say which wheels they are of)."""
+    if isinstance(found, Image):
+        return [found]
+    images = []
+    for arch in arches:
+        try:
+            images.append(platform_image(registry, found, Platform.linux(arch)))
+        except UserError:  # not of this arch: another arch's may serve
+            continue
+    if not images:
+        raise UserError(f"it holds no image for {', '.join(arches)}")
+    return images
+
+
+def _trusted(ref: str, registry: RepositoryClient, images: Sequence[Image]) -> Source:
+    """The facts the images' label names, from the attachment hashing to it, and the blob of
+    each diff ID; UserError when no image names a document, or no attachment is the one."""
+    labelled = [(image, image.config_file.labels.get(FACTS_LABEL)) for image in images]
+    named = [(image, label) for image, label in labelled if label]
+    if not named:
+        raise UserError("its image carries no build facts (not pushed by a build of this tool)")
+    image, label = named[0]
+    document = next(
+        (
+            found
+            for one in referrers(registry, image.digest)
+            if one.artifact_type == FACTS_TYPE
+            and digest_of(found := attached_document(registry, one)) == label
+        ),
+        None,
+    )
+    if document is None:
+        raise UserError(f"no build facts attached hash to its label {label[:19]}: not trusted")
+    blobs = {
+        diff_id: layer
+        for image, found in named
+        if found == label
+        for diff_id, layer in zip(image.diff_ids, image.layers, strict=True)  # else malformed
+    }
+    return Source(ref, registry, parse_facts(document), blobs)
+
+
+@dataclass(frozen=True)
+class Seeding:
+    """Where a run's seeds go: its cache, the pool the pulls run on, its warnings, and its
+    interpreter's build (waited for; None: the run compiles no bytecode)."""
+
+    cache: Cache
+    pool: Executor
+    warn: Warn
+    interpreter: Callable[[], str] | None = None
+
+
+def seed(
+    asked: Sequence[ImageRef],
+    sources: Sequence[Source | None],
+    lock: Mapping[str, str],
+    seeding: Seeding,
+) -> Seeded:
+    """The lock's wheels (sha256 -> file name) the sources (those of `asked` that are trusted)
+    serve, first source first: their inspection records put in the cache now, their layers
+    (and bytecode) pulled on the pool."""
+    cache, pool, warn = seeding.cache, seeding.pool, seeding.warn
+    seeded = Seeded(tuple(ref.as_written for ref in asked))
+    memory = blob_memory(cache)
+    for source in sources:
+        if source is None:
+            continue
+        held = source.registry.ref
+        memory.remember(held.registry, held.repository, [b.digest for b in source.blobs.values()])
+        left = {sha: name for sha, name in lock.items() if sha not in seeded.pulls}
+        try:
+            reuse = reusable(source.facts, FORMATS, left, tuple(source.blobs))
+        except ValueError as error:
+            warn(f"--cache-from {source.ref}: its build facts are not trusted: {error}")
+            continue
+        _put_inspections(reuse, cache)
+        for one in reuse.layers:
+            if one.diff_id in seeded.layers:
+                continue
+            pull = seeded.layers[one.diff_id] = pool.submit(_pulled, source, one, cache, warn)
+            for sha in one.wheels:
+                seeded.pulls.setdefault(sha, pull)
+        seeded.reuse[source.ref] = reuse.distributions
+        if seeding.interpreter is None or reuse.interpreter is None:
+            continue
+        for one, record in reuse.compiled:
+            if one.wheels[0] not in seeded.compiles:
+                compiled = (one, record, reuse.interpreter)
+                job = pool.submit(_compiled, source, compiled, seeding)
+                seeded.compiles[one.wheels[0]] = job
+    return seeded
+
+
+def _put_inspections(reuse: Reuse, cache: Cache) -> None:
+    for sha, inspection in reuse.inspections.items():
+        cache.put_record(RECORD_KIND, sha, inspection.to_dict())
+
+
+PULL_ERRORS = (UserError, ValueError, OSError, EOFError, zlib.error, tarfile.TarError)
+
+
+def _pulled(source: Source, one: LaidOut, cache: Cache, warn: Warn) -> bool:
+    """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer;
+    False, with a warning, when the blob is not what the image says it is."""
+    try:
+        layer = _pull(source, one, cache)
+    except PULL_ERRORS as error:
+        warn(_untrusted(source, one, error, "laid out here"))
+        return False
+    adopt_layer(cache, one.wheels, one.shadowed, FORMATS.root, layer)
+    return True
+
+
+def _compiled(
+    source: Source, compiled: tuple[LaidOut, CompiledRecord, str], seeding: Seeding
+) -> bool:
+    """A wheel's bytecode layer pulled and read back as its compile, when the run's interpreter
+    (waited for) is the one that compiled it; False (a warning when the layer is not what the
+    image says it is) when it is not."""
+    one, record, build = compiled
+    assert seeding.interpreter is not None
+    if seeding.interpreter() != build:
+        return False  # another interpreter: its compile would differ, so it compiles
+    summary = record["compiled"], tuple(record["skipped"])
+    try:
+        layer = _pull(source, one, seeding.cache)
+        adopt_compiled(seeding.cache, one.wheels[0], build, FORMATS.root, layer.path, summary)
+    except PULL_ERRORS as error:
+        seeding.warn(_untrusted(source, one, error, "compiled here"))
+        return False
+    return True
+
+
+def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
+    """`one`'s tar in the cache: there already, or pulled, its gzip blob checked against the
+    manifest's digest as it streams and the tar against the diff ID before it is kept."""
+    hexdigest = one.diff_id.removeprefix("sha256:")
+    if cache.checked_blob(hexdigest, LAYER_FILE) is None:
+        blob = source.blobs[one.diff_id]
+
+        def unpacked(stream: VerifiedBlob) -> None:  # restartable: a new temp file each
+            with (
+                cache.writing_blob(hexdigest, LAYER_FILE) as out,  # checked: the diff ID
+                gzip.GzipFile(fileobj=stream, mode="rb") as tar,  # type: ignore[call-overload]
+            ):
+                shutil.copyfileobj(tar, out, CHUNK)
+
+        source.registry.read_blob(blob.digest, unpacked)
+    path = cache.blob_path(hexdigest, LAYER_FILE)
+    if path.stat().st_size != one.size:
+        raise ValueError(f"{path.stat().st_size} bytes, not the {one.size} its facts say")
+    return Layer(path, one.diff_id, one.size, one.sde)
+
+
+def _untrusted(source: Source, one: LaidOut, error: BaseException, instead: str) -> str:
+    return (
+        f"--cache-from {source.ref}: layer {one.diff_id[:19]} is not trusted"
+        f" ({str(error)[:200]}); {instead}"
+    )

@@ -1,0 +1,137 @@
+"""The build facts document and what of it a run may reuse (builder.publish.build_facts)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from builder.inspect.wheels import SCHEMA, WheelInspection
+from builder.publish.build_facts import (
+    Bytecode,
+    CompiledRecord,
+    Formats,
+    LaidOut,
+    facts_of,
+    parse_facts,
+    reusable,
+)
+
+FORMATS = Formats(SCHEMA, "deps-extra-layer/4", "/app/deps-extra", "bytecode/2")
+A, B, C = ("a" * 64, "b" * 64, "c" * 64)
+
+
+def inspection(sha: str, name: str) -> WheelInspection:
+    return WheelInspection(
+        filename=f"{name}-1.0-py3-none-any.whl",
+        sha256=sha,
+        name=name,
+        version="1.0",
+        tags=("py3-none-any",),
+        top_level=(name,),
+        elf_files=(),
+    )
+
+
+def layer(*wheels: str, diff: str) -> LaidOut:
+    return LaidOut(wheels, (), f"sha256:{diff * 64}", 10240, 315532800)
+
+
+FACTS = facts_of(
+    FORMATS,
+    [inspection(A, "alpha"), inspection(B, "beta")],
+    [layer(A, diff="1"), layer(B, diff="2"), layer(A, diff="1")],
+)
+HELD = (f"sha256:{'0' * 64}", f"sha256:{'1' * 64}", f"sha256:{'2' * 64}")
+LOCK = {A: "alpha-1.0-py3-none-any.whl", B: "beta-1.0-py3-none-any.whl", C: "gamma.whl"}
+
+
+def test_the_document_reads_back_as_written_and_is_canonical() -> None:
+    document = FACTS.document()
+    assert parse_facts(document) == FACTS
+    assert parse_facts(document).document() == document
+    assert len(FACTS.layers) == 2  # a layer named twice (by two arches) once
+
+
+def test_the_lock_s_wheels_are_reused_and_no_others() -> None:
+    found = reusable(FACTS, FORMATS, LOCK, HELD)
+    assert found.distributions == {A, B}
+    assert set(found.inspections) == {A, B}
+    assert found.inspections[A] == inspection(A, "alpha")
+    only_b = reusable(FACTS, FORMATS, {B: LOCK[B], C: LOCK[C]}, HELD)
+    assert only_b.distributions == {B}
+    assert [one.wheels for one in only_b.layers] == [(B,)]
+
+
+def test_a_record_of_another_file_name_or_schema_is_not_reused() -> None:
+    renamed = reusable(FACTS, FORMATS, {**LOCK, A: "alpha-1.0-cp313-none-any.whl"}, HELD)
+    assert set(renamed.inspections) == {B}
+    assert renamed.distributions == {B}
+    newer = reusable(FACTS, replace(FORMATS, inspection=SCHEMA + 1), LOCK, HELD)
+    assert not newer.inspections and not newer.distributions
+    assert len(newer.layers) == 2  # the layers' format is theirs
+
+
+def test_a_record_that_lies_about_its_wheel_is_not_reused() -> None:
+    lying = dict(FACTS.inspections)
+    lying[A] = {**lying[A], "sha256": B}
+    found = reusable(replace(FACTS, inspections=lying), FORMATS, LOCK, HELD)
+    assert set(found.inspections) == {B}
+    broken = dict(FACTS.inspections)
+    broken[B] = {**broken[B], "elf_files": "not a list"}  # type: ignore[typeddict-item]
+    assert set(reusable(replace(FACTS, inspections=broken), FORMATS, LOCK, HELD).inspections) == {A}
+
+
+def test_layers_of_another_format_or_root_are_not_reused() -> None:
+    for other in (replace(FORMATS, layer="deps-extra-layer/5"), replace(FORMATS, root="/opt")):
+        found = reusable(FACTS, other, LOCK, HELD)
+        assert not found.layers and not found.distributions
+        assert set(found.inspections) == {A, B}
+
+
+def test_a_layer_holding_a_wheel_the_lock_lacks_is_not_reused() -> None:
+    facts = facts_of(FORMATS, [inspection(A, "alpha")], [layer(A, C, diff="1")])
+    found = reusable(facts, FORMATS, {A: LOCK[A]}, HELD)
+    assert not found.layers and not found.distributions
+
+
+def test_a_document_naming_a_layer_the_image_lacks_is_refused_whole() -> None:
+    with pytest.raises(ValueError, match="does not hold"):
+        reusable(FACTS, FORMATS, LOCK, HELD[:2])
+
+
+@pytest.mark.parametrize(
+    "document",
+    [b"[]", b'{"format": "build-facts/0"}', b'{"format": "build-facts/1", "formats": {}}'],
+)
+def test_a_document_of_another_shape_is_a_value_error(document: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_facts(document)
+
+
+def test_the_document_is_json_with_sorted_keys() -> None:
+    document = json.loads(FACTS.document())
+    assert list(document) == sorted(document)
+    assert document["formats"] == {
+        "inspection": SCHEMA,
+        "layer": "deps-extra-layer/4",
+        "root": "/app/deps-extra",
+        "bytecode": "bytecode/2",
+    }
+    assert "bytecode" not in document  # none compiled
+
+
+def test_a_wheel_s_own_whole_bytecode_layer_is_its_compile() -> None:
+    records = {A: CompiledRecord(compiled=3, skipped=[]), B: CompiledRecord(compiled=1, skipped=[])}
+    shadowed = replace(layer(B, diff="4"), shadowed=("beta/x.py",))
+    layers = (layer(A, diff="3"), shadowed, layer(A, B, diff="5"))
+    facts = replace(FACTS, bytecode=Bytecode("build-1", records, layers))
+    held = (*HELD, *(f"sha256:{d * 64}" for d in "345"))
+    assert parse_facts(facts.document()) == facts
+    found = reusable(facts, FORMATS, LOCK, held)
+    assert found.interpreter == "build-1"
+    assert found.compiled == ((layers[0], records[A]),)  # not one leaving a file, nor a bucket
+    assert not reusable(facts, replace(FORMATS, bytecode="bytecode/3"), LOCK, held).compiled
+    with pytest.raises(ValueError, match="does not hold"):
+        reusable(facts, FORMATS, LOCK, HELD)  # a bytecode layer the image lacks
