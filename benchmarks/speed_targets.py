@@ -24,10 +24,19 @@ build (so BuildKit holds no snapshot of it):
       name, plus `rich`): its build (`--no-verify`) in the first build's caches and on its base,
       against its own cold build (target <= 0.5x);
 (v)   a no-change rerun of the first build (`--no-verify`), median of 5; and
-      `build-sandbox-image --help`, the least of 5 (both kept as they were).
+      `build-sandbox-image --help`, the least of 5 (both kept as they were);
+(vi)  with --fresh-runner (issue 57): the cold verified build pushed to the test registry,
+      then a fresh runner's build of the set with one distribution added (FRESH_ADDS): an
+      empty cache directory, a base of its own (so BuildKit holds no apt stage for it, as on
+      a new runner), `--cache-from` the first push, verified and pushed; against the
+      hand-written Dockerfile's cold build of the new set (target <= 0.3x), with the number
+      of distributions it reused and its timeline.
+
+The 40-library set (`--sets 40`: benchmarks/interpreter-40.txt, a hosted code interpreter's)
+is issue 57's: cold and verified against the hand-written build unverified (target >= 1.0x).
 
     .venv/bin/python benchmarks/speed_targets.py [--base-image bsi-reference:test] [--rounds 2]
-        [--sets 6,9,16] [--second]
+        [--sets 6,9,16,40] [--second] [--fresh-runner] [--skip-plan]
 
 Needs the engine, the reference base, the local test registry (.test-env.json) and the index.
 """
@@ -61,6 +70,8 @@ UV = str(Path(sys.executable).parent / "uv")
 # and one the reference base already holds (pandas).
 SPEED_SET = "scikit-learn matplotlib sympy lightgbm beautifulsoup4 pandas"
 SECOND_ADDS = "rich"  # pure Python with a few dependencies of its own (pygments is large)
+FRESH_ADDS = "tabulate"  # (vi): the one distribution a team adds (pure Python, no dependency)
+INTERPRETER_SET = REPO / "benchmarks" / "interpreter-40.txt"
 
 
 @dataclass(frozen=True)
@@ -198,6 +209,10 @@ class Bench:
         return [*TOOL, "-r", str(requirements), "--base-image", base, "--tag", tag, "--output",
                 str(where / "context"), "--cache-dir", str(where / "cache"), *extra]  # fmt: skip
 
+    def repository(self) -> str:
+        """A repository of the test registry of its own: what (vi) pushes to."""
+        return f"{self.registry}/bsi-speed-{uuid.uuid4().hex[:8]}/sandbox"
+
     def handwritten(self, requirements: Path, apt: str) -> Measured:
         hand, env = self.fresh(f"hand-{uuid.uuid4().hex[:6]}")
         (hand / "Dockerfile").write_text(HANDWRITTEN.replace("{apt}", apt))
@@ -244,7 +259,35 @@ def plan_against_uv(bench: Bench, requirements: Path, rounds: int) -> PlanRuns:
     return PlanRuns(plans, uvs, last, report)
 
 
-def one_set(bench: Bench, names: list[str], rounds: int, second_template: bool) -> None:
+def fresh_runner(bench: Bench, requirements: Path, first_base: str) -> None:
+    """(vi): the set pushed, then the set plus FRESH_ADDS built by a fresh runner (an empty
+    cache, a base BuildKit has not seen) from that push, against the hand-written build."""
+    repository = bench.repository()
+    pushed_where, env = bench.fresh(f"pushed-{uuid.uuid4().hex[:6]}")
+    measured(bench.ours(requirements, first_base, pushed_where, "--push", repository), env)
+    pushed = json.loads((pushed_where / "context" / "report.json").read_text())["pushed"]
+    added = requirements.with_name(f"added-{requirements.name}")
+    added.write_text(requirements.read_text() + f"{FRESH_ADDS}\n")
+    runner, env_runner = bench.fresh(f"runner-{uuid.uuid4().hex[:6]}")
+    fresh = measured(
+        bench.ours(added, bench.base(), runner, "--push", repository, "--cache-from", pushed),
+        env_runner,
+    )
+    report = json.loads((runner / "context" / "report.json").read_text())
+    apt = " ".join(report["architectures"]["amd64"]["apt_packages"]) or "ca-certificates"
+    hand = bench.handwritten(added, apt)
+    seeded = report.get("cache_from") or {}
+    reused = (f"{seeded.get('reused', 0)} of {seeded.get('distributions', '?')} distributions,"
+              f" the bytecode of {seeded.get('compiled', 0)}")  # fmt: skip
+    print(f"(vi)  fresh runner, +{FRESH_ADDS}, --cache-from the last push, verified and pushed:"
+          f" {fresh.wall:6.1f} s, hand-written cold {hand.wall:6.1f} s:"
+          f" {fresh.wall / hand.wall:5.2f}x (target <= 0.3x); reused {reused}")  # fmt: skip
+    show_timeline(report, fresh)
+
+
+def one_set(
+    bench: Bench, names: list[str], rounds: int, second_template: bool, fresh: bool = False
+) -> None:
     label = f"{len(names)} names ({' '.join(names)})"
     requirements = bench.work / f"requirements-{len(names)}-{uuid.uuid4().hex[:4]}.txt"
     requirements.write_text("\n".join(names) + "\n")
@@ -290,6 +333,8 @@ def one_set(bench: Bench, names: list[str], rounds: int, second_template: bool) 
           f" unverified {peaks[1]:.0f} MiB); the tool's CPU {cold.cpu:.1f} s")  # fmt: skip
     print(f"(v)   no-change rerun: {statistics.median(reruns):.2f} s median of 5"
           f" ({' '.join(f'{t:.2f}' for t in reruns)}; target <= 1.0 s)")  # fmt: skip
+    if fresh:
+        fresh_runner(bench, requirements, first_base)
     if not second_template:
         return
     second_cold_where, env_second = bench.fresh(f"second-{uuid.uuid4().hex[:6]}")
@@ -303,24 +348,34 @@ def one_set(bench: Bench, names: list[str], rounds: int, second_template: bool) 
           f" {second_warm.wall / second_cold.wall:5.2f}x (target <= 0.5x)")  # fmt: skip
 
 
+def interpreter_set() -> list[str]:
+    """The 40 names of benchmarks/interpreter-40.txt, its comments left out."""
+    lines = (line.partition("#")[0].strip() for line in INTERPRETER_SET.read_text().splitlines())
+    return [line for line in lines if line]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-image", default="bsi-reference:test")
     parser.add_argument("--rounds", type=int, default=2, help="plan-only runs of each (i)")
     parser.add_argument("--sets", default="6", help="which sets, comma-separated: 6, 9, 16")
     parser.add_argument("--second", action="store_true", help="also (iv), a second template")
+    parser.add_argument("--fresh-runner", action="store_true", help="also (vi), --cache-from")
+    parser.add_argument("--skip-plan", action="store_true", help="(i) with one round only")
     args = parser.parse_args()
     test_env = json.loads((REPO / ".test-env.json").read_text())
     login = (test_env["registry_user"], test_env["registry_password"])
     help_time = min(timed([*TOOL, "--help"], dict(os.environ), cwd=REPO) for _ in range(5))
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f};"
           f" --help {help_time:.2f} s (least of 5; target <= 0.3 s)")  # fmt: skip
-    sets = {"6": SPEED_SET.split(), "9": ISSUE_SET.split(), "16": DEFAULT_SET.split()}
+    sets = {"6": SPEED_SET.split(), "9": ISSUE_SET.split(), "16": DEFAULT_SET.split(),
+            "40": interpreter_set()}  # fmt: skip
+    rounds = 1 if args.skip_plan else args.rounds
     with tempfile.TemporaryDirectory(prefix="bsi-speed-") as temp:
         bench = Bench(Path(temp), args.base_image, test_env["registry"], login)
         try:
             for name in args.sets.split(","):
-                one_set(bench, sets[name], args.rounds, args.second)
+                one_set(bench, sets[name], rounds, args.second, args.fresh_runner)
         finally:
             bench.remove_images()
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
