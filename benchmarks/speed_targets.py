@@ -60,7 +60,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-from build_vs_handwritten import CA_BUNDLE, DOCKER, HANDWRITTEN, derived_base  # noqa: E402
+from build_vs_handwritten import CA_BUNDLE, DOCKER, derived_base, handwritten  # noqa: E402
 from bytecode import DEFAULT_SET  # noqa: E402
 from upgrade import ISSUE_SET, PLATFORM, push, timed  # noqa: E402
 
@@ -213,9 +213,10 @@ class Bench:
         """A repository of the test registry of its own: what (vi) pushes to."""
         return f"{self.registry}/bsi-speed-{uuid.uuid4().hex[:8]}/sandbox"
 
-    def handwritten(self, requirements: Path, apt: str) -> Measured:
+    def handwritten(self, requirements: Path, apt: list[str]) -> Measured:
+        """The hand-written Dockerfile's cold build, `apt` typed into its apt step."""
         hand, env = self.fresh(f"hand-{uuid.uuid4().hex[:6]}")
-        (hand / "Dockerfile").write_text(HANDWRITTEN.replace("{apt}", apt))
+        (hand / "Dockerfile").write_text(handwritten(apt))
         (hand / "requirements.txt").write_text(requirements.read_text())
         tag = f"bsi-speed-hand-{uuid.uuid4().hex[:8]}"
         self.images.append(tag)
@@ -274,8 +275,7 @@ def fresh_runner(bench: Bench, requirements: Path, first_base: str) -> None:
         env_runner,
     )
     report = json.loads((runner / "context" / "report.json").read_text())
-    apt = " ".join(report["architectures"]["amd64"]["apt_packages"]) or "ca-certificates"
-    hand = bench.handwritten(added, apt)
+    hand = bench.handwritten(added, report["architectures"]["amd64"]["apt_packages"])
     seeded = report.get("cache_from") or {}
     reused = (f"{seeded.get('reused', 0)} of {seeded.get('distributions', '?')} distributions,"
               f" the bytecode of {seeded.get('compiled', 0)}")  # fmt: skip
@@ -301,8 +301,7 @@ def one_set(
     )
     built = json.loads((unverified_where / "context" / "report.json").read_text())
     distributions = len(built["architectures"]["amd64"]["packages"])
-    apt = " ".join(built["architectures"]["amd64"]["apt_packages"]) or "ca-certificates"
-    hand = bench.handwritten(requirements, apt)
+    hand = bench.handwritten(requirements, built["architectures"]["amd64"]["apt_packages"])
     first, env_first = bench.fresh(f"first-{uuid.uuid4().hex[:6]}")
     first_base = bench.base()
     cold = measured(bench.ours(requirements, first_base, first), env_first)
