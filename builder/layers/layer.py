@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any, TypedDict
 
 from builder.cache import Cache
-from builder.digest import HashingWriter
+from builder.digest import HashingWriter, Sha256
 from builder.errors import UserError, shown
 from builder.inspect.members import UNREADABLE, unreadable
 from builder.inspect.wheels import newest_date
@@ -45,7 +45,15 @@ from builder.layers.first_reads import (
     laid_out,
     wheel_first_reads,
 )
-from builder.layers.install_layout import DIR_MODE, Entry, install_entries
+from builder.layers.install_layout import (
+    DIR_MODE,
+    Entry,
+    Expected,
+    Member,
+    install_entries,
+    layer_mismatch,
+    recorded_sha256,
+)
 
 # bump when the tar settings change; the order within a layer, and the installed paths the
 # cached first reads name, have their own version (first_reads.LAYOUT_FORMAT)
@@ -169,6 +177,67 @@ def adopt_layer(
     `shadowed`, so `wheels_layer` finds it instead of laying the wheels out."""
     record = {"diff_id": layer.diff_id, "size": layer.size, "sde": layer.source_date_epoch}
     cache.put_record(WHEELS_LAYER, _layer_key(wheels, frozenset(shadowed), root), record)
+
+
+def pulled_mismatch(
+    layer: Layer, wheels: Sequence[Path], root: str, shadowed: frozenset[str]
+) -> str | None:
+    """Why `layer` (a tar from a registry) is not the layer `wheels_layer` would write of
+    `wheels` leaving out `shadowed`; None when it is. Only the wheels' zip directories, RECORDs
+    and generated files are read (a member its RECORD gives no sha256 is hashed from the zip),
+    so checking costs a fraction of laying out."""
+    epoch = source_date_epoch(wheels)
+    if layer.source_date_epoch != epoch:
+        return f"its date {layer.source_date_epoch} is not the wheels' {epoch}"
+    with tarfile.open(layer.path, "r:") as tar:
+        members = [_member(tar, info) for info in tar]
+    return layer_mismatch(expected_members(wheels, root, shadowed), members, epoch)
+
+
+def expected_members(
+    wheels: Sequence[Path], root: str, shadowed: frozenset[str]
+) -> dict[str, Expected]:
+    """Every member `write_tar` writes of `wheels` under `root`, by name, with its bytes' hash."""
+    archives = [zipfile.ZipFile(wheel) for wheel in wheels]
+    try:
+        full, _ = _tree(archives, wheels, root.strip("/"), shadowed)
+        return {name: _expected(entry, archives) for name, entry in full.items()}
+    finally:
+        for archive in archives:
+            archive.close()
+
+
+def _expected(entry: Entry, archives: Sequence[zipfile.ZipFile]) -> Expected:
+    if entry.data is not None:
+        return Expected(entry.mode, len(entry.data), Sha256.of(entry.data).hex)
+    if entry.wheel < 0:
+        return Expected(entry.mode, 0, None)
+    sha = recorded_sha256(entry.recorded)
+    if sha is None:  # RECORD gives no sha256 of it: its bytes say
+        with archives[entry.wheel].open(entry.member) as member:
+            sha = Sha256.read_from(member, CHUNK).hex
+    return Expected(entry.mode, entry.size, sha)
+
+
+def _member(tar: tarfile.TarFile, info: tarfile.TarInfo) -> Member:
+    sha = None
+    if info.type == tarfile.REGTYPE:
+        body = tar.extractfile(info)
+        assert body is not None  # a regular file has a body
+        sha = Sha256.read_from(body, CHUNK).hex
+    owner = (info.uname, info.gname)
+    return Member(
+        info.name,
+        info.type,
+        info.mode,
+        info.uid,
+        info.gid,
+        owner,
+        info.mtime,
+        info.size,
+        sha,
+        tuple({**tar.pax_headers, **info.pax_headers}),  # a global header counts too
+    )
 
 
 def _layer_key(wheels: Sequence[str], shadowed: frozenset[str], root: str) -> str:

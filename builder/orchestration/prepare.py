@@ -180,10 +180,11 @@ def prepare(
         pins = _pins(resolutions, chosen)
         lock = {file.sha256: file.filename for file in files}
         sources = [one.result() for one in opening]  # read while the set resolved
-        seeding = Seeding(grounds.cache, pulling, grounds.cache.warn, _build_of(compile_))
-        seeded = seed(asked, sources, lock, seeding)
         fetching = timeline.now()
         downloads = _start_downloads(files, requirements, grounds, fetch, limit)
+        warn = grounds.cache.warn
+        seeding = Seeding(grounds.cache, pulling, warn, downloads, _build_of(compile_))
+        seeded = seed(asked, sources, lock, seeding)
         inspecting, feeding = _start_reading(downloads, grounds, pool, compile_, seeded)
         writing = _start_layers(pins, downloads, reuse_locks, grounds, pool, seeded)
         timeline.record("downloads", fetching)

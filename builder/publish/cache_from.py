@@ -30,13 +30,14 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from builder import credentials
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 from builder.inspect.wheels import RECORD_KIND, SCHEMA
 from builder.layers.bytecode import BYTECODE_FORMAT, adopt_compiled
-from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer
+from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer, pulled_mismatch
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
@@ -173,6 +174,7 @@ class Seeding:
     cache: Cache
     pool: Executor
     warn: Warn
+    wheels: Mapping[str, Future[Path]]  # the run's downloads (sha256 ->): a pull checks them
     interpreter: Callable[[], str] | None = None
 
 
@@ -203,7 +205,7 @@ def seed(
         for one in reuse.layers:
             if one.diff_id in seeded.layers:
                 continue
-            pull = seeded.layers[one.diff_id] = pool.submit(_pulled, source, one, cache, warn)
+            pull = seeded.layers[one.diff_id] = pool.submit(_pulled, source, one, seeding)
             for sha in one.wheels:
                 seeded.pulls.setdefault(sha, pull)
         seeded.reuse[source.ref] = reuse.distributions
@@ -225,15 +227,28 @@ def _put_inspections(reuse: Reuse, cache: Cache) -> None:
 PULL_ERRORS = (UserError, ValueError, OSError, EOFError, zlib.error, tarfile.TarError)
 
 
-def _pulled(source: Source, one: LaidOut, cache: Cache, warn: Warn) -> bool:
-    """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer;
-    False, with a warning, when the blob is not what the image says it is."""
+def _pulled(source: Source, one: LaidOut, seeding: Seeding) -> bool:
+    """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer once
+    it is checked against the run's own wheels (their downloads waited for): whoever pushed
+    REF chose its config, so a diff ID alone does not say a tar is those wheels' layer. False,
+    with a warning, when the blob is not what the image says it is or not the wheels' layer."""
     try:
-        layer = _pull(source, one, cache)
+        layer = _pull(source, one, seeding.cache)
     except PULL_ERRORS as error:
-        warn(_untrusted(source, one, error, "laid out here"))
+        seeding.warn(_untrusted(source, one, error, "laid out here"))
         return False
-    adopt_layer(cache, one.wheels, one.shadowed, FORMATS.root, layer)
+    wheels = [seeding.wheels[sha].result() for sha in one.wheels]
+    try:
+        problem = pulled_mismatch(layer, wheels, FORMATS.root, frozenset(one.shadowed))
+    except PULL_ERRORS as error:
+        problem = str(error)
+    if problem is not None:
+        names = ", ".join(wheel.name for wheel in wheels)
+        seeding.warn(
+            _untrusted(source, one, f"not the layer of {names}: {problem}", "laid out here")
+        )
+        return False
+    adopt_layer(seeding.cache, one.wheels, one.shadowed, FORMATS.root, layer)
     return True
 
 
@@ -278,7 +293,7 @@ def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
     return Layer(path, one.diff_id, one.size, one.sde)
 
 
-def _untrusted(source: Source, one: LaidOut, error: BaseException, instead: str) -> str:
+def _untrusted(source: Source, one: LaidOut, error: BaseException | str, instead: str) -> str:
     return (
         f"--cache-from {source.ref}: layer {one.diff_id[:19]} is not trusted"
         f" ({str(error)[:200]}); {instead}"
