@@ -290,46 +290,6 @@ def compiled_key(wheel_sha256: str, build: str, root: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compiled_record(
-    cache: Cache, wheel_sha256: str, build: str, root: str
-) -> tuple[int, tuple[str, ...]] | None:
-    """How many modules the interpreter `build` compiled of the wheel and which it skipped, as
-    the cache recorded its compile (None: not compiled, or its tar is gone)."""
-    record = cache.get_record(COMPILED, compiled_key(wheel_sha256, build, root))
-    if not record or cache.find_blob(record["tar"], COMPILED_FILE) is None:
-        return None
-    return int(record["compiled"]), tuple(record["skipped"])
-
-
-def adopt_compiled(
-    cache: Cache,
-    wheel_sha256: str,
-    build: str,
-    root: str,
-    layer: Path,
-    summary: tuple[int, tuple[str, ...]],
-) -> None:
-    """A distribution's bytecode read back from `layer`, the bytecode layer that holds it alone
-    and whole (pulled from a registry and checked against its diff ID:
-    builder.publish.cache_from), recorded as the interpreter `build`'s compile of the wheel, so
-    `Compiler.compile` finds it. `summary`: (modules compiled, sources skipped) as the compile
-    recorded them; a layer holding another count of modules is a ValueError."""
-    prefix = f"{root.strip('/')}/"
-    pycs: dict[str, bytes] = {}
-    with tarfile.open(layer) as archive:
-        for member in archive:
-            extracted = archive.extractfile(member) if member.isfile() else None
-            if extracted is not None and member.name.startswith(prefix):
-                pycs[member.name.removeprefix(prefix)] = extracted.read()
-    compiled, skipped = summary
-    if len(pycs) != compiled:
-        raise ValueError(f"it holds {len(pycs)} modules, not the {compiled} compiled")
-    temp, digest = written(cache, packed(lambda out: normalized_tar(out, pycs.items(), "", 0)))
-    cache.place(temp, digest, COMPILED_FILE)
-    record = {"tar": digest, "compiled": compiled, "skipped": list(skipped)}
-    cache.put_record(COMPILED, compiled_key(wheel_sha256, build, root), record)
-
-
 class CompileQueue:
     """Wheels compiled as they arrive (a cold build's downloads), the largest waiting one first.
 

@@ -11,13 +11,14 @@ out again.
 Trust: a referrer can be added by anyone who may push to the repository, so the document is
 pinned by the image itself: its digest is a label of the image's config (`FACTS_LABEL`), the
 config the tool built and verification verified (the push checks it byte for byte), so the
-label costs nothing verification did not see. With bytecode, the document also says which
-interpreter build compiled it, what each wheel's compile made and each bytecode layer: a layer
-holding one wheel's bytecode alone and whole is that wheel's compile, read back. A reader
-takes only the attached document that hashes to the label, and every layer it names must be
-one of the config's diff IDs. The
-document is a function of the lock alone (records normalized through `WheelInspection`), so a
-cold build and a warm one label the same image the same way.
+label costs nothing verification did not see. A reader takes only the attached document that
+hashes to the label, and every layer it names must be one of the config's diff IDs; since REF's
+pusher chose that config too, a pulled layer is also checked against the run's own wheels
+before it counts (builder.layers.layer.pulled_mismatch). Bytecode is not in the document: a
+`.pyc` cannot be checked against its source without compiling it, so a run always compiles.
+The document holds what the run computed from its wheels and its layers (records normalized
+through `WheelInspection`), never what its cache happened to hold, so a cold build and a warm
+one of the same wheels, laid out the same way, label the same image the same way.
 
 Pure: the document's shape, and the decision which of a run's wheels it may serve
 (`reusable`); reading and pulling are cache_from's.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
 from builder.inspect.wheels import WheelInspection, WheelRecord
@@ -35,7 +36,7 @@ from builder.oci.v1 import canonical
 
 FACTS_TYPE = "application/vnd.build-sandbox-image.facts.v1+json"  # the attachment's type
 FACTS_LABEL = "org.build-sandbox-image.facts"  # the config label: sha256 of the document
-FORMAT = "build-facts/1"  # bump when the document's shape changes
+FORMAT = "build-facts/2"  # bump when the document's shape changes
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,6 @@ class Formats:
     inspection: int  # builder.inspect.wheels.SCHEMA
     layer: str  # builder.layers.layer.LAYER_FORMAT
     root: str  # where the distribution layers install (builder.plan.plan.EXTRA_DEPS)
-    bytecode: str  # builder.layers.bytecode.BYTECODE_FORMAT
 
 
 class LaidOutRecord(TypedDict):
@@ -79,32 +79,13 @@ class LaidOut:
         )
 
 
-class CompiledRecord(TypedDict):
-    """What one wheel's compile made (builder.layers.bytecode.compiled_record)."""
-
-    compiled: int  # modules
-    skipped: list[str]  # sources that did not compile
-
-
-@dataclass(frozen=True)
-class Bytecode:
-    """The bytecode facts: the interpreter build that compiled it, what each wheel's compile
-    made, and each bytecode layer (its wheels are the distribution layer's below it)."""
-
-    interpreter: str
-    wheels: Mapping[str, CompiledRecord]  # wheel sha256 -> its compile
-    layers: tuple[LaidOut, ...]
-
-
 @dataclass(frozen=True)
 class BuildFacts:
-    """The document: formats, each wheel's inspection record, each distribution layer, and
-    the bytecode's facts when the images have bytecode."""
+    """The document: formats, each wheel's inspection record, each distribution layer."""
 
     formats: Formats
     inspections: Mapping[str, WheelRecord]  # wheel sha256 -> its record
     layers: tuple[LaidOut, ...]
-    bytecode: Bytecode | None = None
 
     def document(self) -> bytes:
         """Canonical JSON: the same facts give the same bytes, so the same label."""
@@ -115,31 +96,19 @@ class BuildFacts:
                 "inspection": formats.inspection,
                 "layer": formats.layer,
                 "root": formats.root,
-                "bytecode": formats.bytecode,
             },
             "wheels": {sha: dict(record) for sha, record in sorted(self.inspections.items())},
             "layers": [one.to_dict() for one in self.layers],
         }
-        if self.bytecode is not None:
-            document["bytecode"] = {
-                "interpreter": self.bytecode.interpreter,
-                "wheels": {sha: dict(one) for sha, one in sorted(self.bytecode.wheels.items())},
-                "layers": [one.to_dict() for one in self.bytecode.layers],
-            }
         return canonical(document)
 
 
 def facts_of(
-    formats: Formats,
-    inspections: Sequence[WheelInspection],
-    layers: Sequence[LaidOut],
-    bytecode: Bytecode | None = None,
+    formats: Formats, inspections: Sequence[WheelInspection], layers: Sequence[LaidOut]
 ) -> BuildFacts:
     """A build's facts, each record normalized (as it reads back), each layer once."""
     records = {one.sha256: one.to_dict() for one in inspections}
-    if bytecode is not None:
-        bytecode = replace(bytecode, layers=_once(bytecode.layers))
-    return BuildFacts(formats, records, _once(layers), bytecode)
+    return BuildFacts(formats, records, _once(layers))
 
 
 def _once(layers: Sequence[LaidOut]) -> tuple[LaidOut, ...]:
@@ -158,26 +127,13 @@ def parse_facts(data: bytes) -> BuildFacts:
             int(formats["inspection"]),
             str(formats["layer"]),
             str(formats["root"]),
-            str(formats["bytecode"]),
         )
         wheels = document["wheels"]
         layers = _layers(document["layers"])
-        bytecode = None
-        if (compiled := document.get("bytecode")) is not None:
-            bytecode = Bytecode(
-                str(compiled["interpreter"]),
-                {
-                    str(sha): CompiledRecord(
-                        compiled=int(one["compiled"]), skipped=[str(s) for s in one["skipped"]]
-                    )
-                    for sha, one in compiled["wheels"].items()
-                },
-                _layers(compiled["layers"]),
-            )
         records = {str(k): cast(WheelRecord, v) for k, v in wheels.items()}
     except (KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"malformed build facts ({error})") from None
-    return BuildFacts(found, records, layers, bytecode)
+    return BuildFacts(found, records, layers)
 
 
 def _layers(value: Iterable[Any]) -> tuple[LaidOut, ...]:
@@ -201,9 +157,6 @@ class Reuse:
     inspections: Mapping[str, WheelInspection] = field(default_factory=dict)  # sha256 ->
     layers: tuple[LaidOut, ...] = ()
     distributions: frozenset[str] = frozenset()  # wheel sha256s
-    # each wheel's bytecode: the layer holding it alone and whole, and what its compile made
-    compiled: tuple[tuple[LaidOut, CompiledRecord], ...] = ()
-    interpreter: str | None = None  # the build that compiled it: only it may use it
 
 
 def reusable(
@@ -218,8 +171,7 @@ def reusable(
     hold means the document is not the image's: ValueError, nothing of it is used.
     """
     held = set(diff_ids)
-    named = (*facts.layers, *(facts.bytecode.layers if facts.bytecode else ()))
-    if stray := [one.diff_id for one in named if one.diff_id not in held]:
+    if stray := [one.diff_id for one in facts.layers if one.diff_id not in held]:
         raise ValueError(f"it names layer {stray[0][:19]} that the image does not hold")
     inspections = {}
     if facts.formats.inspection == formats.inspection:
@@ -239,29 +191,7 @@ def reusable(
         if same_layers and one.wheels and all(sha in lock for sha in one.wheels)
     )
     laid = {sha for one in layers for sha in one.wheels}
-    compiled = _compiled(facts, formats, lock)
-    interpreter = facts.bytecode.interpreter if facts.bytecode else None
-    return Reuse(inspections, layers, frozenset(laid & inspections.keys()), compiled, interpreter)
-
-
-def _compiled(
-    facts: BuildFacts, formats: Formats, lock: Mapping[str, str]
-) -> tuple[tuple[LaidOut, CompiledRecord], ...]:
-    """The bytecode layers that hold one wheel of the lock alone and whole (none left to a
-    later distribution), made in this run's bytecode format and root, with its compile's
-    record: what a wheel's compile would make is read back from them."""
-    compiled = facts.bytecode
-    same = (facts.formats.bytecode, facts.formats.root) == (formats.bytecode, formats.root)
-    if compiled is None or not same:
-        return ()
-    return tuple(
-        (one, compiled.wheels[one.wheels[0]])
-        for one in compiled.layers
-        if len(one.wheels) == 1
-        and not one.shadowed
-        and one.wheels[0] in lock
-        and one.wheels[0] in compiled.wheels
-    )
+    return Reuse(inspections, layers, frozenset(laid & inspections.keys()))
 
 
 def _read(record: WheelRecord) -> WheelInspection | None:

@@ -5,13 +5,15 @@ What `REF`'s build learned is attached to each of its arch images as the build f
 while the set resolves: REF's images, the label, the attachment that hashes to it (no other
 is trusted). `seed` then gives the run what the document may serve it (`reusable`, for the
 lock's wheels only): each inspection record into the cache (inspect_as_ready finds it: no
-inspection), and each distribution layer pulled in parallel with the downloads, its gzip blob
-checked against the manifest's digest as it streams and its tar against the config's diff ID
-before it counts (Cache.writing_blob), then recorded where the layer writer looks
-(builder.layers.layer.adopt_layer: no layout). A wheel's bytecode layer, when it holds that
-wheel's bytecode alone and whole and the run's interpreter is the one that compiled it, is
-pulled the same way and read back as the wheel's compile (builder.layers.bytecode.
-adopt_compiled: no compile). REF's blobs are remembered as held by its repository
+inspection), and each distribution layer pulled in parallel with the downloads: its gzip blob
+inflated into a temporary file as it streams, the tar checked against the config's diff ID
+once it is whole (Cache.writing_blob), the blob against the manifest's digest after it has
+all streamed; then, once the wheels it holds are downloaded, the tar is checked against them
+(builder.layers.layer.pulled_mismatch: exactly the members, modes, owner, date and bytes the
+writer makes of them) and recorded where the layer writer looks
+(builder.layers.layer.adopt_layer: no layout). Bytecode is never taken from REF: a `.pyc`
+runs in place of its source and cannot be checked against it without compiling it, so the
+run compiles. REF's blobs are remembered as held by its repository
 (builder.publish.blob_memory), so a push to the same registry mounts them.
 
 Nothing here fails a run: a REF unreachable, absent, foreign (no facts, another format) or
@@ -36,7 +38,6 @@ from builder import credentials
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 from builder.inspect.wheels import RECORD_KIND, SCHEMA
-from builder.layers.bytecode import BYTECODE_FORMAT, adopt_compiled
 from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer, pulled_mismatch
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
@@ -50,7 +51,6 @@ from builder.publish.build_facts import (
     FACTS_LABEL,
     FACTS_TYPE,
     BuildFacts,
-    CompiledRecord,
     Formats,
     LaidOut,
     Reuse,
@@ -59,7 +59,7 @@ from builder.publish.build_facts import (
 )
 from builder.retry import Retries
 
-FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS, BYTECODE_FORMAT)  # what it makes and reuses
+FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS)  # what it makes and reuses
 LAYER_FILE = "layer.tar"  # the cache's name of a layer tar (builder.layers.layer)
 
 Warn = Callable[[str], None]
@@ -78,17 +78,16 @@ class Source:
 @dataclass
 class Seeded:
     """What the sources gave a run: each wheel's layer pull (sha256 -> it), each layer's
-    (diff ID -> it), each wheel's bytecode pull, and the wheels each source's facts served."""
+    (diff ID -> it), and the wheels each source's facts served."""
 
     sources: tuple[str, ...]  # the images asked, trusted or not
     pulls: dict[str, Future[bool]] = field(default_factory=dict)  # wheel sha256 -> its pull
     layers: dict[str, Future[bool]] = field(default_factory=dict)  # diff ID -> its pull
     reuse: dict[str, frozenset[str]] = field(default_factory=dict)  # ref -> wheels it serves
-    compiles: dict[str, Future[bool]] = field(default_factory=dict)  # sha256 -> its bytecode's
 
     def wait(self) -> None:
         """Every pull ended (a failed one warned and counts as not pulled)."""
-        for pull in (*self.layers.values(), *self.compiles.values()):
+        for pull in self.layers.values():
             pull.result()
 
     def record(self, distributions: int, stacks: Iterable[LaidOut]) -> dict[str, object]:
@@ -102,7 +101,6 @@ class Seeded:
             "sources": list(self.sources),
             "reused": sum(reused.values()),
             "distributions": distributions,
-            "compiled": sum(1 for pull in self.compiles.values() if pull.result()),
             "by_source": reused,
         }
 
@@ -169,13 +167,12 @@ def _trusted(ref: str, registry: RepositoryClient, images: Sequence[Image]) -> S
 @dataclass(frozen=True)
 class Seeding:
     """Where a run's seeds go: its cache, the pool the pulls run on, its warnings, and its
-    interpreter's build (waited for; None: the run compiles no bytecode)."""
+    downloads (a pulled layer is checked against its wheels)."""
 
     cache: Cache
     pool: Executor
     warn: Warn
     wheels: Mapping[str, Future[Path]]  # the run's downloads (sha256 ->): a pull checks them
-    interpreter: Callable[[], str] | None = None
 
 
 def seed(
@@ -186,7 +183,7 @@ def seed(
 ) -> Seeded:
     """The lock's wheels (sha256 -> file name) the sources (those of `asked` that are trusted)
     serve, first source first: their inspection records put in the cache now, their layers
-    (and bytecode) pulled on the pool."""
+    pulled on the pool."""
     cache, pool, warn = seeding.cache, seeding.pool, seeding.warn
     seeded = Seeded(tuple(ref.as_written for ref in asked))
     memory = blob_memory(cache)
@@ -209,13 +206,6 @@ def seed(
             for sha in one.wheels:
                 seeded.pulls.setdefault(sha, pull)
         seeded.reuse[source.ref] = reuse.distributions
-        if seeding.interpreter is None or reuse.interpreter is None:
-            continue
-        for one, record in reuse.compiled:
-            if one.wheels[0] not in seeded.compiles:
-                compiled = (one, record, reuse.interpreter)
-                job = pool.submit(_compiled, source, compiled, seeding)
-                seeded.compiles[one.wheels[0]] = job
     return seeded
 
 
@@ -249,26 +239,6 @@ def _pulled(source: Source, one: LaidOut, seeding: Seeding) -> bool:
         )
         return False
     adopt_layer(seeding.cache, one.wheels, one.shadowed, FORMATS.root, layer)
-    return True
-
-
-def _compiled(
-    source: Source, compiled: tuple[LaidOut, CompiledRecord, str], seeding: Seeding
-) -> bool:
-    """A wheel's bytecode layer pulled and read back as its compile, when the run's interpreter
-    (waited for) is the one that compiled it; False (a warning when the layer is not what the
-    image says it is) when it is not."""
-    one, record, build = compiled
-    assert seeding.interpreter is not None
-    if seeding.interpreter() != build:
-        return False  # another interpreter: its compile would differ, so it compiles
-    summary = record["compiled"], tuple(record["skipped"])
-    try:
-        layer = _pull(source, one, seeding.cache)
-        adopt_compiled(seeding.cache, one.wheels[0], build, FORMATS.root, layer.path, summary)
-    except PULL_ERRORS as error:
-        seeding.warn(_untrusted(source, one, error, "compiled here"))
-        return False
     return True
 
 

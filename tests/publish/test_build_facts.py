@@ -9,8 +9,6 @@ import pytest
 
 from builder.inspect.wheels import SCHEMA, WheelInspection
 from builder.publish.build_facts import (
-    Bytecode,
-    CompiledRecord,
     Formats,
     LaidOut,
     facts_of,
@@ -18,7 +16,7 @@ from builder.publish.build_facts import (
     reusable,
 )
 
-FORMATS = Formats(SCHEMA, "deps-extra-layer/4", "/app/deps-extra", "bytecode/2")
+FORMATS = Formats(SCHEMA, "deps-extra-layer/4", "/app/deps-extra")
 A, B, C = ("a" * 64, "b" * 64, "c" * 64)
 
 
@@ -103,7 +101,7 @@ def test_a_document_naming_a_layer_the_image_lacks_is_refused_whole() -> None:
 
 @pytest.mark.parametrize(
     "document",
-    [b"[]", b'{"format": "build-facts/0"}', b'{"format": "build-facts/1", "formats": {}}'],
+    [b"[]", b'{"format": "build-facts/0"}', b'{"format": "build-facts/2", "formats": {}}'],
 )
 def test_a_document_of_another_shape_is_a_value_error(document: bytes) -> None:
     with pytest.raises(ValueError):
@@ -117,21 +115,5 @@ def test_the_document_is_json_with_sorted_keys() -> None:
         "inspection": SCHEMA,
         "layer": "deps-extra-layer/4",
         "root": "/app/deps-extra",
-        "bytecode": "bytecode/2",
     }
-    assert "bytecode" not in document  # none compiled
-
-
-def test_a_wheel_s_own_whole_bytecode_layer_is_its_compile() -> None:
-    records = {A: CompiledRecord(compiled=3, skipped=[]), B: CompiledRecord(compiled=1, skipped=[])}
-    shadowed = replace(layer(B, diff="4"), shadowed=("beta/x.py",))
-    layers = (layer(A, diff="3"), shadowed, layer(A, B, diff="5"))
-    facts = replace(FACTS, bytecode=Bytecode("build-1", records, layers))
-    held = (*HELD, *(f"sha256:{d * 64}" for d in "345"))
-    assert parse_facts(facts.document()) == facts
-    found = reusable(facts, FORMATS, LOCK, held)
-    assert found.interpreter == "build-1"
-    assert found.compiled == ((layers[0], records[A]),)  # not one leaving a file, nor a bucket
-    assert not reusable(facts, replace(FORMATS, bytecode="bytecode/3"), LOCK, held).compiled
-    with pytest.raises(ValueError, match="does not hold"):
-        reusable(facts, FORMATS, LOCK, HELD)  # a bytecode layer the image lacks
+    assert "bytecode" not in document  # never: a .pyc cannot be checked against its source
