@@ -27,7 +27,7 @@ Pure: the document's shape, and the decision which of a run's wheels it may serv
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
@@ -117,36 +117,74 @@ def _once(layers: Sequence[LaidOut]) -> tuple[LaidOut, ...]:
 
 
 def parse_facts(data: bytes) -> BuildFacts:
-    """The document `data` is; ValueError when it is not one of this format."""
-    document = json.loads(data)
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise ValueError(f"not a {FORMAT} document")
+    """The document `data` is; ValueError when it is not one of this format.
+
+    REF's pusher wrote it, so every field is checked for its type before anything reads it,
+    and no document, however deep or large its numbers, raises anything but ValueError.
+    """
     try:
-        formats = document["formats"]
+        document = json.loads(data)
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} document")
+        formats = _dict(document["formats"])
         found = Formats(
-            int(formats["inspection"]),
-            str(formats["layer"]),
-            str(formats["root"]),
+            _count(formats["inspection"]), _text(formats["layer"]), _text(formats["root"])
         )
-        wheels = document["wheels"]
-        layers = _layers(document["layers"])
-        records = {str(k): cast(WheelRecord, v) for k, v in wheels.items()}
-    except (KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"malformed build facts ({error})") from None
+        records = {
+            _sha(sha): cast(WheelRecord, _dict(record))
+            for sha, record in _dict(document["wheels"]).items()
+        }
+        layers = tuple(_laid(_dict(one)) for one in _list(document["layers"]))
+    except (KeyError, TypeError, AttributeError, RecursionError, ArithmeticError) as error:
+        raise ValueError(f"malformed build facts ({type(error).__name__})") from None
     return BuildFacts(found, records, layers)
 
 
-def _layers(value: Iterable[Any]) -> tuple[LaidOut, ...]:
-    return tuple(
-        LaidOut(
-            tuple(str(sha) for sha in one["wheels"]),
-            tuple(str(path) for path in one["shadowed"]),
-            str(one["diff_id"]),
-            int(one["size"]),
-            int(one["sde"]),
-        )
-        for one in value
+def _laid(one: dict[str, Any]) -> LaidOut:
+    diff_id = _text(one["diff_id"])
+    _sha(diff_id.removeprefix("sha256:"))
+    if not diff_id.startswith("sha256:"):
+        raise TypeError("a diff ID")
+    return LaidOut(
+        tuple(_sha(sha) for sha in _list(one["wheels"])),
+        tuple(_text(path) for path in _list(one["shadowed"])),
+        diff_id,
+        _count(one["size"]),
+        _count(one["sde"]),
     )
+
+
+def _dict(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError("not an object")
+    return value
+
+
+def _list(value: object) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError("not a list")
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not a string")
+    return value
+
+
+def _count(value: object) -> int:
+    """A non-negative integer (a JSON `true`, a float, 1e400 are not)."""
+    if type(value) is not int or value < 0:
+        raise TypeError("not a count")
+    return value
+
+
+def _sha(value: object) -> str:
+    """A sha256 in hex, lower case, as a lock names a wheel."""
+    text = _text(value)
+    if len(text) != 64 or text.strip("0123456789abcdef"):
+        raise TypeError("not a sha256")
+    return text
 
 
 @dataclass(frozen=True)
@@ -195,8 +233,21 @@ def reusable(
 
 
 def _read(record: WheelRecord) -> WheelInspection | None:
-    """The inspection a record holds; None when it does not read as one of its schema."""
+    """The inspection a record holds; None when it does not read as one of its schema, with
+    each field of its type (what the plan reads of it)."""
+    texts = ("filename", "sha256", "name", "version")
+    lists = ("tags", "top_level", "requires")
+    counts = ("schema", "modules", "size", "installed_size", "newest")
     try:
-        return WheelInspection.from_dict(record)
-    except (KeyError, TypeError, ValueError, AttributeError):
+        for key in texts:
+            _text(record[key])  # type: ignore[literal-required]
+        for key in lists:
+            [_text(one) for one in _list(record[key])]  # type: ignore[literal-required]
+        for key in counts:
+            _count(record[key])  # type: ignore[literal-required]
+        inspection = WheelInspection.from_dict(record)
+        if inspection.to_dict() != record:  # normalized as this run writes it, nothing more
+            return None
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, ArithmeticError):
         return None
+    return inspection

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import gzip
 import shutil
-import tarfile
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -115,8 +113,8 @@ def open_source(
         registry = credentials.registry(ref, named, retries)
         images = _images(registry, read(registry), arches)
         return _trusted(named, registry, images)
-    except (UserError, ValueError, OSError) as error:  # RegistryError is a UserError
-        warn(f"--cache-from {named}: {str(error)[:300]}; building without it")
+    except Exception as error:  # REF's data, however crafted: one line (an interrupt is not)
+        warn(f"--cache-from {named}: {_said(error)[:300]}; building without it")
         return None
 
 
@@ -195,10 +193,10 @@ def seed(
         left = {sha: name for sha, name in lock.items() if sha not in seeded.pulls}
         try:
             reuse = reusable(source.facts, FORMATS, left, tuple(source.blobs))
-        except ValueError as error:
-            warn(f"--cache-from {source.ref}: its build facts are not trusted: {error}")
+            _put_inspections(reuse, cache)
+        except Exception as error:  # REF's data, however crafted: one line
+            warn(f"--cache-from {source.ref}: its build facts are not trusted: {_said(error)}")
             continue
-        _put_inspections(reuse, cache)
         for one in reuse.layers:
             if one.diff_id in seeded.layers:
                 continue
@@ -214,9 +212,6 @@ def _put_inspections(reuse: Reuse, cache: Cache) -> None:
         cache.put_record(RECORD_KIND, sha, inspection.to_dict())
 
 
-PULL_ERRORS = (UserError, ValueError, OSError, EOFError, zlib.error, tarfile.TarError)
-
-
 def _pulled(source: Source, one: LaidOut, seeding: Seeding) -> bool:
     """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer once
     it is checked against the run's own wheels (their downloads waited for): whoever pushed
@@ -224,14 +219,14 @@ def _pulled(source: Source, one: LaidOut, seeding: Seeding) -> bool:
     with a warning, when the blob is not what the image says it is or not the wheels' layer."""
     try:
         layer = _pull(source, one, seeding.cache)
-    except PULL_ERRORS as error:
+    except Exception as error:  # a blob, however crafted, is one line (an interrupt is not)
         seeding.warn(_untrusted(source, one, error, "laid out here"))
         return False
     wheels = [seeding.wheels[sha].result() for sha in one.wheels]
     try:
         problem = pulled_mismatch(layer, wheels, FORMATS.root, frozenset(one.shadowed))
-    except PULL_ERRORS as error:
-        problem = str(error)
+    except Exception as error:  # a tar, however crafted, is one line
+        problem = _said(error)
     if problem is not None:
         names = ", ".join(wheel.name for wheel in wheels)
         seeding.warn(
@@ -263,8 +258,14 @@ def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
     return Layer(path, one.diff_id, one.size, one.sde)
 
 
-def _untrusted(source: Source, one: LaidOut, error: BaseException | str, instead: str) -> str:
+def _untrusted(source: Source, one: LaidOut, error: Exception | str, instead: str) -> str:
+    said = error if isinstance(error, str) else _said(error)
     return (
         f"--cache-from {source.ref}: layer {one.diff_id[:19]} is not trusted"
-        f" ({str(error)[:200]}); {instead}"
+        f" ({said[:200]}); {instead}"
     )
+
+
+def _said(error: Exception) -> str:
+    """An error as one line: its message, or its kind when it has none (a RecursionError)."""
+    return " ".join(str(error).split()) or type(error).__name__

@@ -117,3 +117,44 @@ def test_the_document_is_json_with_sorted_keys() -> None:
         "root": "/app/deps-extra",
     }
     assert "bytecode" not in document  # never: a .pyc cannot be checked against its source
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        b"[" * 100000 + b"]" * 100000,  # deeper than the parser recurses
+        b'{"format": "build-facts/2", "formats": {"inspection": 1e400, "layer": "", "root": ""}}',
+        b'{"format": "build-facts/2", "formats": {"inspection": true, "layer": "", "root": ""}}',
+    ],
+)
+def test_a_crafted_document_is_a_value_error_never_a_crash(document: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_facts(document)
+
+
+def test_a_crafted_record_or_layer_is_a_value_error() -> None:
+    good = json.loads(FACTS.document())
+    assert parse_facts(json.dumps(good).encode()) == FACTS
+    forged: list[dict[str, object]] = []
+    for key, value in (
+        ("wheels", {A: ["a", "list"]}),  # a record that is a list
+        ("wheels", {"A" * 64: good["wheels"][A]}),  # not a sha256
+        ("layers", [{**good["layers"][0], "size": -1}]),
+        ("layers", [{**good["layers"][0], "size": 1e400}]),
+        ("layers", [{**good["layers"][0], "wheels": [[A]]}]),
+        ("layers", [{**good["layers"][0], "diff_id": "sha256:../x"}]),
+        ("layers", {"not": "a list"}),
+    ):
+        forged.append({**good, key: value})
+    for document in forged:
+        with pytest.raises(ValueError):
+            parse_facts(json.dumps(document).encode())
+
+
+def test_a_record_whose_fields_are_of_another_type_is_not_used() -> None:
+    record = dict(FACTS.inspections[A])
+    for key, value in (("name", ["alpha"]), ("top_level", [1]), ("newest", 1.5), ("size", -3)):
+        lying = {**FACTS.inspections, A: {**record, key: value}}
+        found = reusable(replace(FACTS, inspections=lying), FORMATS, LOCK, HELD)  # type: ignore[arg-type]
+        assert A not in found.inspections, key
+    assert A in reusable(FACTS, FORMATS, LOCK, HELD).inspections
