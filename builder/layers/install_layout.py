@@ -169,6 +169,21 @@ class Member:
 
 
 PAX_KEYS = frozenset({"path", "size"})  # the only pax headers the writer needs
+BLOCK = 512  # a tar's unit
+
+
+def tar_bound(expected: Mapping[str, Expected]) -> int:
+    """More bytes than the writer's tar of `expected` can take (headers, a pax header per
+    member, padding, the end): what a pulled tar may inflate to, at most."""
+
+    def blocks(size: int) -> int:
+        return -(-size // BLOCK) * BLOCK
+
+    per_member = sum(
+        3 * BLOCK + blocks(2 * len(name.encode()) + 64) + blocks(one.size)
+        for name, one in expected.items()
+    )
+    return per_member + 22 * BLOCK
 
 
 def recorded_sha256(recorded: str) -> str | None:

@@ -179,32 +179,37 @@ def adopt_layer(
     cache.put_record(WHEELS_LAYER, _layer_key(wheels, frozenset(shadowed), root), record)
 
 
-def pulled_mismatch(
-    layer: Layer, wheels: Sequence[Path], root: str, shadowed: frozenset[str]
-) -> str | None:
-    """Why `layer` (a tar from a registry) is not the layer `wheels_layer` would write of
-    `wheels` leaving out `shadowed`; None when it is. Only the wheels' zip directories, RECORDs
-    and generated files are read (a member its RECORD gives no sha256 is hashed from the zip),
-    so checking costs a fraction of laying out."""
-    epoch = source_date_epoch(wheels)
-    if layer.source_date_epoch != epoch:
-        return f"its date {layer.source_date_epoch} is not the wheels' {epoch}"
-    with tarfile.open(layer.path, "r:") as tar:
-        members = [_member(tar, info) for info in tar]
-    return layer_mismatch(expected_members(wheels, root, shadowed), members, epoch)
+@dataclass(frozen=True)
+class ExpectedLayer:
+    """What `wheels_layer` writes of some wheels: every member by name, and their date."""
+
+    members: dict[str, Expected]
+    epoch: int
 
 
-def expected_members(
-    wheels: Sequence[Path], root: str, shadowed: frozenset[str]
-) -> dict[str, Expected]:
-    """Every member `write_tar` writes of `wheels` under `root`, by name, with its bytes' hash."""
+def expected_layer(wheels: Sequence[Path], root: str, shadowed: frozenset[str]) -> ExpectedLayer:
+    """Every member `write_tar` writes of `wheels` under `root` leaving out `shadowed`, with
+    its bytes' sha256, and the layer's date. Only the wheels' zip directories, RECORDs and
+    generated files are read (a member its RECORD gives no sha256 is hashed from the zip), so
+    it costs a fraction of laying out."""
     archives = [zipfile.ZipFile(wheel) for wheel in wheels]
     try:
         full, _ = _tree(archives, wheels, root.strip("/"), shadowed)
-        return {name: _expected(entry, archives) for name, entry in full.items()}
+        members = {name: _expected(entry, archives) for name, entry in full.items()}
     finally:
         for archive in archives:
             archive.close()
+    return ExpectedLayer(members, source_date_epoch(wheels))
+
+
+def pulled_mismatch(layer: Layer, expected: ExpectedLayer) -> str | None:
+    """Why `layer` (a tar from a registry) is not the layer `expected` describes; None when
+    it holds exactly its members (builder.layers.install_layout.layer_mismatch)."""
+    if layer.source_date_epoch != expected.epoch:
+        return f"its date {layer.source_date_epoch} is not the wheels' {expected.epoch}"
+    with tarfile.open(layer.path, "r:") as tar:
+        members = [_member(tar, info) for info in tar]
+    return layer_mismatch(expected.members, members, expected.epoch)
 
 
 def _expected(entry: Entry, archives: Sequence[zipfile.ZipFile]) -> Expected:

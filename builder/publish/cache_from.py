@@ -26,7 +26,6 @@ image, not the image to its maker (give REF by digest, as the state's default is
 from __future__ import annotations
 
 import gzip
-import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -36,7 +35,8 @@ from builder import credentials
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 from builder.inspect.wheels import RECORD_KIND, SCHEMA
-from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer, pulled_mismatch
+from builder.layers.install_layout import tar_bound
+from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer, expected_layer, pulled_mismatch
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
@@ -214,33 +214,37 @@ def _put_inspections(reuse: Reuse, cache: Cache) -> None:
 
 def _pulled(source: Source, one: LaidOut, seeding: Seeding) -> bool:
     """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer once
-    it is checked against the run's own wheels (their downloads waited for): whoever pushed
-    REF chose its config, so a diff ID alone does not say a tar is those wheels' layer. False,
-    with a warning, when the blob is not what the image says it is or not the wheels' layer."""
-    try:
-        layer = _pull(source, one, seeding.cache)
-    except Exception as error:  # a blob, however crafted, is one line (an interrupt is not)
-        seeding.warn(_untrusted(source, one, error, "laid out here"))
-        return False
+    it is checked against the run's own wheels (their downloads waited for first): whoever
+    pushed REF chose its config, so a diff ID alone does not say a tar is those wheels' layer.
+    What the facts say of it must fit those wheels before it is pulled: its date theirs, its
+    size no more than a layer of them can take (the inflating stops there). False, with a
+    warning, when the blob is not what the image says it is or not the wheels' layer."""
     wheels = [seeding.wheels[sha].result() for sha in one.wheels]
+    layer = None
     try:
-        problem = pulled_mismatch(layer, wheels, FORMATS.root, frozenset(one.shadowed))
-    except Exception as error:  # a tar, however crafted, is one line
+        expected = expected_layer(wheels, FORMATS.root, frozenset(one.shadowed))
+        if one.sde != expected.epoch:
+            raise ValueError(f"its facts date it {one.sde}, not the wheels' {expected.epoch}")
+        if one.size > (bound := tar_bound(expected.members)):
+            raise ValueError(f"its facts say {one.size} bytes, more than the {bound} it can be")
+        layer = _pull(source, one, seeding.cache)
+        problem = pulled_mismatch(layer, expected)
+    except Exception as error:  # a blob or a tar, however crafted, is one line
         problem = _said(error)
-    if problem is not None:
-        names = ", ".join(wheel.name for wheel in wheels)
-        seeding.warn(
-            _untrusted(source, one, f"not the layer of {names}: {problem}", "laid out here")
-        )
-        return False
-    adopt_layer(seeding.cache, one.wheels, one.shadowed, FORMATS.root, layer)
-    return True
+    if layer is not None and problem is None:
+        adopt_layer(seeding.cache, one.wheels, one.shadowed, FORMATS.root, layer)
+        return True
+    names = ", ".join(wheel.name for wheel in wheels)
+    seeding.warn(_untrusted(source, one, f"{problem}; not the layer of {names}", "laid out here"))
+    return False
 
 
 def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
-    """`one`'s tar in the cache: there already, or pulled, its gzip blob checked against the
-    manifest's digest as it streams and the tar against the diff ID before it is kept."""
-    hexdigest = one.diff_id.removeprefix("sha256:")
+    """`one`'s tar in the cache: there already, or pulled, its gzip blob inflated into a
+    temporary file (no more than the size its facts say: a blob inflating past it stops there,
+    and nothing is kept), the tar checked against the diff ID once it is whole, the blob
+    against the manifest's digest once it has all streamed."""
+    hexdigest = _hex(one)
     if cache.checked_blob(hexdigest, LAYER_FILE) is None:
         blob = source.blobs[one.diff_id]
 
@@ -249,13 +253,22 @@ def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
                 cache.writing_blob(hexdigest, LAYER_FILE) as out,  # checked: the diff ID
                 gzip.GzipFile(fileobj=stream, mode="rb") as tar,  # type: ignore[call-overload]
             ):
-                shutil.copyfileobj(tar, out, CHUNK)
+                written = 0
+                while chunk := tar.read(CHUNK):
+                    written += len(chunk)
+                    if written > one.size:  # the partial file goes with the context
+                        raise ValueError(f"it inflates past the {one.size} bytes its facts say")
+                    out.write(chunk)
 
         source.registry.read_blob(blob.digest, unpacked)
     path = cache.blob_path(hexdigest, LAYER_FILE)
     if path.stat().st_size != one.size:
         raise ValueError(f"{path.stat().st_size} bytes, not the {one.size} its facts say")
     return Layer(path, one.diff_id, one.size, one.sde)
+
+
+def _hex(one: LaidOut) -> str:
+    return one.diff_id.removeprefix("sha256:")
 
 
 def _untrusted(source: Source, one: LaidOut, error: Exception | str, instead: str) -> str:
