@@ -205,11 +205,14 @@ def reusable(
 
     An inspection is used only for a wheel of the lock, of the same file name and sha256, in
     this run's schema, that reads as one; a layer only when every wheel it holds is in the lock,
-    in this run's layer format and root, and the image holds it. A layer the image does not
-    hold means the document is not the image's: ValueError, nothing of it is used.
+    in this run's layer format and root, and the image holds it. A layer of wheels all in the
+    lock that the image does not hold means the document is not the image's: ValueError,
+    nothing of it is used. A layer holding a wheel not in the lock is ignored: a multi-arch
+    REF's facts name every arch's layers, and only the run's arches' images were read.
     """
     held = set(diff_ids)
-    if stray := [one.diff_id for one in facts.layers if one.diff_id not in held]:
+    ours = [one for one in facts.layers if one.wheels and all(sha in lock for sha in one.wheels)]
+    if stray := [one.diff_id for one in ours if one.diff_id not in held]:
         raise ValueError(f"it names layer {stray[0][:19]} that the image does not hold")
     inspections = {}
     if facts.formats.inspection == formats.inspection:
@@ -223,11 +226,7 @@ def reusable(
             ):
                 inspections[sha] = inspection
     same_layers = (facts.formats.layer, facts.formats.root) == (formats.layer, formats.root)
-    layers = tuple(
-        one
-        for one in facts.layers
-        if same_layers and one.wheels and all(sha in lock for sha in one.wheels)
-    )
+    layers = tuple(ours) if same_layers else ()
     laid = {sha for one in layers for sha in one.wheels}
     return Reuse(inspections, layers, frozenset(laid & inspections.keys()))
 

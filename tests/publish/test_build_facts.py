@@ -94,6 +94,20 @@ def test_a_layer_holding_a_wheel_the_lock_lacks_is_not_reused() -> None:
     assert not found.layers and not found.distributions
 
 
+def test_another_arch_s_layer_the_images_read_lack_is_ignored() -> None:
+    """A multi-arch REF: its facts name the arm64 image's layer of an arm64 wheel (D), which
+    an amd64 run neither locks nor read the image of: no warning, the rest is reused."""
+    d = "d" * 64
+    facts = facts_of(
+        FORMATS,
+        [inspection(A, "alpha"), inspection(d, "delta")],
+        [layer(A, diff="1"), layer(d, diff="9"), layer(A, d, diff="8")],
+    )
+    found = reusable(facts, FORMATS, {A: LOCK[A]}, HELD)
+    assert found.layers == (layer(A, diff="1"),)
+    assert found.distributions == {A}
+
+
 def test_a_document_naming_a_layer_the_image_lacks_is_refused_whole() -> None:
     with pytest.raises(ValueError, match="does not hold"):
         reusable(FACTS, FORMATS, LOCK, HELD[:2])
