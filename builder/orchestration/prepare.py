@@ -181,7 +181,7 @@ def prepare(
         warn = grounds.cache.warn
         seeding = Seeding(grounds.cache, pulling, warn, downloads)
         seeded = seed(asked, sources, lock, seeding)
-        inspecting, feeding = _start_reading(downloads, grounds, pool, compile_)
+        inspecting, feeding = _start_reading(downloads, grounds, pool, compile_, seeded)
         writing = _start_layers(pins, downloads, reuse_locks, grounds, pool, seeded)
         timeline.record("downloads", fetching)
         inspections = inspecting.result()
@@ -325,11 +325,14 @@ def _start_reading(
     grounds: Grounds,
     pool: ThreadPoolExecutor,
     compile_: _Compiling | None,
+    seeded: Seeded,
 ) -> tuple[Future[dict[str, WheelInspection]], Future[None] | None]:
-    """Each wheel inspected, and queued for its compile (every arch's once), as soon as it is
-    here; the compile's feed is None without bytecode."""
+    """Each wheel inspected (once the check of its record from a --cache-from image, if any,
+    ended), and queued for its compile (every arch's once), as soon as it is here; the
+    compile's feed is None without bytecode."""
     inspected = grounds.timeline.marker("inspected")
-    inspecting = pool.submit(inspect_as_ready, _as_ready(downloads), grounds.cache, done=inspected)
+    ready = _pulled_first(_as_ready(downloads), seeded.inspections)  # its record checked
+    inspecting = pool.submit(inspect_as_ready, ready, grounds.cache, done=inspected)
     if compile_ is None:
         return inspecting, None
     return inspecting, pool.submit(compile_.queue.add_as_ready, _as_ready(downloads))

@@ -31,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
-from builder.inspect.wheels import WheelInspection, WheelRecord
+from builder.errors import UserError
+from builder.inspect.wheels import WheelInspection, WheelRecord, parse_filename
 from builder.oci.v1 import canonical
 
 FACTS_TYPE = "application/vnd.build-sandbox-image.facts.v1+json"  # the attachment's type
@@ -140,7 +141,7 @@ def parse_facts(data: bytes) -> BuildFacts:
     return BuildFacts(found, records, layers)
 
 
-def _laid(one: dict[str, Any]) -> LaidOut:
+def _laid(one: dict[str, object]) -> LaidOut:
     diff_id = _text(one["diff_id"])
     _sha(diff_id.removeprefix("sha256:"))
     if not diff_id.startswith("sha256:"):
@@ -154,7 +155,7 @@ def _laid(one: dict[str, Any]) -> LaidOut:
     )
 
 
-def _dict(value: object) -> dict[str, Any]:
+def _dict(value: object) -> dict[str, object]:
     if not isinstance(value, dict):
         raise TypeError("not an object")
     return value
@@ -195,6 +196,7 @@ class Reuse:
     inspections: Mapping[str, WheelInspection] = field(default_factory=dict)  # sha256 ->
     layers: tuple[LaidOut, ...] = ()
     distributions: frozenset[str] = frozenset()  # wheel sha256s
+    refused: tuple[str, ...] = ()  # wheels whose record is not of their file name: why
 
 
 def reusable(
@@ -214,7 +216,7 @@ def reusable(
     ours = [one for one in facts.layers if one.wheels and all(sha in lock for sha in one.wheels)]
     if stray := [one.diff_id for one in ours if one.diff_id not in held]:
         raise ValueError(f"it names layer {stray[0][:19]} that the image does not hold")
-    inspections = {}
+    inspections, refused = {}, []
     if facts.formats.inspection == formats.inspection:
         for sha, record in facts.inspections.items():
             if (
@@ -224,11 +226,24 @@ def reusable(
                 and record.get("filename") == lock[sha]
                 and (inspection := _read(record)) is not None
             ):
+                named = inspection.name, inspection.version, inspection.tags
+                if _named(lock[sha]) != named:
+                    refused.append(f"{lock[sha]}: its record is not of its name, version, tags")
+                    continue
                 inspections[sha] = inspection
     same_layers = (facts.formats.layer, facts.formats.root) == (formats.layer, formats.root)
     layers = tuple(ours) if same_layers else ()
     laid = {sha for one in layers for sha in one.wheels}
-    return Reuse(inspections, layers, frozenset(laid & inspections.keys()))
+    distributions = frozenset(laid & inspections.keys())
+    return Reuse(inspections, layers, distributions, tuple(refused))
+
+
+def _named(filename: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """The name, version and tags a wheel's file name gives (as an inspection records them)."""
+    try:
+        return parse_filename(filename)
+    except UserError:
+        return None
 
 
 def _read(record: WheelRecord) -> WheelInspection | None:

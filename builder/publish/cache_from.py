@@ -34,7 +34,8 @@ from pathlib import Path
 from builder import credentials
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
-from builder.inspect.wheels import RECORD_KIND, SCHEMA
+from builder.inspect.wheel_reader import directory_facts
+from builder.inspect.wheels import RECORD_KIND, SCHEMA, WheelInspection
 from builder.layers.install_layout import tar_bound
 from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer, expected_layer, pulled_mismatch
 from builder.oci.client import RepositoryClient
@@ -51,7 +52,6 @@ from builder.publish.build_facts import (
     BuildFacts,
     Formats,
     LaidOut,
-    Reuse,
     parse_facts,
     reusable,
 )
@@ -76,16 +76,18 @@ class Source:
 @dataclass
 class Seeded:
     """What the sources gave a run: each wheel's layer pull (sha256 -> it), each layer's
-    (diff ID -> it), and the wheels each source's facts served."""
+    (diff ID -> it), the wheels each source's facts served, and each wheel's inspection record
+    as it is checked against the download (sha256 -> it)."""
 
     sources: tuple[str, ...]  # the images asked, trusted or not
     pulls: dict[str, Future[bool]] = field(default_factory=dict)  # wheel sha256 -> its pull
     layers: dict[str, Future[bool]] = field(default_factory=dict)  # diff ID -> its pull
     reuse: dict[str, frozenset[str]] = field(default_factory=dict)  # ref -> wheels it serves
+    inspections: dict[str, Future[bool]] = field(default_factory=dict)  # sha256 -> its check
 
     def wait(self) -> None:
         """Every pull ended (a failed one warned and counts as not pulled)."""
-        for pull in self.layers.values():
+        for pull in (*self.layers.values(), *self.inspections.values()):
             pull.result()
 
     def record(self, distributions: int, stacks: Iterable[LaidOut]) -> dict[str, object]:
@@ -94,6 +96,7 @@ class Seeded:
         pull gave, and its inspection came from the same source."""
         pulled = {diff_id for diff_id, pull in self.layers.items() if pull.result()}
         laid = {sha for one in stacks if one.diff_id in pulled for sha in one.wheels}
+        laid = {sha for sha in laid if sha in self.inspections and self.inspections[sha].result()}
         reused = {ref: len(shas & laid) for ref, shas in self.reuse.items()}
         return {
             "sources": list(self.sources),
@@ -193,10 +196,15 @@ def seed(
         left = {sha: name for sha, name in lock.items() if sha not in seeded.pulls}
         try:
             reuse = reusable(source.facts, FORMATS, left, tuple(source.blobs))
-            _put_inspections(reuse, cache)
         except Exception as error:  # REF's data, however crafted: one line
             warn(f"--cache-from {source.ref}: its build facts are not trusted: {_said(error)}")
             continue
+        for why in reuse.refused:
+            warn(f"--cache-from {source.ref}: {why}; inspected here")
+        for sha, inspection in reuse.inspections.items():
+            if sha not in seeded.inspections:
+                job = pool.submit(_inspection, source, inspection, seeding)
+                seeded.inspections[sha] = job
         for one in reuse.layers:
             if one.diff_id in seeded.layers:
                 continue
@@ -207,9 +215,20 @@ def seed(
     return seeded
 
 
-def _put_inspections(reuse: Reuse, cache: Cache) -> None:
-    for sha, inspection in reuse.inspections.items():
-        cache.put_record(RECORD_KIND, sha, inspection.to_dict())
+def _inspection(source: Source, inspection: WheelInspection, seeding: Seeding) -> bool:
+    """`inspection` put in the cache once the wheel is here and its file and zip directory say
+    what the record says (size, installed size, newest date: what a cold inspection reads of
+    them first); False, with a warning, when they do not."""
+    path = seeding.wheels[inspection.sha256].result()
+    recorded = inspection.size, inspection.installed_size, inspection.newest
+    try:
+        if (found := directory_facts(path)) != recorded:
+            raise ValueError(f"its record says size, installed size, date {recorded}, not {found}")
+        seeding.cache.put_record(RECORD_KIND, inspection.sha256, inspection.to_dict())
+    except Exception as error:  # a record, however crafted, is one line
+        seeding.warn(f"--cache-from {source.ref}: {path.name}: {_said(error)}; inspected here")
+        return False
+    return True
 
 
 def _pulled(source: Source, one: LaidOut, seeding: Seeding) -> bool:

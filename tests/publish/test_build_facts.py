@@ -172,3 +172,13 @@ def test_a_record_whose_fields_are_of_another_type_is_not_used() -> None:
         found = reusable(replace(FACTS, inspections=lying), FORMATS, LOCK, HELD)  # type: ignore[arg-type]
         assert A not in found.inspections, key
     assert A in reusable(FACTS, FORMATS, LOCK, HELD).inspections
+
+
+def test_a_record_not_of_its_file_name_is_refused_with_a_reason() -> None:
+    """What a cold inspection reads of the file name first (name, version, tags) must agree."""
+    for key, value in (("name", "other"), ("version", "2.0"), ("tags", ["cp313-none-any"])):
+        lying = {**FACTS.inspections, A: {**FACTS.inspections[A], key: value}}
+        found = reusable(replace(FACTS, inspections=lying), FORMATS, LOCK, HELD)  # type: ignore[arg-type]
+        assert A not in found.inspections and A not in found.distributions, key
+        assert found.refused and LOCK[A] in found.refused[0]
+    assert not reusable(FACTS, FORMATS, LOCK, HELD).refused
