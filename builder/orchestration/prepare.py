@@ -79,6 +79,7 @@ from builder.publish.build_facts import (
 from builder.publish.cache_from import FORMATS, Seeded, Seeding, open_source, seed
 from builder.publish.state import load_state
 from builder.publish.tags import extras_hash
+from builder.reporter import mask
 from builder.resolve.direct.fetch import fetch_all
 from builder.resolve.index import start_downloads
 from builder.resolve.requirements import RequirementSet, read_requirements
@@ -569,6 +570,7 @@ def finish(
         layers = plan_layers(plan, cache, interpreter, group_budget(bool(plan.bytecode)))
     labels = labels_of(plan, settings, interpreter.build if interpreter else "none")
     facts = build_facts(plan, layers, cache) if layers else None
+    facts = unmasked(facts)
     if facts is not None:
         labels = dict(sorted({**labels, FACTS_LABEL: digest_of(facts)}.items()))
     return Finish(layers, labels, created(plan_epoch(plan)), cache, facts)
@@ -586,6 +588,15 @@ def labels_of(plan: Plan, settings: Settings, bytecode: str) -> dict[str, str]:
         settings.extras_hash,
         bytecode,
     )
+
+
+def unmasked(facts: bytes | None) -> bytes | None:
+    """The build facts as they are when no remembered secret is in them, else None: masked
+    they would not be the bytes their label names, and they are never pushed unmasked, so the
+    image goes without facts (builder.reporter.mask)."""
+    if facts is None or mask(facts.decode(), urls=False) != facts.decode():
+        return None
+    return facts
 
 
 def build_facts(
