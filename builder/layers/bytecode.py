@@ -56,7 +56,7 @@ from builder.errors import UserError
 from builder.inspect.members import UNREADABLE, unreadable
 from builder.layers.first_reads import LAYOUT_FORMAT, cached_first_reads, laid_out
 from builder.layers.gzipped import packed
-from builder.layers.install_layout import install_entries
+from builder.layers.install_layout import LAYER_TAR, install_entries
 from builder.layers.layer import Layer, keep, written
 
 BYTECODE_FORMAT = "bytecode/2"  # bump when the compile recipe or the tar layout changes
@@ -376,7 +376,7 @@ def bytecode_layer(
     compiled = sum(p.compiled for p in parts)
     skipped = tuple(sorted({s for p in parts for s in p.skipped}))
     record = cache.get_record("bytecode-layer", key)
-    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], LAYER_TAR)):
         layer = Layer(path, record["diff_id"], record["size"], epoch)
         return BytecodeLayer(layer, interpreter, compiled, skipped)
     files: dict[str, bytes] = {}

@@ -23,6 +23,13 @@ from tarfile import DIRTYPE, REGTYPE
 from builder.errors import UserError, shown
 from builder.inspect.members import checked_members, scripts
 
+# Bump when the order changes, or where install_layout puts a wheel's files: it keys the layers
+# and the first reads kept in the cache (which name those installed paths).
+LAYOUT_FORMAT = "first-reads/2"  # 2: imports read line by line (builder.layers.first_reads)
+# bump when the tar settings change (builder.layers.layer); the order within a layer, and the
+# installed paths the cached first reads name, have their own version (LAYOUT_FORMAT)
+LAYER_FORMAT = f"deps-extra-layer/4 {LAYOUT_FORMAT}"
+LAYER_TAR = "layer.tar"  # the cache's name of a layer tar (Cache.blob_path)
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 EXEC_MODE = 0o755

@@ -40,13 +40,14 @@ from builder.errors import UserError, shown
 from builder.inspect.members import UNREADABLE, unreadable
 from builder.inspect.wheels import newest_date
 from builder.layers.first_reads import (
-    LAYOUT_FORMAT,
     cached_first_reads,
     laid_out,
     wheel_first_reads,
 )
 from builder.layers.install_layout import (
     DIR_MODE,
+    LAYER_FORMAT,
+    LAYER_TAR,
     Entry,
     Expected,
     Member,
@@ -55,9 +56,6 @@ from builder.layers.install_layout import (
     recorded_sha256,
 )
 
-# bump when the tar settings change; the order within a layer, and the installed paths the
-# cached first reads name, have their own version (first_reads.LAYOUT_FORMAT)
-LAYER_FORMAT = f"deps-extra-layer/4 {LAYOUT_FORMAT}"
 ZIP_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 CHUNK = 1 << 20
 BLOCK = 512
@@ -155,7 +153,7 @@ def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
     """
     key = _layer_key([sha for sha, _ in group.wheels], group.shadowed, root)
     record = cache.get_record(WHEELS_LAYER, key)
-    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], LAYER_TAR)):
         return Layer(path, record["diff_id"], record["size"], record["sde"])
     files = [path for _, path in group.wheels]
     epoch = source_date_epoch(files)
@@ -458,7 +456,7 @@ def written(cache: Cache, write: Callable[[IO[bytes]], object]) -> tuple[Path, s
 def keep(temp: Path, diff_id: str, cache: Cache, epoch: int) -> Layer:
     """Move a written tar to its place in the cache (read by builders: mode 0644)."""
     size = temp.stat().st_size
-    final = cache.place(temp, diff_id, "layer.tar")
+    final = cache.place(temp, diff_id, LAYER_TAR)
     return Layer(final, f"sha256:{diff_id}", size, epoch)
 
 

@@ -73,10 +73,11 @@ from builder.plan.plan import (
 from builder.plan.program_needs import ProgramNeed, program_needs
 from builder.publish.build_facts import (
     FACTS_LABEL,
+    FORMATS,
     LaidOut,
     facts_of,
 )
-from builder.publish.cache_from import FORMATS, Seeded, Seeding, open_source, seed
+from builder.publish.cache_from import Seeded, Seeding, open_source, seed
 from builder.publish.state import load_state
 from builder.publish.tags import extras_hash
 from builder.reporter import mask

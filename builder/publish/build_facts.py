@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
 from builder.errors import UserError
-from builder.inspect.wheels import WheelInspection, WheelRecord, parse_filename
+from builder.inspect.wheels import SCHEMA, WheelInspection, WheelRecord, parse_filename
+from builder.layers.install_layout import LAYER_FORMAT
 from builder.oci.v1 import canonical
+from builder.plan.plan import EXTRA_DEPS
 
 FACTS_TYPE = "application/vnd.build-sandbox-image.facts.v1+json"  # the attachment's type
 FACTS_LABEL = "org.build-sandbox-image.facts"  # the config label: sha256 of the document
@@ -45,8 +47,11 @@ class Formats:
     """The formats a document's facts were made in: a run reuses only what it would make."""
 
     inspection: int  # builder.inspect.wheels.SCHEMA
-    layer: str  # builder.layers.layer.LAYER_FORMAT
+    layer: str  # builder.layers.install_layout.LAYER_FORMAT
     root: str  # where the distribution layers install (builder.plan.plan.EXTRA_DEPS)
+
+
+FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS)  # what this tool makes, so reuses
 
 
 class LaidOutRecord(TypedDict):

@@ -35,30 +35,26 @@ from builder import credentials
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
 from builder.inspect.wheel_reader import directory_facts
-from builder.inspect.wheels import RECORD_KIND, SCHEMA, WheelInspection
-from builder.layers.install_layout import tar_bound
-from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer, expected_layer, pulled_mismatch
+from builder.inspect.wheels import RECORD_KIND, WheelInspection
+from builder.layers.install_layout import LAYER_TAR, tar_bound
+from builder.layers.layer import Layer, adopt_layer, expected_layer, pulled_mismatch
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
 from builder.oci.remote import platform_image, read
 from builder.oci.transport import VerifiedBlob
 from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
-from builder.plan.plan import EXTRA_DEPS
 from builder.publish.blob_memory import blob_memory
 from builder.publish.build_facts import (
     FACTS_LABEL,
     FACTS_TYPE,
+    FORMATS,
     BuildFacts,
-    Formats,
     LaidOut,
     parse_facts,
     reusable,
 )
 from builder.retry import Retries
-
-FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS)  # what it makes and reuses
-LAYER_FILE = "layer.tar"  # the cache's name of a layer tar (builder.layers.layer)
 
 Warn = Callable[[str], None]
 
@@ -264,12 +260,12 @@ def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
     and nothing is kept), the tar checked against the diff ID once it is whole, the blob
     against the manifest's digest once it has all streamed."""
     hexdigest = _hex(one)
-    if cache.checked_blob(hexdigest, LAYER_FILE) is None:
+    if cache.checked_blob(hexdigest, LAYER_TAR) is None:
         blob = source.blobs[one.diff_id]
 
         def unpacked(stream: VerifiedBlob) -> None:  # restartable: a new temp file each
             with (
-                cache.writing_blob(hexdigest, LAYER_FILE) as out,  # checked: the diff ID
+                cache.writing_blob(hexdigest, LAYER_TAR) as out,  # checked: the diff ID
                 gzip.GzipFile(fileobj=stream, mode="rb") as tar,  # type: ignore[call-overload]
             ):
                 written = 0
@@ -280,7 +276,7 @@ def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
                     out.write(chunk)
 
         source.registry.read_blob(blob.digest, unpacked)
-    path = cache.blob_path(hexdigest, LAYER_FILE)
+    path = cache.blob_path(hexdigest, LAYER_TAR)
     if path.stat().st_size != one.size:
         raise ValueError(f"{path.stat().st_size} bytes, not the {one.size} its facts say")
     return Layer(path, one.diff_id, one.size, one.sde)
