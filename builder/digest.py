@@ -44,6 +44,14 @@ class Sha256:
         found.update(data)
         return found
 
+    @classmethod
+    def read_from(cls, source: Readable, chunk: int = 1 << 20) -> Sha256:
+        """The sha256 and size of what `source` reads to its end, `chunk` bytes at a time."""
+        found = cls()
+        while data := source.read(chunk):
+            found.update(data)
+        return found
+
     def update(self, data: bytes) -> None:
         self._hash.update(data)
         self.size += len(data)

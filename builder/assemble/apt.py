@@ -19,6 +19,7 @@ from builder.assemble.saved import read_save
 from builder.cache import Cache
 from builder.context.render import Secrets, apt_steps
 from builder.engines.connection import Engine
+from builder.layers.install_layout import LAYER_TAR
 from builder.layers.layer import Layer
 
 
@@ -64,7 +65,7 @@ def build_apt_image(
 
 def saved_layer(image: AptImage, cache: Cache, client: Any) -> Layer:
     """The apt layer's tar, out of the image's save (only a push needs it, not a load)."""
-    found = cache.checked_blob(image.diff_id.removeprefix("sha256:"), "layer.tar")
+    found = cache.checked_blob(image.diff_id.removeprefix("sha256:"), LAYER_TAR)
     if found is not None:
         return Layer(found, image.diff_id, found.stat().st_size, 0)
     layer = read_save(client, image.image_id, cache, keep_layer=image.diff_id).layer

@@ -28,6 +28,7 @@ from builder.assemble.saved import saved_to_disk
 from builder.cache import Cache
 from builder.errors import RegistryError, RegistryNotFound, UserError
 from builder.layers.gzipped import cached_gzip, gzipped, gzipped_from
+from builder.layers.install_layout import LAYER_TAR
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Artifact
@@ -155,7 +156,7 @@ def _kept(diff_id: str, cache: Cache, sources: dict[str, BlobSource]) -> Descrip
     tar the system image's save kept (the apt layer)."""
     blob = cached_gzip(diff_id, cache)
     if blob is None:
-        tar = cache.checked_blob(diff_id.removeprefix("sha256:"), "layer.tar")
+        tar = cache.checked_blob(diff_id.removeprefix("sha256:"), LAYER_TAR)
         if tar is None:
             return None
         blob = gzipped(tar, diff_id, cache)

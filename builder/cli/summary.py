@@ -83,8 +83,7 @@ def summary(plan: Plan, report: Report | None = None) -> str:
     if report and (cached := report.get("cache_from")):
         lines.append(
             f"reused {cached['reused']} of {cached['distributions']} distributions from"
-            f" {', '.join(cached['sources'])} (inspections and layers; the bytecode of"
-            f" {cached.get('compiled', 0)} not compiled again)"
+            f" {', '.join(cached['sources'])} (inspections and layers)"
         )
     return "\n".join(lines)
 

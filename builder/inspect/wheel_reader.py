@@ -113,6 +113,14 @@ def _read_sources(
             gc.enable()
 
 
+def directory_facts(path: Path) -> tuple[int, int, int]:
+    """What `read_wheel` records of a wheel from its file and zip directory alone: its size,
+    its installed size and its newest date (an inspection record from elsewhere must agree)."""
+    with zipfile.ZipFile(path) as zf:
+        infos = checked_members(zf, path.name)
+        return path.stat().st_size, sum(i.file_size for i in infos), newest_date(infos)
+
+
 def read_wheel(path: Path, sha256: str) -> WheelInspection:
     """Inspect a wheel file without the cache (always opens the zip)."""
     name, version, tags = parse_filename(path.name)

@@ -56,7 +56,7 @@ from builder.errors import UserError
 from builder.inspect.members import UNREADABLE, unreadable
 from builder.layers.first_reads import LAYOUT_FORMAT, cached_first_reads, laid_out
 from builder.layers.gzipped import packed
-from builder.layers.install_layout import install_entries
+from builder.layers.install_layout import LAYER_TAR, install_entries
 from builder.layers.layer import Layer, keep, written
 
 BYTECODE_FORMAT = "bytecode/2"  # bump when the compile recipe or the tar layout changes
@@ -290,46 +290,6 @@ def compiled_key(wheel_sha256: str, build: str, root: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def compiled_record(
-    cache: Cache, wheel_sha256: str, build: str, root: str
-) -> tuple[int, tuple[str, ...]] | None:
-    """How many modules the interpreter `build` compiled of the wheel and which it skipped, as
-    the cache recorded its compile (None: not compiled, or its tar is gone)."""
-    record = cache.get_record(COMPILED, compiled_key(wheel_sha256, build, root))
-    if not record or cache.find_blob(record["tar"], COMPILED_FILE) is None:
-        return None
-    return int(record["compiled"]), tuple(record["skipped"])
-
-
-def adopt_compiled(
-    cache: Cache,
-    wheel_sha256: str,
-    build: str,
-    root: str,
-    layer: Path,
-    summary: tuple[int, tuple[str, ...]],
-) -> None:
-    """A distribution's bytecode read back from `layer`, the bytecode layer that holds it alone
-    and whole (pulled from a registry and checked against its diff ID:
-    builder.publish.cache_from), recorded as the interpreter `build`'s compile of the wheel, so
-    `Compiler.compile` finds it. `summary`: (modules compiled, sources skipped) as the compile
-    recorded them; a layer holding another count of modules is a ValueError."""
-    prefix = f"{root.strip('/')}/"
-    pycs: dict[str, bytes] = {}
-    with tarfile.open(layer) as archive:
-        for member in archive:
-            extracted = archive.extractfile(member) if member.isfile() else None
-            if extracted is not None and member.name.startswith(prefix):
-                pycs[member.name.removeprefix(prefix)] = extracted.read()
-    compiled, skipped = summary
-    if len(pycs) != compiled:
-        raise ValueError(f"it holds {len(pycs)} modules, not the {compiled} compiled")
-    temp, digest = written(cache, packed(lambda out: normalized_tar(out, pycs.items(), "", 0)))
-    cache.place(temp, digest, COMPILED_FILE)
-    record = {"tar": digest, "compiled": compiled, "skipped": list(skipped)}
-    cache.put_record(COMPILED, compiled_key(wheel_sha256, build, root), record)
-
-
 class CompileQueue:
     """Wheels compiled as they arrive (a cold build's downloads), the largest waiting one first.
 
@@ -416,7 +376,7 @@ def bytecode_layer(
     compiled = sum(p.compiled for p in parts)
     skipped = tuple(sorted({s for p in parts for s in p.skipped}))
     record = cache.get_record("bytecode-layer", key)
-    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], LAYER_TAR)):
         layer = Layer(path, record["diff_id"], record["size"], epoch)
         return BytecodeLayer(layer, interpreter, compiled, skipped)
     files: dict[str, bytes] = {}

@@ -35,8 +35,8 @@ from packaging.utils import canonicalize_name
 from builder.cache import Cache
 from builder.errors import UserError
 from builder.layers.bytecode import Compiled, Interpreter, bytecode_layer
+from builder.layers.install_layout import LAYER_FORMAT
 from builder.layers.layer import (
-    LAYER_FORMAT,
     Layer,
     LayerFacts,
     LayerWheels,

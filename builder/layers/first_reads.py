@@ -39,11 +39,8 @@ from pathlib import Path
 
 from builder.cache import Cache
 from builder.inspect.members import UNREADABLE, unreadable
-from builder.layers.install_layout import install_entries
+from builder.layers.install_layout import LAYOUT_FORMAT, install_entries
 
-# Bump when the order changes, or where install_layout puts a wheel's files: it keys the layers
-# and the first reads kept in the cache (which name those installed paths).
-LAYOUT_FORMAT = "first-reads/2"  # 2: imports read line by line (_imports)
 # CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch" when
 # two threads parse at once); layers and compiles run on threads, so parses take turns.
 PARSING = threading.Lock()

@@ -35,6 +35,7 @@ from builder.cache import Cache
 from builder.contract import HOME, HOME_SEED, SANDBOX_USER
 from builder.errors import UserError
 from builder.layers.bytecode import normalized_tar
+from builder.layers.install_layout import LAYER_TAR
 from builder.layers.layer import Layer, keep, written
 from builder.plan.plan import ArchPlan, Plan
 
@@ -102,7 +103,7 @@ def seed_layer(
     key_text = "\n".join([SEED_FORMAT, image_id, str(epoch), *seeds])
     key = hashlib.sha256(key_text.encode()).hexdigest()
     record = cache.get_record("home-seed", key)
-    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], LAYER_TAR)):
         return Layer(path, record["diff_id"], record["size"], epoch)
     files = _seeded_files(client, image_id, seeds)
     root = HOME_SEED.strip("/")

@@ -16,11 +16,20 @@ import csv
 import hashlib
 import io
 import zipfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from tarfile import DIRTYPE, REGTYPE
 
-from builder.errors import UserError
+from builder.errors import UserError, shown
 from builder.inspect.members import checked_members, scripts
 
+# Bump when the order changes, or where install_layout puts a wheel's files: it keys the layers
+# and the first reads kept in the cache (which name those installed paths).
+LAYOUT_FORMAT = "first-reads/2"  # 2: imports read line by line (builder.layers.first_reads)
+# bump when the tar settings change (builder.layers.layer); the order within a layer, and the
+# installed paths the cached first reads name, have their own version (LAYOUT_FORMAT)
+LAYER_FORMAT = f"deps-extra-layer/4 {LAYOUT_FORMAT}"
+LAYER_TAR = "layer.tar"  # the cache's name of a layer tar (Cache.blob_path)
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 EXEC_MODE = 0o755
@@ -39,6 +48,7 @@ class Entry:
     member: str = ""
     size: int = 0
     wheel_name: str = ""
+    recorded: str = ""  # the wheel's RECORD hash of `member` ("sha256=…"; "" when none)
 
 
 def install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[Entry]:
@@ -73,8 +83,11 @@ def install_entries(archive: zipfile.ZipFile, index: int, wheel: str) -> list[En
             continue
         if data is None:
             mode = EXEC_MODE if executable else FILE_MODE
-            entries.append(Entry(target, mode, None, index, name, info.file_size, wheel))
-            record.append((target, *hashes.get(name, ("", str(info.file_size)))))
+            recorded = hashes.get(name, ("", str(info.file_size)))
+            entries.append(
+                Entry(target, mode, None, index, name, info.file_size, wheel, recorded[0])
+            )
+            record.append((target, *recorded))
         else:
             entries.append(Entry(target, EXEC_MODE, data, wheel_name=wheel))
             record.append((target, _hash(data), str(len(data))))
@@ -135,3 +148,95 @@ from {{module}} import {{head}}
 if __name__ == "__main__":
     sys.exit({{call}}())
 """
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One member the layer writer (builder.layers.layer.write_tar) puts in a layer's tar."""
+
+    mode: int
+    size: int  # 0 for a directory
+    sha256: str | None  # hex; None: a directory
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a tar as read: what `layer_mismatch` compares with what is expected."""
+
+    name: str
+    type: bytes
+    mode: int
+    uid: int
+    gid: int
+    owner: tuple[str, str]  # uname, gname
+    mtime: float
+    size: int
+    sha256: str | None  # hex of a regular file's bytes
+    headers: tuple[str, ...] = ()  # its pax header keys (global ones included)
+
+
+PAX_KEYS = frozenset({"path", "size"})  # the only pax headers the writer needs
+BLOCK = 512  # a tar's unit
+
+
+def tar_bound(expected: Mapping[str, Expected]) -> int:
+    """More bytes than the writer's tar of `expected` can take (headers, a pax header per
+    member, padding, the end): what a pulled tar may inflate to, at most."""
+
+    def blocks(size: int) -> int:
+        return -(-size // BLOCK) * BLOCK
+
+    per_member = sum(
+        3 * BLOCK + blocks(2 * len(name.encode()) + 64) + blocks(one.size)
+        for name, one in expected.items()
+    )
+    return per_member + 22 * BLOCK
+
+
+def recorded_sha256(recorded: str) -> str | None:
+    """The hex sha256 a RECORD hash ("sha256=<urlsafe base64>") names; None for another."""
+    algorithm, _, value = recorded.partition("=")
+    if algorithm != "sha256" or not value:
+        return None
+    try:
+        digest = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except ValueError:
+        return None
+    return digest.hex() if len(digest) == 32 else None
+
+
+def layer_mismatch(
+    expected: Mapping[str, Expected], members: Sequence[Member], epoch: int
+) -> str | None:
+    """Why a tar is not the layer the writer makes of some wheels (`expected`: every member it
+    writes, by name; `epoch`: their date); None when it holds exactly those members, each a
+    regular file or a directory owned by root, of the writer's mode, date and bytes.
+
+    A layer pulled from a registry is checked so before it stands for a wheel's layer
+    (builder.publish.cache_from): whoever pushed it chose its bytes and its diff ID alike.
+    """
+    seen: set[str] = set()
+    for member in members:
+        name = shown(member.name)
+        if member.name in seen:
+            return f"{name} appears twice"
+        seen.add(member.name)
+        want = expected.get(member.name)
+        if want is None:
+            return f"{name} is not a file these wheels install"
+        kind = DIRTYPE if want.sha256 is None else REGTYPE
+        if member.type != kind:
+            return f"{name} is not a {'directory' if want.sha256 is None else 'regular file'}"
+        if (member.uid, member.gid, member.owner) != (0, 0, ("", "")):
+            return f"{name} is not owned by root"
+        if member.mode != want.mode:
+            return f"{name} has mode {member.mode:o}, not {want.mode:o}"
+        if member.mtime != epoch:
+            return f"{name} is dated {member.mtime}, not {epoch}"
+        if stray := sorted(set(member.headers) - PAX_KEYS):
+            return f"{name} carries the header {shown(stray[0])}"
+        if (member.size, member.sha256) != (want.size, want.sha256):
+            return f"{name} does not hold what the wheel's RECORD says"
+    if missing := sorted(expected.keys() - seen):
+        return f"{shown(missing[0])} is missing"
+    return None

@@ -35,21 +35,27 @@ from pathlib import Path
 from typing import IO, Any, TypedDict
 
 from builder.cache import Cache
-from builder.digest import HashingWriter
+from builder.digest import HashingWriter, Sha256
 from builder.errors import UserError, shown
 from builder.inspect.members import UNREADABLE, unreadable
 from builder.inspect.wheels import newest_date
 from builder.layers.first_reads import (
-    LAYOUT_FORMAT,
     cached_first_reads,
     laid_out,
     wheel_first_reads,
 )
-from builder.layers.install_layout import DIR_MODE, Entry, install_entries
+from builder.layers.install_layout import (
+    DIR_MODE,
+    LAYER_FORMAT,
+    LAYER_TAR,
+    Entry,
+    Expected,
+    Member,
+    install_entries,
+    layer_mismatch,
+    recorded_sha256,
+)
 
-# bump when the tar settings change; the order within a layer, and the installed paths the
-# cached first reads name, have their own version (first_reads.LAYOUT_FORMAT)
-LAYER_FORMAT = f"deps-extra-layer/4 {LAYOUT_FORMAT}"
 ZIP_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 CHUNK = 1 << 20
 BLOCK = 512
@@ -147,7 +153,7 @@ def wheels_layer(group: LayerWheels, root: str, cache: Cache) -> Layer:
     """
     key = _layer_key([sha for sha, _ in group.wheels], group.shadowed, root)
     record = cache.get_record(WHEELS_LAYER, key)
-    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], "layer.tar")):
+    if record and (path := cache.checked_blob(record["diff_id"].split(":", 1)[1], LAYER_TAR)):
         return Layer(path, record["diff_id"], record["size"], record["sde"])
     files = [path for _, path in group.wheels]
     epoch = source_date_epoch(files)
@@ -169,6 +175,72 @@ def adopt_layer(
     `shadowed`, so `wheels_layer` finds it instead of laying the wheels out."""
     record = {"diff_id": layer.diff_id, "size": layer.size, "sde": layer.source_date_epoch}
     cache.put_record(WHEELS_LAYER, _layer_key(wheels, frozenset(shadowed), root), record)
+
+
+@dataclass(frozen=True)
+class ExpectedLayer:
+    """What `wheels_layer` writes of some wheels: every member by name, and their date."""
+
+    members: dict[str, Expected]
+    epoch: int
+
+
+def expected_layer(wheels: Sequence[Path], root: str, shadowed: frozenset[str]) -> ExpectedLayer:
+    """Every member `write_tar` writes of `wheels` under `root` leaving out `shadowed`, with
+    its bytes' sha256, and the layer's date. Only the wheels' zip directories, RECORDs and
+    generated files are read (a member its RECORD gives no sha256 is hashed from the zip), so
+    it costs a fraction of laying out."""
+    archives = [zipfile.ZipFile(wheel) for wheel in wheels]
+    try:
+        full, _ = _tree(archives, wheels, root.strip("/"), shadowed)
+        members = {name: _expected(entry, archives) for name, entry in full.items()}
+    finally:
+        for archive in archives:
+            archive.close()
+    return ExpectedLayer(members, source_date_epoch(wheels))
+
+
+def pulled_mismatch(layer: Layer, expected: ExpectedLayer) -> str | None:
+    """Why `layer` (a tar from a registry) is not the layer `expected` describes; None when
+    it holds exactly its members (builder.layers.install_layout.layer_mismatch)."""
+    if layer.source_date_epoch != expected.epoch:
+        return f"its date {layer.source_date_epoch} is not the wheels' {expected.epoch}"
+    with tarfile.open(layer.path, "r:") as tar:
+        members = [_member(tar, info) for info in tar]
+    return layer_mismatch(expected.members, members, expected.epoch)
+
+
+def _expected(entry: Entry, archives: Sequence[zipfile.ZipFile]) -> Expected:
+    if entry.data is not None:
+        return Expected(entry.mode, len(entry.data), Sha256.of(entry.data).hex)
+    if entry.wheel < 0:
+        return Expected(entry.mode, 0, None)
+    sha = recorded_sha256(entry.recorded)
+    if sha is None:  # RECORD gives no sha256 of it: its bytes say
+        with archives[entry.wheel].open(entry.member) as member:
+            sha = Sha256.read_from(member, CHUNK).hex
+    return Expected(entry.mode, entry.size, sha)
+
+
+def _member(tar: tarfile.TarFile, info: tarfile.TarInfo) -> Member:
+    sha = None
+    if info.type == tarfile.REGTYPE:
+        body = tar.extractfile(info)
+        assert body is not None  # a regular file has a body
+        sha = Sha256.read_from(body, CHUNK).hex
+    owner = (info.uname, info.gname)
+    return Member(
+        info.name,
+        info.type,
+        info.mode,
+        info.uid,
+        info.gid,
+        owner,
+        info.mtime,
+        info.size,
+        sha,
+        tuple({**tar.pax_headers, **info.pax_headers}),  # a global header counts too
+    )
 
 
 def _layer_key(wheels: Sequence[str], shadowed: frozenset[str], root: str) -> str:
@@ -384,7 +456,7 @@ def written(cache: Cache, write: Callable[[IO[bytes]], object]) -> tuple[Path, s
 def keep(temp: Path, diff_id: str, cache: Cache, epoch: int) -> Layer:
     """Move a written tar to its place in the cache (read by builders: mode 0644)."""
     size = temp.stat().st_size
-    final = cache.place(temp, diff_id, "layer.tar")
+    final = cache.place(temp, diff_id, LAYER_TAR)
     return Layer(final, f"sha256:{diff_id}", size, epoch)
 
 

@@ -45,9 +45,7 @@ from builder.layers.bytecode import (
     COMPILERS,
     CompileQueue,
     Compiler,
-    Interpreter,
     cancelled_on_error,
-    compiled_record,
 )
 from builder.layers.extras import (
     BytecodeFacts,
@@ -75,14 +73,14 @@ from builder.plan.plan import (
 from builder.plan.program_needs import ProgramNeed, program_needs
 from builder.publish.build_facts import (
     FACTS_LABEL,
-    Bytecode,
-    CompiledRecord,
+    FORMATS,
     LaidOut,
     facts_of,
 )
-from builder.publish.cache_from import FORMATS, Seeded, Seeding, open_source, seed
+from builder.publish.cache_from import Seeded, Seeding, open_source, seed
 from builder.publish.state import load_state
 from builder.publish.tags import extras_hash
+from builder.reporter import mask
 from builder.resolve.direct.fetch import fetch_all
 from builder.resolve.index import start_downloads
 from builder.resolve.requirements import RequirementSet, read_requirements
@@ -180,10 +178,11 @@ def prepare(
         pins = _pins(resolutions, chosen)
         lock = {file.sha256: file.filename for file in files}
         sources = [one.result() for one in opening]  # read while the set resolved
-        seeding = Seeding(grounds.cache, pulling, grounds.cache.warn, _build_of(compile_))
-        seeded = seed(asked, sources, lock, seeding)
         fetching = timeline.now()
         downloads = _start_downloads(files, requirements, grounds, fetch, limit)
+        warn = grounds.cache.warn
+        seeding = Seeding(grounds.cache, pulling, warn, downloads)
+        seeded = seed(asked, sources, lock, seeding)
         inspecting, feeding = _start_reading(downloads, grounds, pool, compile_, seeded)
         writing = _start_layers(pins, downloads, reuse_locks, grounds, pool, seeded)
         timeline.record("downloads", fetching)
@@ -330,29 +329,15 @@ def _start_reading(
     compile_: _Compiling | None,
     seeded: Seeded,
 ) -> tuple[Future[dict[str, WheelInspection]], Future[None] | None]:
-    """Each wheel inspected, and queued for its compile (every arch's once, after its bytecode's
-    pull from a --cache-from image, when it has one), as soon as it is here; the compile's feed
-    is None without bytecode."""
+    """Each wheel inspected (once the check of its record from a --cache-from image, if any,
+    ended), and queued for its compile (every arch's once), as soon as it is here; the
+    compile's feed is None without bytecode."""
     inspected = grounds.timeline.marker("inspected")
-    inspecting = pool.submit(inspect_as_ready, _as_ready(downloads), grounds.cache, done=inspected)
+    ready = _pulled_first(_as_ready(downloads), seeded.inspections)  # its record checked
+    inspecting = pool.submit(inspect_as_ready, ready, grounds.cache, done=inspected)
     if compile_ is None:
         return inspecting, None
-    ready = _pulled_first(_as_ready(downloads), seeded.compiles)
-    return inspecting, pool.submit(compile_.queue.add_as_ready, ready)
-
-
-def _build_of(compile_: _Compiling | None) -> Callable[[], str] | None:
-    """The compiling interpreter's build, waited for (None: no bytecode)."""
-    if compile_ is None:
-        return None
-    starting = compile_.starting
-
-    def build() -> str:
-        interpreter = starting.result().interpreter
-        assert interpreter is not None, "the Compiler identifies its interpreter on entry"
-        return interpreter.build
-
-    return build
+    return inspecting, pool.submit(compile_.queue.add_as_ready, _as_ready(downloads))
 
 
 def _start_layers(
@@ -585,7 +570,8 @@ def finish(
     if layers is None:
         layers = plan_layers(plan, cache, interpreter, group_budget(bool(plan.bytecode)))
     labels = labels_of(plan, settings, interpreter.build if interpreter else "none")
-    facts = build_facts(plan, layers, cache, interpreter) if layers else None
+    facts = build_facts(plan, layers, cache) if layers else None
+    facts = unmasked(facts)
     if facts is not None:
         labels = dict(sorted({**labels, FACTS_LABEL: digest_of(facts)}.items()))
     return Finish(layers, labels, created(plan_epoch(plan)), cache, facts)
@@ -605,17 +591,21 @@ def labels_of(plan: Plan, settings: Settings, bytecode: str) -> dict[str, str]:
     )
 
 
+def unmasked(facts: bytes | None) -> bytes | None:
+    """The build facts as they are when no remembered secret is in them, else None: masked
+    they would not be the bytes their label names, and they are never pushed unmasked, so the
+    image goes without facts (builder.reporter.mask)."""
+    if facts is None or mask(facts.decode(), urls=False) != facts.decode():
+        return None
+    return facts
+
+
 def build_facts(
-    plan: Plan,
-    layers: Mapping[str, tuple[ExtrasLayer, ...]],
-    cache: Cache,
-    interpreter: Interpreter | None,
+    plan: Plan, layers: Mapping[str, tuple[ExtrasLayer, ...]], cache: Cache
 ) -> bytes | None:
     """The build facts document of `plan` (builder.publish.build_facts): every wheel's
-    inspection, as the cache holds it, every distribution layer and, with bytecode compiled by
-    `interpreter`, every wheel's compile and bytecode layer; None when a wheel's inspection is
-    not in the cache (a plan made elsewhere: no facts rather than partial ones), no bytecode
-    facts when a compile is not."""
+    inspection, as the cache holds it, and every distribution layer; None when a wheel's
+    inspection is not in the cache (a plan made elsewhere: no facts rather than partial ones)."""
     wheels = {w.sha256: w.filename for arch in plan.arches for w in arch.wheels}
     inspections = [cached_inspection(cache, name, sha) for sha, name in sorted(wheels.items())]
     known = [one for one in inspections if one is not None]
@@ -623,19 +613,7 @@ def build_facts(
         return None
     stacks = [one for stack in layers.values() for one in stack if one.wheels]
     laid = [_laid_out(one) for one in stacks if one.kind == LayerKind.DISTRIBUTION]
-    bytecode = None
-    if interpreter is not None:
-        build = interpreter.build
-        found = {sha: compiled_record(cache, sha, build, EXTRA_DEPS) for sha in sorted(wheels)}
-        compiled = {
-            sha: CompiledRecord(compiled=one[0], skipped=list(one[1]))
-            for sha, one in found.items()
-            if one is not None
-        }
-        kept = [_laid_out(one) for one in stacks if one.kind == LayerKind.BYTECODE]
-        if len(compiled) == len(found):
-            bytecode = Bytecode(build, compiled, tuple(kept))
-    return facts_of(FORMATS, known, laid, bytecode).document()
+    return facts_of(FORMATS, known, laid).document()
 
 
 def _laid_out(one: ExtrasLayer) -> LaidOut:

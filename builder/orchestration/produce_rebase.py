@@ -32,6 +32,7 @@ from builder.errors import UserError
 from builder.layers.extras import holding_layers
 from builder.layers.gzipped import gzipped
 from builder.layers.home import image_env
+from builder.layers.install_layout import LAYER_TAR
 from builder.oci.mutate import ConfigChange, NewLayer, append, extend_config, top
 from builder.oci.name import ImageRef
 from builder.oci.remote import Blobs, BlobSource, InRepository, LocalFile, Written, resolve, write
@@ -208,7 +209,7 @@ def into_engine(
     digest. Otherwise the image is written by digest (no tag) and pulled by digest.
     """
     client = run.engines.for_arch(arch).client
-    tars = [run.cache.checked_blob(d.removeprefix("sha256:"), "layer.tar") for d in diff_ids]
+    tars = [run.cache.checked_blob(d.removeprefix("sha256:"), LAYER_TAR) for d in diff_ids]
     if all(tar is not None for tar in tars):
         try:
             image_id = load(client, config, [tar for tar in tars if tar is not None])

@@ -11,13 +11,14 @@ out again.
 Trust: a referrer can be added by anyone who may push to the repository, so the document is
 pinned by the image itself: its digest is a label of the image's config (`FACTS_LABEL`), the
 config the tool built and verification verified (the push checks it byte for byte), so the
-label costs nothing verification did not see. With bytecode, the document also says which
-interpreter build compiled it, what each wheel's compile made and each bytecode layer: a layer
-holding one wheel's bytecode alone and whole is that wheel's compile, read back. A reader
-takes only the attached document that hashes to the label, and every layer it names must be
-one of the config's diff IDs. The
-document is a function of the lock alone (records normalized through `WheelInspection`), so a
-cold build and a warm one label the same image the same way.
+label costs nothing verification did not see. A reader takes only the attached document that
+hashes to the label, and every layer it names must be one of the config's diff IDs; since REF's
+pusher chose that config too, a pulled layer is also checked against the run's own wheels
+before it counts (builder.layers.layer.pulled_mismatch). Bytecode is not in the document: a
+`.pyc` cannot be checked against its source without compiling it, so a run always compiles.
+The document holds what the run computed from its wheels and its layers (records normalized
+through `WheelInspection`), never what its cache happened to hold, so a cold build and a warm
+one of the same wheels, laid out the same way, label the same image the same way.
 
 Pure: the document's shape, and the decision which of a run's wheels it may serve
 (`reusable`); reading and pulling are cache_from's.
@@ -26,16 +27,19 @@ Pure: the document's shape, and the decision which of a run's wheels it may serv
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
-from builder.inspect.wheels import WheelInspection, WheelRecord
+from builder.errors import UserError
+from builder.inspect.wheels import SCHEMA, WheelInspection, WheelRecord, parse_filename
+from builder.layers.install_layout import LAYER_FORMAT
 from builder.oci.v1 import canonical
+from builder.plan.plan import EXTRA_DEPS
 
 FACTS_TYPE = "application/vnd.build-sandbox-image.facts.v1+json"  # the attachment's type
 FACTS_LABEL = "org.build-sandbox-image.facts"  # the config label: sha256 of the document
-FORMAT = "build-facts/1"  # bump when the document's shape changes
+FORMAT = "build-facts/2"  # bump when the document's shape changes
 
 
 @dataclass(frozen=True)
@@ -43,9 +47,11 @@ class Formats:
     """The formats a document's facts were made in: a run reuses only what it would make."""
 
     inspection: int  # builder.inspect.wheels.SCHEMA
-    layer: str  # builder.layers.layer.LAYER_FORMAT
+    layer: str  # builder.layers.install_layout.LAYER_FORMAT
     root: str  # where the distribution layers install (builder.plan.plan.EXTRA_DEPS)
-    bytecode: str  # builder.layers.bytecode.BYTECODE_FORMAT
+
+
+FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS)  # what this tool makes, so reuses
 
 
 class LaidOutRecord(TypedDict):
@@ -79,32 +85,13 @@ class LaidOut:
         )
 
 
-class CompiledRecord(TypedDict):
-    """What one wheel's compile made (builder.layers.bytecode.compiled_record)."""
-
-    compiled: int  # modules
-    skipped: list[str]  # sources that did not compile
-
-
-@dataclass(frozen=True)
-class Bytecode:
-    """The bytecode facts: the interpreter build that compiled it, what each wheel's compile
-    made, and each bytecode layer (its wheels are the distribution layer's below it)."""
-
-    interpreter: str
-    wheels: Mapping[str, CompiledRecord]  # wheel sha256 -> its compile
-    layers: tuple[LaidOut, ...]
-
-
 @dataclass(frozen=True)
 class BuildFacts:
-    """The document: formats, each wheel's inspection record, each distribution layer, and
-    the bytecode's facts when the images have bytecode."""
+    """The document: formats, each wheel's inspection record, each distribution layer."""
 
     formats: Formats
     inspections: Mapping[str, WheelRecord]  # wheel sha256 -> its record
     layers: tuple[LaidOut, ...]
-    bytecode: Bytecode | None = None
 
     def document(self) -> bytes:
         """Canonical JSON: the same facts give the same bytes, so the same label."""
@@ -115,31 +102,19 @@ class BuildFacts:
                 "inspection": formats.inspection,
                 "layer": formats.layer,
                 "root": formats.root,
-                "bytecode": formats.bytecode,
             },
             "wheels": {sha: dict(record) for sha, record in sorted(self.inspections.items())},
             "layers": [one.to_dict() for one in self.layers],
         }
-        if self.bytecode is not None:
-            document["bytecode"] = {
-                "interpreter": self.bytecode.interpreter,
-                "wheels": {sha: dict(one) for sha, one in sorted(self.bytecode.wheels.items())},
-                "layers": [one.to_dict() for one in self.bytecode.layers],
-            }
         return canonical(document)
 
 
 def facts_of(
-    formats: Formats,
-    inspections: Sequence[WheelInspection],
-    layers: Sequence[LaidOut],
-    bytecode: Bytecode | None = None,
+    formats: Formats, inspections: Sequence[WheelInspection], layers: Sequence[LaidOut]
 ) -> BuildFacts:
     """A build's facts, each record normalized (as it reads back), each layer once."""
     records = {one.sha256: one.to_dict() for one in inspections}
-    if bytecode is not None:
-        bytecode = replace(bytecode, layers=_once(bytecode.layers))
-    return BuildFacts(formats, records, _once(layers), bytecode)
+    return BuildFacts(formats, records, _once(layers))
 
 
 def _once(layers: Sequence[LaidOut]) -> tuple[LaidOut, ...]:
@@ -148,49 +123,74 @@ def _once(layers: Sequence[LaidOut]) -> tuple[LaidOut, ...]:
 
 
 def parse_facts(data: bytes) -> BuildFacts:
-    """The document `data` is; ValueError when it is not one of this format."""
-    document = json.loads(data)
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise ValueError(f"not a {FORMAT} document")
+    """The document `data` is; ValueError when it is not one of this format.
+
+    REF's pusher wrote it, so every field is checked for its type before anything reads it,
+    and no document, however deep or large its numbers, raises anything but ValueError.
+    """
     try:
-        formats = document["formats"]
+        document = json.loads(data)
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} document")
+        formats = _dict(document["formats"])
         found = Formats(
-            int(formats["inspection"]),
-            str(formats["layer"]),
-            str(formats["root"]),
-            str(formats["bytecode"]),
+            _count(formats["inspection"]), _text(formats["layer"]), _text(formats["root"])
         )
-        wheels = document["wheels"]
-        layers = _layers(document["layers"])
-        bytecode = None
-        if (compiled := document.get("bytecode")) is not None:
-            bytecode = Bytecode(
-                str(compiled["interpreter"]),
-                {
-                    str(sha): CompiledRecord(
-                        compiled=int(one["compiled"]), skipped=[str(s) for s in one["skipped"]]
-                    )
-                    for sha, one in compiled["wheels"].items()
-                },
-                _layers(compiled["layers"]),
-            )
-        records = {str(k): cast(WheelRecord, v) for k, v in wheels.items()}
-    except (KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"malformed build facts ({error})") from None
-    return BuildFacts(found, records, layers, bytecode)
+        records = {
+            _sha(sha): cast(WheelRecord, _dict(record))
+            for sha, record in _dict(document["wheels"]).items()
+        }
+        layers = tuple(_laid(_dict(one)) for one in _list(document["layers"]))
+    except (KeyError, TypeError, AttributeError, RecursionError, ArithmeticError) as error:
+        raise ValueError(f"malformed build facts ({type(error).__name__})") from None
+    return BuildFacts(found, records, layers)
 
 
-def _layers(value: Iterable[Any]) -> tuple[LaidOut, ...]:
-    return tuple(
-        LaidOut(
-            tuple(str(sha) for sha in one["wheels"]),
-            tuple(str(path) for path in one["shadowed"]),
-            str(one["diff_id"]),
-            int(one["size"]),
-            int(one["sde"]),
-        )
-        for one in value
+def _laid(one: dict[str, object]) -> LaidOut:
+    diff_id = _text(one["diff_id"])
+    _sha(diff_id.removeprefix("sha256:"))
+    if not diff_id.startswith("sha256:"):
+        raise TypeError("a diff ID")
+    return LaidOut(
+        tuple(_sha(sha) for sha in _list(one["wheels"])),
+        tuple(_text(path) for path in _list(one["shadowed"])),
+        diff_id,
+        _count(one["size"]),
+        _count(one["sde"]),
     )
+
+
+def _dict(value: object) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise TypeError("not an object")
+    return value
+
+
+def _list(value: object) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError("not a list")
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError("not a string")
+    return value
+
+
+def _count(value: object) -> int:
+    """A non-negative integer (a JSON `true`, a float, 1e400 are not)."""
+    if type(value) is not int or value < 0:
+        raise TypeError("not a count")
+    return value
+
+
+def _sha(value: object) -> str:
+    """A sha256 in hex, lower case, as a lock names a wheel."""
+    text = _text(value)
+    if len(text) != 64 or text.strip("0123456789abcdef"):
+        raise TypeError("not a sha256")
+    return text
 
 
 @dataclass(frozen=True)
@@ -201,9 +201,7 @@ class Reuse:
     inspections: Mapping[str, WheelInspection] = field(default_factory=dict)  # sha256 ->
     layers: tuple[LaidOut, ...] = ()
     distributions: frozenset[str] = frozenset()  # wheel sha256s
-    # each wheel's bytecode: the layer holding it alone and whole, and what its compile made
-    compiled: tuple[tuple[LaidOut, CompiledRecord], ...] = ()
-    interpreter: str | None = None  # the build that compiled it: only it may use it
+    refused: tuple[str, ...] = ()  # wheels whose record is not of their file name: why
 
 
 def reusable(
@@ -214,14 +212,16 @@ def reusable(
 
     An inspection is used only for a wheel of the lock, of the same file name and sha256, in
     this run's schema, that reads as one; a layer only when every wheel it holds is in the lock,
-    in this run's layer format and root, and the image holds it. A layer the image does not
-    hold means the document is not the image's: ValueError, nothing of it is used.
+    in this run's layer format and root, and the image holds it. A layer of wheels all in the
+    lock that the image does not hold means the document is not the image's: ValueError,
+    nothing of it is used. A layer holding a wheel not in the lock is ignored: a multi-arch
+    REF's facts name every arch's layers, and only the run's arches' images were read.
     """
     held = set(diff_ids)
-    named = (*facts.layers, *(facts.bytecode.layers if facts.bytecode else ()))
-    if stray := [one.diff_id for one in named if one.diff_id not in held]:
+    ours = [one for one in facts.layers if one.wheels and all(sha in lock for sha in one.wheels)]
+    if stray := [one.diff_id for one in ours if one.diff_id not in held]:
         raise ValueError(f"it names layer {stray[0][:19]} that the image does not hold")
-    inspections = {}
+    inspections, refused = {}, []
     if facts.formats.inspection == formats.inspection:
         for sha, record in facts.inspections.items():
             if (
@@ -231,42 +231,42 @@ def reusable(
                 and record.get("filename") == lock[sha]
                 and (inspection := _read(record)) is not None
             ):
+                named = inspection.name, inspection.version, inspection.tags
+                if _named(lock[sha]) != named:
+                    refused.append(f"{lock[sha]}: its record is not of its name, version, tags")
+                    continue
                 inspections[sha] = inspection
     same_layers = (facts.formats.layer, facts.formats.root) == (formats.layer, formats.root)
-    layers = tuple(
-        one
-        for one in facts.layers
-        if same_layers and one.wheels and all(sha in lock for sha in one.wheels)
-    )
+    layers = tuple(ours) if same_layers else ()
     laid = {sha for one in layers for sha in one.wheels}
-    compiled = _compiled(facts, formats, lock)
-    interpreter = facts.bytecode.interpreter if facts.bytecode else None
-    return Reuse(inspections, layers, frozenset(laid & inspections.keys()), compiled, interpreter)
+    distributions = frozenset(laid & inspections.keys())
+    return Reuse(inspections, layers, distributions, tuple(refused))
 
 
-def _compiled(
-    facts: BuildFacts, formats: Formats, lock: Mapping[str, str]
-) -> tuple[tuple[LaidOut, CompiledRecord], ...]:
-    """The bytecode layers that hold one wheel of the lock alone and whole (none left to a
-    later distribution), made in this run's bytecode format and root, with its compile's
-    record: what a wheel's compile would make is read back from them."""
-    compiled = facts.bytecode
-    same = (facts.formats.bytecode, facts.formats.root) == (formats.bytecode, formats.root)
-    if compiled is None or not same:
-        return ()
-    return tuple(
-        (one, compiled.wheels[one.wheels[0]])
-        for one in compiled.layers
-        if len(one.wheels) == 1
-        and not one.shadowed
-        and one.wheels[0] in lock
-        and one.wheels[0] in compiled.wheels
-    )
+def _named(filename: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """The name, version and tags a wheel's file name gives (as an inspection records them)."""
+    try:
+        return parse_filename(filename)
+    except UserError:
+        return None
 
 
 def _read(record: WheelRecord) -> WheelInspection | None:
-    """The inspection a record holds; None when it does not read as one of its schema."""
+    """The inspection a record holds; None when it does not read as one of its schema, with
+    each field of its type (what the plan reads of it)."""
+    texts = ("filename", "sha256", "name", "version")
+    lists = ("tags", "top_level", "requires")
+    counts = ("schema", "modules", "size", "installed_size", "newest")
     try:
-        return WheelInspection.from_dict(record)
-    except (KeyError, TypeError, ValueError, AttributeError):
+        for key in texts:
+            _text(record[key])  # type: ignore[literal-required]
+        for key in lists:
+            [_text(one) for one in _list(record[key])]  # type: ignore[literal-required]
+        for key in counts:
+            _count(record[key])  # type: ignore[literal-required]
+        inspection = WheelInspection.from_dict(record)
+        if inspection.to_dict() != record:  # normalized as this run writes it, nothing more
+            return None
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, ArithmeticError):
         return None
+    return inspection

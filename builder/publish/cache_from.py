@@ -5,13 +5,15 @@ What `REF`'s build learned is attached to each of its arch images as the build f
 while the set resolves: REF's images, the label, the attachment that hashes to it (no other
 is trusted). `seed` then gives the run what the document may serve it (`reusable`, for the
 lock's wheels only): each inspection record into the cache (inspect_as_ready finds it: no
-inspection), and each distribution layer pulled in parallel with the downloads, its gzip blob
-checked against the manifest's digest as it streams and its tar against the config's diff ID
-before it counts (Cache.writing_blob), then recorded where the layer writer looks
-(builder.layers.layer.adopt_layer: no layout). A wheel's bytecode layer, when it holds that
-wheel's bytecode alone and whole and the run's interpreter is the one that compiled it, is
-pulled the same way and read back as the wheel's compile (builder.layers.bytecode.
-adopt_compiled: no compile). REF's blobs are remembered as held by its repository
+inspection), and each distribution layer pulled in parallel with the downloads: its gzip blob
+inflated into a temporary file as it streams, the tar checked against the config's diff ID
+once it is whole (Cache.writing_blob), the blob against the manifest's digest after it has
+all streamed; then, once the wheels it holds are downloaded, the tar is checked against them
+(builder.layers.layer.pulled_mismatch: exactly the members, modes, owner, date and bytes the
+writer makes of them) and recorded where the layer writer looks
+(builder.layers.layer.adopt_layer: no layout). Bytecode is never taken from REF: a `.pyc`
+runs in place of its source and cannot be checked against it without compiling it, so the
+run compiles. REF's blobs are remembered as held by its repository
 (builder.publish.blob_memory), so a push to the same registry mounts them.
 
 Nothing here fails a run: a REF unreachable, absent, foreign (no facts, another format) or
@@ -24,42 +26,35 @@ image, not the image to its maker (give REF by digest, as the state's default is
 from __future__ import annotations
 
 import gzip
-import shutil
-import tarfile
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from builder import credentials
 from builder.cache import CHUNK, Cache
 from builder.errors import UserError
-from builder.inspect.wheels import RECORD_KIND, SCHEMA
-from builder.layers.bytecode import BYTECODE_FORMAT, adopt_compiled
-from builder.layers.layer import LAYER_FORMAT, Layer, adopt_layer
+from builder.inspect.wheel_reader import directory_facts
+from builder.inspect.wheels import RECORD_KIND, WheelInspection
+from builder.layers.install_layout import LAYER_TAR, tar_bound
+from builder.layers.layer import Layer, adopt_layer, expected_layer, pulled_mismatch
 from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import attached_document, referrers
 from builder.oci.remote import platform_image, read
 from builder.oci.transport import VerifiedBlob
 from builder.oci.v1 import Descriptor, Image, Index, Platform, digest_of
-from builder.plan.plan import EXTRA_DEPS
 from builder.publish.blob_memory import blob_memory
 from builder.publish.build_facts import (
     FACTS_LABEL,
     FACTS_TYPE,
+    FORMATS,
     BuildFacts,
-    CompiledRecord,
-    Formats,
     LaidOut,
-    Reuse,
     parse_facts,
     reusable,
 )
 from builder.retry import Retries
-
-FORMATS = Formats(SCHEMA, LAYER_FORMAT, EXTRA_DEPS, BYTECODE_FORMAT)  # what it makes and reuses
-LAYER_FILE = "layer.tar"  # the cache's name of a layer tar (builder.layers.layer)
 
 Warn = Callable[[str], None]
 
@@ -77,17 +72,18 @@ class Source:
 @dataclass
 class Seeded:
     """What the sources gave a run: each wheel's layer pull (sha256 -> it), each layer's
-    (diff ID -> it), each wheel's bytecode pull, and the wheels each source's facts served."""
+    (diff ID -> it), the wheels each source's facts served, and each wheel's inspection record
+    as it is checked against the download (sha256 -> it)."""
 
     sources: tuple[str, ...]  # the images asked, trusted or not
     pulls: dict[str, Future[bool]] = field(default_factory=dict)  # wheel sha256 -> its pull
     layers: dict[str, Future[bool]] = field(default_factory=dict)  # diff ID -> its pull
     reuse: dict[str, frozenset[str]] = field(default_factory=dict)  # ref -> wheels it serves
-    compiles: dict[str, Future[bool]] = field(default_factory=dict)  # sha256 -> its bytecode's
+    inspections: dict[str, Future[bool]] = field(default_factory=dict)  # sha256 -> its check
 
     def wait(self) -> None:
         """Every pull ended (a failed one warned and counts as not pulled)."""
-        for pull in (*self.layers.values(), *self.compiles.values()):
+        for pull in (*self.layers.values(), *self.inspections.values()):
             pull.result()
 
     def record(self, distributions: int, stacks: Iterable[LaidOut]) -> dict[str, object]:
@@ -96,12 +92,12 @@ class Seeded:
         pull gave, and its inspection came from the same source."""
         pulled = {diff_id for diff_id, pull in self.layers.items() if pull.result()}
         laid = {sha for one in stacks if one.diff_id in pulled for sha in one.wheels}
+        laid = {sha for sha in laid if sha in self.inspections and self.inspections[sha].result()}
         reused = {ref: len(shas & laid) for ref, shas in self.reuse.items()}
         return {
             "sources": list(self.sources),
             "reused": sum(reused.values()),
             "distributions": distributions,
-            "compiled": sum(1 for pull in self.compiles.values() if pull.result()),
             "by_source": reused,
         }
 
@@ -116,8 +112,8 @@ def open_source(
         registry = credentials.registry(ref, named, retries)
         images = _images(registry, read(registry), arches)
         return _trusted(named, registry, images)
-    except (UserError, ValueError, OSError) as error:  # RegistryError is a UserError
-        warn(f"--cache-from {named}: {str(error)[:300]}; building without it")
+    except Exception as error:  # REF's data, however crafted: one line (an interrupt is not)
+        warn(f"--cache-from {named}: {_said(error)[:300]}; building without it")
         return None
 
 
@@ -168,12 +164,12 @@ def _trusted(ref: str, registry: RepositoryClient, images: Sequence[Image]) -> S
 @dataclass(frozen=True)
 class Seeding:
     """Where a run's seeds go: its cache, the pool the pulls run on, its warnings, and its
-    interpreter's build (waited for; None: the run compiles no bytecode)."""
+    downloads (a pulled layer is checked against its wheels)."""
 
     cache: Cache
     pool: Executor
     warn: Warn
-    interpreter: Callable[[], str] | None = None
+    wheels: Mapping[str, Future[Path]]  # the run's downloads (sha256 ->): a pull checks them
 
 
 def seed(
@@ -184,7 +180,7 @@ def seed(
 ) -> Seeded:
     """The lock's wheels (sha256 -> file name) the sources (those of `asked` that are trusted)
     serve, first source first: their inspection records put in the cache now, their layers
-    (and bytecode) pulled on the pool."""
+    pulled on the pool."""
     cache, pool, warn = seeding.cache, seeding.pool, seeding.warn
     seeded = Seeded(tuple(ref.as_written for ref in asked))
     memory = blob_memory(cache)
@@ -196,90 +192,108 @@ def seed(
         left = {sha: name for sha, name in lock.items() if sha not in seeded.pulls}
         try:
             reuse = reusable(source.facts, FORMATS, left, tuple(source.blobs))
-        except ValueError as error:
-            warn(f"--cache-from {source.ref}: its build facts are not trusted: {error}")
+        except Exception as error:  # REF's data, however crafted: one line
+            warn(f"--cache-from {source.ref}: its build facts are not trusted: {_said(error)}")
             continue
-        _put_inspections(reuse, cache)
+        for why in reuse.refused:
+            warn(f"--cache-from {source.ref}: {why}; inspected here")
+        for sha, inspection in reuse.inspections.items():
+            if sha not in seeded.inspections:
+                job = pool.submit(_inspection, source, inspection, seeding)
+                seeded.inspections[sha] = job
         for one in reuse.layers:
             if one.diff_id in seeded.layers:
                 continue
-            pull = seeded.layers[one.diff_id] = pool.submit(_pulled, source, one, cache, warn)
+            pull = seeded.layers[one.diff_id] = pool.submit(_pulled, source, one, seeding)
             for sha in one.wheels:
                 seeded.pulls.setdefault(sha, pull)
         seeded.reuse[source.ref] = reuse.distributions
-        if seeding.interpreter is None or reuse.interpreter is None:
-            continue
-        for one, record in reuse.compiled:
-            if one.wheels[0] not in seeded.compiles:
-                compiled = (one, record, reuse.interpreter)
-                job = pool.submit(_compiled, source, compiled, seeding)
-                seeded.compiles[one.wheels[0]] = job
     return seeded
 
 
-def _put_inspections(reuse: Reuse, cache: Cache) -> None:
-    for sha, inspection in reuse.inspections.items():
-        cache.put_record(RECORD_KIND, sha, inspection.to_dict())
-
-
-PULL_ERRORS = (UserError, ValueError, OSError, EOFError, zlib.error, tarfile.TarError)
-
-
-def _pulled(source: Source, one: LaidOut, cache: Cache, warn: Warn) -> bool:
-    """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer;
-    False, with a warning, when the blob is not what the image says it is."""
+def _inspection(source: Source, inspection: WheelInspection, seeding: Seeding) -> bool:
+    """`inspection` put in the cache once the wheel is here and its file and zip directory say
+    what the record says (size, installed size, newest date: what a cold inspection reads of
+    them first); False, with a warning, when they do not."""
+    path = seeding.wheels[inspection.sha256].result()
+    recorded = inspection.size, inspection.installed_size, inspection.newest
     try:
-        layer = _pull(source, one, cache)
-    except PULL_ERRORS as error:
-        warn(_untrusted(source, one, error, "laid out here"))
+        if (found := directory_facts(path)) != recorded:
+            raise ValueError(f"its record says size, installed size, date {recorded}, not {found}")
+        seeding.cache.put_record(RECORD_KIND, inspection.sha256, inspection.to_dict())
+    except Exception as error:  # a record, however crafted, is one line
+        seeding.warn(f"--cache-from {source.ref}: {path.name}: {_said(error)}; inspected here")
         return False
-    adopt_layer(cache, one.wheels, one.shadowed, FORMATS.root, layer)
     return True
 
 
-def _compiled(
-    source: Source, compiled: tuple[LaidOut, CompiledRecord, str], seeding: Seeding
-) -> bool:
-    """A wheel's bytecode layer pulled and read back as its compile, when the run's interpreter
-    (waited for) is the one that compiled it; False (a warning when the layer is not what the
-    image says it is) when it is not."""
-    one, record, build = compiled
-    assert seeding.interpreter is not None
-    if seeding.interpreter() != build:
-        return False  # another interpreter: its compile would differ, so it compiles
-    summary = record["compiled"], tuple(record["skipped"])
+def _pulled(source: Source, one: LaidOut, seeding: Seeding) -> bool:
+    """`one`'s tar in the cache (pulled unless it is there), recorded as its wheels' layer once
+    it is checked against the run's own wheels (their downloads waited for first): whoever
+    pushed REF chose its config, so a diff ID alone does not say a tar is those wheels' layer.
+    What the facts say of it must fit those wheels before it is pulled: its date theirs, its
+    size no more than a layer of them can take (the inflating stops there). False, with a
+    warning, when the blob is not what the image says it is or not the wheels' layer."""
+    wheels = [seeding.wheels[sha].result() for sha in one.wheels]
+    layer = None
     try:
+        expected = expected_layer(wheels, FORMATS.root, frozenset(one.shadowed))
+        if one.sde != expected.epoch:
+            raise ValueError(f"its facts date it {one.sde}, not the wheels' {expected.epoch}")
+        if one.size > (bound := tar_bound(expected.members)):
+            raise ValueError(f"its facts say {one.size} bytes, more than the {bound} it can be")
         layer = _pull(source, one, seeding.cache)
-        adopt_compiled(seeding.cache, one.wheels[0], build, FORMATS.root, layer.path, summary)
-    except PULL_ERRORS as error:
-        seeding.warn(_untrusted(source, one, error, "compiled here"))
-        return False
-    return True
+        problem = pulled_mismatch(layer, expected)
+    except Exception as error:  # a blob or a tar, however crafted, is one line
+        problem = _said(error)
+    if layer is not None and problem is None:
+        adopt_layer(seeding.cache, one.wheels, one.shadowed, FORMATS.root, layer)
+        return True
+    names = ", ".join(wheel.name for wheel in wheels)
+    seeding.warn(_untrusted(source, one, f"{problem}; not the layer of {names}", "laid out here"))
+    return False
 
 
 def _pull(source: Source, one: LaidOut, cache: Cache) -> Layer:
-    """`one`'s tar in the cache: there already, or pulled, its gzip blob checked against the
-    manifest's digest as it streams and the tar against the diff ID before it is kept."""
-    hexdigest = one.diff_id.removeprefix("sha256:")
-    if cache.checked_blob(hexdigest, LAYER_FILE) is None:
+    """`one`'s tar in the cache: there already, or pulled, its gzip blob inflated into a
+    temporary file (no more than the size its facts say: a blob inflating past it stops there,
+    and nothing is kept), the tar checked against the diff ID once it is whole, the blob
+    against the manifest's digest once it has all streamed."""
+    hexdigest = _hex(one)
+    if cache.checked_blob(hexdigest, LAYER_TAR) is None:
         blob = source.blobs[one.diff_id]
 
         def unpacked(stream: VerifiedBlob) -> None:  # restartable: a new temp file each
             with (
-                cache.writing_blob(hexdigest, LAYER_FILE) as out,  # checked: the diff ID
+                cache.writing_blob(hexdigest, LAYER_TAR) as out,  # checked: the diff ID
                 gzip.GzipFile(fileobj=stream, mode="rb") as tar,  # type: ignore[call-overload]
             ):
-                shutil.copyfileobj(tar, out, CHUNK)
+                written = 0
+                while chunk := tar.read(CHUNK):
+                    written += len(chunk)
+                    if written > one.size:  # the partial file goes with the context
+                        raise ValueError(f"it inflates past the {one.size} bytes its facts say")
+                    out.write(chunk)
 
         source.registry.read_blob(blob.digest, unpacked)
-    path = cache.blob_path(hexdigest, LAYER_FILE)
+    path = cache.blob_path(hexdigest, LAYER_TAR)
     if path.stat().st_size != one.size:
         raise ValueError(f"{path.stat().st_size} bytes, not the {one.size} its facts say")
     return Layer(path, one.diff_id, one.size, one.sde)
 
 
-def _untrusted(source: Source, one: LaidOut, error: BaseException, instead: str) -> str:
+def _hex(one: LaidOut) -> str:
+    return one.diff_id.removeprefix("sha256:")
+
+
+def _untrusted(source: Source, one: LaidOut, error: Exception | str, instead: str) -> str:
+    said = error if isinstance(error, str) else _said(error)
     return (
         f"--cache-from {source.ref}: layer {one.diff_id[:19]} is not trusted"
-        f" ({str(error)[:200]}); {instead}"
+        f" ({said[:200]}); {instead}"
     )
+
+
+def _said(error: Exception) -> str:
+    """An error as one line: its message, or its kind when it has none (a RecursionError)."""
+    return " ".join(str(error).split()) or type(error).__name__

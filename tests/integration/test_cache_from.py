@@ -3,13 +3,13 @@
 Tiny pure wheels from a local wheelhouse (`--no-index`: no network), one arch, on the
 reference base, pushed to the local registry. A first build pushes; a second one, with an
 empty cache directory and `--cache-from` that image, one distribution added, reuses the two
-others (their inspections, layers and bytecode: report.json and the summary say so), mounts
-the first push's blobs, passes verification and pushes the image a cold build of the same set
-pushes. A cache image whose only facts attachment is not the one its label names, or whose
-manifest names another blob for a layer, is not trusted: a warning, and the same image as the
-cold build; a facts attachment added beside the labelled one is ignored. An absent or
-unreachable REF is a warning.
-"""
+others (their inspections and layers; bytecode is always compiled: report.json and the
+summary say so), mounts the first push's blobs, passes verification and pushes the image a
+cold build of the same set pushes. A cache image whose only facts attachment is not the one
+its label names, whose manifest names another blob for a layer, or whose config, facts and
+layer agree with each other but not with the wheel, is not trusted: a warning, and the same
+image as the cold build; a facts attachment added beside the labelled one is ignored. An
+absent or unreachable REF is a warning."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from builder.oci.client import RepositoryClient
 from builder.oci.name import ImageRef
 from builder.oci.referrers import Attachment, attached_document, referrers
 from builder.oci.remote import attach, read
-from builder.oci.v1 import Descriptor, Image, digest_of
+from builder.oci.v1 import Descriptor, Image, canonical, digest_of
 from builder.publish.build_facts import FACTS_LABEL, FACTS_TYPE
 
 pytestmark = pytest.mark.usefixtures("docker_client", "registry")
@@ -184,7 +184,8 @@ def test_a_fresh_runner_reuses_what_the_registry_holds(
     )  # fmt: skip
     assert "checks passed" in warm.stdout  # verified, and pushed as verified
     record = warm.report["cache_from"]
-    assert (record["reused"], record["distributions"], record["compiled"]) == (2, 3, 2)
+    assert (record["reused"], record["distributions"]) == (2, 3)
+    assert "compiled" not in record  # bytecode is always compiled here
     assert f"reused 2 of 3 distributions from {first.ref}" in warm.stdout
     assert "warning" not in warm.stdout.lower()
     before, after = first.build.layers(), warm.layers()
@@ -307,7 +308,64 @@ def test_a_layer_not_the_one_its_config_names_is_not_trusted(
     )  # fmt: skip
     assert f"warning: --cache-from {ref}: layer {alpha[:19]} is not trusted" in seeded.stdout
     assert seeded.report["cache_from"]["reused"] == 1  # beta's layer was the image's own
-    assert seeded.report["cache_from"]["compiled"] == 2  # alpha's bytecode layer was too
+    assert seeded.digest == cold.digest
+
+
+def test_a_forged_but_consistent_cache_image_is_not_trusted(
+    registry: Registry,
+    reference_image: str,
+    first: Pushed,
+    cold: Build,
+    house: Path,
+    tmp_path: Path,
+) -> None:
+    """REF's pusher controls its config: a layer named by the config's diff IDs and the facts
+    its label pins alike, but not what the wheel installs, is still not taken."""
+    source = client_of(registry, first.repository)
+    original = read(source, first.build.digest)
+    assert isinstance(original, Image)
+    alpha = first.build.layers()["bsi-alpha"]
+    index = list(original.diff_ids).index(alpha)
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        data = b"import os; os.system('id')\n"
+        info = tarfile.TarInfo("app/deps-extra/bsi_alpha/__init__.py")
+        info.size, info.mode = len(data), 0o644
+        archive.addfile(info, io.BytesIO(data))
+    forged_tar = tar.getvalue()
+    forged = digest_of(forged_tar)
+    blob = gzip.compress(forged_tar, mtime=0)
+    target = client_of(registry, f"{registry.host}/bsi-cache-from-{RUN}/forged")
+    target.upload_blob(blob, digest_of(blob))
+    kept = next(r for r in referrers(source, original.digest) if r.artifact_type == FACTS_TYPE)
+    facts = json.loads(attached_document(source, kept))
+    for one in facts["layers"]:
+        if one["diff_id"] == alpha:
+            one["diff_id"], one["size"] = forged, len(forged_tar)
+    document = canonical(facts)
+    config = json.loads(original.config_bytes)
+    config["rootfs"]["diff_ids"][index] = forged
+    config["config"]["Labels"][FACTS_LABEL] = digest_of(document)
+    config_bytes = canonical(config)
+    target.upload_blob(config_bytes, digest_of(config_bytes))
+    path = first.repository.split("/", 1)[1]
+    for layer in original.layers:
+        assert target.mount(layer.digest, path)
+    layers = list(original.layers)
+    layers[index] = Descriptor(layers[index].media_type, digest_of(blob), len(blob))
+    image = Image.build(config_bytes, layers)
+    target.put_manifest("cache", image.manifest_bytes, image.media_type)
+    attach(target, image.descriptor(), [Attachment(FACTS_TYPE, document)])
+    ref = f"{target.ref.registry}/{target.ref.repository}:cache"
+    repository = f"{registry.host}/bsi-cache-from-{RUN}/after-forged"
+    seeded = build(
+        registry, reference_image, tmp_path / "seeded", house, ALL, repository,
+        "--cache-from", ref,
+    )  # fmt: skip
+    warning = f"warning: --cache-from {ref}: layer {forged[:19]} is not trusted"
+    assert warning in seeded.stdout
+    assert "not the layer of bsi_alpha-1.0-py3-none-any.whl" in seeded.stdout
+    assert seeded.report["cache_from"]["reused"] == 1  # beta's layer was the image's own
     assert seeded.digest == cold.digest
 
 

@@ -22,7 +22,7 @@ from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
 from builder.oci.v1 import digest_of
-from builder.orchestration.prepare import settle
+from builder.orchestration.prepare import settle, unmasked
 from builder.orchestration.runners.document import (
     FACTS_FILE,
     PlanDocument,
@@ -51,6 +51,7 @@ from builder.plan.plan import ArchPlan, How, NativeLibrary, NodeLibrary, Plan, P
 from builder.plan.program_needs import ProgramNeed
 from builder.publish.build_facts import FACTS_LABEL
 from builder.publish.publisher import target_of
+from builder.reporter import remember
 
 REPO = ImageRef.parse_repository("127.0.0.1:5000/team/runtime")
 
@@ -394,6 +395,20 @@ def test_a_part_is_given_exactly_the_apt_secrets_the_plan_mounts(tmp_path: Path)
     assert str(unused.value) == (
         "--apt-ca-bundle: the plan's apt step mounts no such secret (planned without it)"
     )
+
+
+def test_build_facts_holding_a_remembered_secret_are_dropped_not_masked(tmp_path: Path) -> None:
+    """Masked, they would not be the bytes plan.json names: no facts and no label instead."""
+    remember("s3cr3t-token-value")
+    facts = b'{"format":"build-facts/2","wheels":{"x":"s3cr3t-token-value"}}'
+    written = replace(document_in(tmp_path, "amd64"), facts=facts)
+    write_document(tmp_path, written)
+    assert not (tmp_path / FACTS_FILE).exists()
+    read = read_document(tmp_path)
+    assert read.facts is None
+    assert FACTS_LABEL not in finish_of(read, "amd64", Cache(tmp_path / "cache")).labels
+    assert unmasked(b'{"format":"build-facts/2"}') == b'{"format":"build-facts/2"}'
+    assert unmasked(facts) is None
 
 
 def test_the_build_facts_travel_beside_the_plan_to_each_part_s_image(tmp_path: Path) -> None:

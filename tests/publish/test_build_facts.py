@@ -9,8 +9,6 @@ import pytest
 
 from builder.inspect.wheels import SCHEMA, WheelInspection
 from builder.publish.build_facts import (
-    Bytecode,
-    CompiledRecord,
     Formats,
     LaidOut,
     facts_of,
@@ -18,7 +16,7 @@ from builder.publish.build_facts import (
     reusable,
 )
 
-FORMATS = Formats(SCHEMA, "deps-extra-layer/4", "/app/deps-extra", "bytecode/2")
+FORMATS = Formats(SCHEMA, "deps-extra-layer/4", "/app/deps-extra")
 A, B, C = ("a" * 64, "b" * 64, "c" * 64)
 
 
@@ -96,6 +94,20 @@ def test_a_layer_holding_a_wheel_the_lock_lacks_is_not_reused() -> None:
     assert not found.layers and not found.distributions
 
 
+def test_another_arch_s_layer_the_images_read_lack_is_ignored() -> None:
+    """A multi-arch REF: its facts name the arm64 image's layer of an arm64 wheel (D), which
+    an amd64 run neither locks nor read the image of: no warning, the rest is reused."""
+    d = "d" * 64
+    facts = facts_of(
+        FORMATS,
+        [inspection(A, "alpha"), inspection(d, "delta")],
+        [layer(A, diff="1"), layer(d, diff="9"), layer(A, d, diff="8")],
+    )
+    found = reusable(facts, FORMATS, {A: LOCK[A]}, HELD)
+    assert found.layers == (layer(A, diff="1"),)
+    assert found.distributions == {A}
+
+
 def test_a_document_naming_a_layer_the_image_lacks_is_refused_whole() -> None:
     with pytest.raises(ValueError, match="does not hold"):
         reusable(FACTS, FORMATS, LOCK, HELD[:2])
@@ -103,7 +115,7 @@ def test_a_document_naming_a_layer_the_image_lacks_is_refused_whole() -> None:
 
 @pytest.mark.parametrize(
     "document",
-    [b"[]", b'{"format": "build-facts/0"}', b'{"format": "build-facts/1", "formats": {}}'],
+    [b"[]", b'{"format": "build-facts/0"}', b'{"format": "build-facts/2", "formats": {}}'],
 )
 def test_a_document_of_another_shape_is_a_value_error(document: bytes) -> None:
     with pytest.raises(ValueError):
@@ -117,21 +129,56 @@ def test_the_document_is_json_with_sorted_keys() -> None:
         "inspection": SCHEMA,
         "layer": "deps-extra-layer/4",
         "root": "/app/deps-extra",
-        "bytecode": "bytecode/2",
     }
-    assert "bytecode" not in document  # none compiled
+    assert "bytecode" not in document  # never: a .pyc cannot be checked against its source
 
 
-def test_a_wheel_s_own_whole_bytecode_layer_is_its_compile() -> None:
-    records = {A: CompiledRecord(compiled=3, skipped=[]), B: CompiledRecord(compiled=1, skipped=[])}
-    shadowed = replace(layer(B, diff="4"), shadowed=("beta/x.py",))
-    layers = (layer(A, diff="3"), shadowed, layer(A, B, diff="5"))
-    facts = replace(FACTS, bytecode=Bytecode("build-1", records, layers))
-    held = (*HELD, *(f"sha256:{d * 64}" for d in "345"))
-    assert parse_facts(facts.document()) == facts
-    found = reusable(facts, FORMATS, LOCK, held)
-    assert found.interpreter == "build-1"
-    assert found.compiled == ((layers[0], records[A]),)  # not one leaving a file, nor a bucket
-    assert not reusable(facts, replace(FORMATS, bytecode="bytecode/3"), LOCK, held).compiled
-    with pytest.raises(ValueError, match="does not hold"):
-        reusable(facts, FORMATS, LOCK, HELD)  # a bytecode layer the image lacks
+@pytest.mark.parametrize(
+    "document",
+    [
+        b"[" * 100000 + b"]" * 100000,  # deeper than the parser recurses
+        b'{"format": "build-facts/2", "formats": {"inspection": 1e400, "layer": "", "root": ""}}',
+        b'{"format": "build-facts/2", "formats": {"inspection": true, "layer": "", "root": ""}}',
+    ],
+)
+def test_a_crafted_document_is_a_value_error_never_a_crash(document: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_facts(document)
+
+
+def test_a_crafted_record_or_layer_is_a_value_error() -> None:
+    good = json.loads(FACTS.document())
+    assert parse_facts(json.dumps(good).encode()) == FACTS
+    forged: list[dict[str, object]] = []
+    for key, value in (
+        ("wheels", {A: ["a", "list"]}),  # a record that is a list
+        ("wheels", {"A" * 64: good["wheels"][A]}),  # not a sha256
+        ("layers", [{**good["layers"][0], "size": -1}]),
+        ("layers", [{**good["layers"][0], "size": 1e400}]),
+        ("layers", [{**good["layers"][0], "wheels": [[A]]}]),
+        ("layers", [{**good["layers"][0], "diff_id": "sha256:../x"}]),
+        ("layers", {"not": "a list"}),
+    ):
+        forged.append({**good, key: value})
+    for document in forged:
+        with pytest.raises(ValueError):
+            parse_facts(json.dumps(document).encode())
+
+
+def test_a_record_whose_fields_are_of_another_type_is_not_used() -> None:
+    record = dict(FACTS.inspections[A])
+    for key, value in (("name", ["alpha"]), ("top_level", [1]), ("newest", 1.5), ("size", -3)):
+        lying = {**FACTS.inspections, A: {**record, key: value}}
+        found = reusable(replace(FACTS, inspections=lying), FORMATS, LOCK, HELD)  # type: ignore[arg-type]
+        assert A not in found.inspections, key
+    assert A in reusable(FACTS, FORMATS, LOCK, HELD).inspections
+
+
+def test_a_record_not_of_its_file_name_is_refused_with_a_reason() -> None:
+    """What a cold inspection reads of the file name first (name, version, tags) must agree."""
+    for key, value in (("name", "other"), ("version", "2.0"), ("tags", ["cp313-none-any"])):
+        lying = {**FACTS.inspections, A: {**FACTS.inspections[A], key: value}}
+        found = reusable(replace(FACTS, inspections=lying), FORMATS, LOCK, HELD)  # type: ignore[arg-type]
+        assert A not in found.inspections and A not in found.distributions, key
+        assert found.refused and LOCK[A] in found.refused[0]
+    assert not reusable(FACTS, FORMATS, LOCK, HELD).refused

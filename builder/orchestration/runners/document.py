@@ -35,7 +35,7 @@ from builder.layers.extras import LAYER_FILE, ExtrasLayer, LayerKind, LayerRecor
 from builder.layers.layer import Layer
 from builder.oci.name import ImageRef
 from builder.oci.v1 import digest_of
-from builder.orchestration.prepare import build_parameters, finish
+from builder.orchestration.prepare import build_parameters, finish, unmasked
 from builder.plan.plan import Plan
 from builder.resolve.resolution import redact
 from builder.resolve.target import BaseFacts, BaseProfile
@@ -90,7 +90,10 @@ def write_plan(plan: Plan, settings: Settings, cache: Cache) -> Path:
 
 
 def write_document(output: Path, document: PlanDocument) -> Path:
-    """PLAN/plan.json, the layers named by their file in the context."""
+    """PLAN/plan.json, the layers named by their file in the context, and the build facts
+    beside it unless a remembered secret is in them (written masked they would not be the
+    bytes plan.json names; the parts' images then go without facts)."""
+    facts = unmasked(document.facts)
     layers = {
         arch: [_layer_record(one) for one in stack] for arch, stack in document.layers.items()
     }
@@ -102,10 +105,10 @@ def write_document(output: Path, document: PlanDocument) -> Path:
         "settings": _encode(_portable(document.settings, HERE)),
         "platform_version": document.settings.platform_version,  # for a reader: derived
         "parameters": _encode(document.parameters),
-        "facts": digest_of(document.facts) if document.facts else None,
+        "facts": digest_of(facts) if facts else None,
     }
-    if document.facts:  # beside it: the parts attach these bytes, which the label names
-        add_to_output(output, FACTS_FILE, document.facts)
+    if facts:  # beside it: the parts attach these bytes, which the label names
+        add_to_output(output, FACTS_FILE, facts)
     # listed in the context's marker: a next run into the same --output replaces it as its own
     add_to_output(output, PLAN_FILE, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode())
     return output / PLAN_FILE
