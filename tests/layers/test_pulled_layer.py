@@ -3,6 +3,7 @@ what the writer makes of them: the same members, types, modes, owner, date and b
 
 from __future__ import annotations
 
+import copy as copy_module
 import io
 import tarfile
 from collections.abc import Callable
@@ -18,6 +19,15 @@ from builder.layers.layer import Layer, expected_layer, pulled_mismatch
 
 ROOT = "/app/deps-extra"
 Forge = Callable[[tarfile.TarInfo, bytes], list[tuple[tarfile.TarInfo, bytes]]]
+
+
+def changed(info: tarfile.TarInfo, **fields: object) -> tarfile.TarInfo:
+    """A copy of `info` with `fields` changed (TarInfo.replace is Python 3.12's; 3.11 is the
+    floor)."""
+    copy = copy_module.copy(info)
+    for name, value in fields.items():
+        setattr(copy, name, value)
+    return copy
 
 
 def check(layer: Layer, files: list[Path], shadowed: frozenset[str] = frozenset()) -> str | None:
@@ -47,7 +57,7 @@ def extra(info: tarfile.TarInfo, body: bytes) -> list[tuple[tarfile.TarInfo, byt
 
 
 def replace_name(info: tarfile.TarInfo, name: str) -> tarfile.TarInfo:
-    return info.replace(name=name)
+    return changed(info, name=name)
 
 
 def edit(change: Callable[[tarfile.TarInfo, bytes], tuple[tarfile.TarInfo, bytes] | None]) -> Forge:
@@ -61,7 +71,7 @@ def edit(change: Callable[[tarfile.TarInfo, bytes], tuple[tarfile.TarInfo, bytes
 
 
 def symlinked(info: tarfile.TarInfo, body: bytes) -> tuple[tarfile.TarInfo, bytes]:
-    link = info.replace(linkname="/etc/passwd")
+    link = changed(info, linkname="/etc/passwd")
     link.type = tarfile.SYMTYPE
     return link, b""
 
@@ -69,13 +79,13 @@ def symlinked(info: tarfile.TarInfo, body: bytes) -> tuple[tarfile.TarInfo, byte
 FORGES: dict[str, tuple[Forge, str]] = {
     "an extra file": (extra, "is not a file these wheels install"),
     "a path out of the root": (
-        edit(lambda info, body: (info.replace(name="app/deps-extra/../../etc/profile"), body)),
+        edit(lambda info, body: (changed(info, name="app/deps-extra/../../etc/profile"), body)),
         "is not a file these wheels install",
     ),
     "a symlink": (edit(symlinked), "is not a regular file"),
-    "a setuid file": (edit(lambda info, body: (info.replace(mode=0o4755), body)), "has mode"),
-    "another owner": (edit(lambda info, body: (info.replace(uid=1000), body)), "owned by root"),
-    "another date": (edit(lambda info, body: (info.replace(mtime=1), body)), "is dated"),
+    "a setuid file": (edit(lambda info, body: (changed(info, mode=0o4755), body)), "has mode"),
+    "another owner": (edit(lambda info, body: (changed(info, uid=1000), body)), "owned by root"),
+    "another date": (edit(lambda info, body: (changed(info, mtime=1), body)), "is dated"),
     "other bytes": (
         edit(lambda info, body: (info, b"import os; os.system('id')\n")),
         "does not hold what the wheel's RECORD says",
