@@ -13,6 +13,7 @@ absent or unreachable REF is a warning."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -22,11 +23,14 @@ import sys
 import tarfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from docker.errors import APIError
+from support.images import local_images
 from support.machine import Registry
 from support.wheelfactory import make_wheel
 
@@ -63,6 +67,17 @@ class Build:
             for one in stack
             if one["kind"] == "distribution" and len(one["distributions"]) == 1
         }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _images_removed(docker_client: Any) -> Iterator[None]:
+    """The module's local tags (bsi-cache-from-RUN/...) removed when it ends, and the images
+    only they kept: every build here tags one, and a rerun must not pile them up."""
+    yield
+    for image_id, tags in local_images(docker_client):
+        if tags and all(tag.startswith(f"bsi-cache-from-{RUN}/") for tag in tags):
+            with contextlib.suppress(APIError):  # gone already: another cleanup's
+                docker_client.images.remove(image_id, force=True)
 
 
 @pytest.fixture(scope="module")
