@@ -167,35 +167,33 @@ def assemble(
     extras: Sequence[ExtrasLayer],
     assembly: Assembly,
     cache: Cache,
-    held: int = 0,
 ) -> Assembled:
     """The system image plus the `extras` layers, loaded into the engine (unless it has
-    it) and tagged. The engine holds the bottom `held` of them already (in an image it has),
-    so their tars are not sent again.
+    it) and tagged. The tars of the bottom extras the engine already holds on the system
+    image (`held_layers`: an earlier build's, or `preload`'s while the bytecode compiled) are
+    not sent again.
 
     The exact config needs the system image's, which only its save gives, after a few seconds;
     so the first time, the extras layers are loaded meanwhile under a provisional config
     (the same layers), and the final config follows with no layer to send.
     """
     arch = assembly.arch
-    found = client.images.get(system_id).attrs
-    if found.get("Architecture") != arch:
-        raise UserError(f"image {system_id}: built as {found.get('Architecture')}, not {arch}")
-    below: list[str] = list((found.get("RootFS") or {}).get("Layers") or [])
+    below = system_layers(client, system_id, arch)
     check_layer_count(len(below), len(extras), f"the {arch} image")
     tars = [one.layer.path for one in extras]
     diff_ids = [one.layer.diff_id for one in extras]
+    held = held_layers(client, arch, below, diff_ids)
     base = cached_config(system_id, cache)
     preloading: Future[str] | None = None
     try:
         if base is None:
             with ThreadPoolExecutor(max_workers=1) as pool:
-                preloading = pool.submit(_preload, client, arch, [*below, *diff_ids], tars)
+                preloading = pool.submit(_preload, client, arch, [*below, *diff_ids], tars, held)
                 keep = below[-1] if assembly.apt_layer and below else None
                 base = read_save(client, system_id, cache, keep_layer=keep).config
             preloading.result()
         data = canonical(extend_config(base, *_on_top(extras, assembly)))
-        image_id = load(client, data, [] if preloading else tars[held:])
+        image_id = load(client, data, tars, len(tars) if preloading else held)
     finally:  # the final image holds the layers now (or nothing does): the save may have failed
         if preloading and preloading.done() and not preloading.exception():
             client.api.remove_image(preloading.result(), noprune=False)
@@ -203,6 +201,63 @@ def assemble(
     repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
     client.api.tag(image_id, repository, name or "latest")
     return Assembled(arch, image_id, data, system_id, tuple(extras))
+
+
+def preload(
+    client: docker.DockerClient, system_id: str, arch: str, extras: Sequence[ExtrasLayer]
+) -> str | None:
+    """Load `extras` on the system image under a provisional config, before the image's own
+    layers above them exist (its bytecode being compiled): `assemble` then finds them held and
+    sends only the rest. The provisional image's id, which the caller removes once the image is
+    assembled; None when the engine held them all already (a rerun)."""
+    below = system_layers(client, system_id, arch)
+    diff_ids = [one.layer.diff_id for one in extras]
+    held = held_layers(client, arch, below, diff_ids)
+    if held == len(diff_ids):
+        return None
+    tars = [one.layer.path for one in extras]
+    return _preload(client, arch, [*below, *diff_ids], tars, held)
+
+
+def system_layers(client: docker.DockerClient, system_id: str, arch: str) -> list[str]:
+    """The system image's diff IDs, bottom to top, refusing one built for another arch."""
+    found = client.images.get(system_id).attrs
+    if found.get("Architecture") != arch:
+        raise UserError(f"image {system_id}: built as {found.get('Architecture')}, not {arch}")
+    return list((found.get("RootFS") or {}).get("Layers") or [])
+
+
+def held_layers(
+    client: docker.DockerClient, arch: str, below: Sequence[str], diff_ids: Sequence[str]
+) -> int:
+    """How many of `diff_ids`, bottom up, the engine holds on the layers `below`.
+
+    The engine answers no such question; but a load whose archive holds no layer tar succeeds
+    exactly when the engine holds the whole chain (it reads a layer's tar only when it lacks the
+    layer), and holding a chain means holding every shorter one. So a bisection of such loads
+    finds the count, under 0.1 s each; each one loaded is removed at once. The whole chain is
+    tried first: a rerun holds it all.
+    """
+    if _holds_chain(client, arch, [*below, *diff_ids]):
+        return len(diff_ids)
+    low, high = 0, len(diff_ids) - 1  # the engine holds `low` of them, and not more than `high`
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _holds_chain(client, arch, [*below, *diff_ids[:middle]]):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _holds_chain(client: docker.DockerClient, arch: str, diff_ids: Sequence[str]) -> bool:
+    probe = bare_config(arch, diff_ids, {"bsi.provisional": uuid.uuid4().hex})
+    try:
+        image_id = load(client, probe, [], 0)
+    except UserError:
+        return False
+    client.api.remove_image(image_id, noprune=True)
+    return True
 
 
 def _on_top(
@@ -224,32 +279,48 @@ def _on_top(
     return layers, change
 
 
-def load(client: docker.DockerClient, config: bytes, tops: Sequence[Path]) -> str:
+def load(client: docker.DockerClient, config: bytes, tars: Sequence[Path], held: int) -> str:
     """Load the image `config` describes into the engine (unless it has it); its image id.
 
-    Only the top layers' tars travel (`tops`, bottom to top; none when the engine has them
-    too): the engine must already hold every layer below them (an image it has built or
-    pulled on exactly those diff IDs), else docker load fails.
+    `tars` are the layers above the ones the engine holds anyway (bottom to top), and the
+    engine holds the bottom `held` of them already, so only the rest travel. When the load
+    fails while some were held (another process removed the image that held them meanwhile),
+    it is tried once more with every tar.
     """
     image_id = digest_of(config)
-    if not holds_image(client, image_id):
-        diff_ids = ConfigFile.parse(config).diff_ids
-        for line in client.api.load_image(_load_stream(image_id, config, diff_ids, tops)):
-            if "error" in line:
-                raise UserError(f"docker load of {image_id}: {line['error']}")
+    if holds_image(client, image_id):
+        return image_id
+    try:
+        _send(client, image_id, config, tars[held:])
+    except UserError:
+        if held == 0:
+            raise
+        _send(client, image_id, config, tars)
     return image_id
 
 
+def _send(client: docker.DockerClient, image_id: str, config: bytes, tops: Sequence[Path]) -> None:
+    diff_ids = ConfigFile.parse(config).diff_ids
+    for line in client.api.load_image(_load_stream(image_id, config, diff_ids, tops)):
+        if "error" in line:
+            raise UserError(f"docker load of {image_id}: {line['error']}")
+
+
 def _preload(
-    client: docker.DockerClient, arch: str, diff_ids: Sequence[str], tops: Sequence[Path]
+    client: docker.DockerClient,
+    arch: str,
+    diff_ids: Sequence[str],
+    tars: Sequence[Path],
+    held: int,
 ) -> str:
-    """Load `tops` on the layers below them under a config that names only them; its id.
+    """Load `tars` (the bottom `held` already in the engine) on the layers below them under a
+    config that names only them; its id.
 
     The config is this run's own (a random label): another run assembling the same layer at
     once must not find it loaded, rely on it, and see this run remove it.
     """
     provisional = bare_config(arch, diff_ids, {"bsi.provisional": uuid.uuid4().hex})
-    return load(client, provisional, tops)
+    return load(client, provisional, tars, held)
 
 
 def _load_stream(

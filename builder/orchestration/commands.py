@@ -186,7 +186,12 @@ def build(
         grounds = grounds_for(settings, base, arches, cache, engines, retries, timeline)
         stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
         building = engines is not None and settings.build
-        plan = prepare(settings, grounds, planned=stages.start if building else None)
+        plan = prepare(
+            settings,
+            grounds,
+            planned=stages.start if building else None,
+            laid_out=stages.preload if building else None,
+        )
         planned(plan)
         resolved = settle(settings, plan)
         if not settings.build:  # the plan a runner is handed (builder.orchestration.runners.parts)
@@ -316,6 +321,7 @@ def rebuild(
             grounds,
             previous.locks if previous is not None and rebasing else None,
             stages.start if building else None,
+            stages.preload if building else None,
         )
         resolved = settle(settings, plan)
         found = Rebuild(plan, changes(previous, state_of(plan, resolved.platform_version)))

@@ -133,13 +133,16 @@ def prepare(
     grounds: Grounds,
     reuse_locks: Mapping[str, str] | None = None,
     planned: Callable[[Plan], None] | None = None,
+    laid_out: Callable[[Mapping[str, tuple[ExtrasLayer, ...]]], None] | None = None,
 ) -> Plan:
     """Resolve, fetch, inspect and plan for every arch, then render the context.
 
     Each wheel is inspected, and its own layer written, as soon as its download ends; only
     what needs every wheel (grouping a large set, a file one distribution shadows in another)
     waits for the last one. `planned` gets the plan as soon as it exists, while the layers may
-    still be written (produce_build.SystemStages starts the apt builds). When every arch's lock
+    still be written (produce_build.SystemStages starts the apt builds); `laid_out` gets each
+    arch's distribution layers once written, while the bytecode may still compile (the stages
+    load them into the engine meanwhile). When every arch's lock
     hash equals `reuse_locks` (the previous build's: a rebase reuses its layers) no layer is
     written, unless the extras get bytecode: the base's interpreter decides then whether the
     previous bytecode layers still fit. The base's python3 (its container started while the
@@ -195,6 +198,8 @@ def prepare(
             planned(plan)
         layers = {arch: future.result() for arch, future in writing.items()}
         timeline.record("layers", fetching)
+        if laid_out is not None:
+            laid_out(layers)
         facts: dict[str, BytecodeFacts] = {}
         if compile_ is not None and feeding is not None:
             feeding.result()  # every wheel queued

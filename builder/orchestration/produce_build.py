@@ -12,6 +12,7 @@ engine was given (builder.assemble.from_engine), only when a push asks for it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
@@ -19,13 +20,14 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import docker
 import docker.errors
 
-from builder.assemble.assemble import Assembled, Assembly, assemble
+from builder.assemble.assemble import Assembled, Assembly, assemble, preload
 from builder.assemble.build import BuildSpec, Log, base_logins, build_image, secret_arguments
 from builder.assemble.from_engine import assembled_image, base_layers
 from builder.base.platforms import offered_arches, select_arches
@@ -83,6 +85,10 @@ class SystemStages:
     holds is that image, without `docker build`: a rerun that changed nothing would only have
     had BuildKit find every step cached and write the same image (about half a second of a
     no-change rerun). Any other input, or an engine that lost the image, builds as before.
+
+    Once the distribution layers are written (`preload`), each is loaded on its arch's stage
+    while the bytecode compiles, under a provisional image removed at the end: the image's own
+    load then sends only the bytecode layers.
     """
 
     def __init__(
@@ -98,6 +104,8 @@ class SystemStages:
         self.temp = tempfile.TemporaryDirectory(prefix="bsi-system-")
         self.started: dict[str, Future[str]] = {}
         self.processes: dict[str, subprocess.Popen[str]] = {}
+        self.loader = ThreadPoolExecutor(max_workers=len(ARCHES))
+        self.preloads: dict[str, Future[_Preloaded]] = {}
 
     def start(self, plan: Plan) -> None:
         context = Path(self.temp.name) / "context"
@@ -108,6 +116,33 @@ class SystemStages:
             self.started[arch] = self.pool.submit(
                 self._build, context, arch, logins, plan.base_image
             )
+
+    def preload(self, layers: Mapping[str, Sequence[ExtrasLayer]]) -> None:
+        """Start loading each arch's `layers` (its distribution layers, written before its
+        bytecode) on its stage as soon as the stage is built."""
+        if self.engines is None:
+            return
+        for arch, stack in layers.items():
+            if arch in self.started and stack:
+                stage = self.started[arch]
+                self.preloads[arch] = self.loader.submit(self._preload, arch, stage, stack)
+
+    def _preload(self, arch: str, stage: Future[str], stack: Sequence[ExtrasLayer]) -> _Preloaded:
+        assert self.engines is not None  # preload starts none without engines
+        client = self.engines.for_arch(arch).client
+        system = stage.result()
+        began = time.monotonic()
+        image = preload(client, system, arch, stack)
+        return _Preloaded(client, image, time.monotonic() - began)
+
+    def preloaded(self, arch: str) -> float | None:
+        """Wait for `arch`'s preload to end; how long it took. None: none ran, or it failed
+        (the image's own load then sends every layer, and meets the same error, if any, where
+        it is reported)."""
+        future = self.preloads.get(arch)
+        if future is None or future.exception() is not None:
+            return None
+        return future.result().seconds
 
     def _build(
         self, context: Path, arch: str, logins: Mapping[str, Credentials] | None, base: str
@@ -177,7 +212,23 @@ class SystemStages:
             if arch in self.processes:
                 self.processes[arch].terminate()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.loader.shutdown(wait=True, cancel_futures=True)
+        for future in self.preloads.values():  # the images built hold the layers now
+            if not future.cancelled() and future.exception() is None:
+                loaded = future.result()
+                if loaded.image is not None:
+                    with contextlib.suppress(docker.errors.NotFound):  # pruned meanwhile
+                        loaded.client.api.remove_image(loaded.image, noprune=False)
         self.temp.cleanup()
+
+
+@dataclass(frozen=True)
+class _Preloaded:
+    """A stage's distribution layers loaded early: the provisional image that holds them."""
+
+    client: docker.DockerClient
+    image: str | None  # None: the engine held them all already
+    seconds: float
 
 
 class BuildProducer:
@@ -226,6 +277,7 @@ class BuildProducer:
         )
         started = time.monotonic()
         system = self.stages.built(arch, log) or build_image(self.context, spec, log)
+        preloaded = self.stages.preloaded(arch)
         built_at = time.monotonic()
         tag = self.local_tag(arch)
         arch_plan = next(a for a in self.plan.arches if a.arch == arch)
@@ -258,7 +310,7 @@ class BuildProducer:
                 if one.kind == LayerKind.DISTRIBUTION
                 for name in one.names
             },
-            seconds={"build": built_at - started, "load": time.monotonic() - built_at},
+            seconds=_seconds(built_at - started, preloaded, time.monotonic() - built_at),
             facts=self.finish.facts,
         )
 
@@ -278,7 +330,7 @@ class BuildProducer:
         layer = seed_layer(client, built.image_id, seeds, epoch, cache)
         seeded = ExtrasLayer(LayerKind.HOME_SEED, seeds, " ".join(seeds), layer)
         extras = (*built.extras, seeded)
-        return assemble(client, built.system_id, extras, assembly, cache, held=len(built.extras))
+        return assemble(client, built.system_id, extras, assembly, cache)
 
     def _value(
         self, built: Assembled, target: RepositoryClient, scratch: Path
@@ -286,6 +338,12 @@ class BuildProducer:
         base = base_layers(self.base, built.arch, target)
         client = self.engines.for_arch(built.arch).client  # its layers are saved from there
         return assembled_image(client, built, base, self.finish.cache, scratch)
+
+
+def _seconds(build: float, preloaded: float | None, load: float) -> dict[str, float]:
+    """report.json's phases of a build: `preload` overlapped the bytecode compile."""
+    early = {"preload": preloaded} if preloaded is not None else {}
+    return {"build": build, **early, "load": load}
 
 
 def stage_key(text: str, spec: BuildSpec, base_id: str) -> str:

@@ -212,7 +212,7 @@ def into_engine(
     tars = [run.cache.checked_blob(d.removeprefix("sha256:"), LAYER_TAR) for d in diff_ids]
     if all(tar is not None for tar in tars):
         try:
-            image_id = load(client, config, [tar for tar in tars if tar is not None])
+            image_id = load(client, config, [tar for tar in tars if tar is not None], 0)
         except (UserError, docker.errors.APIError, OSError) as error:
             run.reporter.note(f"loading the rebased image locally failed ({error}); pulling it")
         else:

@@ -21,7 +21,7 @@ from support.registryhelp import layer_tar
 
 from builder.assemble import assemble as assemble_module
 from builder.assemble import from_engine
-from builder.assemble.assemble import Assembly, assemble
+from builder.assemble.assemble import Assembly, assemble, held_layers, load, preload
 from builder.assemble.build import BuildSpec, build_image
 from builder.assemble.from_engine import assembled_image
 from builder.assemble.saved import cached_config, read_save
@@ -32,6 +32,7 @@ from builder.layers.extras import ExtrasLayer
 from builder.layers.gzipped import gzipped
 from builder.layers.layer import Layer
 from builder.oci.client import RepositoryClient
+from builder.oci.mutate import bare_config
 from builder.oci.name import ImageRef
 from builder.oci.remote import write
 from builder.oci.v1 import digest_of
@@ -90,13 +91,7 @@ def test_assemble_preloads_then_loads_the_exact_config_and_leaves_no_provisional
     deps = deps_layer(cache)
     more = deps_layer(cache)
     stack = (_extras(deps), _extras(more))
-    sent: list[list[Path]] = []
-    real_load = assemble_module.load
-    monkeypatch.setattr(
-        assemble_module,
-        "load",
-        lambda c, config, tops: sent.append(list(tops)) or real_load(c, config, tops),
-    )
+    sent = _spy_sends(monkeypatch)
     tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
     built = assemble(
         docker_client, system_image, stack, assembly({"x": "y"}, tag, apt_layer=True), cache
@@ -167,6 +162,90 @@ def test_the_push_takes_the_kept_apt_layer_not_another_save(
         gzipped(deps.path, deps.diff_id, cache).digest,
     ]  # fmt: skip
     assert all(target.blob_exists(layer["digest"]) for layer in manifest["layers"])
+
+
+def _spy_sends(monkeypatch: pytest.MonkeyPatch) -> list[list[Path]]:
+    """What each docker load of an image (not a probe of `held_layers`) sent: its layer tars."""
+    sent: list[list[Path]] = []
+    real_send = assemble_module._send
+
+    def spied(client: Any, image_id: str, config: bytes, tops: Any) -> None:
+        if tops or b"bsi.provisional" not in config:
+            sent.append(list(tops))
+        real_send(client, image_id, config, tops)
+
+    monkeypatch.setattr(assemble_module, "_send", spied)
+    return sent
+
+
+def test_held_layers_counts_the_chain_the_engine_holds_and_leaves_no_probe(
+    docker_client: Any, system_image: str, tmp_path: Path
+) -> None:
+    cache = Cache(tmp_path / "cache")
+    layers = [deps_layer(cache) for _ in range(3)]
+    below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+    tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:held"
+    assemble(docker_client, system_image, tuple(map(_extras, layers)), assembly({}, tag), cache)
+    try:
+        ids = [one.diff_id for one in layers]
+        other = deps_layer(cache).diff_id  # a layer no image holds
+        arch = "amd64"
+        assert held_layers(docker_client, arch, below, ids) == 3
+        assert held_layers(docker_client, arch, below, [*ids[:2], other]) == 2
+        assert held_layers(docker_client, arch, below, [ids[0], other, ids[2]]) == 1
+        assert held_layers(docker_client, arch, below, [other, *ids]) == 0
+        assert held_layers(docker_client, arch, below, [ids[1], ids[2]]) == 0  # not on its parent
+        for count in range(1, 4):
+            assert _holding(docker_client, [*below, *ids[:count]]) == (
+                [docker_client.images.get(tag).id] if count == 3 else []
+            )  # every probe loaded was removed
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
+def test_a_preload_leaves_only_the_layers_above_it_to_send(
+    docker_client: Any, system_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a build does while its bytecode compiles: the distribution layers loaded early."""
+    cache = Cache(tmp_path / "cache")
+    distribution, bytecode = deps_layer(cache), deps_layer(cache)
+    below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+    sent = _spy_sends(monkeypatch)
+    provisional = preload(docker_client, system_image, "amd64", (_extras(distribution),))
+    assert provisional is not None and sent == [[distribution.path]]
+    assert preload(docker_client, system_image, "amd64", (_extras(distribution),)) is None
+    assert sent == [[distribution.path]]  # held already: nothing loaded again
+    tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:preloaded"
+    stack = (_extras(distribution), _extras(bytecode))
+    try:
+        built = assemble(docker_client, system_image, stack, assembly({}, tag), cache)
+        assert sent[1:] == [[bytecode.path], []]  # the preloaded layer did not travel again
+    finally:
+        docker_client.api.remove_image(provisional, noprune=False)
+    try:
+        chain = [*below, distribution.diff_id, bytecode.diff_id]
+        assert docker_client.images.get(tag).attrs["RootFS"]["Layers"] == chain
+        assert _holding(docker_client, chain[:-1]) == []  # the provisional image is gone ...
+        assert _holding(docker_client, chain) == [built.image_id]  # ... its layer stays
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
+def test_a_load_whose_held_layers_vanished_sends_them_all(
+    docker_client: Any, system_image: str, tmp_path: Path
+) -> None:
+    """Another process removed the image that held the bottom layer between the count and the
+    load: the load is tried again with every tar."""
+    cache = Cache(tmp_path / "cache")
+    layers = [deps_layer(cache), deps_layer(cache)]
+    below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+    config = bare_config("amd64", [*below, *(one.diff_id for one in layers)], {"t": "vanished"})
+    image_id = load(docker_client, config, [one.path for one in layers], held=1)
+    try:
+        found = docker_client.api.inspect_image(image_id)["RootFS"]["Layers"]
+        assert found == [*below, *(one.diff_id for one in layers)]
+    finally:
+        docker_client.api.remove_image(image_id, noprune=False)
 
 
 def assembly(labels: dict[str, str], tag: str, apt_layer: bool = False) -> Assembly:

@@ -251,6 +251,7 @@ def test_first_build_pushes_by_digest_and_points_the_template(world: World, firs
     assert report["image"]["push_seconds"] > 0
     assert set(report["image"]["arches"]["amd64"]["seconds"]) == {
         "build",
+        "preload",
         "load",
         "facts",
         "verify",
