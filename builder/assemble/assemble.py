@@ -44,6 +44,7 @@ from builder.oci.v1 import ConfigFile, canonical, digest_of
 from builder.plan.plan import EXTRA_DEPS, Plan
 
 CHUNK = 1 << 20
+LOAD_BATCH = 1 << 30  # layer tar bytes one docker load carries (one larger layer alone)
 BLOCK = 512
 
 
@@ -291,12 +292,52 @@ def load(client: docker.DockerClient, config: bytes, tars: Sequence[Path], held:
     if holds_image(client, image_id):
         return image_id
     try:
-        _send(client, image_id, config, tars[held:])
+        _send_in_batches(client, image_id, config, tars, held)
     except UserError:
         if held == 0:
             raise
-        _send(client, image_id, config, tars)
+        _send_in_batches(client, image_id, config, tars, 0)
     return image_id
+
+
+def _send_in_batches(
+    client: docker.DockerClient, image_id: str, config: bytes, tars: Sequence[Path], held: int
+) -> None:
+    """Send `tars[held:]` at most LOAD_BATCH bytes a load (one larger layer alone), each batch
+    under a provisional config naming the layers up to it, removed once the image is loaded.
+
+    The engine copies a load's whole archive to its own disk before it reads a layer from it,
+    so a single load of a 6 GB set would hold a second 6 GB while it lasts.
+    """
+    parsed = ConfigFile.parse(config)
+    below = len(parsed.diff_ids) - len(tars)
+    ends = [held + end for end in batch_ends([t.stat().st_size for t in tars[held:]], LOAD_BATCH)]
+    steps: list[str] = []
+    try:
+        start = held
+        for end in ends[:-1]:
+            label = {"bsi.provisional": uuid.uuid4().hex}
+            provisional = bare_config(parsed.architecture, parsed.diff_ids[: below + end], label)
+            _send(client, digest_of(provisional), provisional, tars[start:end])
+            steps.append(digest_of(provisional))
+            start = end
+        _send(client, image_id, config, tars[start:])
+    finally:  # the image holds the batches' layers now, or nothing needs them
+        for step in steps:
+            client.api.remove_image(step, noprune=False)
+
+
+def batch_ends(sizes: Sequence[int], limit: int) -> list[int]:
+    """Where consecutive runs of `sizes` end, each run at most `limit` in total (a larger
+    item alone); the last end is len(sizes), so there is always one run, maybe empty."""
+    ends: list[int] = []
+    total = 0
+    for index, size in enumerate(sizes):
+        if total and total + size > limit:
+            ends.append(index)
+            total = 0
+        total += size
+    return [*ends, len(sizes)]
 
 
 def _send(client: docker.DockerClient, image_id: str, config: bytes, tops: Sequence[Path]) -> None:

@@ -248,6 +248,31 @@ def test_a_load_whose_held_layers_vanished_sends_them_all(
         docker_client.api.remove_image(image_id, noprune=False)
 
 
+def test_a_large_set_is_loaded_in_batches_and_leaves_no_batch_image(
+    docker_client: Any, system_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each docker load carries at most LOAD_BATCH bytes of layers (the engine copies a load's
+    archive whole before reading it); the image is the same, and only it holds the layers."""
+    cache = Cache(tmp_path / "cache")
+    layers = [deps_layer(cache) for _ in range(3)]
+    monkeypatch.setattr(assemble_module, "LOAD_BATCH", layers[0].size + layers[1].size)
+    sent = _spy_sends(monkeypatch)
+    tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:batches"
+    built = assemble(
+        docker_client, system_image, tuple(map(_extras, layers)), assembly({}, tag), cache
+    )
+    try:
+        paths = [one.path for one in layers]
+        assert sent[:2] == [paths[:2], paths[2:]]  # the provisional image's load, in two
+        below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+        chain = [*below, *(one.diff_id for one in layers)]
+        assert docker_client.images.get(tag).attrs["RootFS"]["Layers"] == chain
+        assert _holding(docker_client, chain[:-1]) == []  # the first batch's image is gone
+        assert _holding(docker_client, chain) == [built.image_id]
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
 def assembly(labels: dict[str, str], tag: str, apt_layer: bool = False) -> Assembly:
     """The amd64 image with /app/deps-extra at a fixed date, as the tests assemble it."""
     return Assembly("amd64", "/app/deps-extra", labels, "2026-01-01T00:00:00Z", tag, apt_layer)
