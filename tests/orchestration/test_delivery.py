@@ -96,7 +96,7 @@ def test_the_sbom_facts_are_read_beside_the_verification_and_awaited_at_its_line
     (one,) = outcome.produced
     assert one.attestable is not None
     assert list(one.seconds) == ["facts", "verify"]  # as report.json lists them
-    assert one.seconds["facts"] >= 0.05 and one.seconds["verify"] >= one.seconds["facts"]
+    assert one.seconds["facts"] >= 0.05 and one.seconds["verify"] >= 0.05  # it awaited them
 
 
 @pytest.mark.parametrize("reaches_sbom", [True, False], ids=["at-the-sbom-line", "never-asked"])
