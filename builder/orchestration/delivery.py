@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,7 +28,7 @@ from builder.attest.provenance import BuildParameters
 from builder.cache import Cache
 from builder.config import Settings
 from builder.context.render import update_report
-from builder.engines.connection import runs_emulated
+from builder.engines.connection import Engine, runs_emulated
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.oci.client import RepositoryClient
@@ -76,7 +77,7 @@ class Produced:
     early: Written | None = None  # what the producer wrote itself (a rebase that pulls)
     verification: VerifyReport | None = None
     holding_layers: Mapping[str, str] = field(default_factory=dict)  # dist -> its layer's diff ID
-    attestable: Attestable | None = None  # its SBOM and provenance facts, read before verifying
+    attestable: Attestable | None = None  # its SBOM and provenance facts, read beside verifying
     # Where this arch's wall time went, phase -> seconds: the producer's own phases (`build`,
     # BuildKit's system stage; `load`, the extras assembled on it and loaded; or `rebase`), then
     # the delivery's (`facts`, the SBOM's reading of the image; `verify`): an operator sees
@@ -218,8 +219,16 @@ def _publishing(delivery: Delivery, run: Run) -> Publishing:
 def _produce_and_verify(
     producer: Producer, plan: Plan, delivery: Delivery, run: Run
 ) -> list[Produced]:
-    """Every arch at once; each read for its SBOM as it arrives, then verified against it,
-    on its own engine."""
+    """Every arch at once; each read for its SBOM as it arrives and verified beside that
+    reading, on its own engine.
+
+    The reading (a container of the image created to copy out dpkg's status and every
+    METADATA: seconds on a large set) and the verification are independent until the `sbom`
+    line, which verification checks after everything served: so the reading runs on a thread
+    of its own and the verification awaits it only there. A reading that fails raises here
+    whether or not the verification got that far; a verification that raises first leaves the
+    reading to finish (both pools wait for their threads) and raises its own error.
+    """
     started = datetime.now(UTC)
     repository = str(delivery.push.repository) if delivery.push else producer.label
     emulated = {
@@ -227,7 +236,11 @@ def _produce_and_verify(
     }
     arches = sorted(emulated, key=lambda arch: emulated[arch])
     found: dict[str, Produced] = {}
-    with ThreadPoolExecutor(max_workers=len(arches)) as pool:
+    reads = delivery.settings.asked.verify or delivery.push is not None  # verified, or attached
+    with (
+        ThreadPoolExecutor(max_workers=len(arches)) as pool,
+        ThreadPoolExecutor(max_workers=len(arches)) as readers,
+    ):
         futures = {}
         for arch in arches:
             run.reporter.say(producer.announce(arch, emulated=emulated[arch]))
@@ -236,37 +249,66 @@ def _produce_and_verify(
             one = future.result()
             one.emulated = emulated[one.arch]
             engine = run.engines.for_arch(one.arch)
-            if delivery.settings.asked.verify or delivery.push:  # its SBOM is verified, or attached
-                from builder.publish.attachments import attestable, plan_facts
-
-                began = time.monotonic()
-                made = (one.arch, one.engine_name, one.config)
-                facts = plan_facts(
-                    plan, made, repository, one.holding_layers, run.reporter, run.retries
-                )
-                one.attestable = attestable(engine.client, facts, delivery.parameters, started)
-                one.seconds["facts"] = time.monotonic() - began
+            facts = None
+            if reads:
+                read = partial(_read_facts, plan, one, repository, delivery.parameters, started)
+                facts = readers.submit(read, engine, run)
+            verified = None
             if delivery.settings.asked.verify:
-                from builder.verify.run import verify_image
-
-                on = f" on {engine}" if engine.url else ""
-                run.reporter.say(f"verifying {one.arch} image {one.engine_name} hardened{on} ...")
-                arch_plan = next(a for a in plan.arches if a.arch == one.arch)
-                began = time.monotonic()
-                one.verification = verify_image(
-                    one.engine_name,
-                    modules=plan.import_modules,
-                    checks=plan.runtime_checks,
-                    engine=engine,
-                    sbom=one.attestable.sbom() if one.attestable else None,
-                    installed=installed_on(
-                        arch_plan, plan.requested, delivery.settings.asked.skip_modules
-                    ),
-                )
-                one.verification.strict = delivery.settings.asked.strict
-                one.seconds["verify"] = time.monotonic() - began
+                assert facts is not None
+                verified = _verified(one, plan, delivery, engine, facts, run.reporter)
+            if facts is not None:
+                one.attestable, one.seconds["facts"] = facts.result()
+            if verified is not None:
+                one.verification, one.seconds["verify"] = verified
             found[one.arch] = one
     return [found[arch] for arch in arches]
+
+
+def _read_facts(
+    plan: Plan,
+    one: Produced,
+    repository: str,
+    parameters: BuildParameters,
+    started: datetime,
+    engine: Engine,
+    run: Run,
+) -> tuple[Attestable, float]:
+    """One arch image's SBOM and provenance facts, and how long reading them took."""
+    from builder.publish.attachments import attestable, plan_facts
+
+    began = time.monotonic()
+    made = (one.arch, one.engine_name, one.config)
+    facts = plan_facts(plan, made, repository, one.holding_layers, run.reporter, run.retries)
+    return attestable(engine.client, facts, parameters, started), time.monotonic() - began
+
+
+def _verified(
+    one: Produced,
+    plan: Plan,
+    delivery: Delivery,
+    engine: Engine,
+    facts: Future[tuple[Attestable, float]],
+    reporter: Reporter,
+) -> tuple[VerifyReport, float]:
+    """One arch image verified hardened on `engine`, its SBOM awaited from `facts` only when
+    the `sbom` line is checked; and how long verifying took."""
+    from builder.verify.run import verify_image
+
+    on = f" on {engine}" if engine.url else ""
+    reporter.say(f"verifying {one.arch} image {one.engine_name} hardened{on} ...")
+    arch_plan = next(a for a in plan.arches if a.arch == one.arch)
+    began = time.monotonic()
+    verification = verify_image(
+        one.engine_name,
+        modules=plan.import_modules,
+        checks=plan.runtime_checks,
+        engine=engine,
+        sbom=lambda: facts.result()[0].sbom(),
+        installed=installed_on(arch_plan, plan.requested, delivery.settings.asked.skip_modules),
+    )
+    verification.strict = delivery.settings.asked.strict
+    return verification, time.monotonic() - began
 
 
 def installed_on(

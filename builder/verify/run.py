@@ -65,7 +65,7 @@ def verify_image(
     engine: Engine | None = None,
     startup_timeout: float | None = None,
     sdk: bool | None = None,
-    sbom: bytes | None = None,
+    sbom: bytes | Callable[[], bytes] | None = None,
 ) -> VerifyReport:
     """Run `image` hardened and check the runtime contract, the imports and the snippets.
 
@@ -90,7 +90,9 @@ def verify_image(
     and the set's import time) follows the image's bytecode label: required when it names an
     interpreter, reported otherwise ("none": built without; absent: another tool's image).
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
-    holds (every distribution on PYTHONPATH and every dpkg package, both ways).
+    holds (every distribution on PYTHONPATH and every dpkg package, both ways). A callable is
+    called only for that line, after everything served: a delivery reads the SBOM's facts
+    while the rest is checked (its error, raised from the call, ends the verification).
     A warning (an import that wrote to stderr or stdout) fails the report once it is made
     `strict` (`verify --strict`).
     """
@@ -169,11 +171,12 @@ def _check_running(
     installed: Installed,
     sdk: bool | None,
     required: bool,
-    sbom: bytes | None,
+    sbom: bytes | Callable[[], bytes] | None,
 ) -> None:
     """Everything checked through the running image's port (deep imports and use checks too,
     with `installed.deep`; a permissive run of the same image compares their failures), then
-    its SBOM, then that it still serves, added to `report` in that order."""
+    its SBOM (called for only then, when `sbom` is a callable), then that it still serves,
+    added to `report` in that order."""
     deep = None
     if installed.deep is not None and installed.distributions:
         rerun = partial(permissive_run, running.engine, running.image)
@@ -190,7 +193,7 @@ def _check_running(
     report.checks += served.checks
     report.first_import_reads = served.reads
     if sbom is not None:
-        report.checks.append(sbom_check(running.sandbox, sbom))
+        report.checks.append(sbom_check(running.sandbox, sbom() if callable(sbom) else sbom))
     report.checks.append(run_check("still-serving", running.still_serving))
 
 

@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from support.sandboxserver import ServerProcess
@@ -19,7 +21,10 @@ from support.sandboxserver import ServerProcess
 from builder.attest.contents import debian_packages, distribution
 from builder.attest.sbom import ImageContents, timestamp
 from builder.attest.sbom_render import sbom_document
+from builder.errors import UserError
+from builder.verify import run
 from builder.verify.client import Sandbox
+from builder.verify.report import Check, Checked, VerifyReport
 from builder.verify.sbom_check import sbom_check
 
 TARGET = {"python_version": "3.13", "sys_platform": "linux", "platform_machine": "x86_64"}
@@ -97,3 +102,46 @@ def test_an_sbom_listing_what_is_not_installed_fails(sandbox: Sandbox, site: Pat
 def test_no_sbom_is_said_and_not_failed(sandbox: Sandbox) -> None:
     check = sbom_check(sandbox, None)
     assert check.passed and "no SBOM" in check.detail
+
+
+def test_a_callable_sbom_is_called_for_only_at_its_line(
+    sandbox: Sandbox, site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery reads the SBOM's facts while the served checks run: `_check_running` calls
+    for the document after them, and the line compares what it got."""
+    said: list[str] = []
+
+    def served(*args: object, **kwargs: object) -> Checked:
+        said.append("served")
+        return Checked([Check("import", True, "")])
+
+    def document() -> bytes:
+        said.append("sbom asked for")
+        return sbom_document(_contents(site))
+
+    monkeypatch.setattr(run, "served_checks", served)
+    report = VerifyReport("image")
+    running: Any = SimpleNamespace(sandbox=sandbox, still_serving=lambda: "serving")
+    run._check_running(report, running, (), (), run.Installed(), False, False, document)
+    assert said == ["served", "sbom asked for"]
+    assert [(c.name, c.passed) for c in report.checks] == [
+        ("import", True),
+        ("sbom", True),
+        ("still-serving", True),
+    ]
+
+
+def test_an_error_reading_a_callable_sbom_ends_the_verification(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The facts' own error (no dpkg status, an invalid SBOM) is raised, not made a line."""
+
+    def unreadable() -> bytes:
+        raise UserError("image: no /var/lib/dpkg/status")
+
+    monkeypatch.setattr(run, "served_checks", lambda *args, **kwargs: Checked([]))
+    running: Any = SimpleNamespace(sandbox=None, still_serving=lambda: "serving")
+    report = VerifyReport("image")
+    with pytest.raises(UserError, match="no /var/lib/dpkg/status"):
+        run._check_running(report, running, (), (), run.Installed(), False, False, unreadable)
+    assert report.checks == []
