@@ -224,8 +224,8 @@ def _produce_and_verify(
 
     The reading (a container of the image created to copy out dpkg's status and every
     METADATA: seconds on a large set) and the verification are independent until the `sbom`
-    line, which verification checks after everything served: so the reading runs on a thread
-    of its own and the verification awaits it only there. A reading that fails raises here
+    line: so the reading runs on a thread of its own, and the verification awaits it before
+    its timed checks (race, flood, starve), which the reading would skew. A reading that fails raises here
     whether or not the verification got that far; a verification that raises first leaves the
     reading to finish (both pools wait for their threads) and raises its own error.
     """
@@ -291,8 +291,8 @@ def _verified(
     facts: Future[tuple[Attestable, float]],
     reporter: Reporter,
 ) -> tuple[VerifyReport, float]:
-    """One arch image verified hardened on `engine`, its SBOM awaited from `facts` only when
-    the `sbom` line is checked; and how long verifying took."""
+    """One arch image verified hardened on `engine`, its SBOM awaited from `facts` only before
+    the timed checks; and how long verifying took."""
     from builder.verify.run import verify_image
 
     on = f" on {engine}" if engine.url else ""

@@ -6,7 +6,7 @@ import http.client
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 from builder.contract import BYTECODE_LABEL
 from builder.engines.connection import Engine, engine_client, local_image
@@ -50,10 +50,13 @@ class Installed:
 @dataclass(frozen=True)
 class Beside:
     """What runs beside the contract's checks, reported after the imports: the programs the
-    set runs, and a long job (deep imports and use checks) started first."""
+    set runs, and a long job (deep imports and use checks) started first. `quiet` is awaited
+    before the timed checks (race, flood, starve): work on the same machine outside the
+    verification (a delivery's SBOM reading) must end before what they time."""
 
     programs: Sequence[ProgramExpectation] = ()
     first: Job | None = None
+    quiet: Callable[[], object] = lambda: None
 
 
 def verify_image(
@@ -91,8 +94,9 @@ def verify_image(
     interpreter, reported otherwise ("none": built without; absent: another tool's image).
     `sbom`: the image's CycloneDX SBOM; the `sbom` line compares it with what the running image
     holds (every distribution on PYTHONPATH and every dpkg package, both ways). A callable is
-    called only for that line, after everything served: a delivery reads the SBOM's facts
-    while the rest is checked (its error, raised from the call, ends the verification).
+    called once, before the timed checks (race, flood, starve, which other work on the machine
+    would skew): a delivery reads the SBOM's facts while the rest is checked (its error, raised
+    from the call, ends the verification).
     A warning (an import that wrote to stderr or stdout) fails the report once it is made
     `strict` (`verify --strict`).
     """
@@ -175,8 +179,9 @@ def _check_running(
 ) -> None:
     """Everything checked through the running image's port (deep imports and use checks too,
     with `installed.deep`; a permissive run of the same image compares their failures), then
-    its SBOM (called for only then, when `sbom` is a callable), then that it still serves,
-    added to `report` in that order."""
+    its SBOM (a callable awaited before the timed checks), then that it still serves, added to
+    `report` in that order."""
+    awaited = cache(sbom) if callable(sbom) else (lambda: sbom)
     deep = None
     if installed.deep is not None and installed.distributions:
         rerun = partial(permissive_run, running.engine, running.image)
@@ -188,12 +193,12 @@ def _check_running(
         installed.distributions,
         sdk,
         bytecode=required,
-        beside=Beside(installed.programs, deep),
+        beside=Beside(installed.programs, deep, awaited),
     )
     report.checks += served.checks
     report.first_import_reads = served.reads
-    if sbom is not None:
-        report.checks.append(sbom_check(running.sandbox, sbom() if callable(sbom) else sbom))
+    if (document := awaited()) is not None:
+        report.checks.append(sbom_check(running.sandbox, document))
     report.checks.append(run_check("still-serving", running.still_serving))
 
 
@@ -239,6 +244,7 @@ def served_checks(
         futures = {name: pool.submit(job) for name, job in jobs.items()}
         imports = importing.result()
         found = {name: future.result() for name, future in futures.items()}
+        beside.quiet()
         last = {name: check for name, check in contract if name in LAST}
         detached = pool.submit(contract_run, sandbox, [("detached", last.pop("detached"))])
         found["race"] = contract_run(sandbox, [("race", last.pop("race"))])

@@ -145,3 +145,24 @@ def test_an_error_reading_a_callable_sbom_ends_the_verification(
     with pytest.raises(UserError, match="no /var/lib/dpkg/status"):
         run._check_running(report, running, (), (), run.Installed(), False, False, unreadable)
     assert report.checks == []
+
+
+def test_work_beside_the_verification_ends_before_the_timed_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SBOM's reading (a container copying out every METADATA) runs beside the served
+    checks but is awaited before race, flood and starve, whose timings it would skew."""
+    ran: list[str] = []
+
+    def recorded(sandbox: object, group: list[tuple[str, object]]) -> list[Check]:
+        ran.extend(name for name, _ in group)
+        return [Check(name, True, "") for name, _ in group]
+
+    monkeypatch.setattr(run, "contract_run", recorded)
+    monkeypatch.setattr(run, "wanted_imports", lambda *args: Checked([]))
+    beside = run.Beside(quiet=lambda: ran.append("quiet"))
+    run.served_checks(None, (), (), (), False, beside=beside)  # type: ignore[arg-type]
+    timed = [ran.index(name) for name in ("race", "flood", "starve")]
+    assert ran.count("quiet") == 1 and ran.index("quiet") < min(timed)
+    others = [name for name in ran if name not in ("quiet", *run.LAST)]
+    assert others and all(ran.index(name) < ran.index("quiet") for name in others)
