@@ -225,7 +225,8 @@ def _produce_and_verify(
     The reading (a container of the image created to copy out dpkg's status and every
     METADATA: seconds on a large set) and the verification are independent until the `sbom`
     line: so the reading runs on a thread of its own, and the verification awaits it before
-    its timed checks (race, flood, starve), which the reading would skew. A reading that fails raises here
+    its timed checks (race, flood, starve), which the reading would skew.
+    A reading that fails raises here
     whether or not the verification got that far; a verification that raises first leaves the
     reading to finish (both pools wait for their threads) and raises its own error.
     """
