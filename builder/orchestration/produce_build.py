@@ -27,9 +27,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.assemble.assemble import Assembled, Assembly, assemble, preload
+from builder.assemble.assemble import Assembled, Assembly, assemble, preload, system_layers
 from builder.assemble.build import BuildSpec, Log, base_logins, build_image, secret_arguments
 from builder.assemble.from_engine import assembled_image, base_layers
+from builder.assemble.saved import cached_config, read_save
 from builder.base.platforms import offered_arches, select_arches
 from builder.cache import Cache
 from builder.context.render import Secrets, dockerfile
@@ -87,8 +88,9 @@ class SystemStages:
     no-change rerun). Any other input, or an engine that lost the image, builds as before.
 
     Once the distribution layers are written (`preload`), each is loaded on its arch's stage
-    while the bytecode compiles, under a provisional image removed at the end: the image's own
-    load then sends only the bytecode layers.
+    while the bytecode compiles, under a provisional image removed at the end, and the stage's
+    save read meanwhile for its config and apt layer (with a cache, which keeps them): the
+    image's own load then sends only the bytecode layers and its config.
     """
 
     def __init__(
@@ -106,11 +108,13 @@ class SystemStages:
         self.processes: dict[str, subprocess.Popen[str]] = {}
         self.loader = ThreadPoolExecutor(max_workers=len(ARCHES))
         self.preloads: dict[str, Future[_Preloaded]] = {}
+        self.apt_layers: dict[str, bool] = {}  # arch -> whether its stage has an apt layer
 
     def start(self, plan: Plan) -> None:
         context = Path(self.temp.name) / "context"
         context.mkdir()
         (context / "Dockerfile").write_text(dockerfile(plan, Secrets.of(self.secret_files)))
+        self.apt_layers = {a.arch: bool(a.apt_packages) for a in plan.arches}
         logins = base_logins(plan.base_reference)
         for arch in (a.arch for a in plan.arches):
             self.started[arch] = self.pool.submit(
@@ -132,8 +136,19 @@ class SystemStages:
         client = self.engines.for_arch(arch).client
         system = stage.result()
         began = time.monotonic()
-        image = preload(client, system, arch, stack)
+        with ThreadPoolExecutor(max_workers=1) as beside:
+            saving = beside.submit(self._save, client, system, arch)
+            image = preload(client, system, arch, stack)
+            saving.exception()  # a failed save is tried again, and reported, by the assembly
         return _Preloaded(client, image, time.monotonic() - began)
+
+    def _save(self, client: docker.DockerClient, system: str, arch: str) -> None:
+        """The stage's config and apt layer into the cache, as the assembly would read them."""
+        if self.cache is None or cached_config(system, self.cache) is not None:
+            return
+        below = system_layers(client, system, arch)
+        keep = below[-1] if self.apt_layers.get(arch) and below else None
+        read_save(client, system, self.cache, keep_layer=keep)
 
     def preloaded(self, arch: str) -> float | None:
         """Wait for `arch`'s preload to end; how long it took. None: none ran, or it failed
