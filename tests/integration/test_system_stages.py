@@ -9,9 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 from support.waiting import wait_for
 
+from builder.assemble import assemble as assemble_module
 from builder.assemble.build import BuildSpec
 from builder.base.probe import probe_base
 from builder.cache import Cache
@@ -59,17 +61,18 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     monkeypatch.setattr(produce_build, "build_image", counted)
     context_when_planned: list[bool] = []
     tag = f"bsi-stages-{RUN}:test"
-    with SystemStages({}) as stages:
+    saves, sent = _spy_saves_and_sends(monkeypatch)
+    engines = Engines.local(docker_client)
+    with SystemStages({}, engines, grounds.cache) as stages:
 
         def planned(plan: Any) -> None:
             stages.start(plan)
             context_when_planned.append(settings.output.exists())
 
-        plan = prepare(settings, grounds, planned=planned)
+        plan = prepare(settings, grounds, planned=planned, laid_out=stages.preload)
         assert plan.arches[0].apt_packages == ("libmagic1t64",)
         said: list[str] = []
         fleet = Reporter(said.append).prefixed("tmpl")  # one template of a fleet
-        engines = Engines.local(docker_client)
         producer = BuildProducer(
             plan,
             settings.output,
@@ -94,7 +97,57 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     assert kinds == ["distribution"] * (len(kinds) // 2) + ["bytecode"] * (len(kinds) // 2)
     labels = docker_client.images.get(built.engine_name).attrs["Config"]["Labels"]
     assert labels[BYTECODE_LABEL] not in ("", "none")
+    # the distribution layers were loaded, and the stage saved, while the bytecode compiled:
+    # the image's own load sent only the bytecode layers, and nothing was saved twice
+    layers = {one["diff_id"]: one["kind"] for one in built.extras_layers}
+    assert saves == ["stages"]
+    assert "preload" in built.seconds
+    image_sends = [tops for provisional, tops in sent if not provisional]
+    assert [layers[diff_id] for diff_id in image_sends[-1]] == ["bytecode"] * (len(kinds) // 2)
+    early = [diff_id for provisional, tops in sent if provisional for diff_id in tops]
+    assert [layers[diff_id] for diff_id in early] == ["distribution"] * (len(kinds) // 2)
+    assert _provisional_holding(docker_client, image) == []
     docker_client.images.remove(tag, force=True)
+
+
+def _spy_saves_and_sends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[str], list[tuple[bool, list[str]]]]:
+    """Who read a docker save (the stages early, or the assembly), and each docker load's layer
+    tars as diff IDs, with whether it was a provisional image's."""
+    saves: list[str] = []
+    sent: list[tuple[bool, list[str]]] = []
+    for module, who in ((produce_build, "stages"), (assemble_module, "assembly")):
+        real_save = module.read_save
+
+        def spied_save(*args: Any, _who: str = who, _real: Any = real_save, **kwargs: Any) -> Any:
+            saves.append(_who)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, "read_save", spied_save)
+    real_send = assemble_module._send
+
+    def spied_send(client: Any, image_id: str, config: bytes, tops: Any) -> None:
+        if tops or b"bsi.provisional" not in config:
+            hashes = [f"sha256:{Path(top).parent.name}" for top in tops]
+            sent.append((b"bsi.provisional" in config, hashes))
+        real_send(client, image_id, config, tops)
+
+    monkeypatch.setattr(assemble_module, "_send", spied_send)
+    return saves, sent
+
+
+def _provisional_holding(docker_client: Any, layers: list[str]) -> list[str]:
+    """The provisional images left whose layers begin `layers`."""
+    found = []
+    for entry in docker_client.api.images(filters={"label": "bsi.provisional"}):
+        try:
+            held = docker_client.api.inspect_image(entry["Id"])["RootFS"]["Layers"]
+        except docker.errors.NotFound:  # another test's, removed meanwhile
+            continue
+        if held == layers[: len(held)]:
+            found.append(entry["Id"])
+    return found
 
 
 def test_a_failing_early_apt_build_raises_with_its_log_when_the_stage_is_asked_for(
