@@ -62,7 +62,7 @@ class World:
         """The amd64 stage's image id and its log, from a fresh SystemStages (a new run)."""
         plan: Any = SimpleNamespace(
             text=text,
-            arches=(SimpleNamespace(arch="amd64"),),
+            arches=(SimpleNamespace(arch="amd64", apt_packages=()),),
             base_reference=ImageRef.parse(BASE),
             base_image=BASE,
         )
