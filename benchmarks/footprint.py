@@ -14,7 +14,11 @@ keeps the least peak; on a quiet engine one run is enough. BuildKit's cache is n
 (see build_vs_handwritten.py): the run's images are removed at its end, their build records
 stay, reclaimable.
 
-    .venv/bin/python benchmarks/footprint.py --base-image python:3.13-slim-trixie
+    .venv/bin/python benchmarks/footprint.py --base-image python:3.13-slim-trixie [-r FILE]
+
+Our peak is also given taken apart, as it was at that sample: the cache, the context, the
+engine store's tmp/ (what `docker load` copies an archive to before reading it) and the rest of
+the store (the image's layers).
 
 Needs the engine (run as a user who can read its root directory), the base and the index.
 """
@@ -29,7 +33,7 @@ import sys
 import tempfile
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,24 +44,34 @@ LARGER = "scipy\nscikit-learn\nmatplotlib\nsympy\nstatsmodels\n"  # about 400 MB
 
 @dataclass
 class Peak:
-    """The largest disk use the sampler saw, and the engine store's at the start."""
+    """The largest disk use the sampler saw, what it was made of then, and the engine store's
+    at the start."""
 
-    paths: list[Path]
+    parts: dict[str, list[Path]]  # name -> directories counted whole (the cache, the context)
     store: Path
     every: float
     peak: int = 0
+    at_peak: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.base = du([self.store])
+        self.tmp_base = du([self.store / "tmp"])
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while True:
-            used = du(self.paths) + max(0, du([self.store]) - self.base)
-            self.peak = max(self.peak, used)
+            self._measure()
             if self.stopped.wait(self.every):
                 return
+
+    def _measure(self) -> None:
+        found = {name: du(paths) for name, paths in self.parts.items()}
+        tmp = max(0, du([self.store / "tmp"]) - self.tmp_base)  # docker load's copies
+        found["engine store: tmp/"] = tmp
+        found["engine store: the rest"] = max(0, du([self.store]) - self.base - tmp)
+        if sum(found.values()) > self.peak:
+            self.peak, self.at_peak = sum(found.values()), found
 
     def __enter__(self) -> Peak:
         self.thread.start()
@@ -66,11 +80,7 @@ class Peak:
     def __exit__(self, *_: object) -> None:
         self.stopped.set()
         self.thread.join()
-        self._last()
-
-    def _last(self) -> None:
-        used = du(self.paths) + max(0, du([self.store]) - self.base)
-        self.peak = max(self.peak, used)
+        self._measure()
 
 
 def du(paths: list[Path]) -> int:
@@ -104,9 +114,10 @@ def ours(requirements: Path, base: str, work: Path, every: float) -> dict[str, i
     command = [sys.executable, "-m", "builder", "-r", str(requirements), "--base-image", base,
                "--tag", tag, "--no-verify", "--output", str(context),
                "--cache-dir", str(cache)]  # fmt: skip
-    with Peak([cache, context], store_root(), every) as peak:
+    with Peak({"cache": [cache], "context": [context]}, store_root(), every) as peak:
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     found = {"peak": peak.peak, "image": image_size(tag), "cache_left": du([cache])}
+    found |= {f"at the peak, {name}": size for name, size in peak.at_peak.items()}
     subprocess.run([DOCKER, "rmi", "-f", tag], capture_output=True, check=False)
     return found
 
@@ -120,7 +131,7 @@ def handwritten(requirements: Path, base: str, apt: str, work: Path, every: floa
     command = [DOCKER, "build", "-q", "-t", tag, "--build-arg", f"BASE_IMAGE={base}",
                "--secret", f"id=ca,src={CA_BUNDLE}", str(hand)]  # fmt: skip
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-    with Peak([hand], store_root(), every) as peak:
+    with Peak({"context": [hand]}, store_root(), every) as peak:
         subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
     subprocess.run([DOCKER, "rmi", "-f", tag], capture_output=True, check=False)
     return peak.peak
@@ -157,6 +168,9 @@ def show(name: str, requirements: Path, found: dict[str, int], hand: int) -> Non
     print(f"{name}: {requirements}")
     print(f"  image size                        {mb(found['image'])}")
     print(f"  peak, build-sandbox-image         {mb(found['peak'])}")
+    for name, size in found.items():
+        if name.startswith("at the peak, "):
+            print(f"    {name.removeprefix('at the peak, '):32}{mb(size)}")
     print(f"  peak, hand-written pip Dockerfile {mb(hand)}")
     print(f"  cache the build left              {mb(found['cache_left'])}")
     print(f"  ratio peak / image                {found['peak'] / found['image']:9.2f}x")
@@ -169,7 +183,11 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=1.0, help="seconds between samples")
     parser.add_argument("--sets", choices=("both", "example", "larger"), default="both")
     parser.add_argument("--repeat", type=int, default=1, help="keep the least peak of N runs")
+    parser.add_argument("-r", type=Path, help="this set alone (e.g. benchmarks/interpreter-40.txt)")
     args = parser.parse_args()
+    if args.r:
+        least(args.r.name, args.r, args.base_image, args.every, args.repeat)
+        return
     if args.sets != "larger":
         example = REPO / "examples" / "requirements.txt"
         least("example", example, args.base_image, args.every, args.repeat)

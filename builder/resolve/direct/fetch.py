@@ -41,6 +41,7 @@ from builder.resolve.index import (
     build_tree,
     compiled_code_evidence,
     retried,
+    tls_context,
 )
 from builder.resolve.requirements import NamedRequirement, RequirementSet, check_regular
 from builder.resolve.resolution import (
@@ -238,7 +239,8 @@ def _download_once(url: str, target: Path) -> None:
         secret = urllib.parse.unquote(parts.password or "")
         token = base64.b64encode(f"{user}:{secret}".encode()).decode()
         request.add_unredirected_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=120) as response, target.open("wb") as out:
+    opened = urllib.request.urlopen(request, timeout=120, context=tls_context())
+    with opened as response, target.open("wb") as out:
         body = SteadyBody(response)
         while chunk := body.read(CHUNK):
             out.write(chunk)
