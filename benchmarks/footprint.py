@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_vs_handwritten import CA_BUNDLE, DOCKER, HANDWRITTEN, REPO, derived_base
+from build_vs_handwritten import CA_BUNDLE, DOCKER, REPO, derived_base
+from build_vs_handwritten import handwritten as handwritten_dockerfile
 
 LARGER = "scipy\nscikit-learn\nmatplotlib\nsympy\nstatsmodels\n"  # about 400 MB installed
 
@@ -122,11 +123,11 @@ def ours(requirements: Path, base: str, work: Path, every: float) -> dict[str, i
     return found
 
 
-def handwritten(requirements: Path, base: str, apt: str, work: Path, every: float) -> int:
+def handwritten(requirements: Path, base: str, apt: list[str], work: Path, every: float) -> int:
     tag = f"bsi-footprint-{uuid.uuid4().hex[:8]}:hand"
     hand = work / "handwritten"
     hand.mkdir(exist_ok=True)
-    (hand / "Dockerfile").write_text(HANDWRITTEN.replace("{apt}", apt))
+    (hand / "Dockerfile").write_text(handwritten_dockerfile(apt))
     (hand / "requirements.txt").write_text(requirements.read_text())
     command = [DOCKER, "build", "-q", "-t", tag, "--build-arg", f"BASE_IMAGE={base}",
                "--secret", f"id=ca,src={CA_BUNDLE}", str(hand)]  # fmt: skip
@@ -154,7 +155,7 @@ def one_set(requirements: Path, base: str, every: float) -> tuple[dict[str, int]
             derived_base(base, bases[who], f"{run}-{who}", work)
         found = ours(requirements, bases["ours"], work, every)
         report = json.loads((work / "context" / "report.json").read_text())
-        apt = " ".join(report["architectures"]["amd64"]["apt_packages"]) or "ca-certificates"
+        apt = list(report["architectures"]["amd64"]["apt_packages"])
         hand = handwritten(requirements, bases["hand"], apt, work, every)
         for tag in bases.values():
             subprocess.run([DOCKER, "rmi", "-f", tag], capture_output=True, check=False)
