@@ -11,6 +11,7 @@ the same digest in any registry, whatever the day, the machine, the set or the b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tarfile
 import uuid
@@ -44,6 +45,7 @@ from builder.oci.v1 import ConfigFile, canonical, digest_of
 from builder.plan.plan import EXTRA_DEPS, Plan
 
 CHUNK = 1 << 20
+MISSING_LAYER = "layer.tar: no such file or directory"  # the engine lacked a layer not sent
 LOAD_BATCH = 1 << 30  # layer tar bytes one docker load carries (one larger layer alone)
 BLOCK = 512
 
@@ -197,7 +199,7 @@ def assemble(
         image_id = load(client, data, tars, len(tars) if preloading else held)
     finally:  # the final image holds the layers now (or nothing does): the save may have failed
         if preloading and preloading.done() and not preloading.exception():
-            client.api.remove_image(preloading.result(), noprune=False)
+            remove_provisional(client, preloading.result())
     tag = assembly.tag
     repository, _, name = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "")
     client.api.tag(image_id, repository, name or "latest")
@@ -254,10 +256,10 @@ def held_layers(
 def _holds_chain(client: docker.DockerClient, arch: str, diff_ids: Sequence[str]) -> bool:
     probe = bare_config(arch, diff_ids, {"bsi.provisional": uuid.uuid4().hex})
     try:
-        image_id = load(client, probe, [], 0)
+        _send(client, digest_of(probe), probe, [])
     except UserError:
         return False
-    client.api.remove_image(image_id, noprune=True)
+    remove_provisional(client, digest_of(probe))
     return True
 
 
@@ -284,17 +286,18 @@ def load(client: docker.DockerClient, config: bytes, tars: Sequence[Path], held:
     """Load the image `config` describes into the engine (unless it has it); its image id.
 
     `tars` are the layers above the ones the engine holds anyway (bottom to top), and the
-    engine holds the bottom `held` of them already, so only the rest travel. When the load
-    fails while some were held (another process removed the image that held them meanwhile),
-    it is tried once more with every tar.
+    engine holds the bottom `held` of them already, so only the rest travel. When the engine
+    then lacks a layer it was not sent (another process removed the image that held it, or a
+    prune took a batch's provisional image meanwhile), the load is tried once more with every
+    tar.
     """
     image_id = digest_of(config)
     if holds_image(client, image_id):
         return image_id
     try:
         _send_in_batches(client, image_id, config, tars, held)
-    except UserError:
-        if held == 0:
+    except UserError as error:
+        if MISSING_LAYER not in str(error):
             raise
         _send_in_batches(client, image_id, config, tars, 0)
     return image_id
@@ -318,13 +321,21 @@ def _send_in_batches(
         for end in ends[:-1]:
             label = {"bsi.provisional": uuid.uuid4().hex}
             provisional = bare_config(parsed.architecture, parsed.diff_ids[: below + end], label)
-            _send(client, digest_of(provisional), provisional, tars[start:end])
             steps.append(digest_of(provisional))
+            _send(client, image_id, provisional, tars[start:end])
             start = end
         _send(client, image_id, config, tars[start:])
     finally:  # the image holds the batches' layers now, or nothing needs them
         for step in steps:
-            client.api.remove_image(step, noprune=False)
+            remove_provisional(client, step)
+
+
+def remove_provisional(client: docker.DockerClient, image_id: str) -> None:
+    """Remove a provisional image, and the layers only it held. One already gone (a prune),
+    or that the engine will not remove now, is left: a cleanup must not replace the error or
+    result it follows."""
+    with contextlib.suppress(docker.errors.APIError):
+        client.api.remove_image(image_id, noprune=False)
 
 
 def batch_ends(sizes: Sequence[int], limit: int) -> list[int]:
@@ -340,11 +351,14 @@ def batch_ends(sizes: Sequence[int], limit: int) -> list[int]:
     return [*ends, len(sizes)]
 
 
-def _send(client: docker.DockerClient, image_id: str, config: bytes, tops: Sequence[Path]) -> None:
+def _send(client: docker.DockerClient, named: str, config: bytes, tops: Sequence[Path]) -> None:
+    """One docker load of `config` with the layer tars `tops`; a failure names image `named`
+    (the image being loaded, not a batch's provisional config)."""
+    image_id = digest_of(config)
     diff_ids = ConfigFile.parse(config).diff_ids
     for line in client.api.load_image(_load_stream(image_id, config, diff_ids, tops)):
         if "error" in line:
-            raise UserError(f"docker load of {image_id}: {line['error']}")
+            raise UserError(f"docker load of {named}: {line['error']}")
 
 
 def _preload(

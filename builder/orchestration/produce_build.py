@@ -12,7 +12,6 @@ engine was given (builder.assemble.from_engine), only when a push asks for it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import subprocess
@@ -27,7 +26,14 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from builder.assemble.assemble import Assembled, Assembly, assemble, preload, system_layers
+from builder.assemble.assemble import (
+    Assembled,
+    Assembly,
+    assemble,
+    preload,
+    remove_provisional,
+    system_layers,
+)
 from builder.assemble.build import BuildSpec, Log, base_logins, build_image, secret_arguments
 from builder.assemble.from_engine import assembled_image, base_layers
 from builder.assemble.saved import cached_config, read_save
@@ -226,15 +232,16 @@ class SystemStages:
         for arch in self.started:  # never asked for: stop it rather than wait minutes for it
             if arch in self.processes:
                 self.processes[arch].terminate()
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        self.loader.shutdown(wait=True, cancel_futures=True)
-        for future in self.preloads.values():  # the images built hold the layers now
-            if not future.cancelled() and future.exception() is None:
-                loaded = future.result()
-                if loaded.image is not None:
-                    with contextlib.suppress(docker.errors.NotFound):  # pruned meanwhile
-                        loaded.client.api.remove_image(loaded.image, noprune=False)
-        self.temp.cleanup()
+        try:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.loader.shutdown(wait=True, cancel_futures=True)
+            for future in self.preloads.values():  # the images built hold the layers now
+                if not future.cancelled() and future.exception() is None:
+                    loaded = future.result()
+                    if loaded.image is not None:
+                        remove_provisional(loaded.client, loaded.image)
+        finally:
+            self.temp.cleanup()
 
 
 @dataclass(frozen=True)
@@ -292,8 +299,8 @@ class BuildProducer:
         )
         started = time.monotonic()
         system = self.stages.built(arch, log) or build_image(self.context, spec, log)
+        built_at = time.monotonic()  # a preload outlasting the bytecode is waited for in `load`
         preloaded = self.stages.preloaded(arch)
-        built_at = time.monotonic()
         tag = self.local_tag(arch)
         arch_plan = next(a for a in self.plan.arches if a.arch == arch)
         names = distribution_names(arch_plan)

@@ -273,6 +273,35 @@ def test_a_large_set_is_loaded_in_batches_and_leaves_no_batch_image(
         docker_client.images.remove(tag, force=True)
 
 
+def test_a_batch_pruned_before_the_next_one_is_loaded_again(
+    docker_client: Any, system_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prune took the first batch's provisional image (untagged) before the second batch
+    arrived: the engine lacks a layer it was not sent, and the load starts over whole."""
+    cache = Cache(tmp_path / "cache")
+    layers = [deps_layer(cache) for _ in range(2)]
+    monkeypatch.setattr(assemble_module, "LOAD_BATCH", layers[0].size)
+    real_send = assemble_module._send
+    pruned: list[str] = []
+
+    def pruning(client: Any, named: str, config: bytes, tops: Any) -> None:
+        real_send(client, named, config, tops)
+        if b"bsi.provisional" in config and tops and not pruned:  # the first batch, once
+            pruned.append(digest_of(config))
+            client.api.remove_image(pruned[0], noprune=False)
+
+    monkeypatch.setattr(assemble_module, "_send", pruning)
+    below = docker_client.images.get(system_image).attrs["RootFS"]["Layers"]
+    chain = [*below, *(one.diff_id for one in layers)]
+    config = bare_config("amd64", chain, {"t": uuid.uuid4().hex})
+    image_id = load(docker_client, config, [one.path for one in layers], held=0)
+    try:
+        assert pruned and docker_client.api.inspect_image(image_id)["RootFS"]["Layers"] == chain
+        assert _holding(docker_client, chain[:-1]) == []  # the second try's batch is gone too
+    finally:
+        docker_client.api.remove_image(image_id, noprune=False)
+
+
 def assembly(labels: dict[str, str], tag: str, apt_layer: bool = False) -> Assembly:
     """The amd64 image with /app/deps-extra at a fixed date, as the tests assemble it."""
     return Assembly("amd64", "/app/deps-extra", labels, "2026-01-01T00:00:00Z", tag, apt_layer)
