@@ -7,14 +7,14 @@ build, hardened verify); the assertions then look at the image itself.
 from __future__ import annotations
 
 import io
-import json
 import subprocess
 import tarfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support.images import Built, build, docker, inspect, run_hardened
+from support.images import Built, build, docker, inspect, provisional_holding, run_hardened
 from support.wheelfactory import make_wheel
 from support.wheelindex import serve_wheel
 
@@ -54,18 +54,13 @@ def test_the_union_build_verified_every_library_hardened(union_image: Built) -> 
         assert all(stages["arrived"] <= stages[later] for later in stages)
 
 
-def test_the_early_load_left_no_provisional_image(union_image: Built, test_env: dict) -> None:
+def test_the_early_load_left_no_provisional_image(
+    union_image: Built, test_env: dict, docker_client: Any
+) -> None:
     """The distribution layers were loaded under a provisional image while the bytecode
     compiled (report.json's `preload`); the image holds them now and the provisional is gone."""
     layers = inspect(test_env, union_image.tag)["RootFS"]["Layers"]
-    listed = docker(test_env, "images", "-q", "--no-trunc", "--filter", "label=bsi.provisional")
-    for image_id in listed.stdout.split():
-        found = docker(
-            test_env, "inspect", "--format", "{{json .RootFS.Layers}}", image_id, check=False
-        )
-        if found.returncode == 0:  # another test's may be removed meanwhile
-            held = json.loads(found.stdout)
-            assert held != layers[: len(held)], f"{image_id} holds this image's layers"
+    assert provisional_holding(docker_client, layers) == []
     assert union_image.report["image"]["seconds"]["preload"] > 0
 
 

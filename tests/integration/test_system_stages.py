@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import docker.errors
 import pytest
+from support.images import provisional_holding
 from support.waiting import wait_for
 
 from builder.assemble import assemble as assemble_module
@@ -106,7 +106,7 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     assert [layers[diff_id] for diff_id in image_sends[-1]] == ["bytecode"] * (len(kinds) // 2)
     early = [diff_id for provisional, tops in sent if provisional for diff_id in tops]
     assert [layers[diff_id] for diff_id in early] == ["distribution"] * (len(kinds) // 2)
-    assert _provisional_holding(docker_client, image) == []
+    assert provisional_holding(docker_client, image) == []
     docker_client.images.remove(tag, force=True)
 
 
@@ -135,19 +135,6 @@ def _spy_saves_and_sends(
 
     monkeypatch.setattr(assemble_module, "_send", spied_send)
     return saves, sent
-
-
-def _provisional_holding(docker_client: Any, layers: list[str]) -> list[str]:
-    """The provisional images left whose layers begin `layers`."""
-    found = []
-    for entry in docker_client.api.images(filters={"label": "bsi.provisional"}):
-        try:
-            held = docker_client.api.inspect_image(entry["Id"])["RootFS"]["Layers"]
-        except docker.errors.NotFound:  # another test's, removed meanwhile
-            continue
-        if held == layers[: len(held)]:
-            found.append(entry["Id"])
-    return found
 
 
 def test_a_failing_early_apt_build_raises_with_its_log_when_the_stage_is_asked_for(

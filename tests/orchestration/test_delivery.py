@@ -11,14 +11,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from support.plans import plan_for, run_settings
+from support.plans import StandInProducer, plan_for, run_settings
 from support.wheelfactory import make_wheel
 
 from builder.cache import Cache
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.orchestration import delivery
-from builder.orchestration.delivery import Produced, installed_on
+from builder.orchestration.delivery import installed_on
 from builder.publish import attachments
 from builder.reporter import QUIET
 from builder.verify import run as verify_run
@@ -34,16 +34,6 @@ def test_each_arch_deep_imports_what_was_asked_for_that_it_installs(tmp_path: Pa
     assert list(installed.distributions) == ["pkg-a"]
     assert installed.deep == DeepOptions(skip=("pkg_a.x",))
     assert list(installed.programs) == []
-
-
-class _Producer:
-    path, label = "build", "local:tag"
-
-    def announce(self, arch: str, emulated: bool) -> str:
-        return f"making {arch}"
-
-    def produce(self, arch: str) -> Produced:
-        return Produced(arch, "sha256:" + "e" * 64, b"{}", lambda *_: None, {"id": "x"})  # type: ignore[arg-type,return-value]
 
 
 @dataclass
@@ -83,7 +73,7 @@ def _deliver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, facts: _Facts) -> 
     (tmp_path / "report.json").write_text("{}")
     run = delivery.Run(Engines.local(client), Cache(tmp_path / "cache"), QUIET)
     asked = delivery.Delivery(run_settings(verify=True, output=tmp_path))
-    return delivery.deliver(_Producer(), plan, asked, run)
+    return delivery.deliver(StandInProducer(), plan, asked, run)
 
 
 def test_the_sbom_facts_are_read_beside_the_verification_and_awaited_at_its_line(

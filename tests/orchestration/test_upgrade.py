@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
-from support.plans import run_settings
+from support.plans import StandInProducer, run_settings
 
 from builder.cache import Cache
 from builder.config import load_config, set_platform_version
 from builder.engines.per_arch import Engines
 from builder.errors import UserError
 from builder.orchestration import delivery
-from builder.orchestration.delivery import Produced
 from builder.publish import publisher
 from builder.publish.state import (
     BuildState,
@@ -160,15 +159,6 @@ def test_a_delivery_records_the_state_only_when_asked_and_pushed(
 ) -> None:
     """A `build --config` run records only a pushed image; a rebuild records its plan anyway."""
 
-    class Producer:
-        path, label = "build", "local:tag"
-
-        def announce(self, arch: str, emulated: bool) -> str:
-            return f"making {arch}"
-
-        def produce(self, arch: str) -> Produced:
-            return Produced(arch, "sha256:" + "e" * 64, b"{}", lambda *_: None, {"id": "x"})  # type: ignore[arg-type,return-value]
-
     def state_of(plan: object, version: str, image: str | None, path: str) -> BuildState:
         return state(platform_version=version, image=image, path=path)
 
@@ -181,10 +171,10 @@ def test_a_delivery_records_the_state_only_when_asked_and_pushed(
     asked = delivery.Delivery(
         run_settings(verify=False, output=tmp_path), state=publisher.StateRecord(where, "2.0")
     )
-    outcome = delivery.deliver(Producer(), plan, asked, run)
+    outcome = delivery.deliver(StandInProducer(), plan, asked, run)
     assert outcome.succeeded and outcome.pushed is None and not where.exists()
     rebuild = replace(asked, state=publisher.StateRecord(where, "2.0", unpushed_too=True))
-    delivery.deliver(Producer(), plan, rebuild, run)
+    delivery.deliver(StandInProducer(), plan, rebuild, run)
     assert load_state(where) == state(platform_version="2.0", image=None, path="build")
     report = json.loads((tmp_path / "report.json").read_text())["image"]
     assert report["path"] == "build" and report["arches"]["amd64"] == {"id": "x"}

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from docker.errors import APIError
+from docker.errors import APIError, NotFound
 from ruamel.yaml import YAML
 
 
@@ -106,3 +106,17 @@ def docker_login(test_env: dict, registry: Any, config_dir: Path) -> Path:
     )
     assert login.returncode == 0, login.stderr
     return config_dir
+
+
+def provisional_holding(client: Any, layers: list[str]) -> list[str]:
+    """The tool's provisional images (an early load's, a load batch's, a probe's) whose layers
+    begin `layers`: what a build must have removed once its image holds them."""
+    found = []
+    for entry in client.api.images(filters={"label": "bsi.provisional"}):
+        try:
+            held = client.api.inspect_image(entry["Id"])["RootFS"]["Layers"]
+        except NotFound:  # another test's, removed meanwhile
+            continue
+        if held == layers[: len(held)]:
+            found.append(entry["Id"])
+    return found

@@ -1,6 +1,6 @@
 """Plans of synthetic wheels for amd64 against the shipped base facts, without the network;
 the reference base's profile, for a test that plans or resolves against it; a run's settings
-for a test that delivers by hand."""
+and a producer of one stand-in image for a test that delivers by hand."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from builder.config import RunSettings, Settings
 from builder.files import sha256_of
 from builder.inspect.wheel_reader import inspect_wheel, member_bytes
 from builder.oci.name import ImageRef
+from builder.orchestration.delivery import Produced
 from builder.plan.browsers import BROWSERS_JSON
 from builder.plan.plan import ArchPlan, choose_wheel, plan_arch
 from builder.resolve.resolution import LockedPackage, RemoteFile, Resolution
@@ -66,3 +67,16 @@ def plan_for(
         if (listing := member_bytes(wheel, BROWSERS_JSON)) is not None
     }
     return plan_arch(resolution, chosen, inspections, target, with_optional, without, listings)
+
+
+class StandInProducer:
+    """A delivery's producer that makes no image: each arch's `Produced` names one stand-in
+    (what a test of the delivery's own steps gives it)."""
+
+    path, label = "build", "local:tag"
+
+    def announce(self, arch: str, emulated: bool) -> str:
+        return f"making {arch}"
+
+    def produce(self, arch: str) -> Produced:
+        return Produced(arch, "sha256:" + "e" * 64, b"{}", lambda *_: None, {"id": "x"})  # type: ignore[arg-type,return-value]
