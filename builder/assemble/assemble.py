@@ -24,7 +24,7 @@ import docker
 import docker.errors
 
 from builder import contract
-from builder.assemble.saved import cached_config, read_save
+from builder.assemble.saved import read_save, saved_before
 from builder.cache import Cache
 from builder.context.render import lock_of
 from builder.engines.connection import holds_image
@@ -46,7 +46,7 @@ from builder.plan.plan import EXTRA_DEPS, Plan
 
 CHUNK = 1 << 20
 MISSING_LAYER = "layer.tar: no such file or directory"  # the engine lacked a layer not sent
-LOAD_BATCH = 1 << 30  # layer tar bytes one docker load carries (one larger layer alone)
+LOAD_BATCH = 1 << 28  # layer tar bytes one docker load carries (one larger layer alone)
 BLOCK = 512
 
 
@@ -186,13 +186,13 @@ def assemble(
     tars = [one.layer.path for one in extras]
     diff_ids = [one.layer.diff_id for one in extras]
     held = held_layers(client, arch, below, diff_ids)
-    base = cached_config(system_id, cache)
+    keep = below[-1] if assembly.apt_layer and below else None
+    base = saved_before(system_id, cache, keep)
     preloading: Future[str] | None = None
     try:
         if base is None:
             with ThreadPoolExecutor(max_workers=1) as pool:
                 preloading = pool.submit(_preload, client, arch, [*below, *diff_ids], tars, held)
-                keep = below[-1] if assembly.apt_layer and below else None
                 base = read_save(client, system_id, cache, keep_layer=keep).config
             preloading.result()
         data = canonical(extend_config(base, *_on_top(extras, assembly)))

@@ -24,6 +24,7 @@ import docker
 
 from builder.cache import Cache
 from builder.errors import UserError
+from builder.layers.install_layout import LAYER_TAR
 from builder.layers.layer import CHUNK, ChunkStream, Layer, keep, written
 from builder.oci.v1 import digest_of, json_object
 
@@ -73,6 +74,19 @@ def read_save(
         raise UserError(f"image {image_id}: no layer {keep_layer} in its save")
     cache.put_record(CONFIG_RECORD, hex_id, config)
     return Saved(config, kept)
+
+
+def saved_before(
+    image_id: str, cache: Cache, keep_layer: str | None = None
+) -> dict[str, Any] | None:
+    """The config an earlier `read_save` of `image_id` read, when the cache also still holds
+    the layer tar `keep_layer` (if asked): what a `read_save` would give, without the save. A
+    run that keeps no layer (no push) leaves a later pushing run to save the image again."""
+    config = cached_config(image_id, cache)
+    if config is None or keep_layer is None:
+        return config
+    held = cache.find_blob(keep_layer.removeprefix("sha256:"), LAYER_TAR)  # the push checks it
+    return config if held is not None else None
 
 
 def cached_config(image_id: str, cache: Cache) -> dict[str, Any] | None:

@@ -105,7 +105,8 @@ def deliver_part(part: OnePart, run: Run) -> Outcome:
     settings = part.settings
     written = (part.finished.labels, part.parameters)
     delivery = delivery_for(part.plan, settings, run.cache, None, part.sign, written)
-    with SystemStages(settings.asked.apt_secrets, run.engines, run.cache) as stages:
+    pushes = delivery.push is not None
+    with SystemStages(settings.asked.apt_secrets, run.engines, run.cache, pushes) as stages:
         producer = BuildProducer(
             part.plan,
             settings.asked.output,
@@ -184,7 +185,8 @@ def build(
             base = base_profile(settings.base_image, client, cache, reporter, retries)
             arches = target_arches(settings.arches, base, client, cache, reporter, retries)
         grounds = grounds_for(settings, base, arches, cache, engines, retries, timeline)
-        stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache))
+        pushes = settings.push_repository is not None
+        stages = stack.enter_context(SystemStages(settings.apt_secrets, engines, cache, pushes))
         building = engines is not None and settings.build
         plan = prepare(
             settings,
@@ -302,7 +304,8 @@ def rebuild(
         rebasing = previous is not None and previous.image is not None and not check_only
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bsi-check-"))
         early = stack.enter_context(ThreadPoolExecutor(max_workers=len(arches)))
-        stages = stack.enter_context(SystemStages(configured.apt_secrets, engines))
+        pushes = not check_only and configured.push_repository is not None
+        stages = stack.enter_context(SystemStages(configured.apt_secrets, engines, push=pushes))
         settings = replace(
             configured,
             output=Path(scratch) / "context" if check_only else configured.output,

@@ -36,7 +36,7 @@ from builder.assemble.assemble import (
 )
 from builder.assemble.build import BuildSpec, Log, base_logins, build_image, secret_arguments
 from builder.assemble.from_engine import assembled_image, base_layers
-from builder.assemble.saved import cached_config, read_save
+from builder.assemble.saved import read_save, saved_before
 from builder.base.platforms import offered_arches, select_arches
 from builder.cache import Cache
 from builder.context.render import Secrets, dockerfile
@@ -104,10 +104,12 @@ class SystemStages:
         secret_files: Mapping[str, Path],
         engines: Engines | None = None,
         cache: Cache | None = None,
+        push: bool = False,
     ) -> None:
         self.secret_files = secret_files  # BuildKit secret id -> file, as the build mounts them
         self.engines = engines  # each arch's stage is built on its engine; None: the local one
         self.cache = cache  # where the images built before are recorded; None: always build
+        self.push = push  # the run pushes: the apt layer's tar is kept for it (`keeps_apt`)
         self.pool = ThreadPoolExecutor(max_workers=len(ARCHES))
         self.temp = tempfile.TemporaryDirectory(prefix="bsi-system-")
         self.started: dict[str, Future[str]] = {}
@@ -149,12 +151,20 @@ class SystemStages:
         return _Preloaded(client, image, time.monotonic() - began)
 
     def _save(self, client: docker.DockerClient, system: str, arch: str) -> None:
-        """The stage's config and apt layer into the cache, as the assembly would read them."""
-        if self.cache is None or cached_config(system, self.cache) is not None:
+        """The stage's config, and its apt layer for a push, into the cache, as the assembly
+        would read them."""
+        if self.cache is None:
             return
         below = system_layers(client, system, arch)
-        keep = below[-1] if self.apt_layers.get(arch) and below else None
-        read_save(client, system, self.cache, keep_layer=keep)
+        keep = below[-1] if self.keeps_apt(self.apt_layers.get(arch, False)) and below else None
+        if saved_before(system, self.cache, keep) is None:
+            read_save(client, system, self.cache, keep_layer=keep)
+
+    def keeps_apt(self, has_apt: bool) -> bool:
+        """Whether a stage's apt layer tar is kept in the cache: only a push sends it (gzipped
+        from that tar); a build that only loads the image would hold a second copy of its
+        largest system layer (chromium's, hundreds of MB) for nothing."""
+        return has_apt and self.push
 
     def preloaded(self, arch: str) -> float | None:
         """Wait for `arch`'s preload to end; how long it took. None: none ran, or it failed
@@ -310,7 +320,7 @@ class BuildProducer:
             self.finish.labels,
             self.finish.created,
             tag,
-            apt_layer=bool(arch_plan.apt_packages),
+            apt_layer=self.stages.keeps_apt(bool(arch_plan.apt_packages)),
             env=image_env(self.plan),
         )
         built = assemble(

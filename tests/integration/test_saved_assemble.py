@@ -24,7 +24,7 @@ from builder.assemble import from_engine
 from builder.assemble.assemble import Assembly, assemble, held_layers, load, preload
 from builder.assemble.build import BuildSpec, build_image
 from builder.assemble.from_engine import assembled_image
-from builder.assemble.saved import cached_config, read_save
+from builder.assemble.saved import cached_config, read_save, saved_before
 from builder.cache import Cache
 from builder.credentials import Credentials
 from builder.errors import UserError
@@ -117,6 +117,32 @@ def test_assemble_preloads_then_loads_the_exact_config_and_leaves_no_provisional
             docker_client, system_image, stack, assembly({"x": "y"}, tag, apt_layer=True), cache
         )
         assert again.image_id == built.image_id and sent == [[deps.path, more.path]]
+    finally:
+        docker_client.images.remove(tag, force=True)
+
+
+def test_a_build_that_does_not_push_keeps_no_apt_layer_and_a_push_then_saves_for_it(
+    docker_client: Any, system_image: str, tmp_path: Path
+) -> None:
+    """The apt layer's tar is only a push's (gzipped from it): a build that only loads keeps
+    the config alone, and a later pushing build of the same stage saves it again for the tar
+    rather than trusting the config it finds."""
+    cache = Cache(tmp_path / "cache")
+    stack = (_extras(deps_layer(cache)),)
+    tag = f"bsi-saved-{uuid.uuid4().hex[:8]}:test"
+    apt = docker_client.images.get(system_image).attrs["RootFS"]["Layers"][-1]
+    try:
+        assemble(docker_client, system_image, stack, assembly({}, tag), cache)
+        assert cached_config(system_image, cache) is not None
+        assert cache.find_blob(apt.removeprefix("sha256:"), "layer.tar") is None
+        assert saved_before(system_image, cache) is not None
+        assert saved_before(system_image, cache, apt) is None
+        docker_client.images.remove(tag)
+        assemble(docker_client, system_image, stack, assembly({}, tag, apt_layer=True), cache)
+        kept = cache.find_blob(apt.removeprefix("sha256:"), "layer.tar")
+        assert kept is not None
+        assert f"sha256:{hashlib.sha256(kept.read_bytes()).hexdigest()}" == apt
+        assert saved_before(system_image, cache, apt) == cached_config(system_image, cache)
     finally:
         docker_client.images.remove(tag, force=True)
 

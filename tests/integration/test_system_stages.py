@@ -101,6 +101,8 @@ def test_the_system_stage_starts_before_the_context_exists_and_is_built_once(
     # the image's own load sent only the bytecode layers, and nothing was saved twice
     layers = {one["diff_id"]: one["kind"] for one in built.extras_layers}
     assert saves == ["stages"]
+    apt = system[-1].removeprefix("sha256:")  # a run that does not push keeps no apt tar
+    assert grounds.cache.find_blob(apt, "layer.tar") is None
     assert "preload" in built.seconds
     image_sends = [tops for provisional, tops in sent if not provisional]
     assert [layers[diff_id] for diff_id in image_sends[-1]] == ["bytecode"] * (len(kinds) // 2)
