@@ -24,7 +24,7 @@ import docker
 import docker.errors
 
 from builder import contract
-from builder.assemble.saved import read_save, saved_before
+from builder.assemble.saved import cached_config, read_save, save_cached
 from builder.cache import Cache
 from builder.context.render import lock_of
 from builder.engines.connection import holds_image
@@ -187,7 +187,7 @@ def assemble(
     diff_ids = [one.layer.diff_id for one in extras]
     held = held_layers(client, arch, below, diff_ids)
     keep = below[-1] if assembly.apt_layer and below else None
-    base = saved_before(system_id, cache, keep)
+    base = cached_config(system_id, cache) if save_cached(system_id, cache, keep) else None
     preloading: Future[str] | None = None
     try:
         if base is None:

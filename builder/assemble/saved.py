@@ -76,17 +76,14 @@ def read_save(
     return Saved(config, kept)
 
 
-def saved_before(
-    image_id: str, cache: Cache, keep_layer: str | None = None
-) -> dict[str, Any] | None:
-    """The config an earlier `read_save` of `image_id` read, when the cache also still holds
-    the layer tar `keep_layer` (if asked): what a `read_save` would give, without the save. A
-    run that keeps no layer (no push) leaves a later pushing run to save the image again."""
-    config = cached_config(image_id, cache)
-    if config is None or keep_layer is None:
-        return config
-    held = cache.find_blob(keep_layer.removeprefix("sha256:"), LAYER_TAR)  # the push checks it
-    return config if held is not None else None
+def save_cached(image_id: str, cache: Cache, keep_layer: str | None = None) -> bool:
+    """Whether the cache holds what a `read_save` of `image_id` keeping `keep_layer` would
+    give: its config, and that layer's tar if asked. A run that keeps no layer (no push)
+    leaves a later pushing run to save the image again for it."""
+    if cached_config(image_id, cache) is None:
+        return False
+    hex_layer = None if keep_layer is None else keep_layer.removeprefix("sha256:")
+    return hex_layer is None or cache.find_blob(hex_layer, LAYER_TAR) is not None  # pushes check
 
 
 def cached_config(image_id: str, cache: Cache) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ to sequence.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -84,8 +84,9 @@ from builder.reporter import mask
 from builder.resolve.direct.fetch import fetch_all
 from builder.resolve.index import start_downloads
 from builder.resolve.requirements import RequirementSet, read_requirements
-from builder.resolve.resolution import RemoteFile, Resolution
+from builder.resolve.resolution import RemoteFile, Resolution, same_pins
 from builder.resolve.target import (
+    Arch,
     BaseFacts,
     BaseProfile,
     Target,
@@ -152,7 +153,36 @@ def prepare(
     then seed the cache with what their builds learned of this lock's wheels: inspections at
     once, layers and bytecode pulled beside the downloads (builder.publish.cache_from); a wheel
     is laid out or compiled only once its pull has ended without giving it.
+
+    The downloads start from the set as uv first pins it, while the resolution's check for
+    newer releases goes on (builder.resolve.uv.resolve's `pinned`). The plan waits for that
+    check; in the rare case that it changed the pins (it built a fresher pure-Python source),
+    the run starts again from the checked resolution, keeping in the cache what it fetched.
     """
+    try:
+        return _prepare(settings, grounds, reuse_locks, planned, laid_out)
+    except _Repinned as repinned:
+        return _prepare(settings, grounds, reuse_locks, planned, laid_out, repinned.resolutions)
+
+
+class _Repinned(Exception):
+    """The check for newer releases changed what the set installs: what the run fetched for
+    the first pins may not be the set's (`_checked`)."""
+
+    def __init__(self, resolutions: Sequence[Resolution]) -> None:
+        super().__init__("the check for newer releases changed the pins")
+        self.resolutions = tuple(resolutions)
+
+
+def _prepare(
+    settings: RunSettings,
+    grounds: Grounds,
+    reuse_locks: Mapping[str, str] | None,
+    planned: Callable[[Plan], None] | None,
+    laid_out: Callable[[Mapping[str, tuple[ExtrasLayer, ...]]], None] | None,
+    resolved: Sequence[Resolution] | None = None,
+) -> Plan:
+    """`prepare`, from the checked `resolved` when given (no resolution, no speculation)."""
     requirements = _requirements(settings)
     check_output(settings.output)  # refuse a directory we may not replace before the slow steps
     target = Target(grounds.base, tuple(arch_named(a) for a in dict.fromkeys(grounds.arches)))
@@ -161,7 +191,7 @@ def prepare(
         ExitStack() as stack,
         ThreadPoolExecutor(max_workers=COMPILERS) as compiling,
         cancelled_on_error(compiling) as compile_pool,  # a failure waits for no queued compile
-        ThreadPoolExecutor(max_workers=4 + len(target.arches)) as pool,
+        ThreadPoolExecutor(max_workers=4 + 2 * len(target.arches)) as pool,  # resolves: 2
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
         ThreadPoolExecutor(max_workers=PULLS) as pulling,
     ):
@@ -174,7 +204,9 @@ def prepare(
         with timeline.step("resolve"):
             limit = UNPACKED_MAX if settings.wheel_max is None else settings.wheel_max
             _check_local_wheels(requirements, grounds.cache, grounds.retries, limit)
-            resolutions = _resolve_all(requirements, target, settings, grounds, pool)
+            resolutions, checking = _resolve_all(
+                requirements, target, settings, grounds, pool, resolved
+            )
         chosen = _choose(resolutions, target)
         files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
         requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
@@ -192,6 +224,7 @@ def prepare(
         inspections = inspecting.result()
         timeline.record("inspections", fetching)
         files_at = {sha: future.result() for sha, future in downloads.items()}  # all here now
+        resolutions = _checked(resolutions, checking)  # raises _Repinned
         plan = _plan(requirements, resolutions, chosen, inspections, target, settings, files_at)
         timeline.record("plan", fetching)
         if planned is not None:
@@ -269,22 +302,51 @@ def _resolve_all(
     settings: RunSettings,
     grounds: Grounds,
     pool: ThreadPoolExecutor,
-) -> list[Resolution]:
-    """Every arch's resolution, at once."""
-    return list(
-        pool.map(
-            lambda arch: resolve(
-                requirements,
-                target,
-                arch,
-                grounds.cache,
-                settings.refresh,
-                settings.overrides,
-                grounds.retries,
-            ),
-            target.arches,
+    resolved: Sequence[Resolution] | None = None,
+) -> tuple[list[Resolution], list[Future[Resolution]]]:
+    """Every arch's resolution, at once, as soon as uv has pinned it; and each arch's checked
+    one to come (the check for newer releases goes on meanwhile: `_checked` awaits it). The
+    timeline's `checked` step ends when the last check does. `resolved`: checked already."""
+    if resolved is not None:
+        return list(resolved), []
+    began = grounds.timeline.now()
+    firsts: dict[str, Future[Resolution]] = {arch.name: Future() for arch in target.arches}
+
+    def one(arch: Arch) -> Resolution:
+        return resolve(
+            requirements,
+            target,
+            arch,
+            grounds.cache,
+            settings.refresh,
+            settings.overrides,
+            grounds.retries,
+            pinned=firsts[arch.name].set_result,
         )
-    )
+
+    whole = [pool.submit(one, arch) for arch in target.arches]
+    for future in whole:
+        future.add_done_callback(lambda _: grounds.timeline.record("checked", began))
+    pinned = [_first(firsts[a.name], w) for a, w in zip(target.arches, whole, strict=True)]
+    return pinned, whole
+
+
+def _first(pinned: Future[Resolution], whole: Future[Resolution]) -> Resolution:
+    """The resolution as first pinned; the whole one when it came first (a reused one, which
+    nothing checks again) or failed before pinning (raised here)."""
+    wait([pinned, whole], return_when=FIRST_COMPLETED)
+    return pinned.result() if pinned.done() else whole.result()
+
+
+def _checked(first: list[Resolution], whole: Sequence[Future[Resolution]]) -> list[Resolution]:
+    """Each arch's checked resolution (with the check's notes), once the checks end; raises
+    `_Repinned` when one installs something else than it did as first pinned."""
+    if not whole:
+        return first
+    checked = [future.result() for future in whole]
+    if all(same_pins(a, b) for a, b in zip(first, checked, strict=True)):
+        return checked
+    raise _Repinned(checked)
 
 
 def _choose(resolutions: Sequence[Resolution], target: Target[BaseFacts]) -> Chosen:

@@ -36,7 +36,7 @@ from builder.assemble.assemble import (
 )
 from builder.assemble.build import BuildSpec, Log, base_logins, build_image, secret_arguments
 from builder.assemble.from_engine import assembled_image, base_layers
-from builder.assemble.saved import read_save, saved_before
+from builder.assemble.saved import read_save, save_cached
 from builder.base.platforms import offered_arches, select_arches
 from builder.cache import Cache
 from builder.context.render import Secrets, dockerfile
@@ -157,7 +157,7 @@ class SystemStages:
             return
         below = system_layers(client, system, arch)
         keep = below[-1] if self.keeps_apt(self.apt_layers.get(arch, False)) and below else None
-        if saved_before(system, self.cache, keep) is None:
+        if not save_cached(system, self.cache, keep):
             read_save(client, system, self.cache, keep_layer=keep)
 
     def keeps_apt(self, has_apt: bool) -> bool:

@@ -112,3 +112,15 @@ class Resolution:
     built_from_source: tuple[str, ...]  # "name==version" built into pure wheels on the host
     pylock: str  # uv's PEP 751 lock for this arch, extras and base alike
     warnings: tuple[str, ...] = ()  # stale picks, pins with newer releases
+
+
+def same_pins(one: Resolution, other: Resolution) -> bool:
+    """Whether two resolutions install the same: the same wheels from the same places, the
+    same base pins, the same lock (their notes may differ). A run that fetched for `one`
+    before `other` was known may go on with what it fetched."""
+    return (one.packages, one.provided_by_base, one.built_from_source, one.pylock) == (
+        other.packages,
+        other.provided_by_base,
+        other.built_from_source,
+        other.pylock,
+    )

@@ -24,7 +24,7 @@ from builder.assemble import from_engine
 from builder.assemble.assemble import Assembly, assemble, held_layers, load, preload
 from builder.assemble.build import BuildSpec, build_image
 from builder.assemble.from_engine import assembled_image
-from builder.assemble.saved import cached_config, read_save, saved_before
+from builder.assemble.saved import cached_config, read_save, save_cached
 from builder.cache import Cache
 from builder.credentials import Credentials
 from builder.errors import UserError
@@ -135,14 +135,14 @@ def test_a_build_that_does_not_push_keeps_no_apt_layer_and_a_push_then_saves_for
         assemble(docker_client, system_image, stack, assembly({}, tag), cache)
         assert cached_config(system_image, cache) is not None
         assert cache.find_blob(apt.removeprefix("sha256:"), "layer.tar") is None
-        assert saved_before(system_image, cache) is not None
-        assert saved_before(system_image, cache, apt) is None
+        assert save_cached(system_image, cache)
+        assert not save_cached(system_image, cache, apt)
         docker_client.images.remove(tag)
         assemble(docker_client, system_image, stack, assembly({}, tag, apt_layer=True), cache)
         kept = cache.find_blob(apt.removeprefix("sha256:"), "layer.tar")
         assert kept is not None
         assert f"sha256:{hashlib.sha256(kept.read_bytes()).hexdigest()}" == apt
-        assert saved_before(system_image, cache, apt) == cached_config(system_image, cache)
+        assert save_cached(system_image, cache, apt)
     finally:
         docker_client.images.remove(tag, force=True)
 
