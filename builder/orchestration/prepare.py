@@ -191,7 +191,7 @@ def _prepare(
         ExitStack() as stack,
         ThreadPoolExecutor(max_workers=COMPILERS) as compiling,
         cancelled_on_error(compiling) as compile_pool,  # a failure waits for no queued compile
-        ThreadPoolExecutor(max_workers=4 + 2 * len(target.arches)) as pool,  # resolves: 2
+        ThreadPoolExecutor(max_workers=4 + 2 * len(target.arches)) as pool,  # + checks
         ThreadPoolExecutor(max_workers=DOWNLOADS) as fetch,
         ThreadPoolExecutor(max_workers=PULLS) as pulling,
     ):

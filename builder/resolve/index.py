@@ -19,12 +19,15 @@ import json
 import os
 import re
 import shutil
+import socket
 import ssl
 import stat
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
+import time
 import tomllib
 import urllib.error
 import urllib.parse
@@ -36,7 +39,7 @@ from functools import cache, partial
 from html.parser import HTMLParser
 from pathlib import Path
 from types import MappingProxyType
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import unquote, urljoin
 
 from packaging.utils import (
@@ -129,6 +132,84 @@ def _context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+ADDRESS_TTL = 300.0  # seconds a host's looked-up addresses serve the run's new connections
+_addresses: dict[tuple[str, int], tuple[float, tuple[str, ...]]] = {}
+_addresses_lock = threading.Lock()
+
+
+def open_request(request: urllib.request.Request, timeout: float = 120):
+    """urllib's `urlopen` of `request` for an index or a file host: the run's one TLS context
+    (`tls_context`), the environment's proxies as urllib reads them, and each host's addresses
+    looked up once for the run's new connections (`_connect`)."""
+    opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context=tls_context()))
+    return opener.open(request, timeout=timeout)
+
+
+def _connect(
+    address: tuple[str, int], timeout: float | None = None, source: tuple[str, int] | None = None
+) -> socket.socket:
+    """A connection to `address` through the host's remembered addresses, each tried in turn.
+
+    urllib opens a connection for every request, and each one asks the resolver again: a
+    set's listings and downloads are hundreds of lookups. A resolver that stalls (glibc waits
+    5 s for an answer it lost; on the test machine one lookup in about 20) then costs more than
+    the bytes: 29 of the 30 s the 40-library set's 421 MB took. So a host is looked up once
+    and its addresses serve new connections for ADDRESS_TTL; when none of them answers they
+    are forgotten, so the retry that follows looks the host up again.
+    """
+    host, port = address
+    failure: OSError | None = None
+    for found in _looked_up(host, port):
+        try:
+            return socket.create_connection((found, port), timeout, source)
+        except OSError as error:
+            failure = error
+    with _addresses_lock:
+        _addresses.pop((host, port), None)
+    assert failure is not None  # a lookup gives an address or raises
+    raise failure
+
+
+def _looked_up(host: str, port: int) -> tuple[str, ...]:
+    """`host`'s stream addresses, from the run's memory while fresh, else the resolver's."""
+    now = time.monotonic()
+    with _addresses_lock:
+        remembered = _addresses.get((host, port))
+    if remembered is not None and remembered[0] > now:
+        return remembered[1]
+    answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found = tuple(dict.fromkeys(str(answer[4][0]) for answer in answers))
+    with _addresses_lock:
+        _addresses[(host, port)] = (now + ADDRESS_TTL, found)
+    return found
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _connect
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = _connect  # the TLS name stays the host's: SNI, verification
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__(context=context)
+        self.tls = context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_HTTPSConnection, req, context=self.tls)
+
+
 def _open(url: str, indexes: Sequence[str], accept: str | None = None):
     parts = urllib.parse.urlsplit(url)
     request = urllib.request.Request(redact(url))
@@ -137,7 +218,7 @@ def _open(url: str, indexes: Sequence[str], accept: str | None = None):
         request.add_header("Authorization", auth)
     if accept:
         request.add_header("Accept", accept)
-    return urllib.request.urlopen(request, timeout=120, context=tls_context())
+    return open_request(request)
 
 
 def download(

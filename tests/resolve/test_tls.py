@@ -1,19 +1,29 @@
-"""One TLS context per trust store: an index over HTTPS is read with the environment's CA."""
+"""One TLS context per trust store: an index over HTTPS is read with the environment's CA; and
+one lookup of a host's addresses serves the run's connections to it."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import ipaddress
 import json
+import socket
 import ssl
 import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.tlsengine import make_certs
 
 from builder.errors import UserError
-from builder.resolve.index import index_files, tls_context
+from builder.resolve import index
+from builder.resolve.index import index_files, open_request, tls_context
 
 SHA = "a" * 64
 
@@ -72,3 +82,59 @@ def test_an_index_is_trusted_through_the_environments_ca_and_only_then(
     assert tls_context() is not default  # another trust store, another context
     files = index_files([https_index], "demo")
     assert [(f.filename, f.sha256) for f in files] == [("demo-1.0-py3-none-any.whl", SHA)]
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every (host name, port) the resolver is asked for from now on (an address written as
+    one asks no resolver); the run's memory emptied."""
+    monkeypatch.setattr(index, "_addresses", {})
+    asked: list[tuple[str, int]] = []
+    real = socket.getaddrinfo
+
+    def spied(host: str, port: int, *args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(host)
+            return real(host, port, *args, **kwargs)
+        asked.append((host, port))
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", spied)
+    return asked
+
+
+def test_a_host_is_looked_up_once_for_the_runs_connections_and_verified_by_its_name(
+    https_index: str, certs: Path, lookups: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request opens a connection; only the first asks the resolver (one that stalls 5 s
+    a lookup cost the 40-library set 29 of its 30 s of downloads). The certificate is still
+    checked against the host's name, not the address connected to."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs / "ca.pem"))
+    by_name = https_index.replace("127.0.0.1", "localhost")
+    port = urllib.parse.urlsplit(by_name).port
+    for _ in range(5):
+        files = index_files([by_name], "demo")
+        assert [f.filename for f in files] == ["demo-1.0-py3-none-any.whl"]
+    assert lookups == [("localhost", port)]
+
+
+def test_remembered_addresses_that_no_longer_answer_or_grew_old_are_looked_up_again(
+    https_index: str, certs: Path, lookups: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs / "ca.pem"))
+    by_name = https_index.replace("127.0.0.1", "localhost")
+    port = urllib.parse.urlsplit(by_name).port
+    assert port is not None
+    with open_request(urllib.request.Request(f"{by_name}/demo/")) as response:
+        response.read()
+    index._addresses[("localhost", port)] = (time.monotonic() - 1, ("127.0.0.1",))  # grown old
+    with open_request(urllib.request.Request(f"{by_name}/demo/")) as response:
+        response.read()
+    assert lookups == [("localhost", port)] * 2
+    index._addresses[("localhost", port)] = (time.monotonic() + 60, ("127.0.0.2",))  # moved
+    with pytest.raises(urllib.error.URLError):
+        open_request(urllib.request.Request(f"{by_name}/demo/"), timeout=5)
+    assert ("localhost", port) not in index._addresses  # the retry asks the resolver again
+    with open_request(urllib.request.Request(f"{by_name}/demo/")) as response:
+        response.read()
+    assert lookups == [("localhost", port)] * 3

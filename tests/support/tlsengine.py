@@ -25,12 +25,13 @@ def openssl(*args: str, cwd: Path) -> None:
 
 
 def make_certs(directory: Path, ca_name: str = "bsi-test-ca") -> Path:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, signed by the CA."""
+    """A CA, a server certificate for 127.0.0.1 (and localhost) and a client certificate,
+    signed by the CA."""
     directory.mkdir(parents=True)
     key = ["-newkey", "rsa:2048", "-nodes"]
     openssl("req", "-x509", *key, "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", DAYS,
             "-subj", f"/CN={ca_name}", cwd=directory)  # fmt: skip
-    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name, subject in (("server", "/CN=127.0.0.1"), ("client", "/CN=bsi-client")):
         openssl("req", *key, "-keyout", f"{name}-key.pem", "-out", f"{name}.csr",

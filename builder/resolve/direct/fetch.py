@@ -40,8 +40,8 @@ from builder.resolve.index import (
     build_pure_wheel,
     build_tree,
     compiled_code_evidence,
+    open_request,
     retried,
-    tls_context,
 )
 from builder.resolve.requirements import NamedRequirement, RequirementSet, check_regular
 from builder.resolve.resolution import (
@@ -239,7 +239,7 @@ def _download_once(url: str, target: Path) -> None:
         secret = urllib.parse.unquote(parts.password or "")
         token = base64.b64encode(f"{user}:{secret}".encode()).decode()
         request.add_unredirected_header("Authorization", f"Basic {token}")
-    opened = urllib.request.urlopen(request, timeout=120, context=tls_context())
+    opened = open_request(request)
     with opened as response, target.open("wb") as out:
         body = SteadyBody(response)
         while chunk := body.read(CHUNK):
