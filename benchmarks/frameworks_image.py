@@ -113,11 +113,35 @@ def measure(image: str, base: dict, seconds: float) -> Measured:
     )
 
 
-def timed(command: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
+class Work(NamedTuple):
+    """What one build took of the whole machine (the engine's work too): busy core-seconds
+    (idle, iowait and steal left out) and bytes written to its disks."""
+
+    core_seconds: float
+    written: int
+
+
+def machine_counters() -> Work:
+    """The machine's busy core-seconds and bytes written to disk since it started."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = sum(fields) - fields[3] - fields[4] - fields[7]  # idle, iowait, steal
+    sectors = 0
+    for line in Path("/proc/diskstats").read_text().splitlines():
+        parts = line.split()  # whole disks (vda, not vda1, already counted in vda)
+        if Path(f"/sys/block/{parts[2]}").exists() and not parts[2].startswith(("loop", "ram")):
+            sectors += int(parts[9])
+    return Work(busy / os.sysconf("SC_CLK_TCK"), sectors * 512)
+
+
+def timed(command: list[str], env: dict[str, str], work: list[Work]) -> float:
+    """Run `command` to the end (failing loudly); its wall time. What the machine did
+    meanwhile is appended to `work`."""
+    start, before = time.perf_counter(), machine_counters()
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         sys.exit(f"error: {command[0]} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    after = machine_counters()
+    work.append(Work(after.core_seconds - before.core_seconds, after.written - before.written))
     return time.perf_counter() - start
 
 
@@ -162,6 +186,7 @@ def main() -> None:
     args = parser.parse_args()
     requirements = args.r.read_text() if args.r else DEFAULT_SET
     run = uuid.uuid4().hex[:8]
+    did: list[Work] = []  # what the machine did: ours, then the hand-written build
     own_base, hand_base = f"bsi-bench-{run}/own:1", f"bsi-bench-{run}/hand:1"
     with tempfile.TemporaryDirectory(prefix="bsi-bench-") as temp:
         work = Path(temp)
@@ -175,7 +200,7 @@ def main() -> None:
                     "--base-image", own_base, "--arch", "amd64", "--tag", f"bsi-bench-{run}/ours",
                     "--no-verify", "--output", str(work / "context"),
                     "--cache-dir", str(work / "cache")]  # fmt: skip
-            ours_seconds = timed(ours, env)
+            ours_seconds = timed(ours, env, did)
             report = json.loads((work / "context" / "report.json").read_text())
             shutil.rmtree(work / "cache")  # gigabytes of wheels and layers: room for the next
             ours_measured = measure(f"bsi-bench-{run}/ours", base, ours_seconds)
@@ -187,7 +212,7 @@ def main() -> None:
             theirs = [DOCKER, "build", "-t", f"bsi-bench-{run}/handwritten",
                       "--build-arg", f"BASE_IMAGE={hand_base}",
                       "--secret", f"id=ca,src={CA_BUNDLE}", str(hand)]  # fmt: skip
-            hand_measured = measure(f"bsi-bench-{run}/handwritten", base, timed(theirs, env))
+            hand_measured = measure(f"bsi-bench-{run}/handwritten", base, timed(theirs, env, did))
         finally:
             subprocess.run([DOCKER, "rmi", "-f", own_base, hand_base, f"bsi-bench-{run}/ours",
                             f"bsi-bench-{run}/handwritten"], capture_output=True)  # fmt: skip
@@ -197,6 +222,11 @@ def main() -> None:
           f"{len(report['architectures']['amd64']['packages'])}, installed {gb(total)}, "
           f"of which GPU-only wheels (nvidia-*, cuda-*, triton) {gb(gpu)}")  # fmt: skip
     report_table(ours_measured, hand_measured)
+    for name, one in zip(("ours", "hand-written"), did, strict=True):
+        print(f"{name}: the machine busy {one.core_seconds:.0f} core-seconds, wrote"
+              f" {one.written / 1e9:.1f} GB to disk")  # fmt: skip
+    print(f"the cores give {(os.cpu_count() or 1) * hand_measured.seconds:.0f} core-seconds in"
+          f" the hand-written build's {hand_measured.seconds:.1f} s")  # fmt: skip
     print(tool_steps(report))
 
 

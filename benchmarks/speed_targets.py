@@ -85,11 +85,18 @@ class Measured:
     peak: int
     busy: tuple[float, ...] = ()
 
+    def core_seconds(self, last: float | None = None) -> float:
+        """The whole machine's busy core-seconds over the run (or its `last` seconds): the CPU
+        work the run and everything beside it took, the engine's included."""
+        seconds = self.busy if last is None else self.busy[-max(1, round(last)) :]
+        return sum(seconds) * (os.cpu_count() or 1)
+
 
 def cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of every core together, from /proc/stat."""
+    """(busy, total) jiffies of every core together, from /proc/stat. Busy leaves out idle,
+    iowait and steal (time the hypervisor gave another machine: not this run's work)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle and iowait
+    idle = fields[3] + fields[4] + fields[7]  # idle, iowait and steal
     return sum(fields) - idle, sum(fields)
 
 
@@ -336,6 +343,11 @@ def one_set(
           f" hand-written build's speed (target >= 1.0x); plan and layers {planned:.1f} s,"
           f" {phases}")  # fmt: skip
     peaks = cold.peak / 2**20, unverified.peak / 2**20
+    capacity = hand.wall * (os.cpu_count() or 1)
+    print(f"      machine CPU work (busy core-seconds): hand-written {hand.core_seconds():.0f},"
+          f" ours unverified {unverified.core_seconds():.0f}, verified {cold.core_seconds():.0f}"
+          f" (its verification {cold.core_seconds(spent.get('verify')):.0f}); the cores give"
+          f" {capacity:.0f} in the hand-written build's {hand.wall:.1f} s")  # fmt: skip
     print(f"(iii) peak memory of the cold build: {peaks[0]:.0f} MiB (target <= 500 MB;"
           f" unverified {peaks[1]:.0f} MiB); the tool's CPU {cold.cpu:.1f} s")  # fmt: skip
     print(f"(v)   no-change rerun: {statistics.median(reruns):.2f} s median of 5"
