@@ -133,16 +133,58 @@ def _context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
 
 
 ADDRESS_TTL = 300.0  # seconds a host's looked-up addresses serve the run's new connections
-_addresses: dict[tuple[str, int], tuple[float, tuple[str, ...]]] = {}
+# (host, port) -> (fresh until, the addresses: family and socket address, in the order tried)
+_Address = tuple[socket.AddressFamily, tuple[Any, ...]]
+_addresses: dict[tuple[str, int], tuple[float, tuple[_Address, ...]]] = {}
 _addresses_lock = threading.Lock()
+_lookup_locks: dict[tuple[str, int], threading.Lock] = {}  # one lookup of a host at a time
 
 
 def open_request(request: urllib.request.Request, timeout: float = 120):
     """urllib's `urlopen` of `request` for an index or a file host: the run's one TLS context
-    (`tls_context`), the environment's proxies as urllib reads them, and each host's addresses
-    looked up once for the run's new connections (`_connect`)."""
-    opener = urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context=tls_context()))
+    (`tls_context`), the environment's proxies as urllib reads them, each host's addresses
+    looked up once for the run's new connections (`_connect`), and no credential carried to
+    another host by a redirect (`_CredentialsStay`)."""
+    opener = urllib.request.build_opener(
+        _HTTPHandler(), _HTTPSHandler(context=tls_context()), _CredentialsStay()
+    )
     return opener.open(request, timeout=timeout)
+
+
+class _CredentialsStay(urllib.request.HTTPRedirectHandler):
+    """Redirects that drop the index's credentials when they lead to another host, or from
+    https to plain http.
+
+    urllib copies a request's headers into the one a redirect makes, `Authorization` too: a
+    private index that sends its files to a CDN or a bucket (a common layout) would hand the
+    index's password to it. The same host keeps them (`/simple/x` to `/simple/x/`)."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        made = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if made is not None and not _same_origin(req.full_url, made.full_url):
+            made.remove_header("Authorization")
+        return made
+
+
+def _same_origin(before: str, after: str) -> bool:
+    """Whether a redirect from `before` to `after` stays with the host the credentials are
+    for, over a transport no weaker: the same host and port, and not https to http."""
+    old, new = urllib.parse.urlsplit(before), urllib.parse.urlsplit(after)
+    if old.scheme == "https" and new.scheme != "https":
+        return False
+    return (old.hostname, _port_of(old)) == (new.hostname, _port_of(new))
+
+
+def _port_of(parts: urllib.parse.SplitResult) -> int | None:
+    return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
 def _connect(
@@ -154,34 +196,71 @@ def _connect(
     set's listings and downloads are hundreds of lookups. A resolver that stalls (glibc waits
     5 s for an answer it lost; on the test machine one lookup in about 20) then costs more than
     the bytes: 29 of the 30 s the 40-library set's 421 MB took. So a host is looked up once
-    and its addresses serve new connections for ADDRESS_TTL; when none of them answers they
-    are forgotten, so the retry that follows looks the host up again.
+    and its addresses serve new connections for ADDRESS_TTL. An address that does not answer
+    goes to the back for the connections after it; when none answers they are forgotten, so
+    the retry that follows looks the host up again.
     """
     host, port = address
     failure: OSError | None = None
-    for found in _looked_up(host, port):
+    for family, found in _looked_up(host, port):
         try:
-            return socket.create_connection((found, port), timeout, source)
+            connection = _opened(family, found, timeout, source)
         except OSError as error:
             failure = error
+            _tried_last(host, port, (family, found))
+            continue
+        return connection
     with _addresses_lock:
         _addresses.pop((host, port), None)
     assert failure is not None  # a lookup gives an address or raises
     raise failure
 
 
-def _looked_up(host: str, port: int) -> tuple[str, ...]:
-    """`host`'s stream addresses, from the run's memory while fresh, else the resolver's."""
-    now = time.monotonic()
+def _opened(
+    family: socket.AddressFamily,
+    address: tuple[Any, ...],
+    timeout: float | None,
+    source: tuple[str, int] | None,
+) -> socket.socket:
+    """A stream socket connected to `address` as the resolver gave it (an IPv6 one with its
+    scope, which a bare address string loses), as socket.create_connection makes one."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if timeout is not None:
+            sock.settimeout(timeout)
+        if source is not None:
+            sock.bind(source)
+        sock.connect(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _tried_last(host: str, port: int, failed: _Address) -> None:
     with _addresses_lock:
         remembered = _addresses.get((host, port))
-    if remembered is not None and remembered[0] > now:
-        return remembered[1]
-    answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    found = tuple(dict.fromkeys(str(answer[4][0]) for answer in answers))
+        if remembered is not None and failed in remembered[1]:
+            rest = tuple(one for one in remembered[1] if one != failed)
+            _addresses[(host, port)] = (remembered[0], (*rest, failed))
+
+
+def _looked_up(host: str, port: int) -> tuple[_Address, ...]:
+    """`host`'s stream addresses, from the run's memory while fresh, else the resolver's: one
+    lookup of a host at a time, so the downloads that start together do not each ask it."""
     with _addresses_lock:
-        _addresses[(host, port)] = (now + ADDRESS_TTL, found)
-    return found
+        lock = _lookup_locks.setdefault((host, port), threading.Lock())
+    with lock:
+        now = time.monotonic()
+        with _addresses_lock:
+            remembered = _addresses.get((host, port))
+        if remembered is not None and remembered[0] > now:
+            return remembered[1]
+        answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        found = tuple(dict.fromkeys((answer[0], answer[4]) for answer in answers))
+        with _addresses_lock:
+            _addresses[(host, port)] = (now + ADDRESS_TTL, found)
+        return found
 
 
 class _HTTPConnection(http.client.HTTPConnection):

@@ -127,14 +127,62 @@ def test_remembered_addresses_that_no_longer_answer_or_grew_old_are_looked_up_ag
     assert port is not None
     with open_request(urllib.request.Request(f"{by_name}/demo/")) as response:
         response.read()
-    index._addresses[("localhost", port)] = (time.monotonic() - 1, ("127.0.0.1",))  # grown old
+    here = (socket.AF_INET, ("127.0.0.1", port))
+    index._addresses[("localhost", port)] = (time.monotonic() - 1, (here,))  # grown old
     with open_request(urllib.request.Request(f"{by_name}/demo/")) as response:
         response.read()
     assert lookups == [("localhost", port)] * 2
-    index._addresses[("localhost", port)] = (time.monotonic() + 60, ("127.0.0.2",))  # moved
+    moved = (socket.AF_INET, ("127.0.0.2", port))  # loopback too, where nothing listens
+    index._addresses[("localhost", port)] = (time.monotonic() + 60, (moved,))
     with pytest.raises(urllib.error.URLError):
         open_request(urllib.request.Request(f"{by_name}/demo/"), timeout=5)
     assert ("localhost", port) not in index._addresses  # the retry asks the resolver again
     with open_request(urllib.request.Request(f"{by_name}/demo/")) as response:
         response.read()
     assert lookups == [("localhost", port)] * 3
+
+
+def test_an_address_that_does_not_answer_is_tried_after_the_one_that_did(
+    https_index: str, certs: Path, lookups: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round-robin DNS no longer spreads the connections: a dead address first in the list
+    would cost every connection its timeout for ADDRESS_TTL."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs / "ca.pem"))
+    by_name = https_index.replace("127.0.0.1", "localhost")
+    port = urllib.parse.urlsplit(by_name).port
+    assert port is not None
+    dead, alive = (socket.AF_INET, ("127.0.0.2", port)), (socket.AF_INET, ("127.0.0.1", port))
+    index._addresses[("localhost", port)] = (time.monotonic() + 60, (dead, alive))
+    with open_request(urllib.request.Request(f"{by_name}/demo/")) as response:
+        response.read()
+    assert index._addresses[("localhost", port)][1] == (alive, dead)
+    assert lookups == []
+
+
+def test_connections_that_start_together_ask_the_resolver_once(
+    lookups: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The downloads start eight at a time: each asking a resolver that stalls would bring
+    back the stall the memory is there to avoid."""
+    monkeypatch.setattr(index, "_lookup_locks", {})
+    spied = socket.getaddrinfo
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.2)  # a resolver taking its time: the others arrive meanwhile
+        return spied(*args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    barrier = threading.Barrier(8)
+    found: list[object] = []
+
+    def look() -> None:
+        barrier.wait()
+        found.append(index._looked_up("localhost", 443))
+
+    threads = [threading.Thread(target=look) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert lookups == [("localhost", 443)]
+    assert len(found) == 8 and all(one == found[0] for one in found) and found[0]
