@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -162,7 +162,12 @@ def prepare(
     try:
         return _prepare(settings, grounds, reuse_locks, planned, laid_out)
     except _Repinned as repinned:
+        grounds.timeline.repinned(AFTER_RESOLVE)
         return _prepare(settings, grounds, reuse_locks, planned, laid_out, repinned.resolutions)
+
+
+# The steps a run started again from the checked pins records anew (`Timeline.repinned`).
+AFTER_RESOLVE = ("downloads", "inspections", "plan", "layers", "bytecode")
 
 
 class _Repinned(Exception):
@@ -201,30 +206,32 @@ def _prepare(
             pulling.submit(open_source, ref, grounds.arches, grounds.retries, grounds.cache.warn)
             for ref in asked
         ]
-        with timeline.step("resolve"):
+        # a rerun from checked pins resolves nothing: the first resolution keeps its step
+        with timeline.step("resolve") if resolved is None else nullcontext():
             limit = UNPACKED_MAX if settings.wheel_max is None else settings.wheel_max
             _check_local_wheels(requirements, grounds.cache, grounds.retries, limit)
             resolutions, checking = _resolve_all(
                 requirements, target, settings, grounds, pool, resolved
             )
-        chosen = _choose(resolutions, target)
-        files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
-        requirements.check_hashes(files)  # pip's hash-checking mode, before anything is fetched
-        pins = _pins(resolutions, chosen)
-        lock = {file.sha256: file.filename for file in files}
-        sources = [one.result() for one in opening]  # read while the set resolved
-        fetching = timeline.now()
-        downloads = _start_downloads(files, requirements, grounds, fetch, limit)
-        warn = grounds.cache.warn
-        seeding = Seeding(grounds.cache, pulling, warn, downloads)
-        seeded = seed(asked, sources, lock, seeding)
-        inspecting, feeding = _start_reading(downloads, grounds, pool, compile_, seeded)
-        writing = _start_layers(pins, downloads, reuse_locks, grounds, pool, seeded)
-        timeline.record("downloads", fetching)
-        inspections = inspecting.result()
-        timeline.record("inspections", fetching)
-        files_at = {sha: future.result() for sha, future in downloads.items()}  # all here now
-        resolutions = _checked(resolutions, checking)  # raises _Repinned
+        with _failing_as_checked(resolutions, checking):
+            chosen = _choose(resolutions, target)
+            files = [file for per_arch in chosen.values() for file, _ in per_arch.values()]
+            requirements.check_hashes(files)  # pip's hash-checking mode, before any fetch
+            pins = _pins(resolutions, chosen)
+            lock = {file.sha256: file.filename for file in files}
+            sources = [one.result() for one in opening]  # read while the set resolved
+            fetching = timeline.now()
+            downloads = _start_downloads(files, requirements, grounds, fetch, limit)
+            warn = grounds.cache.warn
+            seeding = Seeding(grounds.cache, pulling, warn, downloads)
+            seeded = seed(asked, sources, lock, seeding)
+            inspecting, feeding = _start_reading(downloads, grounds, pool, compile_, seeded)
+            writing = _start_layers(pins, downloads, reuse_locks, grounds, pool, seeded)
+            timeline.record("downloads", fetching)
+            inspections = inspecting.result()
+            timeline.record("inspections", fetching)
+            files_at = {sha: future.result() for sha, future in downloads.items()}  # all here
+            resolutions = _checked(resolutions, checking)  # raises _Repinned
         plan = _plan(requirements, resolutions, chosen, inspections, target, settings, files_at)
         timeline.record("plan", fetching)
         if planned is not None:
@@ -336,6 +343,36 @@ def _first(pinned: Future[Resolution], whole: Future[Resolution]) -> Resolution:
     nothing checks again) or failed before pinning (raised here)."""
     wait([pinned, whole], return_when=FIRST_COMPLETED)
     return pinned.result() if pinned.done() else whole.result()
+
+
+@contextmanager
+def _failing_as_checked(
+    first: list[Resolution], whole: Sequence[Future[Resolution]]
+) -> Iterator[None]:
+    """A failure of the work on the first pins (a wheel refused, a download gone) counts only
+    when the check keeps those pins: when it changed them, the run starts again from its pins
+    (`_Repinned`), which may not install that wheel at all. The check's own failure then is
+    not the one reported: the work's is."""
+    try:
+        yield
+    except _Repinned:
+        raise
+    except Exception as error:
+        if whole and (repinned := _repinned(first, whole)) is not None:
+            raise repinned from error
+        raise
+
+
+def _repinned(first: list[Resolution], whole: Sequence[Future[Resolution]]) -> _Repinned | None:
+    """The check's new pins, once it ends, when it changed them; None when it kept them or
+    failed (a failure the caller's own error outranks)."""
+    try:
+        _checked(first, whole)
+    except _Repinned as repinned:
+        return repinned
+    except Exception:
+        return None
+    return None
 
 
 def _checked(first: list[Resolution], whole: Sequence[Future[Resolution]]) -> list[Resolution]:

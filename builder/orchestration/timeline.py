@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -58,6 +58,17 @@ class Timeline:
                 self.wheels.setdefault(sha256, {}).setdefault(stage, at)
 
         return mark
+
+    def repinned(self, again: Sequence[str]) -> None:
+        """The run starts again from the checked pins: the steps it records `again` become
+        one, `repinned` (from the earliest of them to now), and the wheels' marks are dropped,
+        so that what the report shows is the rerun's, beside the first resolution and check."""
+        with self.lock:
+            spans = [self.steps.pop(name) for name in again if name in self.steps]
+            began = min((start for start, _ in spans), default=self.now())
+            self.steps["repinned"] = (began, self.now())
+            self.wheels.clear()
+            self.names.clear()
 
     def name(self, wheels: Mapping[str, str]) -> None:
         """The filenames of the wheels marked by sha256, for the record."""

@@ -11,6 +11,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from support.plans import reference_profile
 from support.projects import pure_sdist
 from support.wheelfactory import make_wheel
-from support.wheelindex import serve_wheel
+from support.wheelindex import OneWheelIndex, serve_wheel
 
 from builder.cache import Cache
 from builder.config import RunSettings
@@ -29,9 +30,23 @@ from builder.resolve import uv as resolve_module
 WAIT = 60.0  # seconds a held check waits for the download it expects to overlap
 
 
-@pytest.fixture
-def index(tmp_path: Path) -> Iterator[int]:
-    """The loopback index's port."""
+OLD_WHEEL = "bsi_fresh-1.0-py3-none-any.whl"
+
+
+class _OnlyUvGetsTheOldWheel(OneWheelIndex):
+    """An index whose 1.0 wheel uv can read (to pin it) but the run's download cannot: a file
+    a CDN lost between the two, failing the work on the first pins."""
+
+    def do_GET(self) -> None:
+        if self.path.endswith(OLD_WHEEL) and not self.headers.get("User-Agent", "").startswith(
+            "uv/"
+        ):
+            self._answer(404)
+            return
+        super().do_GET()
+
+
+def _serve(tmp_path: Path, kind: type[OneWheelIndex]) -> AbstractContextManager[int]:
     files = tmp_path / "index"
     files.mkdir()
     old = make_wheel(
@@ -39,7 +54,20 @@ def index(tmp_path: Path) -> Iterator[int]:
     )
     new = pure_sdist(files, "bsi-fresh", "2.0", "bsi_fresh", "V = 2\n")
     plain = make_wheel(files, "bsi-plain", "1.0", "py3-none-any", {"bsi_plain.py": b"V = 1\n"})
-    with serve_wheel(old, "bsi-fresh", more=(new,), others={"bsi-plain": plain}) as port:
+    return serve_wheel(old, "bsi-fresh", more=(new,), others={"bsi-plain": plain}, kind=kind)
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[int]:
+    """The loopback index's port."""
+    with _serve(tmp_path, OneWheelIndex) as port:
+        yield port
+
+
+@pytest.fixture
+def losing_index(tmp_path: Path) -> Iterator[int]:
+    """The same index, its 1.0 wheel served to uv only."""
+    with _serve(tmp_path, _OnlyUvGetsTheOldWheel) as port:
         yield port
 
 
@@ -87,11 +115,27 @@ def test_the_wheels_are_fetched_while_the_check_for_newer_releases_runs(
 def test_a_check_that_changes_the_pins_starts_the_run_again_from_them(
     index: int, tmp_path: Path
 ) -> None:
-    plan, _ = run(tmp_path, index, "bsi-fresh")
+    plan, timeline = run(tmp_path, index, "bsi-fresh")
     (wheel,) = plan.arches[0].wheels
     assert (wheel.name, wheel.version) == ("bsi-fresh", "2.0")
     assert "bsi-fresh==2.0" in plan.arches[0].built_from_source
-    speculated = fetched(tmp_path, "bsi_fresh-1.0-py3-none-any.whl")
+    speculated = fetched(tmp_path, OLD_WHEEL)
     assert speculated, "the first pin (1.0) was not fetched before the check ended"
     lock = (tmp_path / "out" / "requirements-amd64.lock").read_text()
     assert "bsi-fresh==2.0" in lock and "bsi-fresh==1.0" not in lock
+    shown = timeline.to_dict()
+    assert "repinned" in shown["steps"]  # type: ignore[operator]
+    wheels = list(shown["wheels"])  # type: ignore[call-overload]
+    assert OLD_WHEEL not in wheels and any(name.startswith("bsi_fresh-2.0") for name in wheels)
+    began, _ = timeline.steps["resolve"]  # the rerun's would begin after the repin
+    assert began < timeline.steps["repinned"][1], "the rerun's resolve step replaced the first"
+
+
+def test_a_failure_on_the_first_pins_gives_way_to_the_checks_pins(
+    losing_index: int, tmp_path: Path
+) -> None:
+    """The first pins' wheel cannot be downloaded; the checked set does not install it, so
+    the run does not fail on it: it starts again from the check's pins."""
+    plan, timeline = run(tmp_path, losing_index, "bsi-fresh")
+    assert [(w.name, w.version) for w in plan.arches[0].wheels] == [("bsi-fresh", "2.0")]
+    assert "repinned" in timeline.steps

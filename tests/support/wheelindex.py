@@ -84,15 +84,17 @@ def serve_wheel(
     seen: list[str] | None = None,
     more: tuple[Path, ...] = (),
     others: dict[str, Path] | None = None,
+    kind: type[OneWheelIndex] = OneWheelIndex,
 ) -> Iterator[int]:
     """Serve `wheel` (and `more` files of the same project) as `project` on a free loopback
     port, and each of `others` (project -> its one file) beside it; yields the port.
 
-    `failing`: the first that many requests are answered 503; `seen` receives every request.
+    `failing`: the first that many requests are answered 503; `seen` receives every request;
+    `kind`: the handler, OneWheelIndex or one that answers some requests otherwise.
     """
     handler = type(
         "Handler",
-        (OneWheelIndex,),
+        (kind,),
         {
             "listed": {project: (wheel, *more), **{p: (f,) for p, f in (others or {}).items()}},
             "credentials": credentials,
