@@ -69,17 +69,18 @@ COMPILED_SOURCES = re.compile(
 )
 
 
-def _credentials(indexes: Sequence[str]) -> dict[str, str]:
-    """Host -> Basic authorization header value, from index URLs that carry credentials."""
-    result = {}
-    for index in indexes:
-        parts = urllib.parse.urlsplit(index)
-        if parts.username is not None:
+def _authorization(url: str, indexes: Sequence[str]) -> str | None:
+    """The Basic authorization for a request of `url`: from its own credentials, else from
+    those of the last index at its origin (`_same_origin`: an http index's serve its https
+    upgrade too). An index's never go to another host or port, nor over plain http when the
+    index is https (a page may list its files anywhere)."""
+    for candidate in (url, *reversed(indexes)):
+        parts = urllib.parse.urlsplit(candidate)
+        if parts.username is not None and _same_origin(candidate, url):
             user = urllib.parse.unquote(parts.username)
             password = urllib.parse.unquote(parts.password or "")
-            token = base64.b64encode(f"{user}:{password}".encode()).decode()
-            result[parts.hostname or ""] = f"Basic {token}"
-    return result
+            return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    return None
 
 
 T = TypeVar("T")
@@ -138,6 +139,7 @@ _Address = tuple[socket.AddressFamily, tuple[Any, ...]]
 _addresses: dict[tuple[str, int], tuple[float, tuple[_Address, ...]]] = {}
 _addresses_lock = threading.Lock()
 _lookup_locks: dict[tuple[str, int], threading.Lock] = {}  # one lookup of a host at a time
+_lookup_failures: dict[tuple[str, int], tuple[float, OSError]] = {}  # when it last failed, how
 
 
 def open_request(request: urllib.request.Request, timeout: float = 120):
@@ -152,12 +154,15 @@ def open_request(request: urllib.request.Request, timeout: float = 120):
 
 
 class _CredentialsStay(urllib.request.HTTPRedirectHandler):
-    """Redirects that drop the index's credentials when they lead to another host, or from
-    https to plain http.
+    """Redirects that drop the index's credentials when they lead to another origin, and the
+    proxy's always.
 
     urllib copies a request's headers into the one a redirect makes, `Authorization` too: a
     private index that sends its files to a CDN or a bucket (a common layout) would hand the
-    index's password to it. The same host keeps them (`/simple/x` to `/simple/x/`)."""
+    index's password to it. The same origin keeps them (`/simple/x` to `/simple/x/`). The
+    proxy's `Proxy-Authorization` is a plain header too: copied to a host the environment
+    reaches without the proxy (NO_PROXY), it would go there; the proxy handler adds it again
+    to each request that goes through the proxy."""
 
     def redirect_request(
         self,
@@ -169,22 +174,25 @@ class _CredentialsStay(urllib.request.HTTPRedirectHandler):
         newurl: str,
     ) -> urllib.request.Request | None:
         made = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if made is not None and not _same_origin(req.full_url, made.full_url):
+        if made is None:
+            return None
+        made.remove_header("Proxy-authorization")  # as urllib's ProxyHandler spells it
+        if not _same_origin(req.full_url, made.full_url):
             made.remove_header("Authorization")
         return made
 
 
 def _same_origin(before: str, after: str) -> bool:
-    """Whether a redirect from `before` to `after` stays with the host the credentials are
-    for, over a transport no weaker: the same host and port, and not https to http."""
-    old, new = urllib.parse.urlsplit(before), urllib.parse.urlsplit(after)
-    if old.scheme == "https" and new.scheme != "https":
-        return False
-    return (old.hostname, _port_of(old)) == (new.hostname, _port_of(new))
+    """Whether credentials for `before` may go with a request of `after`: the same scheme,
+    host and port, or the upgrade of an http origin to https on the default ports (as pip's
+    requests allows); never to another host or port, nor from https to plain http."""
+    old, new = _origin(before), _origin(after)
+    return old == new or (old == ("http", new[1], 80) and new == ("https", old[1], 443))
 
 
-def _port_of(parts: urllib.parse.SplitResult) -> int | None:
-    return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
 def _connect(
@@ -226,12 +234,12 @@ def _opened(
     scope, which a bare address string loses), as socket.create_connection makes one."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        if timeout is not None:
+        if timeout is None or isinstance(timeout, int | float):  # not http.client's "default"
             sock.settimeout(timeout)
         if source is not None:
             sock.bind(source)
         sock.connect(address)
-    except OSError:
+    except BaseException:
         sock.close()
         raise
     return sock
@@ -247,19 +255,31 @@ def _tried_last(host: str, port: int, failed: _Address) -> None:
 
 def _looked_up(host: str, port: int) -> tuple[_Address, ...]:
     """`host`'s stream addresses, from the run's memory while fresh, else the resolver's: one
-    lookup of a host at a time, so the downloads that start together do not each ask it."""
+    lookup of a host at a time, so the downloads that start together do not each ask it; and
+    those that waited for a lookup that failed share its failure rather than each asking in
+    turn (a resolver that is down would cost each of them its timeout, one after another)."""
+    key = (host, port)
+    asked = time.monotonic()
     with _addresses_lock:
-        lock = _lookup_locks.setdefault((host, port), threading.Lock())
+        lock = _lookup_locks.setdefault(key, threading.Lock())
     with lock:
         now = time.monotonic()
         with _addresses_lock:
-            remembered = _addresses.get((host, port))
+            remembered, failed = _addresses.get(key), _lookup_failures.get(key)
         if remembered is not None and remembered[0] > now:
             return remembered[1]
-        answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if failed is not None and failed[0] >= asked:  # it failed while this one waited
+            raise failed[1]
+        try:
+            answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as error:
+            with _addresses_lock:
+                _lookup_failures[key] = (time.monotonic(), error)
+            raise
         found = tuple(dict.fromkeys((answer[0], answer[4]) for answer in answers))
         with _addresses_lock:
-            _addresses[(host, port)] = (now + ADDRESS_TTL, found)
+            _addresses[key] = (now + ADDRESS_TTL, found)
+            _lookup_failures.pop(key, None)
         return found
 
 
@@ -290,9 +310,8 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 
 
 def _open(url: str, indexes: Sequence[str], accept: str | None = None):
-    parts = urllib.parse.urlsplit(url)
     request = urllib.request.Request(redact(url))
-    auth = _credentials([*indexes, url]).get(parts.hostname or "")
+    auth = _authorization(url, indexes)
     if auth:
         request.add_header("Authorization", auth)
     if accept:

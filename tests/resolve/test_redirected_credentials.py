@@ -1,5 +1,6 @@
-"""An index's credentials stay with its host: a redirect to another host (a CDN, a bucket) or
-from https to plain http drops them; one on the same host keeps them."""
+"""An index's credentials stay with its origin: a redirect to another host (a CDN, a bucket), to
+another port or from https to plain http drops them, and so does a file listed there; one on the
+same origin, or its upgrade from http to https, keeps them. A proxy's never follow a redirect."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import base64
 import http.server
 import json
 import threading
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from builder.resolve.index import _same_origin, index_files
+from builder.resolve.index import _authorization, _CredentialsStay, _same_origin, index_files
 
 SHA = "b" * 64
 TOKEN = "s3cret-token"
@@ -77,6 +79,11 @@ def test_a_redirect_to_another_host_carries_no_credential_and_one_on_the_same_ho
     ("before", "after", "kept"),
     [
         ("https://pypi.example/simple/x", "https://pypi.example/simple/x/", True),
+        ("https://PyPI.example/simple/x", "https://pypi.example/files/x", True),  # case
+        ("http://pypi.example/simple/x", "https://pypi.example/simple/x/", True),  # upgraded
+        ("http://pypi.example:8080/simple/x", "https://pypi.example/simple/x/", False),
+        ("http://[::1]:8080/simple/x", "http://[::1]:8080/files/x", True),
+        ("http://[::1]:8080/simple/x", "http://[::2]:8080/files/x", False),
         ("https://pypi.example/simple/x", "https://pypi.example:443/files/x", True),
         ("http://pypi.example:80/simple/x", "http://pypi.example/files/x", True),
         ("https://pypi.example/simple/x", "http://pypi.example/simple/x/", False),  # downgraded
@@ -87,3 +94,34 @@ def test_a_redirect_to_another_host_carries_no_credential_and_one_on_the_same_ho
 )
 def test_which_redirects_keep_the_credentials(before: str, after: str, kept: bool) -> None:
     assert _same_origin(before, after) is kept
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_a_file_is_sent_an_indexs_credentials_only_at_the_indexs_origin() -> None:
+    """A page may list its files anywhere: an https index's credentials never go over plain
+    http, nor to another port; the file's own credentials win."""
+    index = f"https://ci:{TOKEN}@pypi.example/simple"
+    assert _authorization("https://pypi.example/files/a.whl", [index]) == basic("ci", TOKEN)
+    assert _authorization("http://pypi.example/files/a.whl", [index]) is None
+    assert _authorization("https://pypi.example:8443/files/a.whl", [index]) is None
+    assert _authorization("https://cdn.example/files/a.whl", [index]) is None
+    own = "https://me:mine@pypi.example/files/a.whl"
+    assert _authorization(own, [index]) == basic("me", "mine")
+
+
+def test_a_redirect_never_carries_the_proxys_credentials() -> None:
+    """urllib's ProxyHandler sets Proxy-Authorization as a plain header, which a redirect
+    copies: to a host reached without the proxy (NO_PROXY) it would go in the clear. The
+    handler adds it again to each request that goes through the proxy."""
+    request = urllib.request.Request("http://pypi.example/simple/x/")
+    request.add_header("Authorization", basic("ci", TOKEN))
+    request.add_header("Proxy-Authorization", basic("proxy", "psecret"))
+    same, other = "http://pypi.example/files/x.whl", "http://127.0.0.1/x.whl"  # made absolute
+    for target, authorized in ((same, True), (other, False)):
+        made = _CredentialsStay().redirect_request(request, None, 302, "Found", {}, target)
+        assert made is not None
+        assert not made.has_header("Proxy-authorization")
+        assert made.has_header("Authorization") is authorized

@@ -4,6 +4,7 @@ one lookup of a host's addresses serves the run's connections to it."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import http.server
 import ipaddress
 import json
@@ -186,3 +187,50 @@ def test_connections_that_start_together_ask_the_resolver_once(
         thread.join()
     assert lookups == [("localhost", 443)]
     assert len(found) == 8 and all(one == found[0] for one in found) and found[0]
+
+
+def test_connections_that_waited_for_a_failed_lookup_share_its_failure(
+    lookups: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resolver that is down: the connections queued behind its lookup fail with it, not
+    each after a lookup of its own, one after another."""
+    monkeypatch.setattr(index, "_lookup_locks", {})
+    monkeypatch.setattr(index, "_lookup_failures", {})
+    spied = socket.getaddrinfo
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        spied(*args, **kwargs)  # recorded by the spy
+        time.sleep(0.2)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", down)
+    barrier = threading.Barrier(6)
+    failures: list[BaseException] = []
+
+    def look() -> None:
+        barrier.wait()
+        try:
+            index._looked_up("localhost", 443)
+        except OSError as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=look) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert lookups == [("localhost", 443)]
+    assert len(failures) == 6 and all(isinstance(f, socket.gaierror) for f in failures)
+    monkeypatch.setattr(socket, "getaddrinfo", spied)
+    assert index._looked_up("localhost", 443)  # a later connection asks again
+    assert lookups == [("localhost", 443)] * 2
+
+
+def test_a_connection_made_with_http_clients_default_timeout_is_made() -> None:
+    """http.client passes a sentinel, not a number, when no timeout was asked for."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        address = server.getsockname()
+        default = http.client.HTTPConnection("127.0.0.1").timeout  # the sentinel itself
+        with index._opened(socket.AF_INET, address, default, None) as opened:
+            assert opened.getpeername() == address
+            assert opened.gettimeout() == socket.getdefaulttimeout()
