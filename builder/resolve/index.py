@@ -69,7 +69,7 @@ COMPILED_SOURCES = re.compile(
 )
 
 
-def _authorization(url: str, indexes: Sequence[str]) -> str | None:
+def authorization(url: str, indexes: Sequence[str]) -> str | None:
     """The Basic authorization for a request of `url`: from its own credentials, else from
     those of the last index at its origin (`_same_origin`: an http index's serve its https
     upgrade too). An index's never go to another host or port, nor over plain http when the
@@ -311,7 +311,7 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 
 def _open(url: str, indexes: Sequence[str], accept: str | None = None):
     request = urllib.request.Request(redact(url))
-    auth = _authorization(url, indexes)
+    auth = authorization(url, indexes)
     if auth:
         request.add_header("Authorization", auth)
     if accept:

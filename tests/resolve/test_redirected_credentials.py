@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import base64
 import http.server
-import json
 import threading
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from support.wheelindex import answer_listing
 
-from builder.resolve.index import _authorization, _CredentialsStay, _same_origin, index_files
+from builder.resolve.index import _CredentialsStay, _same_origin, authorization, index_files
 
 SHA = "b" * 64
 TOKEN = "s3cret-token"
@@ -33,14 +33,7 @@ class _Recording(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        body = json.dumps({"files": [{"filename": "demo-1.0-py3-none-any.whl",
-                                      "url": "demo-1.0-py3-none-any.whl",
-                                      "hashes": {"sha256": SHA}}]}).encode()  # fmt: skip
-        self.send_response(200)
-        self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        answer_listing(self, "demo-1.0-py3-none-any.whl", SHA)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -104,12 +97,12 @@ def test_a_file_is_sent_an_indexs_credentials_only_at_the_indexs_origin() -> Non
     """A page may list its files anywhere: an https index's credentials never go over plain
     http, nor to another port; the file's own credentials win."""
     index = f"https://ci:{TOKEN}@pypi.example/simple"
-    assert _authorization("https://pypi.example/files/a.whl", [index]) == basic("ci", TOKEN)
-    assert _authorization("http://pypi.example/files/a.whl", [index]) is None
-    assert _authorization("https://pypi.example:8443/files/a.whl", [index]) is None
-    assert _authorization("https://cdn.example/files/a.whl", [index]) is None
+    assert authorization("https://pypi.example/files/a.whl", [index]) == basic("ci", TOKEN)
+    assert authorization("http://pypi.example/files/a.whl", [index]) is None
+    assert authorization("https://pypi.example:8443/files/a.whl", [index]) is None
+    assert authorization("https://cdn.example/files/a.whl", [index]) is None
     own = "https://me:mine@pypi.example/files/a.whl"
-    assert _authorization(own, [index]) == basic("me", "mine")
+    assert authorization(own, [index]) == basic("me", "mine")
 
 
 def test_a_redirect_never_carries_the_proxys_credentials() -> None:

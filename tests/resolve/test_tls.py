@@ -7,7 +7,6 @@ import contextlib
 import http.client
 import http.server
 import ipaddress
-import json
 import socket
 import ssl
 import threading
@@ -15,12 +14,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.tlsengine import make_certs
+from support.wheelindex import answer_listing
 
 from builder.errors import UserError
 from builder.resolve import index
@@ -31,15 +31,7 @@ SHA = "a" * 64
 
 class _Listing(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = json.dumps(
-            {"files": [{"filename": "demo-1.0-py3-none-any.whl", "url": "demo-1.0-py3-none-any.whl",
-                        "hashes": {"sha256": SHA}}]}
-        ).encode()  # fmt: skip
-        self.send_response(200)
-        self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        answer_listing(self, "demo-1.0-py3-none-any.whl", SHA)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -160,6 +152,21 @@ def test_an_address_that_does_not_answer_is_tried_after_the_one_that_did(
     assert lookups == []
 
 
+def at_once(count: int, job: Callable[[], object]) -> None:
+    """`job` on `count` threads released together, as the run's downloads start."""
+    barrier = threading.Barrier(count)
+
+    def released() -> None:
+        barrier.wait()
+        job()
+
+    threads = [threading.Thread(target=released) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def test_connections_that_start_together_ask_the_resolver_once(
     lookups: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,18 +180,8 @@ def test_connections_that_start_together_ask_the_resolver_once(
         return spied(*args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", slow)
-    barrier = threading.Barrier(8)
     found: list[object] = []
-
-    def look() -> None:
-        barrier.wait()
-        found.append(index._looked_up("localhost", 443))
-
-    threads = [threading.Thread(target=look) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(8, lambda: found.append(index._looked_up("localhost", 443)))
     assert lookups == [("localhost", 443)]
     assert len(found) == 8 and all(one == found[0] for one in found) and found[0]
 
@@ -204,21 +201,15 @@ def test_connections_that_waited_for_a_failed_lookup_share_its_failure(
         raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
 
     monkeypatch.setattr(socket, "getaddrinfo", down)
-    barrier = threading.Barrier(6)
     failures: list[BaseException] = []
 
     def look() -> None:
-        barrier.wait()
         try:
             index._looked_up("localhost", 443)
         except OSError as error:
             failures.append(error)
 
-    threads = [threading.Thread(target=look) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(6, look)
     assert lookups == [("localhost", 443)]
     assert len(failures) == 6 and all(isinstance(f, socket.gaierror) for f in failures)
     monkeypatch.setattr(socket, "getaddrinfo", spied)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -109,3 +110,15 @@ def serve_wheel(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def answer_listing(handler: http.server.BaseHTTPRequestHandler, filename: str, sha256: str) -> None:
+    """Answer `handler`'s request with a PEP 691 page listing one file, by a relative URL."""
+    body = json.dumps(
+        {"files": [{"filename": filename, "url": filename, "hashes": {"sha256": sha256}}]}
+    ).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)

@@ -14,7 +14,6 @@ checked against its `--hash` when the line gives one; the sha256 is recorded eit
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -36,6 +35,7 @@ from builder.resolve.direct.vcs import export, resolve_commit
 from builder.resolve.index import (
     COMPILED_SOURCES,
     INDEX_FAULTS,
+    authorization,
     build_options,
     build_pure_wheel,
     build_tree,
@@ -232,13 +232,9 @@ def _download(
 
 def _download_once(url: str, target: Path) -> None:
     """One try, from the first byte; credentials only to the URL's own host (not redirected)."""
-    parts = urllib.parse.urlsplit(url)
     request = urllib.request.Request(redact(url))
-    if parts.username is not None:
-        user = urllib.parse.unquote(parts.username)
-        secret = urllib.parse.unquote(parts.password or "")
-        token = base64.b64encode(f"{user}:{secret}".encode()).decode()
-        request.add_unredirected_header("Authorization", f"Basic {token}")
+    if (auth := authorization(url, ())) is not None:
+        request.add_unredirected_header("Authorization", auth)
     opened = open_request(request)
     with opened as response, target.open("wb") as out:
         body = SteadyBody(response)
